@@ -1,0 +1,589 @@
+/* core/config.c: the INI configuration. inih does the parsing; this file validates every
+ * section, key and value with file:line messages, applies defaults, and resolves the
+ * [plugin.NAME] settings against the keys a plugin declares. */
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include <ini.h>
+
+#include "internal.h"
+
+#define DEFAULTS_NAME "(built-in defaults)"
+
+typedef struct entry {
+    char *section, *key, *value;
+    int line;
+} entry;
+
+struct ts_config {
+    char *source; /* file path or DEFAULTS_NAME */
+    char *dir;    /* directory of the file, for relative plugin paths; NULL if none */
+    entry *e;
+    size_t n, cap;
+};
+
+/* [core] keys and their defaults. */
+static const struct {
+    const char *key, *def, *expected;
+} core_keys[] = {
+    {"device", "cpu_blas", "a plugin name such as cpu_blas, or a path to a .so"},
+    {"fallback", "cpu_blas", "a plugin name or path, or empty for none"},
+    {"plugin_path", "", "a colon-separated list of directories"},
+    {"log_level", "warn", "one of error, warn, info, debug"},
+    {"allow_insecure_plugin_path", "false", "a boolean (true/false)"},
+};
+
+/* Keys every [plugin.NAME] section has; a plugin may redeclare them to change the default. */
+static const ts_config_key common_keys[] = {
+    {"memory_fraction", TS_SETTING_FRACTION, "0.5", 0, 0,
+     "most bytes the pool may reserve, as a share of the device's memory"},
+    {"cache_limit", TS_SETTING_SIZE, "512M", 0, 0, "most bytes kept in the pool's free lists"},
+    {"caching", TS_SETTING_BOOL, "true", 0, 0,
+     "false returns every free to the raw allocator (for sanitizers)"},
+};
+#define NCOMMON (sizeof common_keys / sizeof common_keys[0])
+
+/* ---- value parsing ------------------------------------------------------------------- */
+
+TS_API ts_status ts_parse_size(const char *text, unsigned long long *bytes)
+{
+    if (!text || !bytes)
+        return ts__fail(TS_EINVAL, "ts_parse_size: NULL argument");
+    const char *p = text;
+    while (isspace((unsigned char)*p))
+        p++;
+    if (!isdigit((unsigned char)*p))
+        goto bad;
+    char *end;
+    errno = 0;
+    long double v = strtold(p, &end);
+    if (errno || end == p)
+        goto bad;
+    long double mult = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': mult = 1024.0L; end++; break;
+    case 'M': mult = 1024.0L * 1024; end++; break;
+    case 'G': mult = 1024.0L * 1024 * 1024; end++; break;
+    case 'T': mult = 1024.0L * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (mult > 1 && toupper((unsigned char)end[0]) == 'I' && toupper((unsigned char)end[1]) == 'B')
+        end += 2;
+    else if (toupper((unsigned char)*end) == 'B')
+        end++;
+    while (isspace((unsigned char)*end))
+        end++;
+    if (*end)
+        goto bad;
+    v *= mult;
+    if (!(v >= 0) || v > (long double)ULLONG_MAX)
+        goto bad;
+    *bytes = (unsigned long long)v;
+    return TS_OK;
+bad:
+    return ts__fail(TS_EINVAL, "'%s' is not a size: expected bytes with an optional K/M/G/T "
+                               "suffix, e.g. 512M",
+                    text);
+}
+
+static int parse_bool(const char *t, int32_t *out)
+{
+    static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no", "off", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(t, yes[i]) == 0)
+            return *out = 1, 1;
+        if (strcasecmp(t, no[i]) == 0)
+            return *out = 0, 1;
+    }
+    return 0;
+}
+
+/* Parses text as kind into s->v. On failure returns 0 and sets *expected. */
+static int parse_setting(const ts_config_key *k, const char *text, ts_setting *s,
+                         char *expected, size_t elen)
+{
+    char *end;
+    switch (k->kind) {
+    case TS_SETTING_STRING:
+        return 1;
+    case TS_SETTING_INT: {
+        errno = 0;
+        long long v = strtoll(text, &end, 10);
+        if (!*text || *end || errno || v < k->min || v > k->max) {
+            snprintf(expected, elen, "an integer from %lld to %lld", (long long)k->min,
+                     (long long)k->max);
+            return 0;
+        }
+        s->v.i = v;
+        return 1;
+    }
+    case TS_SETTING_SIZE: {
+        unsigned long long b;
+        if (ts_parse_size(text, &b) != TS_OK) {
+            snprintf(expected, elen, "a size in bytes with an optional K/M/G/T suffix, e.g. 512M");
+            return 0;
+        }
+        s->v.size = b;
+        return 1;
+    }
+    case TS_SETTING_FRACTION: {
+        errno = 0;
+        double v = strtod(text, &end);
+        if (!*text || *end || errno || !isfinite(v) || v <= 0.0 || v > 1.0) {
+            snprintf(expected, elen, "a fraction in (0, 1], e.g. 0.5");
+            return 0;
+        }
+        s->v.fraction = v;
+        return 1;
+    }
+    case TS_SETTING_BOOL:
+        if (!parse_bool(text, &s->v.boolean)) {
+            snprintf(expected, elen, "a boolean: true/false, yes/no, on/off or 1/0");
+            return 0;
+        }
+        return 1;
+    }
+    snprintf(expected, elen, "a value of a kind this tessera does not know (%d)", (int)k->kind);
+    return 0;
+}
+
+/* ---- parsing ------------------------------------------------------------------------- */
+
+typedef struct parse_state {
+    ts_config *cfg;
+    const char *name;
+    /* the line reader */
+    FILE *file;
+    const char *text;
+    int line;          /* number of the line the last chunk belongs to */
+    int at_line_start; /* the last chunk ended with '\n' */
+    int long_line;     /* first line longer than the reader's buffer */
+    /* the first error */
+    ts_status status;
+    int err_line;
+} parse_state;
+
+static char *reader(char *str, int num, void *stream)
+{
+    parse_state *ps = stream;
+    char *r;
+    if (ps->file) {
+        r = fgets(str, num, ps->file);
+    } else {
+        if (!*ps->text)
+            return NULL;
+        int i = 0;
+        while (i < num - 1 && ps->text[i] && ps->text[i] != '\n')
+            i++;
+        if (i < num - 1 && ps->text[i] == '\n')
+            i++;
+        memcpy(str, ps->text, (size_t)i);
+        str[i] = 0;
+        ps->text += i;
+        r = str;
+    }
+    if (!r)
+        return NULL;
+    if (ps->at_line_start)
+        ps->line++;
+    size_t len = strlen(str);
+    ps->at_line_start = len > 0 && str[len - 1] == '\n';
+    if (!ps->at_line_start && len == (size_t)num - 1 && !ps->long_line)
+        ps->long_line = ps->line;
+    return r;
+}
+
+static int fail_at(parse_state *ps, ts_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail_at(parse_state *ps, ts_status code, const char *fmt, ...)
+{
+    if (ps->status != TS_OK)
+        return 0; /* keep the first error */
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ps->status = ts__fail(code, "%s:%d: %s", ps->name, ps->line, msg);
+    ps->err_line = ps->line;
+    return 0;
+}
+
+static int valid_plugin_name(const char *s)
+{
+    if (!*s)
+        return 0;
+    for (; *s; s++)
+        if (!(islower((unsigned char)*s) || isdigit((unsigned char)*s) || *s == '_'))
+            return 0;
+    return 1;
+}
+
+static const entry *find_entry(const ts_config *cfg, const char *section, const char *key)
+{
+    for (size_t i = 0; i < cfg->n; i++)
+        if (strcmp(cfg->e[i].section, section) == 0 && strcmp(cfg->e[i].key, key) == 0)
+            return &cfg->e[i];
+    return NULL;
+}
+
+static int handler(void *user, const char *section, const char *key, const char *value)
+{
+    parse_state *ps = user;
+    ts_config *cfg = ps->cfg;
+    char expected[160];
+    if (ps->status != TS_OK)
+        return 0;
+    if (strcmp(section, "core") == 0) {
+        size_t i;
+        for (i = 0; i < sizeof core_keys / sizeof core_keys[0]; i++)
+            if (strcmp(key, core_keys[i].key) == 0)
+                break;
+        if (i == sizeof core_keys / sizeof core_keys[0])
+            return fail_at(ps, TS_ECONFIG,
+                           "[core] unknown key '%s'; known keys: device, fallback, plugin_path, "
+                           "log_level, allow_insecure_plugin_path",
+                           key);
+        int32_t b;
+        if (strcmp(key, "log_level") == 0 && ts__log_level_parse(value) < 0)
+            return fail_at(ps, TS_ECONFIG, "[core] log_level = '%s': expected %s", value,
+                           core_keys[i].expected);
+        if (strcmp(key, "allow_insecure_plugin_path") == 0 && !parse_bool(value, &b))
+            return fail_at(ps, TS_ECONFIG, "[core] %s = '%s': expected %s", key, value,
+                           core_keys[i].expected);
+        if (strcmp(key, "device") == 0 && !*value)
+            return fail_at(ps, TS_ECONFIG, "[core] device is empty: expected %s",
+                           core_keys[i].expected);
+    } else if (strncmp(section, "plugin.", 7) == 0) {
+        if (!valid_plugin_name(section + 7))
+            return fail_at(ps, TS_ECONFIG,
+                           "[%s]: plugin names are lower-case letters, digits and '_'", section);
+        for (size_t i = 0; i < NCOMMON; i++) {
+            if (strcmp(key, common_keys[i].name) == 0) {
+                ts_setting s;
+                if (!parse_setting(&common_keys[i], value, &s, expected, sizeof expected))
+                    return fail_at(ps, TS_ECONFIG, "[%s] %s = '%s': expected %s", section, key,
+                                   value, expected);
+            }
+        }
+        /* Other keys are the plugin's to declare; checked when it loads. */
+    } else {
+        return fail_at(ps, TS_ECONFIG, "unknown section [%s]; expected [core] or [plugin.NAME]",
+                       section);
+    }
+    const entry *dup = find_entry(cfg, section, key);
+    if (dup)
+        return fail_at(ps, TS_ECONFIG, "[%s] %s is set twice (first on line %d)", section, key,
+                       dup->line);
+    if (cfg->n == cfg->cap) {
+        size_t cap = cfg->cap ? cfg->cap * 2 : 16;
+        entry *e = realloc(cfg->e, cap * sizeof *e);
+        if (!e)
+            return fail_at(ps, TS_ENOMEM, "out of memory reading the configuration");
+        cfg->e = e;
+        cfg->cap = cap;
+    }
+    entry *e = &cfg->e[cfg->n];
+    e->section = ts__strdup(section);
+    e->key = ts__strdup(key);
+    e->value = ts__strdup(value);
+    e->line = ps->line;
+    if (!e->section || !e->key || !e->value) {
+        free(e->section), free(e->key), free(e->value);
+        return fail_at(ps, TS_ENOMEM, "out of memory reading the configuration");
+    }
+    cfg->n++;
+    return 1;
+}
+
+static ts_status config_new(const char *source, const char *dir, ts_config **out)
+{
+    ts_config *cfg = calloc(1, sizeof *cfg);
+    if (!cfg)
+        return ts__fail(TS_ENOMEM, "out of memory creating a configuration");
+    cfg->source = ts__strdup(source);
+    cfg->dir = dir ? ts__strdup(dir) : NULL;
+    if (!cfg->source || (dir && !cfg->dir)) {
+        ts_config_free(cfg);
+        return ts__fail(TS_ENOMEM, "out of memory creating a configuration");
+    }
+    *out = cfg;
+    return TS_OK;
+}
+
+static ts_status parse(parse_state *ps)
+{
+    ps->status = TS_OK;
+    ps->line = 0;
+    ps->at_line_start = 1;
+    int r = ini_parse_stream(reader, ps, handler, ps);
+    if (ps->long_line && (ps->status == TS_OK || ps->long_line <= ps->err_line))
+        return ts__fail(TS_ECONFIG, "%s:%d: line too long (at most 198 characters)", ps->name,
+                        ps->long_line);
+    if (ps->status != TS_OK)
+        return ps->status;
+    if (r > 0)
+        return ts__fail(TS_ECONFIG,
+                        "%s:%d: syntax error: expected '[section]', 'key = value' or a comment "
+                        "starting with ';' or '#'",
+                        ps->name, r);
+    if (r == -2)
+        return ts__fail(TS_ENOMEM, "out of memory reading %s", ps->name);
+    if (r != 0)
+        return ts__fail(TS_EIO, "cannot read %s", ps->name);
+    return TS_OK;
+}
+
+TS_API ts_status ts_config_parse(const char *text, const char *name, const char *base_dir,
+                                 ts_config **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "ts_config_parse: out is NULL");
+    *out = NULL;
+    if (!text)
+        return ts__fail(TS_EINVAL, "ts_config_parse: text is NULL");
+    ts_config *cfg;
+    ts_status s = config_new(name ? name : "(string)", base_dir, &cfg);
+    if (s)
+        return s;
+    parse_state ps = {.cfg = cfg, .name = cfg->source, .text = text};
+    s = parse(&ps);
+    if (s) {
+        ts_config_free(cfg);
+        return s;
+    }
+    *out = cfg;
+    return TS_OK;
+}
+
+static ts_status load_file(const char *path, ts_config **out)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return ts__fail(TS_EIO, "cannot open configuration file '%s': %s", path,
+                        strerror(errno));
+    char *abs = realpath(path, NULL);
+    char *dir = abs ? ts__strdup(abs) : NULL;
+    if (dir) {
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            slash == dir ? (void)(slash[1] = 0) : (void)(*slash = 0);
+    }
+    ts_config *cfg;
+    ts_status s = config_new(path, dir, &cfg);
+    free(abs);
+    free(dir);
+    if (s) {
+        fclose(f);
+        return s;
+    }
+    parse_state ps = {.cfg = cfg, .name = cfg->source, .file = f};
+    s = parse(&ps);
+    fclose(f);
+    if (s) {
+        ts_config_free(cfg);
+        return s;
+    }
+    *out = cfg;
+    return TS_OK;
+}
+
+static const char *env(const char *name)
+{
+#ifdef HAVE_SECURE_GETENV
+    return secure_getenv(name);
+#else
+    return getenv(name);
+#endif
+}
+
+TS_API ts_status ts_config_defaults(ts_config **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "ts_config_defaults: out is NULL");
+    return config_new(DEFAULTS_NAME, NULL, out);
+}
+
+TS_API ts_status ts_config_load(const char *path, ts_config **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "ts_config_load: out is NULL");
+    *out = NULL;
+    if (path)
+        return load_file(path, out);
+    const char *p = env("TESSERA_CONFIG");
+    if (p && *p) {
+        ts_status s = load_file(p, out);
+        if (s)
+            ts__fail_prefix(s, "TESSERA_CONFIG: ");
+        return s;
+    }
+    char buf[4096];
+    const char *xdg = env("XDG_CONFIG_HOME"), *home = env("HOME");
+    if (xdg && *xdg)
+        snprintf(buf, sizeof buf, "%s/tessera/tessera.ini", xdg);
+    else if (home && *home)
+        snprintf(buf, sizeof buf, "%s/.config/tessera/tessera.ini", home);
+    else
+        buf[0] = 0;
+    if (buf[0] && access(buf, F_OK) == 0)
+        return load_file(buf, out);
+    snprintf(buf, sizeof buf, "%s/tessera/tessera.ini", TS_SYSCONFDIR);
+    if (access(buf, F_OK) == 0)
+        return load_file(buf, out);
+    return ts_config_defaults(out);
+}
+
+TS_API void ts_config_free(ts_config *cfg)
+{
+    if (!cfg)
+        return;
+    for (size_t i = 0; i < cfg->n; i++) {
+        free(cfg->e[i].section);
+        free(cfg->e[i].key);
+        free(cfg->e[i].value);
+    }
+    free(cfg->e);
+    free(cfg->source);
+    free(cfg->dir);
+    free(cfg);
+}
+
+TS_API const char *ts_config_source(const ts_config *cfg)
+{
+    return cfg ? cfg->source : DEFAULTS_NAME;
+}
+
+const char *ts__config_dir(const ts_config *cfg)
+{
+    return cfg ? cfg->dir : NULL;
+}
+
+TS_API const char *ts_config_get(const ts_config *cfg, const char *section, const char *key)
+{
+    if (!section || !key)
+        return NULL;
+    const entry *e = cfg ? find_entry(cfg, section, key) : NULL;
+    if (e)
+        return e->value;
+    if (strcmp(section, "core") == 0) {
+        for (size_t i = 0; i < sizeof core_keys / sizeof core_keys[0]; i++)
+            if (strcmp(key, core_keys[i].key) == 0)
+                return core_keys[i].def;
+    } else if (strncmp(section, "plugin.", 7) == 0) {
+        for (size_t i = 0; i < NCOMMON; i++)
+            if (strcmp(key, common_keys[i].name) == 0)
+                return common_keys[i].default_value;
+    }
+    return NULL;
+}
+
+/* ---- plugin settings ------------------------------------------------------------------ */
+
+void ts__settings_free(ts_setting *s, size_t n)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < n; i++)
+        free((char *)s[i].text);
+    free(s);
+}
+
+ts_status ts__config_plugin_settings(const ts_config *cfg, const char *name,
+                                     const ts_config_key *keys, ts_setting **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    size_t nkeys = 0;
+    for (const ts_config_key *k = keys; k && k->name; k++)
+        nkeys++;
+    /* The key list: common keys (with the plugin's default if it redeclares them), then the
+     * plugin's own. */
+    const ts_config_key **list = calloc(NCOMMON + nkeys, sizeof *list);
+    ts_setting *s = calloc(NCOMMON + nkeys, sizeof *s);
+    size_t count = 0;
+    char section[160], expected[160];
+    ts_status st = TS_OK;
+    if (!list || !s) {
+        st = ts__fail(TS_ENOMEM, "out of memory resolving plugin settings");
+        goto fail;
+    }
+    for (size_t i = 0; i < NCOMMON; i++)
+        list[count++] = &common_keys[i];
+    for (size_t j = 0; j < nkeys; j++) {
+        size_t i;
+        for (i = 0; i < count; i++)
+            if (strcmp(list[i]->name, keys[j].name) == 0)
+                break;
+        if (i < NCOMMON && keys[j].kind != common_keys[i].kind) {
+            st = ts__fail(TS_EPLUGIN, "plugin '%s' redeclares common key '%s' with another kind",
+                          name, keys[j].name);
+            goto fail;
+        }
+        list[i] = &keys[j];
+        if (i == count)
+            count++;
+    }
+    snprintf(section, sizeof section, "plugin.%s", name);
+    /* Every key in the file must be known. */
+    for (size_t e = 0; cfg && e < cfg->n; e++) {
+        if (strcmp(cfg->e[e].section, section) != 0)
+            continue;
+        size_t i;
+        for (i = 0; i < count; i++)
+            if (strcmp(list[i]->name, cfg->e[e].key) == 0)
+                break;
+        if (i == count) {
+            char known[512] = "";
+            for (size_t k = 0; k < count; k++)
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s",
+                         k ? ", " : "", list[k]->name);
+            st = ts__fail(TS_ECONFIG, "%s:%d: [%s] unknown key '%s'; plugin '%s' accepts: %s",
+                          cfg->source, cfg->e[e].line, section, cfg->e[e].key, name, known);
+            goto fail;
+        }
+    }
+    for (size_t i = 0; i < count; i++) {
+        const ts_config_key *k = list[i];
+        const entry *e = cfg ? find_entry(cfg, section, k->name) : NULL;
+        const char *text = e ? e->value : k->default_value;
+        s[i].name = k->name;
+        s[i].kind = k->kind;
+        s[i].from_file = e != NULL;
+        s[i].text = ts__strdup(text ? text : "");
+        if (!s[i].text) {
+            st = ts__fail(TS_ENOMEM, "out of memory resolving plugin settings");
+            goto fail_count;
+        }
+        if (!text)
+            continue;
+        if (!parse_setting(k, text, &s[i], expected, sizeof expected)) {
+            if (e)
+                st = ts__fail(TS_ECONFIG, "%s:%d: [%s] %s = '%s': expected %s", cfg->source,
+                              e->line, section, k->name, text, expected);
+            else
+                st = ts__fail(TS_EPLUGIN, "plugin '%s': default of '%s' ('%s') is not %s", name,
+                              k->name, text, expected);
+            count = i + 1;
+            goto fail_count;
+        }
+    }
+    free(list);
+    *out = s;
+    *n = count;
+    return TS_OK;
+fail:
+    count = 0;
+fail_count:
+    free(list);
+    ts__settings_free(s, count);
+    return st;
+}

@@ -1,0 +1,531 @@
+/* core/loader.c: finding plugins on the search path, dlopen'ing them, checking their ABI and
+ * descriptor, handing them the host-services table and their settings, and the ts_device
+ * wrappers around their vtable. Every failure gives one message naming the plugin, the file
+ * and the reason. */
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+struct ts_device {
+    char *name;             /* the descriptor's name */
+    char *path;             /* the .so */
+    void *handle;           /* dlopen handle */
+    const ts_plugin_desc *desc; /* the plugin's own descriptor */
+    ts_plugin_desc vt;      /* a full-size copy: members past the plugin's struct_size are NULL */
+    void *ctx;              /* from init */
+    ts_setting *settings;
+    size_t nsettings;
+    ts_host host;           /* this device's host table; host_private points back here */
+};
+
+/* ---- search path ---------------------------------------------------------------------- */
+
+static const char *env(const char *name)
+{
+#ifdef HAVE_SECURE_GETENV
+    return secure_getenv(name);
+#else
+    return getenv(name);
+#endif
+}
+
+/* Calls fn for each entry of a colon-separated list. Relative entries are resolved against
+ * base, or skipped with a warning when there is none: never the current directory. */
+static void each_dir(const char *list, const char *base, const char *what,
+                     void (*fn)(const char *, void *), void *user)
+{
+    if (!list)
+        return;
+    const char *p = list;
+    while (*p) {
+        const char *end = strchr(p, ':');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        while (len > 0 && (p[0] == ' ' || p[0] == '\t'))
+            p++, len--;
+        while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+            len--;
+        if (len > 0 && len < 4000) {
+            char dir[4096];
+            if (p[0] == '/')
+                snprintf(dir, sizeof dir, "%.*s", (int)len, p);
+            else if (base)
+                snprintf(dir, sizeof dir, "%s/%.*s", base, (int)len, p);
+            else
+                dir[0] = 0;
+            if (dir[0])
+                fn(dir, user);
+            else
+                ts__log(TS_LOG_WARN, "%s: ignoring relative directory '%.*s' (never searched "
+                        "relative to the current directory)", what, (int)len, p);
+        }
+        p += len;
+        while (*p == ':' || *p == ' ' || *p == '\t')
+            p++;
+    }
+}
+
+/* True when this libtessera is the one in the build tree (tests, running uninstalled). */
+static int running_uninstalled(void)
+{
+    Dl_info info;
+    if (!dladdr((void *)running_uninstalled, &info) || !info.dli_fname)
+        return 0;
+    char *lib = realpath(info.dli_fname, NULL);
+    char *build = realpath(TS_BUILD_DIR, NULL);
+    int r = lib && build && strncmp(lib, build, strlen(build)) == 0 &&
+            lib[strlen(build)] == '/';
+    free(lib);
+    free(build);
+    return r;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void build_tree_dirs(void (*fn)(const char *, void *), void *user)
+{
+    char base[4096];
+    snprintf(base, sizeof base, "%s/plugins", TS_BUILD_DIR);
+    DIR *d = opendir(base);
+    if (!d)
+        return;
+    char *names[64];
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 64)
+        if (de->d_name[0] != '.')
+            names[n] = ts__strdup(de->d_name), n += names[n] != NULL;
+    closedir(d);
+    qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        /* Only plugin folders: plugins/NAME/.libs/NAME.so. */
+        char dir[4200], so[4400];
+        snprintf(dir, sizeof dir, "%s/%s/.libs", base, names[i]);
+        snprintf(so, sizeof so, "%s/%s.so", dir, names[i]);
+        if (access(so, F_OK) == 0)
+            fn(dir, user);
+        free(names[i]);
+    }
+}
+
+TS_API void ts_plugin_search_path(const ts_config *cfg, void (*fn)(const char *dir, void *user),
+                                  void *user)
+{
+    each_dir(ts_config_get(cfg, "core", "plugin_path"), ts__config_dir(cfg),
+             "[core] plugin_path", fn, user);
+    each_dir(env("TESSERA_PLUGIN_PATH"), NULL, "TESSERA_PLUGIN_PATH", fn, user);
+    if (running_uninstalled())
+        build_tree_dirs(fn, user);
+    const char *sys = env("TESSERA_SYSTEM_PLUGIN_DIR");
+    each_dir(sys ? sys : TS_PLUGIN_DIR, NULL, "TESSERA_SYSTEM_PLUGIN_DIR", fn, user);
+}
+
+static int valid_name(const char *s)
+{
+    if (!*s || strlen(s) > 64)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_'))
+            return 0;
+    return 1;
+}
+
+typedef struct find_state {
+    const char *name;
+    char *found;
+    char tried[1024];
+} find_state;
+
+static void find_in(const char *dir, void *user)
+{
+    find_state *fs = user;
+    if (fs->found)
+        return;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.so", dir, fs->name);
+    if (access(path, F_OK) == 0) {
+        fs->found = ts__strdup(path);
+        return;
+    }
+    size_t l = strlen(fs->tried);
+    snprintf(fs->tried + l, sizeof fs->tried - l, "%s%s", l ? ", " : "", dir);
+}
+
+TS_API ts_status ts_plugin_find(const ts_config *cfg, const char *name, char **path)
+{
+    if (!path || !name)
+        return ts__fail(TS_EINVAL, "ts_plugin_find: NULL argument");
+    *path = NULL;
+    if (strchr(name, '/')) {
+        if (access(name, F_OK) != 0)
+            return ts__fail(TS_EPLUGIN, "plugin '%s': no such file", name);
+        *path = ts__strdup(name);
+        return *path ? TS_OK : ts__fail(TS_ENOMEM, "out of memory");
+    }
+    if (!valid_name(name))
+        return ts__fail(TS_EPLUGIN,
+                        "'%s' is neither a plugin name (lower-case letters, digits, '_') nor a "
+                        "path to a .so (it has no '/')",
+                        name);
+    find_state fs = {.name = name};
+    ts_plugin_search_path(cfg, find_in, &fs);
+    if (!fs.found)
+        return ts__fail(TS_EPLUGIN,
+                        "plugin '%s' not found: no %s.so in %s; set [core] plugin_path or "
+                        "TESSERA_PLUGIN_PATH, or check that tessera was built with it "
+                        "(configure prints the plugins it builds)",
+                        name, name, fs.tried[0] ? fs.tried : "(empty search path)");
+    *path = fs.found;
+    return TS_OK;
+}
+
+typedef struct scan_state {
+    void (*fn)(const char *, const char *, void *);
+    void *user;
+    char *seen[128];
+    size_t nseen;
+} scan_state;
+
+static void scan_dir(const char *dir, void *user)
+{
+    scan_state *ss = user;
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char *names[128];
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 128) {
+        size_t len = strlen(de->d_name);
+        if (len > 3 && strcmp(de->d_name + len - 3, ".so") == 0)
+            names[n] = ts__strdup(de->d_name), n += names[n] != NULL;
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        names[i][strlen(names[i]) - 3] = 0;
+        int dup = 0;
+        for (size_t j = 0; j < ss->nseen; j++)
+            dup |= strcmp(ss->seen[j], names[i]) == 0;
+        if (!dup && valid_name(names[i]) && ss->nseen < 128) {
+            char path[4200];
+            snprintf(path, sizeof path, "%s/%s.so", dir, names[i]);
+            ss->seen[ss->nseen++] = names[i];
+            ss->fn(names[i], path, ss->user);
+        } else {
+            free(names[i]);
+        }
+    }
+}
+
+TS_API void ts_plugin_scan(const ts_config *cfg,
+                           void (*fn)(const char *name, const char *path, void *user), void *user)
+{
+    scan_state ss = {.fn = fn, .user = user};
+    ts_plugin_search_path(cfg, scan_dir, &ss);
+    for (size_t i = 0; i < ss.nseen; i++)
+        free(ss.seen[i]);
+}
+
+/* ---- host services -------------------------------------------------------------------- */
+
+static ts_status host_fail(const ts_host *self, ts_status code, const char *fmt, ...)
+{
+    const ts_device *dev = self->host_private;
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ts__fail(code, "plugin '%s': %s", dev->name, msg);
+}
+
+static void host_log(const ts_host *self, int level, const char *fmt, ...)
+{
+    const ts_device *dev = self->host_private;
+    char msg[1800];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ts__log(level, "plugin '%s': %s", dev->name, msg);
+}
+
+/* ---- loading -------------------------------------------------------------------------- */
+
+/* Members every 1.x plugin must fill; a NULL one is named in the refusal. */
+static const struct {
+    const char *name;
+    size_t offset;
+} required[] = {
+#define R(m) {#m, offsetof(ts_plugin_desc, m)}
+    R(init), R(shutdown), R(device_info), R(alloc), R(free), R(copy_h2d), R(copy_d2h),
+    R(copy_d2d), R(fill), R(synchronize), R(memory_stats), R(reset_peak), R(empty_cache),
+    R(set_limits),
+#undef R
+};
+
+/* Plugin files and their directories must not be writable by others unless the config says
+ * so: anyone who can write there can run code in this process. */
+static ts_status check_permissions(const ts_config *cfg, const char *path)
+{
+    const char *allow = ts_config_get(cfg, "core", "allow_insecure_plugin_path");
+    if (allow && (strcmp(allow, "true") == 0 || strcmp(allow, "yes") == 0 ||
+                  strcmp(allow, "on") == 0 || strcmp(allow, "1") == 0))
+        return TS_OK;
+    char *dir = ts__strdup(path);
+    if (!dir)
+        return ts__fail(TS_ENOMEM, "out of memory");
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    const char *checks[2] = {path, slash ? (dir[0] ? dir : "/") : "."};
+    ts_status s = TS_OK;
+    for (int i = 0; i < 2 && s == TS_OK; i++) {
+        struct stat st;
+        if (stat(checks[i], &st) == 0 && (st.st_mode & S_IWOTH)) {
+            s = ts__fail(TS_EPLUGIN,
+                         "refusing to load '%s': %s '%s' is writable by every user; fix its "
+                         "permissions or set [core] allow_insecure_plugin_path = true",
+                         path, i == 0 ? "the file" : "its directory", checks[i]);
+            ts__log(TS_LOG_WARN, "%s", ts_last_error());
+        }
+    }
+    free(dir);
+    return s;
+}
+
+TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, ts_device **out)
+{
+    if (!out || !name_or_path)
+        return ts__fail(TS_EINVAL, "ts_device_load: NULL argument");
+    *out = NULL;
+    char *path = NULL;
+    ts_status s = ts_plugin_find(cfg, name_or_path, &path);
+    if (s)
+        return s;
+    ts_device *dev = calloc(1, sizeof *dev);
+    if (!dev) {
+        free(path);
+        return ts__fail(TS_ENOMEM, "out of memory loading plugin '%s'", name_or_path);
+    }
+    dev->path = path;
+    if ((s = check_permissions(cfg, path)))
+        goto fail;
+    dlerror();
+    dev->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!dev->handle) {
+        const char *e = dlerror();
+        s = ts__fail(TS_EPLUGIN, "plugin '%s': cannot load %s: %s", name_or_path, path,
+                     e ? e : "unknown dlopen error");
+        goto fail;
+    }
+    ts_plugin_entry_fn entry;
+    *(void **)&entry = dlsym(dev->handle, TS_PLUGIN_ENTRY_SYMBOL);
+    if (!entry) {
+        s = ts__fail(TS_EPLUGIN,
+                     "plugin '%s': %s is not a tessera plugin: it does not export '%s' "
+                     "(define it with TS_PLUGIN_DEFINE)",
+                     name_or_path, path, TS_PLUGIN_ENTRY_SYMBOL);
+        goto fail;
+    }
+    const ts_plugin_desc *d = entry(TS_PLUGIN_ABI_MAJOR, TS_PLUGIN_ABI_MINOR);
+    if (!d) {
+        s = ts__fail(TS_EPLUGIN, "plugin '%s' (%s) refused this tessera's plugin ABI %d.%d",
+                     name_or_path, path, TS_PLUGIN_ABI_MAJOR, TS_PLUGIN_ABI_MINOR);
+        goto fail;
+    }
+    if (d->abi_major != TS_PLUGIN_ABI_MAJOR) {
+        s = ts__fail(TS_EPLUGIN,
+                     "plugin '%s' (%s) was built for plugin ABI %u.%u, but this tessera speaks "
+                     "ABI %d.%d; rebuild the plugin against this tessera's headers",
+                     name_or_path, path, (unsigned)d->abi_major, (unsigned)d->abi_minor,
+                     TS_PLUGIN_ABI_MAJOR, TS_PLUGIN_ABI_MINOR);
+        goto fail;
+    }
+    size_t min_size = offsetof(ts_plugin_desc, set_limits) + sizeof d->set_limits;
+    if (d->struct_size < min_size) {
+        s = ts__fail(TS_EPLUGIN,
+                     "plugin '%s' (%s): descriptor is %u bytes, smaller than the %zu bytes of "
+                     "ABI %d.0; it is corrupt or was built against broken headers",
+                     name_or_path, path, (unsigned)d->struct_size, min_size, TS_PLUGIN_ABI_MAJOR);
+        goto fail;
+    }
+    dev->desc = d;
+    memcpy(&dev->vt, d, d->struct_size < sizeof dev->vt ? d->struct_size : sizeof dev->vt);
+    if (!dev->vt.name || !valid_name(dev->vt.name)) {
+        s = ts__fail(TS_EPLUGIN, "plugin at %s has an invalid name '%s' (lower-case letters, "
+                     "digits and '_')", path, dev->vt.name ? dev->vt.name : "(null)");
+        goto fail;
+    }
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        void *fnp;
+        memcpy(&fnp, (const char *)&dev->vt + required[i].offset, sizeof fnp);
+        if (!fnp) {
+            s = ts__fail(TS_EPLUGIN,
+                         "plugin '%s' (%s) leaves the required member '%s' of its descriptor "
+                         "NULL",
+                         dev->vt.name, path, required[i].name);
+            goto fail;
+        }
+    }
+    if (!strchr(name_or_path, '/') && strcmp(name_or_path, dev->vt.name) != 0) {
+        s = ts__fail(TS_EPLUGIN, "%s calls itself '%s', not '%s'", path, dev->vt.name,
+                     name_or_path);
+        goto fail;
+    }
+    if (!(dev->name = ts__strdup(dev->vt.name))) {
+        s = ts__fail(TS_ENOMEM, "out of memory");
+        goto fail;
+    }
+    s = ts__config_plugin_settings(cfg, dev->name, dev->vt.config_keys, &dev->settings,
+                                   &dev->nsettings);
+    if (s)
+        goto fail;
+    dev->host = (ts_host){
+        .abi_major = TS_PLUGIN_ABI_MAJOR,
+        .abi_minor = TS_PLUGIN_ABI_MINOR,
+        .struct_size = sizeof(ts_host),
+        .fail = host_fail,
+        .log = host_log,
+        .pool = &ts__pool_api,
+        .host_memory = ts__host_memory,
+        .host_private = dev,
+    };
+    ts_clear_error();
+    s = dev->vt.init(&dev->host, dev->settings, dev->nsettings, &dev->ctx);
+    if (s) {
+        if (!ts_last_error()[0])
+            ts__fail(s, "plugin '%s': init failed with %s and no message", dev->name,
+                     ts_status_name(s));
+        goto fail;
+    }
+    *out = dev;
+    return TS_OK;
+fail:
+    dev->ctx = NULL;
+    ts_device_unload(dev);
+    return s;
+}
+
+TS_API void ts_device_unload(ts_device *dev)
+{
+    if (!dev)
+        return;
+    if (dev->ctx)
+        dev->vt.shutdown(dev->ctx);
+    if (dev->handle)
+        dlclose(dev->handle);
+    ts__settings_free(dev->settings, dev->nsettings);
+    free(dev->name);
+    free(dev->path);
+    free(dev);
+}
+
+/* ---- accessors and vtable wrappers ---------------------------------------------------- */
+
+TS_API const char *ts_device_name(const ts_device *dev)
+{
+    return dev ? dev->name : NULL;
+}
+
+TS_API const char *ts_device_path(const ts_device *dev)
+{
+    return dev ? dev->path : NULL;
+}
+
+TS_API const ts_plugin_desc *ts_device_desc(const ts_device *dev)
+{
+    return dev ? dev->desc : NULL;
+}
+
+TS_API const ts_setting *ts_device_settings(const ts_device *dev, size_t *n)
+{
+    if (n)
+        *n = dev ? dev->nsettings : 0;
+    return dev ? dev->settings : NULL;
+}
+
+TS_API ts_status ts_device_info_get(ts_device *dev, ts_device_info *info)
+{
+    if (!dev || !info)
+        return ts__fail(TS_EINVAL, "ts_device_info_get: NULL argument");
+    memset(info, 0, sizeof *info);
+    info->struct_size = sizeof *info;
+    return dev->vt.device_info(dev->ctx, info);
+}
+
+TS_API int ts_device_supports(ts_device *dev, int op, int dtype)
+{
+    return dev && dev->vt.supports && dev->vt.run && dev->vt.supports(dev->ctx, op, dtype);
+}
+
+TS_API ts_status ts_device_memory_stats(ts_device *dev, ts_memory_stats *stats)
+{
+    if (!dev || !stats)
+        return ts__fail(TS_EINVAL, "ts_device_memory_stats: NULL argument");
+    memset(stats, 0, sizeof *stats);
+    stats->struct_size = sizeof *stats;
+    dev->vt.memory_stats(dev->ctx, stats);
+    return TS_OK;
+}
+
+TS_API void ts_device_reset_peak(ts_device *dev)
+{
+    if (dev)
+        dev->vt.reset_peak(dev->ctx);
+}
+
+TS_API void ts_device_empty_cache(ts_device *dev)
+{
+    if (dev)
+        dev->vt.empty_cache(dev->ctx);
+}
+
+TS_API ts_status ts_device_alloc(ts_device *dev, size_t nbytes, const char *tag, void **ptr)
+{
+    if (!ptr)
+        return ts__fail(TS_EINVAL, "ts_device_alloc: ptr is NULL");
+    *ptr = NULL;
+    if (!dev)
+        return ts__fail(TS_EINVAL, "ts_device_alloc: device is NULL");
+    return dev->vt.alloc(dev->ctx, nbytes, tag, ptr);
+}
+
+TS_API void ts_device_free(ts_device *dev, void *ptr)
+{
+    if (dev && ptr)
+        dev->vt.free(dev->ctx, ptr);
+}
+
+TS_API ts_status ts_device_copy_from_host(ts_device *dev, void *dst, const void *src,
+                                          size_t nbytes)
+{
+    if (!dev || (nbytes && (!dst || !src)))
+        return ts__fail(TS_EINVAL, "ts_device_copy_from_host: NULL argument");
+    return nbytes ? dev->vt.copy_h2d(dev->ctx, dst, src, nbytes) : TS_OK;
+}
+
+TS_API ts_status ts_device_copy_to_host(ts_device *dev, void *dst, const void *src,
+                                        size_t nbytes)
+{
+    if (!dev || (nbytes && (!dst || !src)))
+        return ts__fail(TS_EINVAL, "ts_device_copy_to_host: NULL argument");
+    return nbytes ? dev->vt.copy_d2h(dev->ctx, dst, src, nbytes) : TS_OK;
+}
+
+TS_API ts_status ts_device_synchronize(ts_device *dev)
+{
+    if (!dev)
+        return ts__fail(TS_EINVAL, "ts_device_synchronize: device is NULL");
+    return dev->vt.synchronize(dev->ctx);
+}

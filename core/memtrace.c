@@ -1,0 +1,314 @@
+/* core/memtrace.c: the observers of core/pool.c: the event hook, debug-mode sequence
+ * numbers, the Chrome Trace Event writer (buffered; the file is kept valid JSON at every
+ * flush by writing the closing "]}" and seeking back over it) and the leak report. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "memtrace.h"
+
+#define TRACE_BUF (64 * 1024)
+#define TRACE_EVENT_MAX 512 /* an event never takes more than this */
+
+static const char trace_tail[] = "\n]}\n";
+
+atomic_uint ts__mem_hooks;
+static atomic_uint_fast64_t mem_seq = 1;
+static _Atomic(ts_memory_event_fn) cb_fn;
+static _Atomic(void *) cb_user;
+
+static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
+static FILE *trace_file;
+static char *trace_buf;
+static size_t trace_len;
+static uint64_t trace_events;
+static struct timespec trace_t0;
+static int trace_pid;
+
+/* ---- hooks ------------------------------------------------------------------------------ */
+
+TS_API void ts_memory_set_callback(ts_memory_event_fn fn, void *user)
+{
+    atomic_store(&cb_user, user);
+    atomic_store(&cb_fn, fn);
+    if (fn)
+        atomic_fetch_or(&ts__mem_hooks, TS__MEM_CALLBACK);
+    else
+        atomic_fetch_and(&ts__mem_hooks, ~TS__MEM_CALLBACK);
+}
+
+void ts__mem_dispatch(const ts_memory_event *ev)
+{
+    ts_memory_event_fn fn = atomic_load(&cb_fn);
+    if (fn)
+        fn(ev, atomic_load(&cb_user));
+}
+
+TS_API int ts_memory_debug(int on)
+{
+    unsigned old = on ? atomic_fetch_or(&ts__mem_hooks, TS__MEM_DEBUG)
+                      : atomic_fetch_and(&ts__mem_hooks, ~TS__MEM_DEBUG);
+    return (old & TS__MEM_DEBUG) != 0;
+}
+
+TS_API uint64_t ts_memory_mark(void)
+{
+    return atomic_load(&mem_seq);
+}
+
+uint64_t ts__mem_next_seq(void)
+{
+    return atomic_fetch_add(&mem_seq, 1) + 1;
+}
+
+/* ---- the trace -------------------------------------------------------------------------- */
+
+/* Writes the buffer, then the closing tail, and seeks back over the tail so that the next
+ * write replaces it. Called with trace_lock held. */
+static void trace_flush_locked(void)
+{
+    if (!trace_file)
+        return;
+    if (trace_len)
+        fwrite(trace_buf, 1, trace_len, trace_file);
+    trace_len = 0;
+    fputs(trace_tail, trace_file);
+    fflush(trace_file);
+    fseek(trace_file, -(long)(sizeof trace_tail - 1), SEEK_CUR);
+}
+
+static double trace_now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - trace_t0.tv_sec) * 1e6 + (double)(t.tv_nsec - trace_t0.tv_nsec) / 1e3;
+}
+
+/* Copies s into a JSON string body (without quotes), truncating at 64 characters. */
+static const char *json_name(char out[128], const char *s)
+{
+    size_t n = 0;
+    for (; *s && n < 64; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            out[n++] = '\\';
+            out[n++] = (char)c;
+        } else if (c >= 0x20 && c < 0x7f) {
+            out[n++] = (char)c;
+        } else {
+            out[n++] = '?';
+        }
+    }
+    out[n] = '\0';
+    return out;
+}
+
+/* Room for one more event, with its separator written. Called with trace_lock held;
+ * returns where to write, or NULL when no trace is open. */
+static char *trace_reserve(void)
+{
+    if (!trace_file)
+        return NULL;
+    if (trace_len + TRACE_EVENT_MAX > TRACE_BUF)
+        trace_flush_locked();
+    if (trace_events++)
+        trace_buf[trace_len++] = ',';
+    trace_buf[trace_len++] = '\n';
+    return trace_buf + trace_len;
+}
+
+void ts__memtrace_counter(const char *pool, uint64_t in_use, uint64_t reserved,
+                          uint64_t cached)
+{
+    char name[128];
+    pthread_mutex_lock(&trace_lock);
+    char *w = trace_reserve();
+    if (w) {
+        int n = snprintf(w, TRACE_EVENT_MAX,
+                         "{\"name\":\"pool %s\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,\"tid\":0,"
+                         "\"args\":{\"in_use\":%llu,\"reserved\":%llu,\"cached\":%llu}}",
+                         json_name(name, pool), trace_now_us(), trace_pid,
+                         (unsigned long long)in_use, (unsigned long long)reserved,
+                         (unsigned long long)cached);
+        trace_len += (size_t)n;
+    }
+    pthread_mutex_unlock(&trace_lock);
+}
+
+void ts__memtrace_oom(const char *pool, uint64_t nbytes)
+{
+    char name[128];
+    pthread_mutex_lock(&trace_lock);
+    char *w = trace_reserve();
+    if (w) {
+        int n = snprintf(w, TRACE_EVENT_MAX,
+                         "{\"name\":\"out of memory in pool %s\",\"ph\":\"i\",\"s\":\"p\","
+                         "\"ts\":%.3f,\"pid\":%d,\"tid\":0,\"args\":{\"requested\":%llu}}",
+                         json_name(name, pool), trace_now_us(), trace_pid,
+                         (unsigned long long)nbytes);
+        trace_len += (size_t)n;
+    }
+    pthread_mutex_unlock(&trace_lock);
+}
+
+void ts__memtrace_flush(void)
+{
+    pthread_mutex_lock(&trace_lock);
+    trace_flush_locked();
+    pthread_mutex_unlock(&trace_lock);
+}
+
+TS_API ts_status ts_memtrace_start(const char *path)
+{
+    if (!path || !*path)
+        return ts__fail(TS_EINVAL, "memtrace: no path given");
+    pthread_mutex_lock(&trace_lock);
+    if (trace_file) {
+        pthread_mutex_unlock(&trace_lock);
+        return ts__fail(TS_ESTATE, "memtrace: a trace is already being written; call "
+                                   "ts_memtrace_stop first");
+    }
+    char *buf = malloc(TRACE_BUF);
+    FILE *f = buf ? fopen(path, "w") : NULL;
+    if (!f) {
+        int err = errno;
+        free(buf);
+        pthread_mutex_unlock(&trace_lock);
+        if (!buf)
+            return ts__fail(TS_ENOMEM, "memtrace: out of memory");
+        return ts__fail(TS_EIO, "memtrace: cannot create '%s': %s", path, strerror(err));
+    }
+    trace_file = f;
+    trace_buf = buf;
+    trace_events = 0;
+    trace_pid = (int)getpid();
+    clock_gettime(CLOCK_MONOTONIC, &trace_t0);
+    trace_len = (size_t)snprintf(trace_buf, TRACE_BUF, "{\"displayTimeUnit\":\"ms\","
+                                                       "\"traceEvents\":[");
+    char *w = trace_reserve();
+    trace_len += (size_t)snprintf(w, TRACE_EVENT_MAX,
+                                  "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,"
+                                  "\"tid\":0,\"args\":{\"name\":\"tessera memory\"}}",
+                                  trace_pid);
+    trace_flush_locked();
+    atomic_fetch_or(&ts__mem_hooks, TS__MEM_TRACE);
+    pthread_mutex_unlock(&trace_lock);
+    ts__pools_trace_snapshot();
+    return TS_OK;
+}
+
+TS_API void ts_memtrace_stop(void)
+{
+    pthread_mutex_lock(&trace_lock);
+    atomic_fetch_and(&ts__mem_hooks, ~TS__MEM_TRACE);
+    if (trace_file) {
+        trace_flush_locked();
+        fclose(trace_file); /* the tail stays: the seek back did not truncate it */
+        trace_file = NULL;
+        free(trace_buf);
+        trace_buf = NULL;
+    }
+    pthread_mutex_unlock(&trace_lock);
+}
+
+__attribute__((destructor)) static void memtrace_fini(void)
+{
+    ts_memtrace_stop();
+}
+
+void ts__memtrace_env_init(void)
+{
+    const char *d = secure_getenv("TESSERA_DEBUG_MEMORY");
+    if (d && (!strcmp(d, "1") || !strcmp(d, "true") || !strcmp(d, "yes") || !strcmp(d, "on")))
+        ts_memory_debug(1);
+    const char *path = secure_getenv("TESSERA_MEMTRACE");
+    if (path && *path && ts_memtrace_start(path) != TS_OK)
+        ts__log(TS_LOG_WARN, "TESSERA_MEMTRACE: %s", ts_last_error());
+}
+
+/* ---- the leak report -------------------------------------------------------------------- */
+
+typedef struct leak {
+    char pool[64];
+    const void *ptr;
+    uint64_t nbytes, block_bytes, seq;
+    const char *tag;
+} leak;
+
+typedef struct leak_list {
+    leak *v;
+    size_t n, cap;
+    int failed;
+} leak_list;
+
+static void leak_collect(const ts_memory_block_info *b, void *user)
+{
+    leak_list *l = user;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        leak *v = realloc(l->v, cap * sizeof *v);
+        if (!v) {
+            l->failed = 1;
+            return;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    leak *k = &l->v[l->n++];
+    snprintf(k->pool, sizeof k->pool, "%s", b->pool);
+    k->ptr = b->ptr;
+    k->nbytes = b->nbytes;
+    k->block_bytes = b->block_bytes;
+    k->seq = b->seq;
+    k->tag = b->tag;
+}
+
+static int leak_cmp(const void *a, const void *b)
+{
+    const leak *x = a, *y = b;
+    int c = strcmp(x->pool, y->pool);
+    if (c)
+        return c;
+    if (x->seq != y->seq)
+        return x->seq < y->seq ? -1 : 1;
+    return x->ptr < y->ptr ? -1 : x->ptr > y->ptr;
+}
+
+TS_API ts_status ts_memory_leak_report(FILE *out, uint64_t since, uint64_t *count)
+{
+    if (count)
+        *count = 0;
+    if (!out)
+        return ts__fail(TS_EINVAL, "ts_memory_leak_report: out is NULL");
+    leak_list l = {0};
+    ts_memory_live_blocks(since, leak_collect, &l);
+    if (l.failed) {
+        free(l.v);
+        return ts__fail(TS_ENOMEM, "ts_memory_leak_report: out of host memory");
+    }
+    qsort(l.v, l.n, sizeof *l.v, leak_cmp);
+    uint64_t total = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        char sz[32];
+        fprintf(out, "pool '%s': %s (%llu bytes asked) tag '%s' seq %llu at %p\n", l.v[i].pool,
+                ts__fmt_bytes(sz, l.v[i].block_bytes), (unsigned long long)l.v[i].nbytes,
+                l.v[i].tag ? l.v[i].tag : "(none)", (unsigned long long)l.v[i].seq, l.v[i].ptr);
+        total += l.v[i].block_bytes;
+    }
+    if (l.n) {
+        char sz[32];
+        fprintf(out, "%zu live block%s, %s%s\n", l.n, l.n == 1 ? "" : "s",
+                ts__fmt_bytes(sz, total),
+                atomic_load(&ts__mem_hooks) & TS__MEM_DEBUG ? ""
+                    : " (set TESSERA_DEBUG_MEMORY=1 for sequence numbers)");
+    }
+    if (count)
+        *count = l.n;
+    free(l.v);
+    return TS_OK;
+}

@@ -1,0 +1,903 @@
+/* core/pool.c: the caching pool component (ts_pool_api in plugin.h) that each plugin
+ * instantiates over its raw allocator, and the registry of live pools behind memory.h.
+ * Requests are rounded to the alignment and served best-fit from segmented free lists: small
+ * ones (<= 1 MiB) carved from 2 MiB segments, large ones from their own segments; blocks are
+ * split when the remainder is worth keeping and coalesced with free neighbours at once, so a
+ * loop whose shapes repeat stops calling the raw allocator. docs/memory.md has the design.
+ * Block headers live in host memory, never in the (possibly device) memory handed out. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "memtrace.h"
+
+#define MIB ((size_t)1 << 20)
+#define SMALL_MAX MIB               /* requests up to this come from the small segments */
+#define SMALL_SEGMENT (2 * MIB)     /* size of a small segment */
+#define SEGMENT_ROUND (2 * MIB)     /* large segments are rounded up to this */
+#define LARGE_ROUND ((size_t)512)   /* large blocks are rounded up to this (or the alignment) */
+#define LARGE_SPLIT_MIN MIB         /* a large block is split if more than this is left */
+#define HUGE_BLOCK (128 * MIB)      /* a free block this big only serves a near fit ... */
+#define HUGE_SLACK_SHIFT 3          /* ... one wasting at most 1/8 of it */
+#define MIN_ALIGN ((size_t)16)      /* internal granularity floor, so size classes work */
+#define MAX_REQUEST ((size_t)1 << 48)
+#define NCLASS 256                  /* size classes: 4 per power of two, up to 2^63 */
+#define SCAN_MAX 16                 /* blocks examined for a best fit in the request's class */
+#define CHUNK_BLOCKS 64             /* block headers are allocated this many at a time */
+#define LEAKS_LOGGED 16             /* live blocks listed one by one at destroy */
+
+typedef struct segment segment;
+typedef struct block block;
+
+/* A run of bytes inside a segment, allocated or free. */
+struct block {
+    uintptr_t addr;
+    size_t size;          /* bytes, a multiple of the pool's granularity */
+    segment *seg;
+    block *prev, *next;   /* neighbours in the segment, by address */
+    block *fprev, *fnext; /* the free list of its size class, while free */
+    size_t requested;     /* bytes asked for, while allocated */
+    const char *tag;      /* the caller's static tag, while allocated */
+    uint64_t seq;         /* debug-mode sequence number, 0 otherwise */
+    int is_free;
+};
+
+/* One raw allocation. Its first block's header never changes: splits keep the lower half's
+ * header and coalescing merges into the lower neighbour. */
+struct segment {
+    uintptr_t base;
+    size_t size;            /* bytes obtained from the raw allocator */
+    int large;
+    uint64_t birth;         /* creation order, for "oldest first" */
+    block *first;
+    segment *prev, *next;   /* every segment of the pool */
+    segment *wprev, *wnext; /* segments that are one whole free block */
+    int whole;
+};
+
+/* Free lists, one per size class, and a bitmap of the non-empty ones. */
+typedef struct bins {
+    uint64_t map[NCLASS / 64];
+    block *head[NCLASS];
+} bins;
+
+typedef struct chunk {
+    struct chunk *next;
+    block blocks[CHUNK_BLOCKS];
+} chunk;
+
+struct ts_pool {
+    pthread_mutex_t lock;
+    char *name;
+    ts_raw_allocator raw;
+    size_t user_align;  /* opts->alignment: what the raw allocator guarantees */
+    size_t align;       /* granularity of small blocks: max(user_align, MIN_ALIGN) */
+    size_t large_round; /* granularity of large blocks */
+    int caching;
+    bins small, large;
+    segment *segs;      /* every segment */
+    segment *whole;     /* fully free segments */
+    uint64_t n_whole;
+    uint64_t births;
+    block **map;        /* live blocks by address: open addressing, linear probing */
+    size_t map_cap, map_len;
+    unsigned map_shift; /* 64 - log2(map_cap) */
+    block *spare;       /* recycled block headers */
+    size_t n_spare;
+    chunk *chunks;
+    ts_memory_stats st; /* counters; cached and largest_free are computed by stats() */
+    ts_pool *reg_prev, *reg_next;
+};
+
+static size_t round_up(size_t n, size_t m)
+{
+    return (n + m - 1) / m * m;
+}
+
+const char *ts__fmt_bytes(char buf[32], uint64_t n)
+{
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (n < 1024) {
+        snprintf(buf, 32, "%llu B", (unsigned long long)n);
+        return buf;
+    }
+    double v = (double)n / 1024;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, 32, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+/* ---- size classes and free lists -------------------------------------------------------- */
+
+/* Four classes per power of two; s >= 16. Monotone in s. */
+static unsigned size_class(size_t s)
+{
+    unsigned fl = 63u - (unsigned)__builtin_clzll((unsigned long long)s);
+    return (fl - 2) * 4 + (unsigned)((s >> (fl - 2)) & 3);
+}
+
+static void whole_link(ts_pool *p, segment *sg)
+{
+    sg->whole = 1;
+    sg->wprev = NULL;
+    sg->wnext = p->whole;
+    if (p->whole)
+        p->whole->wprev = sg;
+    p->whole = sg;
+    p->n_whole++;
+}
+
+static void whole_unlink(ts_pool *p, segment *sg)
+{
+    if (sg->wprev)
+        sg->wprev->wnext = sg->wnext;
+    else
+        p->whole = sg->wnext;
+    if (sg->wnext)
+        sg->wnext->wprev = sg->wprev;
+    sg->whole = 0;
+    p->n_whole--;
+}
+
+static bins *bins_of(ts_pool *p, const block *b)
+{
+    return b->seg->large ? &p->large : &p->small;
+}
+
+static void bins_insert(ts_pool *p, block *b)
+{
+    bins *bn = bins_of(p, b);
+    unsigned c = size_class(b->size);
+    b->is_free = 1;
+    b->fprev = NULL;
+    b->fnext = bn->head[c];
+    if (b->fnext)
+        b->fnext->fprev = b;
+    bn->head[c] = b;
+    bn->map[c / 64] |= 1ull << (c % 64);
+    if (b->size == b->seg->size)
+        whole_link(p, b->seg);
+}
+
+static void bins_remove(ts_pool *p, block *b)
+{
+    bins *bn = bins_of(p, b);
+    unsigned c = size_class(b->size);
+    if (b->fprev)
+        b->fprev->fnext = b->fnext;
+    else
+        bn->head[c] = b->fnext;
+    if (b->fnext)
+        b->fnext->fprev = b->fprev;
+    if (!bn->head[c])
+        bn->map[c / 64] &= ~(1ull << (c % 64));
+    b->is_free = 0;
+    if (b->seg->whole)
+        whole_unlink(p, b->seg);
+}
+
+/* Whether free block b may serve a request of s bytes: a huge block is never carved up for a
+ * much smaller request (it would pin the whole segment); such requests get their own. */
+static int fits(const block *b, size_t s)
+{
+    return b->size >= s &&
+           (b->size < HUGE_BLOCK || s >= b->size - (b->size >> HUGE_SLACK_SHIFT));
+}
+
+/* Best fit among the first SCAN_MAX blocks of s's own class, else the most recently freed
+ * block of the next non-empty class, all of whose blocks are larger than s. */
+static block *bins_find(bins *bn, size_t s)
+{
+    unsigned c = size_class(s);
+    block *best = NULL;
+    int n = 0;
+    for (block *b = bn->head[c]; b && n < SCAN_MAX; b = b->fnext, n++) {
+        if (fits(b, s) && (!best || b->size < best->size)) {
+            best = b;
+            if (b->size == s)
+                break;
+        }
+    }
+    if (best)
+        return best;
+    for (unsigned i = c + 1; i < NCLASS;) {
+        uint64_t m = bn->map[i / 64] & (~0ull << (i % 64));
+        if (m) {
+            block *b = bn->head[(i / 64) * 64 + (unsigned)__builtin_ctzll(m)];
+            return fits(b, s) ? b : NULL;
+        }
+        i = (i / 64 + 1) * 64;
+    }
+    return NULL;
+}
+
+static size_t bins_largest(const bins *bn)
+{
+    for (int w = NCLASS / 64 - 1; w >= 0; w--) {
+        if (!bn->map[w])
+            continue;
+        unsigned c = (unsigned)w * 64 + 63u - (unsigned)__builtin_clzll(bn->map[w]);
+        size_t best = 0;
+        for (const block *b = bn->head[c]; b; b = b->fnext)
+            if (b->size > best)
+                best = b->size;
+        return best;
+    }
+    return 0;
+}
+
+/* ---- block headers and the address map -------------------------------------------------- */
+
+/* Makes sure n headers are at hand, so that nothing fails half way through a change. */
+static int spare_reserve(ts_pool *p, size_t n)
+{
+    while (p->n_spare < n) {
+        chunk *c = malloc(sizeof *c);
+        if (!c)
+            return 0;
+        c->next = p->chunks;
+        p->chunks = c;
+        for (int i = 0; i < CHUNK_BLOCKS; i++) {
+            c->blocks[i].next = p->spare;
+            p->spare = &c->blocks[i];
+        }
+        p->n_spare += CHUNK_BLOCKS;
+    }
+    return 1;
+}
+
+static block *spare_take(ts_pool *p)
+{
+    block *b = p->spare;
+    TS_ASSERT(b);
+    p->spare = b->next;
+    p->n_spare--;
+    memset(b, 0, sizeof *b);
+    return b;
+}
+
+static void spare_put(ts_pool *p, block *b)
+{
+    b->next = p->spare;
+    p->spare = b;
+    p->n_spare++;
+}
+
+static size_t map_slot(const ts_pool *p, uintptr_t addr)
+{
+    return (size_t)(((uint64_t)addr * 0x9E3779B97F4A7C15ull) >> p->map_shift);
+}
+
+static void map_put(ts_pool *p, block *b)
+{
+    size_t mask = p->map_cap - 1, i = map_slot(p, b->addr);
+    while (p->map[i])
+        i = (i + 1) & mask;
+    p->map[i] = b;
+    p->map_len++;
+}
+
+/* Room for one more entry at a load of at most 1/2. */
+static int map_reserve(ts_pool *p)
+{
+    if ((p->map_len + 1) * 2 <= p->map_cap)
+        return 1;
+    size_t cap = p->map_cap ? p->map_cap * 2 : 256;
+    block **m = calloc(cap, sizeof *m), **old = p->map;
+    if (!m)
+        return 0;
+    size_t oldcap = p->map_cap;
+    p->map = m;
+    p->map_cap = cap;
+    p->map_shift = 64u - (unsigned)__builtin_ctzll((unsigned long long)cap);
+    p->map_len = 0;
+    for (size_t i = 0; i < oldcap; i++)
+        if (old[i])
+            map_put(p, old[i]);
+    free(old);
+    return 1;
+}
+
+static block *map_take(ts_pool *p, uintptr_t addr)
+{
+    if (!p->map_cap)
+        return NULL;
+    size_t mask = p->map_cap - 1, i = map_slot(p, addr);
+    while (p->map[i] && p->map[i]->addr != addr)
+        i = (i + 1) & mask;
+    block *b = p->map[i];
+    if (!b)
+        return NULL;
+    /* Backward-shift deletion: pull later entries of the probe run into the hole unless
+     * their home slot lies cyclically in (hole, j]. */
+    for (size_t j = i;;) {
+        j = (j + 1) & mask;
+        if (!p->map[j])
+            break;
+        size_t k = map_slot(p, p->map[j]->addr);
+        if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+            continue;
+        p->map[i] = p->map[j];
+        i = j;
+    }
+    p->map[i] = NULL;
+    p->map_len--;
+    return b;
+}
+
+/* ---- segments ----------------------------------------------------------------------------- */
+
+typedef enum grow_result { GROW_OK, GROW_LIMIT, GROW_RAW_FAILED, GROW_ERROR } grow_result;
+
+/* Obtains a segment able to hold s bytes and returns its single block, not in any free list.
+ * On GROW_RAW_FAILED, raw_msg holds the raw allocator's message (if it left one). */
+static grow_result grow(ts_pool *p, size_t s, int large, block **out, ts_status *err,
+                        char *raw_msg, size_t raw_msg_size)
+{
+    uint64_t limit = p->st.reserve_limit;
+    size_t want = !p->caching ? s : large ? round_up(s, SEGMENT_ROUND) : SMALL_SEGMENT;
+    if (limit && p->st.reserved + want > limit && large && p->st.reserved + s <= limit)
+        want = s; /* the rounding alone would cross the limit */
+    if (limit && (want > limit || p->st.reserved + want > limit))
+        return GROW_LIMIT;
+    segment *sg = malloc(sizeof *sg);
+    if (!sg) {
+        *err = ts__fail(TS_ENOMEM, "pool '%s': out of host memory for the pool's bookkeeping",
+                        p->name);
+        return GROW_ERROR;
+    }
+    void *mem = NULL;
+    ts_clear_error();
+    ts_status st = p->raw.alloc(p->raw.user, want, &mem);
+    if (st != TS_OK || !mem) {
+        snprintf(raw_msg, raw_msg_size, "%s", ts_last_error());
+        free(sg);
+        return GROW_RAW_FAILED;
+    }
+    if ((uintptr_t)mem % p->user_align) {
+        p->raw.free(p->raw.user, mem, want);
+        free(sg);
+        *err = ts__fail(TS_EPLUGIN, "pool '%s': the raw allocator returned %p, not aligned "
+                        "to %zu", p->name, mem, p->user_align);
+        return GROW_ERROR;
+    }
+    p->st.n_raw_alloc++;
+    p->st.reserved += want;
+    if (p->st.reserved > p->st.peak_reserved)
+        p->st.peak_reserved = p->st.reserved;
+    *sg = (segment){.base = (uintptr_t)mem, .size = want, .large = large,
+                    .birth = p->births++, .next = p->segs};
+    if (p->segs)
+        p->segs->prev = sg;
+    p->segs = sg;
+    block *b = spare_take(p);
+    b->addr = sg->base;
+    b->size = want;
+    b->seg = sg;
+    sg->first = b;
+    *out = b;
+    return GROW_OK;
+}
+
+/* Gives a segment back; b is its single block, in no free list. */
+static void release_segment(ts_pool *p, block *b)
+{
+    segment *sg = b->seg;
+    TS_ASSERT(b == sg->first && b->size == sg->size && !sg->whole);
+    if (sg->prev)
+        sg->prev->next = sg->next;
+    else
+        p->segs = sg->next;
+    if (sg->next)
+        sg->next->prev = sg->prev;
+    p->raw.free(p->raw.user, (void *)sg->base, sg->size);
+    p->st.n_raw_free++;
+    p->st.reserved -= sg->size;
+    spare_put(p, b);
+    free(sg);
+}
+
+/* Returns whole free segments, largest then oldest first: all of them (all != 0) or until
+ * the cached bytes fit under cache_limit. */
+static void release_whole(ts_pool *p, int all)
+{
+    while (p->n_whole && (all || p->st.reserved - p->st.in_use > p->st.cache_limit)) {
+        segment *pick = p->whole;
+        for (segment *sg = pick->wnext; sg; sg = sg->wnext)
+            if (sg->size > pick->size || (sg->size == pick->size && sg->birth < pick->birth))
+                pick = sg;
+        block *b = pick->first;
+        bins_remove(p, b);
+        release_segment(p, b);
+    }
+}
+
+/* Cuts s bytes off the front of b (in no free list) when the rest is worth keeping. */
+static void split(ts_pool *p, block *b, size_t s)
+{
+    size_t rest = b->size - s;
+    if (b->seg->large ? rest <= LARGE_SPLIT_MIN : rest < p->align)
+        return;
+    block *r = spare_take(p);
+    r->addr = b->addr + s;
+    r->size = rest;
+    r->seg = b->seg;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next)
+        b->next->prev = r;
+    b->next = r;
+    b->size = s;
+    bins_insert(p, r);
+}
+
+/* Returns b (no longer allocated) to the free lists, merged with its free neighbours. */
+static void coalesce_insert(ts_pool *p, block *b)
+{
+    block *n = b->next, *q = b->prev;
+    if (n && n->is_free) {
+        bins_remove(p, n);
+        b->size += n->size;
+        b->next = n->next;
+        if (n->next)
+            n->next->prev = b;
+        spare_put(p, n);
+    }
+    if (q && q->is_free) {
+        bins_remove(p, q);
+        q->size += b->size;
+        q->next = b->next;
+        if (b->next)
+            b->next->prev = q;
+        spare_put(p, b);
+        b = q;
+    }
+    bins_insert(p, b);
+}
+
+/* ---- the registry ----------------------------------------------------------------------- */
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static ts_pool *reg_head, *reg_tail;
+static int reg_env_read;
+
+static void registry_add(ts_pool *p)
+{
+    pthread_mutex_lock(&reg_lock);
+    if (!reg_env_read) {
+        reg_env_read = 1;
+        ts__memtrace_env_init();
+    }
+    p->reg_prev = reg_tail;
+    p->reg_next = NULL;
+    if (reg_tail)
+        reg_tail->reg_next = p;
+    else
+        reg_head = p;
+    reg_tail = p;
+    pthread_mutex_unlock(&reg_lock);
+}
+
+static void registry_remove(ts_pool *p)
+{
+    pthread_mutex_lock(&reg_lock);
+    if (p->reg_prev)
+        p->reg_prev->reg_next = p->reg_next;
+    else
+        reg_head = p->reg_next;
+    if (p->reg_next)
+        p->reg_next->reg_prev = p->reg_prev;
+    else
+        reg_tail = p->reg_prev;
+    int empty = !reg_head;
+    pthread_mutex_unlock(&reg_lock);
+    if (empty)
+        ts__memtrace_flush();
+}
+
+/* ---- the pool api ----------------------------------------------------------------------- */
+
+static void trace_locked(ts_pool *p)
+{
+    ts__memtrace_counter(p->name, p->st.in_use, p->st.reserved, p->st.reserved - p->st.in_use);
+}
+
+static ts_status pool_create(const ts_pool_options *opts, const ts_raw_allocator *raw,
+                             ts_pool **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "pool: out is NULL");
+    *out = NULL;
+    if (!opts || !raw || !raw->alloc || !raw->free)
+        return ts__fail(TS_EINVAL, "pool: options and a raw allocator with alloc and free are "
+                                   "required");
+    if (opts->struct_size < offsetof(ts_pool_options, alignment) + sizeof(size_t))
+        return ts__fail(TS_EINVAL, "pool: ts_pool_options.struct_size %u is too small",
+                        opts->struct_size);
+    const char *name = opts->name ? opts->name : "pool";
+    size_t a = opts->alignment;
+    if (a == 0 || (a & (a - 1)) || a > SMALL_SEGMENT / 2)
+        return ts__fail(TS_EINVAL, "pool '%s': alignment %zu is not a power of two in [1, 1 MiB]",
+                        name, a);
+    ts_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        goto fail_nomem;
+    p->name = ts__strdup(name);
+    if (!p->name)
+        goto fail_free;
+    if (pthread_mutex_init(&p->lock, NULL) != 0)
+        goto fail_name;
+    p->raw = *raw;
+    p->user_align = a;
+    p->align = a > MIN_ALIGN ? a : MIN_ALIGN;
+    p->large_round = p->align > LARGE_ROUND ? p->align : LARGE_ROUND;
+    p->st.struct_size = sizeof p->st;
+    p->st.valid = TS_STATS_POOL;
+    p->st.reserve_limit = TS_HAS_MEMBER(opts, ts_pool_options, reserve_limit)
+                              ? opts->reserve_limit : 0;
+    p->st.cache_limit = TS_HAS_MEMBER(opts, ts_pool_options, cache_limit)
+                            ? opts->cache_limit : (uint64_t)512 * MIB;
+    p->caching = TS_HAS_MEMBER(opts, ts_pool_options, caching) ? opts->caching != 0 : 1;
+    registry_add(p);
+    *out = p;
+    return TS_OK;
+
+fail_name:
+    free(p->name);
+fail_free:
+    free(p);
+fail_nomem:
+    return ts__fail(TS_ENOMEM, "pool '%s': out of host memory creating the pool", name);
+}
+
+static void log_leak(ts_pool *p, const block *b)
+{
+    char sz[32];
+    ts__log(TS_LOG_WARN, "pool '%s': leaked %s (%zu bytes asked) tag '%s' seq %llu at %p",
+            p->name, ts__fmt_bytes(sz, b->size), b->requested, b->tag ? b->tag : "(none)",
+            (unsigned long long)b->seq, (void *)b->addr);
+}
+
+static void pool_destroy(ts_pool *p)
+{
+    if (!p)
+        return;
+    registry_remove(p);
+    if (p->st.live_blocks) {
+        char sz[32];
+        ts__log(TS_LOG_WARN, "pool '%s': %llu blocks (%s) still live at destroy; returned to "
+                "the raw allocator", p->name, (unsigned long long)p->st.live_blocks,
+                ts__fmt_bytes(sz, p->st.in_use));
+        size_t shown = 0;
+        for (size_t i = 0; i < p->map_cap && shown < LEAKS_LOGGED; i++)
+            if (p->map[i]) {
+                log_leak(p, p->map[i]);
+                shown++;
+            }
+        if (p->st.live_blocks > shown)
+            ts__log(TS_LOG_WARN, "pool '%s': ... and %llu more", p->name,
+                    (unsigned long long)(p->st.live_blocks - shown));
+    }
+    for (segment *sg = p->segs, *next; sg; sg = next) {
+        next = sg->next;
+        p->raw.free(p->raw.user, (void *)sg->base, sg->size);
+        p->st.n_raw_free++;
+        free(sg);
+    }
+    p->st.reserved = p->st.in_use = 0;
+    if (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE)
+        trace_locked(p);
+    for (chunk *c = p->chunks, *next; c; c = next) {
+        next = c->next;
+        free(c);
+    }
+    free(p->map);
+    pthread_mutex_destroy(&p->lock);
+    free(p->name);
+    free(p);
+}
+
+/* Fills the out-of-memory message; called with the lock held. */
+static ts_status oom(ts_pool *p, size_t nbytes, grow_result why, const char *raw_msg)
+{
+    char req[32], used[32], resv[32], cached[32], lfree[32], lim[32] = "no limit";
+    size_t largest = bins_largest(&p->small), l2 = bins_largest(&p->large);
+    if (l2 > largest)
+        largest = l2;
+    if (p->st.reserve_limit)
+        snprintf(lim, sizeof lim, "limit %s",
+                 ts__fmt_bytes((char[32]){0}, p->st.reserve_limit));
+    ts__fmt_bytes(req, nbytes);
+    ts__fmt_bytes(used, p->st.in_use);
+    ts__fmt_bytes(resv, p->st.reserved);
+    ts__fmt_bytes(cached, p->st.reserved - p->st.in_use);
+    ts__fmt_bytes(lfree, largest);
+    p->st.n_oom++;
+    if (why == GROW_RAW_FAILED)
+        return ts__fail(TS_ENOMEM,
+                        "pool '%s': out of memory allocating %s: %s in use, %s reserved (%s "
+                        "cached, largest free block %s), %s (memory_fraction); the device "
+                        "allocator failed%s%s; free tensors, lower cache_limit in [plugin.%s] "
+                        "or lower memory_fraction to leave room for other users of the device",
+                        p->name, req, used, resv, cached, lfree, lim, raw_msg[0] ? ": " : "",
+                        raw_msg, p->name);
+    return ts__fail(TS_ENOMEM,
+                    "pool '%s': out of memory allocating %s: %s in use, %s reserved (%s cached, "
+                    "largest free block %s), %s (memory_fraction); raise memory_fraction or "
+                    "lower cache_limit in [plugin.%s], or free tensors",
+                    p->name, req, used, resv, cached, lfree, lim, p->name);
+}
+
+static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **ptr)
+{
+    if (!ptr)
+        return ts__fail(TS_EINVAL, "pool alloc: ptr is NULL");
+    *ptr = NULL;
+    if (!p)
+        return ts__fail(TS_EINVAL, "pool alloc: pool is NULL");
+    unsigned hooks = atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed);
+    ts_status st = TS_OK;
+    ts_memory_event ev;
+    block *b = NULL;
+    char raw_msg[256] = "";
+    size_t s = nbytes > MAX_REQUEST ? MAX_REQUEST : round_up(nbytes ? nbytes : 1, p->align);
+    int large = s > SMALL_MAX;
+    if (large)
+        s = round_up(s, p->large_round);
+
+    pthread_mutex_lock(&p->lock);
+    if (!map_reserve(p) || !spare_reserve(p, 2)) {
+        st = ts__fail(TS_ENOMEM, "pool '%s': out of host memory for the pool's bookkeeping",
+                      p->name);
+        goto out;
+    }
+    if (nbytes > MAX_REQUEST) {
+        st = oom(p, nbytes, GROW_LIMIT, raw_msg);
+        goto out;
+    }
+    if (p->caching)
+        b = bins_find(large ? &p->large : &p->small, s);
+    if (b) {
+        p->st.cache_hits++;
+        bins_remove(p, b);
+    } else {
+        p->st.cache_misses++;
+        grow_result g = grow(p, s, large, &b, &st, raw_msg, sizeof raw_msg);
+        if ((g == GROW_LIMIT || g == GROW_RAW_FAILED) && p->n_whole) {
+            /* The cache may hold what the limit or the device lacks: give it back, once. */
+            release_whole(p, 1);
+            g = grow(p, s, large, &b, &st, raw_msg, sizeof raw_msg);
+        }
+        if (g == GROW_ERROR)
+            goto out;
+        if (g != GROW_OK) {
+            st = oom(p, nbytes, g, raw_msg);
+            goto out;
+        }
+    }
+    split(p, b, s);
+    b->requested = nbytes;
+    b->tag = tag;
+    b->seq = (hooks & TS__MEM_DEBUG) ? ts__mem_next_seq() : 0;
+    map_put(p, b);
+    p->st.in_use += b->size;
+    if (p->st.in_use > p->st.peak_in_use)
+        p->st.peak_in_use = p->st.in_use;
+    p->st.requested += nbytes;
+    p->st.live_blocks++;
+    p->st.n_alloc++;
+    *ptr = (void *)b->addr;
+out:
+    if (hooks) {
+        if ((hooks & TS__MEM_TRACE) && st == TS_ENOMEM)
+            ts__memtrace_oom(p->name, nbytes);
+        if (hooks & TS__MEM_TRACE)
+            trace_locked(p);
+        ev = (ts_memory_event){.kind = st == TS_OK ? TS_MEMORY_ALLOC : TS_MEMORY_OOM,
+                               .pool = p->name, .ptr = *ptr, .nbytes = nbytes,
+                               .block_bytes = st == TS_OK ? b->size : 0, .tag = tag,
+                               .in_use = p->st.in_use, .reserved = p->st.reserved};
+    }
+    pthread_mutex_unlock(&p->lock);
+    if ((hooks & TS__MEM_CALLBACK) && (st == TS_OK || st == TS_ENOMEM))
+        ts__mem_dispatch(&ev);
+    return st;
+}
+
+static void pool_free(ts_pool *p, void *ptr)
+{
+    if (!p || !ptr)
+        return;
+    unsigned hooks = atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed);
+    ts_memory_event ev;
+    pthread_mutex_lock(&p->lock);
+    block *b = map_take(p, (uintptr_t)ptr);
+    if (!b) {
+        pthread_mutex_unlock(&p->lock);
+        ts__log(TS_LOG_ERROR, "pool '%s': free of %p, which is not a live block of this pool "
+                "(double free, or a block of another pool); ignored", p->name, ptr);
+        return;
+    }
+    size_t size = b->size, requested = b->requested;
+    const char *tag = b->tag;
+    p->st.in_use -= size;
+    p->st.requested -= requested;
+    p->st.live_blocks--;
+    p->st.n_free++;
+    if (!p->caching) {
+        release_segment(p, b);
+    } else {
+        coalesce_insert(p, b);
+        if (p->n_whole && p->st.reserved - p->st.in_use > p->st.cache_limit)
+            release_whole(p, 0);
+    }
+    if (hooks) {
+        if (hooks & TS__MEM_TRACE)
+            trace_locked(p);
+        ev = (ts_memory_event){.kind = TS_MEMORY_FREE, .pool = p->name, .ptr = ptr,
+                               .nbytes = requested, .block_bytes = size, .tag = tag,
+                               .in_use = p->st.in_use, .reserved = p->st.reserved};
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (hooks & TS__MEM_CALLBACK)
+        ts__mem_dispatch(&ev);
+}
+
+static void stats_locked(ts_pool *p, ts_memory_stats *full)
+{
+    *full = p->st;
+    full->cached = p->st.reserved - p->st.in_use;
+    size_t l1 = bins_largest(&p->small), l2 = bins_largest(&p->large);
+    full->largest_free = l1 > l2 ? l1 : l2;
+}
+
+static void pool_stats(ts_pool *p, ts_memory_stats *out)
+{
+    if (!out)
+        return;
+    uint32_t size = out->struct_size;
+    ts_memory_stats full;
+    if (!p) {
+        memset(&full, 0, sizeof full);
+    } else {
+        pthread_mutex_lock(&p->lock);
+        stats_locked(p, &full);
+        pthread_mutex_unlock(&p->lock);
+    }
+    full.struct_size = size;
+    /* Only what the caller's (possibly older, shorter) struct holds. */
+    memcpy(out, &full, size < sizeof full ? size : sizeof full);
+}
+
+static void pool_reset_peak(ts_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->lock);
+    p->st.peak_in_use = p->st.in_use;
+    p->st.peak_reserved = p->st.reserved;
+    pthread_mutex_unlock(&p->lock);
+}
+
+static void pool_empty_cache(ts_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->lock);
+    release_whole(p, 1);
+    if (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE)
+        trace_locked(p);
+    pthread_mutex_unlock(&p->lock);
+}
+
+static ts_status pool_set_limits(ts_pool *p, uint64_t reserve_limit, uint64_t cache_limit)
+{
+    if (!p)
+        return ts__fail(TS_EINVAL, "pool set_limits: pool is NULL");
+    pthread_mutex_lock(&p->lock);
+    p->st.reserve_limit = reserve_limit;
+    p->st.cache_limit = cache_limit;
+    release_whole(p, 0);
+    pthread_mutex_unlock(&p->lock);
+    return TS_OK;
+}
+
+/* TS_API so that tests/unit/test-pool can drive the component directly; not in any installed
+ * header (plugins receive it through ts_host.pool). */
+TS_API const ts_pool_api ts__pool_api = {
+    .struct_size = sizeof(ts_pool_api),
+    .create = pool_create,
+    .destroy = pool_destroy,
+    .alloc = pool_alloc,
+    .free = pool_free,
+    .stats = pool_stats,
+    .reset_peak = pool_reset_peak,
+    .empty_cache = pool_empty_cache,
+    .set_limits = pool_set_limits,
+};
+
+/* ---- memory.h: across every pool -------------------------------------------------------- */
+
+TS_API size_t ts_memory_pools(void (*fn)(const char *pool, const ts_memory_stats *stats,
+                                         void *user),
+                              void *user)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&reg_lock);
+    for (ts_pool *p = reg_head; p; p = p->reg_next, n++) {
+        if (!fn)
+            continue;
+        ts_memory_stats st;
+        pthread_mutex_lock(&p->lock);
+        stats_locked(p, &st);
+        pthread_mutex_unlock(&p->lock);
+        fn(p->name, &st, user);
+    }
+    pthread_mutex_unlock(&reg_lock);
+    return n;
+}
+
+TS_API uint64_t ts_memory_live_count(void)
+{
+    uint64_t n = 0;
+    pthread_mutex_lock(&reg_lock);
+    for (ts_pool *p = reg_head; p; p = p->reg_next) {
+        pthread_mutex_lock(&p->lock);
+        n += p->st.live_blocks;
+        pthread_mutex_unlock(&p->lock);
+    }
+    pthread_mutex_unlock(&reg_lock);
+    return n;
+}
+
+TS_API void ts_memory_empty_cache(void)
+{
+    pthread_mutex_lock(&reg_lock);
+    for (ts_pool *p = reg_head; p; p = p->reg_next)
+        pool_empty_cache(p);
+    pthread_mutex_unlock(&reg_lock);
+}
+
+TS_API uint64_t ts_memory_live_blocks(uint64_t since,
+                                      void (*fn)(const ts_memory_block_info *b, void *user),
+                                      void *user)
+{
+    uint64_t n = 0;
+    pthread_mutex_lock(&reg_lock);
+    for (ts_pool *p = reg_head; p; p = p->reg_next) {
+        pthread_mutex_lock(&p->lock);
+        for (size_t i = 0; i < p->map_cap; i++) {
+            const block *b = p->map[i];
+            if (!b || (since && b->seq <= since))
+                continue;
+            n++;
+            if (fn) {
+                ts_memory_block_info info = {.pool = p->name, .ptr = (const void *)b->addr,
+                                             .nbytes = b->requested, .block_bytes = b->size,
+                                             .tag = b->tag, .seq = b->seq};
+                fn(&info, user);
+            }
+        }
+        pthread_mutex_unlock(&p->lock);
+    }
+    pthread_mutex_unlock(&reg_lock);
+    return n;
+}
+
+void ts__pools_trace_snapshot(void)
+{
+    pthread_mutex_lock(&reg_lock);
+    for (ts_pool *p = reg_head; p; p = p->reg_next) {
+        pthread_mutex_lock(&p->lock);
+        trace_locked(p);
+        pthread_mutex_unlock(&p->lock);
+    }
+    pthread_mutex_unlock(&reg_lock);
+}

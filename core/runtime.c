@@ -1,0 +1,153 @@
+/* core/runtime.c: the process-wide runtime: the configuration in force, the default device
+ * (with its fallback), and every device loaded by name, unloaded at ts_shutdown. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define MAX_DEVICES 32
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static ts_config *config;
+static ts_device *devices[MAX_DEVICES];
+static int ndevices;
+static ts_device *default_device;
+
+TS_API const char *ts_version(void)
+{
+    return PACKAGE_VERSION;
+}
+
+static const char *env(const char *name)
+{
+#ifdef HAVE_SECURE_GETENV
+    return secure_getenv(name);
+#else
+    return getenv(name);
+#endif
+}
+
+/* A device value from the INI file: relative paths are relative to the file, not the cwd. */
+static char *resolve(const char *value, int from_file)
+{
+    const char *dir = ts__config_dir(config);
+    if (from_file && strchr(value, '/') && value[0] != '/' && dir)
+        return ts__asprintf("%s/%s", dir, value);
+    return ts__strdup(value);
+}
+
+/* Loads (or finds loaded) the device named by value; lock held. */
+static ts_status get_locked(const char *value, int from_file, ts_device **out)
+{
+    char *want = resolve(value, from_file);
+    if (!want)
+        return ts__fail(TS_ENOMEM, "out of memory");
+    for (int i = 0; i < ndevices; i++) {
+        if (strcmp(ts_device_name(devices[i]), want) == 0 ||
+            strcmp(ts_device_path(devices[i]), want) == 0) {
+            *out = devices[i];
+            free(want);
+            return TS_OK;
+        }
+    }
+    if (ndevices == MAX_DEVICES) {
+        free(want);
+        return ts__fail(TS_ENOMEM, "at most %d devices can be loaded at once", MAX_DEVICES);
+    }
+    ts_device *dev;
+    ts_status s = ts_device_load(config, want, &dev);
+    free(want);
+    if (s)
+        return s;
+    devices[ndevices++] = dev;
+    *out = dev;
+    return TS_OK;
+}
+
+TS_API ts_status ts_init(const char *config_path)
+{
+    pthread_mutex_lock(&lock);
+    ts_status s = TS_OK;
+    if (config) {
+        s = ts__fail(TS_ESTATE, "ts_init: already initialised; call ts_shutdown first");
+        goto out;
+    }
+    if ((s = ts_config_load(config_path, &config)))
+        goto out;
+    ts_set_log_level(ts__log_level_parse(ts_config_get(config, "core", "log_level")));
+    const char *envdev = env("TESSERA_DEVICE");
+    int from_file = !(envdev && *envdev);
+    const char *want = from_file ? ts_config_get(config, "core", "device") : envdev;
+    const char *fallback = ts_config_get(config, "core", "fallback");
+    s = get_locked(want, from_file, &default_device);
+    if (s && fallback && *fallback && strcmp(fallback, want) != 0) {
+        char first[1024];
+        snprintf(first, sizeof first, "%s", ts_last_error());
+        ts_status s2 = get_locked(fallback, 1, &default_device);
+        if (s2 == TS_OK) {
+            ts__log(TS_LOG_WARN, "%s; falling back to '%s'", first, fallback);
+            s = TS_OK;
+        } else {
+            s = ts__fail_prefix(s2, "%s; the fallback failed too: ", first);
+        }
+    }
+out:
+    if (s) {
+        /* Keep the message: shutting down must not overwrite it. */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ts_last_error());
+        pthread_mutex_unlock(&lock);
+        ts_shutdown();
+        return ts__fail(s, "%s", msg);
+    }
+    pthread_mutex_unlock(&lock);
+    return s;
+}
+
+TS_API void ts_shutdown(void)
+{
+    pthread_mutex_lock(&lock);
+    for (int i = ndevices - 1; i >= 0; i--)
+        ts_device_unload(devices[i]);
+    ndevices = 0;
+    default_device = NULL;
+    ts_config_free(config);
+    config = NULL;
+    pthread_mutex_unlock(&lock);
+}
+
+TS_API const ts_config *ts_runtime_config(void)
+{
+    return config;
+}
+
+TS_API ts_device *ts_default_device(void)
+{
+    return default_device;
+}
+
+TS_API ts_status ts_device_get(const char *name, ts_device **out)
+{
+    if (!out || !name)
+        return ts__fail(TS_EINVAL, "ts_device_get: NULL argument");
+    *out = NULL;
+    pthread_mutex_lock(&lock);
+    ts_status s = config ? get_locked(name, 0, out)
+                         : ts__fail(TS_ESTATE, "ts_device_get('%s'): call ts_init first", name);
+    pthread_mutex_unlock(&lock);
+    return s;
+}
+
+TS_API void ts_empty_cache(ts_device *dev)
+{
+    if (dev) {
+        ts_device_empty_cache(dev);
+        return;
+    }
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < ndevices; i++)
+        ts_device_empty_cache(devices[i]);
+    pthread_mutex_unlock(&lock);
+}

@@ -1,0 +1,109 @@
+/* tessera/device.h: devices (loaded plugin instances), the plugin search path, the runtime
+ * that picks the default device with its fallback, and logging. */
+#ifndef TESSERA_DEVICE_H
+#define TESSERA_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <tessera/config.h>
+#include <tessera/plugin.h>
+#include <tessera/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A device: one plugin, dlopen'ed and initialised with its [plugin.NAME] settings. */
+typedef struct ts_device ts_device;
+
+/* ---- logging ------------------------------------------------------------------------- */
+
+/* libtessera never prints: messages go to this handler (default: none, dropped). */
+typedef void (*ts_log_fn)(int level, const char *message, void *user);
+void ts_set_log_handler(ts_log_fn fn, void *user);
+/* Messages above level are not formatted at all. Default TS_LOG_WARN. */
+void ts_set_log_level(int level);
+int ts_log_level_get(void);
+/* "error", "warn", "info", "debug". (transfer none, static) */
+const char *ts_log_level_name(int level);
+
+/* ---- plugin search -------------------------------------------------------------------- */
+
+/* Calls fn for every directory searched for plugins, in order: the config's plugin_path
+ * (relative entries resolved against the config file's directory), $TESSERA_PLUGIN_PATH
+ * (ignored in setuid programs), the build tree when libtessera runs uninstalled, then the
+ * installed plugin directory ($TESSERA_SYSTEM_PLUGIN_DIR replaces it; empty disables it).
+ * The current directory is never searched implicitly. */
+void ts_plugin_search_path(const ts_config *cfg, void (*fn)(const char *dir, void *user),
+                           void *user);
+
+/* Resolves a plugin name ("cuda") to the first DIR/NAME.so on the search path, or a value
+ * containing '/' to that path. TS_EPLUGIN listing the directories tried if none exists.
+ * (transfer full) on *path: free(). */
+ts_status ts_plugin_find(const ts_config *cfg, const char *name, char **path);
+
+/* Calls fn for every *.so found on the search path (first one of each name only). */
+void ts_plugin_scan(const ts_config *cfg,
+                    void (*fn)(const char *name, const char *path, void *user), void *user);
+
+/* ---- devices -------------------------------------------------------------------------- */
+
+/* Finds, dlopens (RTLD_NOW|RTLD_LOCAL), checks the ABI of, and initialises a plugin.
+ * name_or_path: "cpu_blas" or a path to a .so. cfg may be NULL (defaults).
+ * Errors (TS_EPLUGIN unless noted), each with one clear message: not found (directories
+ * tried), dlopen failure (dlerror text), missing entry symbol, ABI mismatch (both versions),
+ * missing required vtable member (its name), TS_ECONFIG for a bad key in its section, and the
+ * plugin's own init failure (TS_ENODEV: loads but has no usable device).
+ * (transfer full) on *out: ts_device_unload. */
+ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, ts_device **out);
+
+/* Shuts the plugin down and dlcloses it. NULL is a no-op. */
+void ts_device_unload(ts_device *dev);
+
+/* (transfer none) */
+const char *ts_device_name(const ts_device *dev);
+const char *ts_device_path(const ts_device *dev);
+const ts_plugin_desc *ts_device_desc(const ts_device *dev);
+/* The resolved settings of its section. (transfer none) */
+const ts_setting *ts_device_settings(const ts_device *dev, size_t *n);
+ts_status ts_device_info_get(ts_device *dev, ts_device_info *info);
+/* Non-zero if the plugin runs op (ts_op) for dtype itself; 0 if the core must compose it or
+ * report it unsupported. */
+int ts_device_supports(ts_device *dev, int op, int dtype);
+ts_status ts_device_memory_stats(ts_device *dev, ts_memory_stats *stats);
+void ts_device_reset_peak(ts_device *dev);
+void ts_device_empty_cache(ts_device *dev);
+
+/* Raw device memory through the plugin (its pool). (transfer full) on *ptr. */
+ts_status ts_device_alloc(ts_device *dev, size_t nbytes, const char *tag, void **ptr);
+void ts_device_free(ts_device *dev, void *ptr);
+ts_status ts_device_copy_from_host(ts_device *dev, void *dst, const void *src, size_t nbytes);
+ts_status ts_device_copy_to_host(ts_device *dev, void *dst, const void *src, size_t nbytes);
+ts_status ts_device_synchronize(ts_device *dev);
+
+/* ---- the runtime ----------------------------------------------------------------------- */
+
+/* Loads the configuration (config_path as for ts_config_load), sets the log level, and loads
+ * the default device: $TESSERA_DEVICE if set, else [core] device. If that cannot start, the
+ * [core] fallback device is loaded and a warning says why ("plugin 'cuda': ...; falling back
+ * to 'cpu_blas'"). Fails only if neither starts. Not thread safe against itself. */
+ts_status ts_init(const char *config_path);
+
+/* Unloads every device and frees the configuration. Safe without ts_init. */
+void ts_shutdown(void);
+
+/* The runtime's configuration and default device; NULL before ts_init. (transfer none) */
+const ts_config *ts_runtime_config(void);
+ts_device *ts_default_device(void);
+
+/* A device by name, loading it on first use; the runtime owns it until ts_shutdown.
+ * (transfer none) on *out. Thread safe. */
+ts_status ts_device_get(const char *name, ts_device **out);
+
+/* Empties the pool cache of every loaded device (dev NULL) or of one. */
+void ts_empty_cache(ts_device *dev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_DEVICE_H */

@@ -1,0 +1,117 @@
+/* tessera/memory.h: watching device memory across every caching pool in the process: the
+ * registry of live pools, an event hook, a Chrome/Perfetto memory trace and the leak report.
+ * The pools themselves are built by plugins through ts_pool_api (plugin.h); docs/memory.md
+ * describes the design. Every hook here costs one relaxed atomic load per allocation while
+ * it is off. */
+#ifndef TESSERA_MEMORY_H
+#define TESSERA_MEMORY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <tessera/plugin.h>
+#include <tessera/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the registry of pools -------------------------------------------------------------- */
+
+/* Calls fn once per live pool with its name and statistics (stats->struct_size is
+ * sizeof(ts_memory_stats)), in creation order. fn runs with the registry locked: it must not
+ * create or destroy pools. Returns the number of pools. Thread safe. */
+size_t ts_memory_pools(void (*fn)(const char *pool, const ts_memory_stats *stats, void *user),
+                       void *user);
+
+/* Blocks handed out and not yet freed, summed over every live pool. Tests assert it is zero
+ * at their end. Thread safe. */
+uint64_t ts_memory_live_count(void);
+
+/* Returns every fully free segment of every pool to its raw allocator. Thread safe. */
+void ts_memory_empty_cache(void);
+
+/* ---- the event hook --------------------------------------------------------------------- */
+
+/* Values are ABI: append only. */
+typedef enum ts_memory_event_kind {
+    TS_MEMORY_ALLOC = 0, /* a block was handed out */
+    TS_MEMORY_FREE = 1,  /* a block came back */
+    TS_MEMORY_OOM = 2    /* a request failed with TS_ENOMEM; ptr is NULL */
+} ts_memory_event_kind;
+
+typedef struct ts_memory_event {
+    int32_t kind;         /* ts_memory_event_kind */
+    const char *pool;     /* the pool's name (transfer none, valid during the call) */
+    const void *ptr;      /* the block */
+    uint64_t nbytes;      /* bytes asked for by the caller (before rounding) */
+    uint64_t block_bytes; /* bytes of the block (after rounding); 0 for TS_MEMORY_OOM */
+    const char *tag;      /* the caller's tag, or NULL */
+    uint64_t in_use;      /* the pool's in-use bytes after the event */
+    uint64_t reserved;    /* the pool's reserved bytes after the event */
+} ts_memory_event;
+
+typedef void (*ts_memory_event_fn)(const ts_memory_event *ev, void *user);
+
+/* Calls fn after every allocation, free and out-of-memory failure of every pool, from the
+ * thread that made the call, with no pool lock held (fn may itself allocate). NULL turns the
+ * hook off. Set it while no other thread allocates: a call racing with the change may still
+ * reach the previous fn. Events of different threads may arrive out of order. */
+void ts_memory_set_callback(ts_memory_event_fn fn, void *user);
+
+/* ---- the memory trace ------------------------------------------------------------------- */
+
+/* Starts writing a Chrome Trace Event file (the JSON object form, {"traceEvents": [...]})
+ * at path: one counter event ("ph": "C") per allocation and free with the pool's in_use,
+ * reserved and cached bytes, plus an instant event per out-of-memory failure; timestamps in
+ * microseconds since the start. Open it in https://ui.perfetto.dev or chrome://tracing.
+ * Writes are buffered; the file is valid JSON after every flush, after ts_memtrace_stop,
+ * when the last pool is destroyed and when libtessera is unloaded. The environment variable
+ * TESSERA_MEMTRACE=FILE starts a trace when the first pool is created.
+ * Errors: TS_ESTATE if a trace is already running, TS_EIO if path cannot be created.
+ * Thread safe. */
+ts_status ts_memtrace_start(const char *path);
+
+/* Flushes and closes the trace. A no-op if none is running. Thread safe. */
+void ts_memtrace_stop(void);
+
+/* ---- leak reports ----------------------------------------------------------------------- */
+
+/* Debug mode gives each new block a process-wide sequence number, so that a report can list
+ * only the blocks allocated after a mark (a training step's leaks). Tags are kept in every
+ * mode. On when TESSERA_DEBUG_MEMORY=1 is set at the first pool's creation, or by this
+ * call. Returns the previous setting. Thread safe. */
+int ts_memory_debug(int on);
+
+/* The current sequence number: blocks allocated afterwards in debug mode have a larger one.
+ * Take it at the top of a step, then report with since = the mark at its end. */
+uint64_t ts_memory_mark(void);
+
+typedef struct ts_memory_block_info {
+    const char *pool;   /* (transfer none) valid during the callback */
+    const void *ptr;
+    uint64_t nbytes;    /* bytes asked for */
+    uint64_t block_bytes; /* bytes of the block (after rounding) */
+    const char *tag;    /* the allocation's tag, or NULL */
+    uint64_t seq;       /* its sequence number; 0 if debug mode was off when it was made */
+} ts_memory_block_info;
+
+/* Calls fn for every live block of every pool whose sequence number is above since (0: every
+ * block, debug mode or not), pool by pool, in no particular order within a pool. fn runs
+ * with the registry and that pool locked: it must not call into tessera. Returns the number
+ * of blocks listed. Thread safe. */
+uint64_t ts_memory_live_blocks(uint64_t since, void (*fn)(const ts_memory_block_info *b,
+                                                          void *user),
+                               void *user);
+
+/* Writes the blocks ts_memory_live_blocks(since, ...) would list to out, one line each in
+ * allocation order ("pool 'cpu_blas': 4.00 MiB (4194304 bytes asked) tag 'matmul' seq 42
+ * at 0x..."), then a summary line; nothing if there are none. libtessera never prints on its
+ * own: out is the caller's. *count (optional) receives the number of blocks.
+ * Errors: TS_EINVAL if out is NULL, TS_ENOMEM (host memory to sort the list). */
+ts_status ts_memory_leak_report(FILE *out, uint64_t since, uint64_t *count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_MEMORY_H */

@@ -1,0 +1,24 @@
+/* tessera/tessera.h: the umbrella header. */
+#ifndef TESSERA_TESSERA_H
+#define TESSERA_TESSERA_H
+
+#include <tessera/status.h>
+#include <tessera/plugin.h>
+#include <tessera/config.h>
+#include <tessera/device.h>
+
+#define TESSERA_VERSION_MAJOR 0
+#define TESSERA_VERSION_MINOR 1
+#define TESSERA_VERSION_PATCH 0
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* "0.1.0". (transfer none, static) */
+const char *ts_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_TESSERA_H */

@@ -1,0 +1,208 @@
+/* plugins/common/hostdev.c: host-memory device plumbing shared by the CPU plugins. */
+#include "hostdev.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
+{
+    (void)user;
+    void *p = NULL;
+    if (posix_memalign(&p, TS_HOSTDEV_ALIGN, nbytes ? nbytes : TS_HOSTDEV_ALIGN) != 0)
+        return TS_ENOMEM;
+    *ptr = p;
+    return TS_OK;
+}
+
+static void raw_free(void *user, void *ptr, size_t nbytes)
+{
+    (void)user;
+    (void)nbytes;
+    free(ptr);
+}
+
+ts_status ts_hostdev_init(ts_hostdev *hd, const ts_host *host, const char *name,
+                          const ts_setting *settings, size_t nsettings)
+{
+    memset(hd, 0, sizeof *hd);
+    hd->host = host;
+    hd->name = name;
+    uint64_t avail;
+    ts_status s = host->host_memory(&hd->total_bytes, &avail);
+    if (s)
+        return s;
+    const ts_setting *frac = ts_setting_find(settings, nsettings, "memory_fraction");
+    const ts_setting *cache = ts_setting_find(settings, nsettings, "cache_limit");
+    const ts_setting *caching = ts_setting_find(settings, nsettings, "caching");
+    const ts_setting *threads = ts_setting_find(settings, nsettings, "threads");
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    hd->threads = threads && threads->v.i > 0 ? (int)threads->v.i : (ncpu > 0 ? (int)ncpu : 1);
+    ts_pool_options opts = {
+        .struct_size = sizeof opts,
+        .name = name,
+        .alignment = TS_HOSTDEV_ALIGN,
+        .reserve_limit = (uint64_t)((double)hd->total_bytes * (frac ? frac->v.fraction : 0.5)),
+        .cache_limit = cache ? cache->v.size : (512u << 20),
+        .caching = caching ? caching->v.boolean : 1,
+    };
+    ts_raw_allocator raw = {.user = hd, .alloc = raw_alloc, .free = raw_free};
+    return host->pool->create(&opts, &raw, &hd->pool);
+}
+
+void ts_hostdev_fini(ts_hostdev *hd)
+{
+    if (hd->host && hd->pool)
+        hd->host->pool->destroy(hd->pool);
+    hd->pool = NULL;
+}
+
+ts_status ts_hostdev_device_info(void *ctx, ts_device_info *info)
+{
+    ts_hostdev *hd = ctx;
+    uint64_t total, avail;
+    ts_status s = hd->host->host_memory(&total, &avail);
+    if (s)
+        return s;
+    info->count = 1;
+    info->index = 0;
+    snprintf(info->name, sizeof info->name, "host CPU, %d threads", hd->threads);
+    info->total_bytes = total;
+    info->free_bytes = avail;
+    info->valid = TS_DEVINFO_TOTAL | TS_DEVINFO_FREE;
+    return TS_OK;
+}
+
+ts_status ts_hostdev_alloc(void *ctx, size_t nbytes, const char *tag, void **ptr)
+{
+    ts_hostdev *hd = ctx;
+    return hd->host->pool->alloc(hd->pool, nbytes, tag, ptr);
+}
+
+void ts_hostdev_free(void *ctx, void *ptr)
+{
+    ts_hostdev *hd = ctx;
+    hd->host->pool->free(hd->pool, ptr);
+}
+
+ts_status ts_hostdev_copy(void *ctx, void *dst, const void *src, size_t nbytes)
+{
+    (void)ctx;
+    memmove(dst, src, nbytes);
+    return TS_OK;
+}
+
+ts_status ts_hostdev_fill(void *ctx, void *dst, size_t nbytes, const void *pattern,
+                          size_t pattern_size)
+{
+    ts_hostdev *hd = ctx;
+    if (pattern_size == 0 || pattern_size > 8 || nbytes % pattern_size)
+        return hd->host->fail(hd->host, TS_EINVAL,
+                              "fill: pattern of %zu bytes does not tile %zu bytes", pattern_size,
+                              nbytes);
+    unsigned char *d = dst;
+    const unsigned char *p = pattern;
+    int uniform = 1;
+    for (size_t i = 1; i < pattern_size; i++)
+        uniform &= p[i] == p[0];
+    if (uniform) {
+        memset(d, p[0], nbytes);
+        return TS_OK;
+    }
+    if (nbytes == 0)
+        return TS_OK;
+    /* Double the filled prefix each step: log2(n) memcpy calls. */
+    memcpy(d, p, pattern_size);
+    size_t done = pattern_size;
+    while (done < nbytes) {
+        size_t n = done < nbytes - done ? done : nbytes - done;
+        memcpy(d + done, d, n);
+        done += n;
+    }
+    return TS_OK;
+}
+
+ts_status ts_hostdev_synchronize(void *ctx)
+{
+    (void)ctx; /* host kernels are synchronous */
+    return TS_OK;
+}
+
+void ts_hostdev_memory_stats(void *ctx, ts_memory_stats *stats)
+{
+    ts_hostdev *hd = ctx;
+    hd->host->pool->stats(hd->pool, stats);
+}
+
+void ts_hostdev_reset_peak(void *ctx)
+{
+    ts_hostdev *hd = ctx;
+    hd->host->pool->reset_peak(hd->pool);
+}
+
+void ts_hostdev_empty_cache(void *ctx)
+{
+    ts_hostdev *hd = ctx;
+    hd->host->pool->empty_cache(hd->pool);
+}
+
+ts_status ts_hostdev_set_limits(void *ctx, uint64_t reserve_limit, uint64_t cache_limit)
+{
+    ts_hostdev *hd = ctx;
+    return hd->host->pool->set_limits(hd->pool, reserve_limit, cache_limit);
+}
+
+size_t ts_hostdev_dtype_size(int32_t dtype)
+{
+    switch (dtype) {
+    case TS_F32: return 4;
+    case TS_F64: return 8;
+    case TS_I32: return 4;
+    case TS_I64: return 8;
+    case TS_U8: return 1;
+    default: return 0;
+    }
+}
+
+ts_status ts_hostdev_copy_strided(const ts_operand *dst, const ts_operand *src)
+{
+    size_t es = ts_hostdev_dtype_size(dst->dtype);
+    if (!es || dst->dtype != src->dtype || dst->ndim != src->ndim)
+        return TS_EINVAL;
+    int nd = dst->ndim;
+    int64_t n = 1, idx[TS_MAX_DIMS] = {0};
+    for (int d = 0; d < nd; d++) {
+        if (dst->shape[d] != src->shape[d])
+            return TS_ESHAPE;
+        n *= dst->shape[d];
+    }
+    if (n == 0)
+        return TS_OK;
+    char *dp = (char *)dst->data;
+    const char *sp = (const char *)src->data;
+    /* Innermost dim as a run; outer dims by an odometer. */
+    int64_t inner = nd ? dst->shape[nd - 1] : 1;
+    int64_t ds = nd ? dst->strides[nd - 1] : 1, ss = nd ? src->strides[nd - 1] : 1;
+    for (int64_t done = 0; done < n; done += inner) {
+        int64_t doff = dst->offset, soff = src->offset;
+        for (int d = 0; d < nd - 1; d++) {
+            doff += idx[d] * dst->strides[d];
+            soff += idx[d] * src->strides[d];
+        }
+        if (ds == 1 && ss == 1) {
+            memcpy(dp + doff * (int64_t)es, sp + soff * (int64_t)es, (size_t)inner * es);
+        } else {
+            for (int64_t i = 0; i < inner; i++)
+                memcpy(dp + (doff + i * ds) * (int64_t)es, sp + (soff + i * ss) * (int64_t)es,
+                       es);
+        }
+        for (int d = nd - 2; d >= 0; d--) {
+            if (++idx[d] < dst->shape[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+    return TS_OK;
+}

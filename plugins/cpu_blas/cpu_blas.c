@@ -1,0 +1,94 @@
+/* plugins/cpu_blas/cpu_blas.c: the default backend: host memory from the shared pool
+ * component, kernels on the CPU with OpenBLAS for the GEMMs. This file holds the descriptor
+ * and the kernel dispatch; kernels live one file per family. */
+#include "config.h"
+
+#include <stdlib.h>
+
+#include <cblas.h>
+
+#include "../common/hostdev.h"
+
+/* openblas_set_num_threads is declared by OpenBLAS's cblas.h. */
+
+typedef struct blas_ctx {
+    ts_hostdev hd; /* first: the hostdev vtable members take this ctx */
+} blas_ctx;
+
+static const ts_config_key keys[] = {
+    TS_HOSTDEV_THREADS_KEY,
+    {NULL, 0, NULL, 0, 0, NULL},
+};
+
+static ts_status blas_init(const ts_host *host, const ts_setting *settings, size_t nsettings,
+                           void **ctx)
+{
+    blas_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return host->fail(host, TS_ENOMEM, "out of memory creating the plugin context");
+    ts_status s = ts_hostdev_init(&c->hd, host, "cpu_blas", settings, nsettings);
+    if (s) {
+        ts_hostdev_fini(&c->hd);
+        free(c);
+        return s;
+    }
+    openblas_set_num_threads(c->hd.threads);
+    *ctx = c;
+    return TS_OK;
+}
+
+static void blas_shutdown(void *ctx)
+{
+    blas_ctx *c = ctx;
+    ts_hostdev_fini(&c->hd);
+    free(c);
+}
+
+static int blas_supports(void *ctx, int32_t op, int32_t dtype)
+{
+    (void)ctx;
+    return op == TS_OP_COPY && ts_hostdev_dtype_size(dtype) != 0;
+}
+
+static ts_status blas_run(void *ctx, const ts_kernel_call *call)
+{
+    blas_ctx *c = ctx;
+    switch (call->op) {
+    case TS_OP_COPY:
+        if (call->ninputs != 1 || call->noutputs != 1)
+            break;
+        return ts_hostdev_copy_strided(&call->outputs[0], &call->inputs[0]);
+    default:
+        return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented",
+                                (int)call->op);
+    }
+    return c->hd.host->fail(c->hd.host, TS_EINVAL, "op %d: wrong operand count", (int)call->op);
+}
+
+static const ts_plugin_desc desc = {
+    .abi_major = TS_PLUGIN_ABI_MAJOR,
+    .abi_minor = TS_PLUGIN_ABI_MINOR,
+    .struct_size = sizeof(ts_plugin_desc),
+    .name = "cpu_blas",
+    .version = PACKAGE_VERSION,
+    .description = "CPU kernels with OpenBLAS GEMMs",
+    .config_keys = keys,
+    .init = blas_init,
+    .shutdown = blas_shutdown,
+    .device_info = ts_hostdev_device_info,
+    .alloc = ts_hostdev_alloc,
+    .free = ts_hostdev_free,
+    .copy_h2d = ts_hostdev_copy,
+    .copy_d2h = ts_hostdev_copy,
+    .copy_d2d = ts_hostdev_copy,
+    .fill = ts_hostdev_fill,
+    .synchronize = ts_hostdev_synchronize,
+    .memory_stats = ts_hostdev_memory_stats,
+    .reset_peak = ts_hostdev_reset_peak,
+    .empty_cache = ts_hostdev_empty_cache,
+    .set_limits = ts_hostdev_set_limits,
+    .supports = blas_supports,
+    .run = blas_run,
+};
+
+TS_PLUGIN_DEFINE(desc)

@@ -1,0 +1,182 @@
+/* tests/tap.c: the runner behind tap.h. Each test runs in a forked child so that a crash, an
+ * abort or a hang fails that test alone; a pipe carries the failure or skip reason back. */
+#include "tap.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define TAP_SKIP_STATUS 77
+
+static int report_fd = -1;
+static char tmpdir[4096];
+static char pathbuf[4096];
+
+static void report(const char *prefix, const char *fmt, va_list ap)
+{
+    char buf[2048];
+    int n = snprintf(buf, sizeof buf, "%s", prefix);
+    vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    if (report_fd >= 0) {
+        ssize_t w = write(report_fd, buf, strlen(buf));
+        (void)w;
+    } else {
+        fprintf(stderr, "%s\n", buf);
+    }
+}
+
+_Noreturn void tap_fail(const char *file, int line, const char *fmt, ...)
+{
+    char prefix[512];
+    snprintf(prefix, sizeof prefix, "%s:%d: ", file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    report(prefix, fmt, ap);
+    va_end(ap);
+    fflush(NULL);
+    _exit(1);
+}
+
+_Noreturn void tap_skip(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    report("", fmt, ap);
+    va_end(ap);
+    fflush(NULL);
+    _exit(TAP_SKIP_STATUS);
+}
+
+const char *tap_srcdir(void)
+{
+    const char *s = getenv("TS_SRCDIR");
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/tests/data", s && *s ? s : ".");
+    return buf;
+}
+
+static void rm_tmpdir(void)
+{
+    if (tmpdir[0]) {
+        char cmd[4200];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+        int r = system(cmd);
+        (void)r;
+        tmpdir[0] = 0;
+    }
+}
+
+const char *tap_tmpdir(void)
+{
+    if (!tmpdir[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(tmpdir, sizeof tmpdir, "%s/tessera-test-XXXXXX", base && *base ? base : "/tmp");
+        if (!mkdtemp(tmpdir))
+            tap_fail(__FILE__, __LINE__, "mkdtemp: %s", strerror(errno));
+        atexit(rm_tmpdir);
+    }
+    return tmpdir;
+}
+
+const char *tap_write_file(const char *dir, const char *name, const char *text)
+{
+    snprintf(pathbuf, sizeof pathbuf, "%s/%s", dir, name);
+    FILE *f = fopen(pathbuf, "w");
+    if (!f)
+        tap_fail(__FILE__, __LINE__, "fopen %s: %s", pathbuf, strerror(errno));
+    fputs(text, f);
+    fclose(f);
+    return pathbuf;
+}
+
+static int run_one(const tap_test *t, int num, int timeout, char *why, size_t whylen)
+{
+    int fds[2];
+    if (pipe(fds) != 0) {
+        snprintf(why, whylen, "pipe: %s", strerror(errno));
+        return 1;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(why, whylen, "fork: %s", strerror(errno));
+        return 1;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        report_fd = fds[1];
+        alarm((unsigned)timeout);
+        t->fn();
+        fflush(NULL);
+        tmpdir[0] ? rm_tmpdir() : (void)0;
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < whylen && (r = read(fds[0], why + got, whylen - 1 - got)) > 0)
+        got += (size_t)r;
+    why[got] = 0;
+    close(fds[0]);
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    (void)num;
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        size_t l = strlen(why);
+        snprintf(why + l, whylen - l, "%skilled by signal %d (%s)%s", l ? "; " : "", sig,
+                 strsignal(sig), sig == SIGALRM ? ": timed out" : "");
+        return 1;
+    }
+    int code = WEXITSTATUS(status);
+    if (code == TAP_SKIP_STATUS)
+        return TAP_SKIP_STATUS;
+    return code == 0 ? 0 : 1;
+}
+
+int tap_run(const tap_test *tests, size_t n, int argc, char **argv)
+{
+    const char *to = getenv("TS_TEST_TIMEOUT");
+    int timeout = to && atoi(to) > 0 ? atoi(to) : 120;
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        int wanted = argc <= 1;
+        for (int a = 1; a < argc; a++)
+            wanted |= strcmp(argv[a], tests[i].name) == 0;
+        count += wanted;
+    }
+    printf("1..%zu\n", count);
+    int failed = 0, skipped = 0, num = 0;
+    for (size_t i = 0; i < n; i++) {
+        int wanted = argc <= 1;
+        for (int a = 1; a < argc; a++)
+            wanted |= strcmp(argv[a], tests[i].name) == 0;
+        if (!wanted)
+            continue;
+        char why[4096];
+        int rc = run_one(&tests[i], ++num, timeout, why, sizeof why);
+        for (char *p = why; *p; p++)
+            if (*p == '\n')
+                *p = ' ';
+        if (rc == 0) {
+            printf("ok %d - %s\n", num, tests[i].name);
+        } else if (rc == TAP_SKIP_STATUS) {
+            printf("ok %d - %s # SKIP %s\n", num, tests[i].name, why);
+            skipped++;
+        } else {
+            printf("not ok %d - %s\n# %s\n", num, tests[i].name, why);
+            failed++;
+        }
+        fflush(stdout);
+    }
+    if (failed)
+        return 1;
+    if (count > 0 && skipped == (int)count && !getenv("TS_TAP_DRIVER"))
+        return TAP_SKIP_STATUS;
+    return 0;
+}

@@ -1,0 +1,91 @@
+/* tests/tap.h: a small test runner in the manner of libuv's: a table of tests, assertion
+ * macros that abort in every build, each test forked with a time limit, TAP output for
+ * automake's tap-driver. A test that calls SKIP() is reported "ok N - name # SKIP why".
+ * When every test skipped, the program prints "1..0 # SKIP" and exits 77 unless it runs
+ * under the TAP driver (TS_TAP_DRIVER set), which reads the skip from the TAP itself. */
+#ifndef TESSERA_TESTS_TAP_H
+#define TESSERA_TESTS_TAP_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tessera/tessera.h>
+
+typedef struct tap_test {
+    const char *name;
+    void (*fn)(void);
+} tap_test;
+
+#define TAP_TEST(fn) {#fn, fn}
+
+/* Runs the tests named in argv (all if none), forked, each within $TS_TEST_TIMEOUT seconds
+ * (default 120). Returns the process exit status. */
+int tap_run(const tap_test *tests, size_t n, int argc, char **argv);
+
+_Noreturn void tap_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+_Noreturn void tap_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Directory of test data in the source tree ($TS_SRCDIR/tests/data). (transfer none) */
+const char *tap_srcdir(void);
+/* A fresh empty directory for this test, removed at exit. (transfer none) */
+const char *tap_tmpdir(void);
+/* Writes text to dir/name and returns the path. (transfer none until next call) */
+const char *tap_write_file(const char *dir, const char *name, const char *text);
+
+#define CHECK(cond)                                                                         \
+    do {                                                                                    \
+        if (!(cond))                                                                        \
+            tap_fail(__FILE__, __LINE__, "CHECK(%s) failed", #cond);                        \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                                \
+    do {                                                                                    \
+        if (!(cond))                                                                        \
+            tap_fail(__FILE__, __LINE__, __VA_ARGS__);                                      \
+    } while (0)
+
+#define CHECK_INT_EQ(a, b)                                                                  \
+    do {                                                                                    \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                 \
+        if (a_ != b_)                                                                       \
+            tap_fail(__FILE__, __LINE__, "%s == %s failed: %lld vs %lld", #a, #b, a_, b_);   \
+    } while (0)
+
+/* expr must return TS_OK; otherwise fail with the status name and ts_last_error(). */
+#define CHECK_OK(expr)                                                                      \
+    do {                                                                                    \
+        ts_status s_ = (expr);                                                              \
+        if (s_ != TS_OK)                                                                    \
+            tap_fail(__FILE__, __LINE__, "%s returned %s: %s", #expr, ts_status_name(s_),   \
+                     ts_last_error());                                                      \
+    } while (0)
+
+/* expr must fail with status code, and ts_last_error() must contain every needle. */
+#define CHECK_FAILS(expr, code, ...)                                                        \
+    do {                                                                                    \
+        ts_clear_error();                                                                   \
+        ts_status s_ = (expr);                                                              \
+        if (s_ != (code))                                                                   \
+            tap_fail(__FILE__, __LINE__, "%s returned %s, expected %s (message: %s)",       \
+                     #expr, ts_status_name(s_), ts_status_name(code), ts_last_error());      \
+        const char *needles_[] = {__VA_ARGS__, NULL};                                       \
+        for (int i_ = 0; needles_[i_]; i_++)                                                \
+            if (!strstr(ts_last_error(), needles_[i_]))                                     \
+                tap_fail(__FILE__, __LINE__, "error message lacks \"%s\": %s",             \
+                         needles_[i_], ts_last_error());                                    \
+    } while (0)
+
+#define CHECK_STR_CONTAINS(hay, needle)                                                     \
+    do {                                                                                    \
+        const char *h_ = (hay), *n_ = (needle);                                             \
+        if (!h_ || !strstr(h_, n_))                                                         \
+            tap_fail(__FILE__, __LINE__, "\"%s\" does not contain \"%s\"", h_ ? h_ : "(null)", \
+                     n_);                                                                   \
+    } while (0)
+
+#define SKIP(...) tap_skip(__VA_ARGS__)
+
+#endif /* TESSERA_TESTS_TAP_H */

@@ -1,0 +1,298 @@
+/* tests/unit/test-loader.c: finding, loading, refusing and falling back between plugins.
+ * The fixtures in tests/fixtures/ each break one rule of the ABI. */
+#include "config.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../tap.h"
+
+static char fxbuf[4096];
+
+/* Absolute path of a fixture plugin in the build tree. */
+static const char *fx(const char *name)
+{
+    const char *b = getenv("TS_BUILDDIR");
+    snprintf(fxbuf, sizeof fxbuf, "%s/tests/fixtures/.libs/%s.so", b ? b : ".", name);
+    CHECK_MSG(access(fxbuf, F_OK) == 0, "fixture %s missing", fxbuf);
+    return fxbuf;
+}
+
+static ts_config *cfg_text(const char *text, const char *dir)
+{
+    ts_config *cfg;
+    CHECK_OK(ts_config_parse(text, "test.ini", dir, &cfg));
+    return cfg;
+}
+
+/* Copies a fixture into dir under its own name. */
+static void install_fixture(const char *name, const char *dir)
+{
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/%s.so'", dir, fx(name), dir, name);
+    CHECK(system(cmd) == 0);
+}
+
+static void test_not_found(void)
+{
+    ts_device *dev = (ts_device *)1;
+    CHECK_FAILS(ts_device_load(NULL, "nosuchplugin", &dev), TS_EPLUGIN,
+                "plugin 'nosuchplugin' not found", "nosuchplugin.so", "TESSERA_PLUGIN_PATH");
+    CHECK(dev == NULL);
+    CHECK_FAILS(ts_device_load(NULL, "Bad Name", &dev), TS_EPLUGIN, "neither a plugin name");
+    CHECK_FAILS(ts_device_load(NULL, "/nonexistent/x.so", &dev), TS_EPLUGIN, "/nonexistent/x.so",
+                "no such file");
+    CHECK_FAILS(ts_device_load(NULL, NULL, &dev), TS_EINVAL, "NULL");
+}
+
+static void test_not_a_plugin(void)
+{
+    ts_device *dev;
+    CHECK_FAILS(ts_device_load(NULL, fx("noentry"), &dev), TS_EPLUGIN, "not a tessera plugin",
+                "tessera_plugin_entry", "noentry.so");
+    const char *garbage = tap_write_file(tap_tmpdir(), "garbage.so", "this is not an ELF file\n");
+    CHECK_FAILS(ts_device_load(NULL, garbage, &dev), TS_EPLUGIN, "cannot load", "garbage.so");
+}
+
+static void test_abi_mismatch(void)
+{
+    ts_device *dev;
+    char want[64];
+    snprintf(want, sizeof want, "ABI %d.%d", TS_PLUGIN_ABI_MAJOR + 1, 3);
+    char have[64];
+    snprintf(have, sizeof have, "speaks ABI %d.%d", TS_PLUGIN_ABI_MAJOR, TS_PLUGIN_ABI_MINOR);
+    CHECK_FAILS(ts_device_load(NULL, fx("badabi"), &dev), TS_EPLUGIN, want, have, "rebuild");
+}
+
+static void test_missing_required_member(void)
+{
+    ts_device *dev;
+    CHECK_FAILS(ts_device_load(NULL, fx("missingslot"), &dev), TS_EPLUGIN, "'alloc'",
+                "missingslot");
+}
+
+static void test_older_minor_loads(void)
+{
+    ts_device *dev;
+    CHECK_OK(ts_device_load(NULL, fx("oldminor"), &dev));
+    CHECK(ts_device_desc(dev)->struct_size < sizeof(ts_plugin_desc));
+    /* The trap behind the short descriptor is never called. */
+    CHECK(ts_device_supports(dev, TS_OP_COPY, TS_F32) == 0);
+    void *p;
+    CHECK_OK(ts_device_alloc(dev, 16, "test", &p));
+    ts_device_free(dev, p);
+    ts_device_unload(dev);
+}
+
+static void test_init_failures(void)
+{
+    ts_device *dev;
+    CHECK_FAILS(ts_device_load(NULL, fx("initfail"), &dev), TS_EPLUGIN,
+                "plugin 'initfail': init failed on purpose");
+    CHECK_FAILS(ts_device_load(NULL, fx("nodevice"), &dev), TS_ENODEV,
+                "plugin 'nodevice': no fixture driver found");
+}
+
+static void test_plugin_settings(void)
+{
+    ts_device *dev;
+    ts_config *cfg = cfg_text("[plugin.withkeys]\nwidgets = 7\nmode = slow\n", NULL);
+    CHECK_OK(ts_device_load(cfg, fx("withkeys"), &dev));
+    ts_device_info info;
+    CHECK_OK(ts_device_info_get(dev, &info));
+    CHECK(strcmp(info.name, "widgets=7") == 0);
+    size_t n;
+    const ts_setting *s = ts_device_settings(dev, &n);
+    const ts_setting *cl = ts_setting_find(s, n, "cache_limit");
+    CHECK(cl && cl->v.size == (1ull << 30) && !cl->from_file); /* the plugin's own default */
+    const ts_setting *mode = ts_setting_find(s, n, "mode");
+    CHECK(mode && strcmp(mode->text, "slow") == 0 && mode->from_file);
+    ts_device_unload(dev);
+    ts_config_free(cfg);
+
+    cfg = cfg_text("[plugin.withkeys]\n\nwidgets = 11\n", NULL);
+    CHECK_FAILS(ts_device_load(cfg, fx("withkeys"), &dev), TS_ECONFIG, "test.ini:3:",
+                "widgets = '11'", "from 1 to 10");
+    ts_config_free(cfg);
+    cfg = cfg_text("[plugin.withkeys]\ngizmos = 1\n", NULL);
+    CHECK_FAILS(ts_device_load(cfg, fx("withkeys"), &dev), TS_ECONFIG, "test.ini:2:",
+                "unknown key 'gizmos'", "memory_fraction, cache_limit, caching, widgets, mode");
+    ts_config_free(cfg);
+}
+
+static void test_cpu_blas_memory(void)
+{
+    ts_device *dev;
+    CHECK_OK(ts_device_load(NULL, "cpu_blas", &dev));
+    CHECK(strcmp(ts_device_name(dev), "cpu_blas") == 0);
+    ts_device_info info;
+    CHECK_OK(ts_device_info_get(dev, &info));
+    CHECK(info.count == 1 && (info.valid & TS_DEVINFO_TOTAL) && info.total_bytes > 0);
+    float host[1000], back[1000];
+    for (int i = 0; i < 1000; i++)
+        host[i] = (float)i * 0.5f;
+    void *p;
+    CHECK_OK(ts_device_alloc(dev, sizeof host, "test", &p));
+    CHECK(((uintptr_t)p % 64) == 0);
+    CHECK_OK(ts_device_copy_from_host(dev, p, host, sizeof host));
+    CHECK_OK(ts_device_copy_to_host(dev, back, p, sizeof back));
+    CHECK(memcmp(host, back, sizeof host) == 0);
+    ts_memory_stats st;
+    CHECK_OK(ts_device_memory_stats(dev, &st));
+    CHECK(st.valid & TS_STATS_POOL);
+    CHECK(st.in_use >= sizeof host && st.live_blocks == 1);
+    ts_device_free(dev, p);
+    CHECK_OK(ts_device_memory_stats(dev, &st));
+    CHECK_INT_EQ(st.live_blocks, 0);
+    CHECK_INT_EQ(st.in_use, 0);
+    CHECK(ts_device_supports(dev, TS_OP_COPY, TS_F32));
+    ts_device_unload(dev);
+}
+
+static void test_search_path(void)
+{
+    const char *tmp = tap_tmpdir();
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/envplugins", tmp);
+    install_fixture("withkeys", dir);
+    ts_device *dev;
+    unsetenv("TESSERA_PLUGIN_PATH");
+    CHECK_FAILS(ts_device_load(NULL, "withkeys", &dev), TS_EPLUGIN, "not found");
+    setenv("TESSERA_PLUGIN_PATH", dir, 1);
+    CHECK_OK(ts_device_load(NULL, "withkeys", &dev));
+    CHECK_STR_CONTAINS(ts_device_path(dev), "envplugins/withkeys.so");
+    ts_device_unload(dev);
+
+    /* Relative entries are never resolved against the current directory. */
+    CHECK(chdir(tmp) == 0);
+    setenv("TESSERA_PLUGIN_PATH", "envplugins", 1);
+    CHECK_FAILS(ts_device_load(NULL, "withkeys", &dev), TS_EPLUGIN, "not found");
+    unsetenv("TESSERA_PLUGIN_PATH");
+
+    /* plugin_path in a file: relative to the file's directory. */
+    char cfgdir[4200];
+    snprintf(cfgdir, sizeof cfgdir, "%s/etc", tmp);
+    install_fixture("withkeys", cfgdir); /* creates etc/ */
+    char plugdir[4300];
+    snprintf(plugdir, sizeof plugdir, "%s/plugins", cfgdir);
+    install_fixture("withkeys", plugdir);
+    const char *ini = tap_write_file(cfgdir, "t.ini", "[core]\nplugin_path = plugins\n");
+    ts_config *cfg;
+    CHECK_OK(ts_config_load(ini, &cfg));
+    CHECK_OK(ts_device_load(cfg, "withkeys", &dev));
+    CHECK_STR_CONTAINS(ts_device_path(dev), "etc/plugins/withkeys.so");
+    ts_device_unload(dev);
+    ts_config_free(cfg);
+}
+
+static void test_insecure_path(void)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/open", tap_tmpdir());
+    install_fixture("withkeys", dir);
+    CHECK(chmod(dir, 0777) == 0);
+    char so[4300];
+    snprintf(so, sizeof so, "%s/withkeys.so", dir);
+    ts_device *dev;
+    CHECK_FAILS(ts_device_load(NULL, so, &dev), TS_EPLUGIN, "writable by every user",
+                "allow_insecure_plugin_path");
+    ts_config *cfg = cfg_text("[core]\nallow_insecure_plugin_path = true\n", NULL);
+    CHECK_OK(ts_device_load(cfg, so, &dev));
+    ts_device_unload(dev);
+    ts_config_free(cfg);
+}
+
+static char logged[4096];
+
+static void capture_log(int level, const char *msg, void *user)
+{
+    (void)user;
+    if (level <= TS_LOG_WARN)
+        snprintf(logged + strlen(logged), sizeof logged - strlen(logged), "%s\n", msg);
+}
+
+static void test_fallback(void)
+{
+    ts_set_log_handler(capture_log, NULL);
+    char text[8400];
+    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback = cpu_blas\n", fx("nodevice"));
+    const char *ini = tap_write_file(tap_tmpdir(), "fb.ini", text);
+    logged[0] = 0;
+    CHECK_OK(ts_init(ini));
+    CHECK(strcmp(ts_device_name(ts_default_device()), "cpu_blas") == 0);
+    CHECK_STR_CONTAINS(logged, "plugin 'nodevice': no fixture driver found");
+    CHECK_STR_CONTAINS(logged, "falling back to 'cpu_blas'");
+    CHECK_FAILS(ts_init(ini), TS_ESTATE, "already initialised");
+    ts_shutdown();
+    CHECK(ts_default_device() == NULL);
+
+    /* Both fail: one error with both reasons. */
+    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback = nosuchplugin\n", fx("initfail"));
+    ini = tap_write_file(tap_tmpdir(), "fb2.ini", text);
+    CHECK_FAILS(ts_init(ini), TS_EPLUGIN, "init failed on purpose", "the fallback failed too",
+                "'nosuchplugin' not found");
+    CHECK(ts_runtime_config() == NULL);
+
+    /* No fallback configured: the device's own error. */
+    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback =\n", fx("nodevice"));
+    ini = tap_write_file(tap_tmpdir(), "fb3.ini", text);
+    CHECK_FAILS(ts_init(ini), TS_ENODEV, "no fixture driver found");
+}
+
+static void test_tessera_device_env(void)
+{
+    const char *ini = tap_write_file(tap_tmpdir(), "env.ini", "[core]\ndevice = cpu_blas\n");
+    setenv("TESSERA_DEVICE", fx("withkeys"), 1);
+    CHECK_OK(ts_init(ini));
+    CHECK(strcmp(ts_device_name(ts_default_device()), "withkeys") == 0);
+    /* Another device by name; the same pointer the second time. */
+    ts_device *a, *b;
+    CHECK_OK(ts_device_get("cpu_blas", &a));
+    CHECK_OK(ts_device_get("cpu_blas", &b));
+    CHECK(a == b && a != ts_default_device());
+    ts_shutdown();
+    unsetenv("TESSERA_DEVICE");
+    CHECK_FAILS(ts_device_get("cpu_blas", &a), TS_ESTATE, "ts_init");
+}
+
+static void test_cuda_plugin(void)
+{
+    char *path;
+    if (ts_plugin_find(NULL, "cuda", &path) != TS_OK)
+        SKIP("the cuda plugin was not built (configure found no CUDA Toolkit)");
+    free(path);
+    ts_device *dev;
+    ts_status s = ts_device_load(NULL, "cuda", &dev);
+    if (s == TS_OK) {
+        /* A GPU is here: it must report itself. */
+        ts_device_info info;
+        CHECK_OK(ts_device_info_get(dev, &info));
+        CHECK(info.count > 0 && (info.valid & TS_DEVINFO_TOTAL));
+        ts_device_unload(dev);
+        return;
+    }
+    /* No GPU: a clean TS_ENODEV naming the CUDA error, never a crash. */
+    CHECK_MSG(s == TS_ENODEV, "cuda load: %s: %s", ts_status_name(s), ts_last_error());
+    CHECK_STR_CONTAINS(ts_last_error(), "plugin 'cuda'");
+    CHECK_STR_CONTAINS(ts_last_error(), "cuda");
+}
+
+int main(int argc, char **argv)
+{
+    static const tap_test tests[] = {
+        TAP_TEST(test_not_found),
+        TAP_TEST(test_not_a_plugin),
+        TAP_TEST(test_abi_mismatch),
+        TAP_TEST(test_missing_required_member),
+        TAP_TEST(test_older_minor_loads),
+        TAP_TEST(test_init_failures),
+        TAP_TEST(test_plugin_settings),
+        TAP_TEST(test_cpu_blas_memory),
+        TAP_TEST(test_search_path),
+        TAP_TEST(test_insecure_path),
+        TAP_TEST(test_fallback),
+        TAP_TEST(test_tessera_device_env),
+        TAP_TEST(test_cuda_plugin),
+    };
+    return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
+}

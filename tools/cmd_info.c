@@ -1,0 +1,230 @@
+/* tools/cmd_info.c: `tessera info`: version, the configuration in force, the plugin search
+ * path, every plugin found (loaded, or why not), its devices, memory and pool settings, and
+ * the default device the runtime would pick. Text for people, --json for scripts. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+
+static const char info_usage[] =
+    "usage: tessera info [--json] [--config FILE]\n"
+    "\n"
+    "Shows the version, the configuration file in use, the plugin search path, each plugin\n"
+    "found (file, ABI version, loaded or the reason it failed), its devices and memory, the\n"
+    "pool settings in force, and the default device (with its fallback, if used).\n"
+    "  --json    one JSON object on stdout\n";
+
+static void add_dir(const char *dir, void *user)
+{
+    cJSON_AddItemToArray((cJSON *)user, cJSON_CreateString(dir));
+}
+
+static void add_u64(cJSON *o, const char *k, unsigned long long v)
+{
+    cJSON_AddNumberToObject(o, k, (double)v);
+}
+
+/* Loads one plugin and describes it; unloads it again. */
+static void probe(const ts_config *cfg, const char *name, const char *path, void *user)
+{
+    cJSON *list = user, *p = cJSON_CreateObject();
+    cJSON_AddItemToArray(list, p);
+    cJSON_AddStringToObject(p, "name", name);
+    cJSON_AddStringToObject(p, "file", path);
+    ts_device *dev;
+    ts_status s = ts_device_load(cfg, path, &dev);
+    if (s) {
+        cJSON_AddBoolToObject(p, "loaded", 0);
+        cJSON_AddStringToObject(p, "status", ts_status_name(s));
+        cJSON_AddStringToObject(p, "error", ts_last_error());
+        cJSON *d = cJSON_AddObjectToObject(p, "devices");
+        cJSON_AddNumberToObject(d, "count", 0);
+        return;
+    }
+    const ts_plugin_desc *desc = ts_device_desc(dev);
+    char abi[32];
+    snprintf(abi, sizeof abi, "%u.%u", (unsigned)desc->abi_major, (unsigned)desc->abi_minor);
+    cJSON_AddBoolToObject(p, "loaded", 1);
+    cJSON_AddStringToObject(p, "abi", abi);
+    cJSON_AddStringToObject(p, "version", desc->version ? desc->version : "");
+    cJSON_AddStringToObject(p, "description", desc->description ? desc->description : "");
+    ts_device_info info;
+    cJSON *d = cJSON_AddObjectToObject(p, "devices");
+    if (ts_device_info_get(dev, &info) == TS_OK) {
+        cJSON_AddNumberToObject(d, "count", info.count);
+        cJSON_AddNumberToObject(d, "index", info.index);
+        cJSON_AddStringToObject(d, "name", info.name);
+        if (info.valid & TS_DEVINFO_TOTAL)
+            add_u64(d, "total_bytes", info.total_bytes);
+        if (info.valid & TS_DEVINFO_FREE)
+            add_u64(d, "free_bytes", info.free_bytes);
+    } else {
+        cJSON_AddNumberToObject(d, "count", 0);
+        cJSON_AddStringToObject(d, "error", ts_last_error());
+    }
+    size_t n;
+    const ts_setting *set = ts_device_settings(dev, &n);
+    cJSON *so = cJSON_AddObjectToObject(p, "settings");
+    for (size_t i = 0; i < n; i++) {
+        cJSON *e = cJSON_AddObjectToObject(so, set[i].name);
+        cJSON_AddStringToObject(e, "value", set[i].text);
+        cJSON_AddBoolToObject(e, "from_file", set[i].from_file);
+    }
+    ts_memory_stats st;
+    ts_device_memory_stats(dev, &st);
+    cJSON *po = cJSON_AddObjectToObject(p, "pool");
+    cJSON_AddBoolToObject(po, "valid", (st.valid & TS_STATS_POOL) != 0);
+    if (st.valid & TS_STATS_POOL) {
+        add_u64(po, "reserve_limit", st.reserve_limit);
+        add_u64(po, "cache_limit", st.cache_limit);
+        add_u64(po, "in_use", st.in_use);
+        add_u64(po, "peak_in_use", st.peak_in_use);
+        add_u64(po, "reserved", st.reserved);
+        add_u64(po, "peak_reserved", st.peak_reserved);
+        add_u64(po, "cached", st.cached);
+        add_u64(po, "n_alloc", st.n_alloc);
+        add_u64(po, "n_raw_alloc", st.n_raw_alloc);
+        add_u64(po, "n_oom", st.n_oom);
+    }
+    ts_device_unload(dev);
+}
+
+typedef struct scan_ctx {
+    const ts_config *cfg;
+    cJSON *list;
+} scan_ctx;
+
+static void on_found(const char *name, const char *path, void *user)
+{
+    scan_ctx *sc = user;
+    probe(sc->cfg, name, path, sc->list);
+}
+
+static const char *str(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static double num(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+static void print_text(const cJSON *root)
+{
+    char b1[32], b2[32];
+    const cJSON *cfg = cJSON_GetObjectItem(root, "config");
+    printf("tessera %s (plugin ABI %s)\n", str(root, "version"), str(root, "plugin_abi"));
+    printf("config:          %s\n", str(cfg, "file"));
+    printf("device:          %s (fallback: %s)\n", str(cfg, "device"),
+           *str(cfg, "fallback") ? str(cfg, "fallback") : "none");
+    const cJSON *dd = cJSON_GetObjectItem(root, "default_device");
+    if (cJSON_IsString(dd))
+        printf("in use:          %s\n", dd->valuestring);
+    else
+        printf("in use:          none (%s)\n", str(root, "default_device_error"));
+    printf("plugin path:\n");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(root, "search_path"))
+        printf("  %s\n", it->valuestring);
+    printf("plugins:\n");
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(root, "plugins"))
+    {
+        const cJSON *d = cJSON_GetObjectItem(it, "devices");
+        if (!cJSON_IsTrue(cJSON_GetObjectItem(it, "loaded"))) {
+            printf("  %s: %s (%s)\n    file: %s\n", str(it, "name"),
+                   strcmp(str(it, "status"), "TS_ENODEV") == 0 ? "0 devices" : "not loaded",
+                   str(it, "error"), str(it, "file"));
+            continue;
+        }
+        printf("  %s: %d device%s: %s\n", str(it, "name"), (int)num(d, "count"),
+               num(d, "count") == 1 ? "" : "s", str(d, "name"));
+        printf("    file: %s (ABI %s, version %s)\n", str(it, "file"), str(it, "abi"),
+               str(it, "version"));
+        if (cJSON_GetObjectItem(d, "total_bytes"))
+            printf("    memory: %s total, %s free\n",
+                   cli_bytes((unsigned long long)num(d, "total_bytes"), b1, sizeof b1),
+                   cli_bytes((unsigned long long)num(d, "free_bytes"), b2, sizeof b2));
+        printf("    settings:");
+        const cJSON *s;
+        cJSON_ArrayForEach(s, cJSON_GetObjectItem(it, "settings"))
+            printf(" %s=%s%s", s->string, str(s, "value"),
+                   cJSON_IsTrue(cJSON_GetObjectItem(s, "from_file")) ? "" : "(default)");
+        printf("\n");
+        const cJSON *po = cJSON_GetObjectItem(it, "pool");
+        if (cJSON_IsTrue(cJSON_GetObjectItem(po, "valid"))) {
+            char b3[32], b4[32];
+            printf("    pool: limit %s reserved, cache %s; in use %s, reserved %s\n",
+                   cli_bytes((unsigned long long)num(po, "reserve_limit"), b1, sizeof b1),
+                   cli_bytes((unsigned long long)num(po, "cache_limit"), b2, sizeof b2),
+                   cli_bytes((unsigned long long)num(po, "in_use"), b3, sizeof b3),
+                   cli_bytes((unsigned long long)num(po, "reserved"), b4, sizeof b4));
+        }
+    }
+}
+
+int cmd_info(int argc, char **argv, const cli_common *common)
+{
+    int json = common->json;
+    const char *config_path = common->config;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            json = 1;
+        } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
+            config_path = argv[++i];
+        } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            fputs(info_usage, stdout);
+            return 0;
+        } else {
+            return cli_usage_error("info", "unexpected argument '%s'", argv[i]);
+        }
+    }
+    ts_config *cfg;
+    ts_status s = ts_config_load(config_path, &cfg);
+    if (s)
+        return cli_fail(s, "cannot load the configuration");
+
+    cJSON *root = cJSON_CreateObject();
+    char abi[32];
+    snprintf(abi, sizeof abi, "%d.%d", TS_PLUGIN_ABI_MAJOR, TS_PLUGIN_ABI_MINOR);
+    cJSON_AddStringToObject(root, "version", ts_version());
+    cJSON_AddStringToObject(root, "plugin_abi", abi);
+    cJSON *c = cJSON_AddObjectToObject(root, "config");
+    cJSON_AddStringToObject(c, "file", ts_config_source(cfg));
+    const char *envdev = getenv("TESSERA_DEVICE");
+    cJSON_AddStringToObject(c, "device",
+                            envdev && *envdev ? envdev : ts_config_get(cfg, "core", "device"));
+    cJSON_AddStringToObject(c, "fallback", ts_config_get(cfg, "core", "fallback"));
+    cJSON_AddStringToObject(c, "log_level", ts_config_get(cfg, "core", "log_level"));
+
+    /* The device the runtime picks, fallback included, exactly as a program would get it. */
+    if (ts_init(config_path) == TS_OK) {
+        cJSON_AddStringToObject(root, "default_device", ts_device_name(ts_default_device()));
+        ts_shutdown();
+    } else {
+        cJSON_AddNullToObject(root, "default_device");
+        cJSON_AddStringToObject(root, "default_device_error", ts_last_error());
+    }
+
+    cJSON *sp = cJSON_AddArrayToObject(root, "search_path");
+    ts_plugin_search_path(cfg, add_dir, sp);
+    scan_ctx sc = {cfg, cJSON_AddArrayToObject(root, "plugins")};
+    ts_plugin_scan(cfg, on_found, &sc);
+
+    if (json) {
+        char *out = cJSON_Print(root);
+        if (out)
+            puts(out);
+        free(out);
+    } else {
+        print_text(root);
+    }
+    cJSON_Delete(root);
+    ts_config_free(cfg);
+    return 0;
+}
