@@ -170,6 +170,8 @@ typedef struct parse_state {
     int err_line;
 } parse_state;
 
+static void check_section_line(parse_state *ps, const char *str);
+
 static char *reader(char *str, int num, void *stream)
 {
     parse_state *ps = stream;
@@ -197,6 +199,7 @@ static char *reader(char *str, int num, void *stream)
     ps->at_line_start = len > 0 && str[len - 1] == '\n';
     if (!ps->at_line_start && len == (size_t)num - 1 && !ps->long_line)
         ps->long_line = ps->line;
+    check_section_line(ps, str);
     return r;
 }
 
@@ -225,6 +228,40 @@ static int valid_plugin_name(const char *s)
         if (!(islower((unsigned char)*s) || isdigit((unsigned char)*s) || *s == '_'))
             return 0;
     return 1;
+}
+
+static int section_ok(parse_state *ps, const char *section)
+{
+    if (strcmp(section, "core") == 0)
+        return 1;
+    if (strncmp(section, "plugin.", 7) == 0) {
+        if (valid_plugin_name(section + 7))
+            return 1;
+        return fail_at(ps, TS_ECONFIG,
+                       "[%s]: plugin names are lower-case letters, digits and '_'", section);
+    }
+    return fail_at(ps, TS_ECONFIG, "unknown section [%s]; expected [core] or [plugin.NAME]",
+                   section);
+}
+
+/* inih only reports sections that hold keys; an empty misspelt section must fail too. */
+static void check_section_line(parse_state *ps, const char *str)
+{
+    while (isspace((unsigned char)*str))
+        str++;
+    if (*str != '[')
+        return;
+    const char *end = strchr(str, ']');
+    if (!end)
+        return; /* inih reports the syntax error */
+    char name[200];
+    const char *b = str + 1;
+    while (b < end && isspace((unsigned char)*b))
+        b++;
+    while (end > b && isspace((unsigned char)end[-1]))
+        end--;
+    snprintf(name, sizeof name, "%.*s", (int)(end - b), b);
+    section_ok(ps, name);
 }
 
 static const entry *find_entry(const ts_config *cfg, const char *section, const char *key)
@@ -262,10 +299,7 @@ static int handler(void *user, const char *section, const char *key, const char 
         if (strcmp(key, "device") == 0 && !*value)
             return fail_at(ps, TS_ECONFIG, "[core] device is empty: expected %s",
                            core_keys[i].expected);
-    } else if (strncmp(section, "plugin.", 7) == 0) {
-        if (!valid_plugin_name(section + 7))
-            return fail_at(ps, TS_ECONFIG,
-                           "[%s]: plugin names are lower-case letters, digits and '_'", section);
+    } else if (section_ok(ps, section)) {
         for (size_t i = 0; i < NCOMMON; i++) {
             if (strcmp(key, common_keys[i].name) == 0) {
                 ts_setting s;
@@ -276,8 +310,7 @@ static int handler(void *user, const char *section, const char *key, const char 
         }
         /* Other keys are the plugin's to declare; checked when it loads. */
     } else {
-        return fail_at(ps, TS_ECONFIG, "unknown section [%s]; expected [core] or [plugin.NAME]",
-                       section);
+        return 0;
     }
     const entry *dup = find_entry(cfg, section, key);
     if (dup)

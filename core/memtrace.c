@@ -163,7 +163,9 @@ void ts__memtrace_flush(void)
     pthread_mutex_unlock(&trace_lock);
 }
 
-TS_API ts_status ts_memtrace_start(const char *path)
+/* ts_memtrace_start without the snapshot of existing pools, which needs the registry lock
+ * (the environment's trace starts under it, before any pool exists). */
+static ts_status trace_open(const char *path)
 {
     if (!path || !*path)
         return ts__fail(TS_EINVAL, "memtrace: no path given");
@@ -198,8 +200,15 @@ TS_API ts_status ts_memtrace_start(const char *path)
     trace_flush_locked();
     atomic_fetch_or(&ts__mem_hooks, TS__MEM_TRACE);
     pthread_mutex_unlock(&trace_lock);
-    ts__pools_trace_snapshot();
     return TS_OK;
+}
+
+TS_API ts_status ts_memtrace_start(const char *path)
+{
+    ts_status st = trace_open(path);
+    if (st == TS_OK)
+        ts__pools_trace_snapshot();
+    return st;
 }
 
 TS_API void ts_memtrace_stop(void)
@@ -227,7 +236,7 @@ void ts__memtrace_env_init(void)
     if (d && (!strcmp(d, "1") || !strcmp(d, "true") || !strcmp(d, "yes") || !strcmp(d, "on")))
         ts_memory_debug(1);
     const char *path = secure_getenv("TESSERA_MEMTRACE");
-    if (path && *path && ts_memtrace_start(path) != TS_OK)
+    if (path && *path && trace_open(path) != TS_OK)
         ts__log(TS_LOG_WARN, "TESSERA_MEMTRACE: %s", ts_last_error());
 }
 

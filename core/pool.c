@@ -569,6 +569,8 @@ static void pool_destroy(ts_pool *p)
 {
     if (!p)
         return;
+    if (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE)
+        ts__memtrace_counter(p->name, 0, 0, 0); /* before the registry flushes the trace */
     registry_remove(p);
     if (p->st.live_blocks) {
         char sz[32];
@@ -591,9 +593,6 @@ static void pool_destroy(ts_pool *p)
         p->st.n_raw_free++;
         free(sg);
     }
-    p->st.reserved = p->st.in_use = 0;
-    if (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE)
-        trace_locked(p);
     for (chunk *c = p->chunks, *next; c; c = next) {
         next = c->next;
         free(c);
@@ -659,6 +658,7 @@ static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **p
         goto out;
     }
     if (nbytes > MAX_REQUEST) {
+        p->st.cache_misses++;
         st = oom(p, nbytes, GROW_LIMIT, raw_msg);
         goto out;
     }

@@ -65,9 +65,11 @@ static void test_unknown_key_and_section(void)
 {
     BAD("[core]\ndevice = cpu_blas\ndevcie = cuda\n", "t.ini:3:", "[core]", "'devcie'",
         "known keys");
-    BAD("[cor]\ndevice = cpu_blas\n", "t.ini:2:", "unknown section [cor]", "[plugin.NAME]");
-    BAD("[plugin.Bad-Name]\nthreads = 1\n", "t.ini:2:", "plugin.Bad-Name", "lower-case");
+    BAD("[cor]\ndevice = cpu_blas\n", "t.ini:1:", "unknown section [cor]", "[plugin.NAME]");
+    BAD("[plugin.Bad-Name]\nthreads = 1\n", "t.ini:1:", "plugin.Bad-Name", "lower-case");
     BAD("device = cpu_blas\n", "t.ini:1:", "unknown section []");
+    /* A misspelt section with no keys under it is still an error. */
+    BAD("[core]\ndevice = cpu_blas\n[plugn.cuda]\n", "t.ini:3:", "unknown section [plugn.cuda]");
 }
 
 static void test_bad_values(void)

@@ -1,0 +1,89 @@
+#!/bin/sh
+# quickstart.sh: from a fresh Debian 12 checkout to a working tessera in one command.
+#   ./quickstart.sh train   install what is missing, build, then train (the main job)
+#   ./quickstart.sh check   install what is missing, build, then run `make check`
+#   ./quickstart.sh build   install what is missing and build only
+# Re-running is fast: packages already installed are skipped, autoreconf/configure run only
+# when their inputs changed, make rebuilds only what changed.
+# Environment: CONFIGURE_FLAGS (extra ./configure flags), JOBS (make -j, default nproc).
+set -eu
+
+cd "$(dirname "$0")"
+mode=${1:-train}
+[ $# -gt 0 ] && shift
+
+case $mode in
+train | check | build) ;;
+-h | --help | help)
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+    exit 0
+    ;;
+*)
+    echo "quickstart.sh: unknown mode '$mode' (train, check or build)" >&2
+    exit 2
+    ;;
+esac
+
+say() { printf '==> %s\n' "$*"; }
+
+# ---- Debian packages ---------------------------------------------------------------------
+PACKAGES="autoconf automake libtool pkg-config make gcc libc6-dev
+  libinih-dev libcjson-dev libopenblas-dev libdnnl-dev zlib1g-dev"
+[ "$mode" = train ] && PACKAGES="$PACKAGES dataset-fashion-mnist"
+
+missing=
+for p in $PACKAGES; do
+    if ! dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing="$missing $p"
+    fi
+done
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" -eq 0 ]; then
+        sudo=
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo=sudo
+    else
+        echo "quickstart.sh: these Debian packages are missing:$missing" >&2
+        echo "quickstart.sh: run as root, or install them with apt-get first" >&2
+        exit 1
+    fi
+    say "installing:$missing"
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    # shellcheck disable=SC2086
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
+fi
+
+# ---- bootstrap, configure, build ---------------------------------------------------------
+if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt configure ]; then
+    say "autoreconf -fi"
+    autoreconf -fi
+fi
+flags=${CONFIGURE_FLAGS:-}
+if [ ! -f config.status ] || [ configure -nt config.status ] ||
+    [ "$(cat .quickstart-flags 2>/dev/null)" != "$flags" ]; then
+    say "./configure $flags"
+    # shellcheck disable=SC2086
+    ./configure $flags
+    printf '%s' "$flags" >.quickstart-flags
+fi
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+say "make -j$jobs"
+make -j"$jobs"
+
+case $mode in
+build) say "built: ./tools/tessera info" ;;
+check)
+    say "make check"
+    make -j"$jobs" check
+    ;;
+train)
+    # `tessera train` arrives with the training issue; until then show what is installed.
+    if ./tools/tessera help 2>/dev/null | grep -q '^  train'; then
+        say "tessera train ${*:---model lenet5 --epochs 1}"
+        # shellcheck disable=SC2086
+        exec ./tools/tessera train ${*:---model lenet5 --epochs 1}
+    fi
+    say "tessera info"
+    exec ./tools/tessera info "$@"
+    ;;
+esac

@@ -1,0 +1,94 @@
+#!/bin/sh
+# tests/cli/test-info.sh: `tessera info` as a user runs it: text and JSON, fallback,
+# TESSERA_DEVICE, bad configs and misuse give a one-line error and a non-zero exit.
+. "${TS_SRCDIR:-.}/tests/cli/lib.sh"
+plan 12
+
+out=$("$TESSERA" info 2>&1)
+if [ $? -eq 0 ] && contains "$out" "cpu_blas: 1 device" && contains "$out" "tests/data/test.ini" \
+    && contains "$out" "threads=2"; then
+    ok "info lists cpu_blas with the test config's settings"
+else
+    fail "info lists cpu_blas with the test config's settings" "$out"
+fi
+
+"$TESSERA" info --json >"$TMP/info.json" 2>"$TMP/err"
+if "$JSON_CHECK" version plugin_abi config.file default_device search_path.[0] \
+    plugins.[0].name plugins.[0].loaded plugins.[0].devices.count <"$TMP/info.json" >"$TMP/fields"; then
+    ok "info --json parses and has the documented fields"
+else
+    fail "info --json parses and has the documented fields" "$(cat "$TMP/info.json" | head -5)"
+fi
+
+if grep -q '^default_device="cpu_blas"$' "$TMP/fields"; then
+    ok "info --json names the device in use"
+else
+    fail "info --json names the device in use" "$(cat "$TMP/fields")"
+fi
+
+# cuda: built here? Then without a GPU it must say "0 devices (reason)".
+if [ -f "$TS_BUILDDIR/plugins/cuda/.libs/cuda.so" ]; then
+    if contains "$out" "cuda: 0 devices (" || contains "$out" "cuda: 1 device"; then
+        ok "info reports the cuda plugin's devices or why it has none"
+    else
+        fail "info reports the cuda plugin's devices or why it has none" "$out"
+    fi
+else
+    skip "info reports the cuda plugin's devices or why it has none" "cuda plugin not built"
+fi
+
+# Fallback with a warning when the configured device cannot start.
+printf '[core]\ndevice = %s/nodevice.so\nfallback = cpu_blas\n' "$FIXTURES" >"$TMP/fb.ini"
+out=$("$TESSERA" --config "$TMP/fb.ini" info 2>&1)
+if [ $? -eq 0 ] && contains "$out" "falling back to 'cpu_blas'" && contains "$out" "in use:          cpu_blas"; then
+    ok "info falls back with a warning"
+else
+    fail "info falls back with a warning" "$out"
+fi
+
+# TESSERA_DEVICE overrides [core] device.
+out=$(TESSERA_DEVICE=cpu_onednn "$TESSERA" info --json 2>&1 | "$JSON_CHECK" default_device)
+if [ -f "$TS_BUILDDIR/plugins/cpu_onednn/.libs/cpu_onednn.so" ]; then
+    if [ "$out" = 'default_device="cpu_onednn"' ]; then ok "TESSERA_DEVICE is honoured"
+    else fail "TESSERA_DEVICE is honoured" "$out"; fi
+else
+    skip "TESSERA_DEVICE is honoured" "cpu_onednn plugin not built"
+fi
+
+# TESSERA_PLUGIN_PATH adds a directory.
+mkdir -p "$TMP/extra" && cp "$FIXTURES/withkeys.so" "$TMP/extra/"
+out=$(TESSERA_PLUGIN_PATH="$TMP/extra" "$TESSERA" info 2>&1)
+if contains "$out" "withkeys: 1 device" && contains "$out" "$TMP/extra"; then
+    ok "TESSERA_PLUGIN_PATH is searched"
+else
+    fail "TESSERA_PLUGIN_PATH is searched" "$out"
+fi
+
+# A bad config value: one line naming file, line, key and the expected form; exit 1.
+printf '[core]\ndevice = cpu_blas\n[plugin.cpu_blas]\ncache_limit = lots\n' >"$TMP/bad.ini"
+out=$("$TESSERA" --config "$TMP/bad.ini" info 2>&1); rc=$?
+if [ $rc -eq 1 ] && contains "$out" "bad.ini:4:" && contains "$out" "cache_limit" \
+    && [ "$(echo "$out" | wc -l)" -eq 1 ]; then
+    ok "a bad config value is one clear error"
+else
+    fail "a bad config value is one clear error" "rc=$rc" "$out"
+fi
+
+out=$("$TESSERA" --config "$TMP/missing.ini" info 2>&1); rc=$?
+if [ $rc -eq 1 ] && contains "$out" "missing.ini"; then ok "a missing --config file is an error"
+else fail "a missing --config file is an error" "rc=$rc" "$out"; fi
+
+out=$("$TESSERA" info --frobnicate 2>&1); rc=$?
+if [ $rc -eq 2 ] && contains "$out" "--frobnicate"; then ok "misuse exits 2 with a one-line error"
+else fail "misuse exits 2 with a one-line error" "rc=$rc" "$out"; fi
+
+out=$("$TESSERA" nosuchcommand 2>&1); rc=$?
+if [ $rc -eq 2 ] && contains "$out" "unknown command"; then ok "an unknown command exits 2"
+else fail "an unknown command exits 2" "rc=$rc" "$out"; fi
+
+if "$TESSERA" info --help | grep -q "usage: tessera info" && "$TESSERA" --help | grep -q "usage: tessera"; then
+    ok "--help works for tessera and tessera info"
+else
+    fail "--help works for tessera and tessera info"
+fi
+finish
