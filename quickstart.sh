@@ -5,7 +5,9 @@
 #   ./quickstart.sh build   install what is missing and build only
 # Re-running is fast: packages already installed are skipped, autoreconf/configure run only
 # when their inputs changed, make rebuilds only what changed.
-# Environment: CONFIGURE_FLAGS (extra ./configure flags), JOBS (make -j, default nproc).
+# The build goes to _build/ (out of tree), so ./_build/tools/tessera is the uninstalled CLI.
+# Environment: CONFIGURE_FLAGS (extra ./configure flags), BUILD_DIR (default _build),
+# JOBS (make -j, default nproc).
 set -eu
 
 cd "$(dirname "$0")"
@@ -30,6 +32,7 @@ say() { printf '==> %s\n' "$*"; }
 PACKAGES="autoconf automake libtool pkg-config make gcc libc6-dev
   libinih-dev libcjson-dev libopenblas-dev libdnnl-dev zlib1g-dev"
 [ "$mode" = train ] && PACKAGES="$PACKAGES dataset-fashion-mnist"
+[ "$mode" = check ] && PACKAGES="$PACKAGES valgrind"
 
 missing=
 for p in $PACKAGES; do
@@ -59,19 +62,23 @@ if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt con
     autoreconf -fi
 fi
 flags=${CONFIGURE_FLAGS:-}
-if [ ! -f config.status ] || [ configure -nt config.status ] ||
+build=${BUILD_DIR:-_build}
+src=$(pwd)
+mkdir -p "$build"
+cd "$build"
+if [ ! -f config.status ] || [ "$src/configure" -nt config.status ] ||
     [ "$(cat .quickstart-flags 2>/dev/null)" != "$flags" ]; then
-    say "./configure $flags"
+    say "configure $flags (in $build/)"
     # shellcheck disable=SC2086
-    ./configure $flags
+    "$src/configure" $flags
     printf '%s' "$flags" >.quickstart-flags
 fi
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
-say "make -j$jobs"
+say "make -j$jobs (in $build/)"
 make -j"$jobs"
 
 case $mode in
-build) say "built: ./tools/tessera info" ;;
+build) say "built: ./$build/tools/tessera info" ;;
 check)
     say "make check"
     make -j"$jobs" check
