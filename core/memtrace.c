@@ -300,7 +300,8 @@ TS_API ts_status ts_memory_leak_report(FILE *out, uint64_t since, uint64_t *coun
         free(l.v);
         return ts__fail(TS_ENOMEM, "ts_memory_leak_report: out of host memory");
     }
-    qsort(l.v, l.n, sizeof *l.v, leak_cmp);
+    if (l.n)
+        qsort(l.v, l.n, sizeof *l.v, leak_cmp);
     uint64_t total = 0;
     for (size_t i = 0; i < l.n; i++) {
         char sz[32];

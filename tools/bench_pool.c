@@ -190,16 +190,19 @@ int cli_bench_pool(int argc, char **argv)
     double ns_malloc = t_malloc / (double)pairs, ns_pool = t_pool / (double)pairs;
     double per1000 = 1000.0 * (double)raw_steady / (double)pairs;
     double ratio = s.peak_in_use ? (double)s.peak_reserved / (double)s.peak_in_use : 0;
+    char climit[32] = "null";
+    if (cache_limit != UINT64_MAX)
+        snprintf(climit, sizeof climit, "%llu", (unsigned long long)cache_limit);
     if (json) {
         printf("{\"pairs\": %llu, \"working_set\": %llu, \"shapes\": %d, \"min_bytes\": %.0f, "
                "\"max_bytes\": %.0f, \"malloc_ns_per_pair\": %.1f, \"pool_ns_per_pair\": %.1f, "
                "\"speedup\": %.2f, \"raw_allocs_per_1000_pairs\": %.3f, "
                "\"warmup_raw_allocs\": %llu, \"peak_reserved\": %llu, \"peak_in_use\": %llu, "
-               "\"reserved_over_peak_in_use\": %.3f, \"cache_limit\": %.0f}\n",
+               "\"reserved_over_peak_in_use\": %.3f, \"cache_limit\": %s}\n",
                (unsigned long long)pairs, (unsigned long long)wset, NSHAPES, MIN_BYTES,
                MAX_BYTES, ns_malloc, ns_pool, ns_malloc / ns_pool, per1000,
                (unsigned long long)raw_warmup, (unsigned long long)s.peak_reserved,
-               (unsigned long long)s.peak_in_use, ratio, (double)cache_limit);
+               (unsigned long long)s.peak_in_use, ratio, climit);
     } else {
         char b1[32], b2[32];
         printf("pool benchmark: %llu alloc+free pairs timed after %llu of warm-up; %d shapes "

@@ -3,6 +3,10 @@
 # valgrind memcheck that must leave no error and no definitely/indirectly lost byte.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
 plan 1
+if [ "${TS_SANITIZERS:-no}" = yes ]; then
+    skip "tessera info is valgrind-clean" "sanitizer build: ASan and valgrind do not mix"
+    finish
+fi
 if ! command -v valgrind >/dev/null 2>&1; then
     skip "tessera info is valgrind-clean" "valgrind is not installed"
     finish
