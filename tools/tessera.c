@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_pool.h"
 #include "cli.h"
 
 static const char usage[] =
@@ -12,6 +13,7 @@ static const char usage[] =
     "\n"
     "commands:\n"
     "  info [--json]     version, configuration, plugins found, devices and pools\n"
+    "  bench pool [...]  caching pool vs malloc/free on a training-like size mix\n"
     "  help [COMMAND]    this text, or a command's own --help\n"
     "\n"
     "options:\n"
@@ -90,6 +92,15 @@ int main(int argc, char **argv)
     const char *cmd = argv[i];
     if (strcmp(cmd, "info") == 0)
         return cmd_info(argc - i, argv + i, &common);
+    if (strcmp(cmd, "bench") == 0) {
+        if (i + 1 < argc && strcmp(argv[i + 1], "pool") == 0)
+            return cli_bench_pool(argc - i - 1, argv + i + 1);
+        if (i + 1 < argc && (strcmp(argv[i + 1], "-h") == 0 || strcmp(argv[i + 1], "--help") == 0)) {
+            puts("usage: tessera bench pool [--json] [--pairs N] ... (tessera bench pool --help)");
+            return 0;
+        }
+        return cli_usage_error("bench", "expected a benchmark name: pool");
+    }
     if (strcmp(cmd, "help") == 0) {
         if (i + 1 < argc && strcmp(argv[i + 1], "info") == 0) {
             char *a[] = {argv[i + 1], "--help", NULL};

@@ -6,6 +6,7 @@
 #include <tessera/plugin.h>
 #include <tessera/config.h>
 #include <tessera/device.h>
+#include <tessera/memory.h>
 
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1
