@@ -429,15 +429,6 @@ static ts_status load_file(const char *path, ts_config **out)
     return TS_OK;
 }
 
-static const char *env(const char *name)
-{
-#ifdef HAVE_SECURE_GETENV
-    return secure_getenv(name);
-#else
-    return getenv(name);
-#endif
-}
-
 TS_API ts_status ts_config_defaults(ts_config **out)
 {
     if (!out)
@@ -452,7 +443,7 @@ TS_API ts_status ts_config_load(const char *path, ts_config **out)
     *out = NULL;
     if (path)
         return load_file(path, out);
-    const char *p = env("TESSERA_CONFIG");
+    const char *p = ts__getenv("TESSERA_CONFIG");
     if (p && *p) {
         ts_status s = load_file(p, out);
         if (s)
@@ -460,7 +451,7 @@ TS_API ts_status ts_config_load(const char *path, ts_config **out)
         return s;
     }
     char buf[4096];
-    const char *xdg = env("XDG_CONFIG_HOME"), *home = env("HOME");
+    const char *xdg = ts__getenv("XDG_CONFIG_HOME"), *home = ts__getenv("HOME");
     if (xdg && *xdg)
         snprintf(buf, sizeof buf, "%s/tessera/tessera.ini", xdg);
     else if (home && *home)

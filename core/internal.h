@@ -53,6 +53,8 @@ ts_status ts__host_memory(uint64_t *total, uint64_t *available);
 extern const ts_pool_api ts__pool_api;
 
 /* ---- util ------------------------------------------------------------------------------ */
+/* getenv, but NULL in setuid/setgid programs (secure_getenv) where the platform has it. */
+const char *ts__getenv(const char *name);
 char *ts__strdup(const char *s);
 char *ts__asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -27,15 +27,6 @@ struct ts_device {
 
 /* ---- search path ---------------------------------------------------------------------- */
 
-static const char *env(const char *name)
-{
-#ifdef HAVE_SECURE_GETENV
-    return secure_getenv(name);
-#else
-    return getenv(name);
-#endif
-}
-
 /* Calls fn for each entry of a colon-separated list. Relative entries are resolved against
  * base, or skipped with a warning when there is none: never the current directory. */
 static void each_dir(const char *list, const char *base, const char *what,
@@ -122,10 +113,10 @@ TS_API void ts_plugin_search_path(const ts_config *cfg, void (*fn)(const char *d
 {
     each_dir(ts_config_get(cfg, "core", "plugin_path"), ts__config_dir(cfg),
              "[core] plugin_path", fn, user);
-    each_dir(env("TESSERA_PLUGIN_PATH"), NULL, "TESSERA_PLUGIN_PATH", fn, user);
+    each_dir(ts__getenv("TESSERA_PLUGIN_PATH"), NULL, "TESSERA_PLUGIN_PATH", fn, user);
     if (running_uninstalled())
         build_tree_dirs(fn, user);
-    const char *sys = env("TESSERA_SYSTEM_PLUGIN_DIR");
+    const char *sys = ts__getenv("TESSERA_SYSTEM_PLUGIN_DIR");
     each_dir(sys ? sys : TS_PLUGIN_DIR, NULL, "TESSERA_SYSTEM_PLUGIN_DIR", fn, user);
 }
 

@@ -232,10 +232,10 @@ __attribute__((destructor)) static void memtrace_fini(void)
 
 void ts__memtrace_env_init(void)
 {
-    const char *d = secure_getenv("TESSERA_DEBUG_MEMORY");
+    const char *d = ts__getenv("TESSERA_DEBUG_MEMORY");
     if (d && (!strcmp(d, "1") || !strcmp(d, "true") || !strcmp(d, "yes") || !strcmp(d, "on")))
         ts_memory_debug(1);
-    const char *path = secure_getenv("TESSERA_MEMTRACE");
+    const char *path = ts__getenv("TESSERA_MEMTRACE");
     if (path && *path && trace_open(path) != TS_OK)
         ts__log(TS_LOG_WARN, "TESSERA_MEMTRACE: %s", ts_last_error());
 }

@@ -20,15 +20,6 @@ TS_API const char *ts_version(void)
     return PACKAGE_VERSION;
 }
 
-static const char *env(const char *name)
-{
-#ifdef HAVE_SECURE_GETENV
-    return secure_getenv(name);
-#else
-    return getenv(name);
-#endif
-}
-
 /* A device value from the INI file: relative paths are relative to the file, not the cwd. */
 static char *resolve(const char *value, int from_file)
 {
@@ -77,7 +68,7 @@ TS_API ts_status ts_init(const char *config_path)
     if ((s = ts_config_load(config_path, &config)))
         goto out;
     ts_set_log_level(ts__log_level_parse(ts_config_get(config, "core", "log_level")));
-    const char *envdev = env("TESSERA_DEVICE");
+    const char *envdev = ts__getenv("TESSERA_DEVICE");
     int from_file = !(envdev && *envdev);
     const char *want = from_file ? ts_config_get(config, "core", "device") : envdev;
     const char *fallback = ts_config_get(config, "core", "fallback");

@@ -105,3 +105,12 @@ char *ts__asprintf(const char *fmt, ...)
     va_end(ap2);
     return s;
 }
+
+const char *ts__getenv(const char *name)
+{
+#ifdef HAVE_SECURE_GETENV
+    return secure_getenv(name);
+#else
+    return getenv(name);
+#endif
+}
