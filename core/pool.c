@@ -1,7 +1,9 @@
 /* core/pool.c: the caching pool component (ts_pool_api in plugin.h) that each plugin
  * instantiates over its raw allocator, and the registry of live pools behind memory.h.
  * Requests are rounded to the alignment and served best-fit from segmented free lists: small
- * ones (<= 1 MiB) carved from 2 MiB segments, large ones from their own segments; blocks are
+ * ones (<= 1 MiB) carved from shared 2 MiB segments, medium ones (<= 10 MiB) from shared
+ * 20 MiB segments, large ones from segments of at least 64 MiB that later host any large
+ * request (or exactly their rounded size when the limit is near); blocks are
  * split when the remainder is worth keeping and coalesced with free neighbours at once, so a
  * loop whose shapes repeat stops calling the raw allocator. docs/memory.md has the design.
  * Block headers live in host memory, never in the (possibly device) memory handed out. */
@@ -17,9 +19,13 @@
 #define MIB ((size_t)1 << 20)
 #define SMALL_MAX MIB               /* requests up to this come from the small segments */
 #define SMALL_SEGMENT (2 * MIB)     /* size of a small segment */
-#define SEGMENT_ROUND (2 * MIB)     /* large segments are rounded up to this */
+#define MEDIUM_MAX (10 * MIB)       /* requests up to this come from the medium segments */
+#define MEDIUM_SEGMENT (20 * MIB)   /* size of a medium segment */
+#define SEGMENT_ROUND (2 * MIB)     /* large segments are rounded up to this ... */
+#define LARGE_SEGMENT_MIN (64 * MIB) /* ... and are at least this big, so any freed one can
+                                      * host any large request up to this size */
 #define LARGE_ROUND ((size_t)512)   /* large blocks are rounded up to this (or the alignment) */
-#define LARGE_SPLIT_MIN MIB         /* a large block is split if more than this is left */
+#define LARGE_SPLIT_MIN MIB         /* a medium/large block is split if more is left */
 #define HUGE_BLOCK (128 * MIB)      /* a free block this big only serves a near fit ... */
 #define HUGE_SLACK_SHIFT 3          /* ... one wasting at most 1/8 of it */
 #define MIN_ALIGN ((size_t)16)      /* internal granularity floor, so size classes work */
@@ -28,6 +34,8 @@
 #define SCAN_MAX 16                 /* blocks examined for a best fit in the request's class */
 #define CHUNK_BLOCKS 64             /* block headers are allocated this many at a time */
 #define LEAKS_LOGGED 16             /* live blocks listed one by one at destroy */
+
+enum { KIND_SMALL, KIND_MEDIUM, KIND_LARGE, NKIND };
 
 typedef struct segment segment;
 typedef struct block block;
@@ -50,7 +58,7 @@ struct block {
 struct segment {
     uintptr_t base;
     size_t size;            /* bytes obtained from the raw allocator */
-    int large;
+    int kind;               /* KIND_SMALL, KIND_MEDIUM or KIND_LARGE */
     uint64_t birth;         /* creation order, for "oldest first" */
     block *first;
     segment *prev, *next;   /* every segment of the pool */
@@ -77,7 +85,7 @@ struct ts_pool {
     size_t align;       /* granularity of small blocks: max(user_align, MIN_ALIGN) */
     size_t large_round; /* granularity of large blocks */
     int caching;
-    bins small, large;
+    bins bins[NKIND];  /* free lists by segment kind */
     segment *segs;      /* every segment */
     segment *whole;     /* fully free segments */
     uint64_t n_whole;
@@ -148,7 +156,7 @@ static void whole_unlink(ts_pool *p, segment *sg)
 
 static bins *bins_of(ts_pool *p, const block *b)
 {
-    return b->seg->large ? &p->large : &p->small;
+    return &p->bins[b->seg->kind];
 }
 
 static void bins_insert(ts_pool *p, block *b)
@@ -191,8 +199,8 @@ static int fits(const block *b, size_t s)
            (b->size < HUGE_BLOCK || s >= b->size - (b->size >> HUGE_SLACK_SHIFT));
 }
 
-/* Best fit among the first SCAN_MAX blocks of s's own class, else the most recently freed
- * block of the next non-empty class, all of whose blocks are larger than s. */
+/* Best fit among the first SCAN_MAX blocks of s's own class, else of the next non-empty
+ * class whose blocks fit (all of them are larger than s). */
 static block *bins_find(bins *bn, size_t s)
 {
     unsigned c = size_class(s);
@@ -209,11 +217,18 @@ static block *bins_find(bins *bn, size_t s)
         return best;
     for (unsigned i = c + 1; i < NCLASS;) {
         uint64_t m = bn->map[i / 64] & (~0ull << (i % 64));
-        if (m) {
-            block *b = bn->head[(i / 64) * 64 + (unsigned)__builtin_ctzll(m)];
-            return fits(b, s) ? b : NULL;
+        if (!m) {
+            i = (i / 64 + 1) * 64;
+            continue;
         }
-        i = (i / 64 + 1) * 64;
+        i = (i / 64) * 64 + (unsigned)__builtin_ctzll(m);
+        n = 0;
+        for (block *b = bn->head[i]; b && n < SCAN_MAX; b = b->fnext, n++)
+            if (fits(b, s) && (!best || b->size < best->size))
+                best = b;
+        if (best)
+            return best;
+        i++;
     }
     return NULL;
 }
@@ -338,12 +353,18 @@ typedef enum grow_result { GROW_OK, GROW_LIMIT, GROW_RAW_FAILED, GROW_ERROR } gr
 
 /* Obtains a segment able to hold s bytes and returns its single block, not in any free list.
  * On GROW_RAW_FAILED, raw_msg holds the raw allocator's message (if it left one). */
-static grow_result grow(ts_pool *p, size_t s, int large, block **out, ts_status *err,
+static grow_result grow(ts_pool *p, size_t s, int kind, block **out, ts_status *err,
                         char *raw_msg, size_t raw_msg_size)
 {
     uint64_t limit = p->st.reserve_limit;
-    size_t want = !p->caching ? s : large ? round_up(s, SEGMENT_ROUND) : SMALL_SEGMENT;
-    if (limit && p->st.reserved + want > limit && large && p->st.reserved + s <= limit)
+    size_t want = !p->caching ? s
+                  : kind == KIND_SMALL ? SMALL_SEGMENT
+                  : kind == KIND_MEDIUM ? MEDIUM_SEGMENT
+                                        : round_up(s, SEGMENT_ROUND);
+    if (p->caching && kind == KIND_LARGE && want < LARGE_SEGMENT_MIN)
+        want = LARGE_SEGMENT_MIN;
+    if (limit && p->st.reserved + want > limit && kind != KIND_SMALL &&
+        p->st.reserved + s <= limit)
         want = s; /* the rounding alone would cross the limit */
     if (limit && (want > limit || p->st.reserved + want > limit))
         return GROW_LIMIT;
@@ -356,6 +377,13 @@ static grow_result grow(ts_pool *p, size_t s, int large, block **out, ts_status 
     void *mem = NULL;
     ts_clear_error();
     ts_status st = p->raw.alloc(p->raw.user, want, &mem);
+    if ((st != TS_OK || !mem) && want > s) {
+        /* the device may lack room for the rounding alone: try the exact size */
+        want = s;
+        mem = NULL;
+        ts_clear_error();
+        st = p->raw.alloc(p->raw.user, want, &mem);
+    }
     if (st != TS_OK || !mem) {
         snprintf(raw_msg, raw_msg_size, "%s", ts_last_error());
         free(sg);
@@ -372,7 +400,7 @@ static grow_result grow(ts_pool *p, size_t s, int large, block **out, ts_status 
     p->st.reserved += want;
     if (p->st.reserved > p->st.peak_reserved)
         p->st.peak_reserved = p->st.reserved;
-    *sg = (segment){.base = (uintptr_t)mem, .size = want, .large = large,
+    *sg = (segment){.base = (uintptr_t)mem, .size = want, .kind = kind,
                     .birth = p->births++, .next = p->segs};
     if (p->segs)
         p->segs->prev = sg;
@@ -423,7 +451,7 @@ static void release_whole(ts_pool *p, int all)
 static void split(ts_pool *p, block *b, size_t s)
 {
     size_t rest = b->size - s;
-    if (b->seg->large ? rest <= LARGE_SPLIT_MIN : rest < p->align)
+    if (b->seg->kind != KIND_SMALL ? rest <= LARGE_SPLIT_MIN : rest < p->align)
         return;
     block *r = spare_take(p);
     r->addr = b->addr + s;
@@ -607,9 +635,12 @@ static void pool_destroy(ts_pool *p)
 static ts_status oom(ts_pool *p, size_t nbytes, grow_result why, const char *raw_msg)
 {
     char req[32], used[32], resv[32], cached[32], lfree[32], lim[32] = "no limit";
-    size_t largest = bins_largest(&p->small), l2 = bins_largest(&p->large);
-    if (l2 > largest)
-        largest = l2;
+    size_t largest = 0;
+    for (int k = 0; k < NKIND; k++) {
+        size_t l = bins_largest(&p->bins[k]);
+        if (l > largest)
+            largest = l;
+    }
     if (p->st.reserve_limit)
         snprintf(lim, sizeof lim, "limit %s",
                  ts__fmt_bytes((char[32]){0}, p->st.reserve_limit));
@@ -647,9 +678,12 @@ static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **p
     block *b = NULL;
     char raw_msg[256] = "";
     size_t s = nbytes > MAX_REQUEST ? MAX_REQUEST : round_up(nbytes ? nbytes : 1, p->align);
-    int large = s > SMALL_MAX;
-    if (large)
+    int kind = s <= SMALL_MAX ? KIND_SMALL : KIND_LARGE;
+    if (kind != KIND_SMALL) {
         s = round_up(s, p->large_round);
+        if (s <= MEDIUM_MAX)
+            kind = KIND_MEDIUM;
+    }
 
     pthread_mutex_lock(&p->lock);
     if (!map_reserve(p) || !spare_reserve(p, 2)) {
@@ -663,17 +697,17 @@ static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **p
         goto out;
     }
     if (p->caching)
-        b = bins_find(large ? &p->large : &p->small, s);
+        b = bins_find(&p->bins[kind], s);
     if (b) {
         p->st.cache_hits++;
         bins_remove(p, b);
     } else {
         p->st.cache_misses++;
-        grow_result g = grow(p, s, large, &b, &st, raw_msg, sizeof raw_msg);
+        grow_result g = grow(p, s, kind, &b, &st, raw_msg, sizeof raw_msg);
         if ((g == GROW_LIMIT || g == GROW_RAW_FAILED) && p->n_whole) {
             /* The cache may hold what the limit or the device lacks: give it back, once. */
             release_whole(p, 1);
-            g = grow(p, s, large, &b, &st, raw_msg, sizeof raw_msg);
+            g = grow(p, s, kind, &b, &st, raw_msg, sizeof raw_msg);
         }
         if (g == GROW_ERROR)
             goto out;
@@ -690,6 +724,7 @@ static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **p
     p->st.in_use += b->size;
     if (p->st.in_use > p->st.peak_in_use)
         p->st.peak_in_use = p->st.in_use;
+
     p->st.requested += nbytes;
     p->st.live_blocks++;
     p->st.n_alloc++;
@@ -754,8 +789,12 @@ static void stats_locked(ts_pool *p, ts_memory_stats *full)
 {
     *full = p->st;
     full->cached = p->st.reserved - p->st.in_use;
-    size_t l1 = bins_largest(&p->small), l2 = bins_largest(&p->large);
-    full->largest_free = l1 > l2 ? l1 : l2;
+    full->largest_free = 0;
+    for (int k = 0; k < NKIND; k++) {
+        size_t l = bins_largest(&p->bins[k]);
+        if (l > full->largest_free)
+            full->largest_free = l;
+    }
 }
 
 static void pool_stats(ts_pool *p, ts_memory_stats *out)

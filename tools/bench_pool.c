@@ -80,6 +80,10 @@ static int parse_u64(const char *s, uint64_t *out)
     return 1;
 }
 
+#define USAGE                                                                              \
+    "usage: tessera bench pool [--pairs N] [--working-set N] [--step N | --no-repeat] "        \
+    "[--seed N] [--cache-limit BYTES] [--json]\n"
+
 int cli_bench_pool(int argc, char **argv)
 {
     uint64_t pairs = 200000, wset = 64, step = 1000, seed = 1;
@@ -93,16 +97,17 @@ int cli_bench_pool(int argc, char **argv)
                         : !strcmp(a, "--step") ? &step
                         : !strcmp(a, "--cache-limit") ? &cache_limit
                                                       : NULL;
-        if (!strcmp(a, "--json")) {
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(USAGE, stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--no-repeat")) {
             step = 0;
         } else if (dst && i + 1 < argc && parse_u64(argv[i + 1], dst)) {
             i++;
         } else {
-            fprintf(stderr, "tessera: error: bench pool: bad option '%s'\n"
-                            "usage: tessera bench pool [--pairs N] [--working-set N] [--step N | "
-                            "--no-repeat] [--seed N] [--cache-limit BYTES] [--json]\n", a);
+            fprintf(stderr, "tessera: error: bench pool: bad option '%s'\n%s", a, USAGE);
             return 2;
         }
     }

@@ -291,17 +291,21 @@ static void test_large_block_serves_smaller(void)
     ts_pool *p = pool_new(r);
     char *big = xalloc(p, 64 * MIB, "big");
     ts__pool_api.free(p, big);
-    char *a = xalloc(p, 8 * MIB, "a"), *b = xalloc(p, 16 * MIB, "b");
-    CHECK(a == big && b == big + 8 * MIB);
+    char *a = xalloc(p, 12 * MIB, "a"), *b = xalloc(p, 16 * MIB, "b");
+    CHECK(a == big && b == big + 12 * MIB);
     CHECK_INT_EQ(stats(p).n_raw_alloc, 1);
-    CHECK_INT_EQ(stats(p).largest_free, 40 * MIB);
-    /* small requests never carve large segments */
+    CHECK_INT_EQ(stats(p).largest_free, 36 * MIB);
+    /* small and medium requests never carve large segments */
     void *s = xalloc(p, 4 * KIB, "small");
     CHECK((char *)s < big || (char *)s >= big + 64 * MIB);
     CHECK_INT_EQ(stats(p).n_raw_alloc, 2);
+    char *m = xalloc(p, 4 * MIB, "medium");
+    CHECK(m < big || m >= big + 64 * MIB);
+    CHECK_INT_EQ(stats(p).n_raw_alloc, 3);
     ts__pool_api.free(p, a);
     ts__pool_api.free(p, b);
     ts__pool_api.free(p, s);
+    ts__pool_api.free(p, m);
     CHECK_INT_EQ(stats(p).largest_free, 64 * MIB);
     finish(p, r);
 }
@@ -323,6 +327,60 @@ static void test_huge_block_not_split_for_small_request(void)
     finish(p, r);
 }
 
+static void test_medium_blocks_share_a_segment(void)
+{
+    rawctl *r = raw_new(256);
+    ts_pool *p = pool_new(r);
+    char *a = xalloc(p, 3 * MIB, "a"), *b = xalloc(p, 5 * MIB, "b"), *c = xalloc(p, 9 * MIB, "c");
+    CHECK(b == a + 3 * MIB && c == b + 5 * MIB);
+    ts_memory_stats s = stats(p);
+    CHECK_INT_EQ(s.n_raw_alloc, 1);
+    CHECK_INT_EQ(s.reserved, 20 * MIB);
+    CHECK_INT_EQ(r->last_size, 20 * MIB);
+    ts__pool_api.free(p, b);
+    ts__pool_api.free(p, a);
+    ts__pool_api.free(p, c);
+    CHECK_INT_EQ(stats(p).largest_free, 20 * MIB);
+    /* a 20 MiB segment never serves a large (> 10 MiB) request */
+    char *d = xalloc(p, 11 * MIB, "large");
+    CHECK(d < a || d >= a + 20 * MIB);
+    CHECK_INT_EQ(stats(p).n_raw_alloc, 2);
+    ts__pool_api.free(p, d);
+    finish(p, r);
+}
+
+static void test_large_segments_are_interchangeable(void)
+{
+    rawctl *r = raw_new(256);
+    ts_pool *p = pool_new(r);
+    /* a large request gets a segment of at least 64 MiB ... */
+    char *a = xalloc(p, 20 * MIB, "a");
+    CHECK_INT_EQ(r->last_size, 64 * MIB);
+    ts__pool_api.free(p, a);
+    /* ... so that, once free, it hosts any other large request up to 64 MiB */
+    char *b = xalloc(p, 60 * MIB, "b");
+    CHECK(b == a);
+    CHECK_INT_EQ(stats(p).n_raw_alloc, 1);
+    ts__pool_api.free(p, b);
+    /* above 64 MiB: rounded to 2 MiB only */
+    char *c = xalloc(p, 65 * MIB, "c");
+    CHECK_INT_EQ(r->last_size, 66 * MIB);
+    ts__pool_api.free(p, c);
+    ts__pool_api.empty_cache(p);
+    /* near reserve_limit, or when the device lacks room, the exact rounded size */
+    CHECK_OK(ts__pool_api.set_limits(p, 40 * MIB, (uint64_t)1 << 40));
+    char *d = xalloc(p, 30 * MIB, "d");
+    CHECK_INT_EQ(r->last_size, 30 * MIB);
+    ts__pool_api.free(p, d);
+    ts__pool_api.empty_cache(p);
+    CHECK_OK(ts__pool_api.set_limits(p, 0, (uint64_t)1 << 40));
+    r->capacity = 32 * MIB;
+    char *e = xalloc(p, 30 * MIB, "e");
+    CHECK_INT_EQ(r->last_size, 30 * MIB);
+    ts__pool_api.free(p, e);
+    finish(p, r);
+}
+
 /* ---- limits -------------------------------------------------------------------------------- */
 
 static void test_cache_limit_after_burst(void)
@@ -337,7 +395,8 @@ static void test_cache_limit_after_burst(void)
         ts__pool_api.free(p, v[i]);
     ts_memory_stats s = stats(p);
     CHECK_MSG(s.cached <= 8 * MIB, "cached %llu", (unsigned long long)s.cached);
-    CHECK(s.n_raw_free >= 18);
+    CHECK_INT_EQ(s.reserved, 0); /* 20 MiB medium segments, each over the limit */
+    CHECK(s.n_raw_free >= 3);
     for (int i = 0; i < 200; i++)
         v[i] = xalloc(p, 100 * KIB, "small burst");
     for (int i = 0; i < 200; i++)
@@ -349,25 +408,28 @@ static void test_cache_limit_after_burst(void)
 static void test_cache_limit_largest_oldest_first(void)
 {
     rawctl *r = raw_new(64);
-    ts_pool *p = pool_new_ex("test", r, 0, 10 * MIB, 1);
-    void *a = xalloc(p, 4 * MIB, "4"), *b = xalloc(p, 6 * MIB, "6"), *c = xalloc(p, 8 * MIB, "8");
+    /* large requests over 64 MiB: one segment each, of exactly their size */
+    ts_pool *p = pool_new_ex("test", r, 0, 140 * MIB, 1);
+    void *a = xalloc(p, 66 * MIB, "66"), *b = xalloc(p, 68 * MIB, "68"),
+         *c = xalloc(p, 70 * MIB, "70");
     ts__pool_api.free(p, a);
     ts__pool_api.free(p, b);
     CHECK_INT_EQ(stats(p).n_raw_free, 0);
     ts__pool_api.free(p, c);
     CHECK_INT_EQ(stats(p).n_raw_free, 1);
     CHECK(r->last_freed == c); /* the largest */
-    CHECK_INT_EQ(stats(p).reserved, 10 * MIB);
+    CHECK_INT_EQ(stats(p).reserved, 134 * MIB);
     ts__pool_api.empty_cache(p);
     CHECK_INT_EQ(stats(p).reserved, 0);
 
-    CHECK_OK(ts__pool_api.set_limits(p, 0, 8 * MIB));
-    void *x = xalloc(p, 4 * MIB, "x"), *y = xalloc(p, 4 * MIB, "y"), *z = xalloc(p, 4 * MIB, "z");
+    CHECK_OK(ts__pool_api.set_limits(p, 0, 136 * MIB));
+    void *x = xalloc(p, 68 * MIB, "x"), *y = xalloc(p, 68 * MIB, "y"),
+         *z = xalloc(p, 68 * MIB, "z");
     ts__pool_api.free(p, z);
     ts__pool_api.free(p, y);
     ts__pool_api.free(p, x);
     CHECK(r->last_freed == x); /* same sizes: the oldest */
-    CHECK_INT_EQ(stats(p).reserved, 8 * MIB);
+    CHECK_INT_EQ(stats(p).reserved, 136 * MIB);
     finish(p, r);
 }
 
@@ -445,8 +507,8 @@ static void test_device_full_releases_cache(void)
  * empty, freed if not); returns how many allocations failed. */
 static int scenario(ts_pool *p)
 {
-    static const size_t sizes[] = {100, 3 * MIB, 200 * KIB, 5 * MIB, 64,
-                                   MIB, 9 * MIB, 0, 700 * KIB, 2 * MIB + 1};
+    static const size_t sizes[] = {100, 3 * MIB, 200 * KIB, 12 * MIB, 64,
+                                   MIB, 70 * MIB, 0, 700 * KIB, 2 * MIB + 1};
     static const int steps[] = {0, 3, 6, 0, 9, 2, 3, 5, 8, 6, 1, 4, 0, 7, 9,
                                 2, 5, 3, 8, 1, 6, 3, 9, 1, 5, 6, 8, 0, 2, 4};
     void *v[10] = {0};
@@ -563,17 +625,17 @@ static void test_peaks_and_reset(void)
 {
     rawctl *r = raw_new(64);
     ts_pool *p = pool_new(r);
-    void *a = xalloc(p, 4 * MIB, "a"), *b = xalloc(p, 4 * MIB, "b");
+    void *a = xalloc(p, 66 * MIB, "a"), *b = xalloc(p, 66 * MIB, "b");
     ts__pool_api.free(p, a);
     ts__pool_api.empty_cache(p);
     ts_memory_stats s = stats(p);
-    CHECK_INT_EQ(s.peak_in_use, 8 * MIB);
-    CHECK_INT_EQ(s.peak_reserved, 8 * MIB);
-    CHECK_INT_EQ(s.in_use, 4 * MIB);
+    CHECK_INT_EQ(s.peak_in_use, 132 * MIB);
+    CHECK_INT_EQ(s.peak_reserved, 132 * MIB);
+    CHECK_INT_EQ(s.in_use, 66 * MIB);
     ts__pool_api.reset_peak(p);
     s = stats(p);
-    CHECK_INT_EQ(s.peak_in_use, 4 * MIB);
-    CHECK_INT_EQ(s.peak_reserved, 4 * MIB);
+    CHECK_INT_EQ(s.peak_in_use, 66 * MIB);
+    CHECK_INT_EQ(s.peak_reserved, 66 * MIB);
     ts__pool_api.free(p, b);
     finish(p, r);
 }
@@ -601,15 +663,15 @@ static void test_set_limits_trims_cache(void)
     ts_pool *p = pool_new(r);
     void *v[5];
     for (int i = 0; i < 5; i++)
-        v[i] = xalloc(p, 4 * MIB, "v");
+        v[i] = xalloc(p, 66 * MIB, "v");
     for (int i = 0; i < 5; i++)
         ts__pool_api.free(p, v[i]);
-    CHECK_INT_EQ(stats(p).reserved, 20 * MIB);
-    CHECK_OK(ts__pool_api.set_limits(p, 12 * MIB, 4 * MIB));
-    CHECK_INT_EQ(stats(p).reserved, 4 * MIB);
-    CHECK_INT_EQ(stats(p).reserve_limit, 12 * MIB);
-    void *a = xalloc(p, 8 * MIB, "a"), *b = NULL;
-    CHECK_FAILS(ts__pool_api.alloc(p, 6 * MIB, "b", &b), TS_ENOMEM, "limit 12.00 MiB");
+    CHECK_INT_EQ(stats(p).reserved, 330 * MIB);
+    CHECK_OK(ts__pool_api.set_limits(p, 200 * MIB, 66 * MIB));
+    CHECK_INT_EQ(stats(p).reserved, 66 * MIB);
+    CHECK_INT_EQ(stats(p).reserve_limit, 200 * MIB);
+    void *a = xalloc(p, 130 * MIB, "a"), *b = NULL;
+    CHECK_FAILS(ts__pool_api.alloc(p, 72 * MIB, "b", &b), TS_ENOMEM, "limit 200.00 MiB");
     ts__pool_api.free(p, a);
     finish(p, r);
 }
@@ -1001,6 +1063,8 @@ int main(int argc, char **argv)
         TAP_TEST(test_split_coalesce),
         TAP_TEST(test_large_block_serves_smaller),
         TAP_TEST(test_huge_block_not_split_for_small_request),
+        TAP_TEST(test_medium_blocks_share_a_segment),
+        TAP_TEST(test_large_segments_are_interchangeable),
         TAP_TEST(test_cache_limit_after_burst),
         TAP_TEST(test_cache_limit_largest_oldest_first),
         TAP_TEST(test_reserve_limit),
