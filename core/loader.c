@@ -525,3 +525,16 @@ TS_API ts_status ts_device_synchronize(ts_device *dev)
         return ts__fail(TS_EINVAL, "ts_device_synchronize: device is NULL");
     return dev->vt.synchronize(dev->ctx);
 }
+
+TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
+{
+    if (!dev || !call)
+        return ts__fail(TS_EINVAL, "ts_device_run: NULL argument");
+    if (call->op <= TS_OP_NONE || call->op >= TS_OP_COUNT)
+        return ts__fail(TS_EINVAL, "ts_device_run: unknown op %d", (int)call->op);
+    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    if (!dev->vt.run || !dev->vt.supports || !dev->vt.supports(dev->ctx, call->op, dtype))
+        return ts__fail(TS_ENOTSUP, "plugin '%s' does not implement %s for %s", dev->name,
+                        ts_op_name(call->op), ts_dtype_name(dtype));
+    return dev->vt.run(dev->ctx, call);
+}

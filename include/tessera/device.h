@@ -81,6 +81,11 @@ ts_status ts_device_copy_from_host(ts_device *dev, void *dst, const void *src, s
 ts_status ts_device_copy_to_host(ts_device *dev, void *dst, const void *src, size_t nbytes);
 ts_status ts_device_synchronize(ts_device *dev);
 
+/* Runs one kernel on the device exactly as given: no shape, dtype or overlap checks (the
+ * tensor API does those). For conformance tests and plugin authors. TS_ENOTSUP if the plugin
+ * does not implement the op for the output's dtype. */
+ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call);
+
 /* ---- the runtime ----------------------------------------------------------------------- */
 
 /* Loads the configuration (config_path as for ts_config_load), sets the log level, and loads

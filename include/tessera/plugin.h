@@ -198,14 +198,148 @@ typedef struct ts_operand {
     int64_t strides[TS_MAX_DIMS]; /* elements */
 } ts_operand;
 
-/* Op codes. Values are ABI: append only. Each op's operands and params are documented in
- * docs/writing-a-plugin.md; the host has already checked shapes, dtypes and devices. */
+/* Op codes. Values are ABI: append only. The host has already checked shapes, dtypes and
+ * devices, broadcast inputs to the output's shape (stride 0 on broadcast dims), and made sure
+ * outputs do not partially overlap inputs (an output may be exactly an input: in place).
+ * Operands may have any strides, including negative-free non-contiguous views. The params
+ * struct of each op is named next to it; params_size says how much of it the host filled. */
 typedef enum ts_op {
     TS_OP_NONE = 0,
-    /* outputs[0] = inputs[0], any strides on both sides, same shape and dtype. */
+    /* out[0] = in[0]; same shape and dtype. No params. */
     TS_OP_COPY = 1,
+    /* out[0] = (out dtype) in[0]; same shape, any dtypes (float -> int truncates toward 0,
+     * anything -> U8 is != 0). No params. */
+    TS_OP_CAST = 2,
+    /* out[0][...] = value. ts_fill_params. */
+    TS_OP_FILL = 3,
+    /* out[0] = fn(in[0]); same shape and dtype. ts_unary_params. */
+    TS_OP_UNARY = 4,
+    /* out[0] = fn(in[0], in[1]); all the same shape; same dtype, except comparisons whose
+     * output is TS_U8. ts_binary_params. */
+    TS_OP_BINARY = 5,
+    /* out[0] = fn(in[0], scalar) or fn(scalar, in[0]); ts_scalar_params. */
+    TS_OP_BINARY_SCALAR = 6,
+    /* out[0] = in[0] (TS_U8 mask) ? in[1] : in[2]. No params. */
+    TS_OP_WHERE = 7,
+    /* out[0] = reduce(in[0]) over every dim where out[0].shape[d] == 1 and in[0].shape[d] != 1
+     * (out has in's ndim: "keepdim" layout). ARGMAX/ARGMIN reduce one dim (params.dim) and
+     * write TS_I64 indices (first occurrence). ts_reduce_params. */
+    TS_OP_REDUCE = 8,
+    /* out[0] = in[0] @ in[1]: in[0] (B..., M, K), in[1] (B..., K, N), out (B..., M, N), the
+     * batch dims already broadcast. Float dtypes. ts_matmul_params (alpha, beta: out =
+     * alpha * a @ b + beta * out). */
+    TS_OP_MATMUL = 9,
+    /* Softmax / log-softmax of in[0] along params.dim, numerically stable (max subtracted).
+     * ts_dim_params. */
+    TS_OP_SOFTMAX = 10,
+    TS_OP_LOG_SOFTMAX = 11,
+    /* out[0] = in[0] gathered along params.dim at the TS_I64/TS_I32 indices in[1] (1-D):
+     * out.shape = in[0].shape with dim replaced by len(in[1]). Indices are range-checked by
+     * the plugin (TS_EINVAL naming the bad index). ts_dim_params. */
+    TS_OP_INDEX_SELECT = 12,
+    /* out[0] (already holding values) += in[0] scattered along params.dim at indices in[1]
+     * (1-D): out.select(dim, idx[i]) += in[0].select(dim, i). ts_dim_params. */
+    TS_OP_INDEX_ADD = 13,
+    /* 2-D convolution. in[0] x (N, C, H, W), in[1] w (K, C/groups, R, S), optional in[2] bias
+     * (K) (ninputs 2 or 3); out[0] y (N, K, P, Q). ts_conv2d_params. */
+    TS_OP_CONV2D = 14,
+    /* Max pooling. in[0] x (N, C, H, W); out[0] y (N, C, P, Q); optional out[1] TS_I64
+     * indices (N, C, P, Q) of each max within its (H*W) plane, for backward. ts_pool2d_params. */
+    TS_OP_MAXPOOL2D = 15,
+    /* Average pooling; same shapes, no indices. ts_pool2d_params. */
+    TS_OP_AVGPOOL2D = 16,
     TS_OP_COUNT
 } ts_op;
+
+/* TS_OP_UNARY functions. Values are ABI: append only. */
+typedef enum ts_unary_fn {
+    TS_UNARY_NEG = 0,
+    TS_UNARY_ABS = 1,
+    TS_UNARY_EXP = 2,
+    TS_UNARY_LOG = 3,
+    TS_UNARY_SQRT = 4,
+    TS_UNARY_RSQRT = 5,
+    TS_UNARY_TANH = 6,
+    TS_UNARY_SIGMOID = 7,
+    TS_UNARY_RELU = 8,
+    TS_UNARY_GELU = 9, /* exact: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) */
+    TS_UNARY_COUNT
+} ts_unary_fn;
+
+/* TS_OP_BINARY / TS_OP_BINARY_SCALAR functions. Values are ABI: append only. */
+typedef enum ts_binary_fn {
+    TS_BINARY_ADD = 0,
+    TS_BINARY_SUB = 1,
+    TS_BINARY_MUL = 2,
+    TS_BINARY_DIV = 3, /* integer dtypes: truncating; division by zero is TS_EINVAL */
+    TS_BINARY_POW = 4,
+    TS_BINARY_MAXIMUM = 5,
+    TS_BINARY_MINIMUM = 6,
+    /* Comparisons: output TS_U8, 1 or 0. */
+    TS_BINARY_EQ = 7,
+    TS_BINARY_NE = 8,
+    TS_BINARY_LT = 9,
+    TS_BINARY_LE = 10,
+    TS_BINARY_GT = 11,
+    TS_BINARY_GE = 12,
+    TS_BINARY_COUNT
+} ts_binary_fn;
+
+/* TS_OP_REDUCE functions. Values are ABI: append only. */
+typedef enum ts_reduce_fn {
+    TS_REDUCE_SUM = 0,
+    TS_REDUCE_MEAN = 1,
+    TS_REDUCE_MAX = 2,
+    TS_REDUCE_MIN = 3,
+    TS_REDUCE_ARGMAX = 4,
+    TS_REDUCE_ARGMIN = 5,
+    TS_REDUCE_COUNT
+} ts_reduce_fn;
+
+typedef struct ts_fill_params {
+    double value; /* converted to the output dtype */
+} ts_fill_params;
+
+typedef struct ts_unary_params {
+    int32_t fn; /* ts_unary_fn */
+} ts_unary_params;
+
+typedef struct ts_binary_params {
+    int32_t fn; /* ts_binary_fn */
+} ts_binary_params;
+
+typedef struct ts_scalar_params {
+    int32_t fn;           /* ts_binary_fn */
+    int32_t scalar_first; /* 1: fn(scalar, x); 0: fn(x, scalar) */
+    double scalar;        /* converted to the input dtype */
+} ts_scalar_params;
+
+typedef struct ts_reduce_params {
+    int32_t fn;  /* ts_reduce_fn */
+    int32_t dim; /* the dim for ARGMAX/ARGMIN */
+} ts_reduce_params;
+
+typedef struct ts_dim_params {
+    int32_t dim;
+} ts_dim_params;
+
+typedef struct ts_matmul_params {
+    double alpha, beta;
+} ts_matmul_params;
+
+typedef struct ts_conv2d_params {
+    int32_t stride_h, stride_w;
+    int32_t pad_h, pad_w;
+    int32_t dilation_h, dilation_w;
+    int32_t groups;
+} ts_conv2d_params;
+
+typedef struct ts_pool2d_params {
+    int32_t kernel_h, kernel_w;
+    int32_t stride_h, stride_w;
+    int32_t pad_h, pad_w; /* padding counts as -inf for max */
+    int32_t count_include_pad; /* avg: divide by the full window (1) or the valid part (0) */
+} ts_pool2d_params;
 
 typedef struct ts_kernel_call {
     uint32_t struct_size;

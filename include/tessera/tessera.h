@@ -7,6 +7,7 @@
 #include <tessera/config.h>
 #include <tessera/device.h>
 #include <tessera/memory.h>
+#include <tessera/tensor.h>
 
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1

@@ -7,7 +7,7 @@
 
 #include <cblas.h>
 
-#include "../common/hostdev.h"
+#include "blas.h"
 
 /* openblas_set_num_threads is declared by OpenBLAS's cblas.h. */
 
@@ -47,22 +47,23 @@ static void blas_shutdown(void *ctx)
 static int blas_supports(void *ctx, int32_t op, int32_t dtype)
 {
     (void)ctx;
-    return op == TS_OP_COPY && ts_hostdev_dtype_size(dtype) != 0;
+    return ts_hostkern_supports(op, dtype) || ts_blas_matmul_supports(op, dtype) ||
+           ts_blas_conv_supports(op, dtype);
 }
 
 static ts_status blas_run(void *ctx, const ts_kernel_call *call)
 {
     blas_ctx *c = ctx;
-    switch (call->op) {
-    case TS_OP_COPY:
-        if (call->ninputs != 1 || call->noutputs != 1)
-            break;
-        return ts_hostdev_copy_strided(&call->outputs[0], &call->inputs[0]);
-    default:
-        return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented",
-                                (int)call->op);
-    }
-    return c->hd.host->fail(c->hd.host, TS_EINVAL, "op %d: wrong operand count", (int)call->op);
+    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    if (ts_blas_matmul_supports(call->op, dtype))
+        return ts_blas_matmul(&c->hd, call);
+    if (ts_blas_conv_supports(call->op, dtype))
+        return ts_blas_conv(&c->hd, call);
+    ts_status s = ts_hostkern_run(&c->hd, call);
+    if (s == TS_ENOTSUP)
+        return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented for dtype %d",
+                                (int)call->op, (int)dtype);
+    return s;
 }
 
 static const ts_plugin_desc desc = {

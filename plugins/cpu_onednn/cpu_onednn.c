@@ -8,7 +8,7 @@
 
 #include <dnnl.h>
 
-#include "../common/hostdev.h"
+#include "../common/hostkern.h"
 
 typedef struct dnnl_ctx {
     ts_hostdev hd; /* first: the hostdev vtable members take this ctx */
@@ -74,15 +74,17 @@ static ts_status dnnl_device_info(void *ctx, ts_device_info *info)
 static int dnnl_supports(void *ctx, int32_t op, int32_t dtype)
 {
     (void)ctx;
-    return op == TS_OP_COPY && ts_hostdev_dtype_size(dtype) != 0;
+    return ts_hostkern_supports(op, dtype);
 }
 
 static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
 {
     dnnl_ctx *c = ctx;
-    if (call->op == TS_OP_COPY && call->ninputs == 1 && call->noutputs == 1)
-        return ts_hostdev_copy_strided(&call->outputs[0], &call->inputs[0]);
-    return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented", (int)call->op);
+    ts_status s = ts_hostkern_run(&c->hd, call);
+    if (s == TS_ENOTSUP)
+        return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented",
+                                (int)call->op);
+    return s;
 }
 
 static const ts_plugin_desc desc = {

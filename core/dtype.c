@@ -1,0 +1,32 @@
+/* core/dtype.c: names and sizes of dtypes and ops. */
+#include "internal.h"
+
+TS_API size_t ts_dtype_size(int32_t dtype)
+{
+    switch (dtype) {
+    case TS_F32: return 4;
+    case TS_F64: return 8;
+    case TS_I32: return 4;
+    case TS_I64: return 8;
+    case TS_U8: return 1;
+    default: return 0;
+    }
+}
+
+TS_API const char *ts_dtype_name(int32_t dtype)
+{
+    static const char *const names[] = {"float32", "float64", "int32", "int64", "uint8"};
+    return dtype >= 0 && dtype < TS_DTYPE_COUNT ? names[dtype] : "unknown";
+}
+
+TS_API const char *ts_op_name(int32_t op)
+{
+    static const char *const names[] = {
+        "none",    "copy",        "cast",         "fill",      "unary",
+        "binary",  "binary_scalar", "where",      "reduce",    "matmul",
+        "softmax", "log_softmax", "index_select", "index_add", "conv2d",
+        "max_pool2d", "avg_pool2d",
+    };
+    _Static_assert(sizeof names / sizeof names[0] == TS_OP_COUNT, "ts_op_name out of date");
+    return op >= 0 && op < TS_OP_COUNT ? names[op] : "unknown";
+}

@@ -1,0 +1,16 @@
+/* plugins/common/index.c: placeholder until the index kernels land; supports nothing. */
+#include "hostkern.h"
+
+int ts_hostkern_index_supports(int32_t op, int32_t dtype)
+{
+    (void)op;
+    (void)dtype;
+    return 0;
+}
+
+ts_status ts_hostkern_index(ts_hostdev *hd, const ts_kernel_call *call)
+{
+    (void)hd;
+    (void)call;
+    return TS_ENOTSUP;
+}

@@ -1,0 +1,16 @@
+/* plugins/cpu_blas/conv.c: placeholder until the conv kernels land; supports nothing. */
+#include "blas.h"
+
+int ts_blas_conv_supports(int32_t op, int32_t dtype)
+{
+    (void)op;
+    (void)dtype;
+    return 0;
+}
+
+ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
+{
+    (void)hd;
+    (void)call;
+    return TS_ENOTSUP;
+}
