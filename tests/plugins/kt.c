@@ -1,0 +1,217 @@
+/* tests/plugins/kt.c: see kt.h. */
+#include "kt.h"
+
+#include <math.h>
+
+static ts_device *loaded[8];
+static int nloaded;
+
+static void unload_all(void)
+{
+    for (int i = 0; i < nloaded; i++)
+        ts_device_unload(loaded[i]);
+    nloaded = 0;
+}
+
+ts_device *kt_load(const char *name)
+{
+    char *path;
+    if (ts_plugin_find(NULL, name, &path) != TS_OK)
+        SKIP("plugin %s is not built", name);
+    free(path);
+    ts_device *dev;
+    CHECK_OK(ts_device_load(NULL, name, &dev));
+    if (nloaded == 0)
+        atexit(unload_all);
+    loaded[nloaded++] = dev;
+    return dev;
+}
+
+const char *const *kt_plugins(void)
+{
+    static const char *names[3];
+    static const char *const all[] = {"cpu_blas", "cpu_onednn"};
+    int n = 0;
+    for (int i = 0; i < 2; i++) {
+        char *path;
+        if (ts_plugin_find(NULL, all[i], &path) == TS_OK) {
+            free(path);
+            names[n++] = all[i];
+        }
+    }
+    names[n] = NULL;
+    return names;
+}
+
+int64_t kt_numel(const ts_operand *op)
+{
+    int64_t n = 1;
+    for (int d = 0; d < op->ndim; d++)
+        n *= op->shape[d];
+    return n;
+}
+
+kt_buf kt_make(ts_device *dev, int32_t dtype, int ndim, const int64_t *shape, kt_layout layout,
+               uint64_t seed)
+{
+    kt_buf b = {.dev = dev};
+    size_t es = ts_dtype_size(dtype);
+    CHECK(es > 0 && ndim >= 0 && ndim <= TS_MAX_DIMS);
+    b.op.dtype = dtype;
+    b.op.ndim = ndim;
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        b.op.shape[d] = shape[d];
+        numel *= shape[d];
+    }
+    int64_t span = numel;
+    int64_t mult = layout == KT_STRIDED ? 2 : 1;
+    /* Strides: row-major over (possibly swapped) dims, times mult per dim. */
+    int order[TS_MAX_DIMS];
+    for (int d = 0; d < ndim; d++)
+        order[d] = d;
+    if (layout == KT_TRANSPOSED && ndim >= 2) {
+        order[ndim - 2] = ndim - 1;
+        order[ndim - 1] = ndim - 2;
+    }
+    int64_t acc = 1;
+    for (int k = ndim - 1; k >= 0; k--) {
+        int d = order[k];
+        b.op.strides[d] = acc * mult;
+        acc *= shape[d] > 0 ? shape[d] * mult : mult;
+    }
+    span = acc;
+    b.op.offset = layout == KT_OFFSET ? 5 : 0;
+    b.nbytes = (size_t)(span + b.op.offset + 1) * es;
+    CHECK_OK(ts_device_alloc(dev, b.nbytes, "kt", &b.base));
+    memset(b.base, 0xA5, b.nbytes); /* garbage between strided elements */
+    b.op.data = b.base;
+    kt_fill_random(&b, seed);
+    return b;
+}
+
+void kt_free(kt_buf *b)
+{
+    if (b->base)
+        ts_device_free(b->dev, b->base);
+    b->base = NULL;
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void kt_fill_random(kt_buf *b, uint64_t seed)
+{
+    uint64_t s = seed * 7919 + 1;
+    int64_t n = kt_numel(&b->op), idx[TS_MAX_DIMS];
+    for (int64_t i = 0; i < n; i++) {
+        kt_unravel(&b->op, i, idx);
+        uint64_t r = splitmix(&s);
+        double v;
+        switch (b->op.dtype) {
+        case TS_F32:
+        case TS_F64: v = (double)(r >> 11) / 9007199254740992.0 * 4.0 - 2.0; break;
+        case TS_U8: v = (double)(r & 1); break;
+        default: v = (double)(int64_t)(r % 19) - 9.0; break;
+        }
+        kt_set(&b->op, idx, v);
+    }
+}
+
+void kt_unravel(const ts_operand *op, int64_t linear, int64_t *idx)
+{
+    for (int d = op->ndim - 1; d >= 0; d--) {
+        int64_t s = op->shape[d] > 0 ? op->shape[d] : 1;
+        idx[d] = linear % s;
+        linear /= s;
+    }
+}
+
+static char *addr(const ts_operand *op, const int64_t *idx)
+{
+    int64_t off = op->offset;
+    for (int d = 0; d < op->ndim; d++)
+        off += idx[d] * op->strides[d];
+    return (char *)op->data + off * (int64_t)ts_dtype_size(op->dtype);
+}
+
+double kt_get(const ts_operand *op, const int64_t *idx)
+{
+    const char *p = addr(op, idx);
+    switch (op->dtype) {
+    case TS_F32: return *(const float *)p;
+    case TS_F64: return *(const double *)p;
+    case TS_I32: return *(const int32_t *)p;
+    case TS_I64: return (double)*(const int64_t *)p;
+    case TS_U8: return *(const uint8_t *)p;
+    }
+    tap_fail(__FILE__, __LINE__, "bad dtype %d", op->dtype);
+}
+
+void kt_set(const ts_operand *op, const int64_t *idx, double v)
+{
+    char *p = addr(op, idx);
+    switch (op->dtype) {
+    case TS_F32: *(float *)p = (float)v; return;
+    case TS_F64: *(double *)p = v; return;
+    case TS_I32: *(int32_t *)p = (int32_t)v; return;
+    case TS_I64: *(int64_t *)p = (int64_t)v; return;
+    case TS_U8: *(uint8_t *)p = (uint8_t)v; return;
+    }
+    tap_fail(__FILE__, __LINE__, "bad dtype %d", op->dtype);
+}
+
+ts_operand kt_broadcast(const ts_operand *op, int ndim, const int64_t *shape)
+{
+    ts_operand r = *op;
+    int lead = ndim - op->ndim;
+    CHECK(lead >= 0);
+    r.ndim = ndim;
+    for (int d = ndim - 1; d >= 0; d--) {
+        int sd = d - lead;
+        if (sd >= 0 && op->shape[sd] == shape[d]) {
+            r.shape[d] = op->shape[sd];
+            r.strides[d] = op->strides[sd];
+        } else {
+            CHECK(sd < 0 || op->shape[sd] == 1);
+            r.shape[d] = shape[d];
+            r.strides[d] = 0;
+        }
+    }
+    return r;
+}
+
+ts_status kt_run(ts_device *dev, int32_t op, const ts_operand *in, int nin, const ts_operand *out,
+                 int nout, const void *params, size_t params_size)
+{
+    ts_kernel_call call = {
+        .struct_size = sizeof call,
+        .op = op,
+        .ninputs = nin,
+        .noutputs = nout,
+        .inputs = in,
+        .outputs = out,
+        .params = params,
+        .params_size = (uint32_t)params_size,
+    };
+    return ts_device_run(dev, &call);
+}
+
+int kt_close(double a, double b, double rtol, double atol)
+{
+    if (isnan(a) || isnan(b))
+        return isnan(a) && isnan(b);
+    if (isinf(a) || isinf(b))
+        return a == b;
+    return fabs(a - b) <= atol + rtol * fabs(b);
+}
+
+double kt_rtol(int32_t dtype)
+{
+    return dtype == TS_F32 ? 1e-5 : dtype == TS_F64 ? 1e-12 : 0;
+}

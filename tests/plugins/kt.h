@@ -1,0 +1,50 @@
+/* tests/plugins/kt.h: helpers for kernel tests that call a plugin directly (ts_device_run)
+ * with hand-built strided operands on host-memory plugins, and check against float64
+ * references computed in the test. Layouts make inputs and outputs non-contiguous. */
+#ifndef TESSERA_TESTS_KT_H
+#define TESSERA_TESTS_KT_H
+
+#include "../tap.h"
+
+typedef enum kt_layout {
+    KT_CONTIG = 0,     /* row-major, dense */
+    KT_TRANSPOSED = 1, /* the last two dims swapped in memory (column-major matrices) */
+    KT_STRIDED = 2,    /* every other element along each dim (a slice with step 2) */
+    KT_OFFSET = 3      /* dense, but starting 5 elements into the storage */
+} kt_layout;
+#define KT_NLAYOUTS 4
+
+typedef struct kt_buf {
+    ts_device *dev;
+    void *base;     /* from ts_device_alloc */
+    size_t nbytes;
+    ts_operand op;  /* describes the tensor inside base */
+} kt_buf;
+
+/* Loads a plugin by name for the test's life; SKIPs the test if it is not built. */
+ts_device *kt_load(const char *name);
+/* The host-memory plugins that are built: "cpu_blas", "cpu_onednn" (NULL-terminated). */
+const char *const *kt_plugins(void);
+/* A tensor of dtype and shape in the given layout, filled by kt_fill_random. */
+kt_buf kt_make(ts_device *dev, int32_t dtype, int ndim, const int64_t *shape, kt_layout layout,
+               uint64_t seed);
+void kt_free(kt_buf *b);
+/* Random values: floats uniform in [-2, 2), ints in [-9, 9], u8 in {0, 1}. */
+void kt_fill_random(kt_buf *b, uint64_t seed);
+/* Element at a multi-index, as a double. */
+double kt_get(const ts_operand *op, const int64_t *idx);
+void kt_set(const ts_operand *op, const int64_t *idx, double v);
+/* Linear index -> multi-index (row-major over shape). */
+void kt_unravel(const ts_operand *op, int64_t linear, int64_t *idx);
+int64_t kt_numel(const ts_operand *op);
+/* A copy of op viewed as broadcast to (ndim, shape): leading dims added, size-1 dims stride 0. */
+ts_operand kt_broadcast(const ts_operand *op, int ndim, const int64_t *shape);
+/* Runs one op; returns the status. */
+ts_status kt_run(ts_device *dev, int32_t op, const ts_operand *in, int nin, const ts_operand *out,
+                 int nout, const void *params, size_t params_size);
+/* |a - b| <= atol + rtol * |b|, with NaN == NaN and equal infinities. */
+int kt_close(double a, double b, double rtol, double atol);
+/* Tolerances for a dtype: float32 1e-5 rel, float64 1e-12 rel, ints exact. */
+double kt_rtol(int32_t dtype);
+
+#endif
