@@ -52,6 +52,71 @@ ts_status ts__host_memory(uint64_t *total, uint64_t *available);
 /* ---- pool.c ---------------------------------------------------------------------------- */
 extern const ts_pool_api ts__pool_api;
 
+/* ---- tensor.c ---------------------------------------------------------------------------- */
+
+/* A refcounted block of one device's memory. Every tensor over it holds one reference. */
+typedef struct ts_storage {
+    _Atomic long refcount;
+    ts_device *dev;
+    void *data;    /* device pointer from the device's pool */
+    size_t nbytes;
+    _Atomic uint64_t version; /* bumped by every in-place write through any view */
+} ts_storage;
+
+struct ts_tensor {
+    _Atomic long refcount;
+    ts_storage *storage; /* one reference, owned */
+    int32_t dtype;       /* ts_dtype */
+    int32_t ndim;
+    int64_t shape[TS_MAX_DIMS];
+    int64_t strides[TS_MAX_DIMS]; /* elements */
+    int64_t offset;               /* elements from storage->data */
+};
+
+/* A new tensor struct over storage (takes a new reference on it), with the given layout.
+ * (transfer full) */
+ts_status ts__tensor_wrap(ts_storage *st, int32_t dtype, int ndim, const int64_t *shape,
+                          const int64_t *strides, int64_t offset, ts_tensor **out);
+/* A view of t with another layout: same storage, dtype. (transfer full) */
+ts_status ts__view(const ts_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
+                   int64_t offset, ts_tensor **out);
+/* Row-major strides for shape. */
+void ts__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* Normalises a possibly negative dim against ndim; -1 if out of range. */
+int ts__dim(int dim, int ndim);
+/* "(2, 3)" into buf. */
+const char *ts__shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
+/* The device for a creation call: dev, or the runtime's default (TS_ESTATE if none). */
+ts_status ts__pick_device(ts_device *dev, ts_device **out);
+/* Marks an in-place write to t's storage. */
+void ts__bump_version(ts_tensor *t);
+/* Fills an operand descriptor from t. */
+void ts__operand(const ts_tensor *t, ts_operand *op);
+/* Runs one kernel (checks the plugin supports it; messages name the op). */
+ts_status ts__run(ts_device *dev, int32_t op, const ts_operand *in, int nin,
+                  const ts_operand *out, int nout, const void *params, size_t params_size);
+/* Converts a double to one element of dtype in buf (8 bytes suffice). */
+void ts__scalar_bytes(int32_t dtype, double v, void *buf);
+/* Fills a contiguous byte range of a device with a dtype pattern (loader.c). */
+ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *pattern,
+                          size_t pattern_size);
+
+/* ---- ops.c -------------------------------------------------------------------------------- */
+
+/* Same device (TS_EDEVICE) and, if same_dtype, same dtype (TS_EDTYPE); messages name both. */
+ts_status ts__check_pair(const char *op, const ts_tensor *a, const ts_tensor *b, int same_dtype);
+/* NumPy broadcast shape of n tensors; TS_ESHAPE naming the shapes. */
+ts_status ts__broadcast(const char *op, int n, const ts_tensor *const *ts, int *nd,
+                        int64_t *shape);
+/* t's operand broadcast to (nd, shape): new leading dims and expanded dims get stride 0. */
+void ts__operand_bcast(const ts_tensor *t, int nd, const int64_t *shape, ts_operand *op);
+/* If in shares storage with out (and, for elementwise ops, is not exactly out), *safe gets a
+ * copy of in to read instead; else NULL. (transfer full) on *safe. */
+ts_status ts__guard_input(const ts_tensor *in, const ts_tensor *out, int elementwise,
+                          ts_tensor **safe);
+/* A new contiguous output tensor. (transfer full) */
+ts_status ts__new(ts_device *dev, int32_t dtype, int nd, const int64_t *shape, ts_tensor **out);
+
 /* ---- util ------------------------------------------------------------------------------ */
 /* getenv, but NULL in setuid/setgid programs (secure_getenv) where the platform has it. */
 const char *ts__getenv(const char *name);

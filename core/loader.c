@@ -538,3 +538,9 @@ TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
                         ts_op_name(call->op), ts_dtype_name(dtype));
     return dev->vt.run(dev->ctx, call);
 }
+
+ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *pattern,
+                          size_t pattern_size)
+{
+    return nbytes ? dev->vt.fill(dev->ctx, dst, nbytes, pattern, pattern_size) : TS_OK;
+}

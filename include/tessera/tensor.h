@@ -115,7 +115,7 @@ size_t ts_tensor_storage_nbytes(const ts_tensor *t);
 int ts_tensor_shares_storage(const ts_tensor *a, const ts_tensor *b);
 /* The version of t's storage: every in-place write bumps it (autograd checks it). */
 uint64_t ts_tensor_version(const ts_tensor *t);
-/* Writes "float32[2, 3]" into buf. */
+/* Writes "float32(2, 3)" into buf; returns buf. */
 const char *ts_tensor_describe(const ts_tensor *t, char *buf, size_t len);
 
 /* ---- views: zero-copy, new tensor over the same storage ---------------------------------- */

@@ -8,6 +8,7 @@
 #include <tessera/device.h>
 #include <tessera/memory.h>
 #include <tessera/tensor.h>
+#include <tessera/ops.h>
 
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1
