@@ -14,6 +14,7 @@ static const char usage[] =
     "commands:\n"
     "  info [--json]     version, configuration, plugins found, devices and pools\n"
     "  bench pool [...]  caching pool vs malloc/free on a training-like size mix\n"
+    "  bench ops [...]   matmul vs cblas_sgemm, add vs memcpy, small-op overhead\n"
     "  help [COMMAND]    this text, or a command's own --help\n"
     "\n"
     "options:\n"
@@ -95,11 +96,13 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "bench") == 0) {
         if (i + 1 < argc && strcmp(argv[i + 1], "pool") == 0)
             return cli_bench_pool(argc - i - 1, argv + i + 1);
+        if (i + 1 < argc && strcmp(argv[i + 1], "ops") == 0)
+            return cli_bench_ops(argc - i - 1, argv + i + 1, &common);
         if (i + 1 < argc && (strcmp(argv[i + 1], "-h") == 0 || strcmp(argv[i + 1], "--help") == 0)) {
-            puts("usage: tessera bench pool [--json] [--pairs N] ... (tessera bench pool --help)");
+            puts("usage: tessera bench pool|ops [--json] ... (tessera bench NAME --help)");
             return 0;
         }
-        return cli_usage_error("bench", "expected a benchmark name: pool");
+        return cli_usage_error("bench", "expected a benchmark name: pool or ops");
     }
     if (strcmp(cmd, "help") == 0) {
         if (i + 1 < argc && strcmp(argv[i + 1], "info") == 0) {

@@ -1,16 +1,138 @@
-/* plugins/common/index.c: placeholder until the index kernels land; supports nothing. */
+/* plugins/common/index.c: TS_OP_INDEX_SELECT (gather along a dim) and TS_OP_INDEX_ADD
+ * (scatter-add along a dim) for every dtype, with TS_I64 or TS_I32 indices, each range-checked
+ * before any element moves. Work is split over the dims other than the indexed one, so one
+ * thread owns each output element and duplicate indices of INDEX_ADD accumulate in order. */
 #include "hostkern.h"
 
 int ts_hostkern_index_supports(int32_t op, int32_t dtype)
 {
-    (void)op;
-    (void)dtype;
-    return 0;
+    return (op == TS_OP_INDEX_SELECT || op == TS_OP_INDEX_ADD) && dtype >= 0 &&
+           dtype < TS_DTYPE_COUNT;
 }
 
+static int64_t index_at(const ts_operand *ix, int64_t i)
+{
+    int64_t off = ix->offset + i * ix->strides[0];
+    return ix->dtype == TS_I64 ? ((const int64_t *)ix->data)[off]
+                               : (int64_t)((const int32_t *)ix->data)[off];
+}
+
+/* The walk shared by both ops. "dst" and "src" are out and in[0]; along dim, dst moves by
+ * dstep(i) and src by sstep(i), i over the n indices. The other dims split into outer (before
+ * dim) x mid (between dim and the last) x chunks of the last dim: one work item each. */
+typedef struct walk {
+    const ts_operand *dst, *src, *ix;
+    int dim, nd, add;
+    int64_t n;           /* len(ix) */
+    int64_t last, chunk; /* the last dim's length (1 when dim is last) and its chunk size */
+} walk;
+
+#define WALK(T, NAME)                                                                       \
+    static void NAME(const walk *k, int64_t items, int threads)                            \
+    {                                                                                       \
+        T *dd = (T *)k->dst->data;                                                          \
+        const T *sd = (const T *)k->src->data;                                              \
+        int64_t nchunks = (k->last + k->chunk - 1) / k->chunk;                              \
+        int lastd = k->dim == k->nd - 1 ? -1 : k->nd - 1;                                   \
+        int64_t dls = lastd >= 0 ? k->dst->strides[lastd] : 0;                              \
+        int64_t sls = lastd >= 0 ? k->src->strides[lastd] : 0;                              \
+        int par = items > 1 && items * k->n * k->chunk > 32768;                             \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if(par)")           \
+        for (int64_t it = 0; it < items; it++) {                                            \
+            int64_t rest = it / nchunks, t0 = it % nchunks * k->chunk;                      \
+            int64_t t1 = t0 + k->chunk < k->last ? t0 + k->chunk : k->last;                 \
+            int64_t doff = k->dst->offset, soff = k->src->offset;                           \
+            for (int d = k->nd - 1; d >= 0; d--) {                                          \
+                if (d == k->dim || d == lastd)                                              \
+                    continue;                                                               \
+                int64_t c = rest % k->dst->shape[d];                                        \
+                rest /= k->dst->shape[d];                                                   \
+                doff += c * k->dst->strides[d];                                             \
+                soff += c * k->src->strides[d];                                             \
+            }                                                                               \
+            for (int64_t i = 0; i < k->n; i++) {                                            \
+                int64_t j = index_at(k->ix, i);                                             \
+                /* select: dst[i] = src[j]; add: dst[j] += src[i] */                        \
+                int64_t dp = doff + (k->add ? j : i) * k->dst->strides[k->dim];             \
+                int64_t sp = soff + (k->add ? i : j) * k->src->strides[k->dim];             \
+                if (k->add)                                                                 \
+                    for (int64_t t = t0; t < t1; t++)                                       \
+                        dd[dp + t * dls] = (T)(dd[dp + t * dls] + sd[sp + t * sls]);        \
+                else                                                                        \
+                    for (int64_t t = t0; t < t1; t++)                                       \
+                        dd[dp + t * dls] = sd[sp + t * sls];                                \
+            }                                                                               \
+        }                                                                                   \
+    }
+WALK(float, walk_f32)
+WALK(double, walk_f64)
+WALK(int32_t, walk_i32)
+WALK(int64_t, walk_i64)
+WALK(uint8_t, walk_u8)
+
+/* select: in[0] data (..., D, ...), in[1] idx (n) -> out (..., n, ...);
+ * add: out (..., D, ...) += in[0] (..., n, ...) at idx (n). */
 ts_status ts_hostkern_index(ts_hostdev *hd, const ts_kernel_call *call)
 {
-    (void)hd;
-    (void)call;
-    return TS_ENOTSUP;
+    const ts_host *h = hd->host;
+    if (call->op != TS_OP_INDEX_SELECT && call->op != TS_OP_INDEX_ADD)
+        return TS_ENOTSUP;
+    int add = call->op == TS_OP_INDEX_ADD;
+    const char *name = add ? "index_add" : "index_select";
+    if (call->ninputs != 2 || call->noutputs != 1)
+        return h->fail(h, TS_EINVAL, "%s: expects 2 inputs and 1 output, got %d and %d", name,
+                       (int)call->ninputs, (int)call->noutputs);
+    if (!call->params || call->params_size < sizeof(ts_dim_params))
+        return h->fail(h, TS_EINVAL, "%s: missing ts_dim_params", name);
+    const ts_operand *src = &call->inputs[0], *ix = &call->inputs[1], *dst = &call->outputs[0];
+    if (src->dtype != dst->dtype)
+        return h->fail(h, TS_EINVAL, "%s: data and output dtypes differ (%d, %d)", name,
+                       (int)src->dtype, (int)dst->dtype);
+    if ((ix->dtype != TS_I64 && ix->dtype != TS_I32) || ix->ndim != 1)
+        return h->fail(h, TS_EINVAL, "%s: the index must be a 1-D TS_I64 or TS_I32 tensor", name);
+    int nd = dst->ndim, dim = ((const ts_dim_params *)call->params)->dim;
+    if (dim < 0)
+        dim += nd;
+    if (src->ndim != nd || nd < 1 || dim < 0 || dim >= nd)
+        return h->fail(h, TS_EINVAL, "%s: dim %d is out of range for %d-D operands", name,
+                       ((const ts_dim_params *)call->params)->dim, nd);
+    int64_t n = ix->shape[0];
+    /* size: the length of the indexed dim; the other operand has n there. */
+    const ts_operand *full = add ? dst : src, *picked = add ? src : dst;
+    int64_t size = full->shape[dim];
+    int bad = picked->shape[dim] != n;
+    for (int d = 0; d < nd; d++)
+        bad |= d != dim && src->shape[d] != dst->shape[d];
+    if (bad)
+        return h->fail(h, TS_ESHAPE, "%s: operand shapes disagree outside dim %d, or dim %d of "
+                       "the %s is not the index length %lld", name, dim, dim,
+                       add ? "source" : "output", (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t j = index_at(ix, i);
+        if (j < 0 || j >= size)
+            return h->fail(h, TS_EINVAL, "%s: index %lld (at position %lld) is out of range "
+                           "for dim %d of size %lld", name, (long long)j, (long long)i, dim,
+                           (long long)size);
+    }
+    int64_t items = 1;
+    for (int d = 0; d < nd; d++)
+        if (d != dim && d != nd - 1)
+            items *= dst->shape[d];
+    walk k = {.dst = dst, .src = src, .ix = ix, .dim = dim, .nd = nd, .add = add, .n = n};
+    k.last = dim == nd - 1 ? 1 : dst->shape[nd - 1];
+    if (items == 0 || k.last == 0 || n == 0)
+        return TS_OK;
+    /* Split long rows so that dim-0 ops on matrices still spread over the threads. */
+    k.chunk = k.last > 1024 ? 1024 : k.last;
+    items *= (k.last + k.chunk - 1) / k.chunk;
+    int th = hd->threads;
+    switch (dst->dtype) {
+    case TS_F32: walk_f32(&k, items, th); break;
+    case TS_F64: walk_f64(&k, items, th); break;
+    case TS_I32: walk_i32(&k, items, th); break;
+    case TS_I64: walk_i64(&k, items, th); break;
+    case TS_U8: walk_u8(&k, items, th); break;
+    default: return h->fail(h, TS_EINVAL, "%s: unknown dtype %d", name, (int)dst->dtype);
+    }
+    return TS_OK;
 }

@@ -1,16 +1,229 @@
-/* plugins/cpu_blas/matmul.c: placeholder until the matmul kernels land; supports nothing. */
+/* plugins/cpu_blas/matmul.c: TS_OP_MATMUL on OpenBLAS, F32 (sgemm) and F64 (dgemm). Each
+ * batch entry is one GEMM; a matrix whose rows or columns are unit-stride goes to BLAS as it
+ * lies (a column-major one as its transpose), anything else is packed into pool scratch. */
+#include "config.h"
+
+#include <limits.h>
+#include <string.h>
+
+#include <cblas.h>
+
 #include "blas.h"
 
-int ts_blas_matmul_supports(int32_t op, int32_t dtype)
+/* How one (rows, cols) matrix reaches BLAS: a row-major base pointer and leading dimension,
+ * transposed when the memory holds it column-major. */
+typedef struct gemm_mat {
+    char *base;                  /* first element */
+    int64_t ld;                  /* leading dimension, elements */
+    enum CBLAS_TRANSPOSE trans;  /* CblasTrans: the memory is (cols, rows) row-major */
+} gemm_mat;
+
+/* A (rows, cols) view inside an operand: its first element and its two strides. */
+typedef struct mat_view {
+    char *p;
+    int64_t rows, cols, rs, cs; /* strides in elements */
+} mat_view;
+
+/* Fills *g if v can be handed to BLAS without copying; returns 0 if it cannot. */
+static int map_direct(const mat_view *v, gemm_mat *g)
 {
-    (void)op;
-    (void)dtype;
+    int64_t r = v->rows, c = v->cols;
+    if ((c == 1 || v->cs == 1) && (r == 1 || v->rs >= (c > 1 ? c : 1))) {
+        g->base = v->p;
+        g->ld = r == 1 ? (c > 1 ? c : 1) : v->rs;
+        g->trans = CblasNoTrans;
+        return g->ld <= INT_MAX;
+    }
+    if ((r == 1 || v->rs == 1) && (c == 1 || v->cs >= (r > 1 ? r : 1))) {
+        g->base = v->p;
+        g->ld = c == 1 ? (r > 1 ? r : 1) : v->cs;
+        g->trans = CblasTrans;
+        return g->ld <= INT_MAX;
+    }
     return 0;
 }
 
+/* dst (rows, cols) dense row-major <- v, or v <- dst when to_view. */
+static void copy_mat(const mat_view *v, void *dense, size_t es, int to_view)
+{
+    for (int64_t i = 0; i < v->rows; i++) {
+        for (int64_t j = 0; j < v->cols; j++) {
+            char *m = v->p + (i * v->rs + j * v->cs) * (int64_t)es;
+            char *d = (char *)dense + (i * v->cols + j) * (int64_t)es;
+            if (es == 4) {
+                if (to_view)
+                    *(float *)m = *(const float *)d;
+                else
+                    *(float *)d = *(const float *)m;
+            } else {
+                if (to_view)
+                    *(double *)m = *(const double *)d;
+                else
+                    *(double *)d = *(const double *)m;
+            }
+        }
+    }
+}
+
+static void gemm(int32_t dtype, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int64_t m,
+                 int64_t n, int64_t k, double alpha, const gemm_mat *a, const gemm_mat *b,
+                 double beta, char *c, int64_t ldc)
+{
+    if (dtype == TS_F32)
+        cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, (float)alpha,
+                    (const float *)a->base, (blasint)a->ld, (const float *)b->base,
+                    (blasint)b->ld, (float)beta, (float *)c, (blasint)ldc);
+    else
+        cblas_dgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, alpha,
+                    (const double *)a->base, (blasint)a->ld, (const double *)b->base,
+                    (blasint)b->ld, beta, (double *)c, (blasint)ldc);
+}
+
+static enum CBLAS_TRANSPOSE flip(enum CBLAS_TRANSPOSE t)
+{
+    return t == CblasNoTrans ? CblasTrans : CblasNoTrans;
+}
+
+/* Byte range [lo, hi) an operand touches; used to spot an output aliasing an input. */
+static void byte_span(const ts_operand *o, size_t es, uintptr_t *lo, uintptr_t *hi)
+{
+    int64_t mn = o->offset, mx = o->offset;
+    for (int d = 0; d < o->ndim; d++) {
+        if (o->shape[d] == 0) {
+            *lo = *hi = 0;
+            return;
+        }
+        int64_t ext = (o->shape[d] - 1) * o->strides[d];
+        if (ext < 0)
+            mn += ext;
+        else
+            mx += ext;
+    }
+    *lo = (uintptr_t)o->data + (uintptr_t)(mn * (int64_t)es);
+    *hi = (uintptr_t)o->data + (uintptr_t)((mx + 1) * (int64_t)es);
+}
+
+static int overlaps(const ts_operand *a, const ts_operand *b, size_t es)
+{
+    uintptr_t alo, ahi, blo, bhi;
+    byte_span(a, es, &alo, &ahi);
+    byte_span(b, es, &blo, &bhi);
+    return alo < ahi && blo < bhi && alo < bhi && blo < ahi;
+}
+
+int ts_blas_matmul_supports(int32_t op, int32_t dtype)
+{
+    return op == TS_OP_MATMUL && (dtype == TS_F32 || dtype == TS_F64);
+}
+
+/* a: (B..., M, K), b: (B..., K, N), out: (B..., M, N); out = alpha * a @ b + beta * out. */
 ts_status ts_blas_matmul(ts_hostdev *hd, const ts_kernel_call *call)
 {
-    (void)hd;
-    (void)call;
-    return TS_ENOTSUP;
+    const ts_host *h = hd->host;
+    if (call->op != TS_OP_MATMUL)
+        return TS_ENOTSUP;
+    if (call->ninputs != 2 || call->noutputs != 1)
+        return h->fail(h, TS_EINVAL, "matmul: expects 2 inputs and 1 output, got %d and %d",
+                       (int)call->ninputs, (int)call->noutputs);
+    const ts_operand *A = &call->inputs[0], *B = &call->inputs[1], *C = &call->outputs[0];
+    int32_t dt = C->dtype;
+    if (A->dtype != dt || B->dtype != dt)
+        return h->fail(h, TS_EINVAL, "matmul: dtypes differ (%d, %d -> %d)", (int)A->dtype,
+                       (int)B->dtype, (int)dt);
+    int nd = C->ndim;
+    if (nd < 2 || A->ndim != nd || B->ndim != nd)
+        return h->fail(h, TS_ESHAPE, "matmul: operands need the same ndim >= 2 (%d, %d -> %d)",
+                       (int)A->ndim, (int)B->ndim, nd);
+    int64_t M = A->shape[nd - 2], K = A->shape[nd - 1], N = B->shape[nd - 1], nbatch = 1;
+    int bad = B->shape[nd - 2] != K || C->shape[nd - 2] != M || C->shape[nd - 1] != N;
+    for (int d = 0; d < nd - 2; d++) {
+        bad |= A->shape[d] != C->shape[d] || B->shape[d] != C->shape[d];
+        nbatch *= C->shape[d];
+    }
+    if (bad)
+        return h->fail(h, TS_ESHAPE, "matmul: (..., %lld, %lld) @ (..., %lld, %lld) -> "
+                       "(..., %lld, %lld) do not match", (long long)M, (long long)K,
+                       (long long)B->shape[nd - 2], (long long)N,
+                       (long long)C->shape[nd - 2], (long long)C->shape[nd - 1]);
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+        return h->fail(h, TS_EINVAL, "matmul: dims (%lld, %lld, %lld) exceed BLAS's int range",
+                       (long long)M, (long long)K, (long long)N);
+    double alpha = 1.0, beta = 0.0;
+    if (call->params && call->params_size >= sizeof(ts_matmul_params)) {
+        const ts_matmul_params *p = call->params;
+        alpha = p->alpha;
+        beta = p->beta;
+    }
+    if (nbatch == 0 || M == 0 || N == 0)
+        return TS_OK;
+
+    size_t es = dt == TS_F32 ? 4 : 8;
+    int64_t ars = A->strides[nd - 2], acs = A->strides[nd - 1];
+    int64_t brs = B->strides[nd - 2], bcs = B->strides[nd - 1];
+    int64_t crs = C->strides[nd - 2], ccs = C->strides[nd - 1];
+    int alias = overlaps(C, A, es) || overlaps(C, B, es);
+    void *abuf = NULL, *bbuf = NULL, *cbuf = NULL;
+    ts_status s = TS_OK;
+    int64_t idx[TS_MAX_DIMS] = {0};
+    for (int64_t bi = 0; bi < nbatch; bi++) {
+        int64_t ao = A->offset, bo = B->offset, co = C->offset;
+        for (int d = 0; d < nd - 2; d++) {
+            ao += idx[d] * A->strides[d];
+            bo += idx[d] * B->strides[d];
+            co += idx[d] * C->strides[d];
+        }
+        mat_view cv = {(char *)C->data + co * (int64_t)es, M, N, crs, ccs};
+        if (K == 0) {
+            /* An empty sum: out = beta * out (beta 0 overwrites, NaN or not). */
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    char *q = cv.p + (i * crs + j * ccs) * (int64_t)es;
+                    if (es == 4)
+                        *(float *)q = beta == 0.0 ? 0.0f : (float)beta * *(float *)q;
+                    else
+                        *(double *)q = beta == 0.0 ? 0.0 : beta * *(double *)q;
+                }
+            goto next;
+        }
+        mat_view av = {(char *)A->data + ao * (int64_t)es, M, K, ars, acs};
+        mat_view bv = {(char *)B->data + bo * (int64_t)es, K, N, brs, bcs};
+        gemm_mat ga, gb, gc;
+        if (!map_direct(&av, &ga)) {
+            if (!abuf && (s = h->pool->alloc(hd->pool, (size_t)(M * K) * es, "matmul", &abuf)))
+                goto done;
+            copy_mat(&av, abuf, es, 0);
+            ga = (gemm_mat){abuf, K, CblasNoTrans};
+        }
+        if (!map_direct(&bv, &gb)) {
+            if (!bbuf && (s = h->pool->alloc(hd->pool, (size_t)(K * N) * es, "matmul", &bbuf)))
+                goto done;
+            copy_mat(&bv, bbuf, es, 0);
+            gb = (gemm_mat){bbuf, N, CblasNoTrans};
+        }
+        if (!alias && map_direct(&cv, &gc)) {
+            if (gc.trans == CblasNoTrans)
+                gemm(dt, ga.trans, gb.trans, M, N, K, alpha, &ga, &gb, beta, gc.base, gc.ld);
+            else /* out is column-major: compute out^T (N, M) = b^T @ a^T in place */
+                gemm(dt, flip(gb.trans), flip(ga.trans), N, M, K, alpha, &gb, &ga, beta,
+                     gc.base, gc.ld);
+        } else {
+            if (!cbuf && (s = h->pool->alloc(hd->pool, (size_t)(M * N) * es, "matmul", &cbuf)))
+                goto done;
+            if (beta != 0.0)
+                copy_mat(&cv, cbuf, es, 0);
+            gemm(dt, ga.trans, gb.trans, M, N, K, alpha, &ga, &gb, beta, cbuf, N);
+            copy_mat(&cv, cbuf, es, 1);
+        }
+    next:
+        for (int d = nd - 3; d >= 0; d--) {
+            if (++idx[d] < C->shape[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+done:
+    h->pool->free(hd->pool, cbuf);
+    h->pool->free(hd->pool, bbuf);
+    h->pool->free(hd->pool, abuf);
+    return s;
 }

@@ -1,0 +1,229 @@
+/* tools/bench_ops.c: `tessera bench ops`: tensor operations through tessera next to their
+ * floor in the same run: matmul against raw cblas_sgemm on the same buffers, elementwise add
+ * against memcpy bandwidth, and the fixed cost of one small op. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+#ifdef TS_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+static const char usage[] =
+    "usage: tessera bench ops [--device NAME] [--reps N] [--json]\n"
+    "\n"
+    "Times, in one run and on the same buffers:\n"
+    "  matmul 128/512/2048 float32 through tessera vs raw cblas_sgemm (GFLOP/s)\n"
+    "  add of two 16M-float tensors into a third vs memcpy of 64 MiB (GB/s moved)\n"
+    "  one add on 1-element tensors, with and without allocating the result (ns)\n"
+    "Each figure is the best of --reps runs (default 5).\n";
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct bench_ctx {
+    ts_device *dev;
+    int reps;
+    int json;
+    int first;
+} bench_ctx;
+
+static void report(bench_ctx *b, const char *name, double value, const char *unit,
+                   double floor, const char *floor_name)
+{
+    if (b->json) {
+        printf("%s    {\"name\": \"%s\", \"value\": %.4g, \"unit\": \"%s\"", b->first ? "" : ",\n",
+               name, value, unit);
+        if (floor > 0)
+            printf(", \"floor\": %.4g, \"floor_name\": \"%s\", \"ratio\": %.4f", floor,
+                   floor_name, value / floor);
+        printf("}");
+    } else if (floor > 0) {
+        printf("  %-24s %10.2f %-8s  %-12s %10.2f %-8s  %6.1f%%\n", name, value, unit, floor_name,
+               floor, unit, 100.0 * value / floor);
+    } else {
+        printf("  %-24s %10.1f %-8s\n", name, value, unit);
+    }
+    b->first = 0;
+}
+
+static ts_status bench_matmul(bench_ctx *b, int64_t n)
+{
+    ts_tensor *x, *y, *z;
+    ts_rng rng;
+    ts_rng_init(&rng, 1);
+    int64_t shape[2] = {n, n};
+    ts_status s;
+    if ((s = ts_tensor_rand(b->dev, TS_F32, 2, shape, -1, 1, &rng, &x)))
+        return s;
+    if ((s = ts_tensor_rand(b->dev, TS_F32, 2, shape, -1, 1, &rng, &y)) ||
+        (s = ts_tensor_empty(b->dev, TS_F32, 2, shape, &z))) {
+        ts_tensor_unref(x);
+        ts_tensor_unref(y);
+        return s;
+    }
+    int inner = n <= 128 ? 200 : n <= 512 ? 10 : 1;
+    double best = 1e30, best_raw = 1e30;
+    for (int r = 0; r < b->reps && s == TS_OK; r++) {
+        double t = now();
+        for (int i = 0; i < inner && s == TS_OK; i++)
+            s = ts_matmul_out(x, y, z);
+        ts_device_synchronize(b->dev);
+        t = (now() - t) / inner;
+        best = t < best ? t : best;
+#ifdef TS_HAVE_CBLAS
+        /* The floor: the same GEMM on the same host buffers, straight into OpenBLAS. */
+        if (strncmp(ts_device_name(b->dev), "cpu_", 4) == 0) {
+            t = now();
+            for (int i = 0; i < inner; i++)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n,
+                            1.0f, ts_tensor_data(x), (int)n, ts_tensor_data(y), (int)n, 0.0f,
+                            ts_tensor_data(z), (int)n);
+            t = (now() - t) / inner;
+            best_raw = t < best_raw ? t : best_raw;
+        }
+#endif
+    }
+    if (s == TS_OK) {
+        char name[64];
+        snprintf(name, sizeof name, "matmul %lld", (long long)n);
+        double flops = 2.0 * (double)n * (double)n * (double)n;
+        report(b, name, flops / best * 1e-9, "GFLOP/s",
+               best_raw < 1e30 ? flops / best_raw * 1e-9 : 0, "cblas_sgemm");
+    }
+    ts_tensor_unref(x);
+    ts_tensor_unref(y);
+    ts_tensor_unref(z);
+    return s;
+}
+
+static ts_status bench_add(bench_ctx *b)
+{
+    const int64_t n = 16 << 20;
+    ts_tensor *x, *y, *z;
+    ts_status s;
+    if ((s = ts_tensor_full(b->dev, TS_F32, 1, &n, 1.0, &x)))
+        return s;
+    if ((s = ts_tensor_full(b->dev, TS_F32, 1, &n, 2.0, &y)) ||
+        (s = ts_tensor_empty(b->dev, TS_F32, 1, &n, &z))) {
+        ts_tensor_unref(x);
+        ts_tensor_unref(y);
+        return s;
+    }
+    size_t bytes = (size_t)n * 4;
+    double best = 1e30, best_copy = 1e30;
+    int host = strncmp(ts_device_name(b->dev), "cpu_", 4) == 0;
+    for (int r = 0; r < b->reps && s == TS_OK; r++) {
+        double t = now();
+        s = ts_add_out(x, y, z);
+        ts_device_synchronize(b->dev);
+        t = now() - t;
+        best = t < best ? t : best;
+        if (host) {
+            t = now();
+            memcpy(ts_tensor_data(z), ts_tensor_data(x), bytes);
+            t = now() - t;
+            best_copy = t < best_copy ? t : best_copy;
+        }
+    }
+    /* Bytes moved: add reads two arrays and writes one; memcpy reads one and writes one. */
+    if (s == TS_OK)
+        report(b, "add 16M float32", 3.0 * (double)bytes / best * 1e-9, "GB/s",
+               host ? 2.0 * (double)bytes / best_copy * 1e-9 : 0, "memcpy");
+    ts_tensor_unref(x);
+    ts_tensor_unref(y);
+    ts_tensor_unref(z);
+    return s;
+}
+
+static ts_status bench_small(bench_ctx *b)
+{
+    ts_tensor *x, *y, *z, *r;
+    const int64_t one = 1;
+    ts_status s;
+    if ((s = ts_tensor_full(b->dev, TS_F32, 1, &one, 1.0, &x)))
+        return s;
+    ts_tensor_full(b->dev, TS_F32, 1, &one, 2.0, &y);
+    ts_tensor_empty(b->dev, TS_F32, 1, &one, &z);
+    const int iters = 200000;
+    double best_new = 1e30, best_out = 1e30;
+    for (int rep = 0; rep < b->reps && s == TS_OK; rep++) {
+        double t = now();
+        for (int i = 0; i < iters && s == TS_OK; i++) {
+            s = ts_add(x, y, &r);
+            ts_tensor_unref(r);
+        }
+        t = (now() - t) / iters;
+        best_new = t < best_new ? t : best_new;
+        t = now();
+        for (int i = 0; i < iters && s == TS_OK; i++)
+            s = ts_add_out(x, y, z);
+        t = (now() - t) / iters;
+        best_out = t < best_out ? t : best_out;
+    }
+    if (s == TS_OK) {
+        report(b, "add 1 element (new)", best_new * 1e9, "ns", 0, NULL);
+        report(b, "add 1 element (out=)", best_out * 1e9, "ns", 0, NULL);
+    }
+    ts_tensor_unref(x);
+    ts_tensor_unref(y);
+    ts_tensor_unref(z);
+    return s;
+}
+
+int cli_bench_ops(int argc, char **argv, const cli_common *common)
+{
+    bench_ctx b = {.reps = 5, .json = common->json, .first = 1};
+    const char *device = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            b.json = 1;
+        } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+            device = argv[++i];
+        } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+            b.reps = atoi(argv[++i]);
+            if (b.reps < 1)
+                return cli_usage_error("bench ops", "--reps needs a positive number");
+        } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            fputs(usage, stdout);
+            return 0;
+        } else {
+            return cli_usage_error("bench ops", "unexpected argument '%s'", argv[i]);
+        }
+    }
+    ts_status s = ts_init(common->config);
+    if (s)
+        return cli_fail(s, "cannot start tessera");
+    b.dev = ts_default_device();
+    if (device && (s = ts_device_get(device, &b.dev))) {
+        int rc = cli_fail(s, "bench ops");
+        ts_shutdown();
+        return rc;
+    }
+    if (b.json)
+        printf("{\"device\": \"%s\", \"results\": [\n", ts_device_name(b.dev));
+    else
+        printf("tessera bench ops on '%s' (best of %d)\n  %-24s %19s  %-12s %19s  %7s\n",
+               ts_device_name(b.dev), b.reps, "operation", "tessera", "floor", "", "ratio");
+    static const int64_t sizes[] = {128, 512, 2048};
+    for (int i = 0; i < 3 && s == TS_OK; i++)
+        s = bench_matmul(&b, sizes[i]);
+    if (s == TS_OK)
+        s = bench_add(&b);
+    if (s == TS_OK)
+        s = bench_small(&b);
+    if (b.json)
+        printf("\n]}\n");
+    int rc = s ? cli_fail(s, "bench ops") : 0;
+    ts_shutdown();
+    return rc;
+}
