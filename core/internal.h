@@ -63,6 +63,8 @@ typedef struct ts_storage {
     _Atomic uint64_t version; /* bumped by every in-place write through any view */
 } ts_storage;
 
+typedef struct ts_node ts_node;
+
 struct ts_tensor {
     _Atomic long refcount;
     ts_storage *storage; /* one reference, owned */
@@ -71,6 +73,12 @@ struct ts_tensor {
     int64_t shape[TS_MAX_DIMS];
     int64_t strides[TS_MAX_DIMS]; /* elements */
     int64_t offset;               /* elements from storage->data */
+    /* autograd (autograd.c) */
+    int32_t requires_grad;
+    ts_tensor *grad;     /* owned, or NULL */
+    ts_node *grad_fn;    /* owned reference, NULL for leaves */
+    ts_grad_hook hook;   /* leaves: called before accumulation */
+    void *hook_user;
 };
 
 /* A new tensor struct over storage (takes a new reference on it), with the given layout.
@@ -116,6 +124,72 @@ ts_status ts__guard_input(const ts_tensor *in, const ts_tensor *out, int element
                           ts_tensor **safe);
 /* A new contiguous output tensor. (transfer full) */
 ts_status ts__new(ts_device *dev, int32_t dtype, int nd, const int64_t *shape, ts_tensor **out);
+
+/* ---- autograd.c --------------------------------------------------------------------------- */
+
+#define TS_NODE_MAX_IN 4
+#define TS_NODE_MAX_SAVED 4
+
+/* Computes the gradients of a node's inputs from the gradient of its output. gin[i] must be
+ * set (transfer full) for every input with n->needs[i]; others may stay NULL. Runs with
+ * grad mode off. */
+typedef ts_status (*ts_backward_fn)(ts_node *n, ts_tensor *gout, ts_tensor **gin);
+
+struct ts_node {
+    _Atomic long refcount;
+    const char *name;            /* the op, for messages */
+    ts_backward_fn backward;
+    int32_t nin;
+    int32_t needs[TS_NODE_MAX_IN];       /* input i needs a gradient */
+    ts_node *next[TS_NODE_MAX_IN];       /* owned: grad_fn of a non-leaf input */
+    ts_tensor *leaf[TS_NODE_MAX_IN];     /* owned: a leaf input that accumulates */
+    int32_t in_ndim[TS_NODE_MAX_IN];     /* input shapes and dtypes (broadcast reduction) */
+    int64_t in_shape[TS_NODE_MAX_IN][TS_MAX_DIMS];
+    int32_t in_dtype[TS_NODE_MAX_IN];
+    ts_device *in_device[TS_NODE_MAX_IN];
+    int32_t nsaved;
+    ts_tensor *saved[TS_NODE_MAX_SAVED]; /* owned detached aliases */
+    uint64_t saved_version[TS_NODE_MAX_SAVED];
+    union {                              /* op parameters */
+        int64_t i[8];
+        double d[4];
+        ts_conv2d_params conv;
+        ts_pool2d_params pool;
+        struct {
+            ts_segment_fn fn;
+            void *user;
+        } seg;
+    } p;
+    int32_t released;                    /* backward ran without retain_graph */
+    ts_grad_hook hook;                   /* non-leaf output's hook */
+    void *hook_user;
+    /* backward traversal */
+    uint64_t epoch;
+    int64_t deps;
+    ts_tensor *gacc;
+};
+
+/* Drops a reference on a node; the last one releases it and every upstream node that dies
+ * with it (iteratively). NULL: no-op. */
+void ts__node_unref(ts_node *n);
+/* Non-zero if grad mode is on and one of the n inputs requires grad. */
+int ts__grad_needed(int n, const ts_tensor *const *in);
+/* Records a node for out = name(in...): edges to the inputs, detached aliases of the nsave
+ * tensors in save (with their versions), params copied into node->p. Sets out's grad_fn and
+ * requires_grad. No-op (TS_OK, *node NULL) when no gradient is needed or out is not float.
+ * node may be NULL. */
+ts_status ts__record(const char *name, ts_backward_fn bw, ts_tensor *out, int nin,
+                     const ts_tensor *const *in, int nsave, const ts_tensor *const *save,
+                     const void *params, size_t params_size, ts_node **node);
+/* TS_ESTATE if writing into t in place would corrupt a gradient: t requires grad while grad
+ * mode is on. */
+ts_status ts__check_inplace(const char *op, const ts_tensor *t);
+/* Sums g over the dims broadcast to reach it from (ndim, shape) and views it as that shape.
+ * (transfer full) */
+ts_status ts__sum_to(const ts_tensor *g, int ndim, const int64_t *shape, ts_tensor **out);
+/* Grad mode push/pop for backward (off) and checkpoint recompute (on). */
+void ts__grad_push(int enabled);
+void ts__grad_pop(void);
 
 /* ---- util ------------------------------------------------------------------------------ */
 /* getenv, but NULL in setuid/setgid programs (secure_getenv) where the platform has it. */

@@ -4,7 +4,7 @@
  * algebra and nn ops are in ops_nn.c. */
 #include <string.h>
 
-#include "internal.h"
+#include "grad_fns.h"
 
 /* ---- checks and helpers shared with ops_nn.c ------------------------------------------ */
 
@@ -96,8 +96,21 @@ static int is_comparison(int fn)
 
 static const char *const binary_names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
                                            "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
-static const char *const unary_names[] = {"neg",  "abs",     "exp",  "log",  "sqrt",
-                                          "rsqrt", "tanh", "sigmoid", "relu", "gelu"};
+static const char *const unary_names[] = {"neg",  "abs",     "exp",  "log",  "sqrt", "rsqrt",
+                                          "tanh", "sigmoid", "relu", "gelu", "erf"};
+
+/* out= and in-place forms write into existing tensors and record nothing: refuse them where
+ * a gradient would silently go missing. */
+static ts_status no_grad_write(const char *op, const ts_tensor *out, int n,
+                               const ts_tensor *const *in)
+{
+    ts_status s = ts__check_inplace(op, out);
+    if (s == TS_OK && ts__grad_needed(n, in))
+        s = ts__fail(TS_ESTATE, "%s: an input requires grad, but the out=/in-place form records "
+                     "no gradient; use the form that returns a new tensor, or ts_no_grad_enter()",
+                     op);
+    return s;
+}
 
 /* ---- binary ---------------------------------------------------------------------------- */
 
@@ -152,6 +165,7 @@ TS_API ts_status ts_binary(int fn, const ts_tensor *a, const ts_tensor *b, ts_te
         ts_tensor_unref(o);
         return s;
     }
+    TS__RECORD(ts__ag_binary(fn, a, b, o), o);
     *out = o;
     return TS_OK;
 }
@@ -183,8 +197,10 @@ TS_API ts_status ts_binary_out(int fn, const ts_tensor *a, const ts_tensor *b, t
     int nd;
     int64_t shape[TS_MAX_DIMS];
     ts_status s = binary_check(fn, a, b, &nd, shape);
+    const ts_tensor *const ins[2] = {a, b};
     if (s || (s = check_out(binary_names[fn], out, a->storage->dev,
-                            is_comparison(fn) ? TS_U8 : a->dtype, nd, shape)))
+                            is_comparison(fn) ? TS_U8 : a->dtype, nd, shape)) ||
+        (s = no_grad_write(binary_names[fn], out, 2, ins)))
         return s;
     if ((s = binary_run(fn, a, b, out)) == TS_OK)
         ts__bump_version(out);
@@ -229,6 +245,7 @@ TS_API ts_status ts_binary_scalar(int fn, const ts_tensor *x, double scalar, int
         ts_tensor_unref(o);
         return s;
     }
+    TS__RECORD(ts__ag_scalar(fn, x, scalar, scalar_first, o), o);
     *out = o;
     return TS_OK;
 }
@@ -239,7 +256,9 @@ TS_API ts_status ts_binary_scalar_(int fn, ts_tensor *x, double scalar)
         return ts__fail(TS_EINVAL, "binary_scalar_: tensor is NULL");
     if (fn < 0 || fn >= TS_BINARY_COUNT || is_comparison(fn))
         return ts__fail(TS_EINVAL, "binary_scalar_: function %d cannot be done in place", fn);
-    ts_status s = scalar_run(fn, x, scalar, 0, x);
+    ts_status s = ts__check_inplace(binary_names[fn], x);
+    if (s == TS_OK)
+        s = scalar_run(fn, x, scalar, 0, x);
     if (s == TS_OK)
         ts__bump_version(x);
     return s;
@@ -279,6 +298,7 @@ TS_API ts_status ts_unary(int fn, const ts_tensor *x, ts_tensor **out)
         ts_tensor_unref(o);
         return s;
     }
+    TS__RECORD(ts__ag_unary(fn, x, o), o);
     *out = o;
     return TS_OK;
 }
@@ -290,6 +310,8 @@ TS_API ts_status ts_unary_out(int fn, const ts_tensor *x, ts_tensor *out)
     if (fn < 0 || fn >= TS_UNARY_COUNT)
         return ts__fail(TS_EINVAL, "unary: unknown function %d", fn);
     ts_status s = check_out(unary_names[fn], out, x->storage->dev, x->dtype, x->ndim, x->shape);
+    if (s == TS_OK)
+        s = no_grad_write(unary_names[fn], out, 1, &x);
     if (s == TS_OK && (s = unary_run(fn, x, out)) == TS_OK)
         ts__bump_version(out);
     return s;
@@ -413,6 +435,7 @@ TS_API ts_status ts_where(const ts_tensor *cond, const ts_tensor *a, const ts_te
         ts_tensor_unref(o);
         return s;
     }
+    TS__RECORD(ts__ag_where(cond, a, b, o), o);
     *out = o;
     return TS_OK;
 }
@@ -438,6 +461,7 @@ TS_API ts_status ts_cast(const ts_tensor *x, int32_t dtype, ts_tensor **out)
         ts_tensor_unref(o);
         return s;
     }
+    TS__RECORD(ts__ag_cast(x, o), o);
     *out = o;
     return TS_OK;
 }
@@ -446,10 +470,13 @@ TS_API ts_status ts_fill_(ts_tensor *t, double value)
 {
     if (!t)
         return ts__fail(TS_EINVAL, "fill_: tensor is NULL");
+    ts_status s = ts__check_inplace("fill_", t);
+    if (s)
+        return s;
     ts_operand o;
     ts__operand(t, &o);
     ts_fill_params p = {value};
-    ts_status s = ts__run(t->storage->dev, TS_OP_FILL, NULL, 0, &o, 1, &p, sizeof p);
+    s = ts__run(t->storage->dev, TS_OP_FILL, NULL, 0, &o, 1, &p, sizeof p);
     if (s == TS_OK)
         ts__bump_version(t);
     return s;
@@ -465,7 +492,9 @@ TS_API ts_status ts_copy_(ts_tensor *dst, const ts_tensor *src)
     if (!dst || !src)
         return ts__fail(TS_EINVAL, "copy_: tensor is NULL");
     ts_tensor *moved = NULL, *safe = NULL;
-    ts_status s = TS_OK;
+    ts_status s = no_grad_write("copy_", dst, 1, &src);
+    if (s)
+        return s;
     if (src->storage->dev != dst->storage->dev) {
         if ((s = ts_tensor_to(src, dst->storage->dev, &moved)))
             return s;
@@ -546,13 +575,22 @@ static ts_status reduce(const char *name, int fn, const ts_tensor *x, int ndims,
         ts_tensor_unref(o);
         return s;
     }
-    if (keepdim) {
-        *out = o;
-        return TS_OK;
+    int64_t mask = 0;
+    for (int d = 0; d < x->ndim; d++)
+        if (ndims == 0 || reduced[d])
+            mask |= (int64_t)1 << d;
+    ts_tensor *r = o;
+    if (!keepdim) { /* an internal view: the reduction's node goes on the final result */
+        int64_t strides[TS_MAX_DIMS];
+        ts__contiguous_strides(nsq, squeezed, strides);
+        s = ts__view(o, nsq, squeezed, strides, 0, &r);
+        ts_tensor_unref(o);
+        if (s)
+            return s;
     }
-    s = ts_tensor_view(o, nsq, squeezed, out);
-    ts_tensor_unref(o);
-    return s;
+    TS__RECORD(ts__ag_reduce(fn, x, mask, r), r);
+    *out = r;
+    return TS_OK;
 }
 
 TS_API ts_status ts_sum(const ts_tensor *x, int ndims, const int *dims, int keepdim,

@@ -2,7 +2,7 @@
  * conv2d and pooling: shape checks with both shapes in the message, then one kernel. */
 #include <string.h>
 
-#include "internal.h"
+#include "grad_fns.h"
 
 static int is_float(int32_t dtype)
 {
@@ -157,6 +157,7 @@ TS_API ts_status ts_matmul(const ts_tensor *a, const ts_tensor *b, ts_tensor **o
         ts_tensor_unref(o);
         return s;
     }
+    TS__RECORD(ts__ag_matmul(a, b, o), o);
     *out = o;
     return TS_OK;
 }
@@ -178,6 +179,12 @@ TS_API ts_status ts_matmul_out(const ts_tensor *a, const ts_tensor *b, ts_tensor
                         ts_dtype_name(out->dtype), ts__shape_str(out->ndim, out->shape, b1, 160),
                         ts_device_name(out->storage->dev), ts_dtype_name(a->dtype),
                         ts__shape_str(p.ond, p.oshape, b2, 160), ts_device_name(a->storage->dev));
+    const ts_tensor *const ins[2] = {a, b};
+    if ((s = ts__check_inplace("matmul_out", out)))
+        return s;
+    if (ts__grad_needed(2, ins))
+        return ts__fail(TS_ESTATE, "matmul_out: an input requires grad, but out= records no "
+                        "gradient; use ts_matmul");
     if (ts_tensor_shares_storage(a, out) || ts_tensor_shares_storage(b, out)) {
         ts_tensor *tmp;
         if ((s = ts_matmul(a, b, &tmp)))
@@ -219,6 +226,7 @@ static ts_status softmax_op(const char *name, int32_t op, const ts_tensor *x, in
         ts_tensor_unref(o);
         return s;
     }
+    TS__RECORD(ts__ag_softmax(op == TS_OP_LOG_SOFTMAX, x, d, o), o);
     *out = o;
     return TS_OK;
 }
@@ -283,6 +291,7 @@ TS_API ts_status ts_index_select(const ts_tensor *x, int dim, const ts_tensor *i
         ts_tensor_unref(o);
         return s;
     }
+    TS__RECORD(ts__ag_index_select(x, d, index, o), o);
     *out = o;
     return TS_OK;
 }
@@ -335,6 +344,11 @@ TS_API ts_status ts_index_add_(ts_tensor *x, int dim, const ts_tensor *index,
                         ts__shape_str(x->ndim, x->shape, b2, sizeof b2), d,
                         (long long)index->shape[0]);
     }
+    if ((s = ts__check_inplace("index_add_", x)))
+        return s;
+    if (ts__grad_needed(1, &src))
+        return ts__fail(TS_ESTATE, "index_add_: the source requires grad, but the in-place form "
+                        "records no gradient; use ts_no_grad_enter()");
     ts_tensor *safe_src, *safe_idx;
     if ((s = ts__guard_input(src, x, 0, &safe_src)))
         return s;
@@ -418,6 +432,7 @@ TS_API ts_status ts_conv2d(const ts_tensor *x, const ts_tensor *w, const ts_tens
         ts_tensor_unref(o);
         return s;
     }
+    TS__RECORD(ts__ag_conv2d(x, w, bias, p, o), o);
     *out = o;
     return TS_OK;
 }
@@ -450,9 +465,11 @@ static ts_status pool_op(const char *name, int32_t kop, const ts_tensor *x,
                         p->kernel_h, p->kernel_w, ts__shape_str(x->ndim, x->shape, b1, sizeof b1));
     int64_t shape[4] = {x->shape[0], x->shape[1], P, Q};
     ts_tensor *o, *idx = NULL;
+    /* Backward of max pooling needs the indices even when the caller does not. */
+    int want_idx = kop == TS_OP_MAXPOOL2D && (indices || ts__grad_needed(1, &x));
     if ((s = ts__new(x->storage->dev, x->dtype, 4, shape, &o)))
         return s;
-    if (indices && (s = ts__new(x->storage->dev, TS_I64, 4, shape, &idx))) {
+    if (want_idx && (s = ts__new(x->storage->dev, TS_I64, 4, shape, &idx))) {
         ts_tensor_unref(o);
         return s;
     }
@@ -466,9 +483,16 @@ static ts_status pool_op(const char *name, int32_t kop, const ts_tensor *x,
         ts_tensor_unref(idx);
         return s;
     }
+    if ((s = ts__ag_pool2d(x, p, idx, o))) {
+        ts_tensor_unref(o);
+        ts_tensor_unref(idx);
+        return s;
+    }
     *out = o;
     if (indices)
         *indices = idx;
+    else
+        ts_tensor_unref(idx);
     return TS_OK;
 }
 
@@ -481,4 +505,48 @@ TS_API ts_status ts_max_pool2d(const ts_tensor *x, const ts_pool2d_params *p, ts
 TS_API ts_status ts_avg_pool2d(const ts_tensor *x, const ts_pool2d_params *p, ts_tensor **out)
 {
     return pool_op("avg_pool2d", TS_OP_AVGPOOL2D, x, p, out, NULL);
+}
+
+/* ---- cross-entropy --------------------------------------------------------------------- */
+
+TS_API ts_status ts_cross_entropy(const ts_tensor *logits, const ts_tensor *targets,
+                                  int reduction, ts_tensor **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "cross_entropy: out is NULL");
+    *out = NULL;
+    if (!logits || !targets)
+        return ts__fail(TS_EINVAL, "cross_entropy: tensor is NULL");
+    char b1[160], b2[160];
+    ts_status s = ts__check_pair("cross_entropy", logits, targets, 0);
+    if (s || (s = need_float("cross_entropy", logits)))
+        return s;
+    if (targets->dtype != TS_I64 && targets->dtype != TS_I32)
+        return ts__fail(TS_EDTYPE, "cross_entropy: targets are %s; they must be int64 or int32 "
+                        "class indices", ts_dtype_name(targets->dtype));
+    if (logits->ndim != 2 || targets->ndim != 1 || targets->shape[0] != logits->shape[0])
+        return ts__fail(TS_ESHAPE, "cross_entropy: logits %s must be (N, C) and targets %s (N)",
+                        ts__shape_str(logits->ndim, logits->shape, b1, sizeof b1),
+                        ts__shape_str(targets->ndim, targets->shape, b2, sizeof b2));
+    if (reduction < TS_REDUCTION_MEAN || reduction > TS_REDUCTION_NONE)
+        return ts__fail(TS_EINVAL, "cross_entropy: unknown reduction %d", reduction);
+    ts_tensor *per;
+    if ((s = ts__new(logits->storage->dev, logits->dtype, 1, targets->shape, &per)))
+        return s;
+    ts_operand in[2], op;
+    ts__operand(logits, &in[0]);
+    ts__operand(targets, &in[1]);
+    ts__operand(per, &op);
+    if ((s = ts__run(per->storage->dev, TS_OP_CROSS_ENTROPY, in, 2, &op, 1, NULL, 0))) {
+        ts_tensor_unref(per);
+        return s;
+    }
+    TS__RECORD(ts__ag_cross_entropy(logits, targets, per), per);
+    if (reduction == TS_REDUCTION_NONE) {
+        *out = per;
+        return TS_OK;
+    }
+    s = reduction == TS_REDUCTION_MEAN ? ts_mean(per, 0, NULL, 0, out) : ts_sum(per, 0, NULL, 0, out);
+    ts_tensor_unref(per);
+    return s;
 }

@@ -8,12 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "grad_fns.h"
 
 /* ---- recycled structs ---------------------------------------------------------------- */
 
 /* Freed tensor and storage structs wait here for reuse; a cap bounds what is kept. */
+/* Recycling hides use-after-free from AddressSanitizer: recycle none under it. */
+#if defined(__SANITIZE_ADDRESS__)
+#define FREELIST_CAP 0
+#else
 #define FREELIST_CAP 4096
+#endif
 
 typedef struct freelist {
     pthread_mutex_t lock;
@@ -165,6 +170,8 @@ TS_API void ts_tensor_unref(ts_tensor *t)
     long before = atomic_fetch_sub_explicit(&t->refcount, 1, memory_order_acq_rel);
     TS_ASSERT(before >= 1);
     if (before == 1) {
+        ts_tensor_unref(t->grad);
+        ts__node_unref(t->grad_fn);
         storage_unref(t->storage);
         fl_put(&tensor_fl, t);
         atomic_fetch_sub(&live_tensors, 1);
@@ -412,7 +419,8 @@ TS_API ts_status ts_tensor_clone(const ts_tensor *t, ts_tensor **out)
     ts_operand in, o;
     ts__operand(t, &in);
     ts__operand(*out, &o);
-    if ((s = ts__run(t->storage->dev, TS_OP_COPY, &in, 1, &o, 1, NULL, 0))) {
+    if ((s = ts__run(t->storage->dev, TS_OP_COPY, &in, 1, &o, 1, NULL, 0)) ||
+        (s = ts__ag_identity("clone", t, *out))) {
         ts_tensor_unref(*out);
         *out = NULL;
     }
@@ -473,6 +481,10 @@ TS_API ts_status ts_tensor_to(const ts_tensor *t, ts_device *dev, ts_tensor **ou
     if (!(s = ts_tensor_to_host(t, buf, nbytes)))
         s = ts_tensor_from_host(dev, t->dtype, t->ndim, t->shape, buf, out);
     free(buf);
+    if (s == TS_OK && (s = ts__ag_to(t, *out))) {
+        ts_tensor_unref(*out);
+        *out = NULL;
+    }
     return s;
 }
 

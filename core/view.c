@@ -3,7 +3,20 @@
  * when, the strides cannot express the new shape. */
 #include <string.h>
 
-#include "internal.h"
+#include "grad_fns.h"
+
+/* Records the view for autograd once it exists; drops it if recording fails. */
+static ts_status recorded(ts_status s, int kind, const ts_tensor *t, ts_tensor **out,
+                          const int64_t *params, int nparams)
+{
+    if (s)
+        return s;
+    if ((s = ts__ag_view(kind, t, *out, params, nparams))) {
+        ts_tensor_unref(*out);
+        *out = NULL;
+    }
+    return s;
+}
 
 #define CHECK_ARGS(name)                                                                    \
     do {                                                                                    \
@@ -106,7 +119,8 @@ TS_API ts_status ts_tensor_view(ts_tensor *t, int ndim, const int64_t *in, ts_te
                         ts__shape_str(t->ndim, t->strides, b2, sizeof b2),
                         ts__shape_str(ndim, shape, b3, sizeof b3));
     }
-    return ts__view(t, ndim, shape, strides, t->offset, out);
+    return recorded(ts__view(t, ndim, shape, strides, t->offset, out), TS__VIEW_RESHAPE, t, out,
+                    NULL, 0);
 }
 
 TS_API ts_status ts_tensor_reshape(ts_tensor *t, int ndim, const int64_t *in, ts_tensor **out)
@@ -117,12 +131,14 @@ TS_API ts_status ts_tensor_reshape(ts_tensor *t, int ndim, const int64_t *in, ts
     if (s)
         return s;
     if (view_strides(t, ndim, shape, strides))
-        return ts__view(t, ndim, shape, strides, t->offset, out);
+        return recorded(ts__view(t, ndim, shape, strides, t->offset, out), TS__VIEW_RESHAPE, t,
+                        out, NULL, 0);
     ts_tensor *c;
     if ((s = ts_tensor_clone(t, &c)))
         return s;
     ts__contiguous_strides(ndim, shape, strides);
-    s = ts__view(c, ndim, shape, strides, c->offset, out);
+    s = recorded(ts__view(c, ndim, shape, strides, c->offset, out), TS__VIEW_RESHAPE, c, out,
+                 NULL, 0);
     ts_tensor_unref(c);
     return s;
 }
@@ -148,7 +164,9 @@ TS_API ts_status ts_tensor_slice(ts_tensor *t, int dim, int64_t start, int64_t s
     memcpy(strides, t->strides, sizeof strides);
     shape[d] = (stop - start + step - 1) / step;
     strides[d] = t->strides[d] * step;
-    return ts__view(t, t->ndim, shape, strides, t->offset + start * t->strides[d], out);
+    const int64_t p[4] = {d, start, stop, step};
+    return recorded(ts__view(t, t->ndim, shape, strides, t->offset + start * t->strides[d], out),
+                    TS__VIEW_SLICE, t, out, p, 4);
 }
 
 TS_API ts_status ts_tensor_narrow(ts_tensor *t, int dim, int64_t start, int64_t length,
@@ -184,7 +202,10 @@ TS_API ts_status ts_tensor_select(ts_tensor *t, int dim, int64_t index, ts_tenso
         shape[j] = t->shape[i];
         strides[j++] = t->strides[i];
     }
-    return ts__view(t, t->ndim - 1, shape, strides, t->offset + index * t->strides[d], out);
+    const int64_t p[2] = {d, index};
+    return recorded(ts__view(t, t->ndim - 1, shape, strides, t->offset + index * t->strides[d],
+                             out),
+                    TS__VIEW_SELECT, t, out, p, 2);
 }
 
 TS_API ts_status ts_tensor_permute(ts_tensor *t, const int *dims, ts_tensor **out)
@@ -194,6 +215,7 @@ TS_API ts_status ts_tensor_permute(ts_tensor *t, const int *dims, ts_tensor **ou
         return ts__fail(TS_EINVAL, "permute: dims is NULL");
     int64_t shape[TS_MAX_DIMS], strides[TS_MAX_DIMS];
     int seen[TS_MAX_DIMS] = {0};
+    int64_t packed = 0; /* dims, 4 bits each, for backward */
     for (int i = 0; i < t->ndim; i++) {
         int d = ts__dim(dims[i], t->ndim);
         if (d < 0 || seen[d])
@@ -202,8 +224,10 @@ TS_API ts_status ts_tensor_permute(ts_tensor *t, const int *dims, ts_tensor **ou
         seen[d] = 1;
         shape[i] = t->shape[d];
         strides[i] = t->strides[d];
+        packed |= (int64_t)d << (4 * i);
     }
-    return ts__view(t, t->ndim, shape, strides, t->offset, out);
+    return recorded(ts__view(t, t->ndim, shape, strides, t->offset, out), TS__VIEW_PERMUTE, t,
+                    out, &packed, 1);
 }
 
 TS_API ts_status ts_tensor_transpose(ts_tensor *t, int dim0, int dim1, ts_tensor **out)
@@ -240,7 +264,8 @@ TS_API ts_status ts_tensor_expand(ts_tensor *t, int ndim, const int64_t *want, t
         shape[d] = w;
         strides[d] = sd >= 0 && have == w ? t->strides[sd] : 0;
     }
-    return ts__view(t, ndim, shape, strides, t->offset, out);
+    return recorded(ts__view(t, ndim, shape, strides, t->offset, out), TS__VIEW_EXPAND, t, out,
+                    NULL, 0);
 }
 
 TS_API ts_status ts_tensor_squeeze(ts_tensor *t, int dim, ts_tensor **out)
@@ -260,7 +285,8 @@ TS_API ts_status ts_tensor_squeeze(ts_tensor *t, int dim, ts_tensor **out)
         shape[n] = t->shape[d];
         strides[n++] = t->strides[d];
     }
-    return ts__view(t, n, shape, strides, t->offset, out);
+    return recorded(ts__view(t, n, shape, strides, t->offset, out), TS__VIEW_RESHAPE, t, out,
+                    NULL, 0);
 }
 
 TS_API ts_status ts_tensor_unsqueeze(ts_tensor *t, int dim, ts_tensor **out)
@@ -281,7 +307,8 @@ TS_API ts_status ts_tensor_unsqueeze(ts_tensor *t, int dim, ts_tensor **out)
             strides[i] = t->strides[j++];
         }
     }
-    return ts__view(t, t->ndim + 1, shape, strides, t->offset, out);
+    return recorded(ts__view(t, t->ndim + 1, shape, strides, t->offset, out), TS__VIEW_RESHAPE, t,
+                    out, NULL, 0);
 }
 
 TS_API ts_status ts_tensor_flatten(ts_tensor *t, int start_dim, int end_dim, ts_tensor **out)

@@ -19,5 +19,6 @@ const char *cli_bytes(unsigned long long bytes, char *buf, size_t len);
 
 int cmd_info(int argc, char **argv, const cli_common *common);
 int cli_bench_ops(int argc, char **argv, const cli_common *common);
+int cli_bench_autograd(int argc, char **argv, const cli_common *common);
 
 #endif /* TESSERA_TOOLS_CLI_H */

@@ -15,6 +15,7 @@ static const char usage[] =
     "  info [--json]     version, configuration, plugins found, devices and pools\n"
     "  bench pool [...]  caching pool vs malloc/free on a training-like size mix\n"
     "  bench ops [...]   matmul vs cblas_sgemm, add vs memcpy, small-op overhead\n"
+    "  bench autograd    cost of recording the graph: time per op, memory per step\n"
     "  help [COMMAND]    this text, or a command's own --help\n"
     "\n"
     "options:\n"
@@ -98,11 +99,13 @@ int main(int argc, char **argv)
             return cli_bench_pool(argc - i - 1, argv + i + 1);
         if (i + 1 < argc && strcmp(argv[i + 1], "ops") == 0)
             return cli_bench_ops(argc - i - 1, argv + i + 1, &common);
+        if (i + 1 < argc && strcmp(argv[i + 1], "autograd") == 0)
+            return cli_bench_autograd(argc - i - 1, argv + i + 1, &common);
         if (i + 1 < argc && (strcmp(argv[i + 1], "-h") == 0 || strcmp(argv[i + 1], "--help") == 0)) {
-            puts("usage: tessera bench pool|ops [--json] ... (tessera bench NAME --help)");
+            puts("usage: tessera bench pool|ops|autograd [--json] ... (tessera bench NAME --help)");
             return 0;
         }
-        return cli_usage_error("bench", "expected a benchmark name: pool or ops");
+        return cli_usage_error("bench", "expected a benchmark name: pool, ops or autograd");
     }
     if (strcmp(cmd, "help") == 0) {
         if (i + 1 < argc && strcmp(argv[i + 1], "info") == 0) {

@@ -248,6 +248,26 @@ typedef enum ts_op {
     TS_OP_MAXPOOL2D = 15,
     /* Average pooling; same shapes, no indices. ts_pool2d_params. */
     TS_OP_AVGPOOL2D = 16,
+    /* Gradient of CONV2D w.r.t. x: in[0] gy (N, K, P, Q), in[1] w (K, C/groups, R, S);
+     * out[0] gx (N, C, H, W), overwritten. ts_conv2d_params. */
+    TS_OP_CONV2D_BWD_DATA = 17,
+    /* Gradient of CONV2D w.r.t. w: in[0] gy (N, K, P, Q), in[1] x (N, C, H, W); out[0] gw
+     * (K, C/groups, R, S), overwritten. ts_conv2d_params. (The bias gradient is a sum.) */
+    TS_OP_CONV2D_BWD_WEIGHT = 18,
+    /* Gradient of MAXPOOL2D: in[0] gy (N, C, P, Q), in[1] TS_I64 indices (N, C, P, Q) from
+     * the forward; out[0] gx (N, C, H, W), overwritten (zeros, plus gy summed at each index).
+     * ts_pool2d_params. */
+    TS_OP_MAXPOOL2D_BWD = 19,
+    /* Gradient of AVGPOOL2D: in[0] gy (N, C, P, Q); out[0] gx (N, C, H, W), overwritten.
+     * ts_pool2d_params. */
+    TS_OP_AVGPOOL2D_BWD = 20,
+    /* Cross-entropy per sample, fused and numerically stable: in[0] logits (N, C) float,
+     * in[1] targets (N) TS_I64/TS_I32 in [0, C) (range-checked: TS_EINVAL naming the bad
+     * target); out[0] loss (N) = logsumexp(logits[i]) - logits[i, t_i]. No params. */
+    TS_OP_CROSS_ENTROPY = 21,
+    /* Its gradient: in[0] logits (N, C), in[1] targets (N), in[2] gloss (N); out[0] glogits
+     * (N, C) = gloss[i] * (softmax(logits[i]) - onehot(t_i)), overwritten. No params. */
+    TS_OP_CROSS_ENTROPY_BWD = 22,
     TS_OP_COUNT
 } ts_op;
 
@@ -263,6 +283,7 @@ typedef enum ts_unary_fn {
     TS_UNARY_SIGMOID = 7,
     TS_UNARY_RELU = 8,
     TS_UNARY_GELU = 9, /* exact: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) */
+    TS_UNARY_ERF = 10, /* the error function (GELU's gradient needs it) */
     TS_UNARY_COUNT
 } ts_unary_fn;
 

@@ -9,6 +9,7 @@
 #include <tessera/memory.h>
 #include <tessera/tensor.h>
 #include <tessera/ops.h>
+#include <tessera/autograd.h>
 
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1

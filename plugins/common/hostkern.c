@@ -11,6 +11,7 @@ static const family families[] = {
     {ts_hostkern_reduce_supports, ts_hostkern_reduce},
     {ts_hostkern_index_supports, ts_hostkern_index},
     {ts_hostkern_pool2d_supports, ts_hostkern_pool2d},
+    {ts_hostkern_loss_supports, ts_hostkern_loss},
 };
 
 int ts_hostkern_supports(int32_t op, int32_t dtype)

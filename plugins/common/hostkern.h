@@ -14,7 +14,7 @@ int ts_hostkern_supports(int32_t op, int32_t dtype);
 /* Runs op if the shared host kernels implement it; TS_ENOTSUP (no message) otherwise. */
 ts_status ts_hostkern_run(ts_hostdev *hd, const ts_kernel_call *call);
 
-/* Families (elementwise.c, reduce.c, index.c, pool2d.c). Same contract as ts_hostkern_run. */
+/* Families (elementwise.c, reduce.c, index.c, pool2d.c, loss.c). Same contract as ts_hostkern_run. */
 int ts_hostkern_elementwise_supports(int32_t op, int32_t dtype);
 ts_status ts_hostkern_elementwise(ts_hostdev *hd, const ts_kernel_call *call);
 int ts_hostkern_reduce_supports(int32_t op, int32_t dtype);
@@ -23,5 +23,7 @@ int ts_hostkern_index_supports(int32_t op, int32_t dtype);
 ts_status ts_hostkern_index(ts_hostdev *hd, const ts_kernel_call *call);
 int ts_hostkern_pool2d_supports(int32_t op, int32_t dtype);
 ts_status ts_hostkern_pool2d(ts_hostdev *hd, const ts_kernel_call *call);
+int ts_hostkern_loss_supports(int32_t op, int32_t dtype);
+ts_status ts_hostkern_loss(ts_hostdev *hd, const ts_kernel_call *call);
 
 #endif /* TESSERA_PLUGINS_HOSTKERN_H */

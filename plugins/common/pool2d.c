@@ -1,14 +1,17 @@
 /* plugins/common/pool2d.c: TS_OP_MAXPOOL2D (optionally with the TS_I64 argmax of each window
  * within its H*W plane) and TS_OP_AVGPOOL2D on F32/F64, direct loops over any strides, one
  * OpenMP task per (n, c) plane. Padding counts as -inf for max; for avg it is a zero that
- * count_include_pad decides whether to count. */
+ * count_include_pad decides whether to count. Their gradients (MAXPOOL2D_BWD, AVGPOOL2D_BWD)
+ * scatter gy back over each plane, again one task per plane, so overlapping windows add up
+ * without atomics. */
 #include "hostkern.h"
 
 #include <math.h>
 
 int ts_hostkern_pool2d_supports(int32_t op, int32_t dtype)
 {
-    return (op == TS_OP_MAXPOOL2D || op == TS_OP_AVGPOOL2D) && (dtype == TS_F32 || dtype == TS_F64);
+    return (op == TS_OP_MAXPOOL2D || op == TS_OP_AVGPOOL2D || op == TS_OP_MAXPOOL2D_BWD ||
+            op == TS_OP_AVGPOOL2D_BWD) && (dtype == TS_F32 || dtype == TS_F64);
 }
 
 /* x: (N, C, H, W) -> y: (N, C, P, Q), idx: (N, C, P, Q) TS_I64 or NULL. */
@@ -67,23 +70,62 @@ int ts_hostkern_pool2d_supports(int32_t op, int32_t dtype)
 POOL(float)
 POOL(double)
 
-ts_status ts_hostkern_pool2d(ts_hostdev *hd, const ts_kernel_call *call)
+/* gy: (N, C, P, Q), idx: (N, C, P, Q) TS_I64 for max or NULL for avg -> gx: (N, C, H, W),
+ * overwritten. Indices are already range-checked. */
+#define POOL_BWD(T)                                                                         \
+    static void pool_bwd_##T(const ts_operand *gy, const ts_operand *ix, const ts_operand *gx, \
+                             const ts_pool2d_params *p, int threads)                        \
+    {                                                                                       \
+        int64_t N = gx->shape[0], C = gx->shape[1], H = gx->shape[2], W = gx->shape[3];     \
+        int64_t P = gy->shape[2], Q = gy->shape[3], planes = N * C;                         \
+        const T *gyd = (const T *)gy->data;                                                 \
+        T *gxd = (T *)gx->data;                                                             \
+        const int64_t *id = ix ? (const int64_t *)ix->data : NULL;                          \
+        int64_t sh = gx->strides[2], sw = gx->strides[3];                                   \
+        int64_t work = ix ? H * W + P * Q : H * W + P * Q * p->kernel_h * p->kernel_w;      \
+        int par = planes * work > 32768;                                                    \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if(par)")           \
+        for (int64_t nc = 0; nc < planes; nc++) {                                           \
+            int64_t n = nc / C, c = nc % C;                                                 \
+            T *xp = gxd + gx->offset + n * gx->strides[0] + c * gx->strides[1];             \
+            const T *gp = gyd + gy->offset + n * gy->strides[0] + c * gy->strides[1];       \
+            int64_t io = ix ? ix->offset + n * ix->strides[0] + c * ix->strides[1] : 0;     \
+            for (int64_t hh = 0; hh < H; hh++)                                              \
+                for (int64_t ww = 0; ww < W; ww++)                                          \
+                    xp[hh * sh + ww * sw] = 0;                                              \
+            for (int64_t pp = 0; pp < P; pp++)                                              \
+                for (int64_t q = 0; q < Q; q++) {                                           \
+                    T g = gp[pp * gy->strides[2] + q * gy->strides[3]];                     \
+                    if (id) {                                                               \
+                        int64_t a = id[io + pp * ix->strides[2] + q * ix->strides[3]];      \
+                        xp[a / W * sh + a % W * sw] += g;                                   \
+                        continue;                                                           \
+                    }                                                                       \
+                    int64_t h0 = pp * p->stride_h - p->pad_h, h1 = h0 + p->kernel_h;        \
+                    int64_t hs = h0 < 0 ? 0 : h0, he = h1 > H ? H : h1;                     \
+                    int64_t w0 = q * p->stride_w - p->pad_w, w1 = w0 + p->kernel_w;         \
+                    int64_t ws = w0 < 0 ? 0 : w0, we = w1 > W ? W : w1;                     \
+                    int64_t cnt = p->count_include_pad ? (int64_t)p->kernel_h * p->kernel_w \
+                                                       : (he - hs) * (we - ws);             \
+                    T share = (T)((double)g / (double)cnt);                                 \
+                    for (int64_t hh = hs; hh < he; hh++)                                    \
+                        for (int64_t ww = ws; ww < we; ww++)                                \
+                            xp[hh * sh + ww * sw] += share;                                 \
+                }                                                                           \
+        }                                                                                   \
+    }
+POOL_BWD(float)
+POOL_BWD(double)
+
+/* Checks the params, dtypes and shapes of x (N, C, H, W), y (N, C, P, Q) and ix (like y,
+ * TS_I64) or NULL; for the backward ops x is gx and y is gy. */
+static ts_status pool_check(const ts_host *h, const char *name, const ts_pool2d_params *p,
+                            const ts_operand *x, const ts_operand *y, const ts_operand *ix,
+                            const char *yname)
 {
-    const ts_host *h = hd->host;
-    if (call->op != TS_OP_MAXPOOL2D && call->op != TS_OP_AVGPOOL2D)
-        return TS_ENOTSUP;
-    int is_max = call->op == TS_OP_MAXPOOL2D;
-    const char *name = is_max ? "maxpool2d" : "avgpool2d";
-    if (call->ninputs != 1 || call->noutputs < 1 || call->noutputs > (is_max ? 2 : 1))
-        return h->fail(h, TS_EINVAL, "%s: expects 1 input and %s output(s), got %d and %d", name,
-                       is_max ? "1 or 2" : "1", (int)call->ninputs, (int)call->noutputs);
-    if (!call->params || call->params_size < sizeof(ts_pool2d_params))
-        return h->fail(h, TS_EINVAL, "%s: missing ts_pool2d_params", name);
-    const ts_pool2d_params *p = call->params;
-    const ts_operand *x = &call->inputs[0], *y = &call->outputs[0];
-    const ts_operand *ix = call->noutputs == 2 ? &call->outputs[1] : NULL;
     if (x->dtype != y->dtype || (ix && ix->dtype != TS_I64))
-        return h->fail(h, TS_EINVAL, "%s: x and y need the same dtype, indices TS_I64", name);
+        return h->fail(h, TS_EINVAL, "%s: x and %s need the same dtype, indices TS_I64", name,
+                       yname);
     if (x->ndim != 4 || y->ndim != 4 || (ix && ix->ndim != 4))
         return h->fail(h, TS_ESHAPE, "%s: operands must be 4-D (N, C, H, W)", name);
     if (p->kernel_h < 1 || p->kernel_w < 1 || p->stride_h < 1 || p->stride_w < 1 ||
@@ -104,10 +146,132 @@ ts_status ts_hostkern_pool2d(ts_hostdev *hd, const ts_kernel_call *call)
     for (int d = 0; ix && d < 4; d++)
         bad |= ix->shape[d] != y->shape[d];
     if (bad)
-        return h->fail(h, TS_ESHAPE, "%s: y is (%lld, %lld, %lld, %lld), expected (%lld, %lld, "
-                       "%lld, %lld)", name, (long long)y->shape[0], (long long)y->shape[1],
-                       (long long)y->shape[2], (long long)y->shape[3], (long long)x->shape[0],
-                       (long long)x->shape[1], (long long)P, (long long)Q);
+        return h->fail(h, TS_ESHAPE, "%s: %s is (%lld, %lld, %lld, %lld), expected (%lld, %lld, "
+                       "%lld, %lld)%s", name, yname, (long long)y->shape[0],
+                       (long long)y->shape[1], (long long)y->shape[2], (long long)y->shape[3],
+                       (long long)x->shape[0], (long long)x->shape[1], (long long)P,
+                       (long long)Q, ix ? " (indices too)" : "");
+    return TS_OK;
+}
+
+/* Non-zero if the elements of a and b share any byte (ranges, conservatively). */
+static int overlaps(const ts_operand *a, const ts_operand *b)
+{
+    int64_t lo[2], hi[2];
+    const ts_operand *o[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        size_t es = ts_hostdev_dtype_size(o[i]->dtype);
+        int64_t l = o[i]->offset, u = o[i]->offset;
+        for (int d = 0; d < o[i]->ndim; d++) {
+            if (o[i]->shape[d] == 0)
+                return 0;
+            int64_t span = (o[i]->shape[d] - 1) * o[i]->strides[d];
+            if (span < 0)
+                l += span;
+            else
+                u += span;
+        }
+        lo[i] = (int64_t)(intptr_t)o[i]->data + l * (int64_t)es;
+        hi[i] = (int64_t)(intptr_t)o[i]->data + (u + 1) * (int64_t)es;
+    }
+    return lo[0] < hi[1] && lo[1] < hi[0];
+}
+
+/* in, when it shares memory with out, copied into dense pool scratch (*buf, freed by the
+ * caller); else in itself. */
+static ts_status unalias(ts_hostdev *hd, const ts_operand *in, const ts_operand *out,
+                         const char *tag, ts_operand *copy, void **buf)
+{
+    *copy = *in;
+    if (!overlaps(in, out))
+        return TS_OK;
+    int64_t acc = 1;
+    for (int d = in->ndim - 1; d >= 0; d--) {
+        copy->strides[d] = acc;
+        acc *= in->shape[d];
+    }
+    ts_status s = hd->host->pool->alloc(hd->pool, (size_t)acc * ts_hostdev_dtype_size(in->dtype),
+                                        tag, buf);
+    if (s)
+        return s;
+    copy->data = *buf;
+    copy->offset = 0;
+    return ts_hostdev_copy_strided(copy, in);
+}
+
+/* gy (N, C, P, Q) [, idx (N, C, P, Q) TS_I64] -> gx (N, C, H, W). */
+static ts_status pool2d_bwd(ts_hostdev *hd, const ts_kernel_call *call)
+{
+    const ts_host *h = hd->host;
+    int is_max = call->op == TS_OP_MAXPOOL2D_BWD;
+    const char *name = is_max ? "maxpool2d_bwd" : "avgpool2d_bwd";
+    if (call->ninputs != (is_max ? 2 : 1) || call->noutputs != 1)
+        return h->fail(h, TS_EINVAL, "%s: expects %s and 1 output, got %d and %d", name,
+                       is_max ? "2 inputs (gy, indices)" : "1 input (gy)", (int)call->ninputs,
+                       (int)call->noutputs);
+    if (!call->params || call->params_size < sizeof(ts_pool2d_params))
+        return h->fail(h, TS_EINVAL, "%s: missing ts_pool2d_params", name);
+    const ts_pool2d_params *p = call->params;
+    const ts_operand *gy = &call->inputs[0], *gx = &call->outputs[0];
+    const ts_operand *ix = is_max ? &call->inputs[1] : NULL;
+    ts_status s = pool_check(h, name, p, gx, gy, ix, "gy");
+    if (s || gx->shape[0] * gx->shape[1] * gx->shape[2] * gx->shape[3] == 0)
+        return s; /* an empty gx has nothing to receive */
+    int64_t H = gx->shape[2], W = gx->shape[3], HW = H * W, idx[4];
+    /* Indices come from the caller: range-check them all before writing anything. */
+    for (int64_t i = 0, n = ix ? ix->shape[0] * ix->shape[1] * ix->shape[2] *
+                                           ix->shape[3] : 0; i < n; i++) {
+        idx[3] = i % ix->shape[3];
+        idx[2] = i / ix->shape[3] % ix->shape[2];
+        idx[1] = i / (ix->shape[3] * ix->shape[2]) % ix->shape[1];
+        idx[0] = i / (ix->shape[3] * ix->shape[2] * ix->shape[1]);
+        int64_t a = ((const int64_t *)ix->data)[ix->offset + idx[0] * ix->strides[0] +
+                                                idx[1] * ix->strides[1] +
+                                                idx[2] * ix->strides[2] +
+                                                idx[3] * ix->strides[3]];
+        if (a < 0 || a >= HW)
+            return h->fail(h, TS_EINVAL, "%s: index %lld at (%lld, %lld, %lld, %lld) is outside "
+                           "the %lldx%lld plane", name, (long long)a, (long long)idx[0],
+                           (long long)idx[1], (long long)idx[2], (long long)idx[3],
+                           (long long)H, (long long)W);
+    }
+    /* gx is zeroed before gy is read: an input sharing its memory is read from a copy. */
+    ts_operand gyc, ixc;
+    void *gybuf = NULL, *ixbuf = NULL;
+    if ((s = unalias(hd, gy, gx, name, &gyc, &gybuf)))
+        goto done;
+    if (ix && (s = unalias(hd, ix, gx, name, &ixc, &ixbuf)))
+        goto done;
+    if (gx->dtype == TS_F32)
+        pool_bwd_float(&gyc, ix ? &ixc : NULL, gx, p, hd->threads);
+    else
+        pool_bwd_double(&gyc, ix ? &ixc : NULL, gx, p, hd->threads);
+done:
+    h->pool->free(hd->pool, ixbuf);
+    h->pool->free(hd->pool, gybuf);
+    return s;
+}
+
+ts_status ts_hostkern_pool2d(ts_hostdev *hd, const ts_kernel_call *call)
+{
+    const ts_host *h = hd->host;
+    if (call->op == TS_OP_MAXPOOL2D_BWD || call->op == TS_OP_AVGPOOL2D_BWD)
+        return pool2d_bwd(hd, call);
+    if (call->op != TS_OP_MAXPOOL2D && call->op != TS_OP_AVGPOOL2D)
+        return TS_ENOTSUP;
+    int is_max = call->op == TS_OP_MAXPOOL2D;
+    const char *name = is_max ? "maxpool2d" : "avgpool2d";
+    if (call->ninputs != 1 || call->noutputs < 1 || call->noutputs > (is_max ? 2 : 1))
+        return h->fail(h, TS_EINVAL, "%s: expects 1 input and %s output(s), got %d and %d", name,
+                       is_max ? "1 or 2" : "1", (int)call->ninputs, (int)call->noutputs);
+    if (!call->params || call->params_size < sizeof(ts_pool2d_params))
+        return h->fail(h, TS_EINVAL, "%s: missing ts_pool2d_params", name);
+    const ts_pool2d_params *p = call->params;
+    const ts_operand *x = &call->inputs[0], *y = &call->outputs[0];
+    const ts_operand *ix = call->noutputs == 2 ? &call->outputs[1] : NULL;
+    ts_status s = pool_check(h, name, p, x, y, ix, "y");
+    if (s)
+        return s;
     if (x->dtype == TS_F32)
         pool_float(x, y, ix, p, is_max, hd->threads);
     else

@@ -1,16 +1,519 @@
-/* plugins/common/reduce.c: placeholder until the reduce kernels land; supports nothing. */
+/* plugins/common/reduce.c: reductions (sum, mean, max, min, argmax, argmin) and softmax /
+ * log-softmax on host memory, any strides. A reduction walks the reduced dims of one output
+ * element's slice as strided runs; threads take whole output elements, or, when there are fewer
+ * outputs than threads, ranges of one slice whose partial results are combined in order. */
 #include "hostkern.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Below this many input elements one thread is faster than waking the team. */
+#define RD_PAR_MIN (1 << 15)
+/* Most threads a split slice uses: the size of the partials array. */
+#define RD_MAX_PARTS 256
+
+static const char *const dtype_names[TS_DTYPE_COUNT] = {"float32", "float64", "int32", "int64",
+                                                        "uint8"};
+static const char *const reduce_names[TS_REDUCE_COUNT] = {
+    [TS_REDUCE_SUM] = "sum", [TS_REDUCE_MEAN] = "mean",     [TS_REDUCE_MAX] = "max",
+    [TS_REDUCE_MIN] = "min", [TS_REDUCE_ARGMAX] = "argmax", [TS_REDUCE_ARGMIN] = "argmin"};
+
+static const char *dtype_name(int32_t dtype)
+{
+    return dtype >= 0 && dtype < TS_DTYPE_COUNT ? dtype_names[dtype] : "unknown dtype";
+}
+
+static int is_float(int32_t dtype)
+{
+    return dtype == TS_F32 || dtype == TS_F64;
+}
+
+static int is_numeric(int32_t dtype)
+{
+    return dtype == TS_F32 || dtype == TS_F64 || dtype == TS_I32 || dtype == TS_I64;
+}
+
+static int threads_for(const ts_hostdev *hd, int64_t work)
+{
+    int nt = hd->threads > 1 && work >= RD_PAR_MIN ? hd->threads : 1;
+    return nt < RD_MAX_PARTS ? nt : RD_MAX_PARTS;
+}
+
+/* ---- reduce ---------------------------------------------------------------------------- */
+
+/* The iteration space of a reduction: kept dims (one output element per index) and reduced
+ * dims (the slice each output element reduces), the latter merged where contiguous. */
+typedef struct rd_plan {
+    int32_t fn, dtype; /* ts_reduce_fn; the input's dtype */
+    int nkeep, nred;
+    int64_t keep_shape[TS_MAX_DIMS], keep_in[TS_MAX_DIMS], keep_out[TS_MAX_DIMS]; /* strides */
+    int64_t red_shape[TS_MAX_DIMS], red_in[TS_MAX_DIMS];
+    int64_t nout, nslice; /* output elements; elements per slice */
+    const char *in;       /* the input's element 0 */
+    char *out;            /* the output's element 0 */
+    size_t in_es;
+} rd_plan;
+
+/* Partial result over part of a slice. Float values are held as double (exact for both float
+ * dtypes), integer ones as int64; integer sums wrap like the integer dtypes do. */
+typedef struct rd_part {
+    double fsum;
+    uint64_t isum;
+    double fbest;
+    int64_t ibest;
+    int64_t at; /* index of best in the slice (row-major over the reduced dims); -1: none yet */
+} rd_part;
+
+/* Whether a is a strictly better max (min) than b. NaN beats every number, the first NaN wins,
+ * as in PyTorch; equal values keep the earlier, so arg* returns the first occurrence. */
+#define F_MAX_BETTER(a, b) ((b) == (b) && ((a) != (a) || (a) > (b)))
+#define F_MIN_BETTER(a, b) ((b) == (b) && ((a) != (a) || (a) < (b)))
+
+/* One run of n elements x[0], x[s], ...: index `at` of the slice. */
+#define SUM_RUN(T, ACC, dst)                                                                       \
+    do {                                                                                           \
+        const T *x_ = (const T *)px;                                                               \
+        ACC r_ = 0;                                                                                \
+        if (s == 1) {                                                                              \
+            _Pragma("omp simd reduction(+ : r_)") for (int64_t i = 0; i < n; i++) r_ +=            \
+                (ACC)x_[i];                                                                        \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                r_ += (ACC)x_[i * s];                                                              \
+        }                                                                                          \
+        dst += r_;                                                                                 \
+    } while (0)
+
+#define BEST_RUN(T, HOLD, best, BETTER)                                                            \
+    do {                                                                                           \
+        const T *x_ = (const T *)px;                                                               \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            HOLD v_ = (HOLD)x_[i * s];                                                             \
+            if (r->at < 0 || BETTER(v_, best)) {                                                   \
+                best = v_;                                                                         \
+                r->at = at + i;                                                                    \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+#define I_MAX_BETTER(a, b) ((a) > (b))
+#define I_MIN_BETTER(a, b) ((a) < (b))
+
+/* Folds slice elements [lo, hi) of the slice starting at in into r. */
+static void rd_part_range(const rd_plan *p, const char *in, int64_t lo, int64_t hi, rd_part *r)
+{
+    if (lo >= hi) /* also an empty slice, whose size-0 dim must not be divided by */
+        return;
+    int last = p->nred - 1;
+    int64_t idx[TS_MAX_DIMS], rem = lo;
+    for (int d = last; d >= 0; d--) {
+        idx[d] = rem % p->red_shape[d];
+        rem /= p->red_shape[d];
+    }
+    int64_t s = p->red_in[last];
+    int maxish = p->fn == TS_REDUCE_MAX || p->fn == TS_REDUCE_ARGMAX;
+    int sum = p->fn == TS_REDUCE_SUM || p->fn == TS_REDUCE_MEAN;
+    for (int64_t at = lo; at < hi;) {
+        int64_t off = 0;
+        for (int d = 0; d <= last; d++)
+            off += idx[d] * p->red_in[d];
+        const char *px = in + off * (int64_t)p->in_es;
+        int64_t n = p->red_shape[last] - idx[last];
+        if (n > hi - at)
+            n = hi - at;
+        switch (p->dtype) {
+        case TS_F32:
+            if (sum)
+                SUM_RUN(float, double, r->fsum);
+            else if (maxish)
+                BEST_RUN(float, double, r->fbest, F_MAX_BETTER);
+            else
+                BEST_RUN(float, double, r->fbest, F_MIN_BETTER);
+            break;
+        case TS_F64:
+            if (sum)
+                SUM_RUN(double, double, r->fsum);
+            else if (maxish)
+                BEST_RUN(double, double, r->fbest, F_MAX_BETTER);
+            else
+                BEST_RUN(double, double, r->fbest, F_MIN_BETTER);
+            break;
+        case TS_I32:
+            if (sum)
+                SUM_RUN(int32_t, uint64_t, r->isum);
+            else if (maxish)
+                BEST_RUN(int32_t, int64_t, r->ibest, I_MAX_BETTER);
+            else
+                BEST_RUN(int32_t, int64_t, r->ibest, I_MIN_BETTER);
+            break;
+        case TS_I64:
+            if (sum)
+                SUM_RUN(int64_t, uint64_t, r->isum);
+            else if (maxish)
+                BEST_RUN(int64_t, int64_t, r->ibest, I_MAX_BETTER);
+            else
+                BEST_RUN(int64_t, int64_t, r->ibest, I_MIN_BETTER);
+            break;
+        }
+        at += n;
+        idx[last] += n;
+        for (int d = last; d > 0 && idx[d] == p->red_shape[d]; d--) {
+            idx[d] = 0;
+            idx[d - 1]++;
+        }
+    }
+}
+
+static void rd_part_init(rd_part *r)
+{
+    memset(r, 0, sizeof *r);
+    r->at = -1;
+}
+
+/* Folds b, a later range of the same slice, into a. */
+static void rd_part_merge(const rd_plan *p, rd_part *a, const rd_part *b)
+{
+    a->fsum += b->fsum;
+    a->isum += b->isum;
+    if (b->at < 0)
+        return;
+    int maxish = p->fn == TS_REDUCE_MAX || p->fn == TS_REDUCE_ARGMAX;
+    int better;
+    if (is_float(p->dtype))
+        better = maxish ? F_MAX_BETTER(b->fbest, a->fbest) : F_MIN_BETTER(b->fbest, a->fbest);
+    else
+        better = maxish ? b->ibest > a->ibest : b->ibest < a->ibest;
+    if (a->at < 0 || better) {
+        a->fbest = b->fbest;
+        a->ibest = b->ibest;
+        a->at = b->at;
+    }
+}
+
+/* Writes the result of a whole slice to out (an element of the output's dtype). */
+static void rd_part_store(const rd_plan *p, const rd_part *r, char *out)
+{
+    switch (p->fn) {
+    case TS_REDUCE_ARGMAX:
+    case TS_REDUCE_ARGMIN:
+        *(int64_t *)out = r->at < 0 ? 0 : r->at;
+        return;
+    case TS_REDUCE_MEAN: {
+        double m = r->fsum / (double)p->nslice; /* 0 / 0: NaN for an empty slice */
+        if (p->dtype == TS_F32)
+            *(float *)out = (float)m;
+        else
+            *(double *)out = m;
+        return;
+    }
+    default:
+        break;
+    }
+    int sum = p->fn == TS_REDUCE_SUM;
+    switch (p->dtype) {
+    case TS_F32:
+        *(float *)out = (float)(sum ? r->fsum : r->fbest);
+        break;
+    case TS_F64:
+        *(double *)out = sum ? r->fsum : r->fbest;
+        break;
+    case TS_I32:
+        *(int32_t *)out = (int32_t)(uint32_t)(sum ? r->isum : (uint64_t)r->ibest);
+        break;
+    case TS_I64:
+        *(int64_t *)out = (int64_t)(sum ? r->isum : (uint64_t)r->ibest);
+        break;
+    }
+}
+
+/* Offsets (elements) of output element j's slice in the input and its place in the output. */
+static void rd_locate(const rd_plan *p, int64_t j, int64_t *in_off, int64_t *out_off)
+{
+    int64_t io = 0, oo = 0;
+    for (int d = p->nkeep - 1; d >= 0; d--) {
+        int64_t i = j % p->keep_shape[d];
+        j /= p->keep_shape[d];
+        io += i * p->keep_in[d];
+        oo += i * p->keep_out[d];
+    }
+    *in_off = io;
+    *out_off = oo;
+}
+
+static void rd_execute(const ts_hostdev *hd, const rd_plan *p, size_t out_es)
+{
+    int nt = threads_for(hd, p->nout * p->nslice);
+    if (nt == 1 || p->nout >= nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (int64_t j = 0; j < p->nout; j++) {
+            int64_t io, oo;
+            rd_locate(p, j, &io, &oo);
+            rd_part r;
+            rd_part_init(&r);
+            rd_part_range(p, p->in + io * (int64_t)p->in_es, 0, p->nslice, &r);
+            rd_part_store(p, &r, p->out + oo * (int64_t)out_es);
+        }
+        return;
+    }
+    /* Fewer outputs than threads (a full reduction): split each slice instead. */
+    for (int64_t j = 0; j < p->nout; j++) {
+        int64_t io, oo;
+        rd_locate(p, j, &io, &oo);
+        rd_part parts[RD_MAX_PARTS];
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int t = 0; t < nt; t++) {
+            rd_part_init(&parts[t]);
+            int64_t lo = p->nslice * t / nt, hi = p->nslice * (t + 1) / nt;
+            if (lo < hi)
+                rd_part_range(p, p->in + io * (int64_t)p->in_es, lo, hi, &parts[t]);
+        }
+        for (int t = 1; t < nt; t++)
+            rd_part_merge(p, &parts[0], &parts[t]);
+        rd_part_store(p, &parts[0], p->out + oo * (int64_t)out_es);
+    }
+}
+
+static ts_status check_operand(ts_hostdev *hd, const char *what, const char *role,
+                               const ts_operand *op)
+{
+    if (!ts_hostdev_dtype_size(op->dtype))
+        return hd->host->fail(hd->host, TS_EINVAL, "%s: %s has unknown dtype %d", what, role,
+                              (int)op->dtype);
+    if (op->ndim < 0 || op->ndim > TS_MAX_DIMS)
+        return hd->host->fail(hd->host, TS_EINVAL, "%s: %s has %d dims (0 to %d allowed)", what,
+                              role, (int)op->ndim, TS_MAX_DIMS);
+    for (int d = 0; d < op->ndim; d++)
+        if (op->shape[d] < 0 || op->strides[d] < 0)
+            return hd->host->fail(hd->host, TS_EINVAL,
+                                  "%s: %s has size %lld / stride %lld at dim %d", what, role,
+                                  (long long)op->shape[d], (long long)op->strides[d], d);
+    return TS_OK;
+}
+
+static ts_status check_call(ts_hostdev *hd, const ts_kernel_call *call, const char *what,
+                            size_t params_need)
+{
+    if (call->ninputs != 1 || call->noutputs != 1 || !call->inputs || !call->outputs)
+        return hd->host->fail(hd->host, TS_EINVAL,
+                              "%s: expected 1 input and 1 output, got %d and %d", what,
+                              (int)call->ninputs, (int)call->noutputs);
+    if (!call->params || call->params_size < params_need)
+        return hd->host->fail(hd->host, TS_EINVAL, "%s: params missing or too small (%u < %zu)",
+                              what, (unsigned)call->params_size, params_need);
+    ts_status s = check_operand(hd, what, "input", &call->inputs[0]);
+    if (!s)
+        s = check_operand(hd, what, "output", &call->outputs[0]);
+    if (!s && call->inputs[0].ndim != call->outputs[0].ndim)
+        return hd->host->fail(hd->host, TS_ESHAPE, "%s: input has %d dims, output %d (keepdim)",
+                              what, (int)call->inputs[0].ndim, (int)call->outputs[0].ndim);
+    return s;
+}
+
+/* A dim in [-ndim, ndim) as an index; a 0-d tensor accepts 0 and -1. -1 if out of range. */
+static int norm_dim(int32_t dim, int ndim)
+{
+    int n = ndim > 0 ? ndim : 1;
+    if (dim < -n || dim >= n)
+        return -1;
+    return dim < 0 ? dim + n : dim;
+}
+
+/* in: (d0, ..., dk); out: the same dims with 1 where reduced. ARGMAX/ARGMIN: only params.dim
+ * reduced, out TS_I64. */
+static ts_status run_reduce(ts_hostdev *hd, const ts_kernel_call *call)
+{
+    ts_status s = check_call(hd, call, "reduce", sizeof(ts_reduce_params));
+    if (s)
+        return s;
+    const ts_reduce_params *prm = call->params;
+    const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
+    int32_t fn = prm->fn;
+    if (fn < 0 || fn >= TS_REDUCE_COUNT)
+        return hd->host->fail(hd->host, TS_EINVAL, "reduce: unknown function %d", (int)fn);
+    int arg = fn == TS_REDUCE_ARGMAX || fn == TS_REDUCE_ARGMIN;
+    if (!reduce_names[fn]) /* appended to the enum after this file was written */
+        return hd->host->fail(hd->host, TS_ENOTSUP, "reduce function %d is not implemented",
+                              (int)fn);
+    const char *what = reduce_names[fn];
+    if (!is_numeric(in->dtype) || (fn == TS_REDUCE_MEAN && !is_float(in->dtype)))
+        return hd->host->fail(hd->host, TS_ENOTSUP, "reduce %s is not implemented for %s", what,
+                              dtype_name(in->dtype));
+    int32_t want = arg ? TS_I64 : in->dtype;
+    if (out->dtype != want)
+        return hd->host->fail(hd->host, TS_EINVAL, "reduce %s: output is %s, expected %s", what,
+                              dtype_name(out->dtype), dtype_name(want));
+    int dim = -1;
+    if (arg && (dim = norm_dim(prm->dim, in->ndim)) < 0)
+        return hd->host->fail(hd->host, TS_EINVAL, "reduce %s: dim %d out of range for %d dims",
+                              what, (int)prm->dim, (int)in->ndim);
+
+    rd_plan p = {.fn = fn, .dtype = in->dtype, .nout = 1, .nslice = 1};
+    p.in_es = ts_hostdev_dtype_size(in->dtype);
+    size_t out_es = ts_hostdev_dtype_size(out->dtype);
+    p.in = (const char *)in->data + in->offset * (int64_t)p.in_es;
+    p.out = (char *)out->data + out->offset * (int64_t)out_es;
+    for (int d = 0; d < in->ndim; d++) {
+        int64_t ni = in->shape[d], no = out->shape[d];
+        int reduced = arg ? d == dim : no == 1 && ni != 1;
+        if (reduced ? no != 1 : no != ni)
+            return hd->host->fail(hd->host, TS_ESHAPE,
+                                  "reduce %s: output size %lld at dim %d, input %lld (expected "
+                                  "%s)",
+                                  what, (long long)no, d, (long long)ni,
+                                  reduced ? "1" : "the input's");
+        if (reduced) {
+            p.nslice *= ni;
+            /* Merge with the previous reduced dim when this one is contiguous inside it: the
+             * row-major slice index stays the same, kept dims in between or not. */
+            if (p.nred > 0 && p.red_in[p.nred - 1] == in->strides[d] * ni) {
+                p.red_shape[p.nred - 1] *= ni;
+                p.red_in[p.nred - 1] = in->strides[d];
+            } else {
+                p.red_shape[p.nred] = ni;
+                p.red_in[p.nred++] = in->strides[d];
+            }
+        } else if (ni != 1) {
+            p.nout *= ni;
+            p.keep_shape[p.nkeep] = ni;
+            p.keep_in[p.nkeep] = in->strides[d];
+            p.keep_out[p.nkeep++] = out->strides[d];
+        }
+    }
+    if (p.nred == 0) { /* nothing reduced: a slice is one element */
+        p.red_shape[0] = 1;
+        p.red_in[0] = 0;
+        p.nred = 1;
+    }
+    if (p.nout == 0)
+        return TS_OK;
+    if (p.nslice == 0 && fn != TS_REDUCE_SUM && fn != TS_REDUCE_MEAN)
+        return hd->host->fail(hd->host, TS_EINVAL,
+                              "reduce %s over an empty dim has no result (input has 0 elements "
+                              "along a reduced dim)",
+                              what);
+    rd_execute(hd, &p, out_es);
+    return TS_OK;
+}
+
+/* ---- softmax --------------------------------------------------------------------------- */
+
+/* One slice of len elements: x at stride sx, y at stride sy (y may be x: in place). Rows are
+ * shifted by their max so exp never overflows; the sum is accumulated in double. */
+#define SOFTMAX_SLICE(T, EXPF)                                                                     \
+    do {                                                                                           \
+        const T *x = (const T *)px;                                                                \
+        T *y = (T *)py;                                                                            \
+        T m = x[0];                                                                                \
+        for (int64_t i = 1; i < len; i++)                                                          \
+            if (x[i * sx] > m || x[i * sx] != x[i * sx])                                           \
+                m = x[i * sx];                                                                     \
+        double sum = 0;                                                                            \
+        if (log_form) {                                                                            \
+            for (int64_t i = 0; i < len; i++)                                                      \
+                sum += (double)EXPF(x[i * sx] - m);                                                \
+            T lse = (T)log(sum);                                                                   \
+            for (int64_t i = 0; i < len; i++)                                                      \
+                y[i * sy] = x[i * sx] - m - lse;                                                   \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < len; i++) {                                                    \
+                T e = EXPF(x[i * sx] - m);                                                         \
+                sum += (double)e;                                                                  \
+                y[i * sy] = e;                                                                     \
+            }                                                                                      \
+            T inv = (T)(1.0 / sum);                                                                \
+            for (int64_t i = 0; i < len; i++)                                                      \
+                y[i * sy] *= inv;                                                                  \
+        }                                                                                          \
+    } while (0)
+
+/* in, out: the same shape, any strides; along params.dim. */
+static ts_status run_softmax(ts_hostdev *hd, const ts_kernel_call *call)
+{
+    int log_form = call->op == TS_OP_LOG_SOFTMAX;
+    const char *what = log_form ? "log_softmax" : "softmax";
+    ts_status s = check_call(hd, call, what, sizeof(ts_dim_params));
+    if (s)
+        return s;
+    const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
+    if (!is_float(out->dtype) || in->dtype != out->dtype)
+        return hd->host->fail(hd->host, is_float(in->dtype) ? TS_EINVAL : TS_ENOTSUP,
+                              "%s: input %s, output %s (float32 or float64, the same)", what,
+                              dtype_name(in->dtype), dtype_name(out->dtype));
+    for (int d = 0; d < in->ndim; d++)
+        if (in->shape[d] != out->shape[d])
+            return hd->host->fail(hd->host, TS_ESHAPE,
+                                  "%s: output size %lld at dim %d, input "
+                                  "%lld",
+                                  what, (long long)out->shape[d], d, (long long)in->shape[d]);
+    const ts_dim_params *prm = call->params;
+    int dim = norm_dim(prm->dim, in->ndim);
+    if (dim < 0)
+        return hd->host->fail(hd->host, TS_EINVAL, "%s: dim %d out of range for %d dims", what,
+                              (int)prm->dim, (int)in->ndim);
+    /* The other dims, as an odometer over slices. */
+    int nouter = 0;
+    int64_t oshape[TS_MAX_DIMS], ostr_in[TS_MAX_DIMS], ostr_out[TS_MAX_DIMS], nslices = 1;
+    for (int d = 0; d < in->ndim; d++) {
+        if (d == dim)
+            continue;
+        oshape[nouter] = in->shape[d];
+        ostr_in[nouter] = in->strides[d];
+        ostr_out[nouter++] = out->strides[d];
+        nslices *= in->shape[d];
+    }
+    int64_t len = in->ndim ? in->shape[dim] : 1;
+    int64_t sx = in->ndim ? in->strides[dim] : 0, sy = in->ndim ? out->strides[dim] : 0;
+    if (nslices == 0 || len == 0)
+        return TS_OK;
+    size_t es = ts_hostdev_dtype_size(in->dtype);
+    const char *xbase = (const char *)in->data + in->offset * (int64_t)es;
+    char *ybase = (char *)out->data + out->offset * (int64_t)es;
+    int32_t dtype = in->dtype;
+    int nt = threads_for(hd, nslices * len * 8); /* exp makes each element costly */
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && nslices > 1)
+    for (int64_t j = 0; j < nslices; j++) {
+        int64_t rem = j, xo = 0, yo = 0;
+        for (int d = nouter - 1; d >= 0; d--) {
+            int64_t i = rem % oshape[d];
+            rem /= oshape[d];
+            xo += i * ostr_in[d];
+            yo += i * ostr_out[d];
+        }
+        const char *px = xbase + xo * (int64_t)es;
+        char *py = ybase + yo * (int64_t)es;
+        if (dtype == TS_F32)
+            SOFTMAX_SLICE(float, expf);
+        else
+            SOFTMAX_SLICE(double, exp);
+    }
+    return TS_OK;
+}
+
+/* ---- entry points ---------------------------------------------------------------------- */
 
 int ts_hostkern_reduce_supports(int32_t op, int32_t dtype)
 {
-    (void)op;
-    (void)dtype;
-    return 0;
+    switch (op) {
+    case TS_OP_REDUCE:
+        return is_numeric(dtype); /* int64 output: also argmax / argmin */
+    case TS_OP_SOFTMAX:
+    case TS_OP_LOG_SOFTMAX:
+        return is_float(dtype);
+    default:
+        return 0;
+    }
 }
 
 ts_status ts_hostkern_reduce(ts_hostdev *hd, const ts_kernel_call *call)
 {
-    (void)hd;
-    (void)call;
-    return TS_ENOTSUP;
+    switch (call->op) {
+    case TS_OP_REDUCE:
+        return run_reduce(hd, call);
+    case TS_OP_SOFTMAX:
+    case TS_OP_LOG_SOFTMAX:
+        return run_softmax(hd, call);
+    default:
+        return TS_ENOTSUP;
+    }
 }

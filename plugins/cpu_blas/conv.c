@@ -1,7 +1,9 @@
 /* plugins/cpu_blas/conv.c: TS_OP_CONV2D, F32 and F64, as im2col into pool scratch plus one
  * OpenBLAS GEMM per (image, group). x is read through its strides by im2col (1x1, stride 1,
  * unpadded convolutions of a dense image skip im2col); w and y are used in place when their
- * per-group matrices are row-major, else packed / unpacked through scratch. */
+ * per-group matrices are row-major, else packed / unpacked through scratch. The backward ops
+ * reuse the same pieces: BWD_DATA is W^T @ gy then col2im (im2col's adjoint), BWD_WEIGHT sums
+ * gy @ im2col(x)^T over the images. */
 #include "config.h"
 
 #include <limits.h>
@@ -12,7 +14,8 @@
 
 int ts_blas_conv_supports(int32_t op, int32_t dtype)
 {
-    return op == TS_OP_CONV2D && (dtype == TS_F32 || dtype == TS_F64);
+    return (op == TS_OP_CONV2D || op == TS_OP_CONV2D_BWD_DATA || op == TS_OP_CONV2D_BWD_WEIGHT) &&
+           (dtype == TS_F32 || dtype == TS_F64);
 }
 
 static double ld_elem(const char *base, int64_t off, size_t es)
@@ -70,10 +73,64 @@ static void gemm(size_t es, int64_t m, int64_t n, int64_t k, const void *a, int6
                     (blasint)k, 1.0, a, (blasint)lda, b, (blasint)ldb, 0.0, c, (blasint)ldc);
 }
 
+/* Shapes shared by the forward and backward convolutions. */
+typedef struct conv_dims {
+    int64_t N, C, H, W; /* x / gx */
+    int64_t K, R, S;    /* w / gw: (K, C/G, R, S) */
+    int64_t P, Q;       /* y / gy: (N, K, P, Q) */
+    int64_t G;
+} conv_dims;
+
+/* Checks the params, dtypes and shapes of x (N, C, H, W), w (K, C/groups, R, S), y (N, K, P, Q)
+ * and bias (K) or NULL; for the backward ops x, w and y are gx or x, gw or w, and gy (yname
+ * says which). Fills d. */
+static ts_status conv_check(const ts_host *h, const char *name, const ts_conv2d_params *p,
+                            const ts_operand *x, const ts_operand *w, const ts_operand *y,
+                            const ts_operand *bias, const char *yname, conv_dims *d)
+{
+    int32_t dt = y->dtype;
+    if (x->dtype != dt || w->dtype != dt || (bias && bias->dtype != dt))
+        return h->fail(h, TS_EINVAL, "%s: operand dtypes differ", name);
+    if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4 || (bias && bias->ndim != 1))
+        return h->fail(h, TS_ESHAPE, "%s: x, w, y must be 4-D and bias 1-D", name);
+    if (p->stride_h < 1 || p->stride_w < 1 || p->dilation_h < 1 || p->dilation_w < 1 ||
+        p->pad_h < 0 || p->pad_w < 0 || p->groups < 1)
+        return h->fail(h, TS_EINVAL, "%s: stride (%d, %d) and dilation (%d, %d) must be >= 1, "
+                       "padding (%d, %d) >= 0 and groups (%d) >= 1", name, (int)p->stride_h,
+                       (int)p->stride_w, (int)p->dilation_h, (int)p->dilation_w, (int)p->pad_h,
+                       (int)p->pad_w, (int)p->groups);
+    int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
+    int64_t K = w->shape[0], R = w->shape[2], S = w->shape[3], G = p->groups;
+    if (C % G || K % G || w->shape[1] != C / G)
+        return h->fail(h, TS_EINVAL, "%s: groups %lld must divide C %lld and K %lld, and w "
+                       "needs C/groups input channels (has %lld)", name, (long long)G,
+                       (long long)C, (long long)K, (long long)w->shape[1]);
+    int64_t hspan = H + 2 * (int64_t)p->pad_h - (int64_t)p->dilation_h * (R - 1) - 1;
+    int64_t wspan = W + 2 * (int64_t)p->pad_w - (int64_t)p->dilation_w * (S - 1) - 1;
+    if (R < 1 || S < 1 || hspan < 0 || wspan < 0)
+        return h->fail(h, TS_EINVAL, "%s: kernel %lldx%lld (dilation %d, %d) does not fit "
+                       "the padded %lldx%lld input", name, (long long)R, (long long)S,
+                       (int)p->dilation_h, (int)p->dilation_w, (long long)H, (long long)W);
+    int64_t P = hspan / p->stride_h + 1, Q = wspan / p->stride_w + 1;
+    if (y->shape[0] != N || y->shape[1] != K || y->shape[2] != P || y->shape[3] != Q ||
+        (bias && bias->shape[0] != K))
+        return h->fail(h, TS_ESHAPE, "%s: %s is (%lld, %lld, %lld, %lld), expected (%lld, "
+                       "%lld, %lld, %lld)%s", name, yname, (long long)y->shape[0],
+                       (long long)y->shape[1], (long long)y->shape[2], (long long)y->shape[3],
+                       (long long)N, (long long)K, (long long)P, (long long)Q,
+                       bias && bias->shape[0] != K ? "; bias length differs from K" : "");
+    *d = (conv_dims){N, C, H, W, K, R, S, P, Q, G};
+    return TS_OK;
+}
+
+static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call);
+
 /* x: (N, C, H, W), w: (K, C/groups, R, S), bias: (K) optional, y: (N, K, P, Q). */
 ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
 {
     const ts_host *h = hd->host;
+    if (call->op == TS_OP_CONV2D_BWD_DATA || call->op == TS_OP_CONV2D_BWD_WEIGHT)
+        return conv_bwd(hd, call);
     if (call->op != TS_OP_CONV2D)
         return TS_ENOTSUP;
     if ((call->ninputs != 2 && call->ninputs != 3) || call->noutputs != 1)
@@ -85,36 +142,12 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
     const ts_operand *x = &call->inputs[0], *w = &call->inputs[1], *y = &call->outputs[0];
     const ts_operand *bias = call->ninputs == 3 ? &call->inputs[2] : NULL;
     int32_t dt = y->dtype;
-    if (x->dtype != dt || w->dtype != dt || (bias && bias->dtype != dt))
-        return h->fail(h, TS_EINVAL, "conv2d: operand dtypes differ");
-    if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4 || (bias && bias->ndim != 1))
-        return h->fail(h, TS_ESHAPE, "conv2d: x, w, y must be 4-D and bias 1-D");
-    if (p->stride_h < 1 || p->stride_w < 1 || p->dilation_h < 1 || p->dilation_w < 1 ||
-        p->pad_h < 0 || p->pad_w < 0 || p->groups < 1)
-        return h->fail(h, TS_EINVAL, "conv2d: stride (%d, %d) and dilation (%d, %d) must be >= 1, "
-                       "padding (%d, %d) >= 0 and groups (%d) >= 1", (int)p->stride_h,
-                       (int)p->stride_w, (int)p->dilation_h, (int)p->dilation_w, (int)p->pad_h,
-                       (int)p->pad_w, (int)p->groups);
-    int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
-    int64_t K = w->shape[0], R = w->shape[2], S = w->shape[3], G = p->groups;
-    if (C % G || K % G || w->shape[1] != C / G)
-        return h->fail(h, TS_EINVAL, "conv2d: groups %lld must divide C %lld and K %lld, and w "
-                       "needs C/groups input channels (has %lld)", (long long)G, (long long)C,
-                       (long long)K, (long long)w->shape[1]);
-    int64_t hspan = H + 2 * (int64_t)p->pad_h - (int64_t)p->dilation_h * (R - 1) - 1;
-    int64_t wspan = W + 2 * (int64_t)p->pad_w - (int64_t)p->dilation_w * (S - 1) - 1;
-    if (R < 1 || S < 1 || hspan < 0 || wspan < 0)
-        return h->fail(h, TS_EINVAL, "conv2d: kernel %lldx%lld (dilation %d, %d) does not fit "
-                       "the padded %lldx%lld input", (long long)R, (long long)S,
-                       (int)p->dilation_h, (int)p->dilation_w, (long long)H, (long long)W);
-    int64_t P = hspan / p->stride_h + 1, Q = wspan / p->stride_w + 1;
-    if (y->shape[0] != N || y->shape[1] != K || y->shape[2] != P || y->shape[3] != Q ||
-        (bias && bias->shape[0] != K))
-        return h->fail(h, TS_ESHAPE, "conv2d: y is (%lld, %lld, %lld, %lld), expected (%lld, "
-                       "%lld, %lld, %lld)%s", (long long)y->shape[0], (long long)y->shape[1],
-                       (long long)y->shape[2], (long long)y->shape[3], (long long)N,
-                       (long long)K, (long long)P, (long long)Q,
-                       bias && bias->shape[0] != K ? "; bias length differs from K" : "");
+    conv_dims d;
+    ts_status s = conv_check(h, "conv2d", p, x, w, y, bias, "y", &d);
+    if (s)
+        return s;
+    int64_t N = d.N, C = d.C, H = d.H, W = d.W, K = d.K, R = d.R, S = d.S, P = d.P, Q = d.Q;
+    int64_t G = d.G;
     if (N == 0 || K == 0)
         return TS_OK;
 
@@ -122,7 +155,6 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
     int64_t Cg = C / G, Kg = K / G, CRS = Cg * R * S, PQ = P * Q, CRSall = C * R * S;
     if (CRSall > INT_MAX || PQ > INT_MAX || K > INT_MAX)
         return h->fail(h, TS_EINVAL, "conv2d: GEMM dims exceed BLAS's int range");
-    ts_status s = TS_OK;
     void *wbuf = NULL, *colbuf = NULL, *ybuf = NULL;
 
     /* w as (K, Cg*R*S) row-major: in place when its (Cg, R, S) dims are dense. */
@@ -204,6 +236,257 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
 done:
     h->pool->free(hd->pool, ybuf);
     h->pool->free(hd->pool, colbuf);
+    h->pool->free(hd->pool, wbuf);
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Backward.                                                                                 */
+
+/* Image n of x (N, C, H, W) <- col (C*R*S, P*Q) dense summed back onto the pixels each column
+ * entry was gathered from: the adjoint of im2col. Overwrites the image (padding drops out).
+ * One thread per channel, so no two threads touch the same pixel. */
+#define COL2IM(T)                                                                           \
+    static void col2im_##T(const T *col, const ts_operand *x, int64_t n,                    \
+                           const ts_conv2d_params *p, int64_t R, int64_t S, int64_t P,      \
+                           int64_t Q, int threads)                                          \
+    {                                                                                       \
+        T *xd = (T *)x->data;                                                               \
+        int64_t C = x->shape[1], H = x->shape[2], W = x->shape[3];                          \
+        int64_t xn = x->offset + n * x->strides[0], sc = x->strides[1];                     \
+        int64_t sh = x->strides[2], sw = x->strides[3];                                     \
+        int par = C * R * S * P * Q > 32768;                                                \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if(par)")           \
+        for (int64_t c = 0; c < C; c++) {                                                   \
+            T *xp = xd + xn + c * sc;                                                       \
+            for (int64_t h = 0; h < H; h++)                                                 \
+                for (int64_t w = 0; w < W; w++)                                             \
+                    xp[h * sh + w * sw] = 0;                                                \
+            for (int64_t r = 0; r < R; r++)                                                 \
+                for (int64_t s = 0; s < S; s++) {                                           \
+                    const T *src = col + ((c * R + r) * S + s) * P * Q;                     \
+                    for (int64_t pp = 0; pp < P; pp++) {                                    \
+                        int64_t h = pp * p->stride_h - p->pad_h + r * p->dilation_h;        \
+                        if (h < 0 || h >= H)                                                \
+                            continue;                                                       \
+                        for (int64_t q = 0; q < Q; q++) {                                   \
+                            int64_t w = q * p->stride_w - p->pad_w + s * p->dilation_w;     \
+                            if (w >= 0 && w < W)                                            \
+                                xp[h * sh + w * sw] += src[pp * Q + q];                     \
+                        }                                                                   \
+                    }                                                                       \
+                }                                                                           \
+        }                                                                                   \
+    }
+COL2IM(float)
+COL2IM(double)
+
+/* c (m, n) = op(a) @ op(b) + beta * c, row-major; op transposes when ta / tb is set. */
+static void gemm_t(size_t es, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a,
+                   int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc)
+{
+    enum CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
+    if (es == 4)
+        cblas_sgemm(CblasRowMajor, oa, ob, (blasint)m, (blasint)n, (blasint)k, 1.0f, a,
+                    (blasint)lda, b, (blasint)ldb, (float)beta, c, (blasint)ldc);
+    else
+        cblas_dgemm(CblasRowMajor, oa, ob, (blasint)m, (blasint)n, (blasint)k, 1.0, a,
+                    (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+/* Non-zero if the elements of a and b share any byte (ranges, conservatively). */
+static int overlaps(const ts_operand *a, const ts_operand *b)
+{
+    int64_t lo[2], hi[2];
+    const ts_operand *o[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        size_t es = ts_hostdev_dtype_size(o[i]->dtype);
+        int64_t l = o[i]->offset, u = o[i]->offset;
+        for (int d = 0; d < o[i]->ndim; d++) {
+            if (o[i]->shape[d] == 0)
+                return 0;
+            int64_t span = (o[i]->shape[d] - 1) * o[i]->strides[d];
+            if (span < 0)
+                l += span;
+            else
+                u += span;
+        }
+        lo[i] = (int64_t)(intptr_t)o[i]->data + l * (int64_t)es;
+        hi[i] = (int64_t)(intptr_t)o[i]->data + (u + 1) * (int64_t)es;
+    }
+    return lo[0] < hi[1] && lo[1] < hi[0];
+}
+
+/* A dense row-major operand of op's dtype and shape over buf. */
+static ts_operand dense_like(const ts_operand *op, void *buf)
+{
+    ts_operand d = *op;
+    d.data = buf;
+    d.offset = 0;
+    int64_t acc = 1;
+    for (int k = op->ndim - 1; k >= 0; k--) {
+        d.strides[k] = acc;
+        acc *= op->shape[k];
+    }
+    return d;
+}
+
+/* Image n of t (N, K, P, Q) as a (K, P*Q) matrix: its leading dimension when the (P, Q) planes
+ * are dense and do not interleave, else 0. */
+static int64_t planes_ld(const ts_operand *t)
+{
+    int64_t K = t->shape[1], P = t->shape[2], Q = t->shape[3], PQ = P * Q;
+    if (t->strides[3] == 1 && (P == 1 || t->strides[2] == Q) && (K == 1 || t->strides[1] >= PQ)
+        && t->strides[1] <= INT_MAX)
+        return K == 1 ? PQ : t->strides[1];
+    return 0;
+}
+
+/* w (K, Cg, R, S) as a (K, Cg*R*S) matrix: its leading dimension when dense, else 0. */
+static int64_t filter_ld(const ts_operand *w)
+{
+    int64_t K = w->shape[0], Cg = w->shape[1], R = w->shape[2], S = w->shape[3];
+    int64_t CRS = Cg * R * S;
+    if (w->strides[3] == 1 && (R == 1 || w->strides[2] == S) && (Cg == 1 || w->strides[1] == R * S)
+        && (K == 1 || w->strides[0] >= CRS) && w->strides[0] <= INT_MAX)
+        return K == 1 ? CRS : w->strides[0];
+    return 0;
+}
+
+/* Image n of t (N, K, P, Q) copied into buf as a dense (K, P*Q) matrix. */
+static void pack_image(const ts_operand *t, int64_t n, void *buf)
+{
+    ts_operand src = *t, dst;
+    src.offset += n * t->strides[0];
+    src.shape[0] = 1;
+    dst = dense_like(&src, buf);
+    ts_hostdev_copy_strided(&dst, &src);
+}
+
+/* Out-of-place zeroing of a whole operand through its strides. */
+static void zero_operand(const ts_operand *t, size_t es)
+{
+    int64_t n = 1, idx[TS_MAX_DIMS] = {0};
+    for (int d = 0; d < t->ndim; d++)
+        n *= t->shape[d];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = t->offset;
+        for (int d = 0; d < t->ndim; d++)
+            off += idx[d] * t->strides[d];
+        st_elem(t->data, off, es, 0.0);
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < t->shape[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+}
+
+/* BWD_DATA: gy (N, K, P, Q), w (K, C/G, R, S) -> gx (N, C, H, W).
+ * BWD_WEIGHT: gy (N, K, P, Q), x (N, C, H, W) -> gw (K, C/G, R, S). */
+static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
+{
+    const ts_host *h = hd->host;
+    int is_data = call->op == TS_OP_CONV2D_BWD_DATA;
+    const char *name = is_data ? "conv2d_bwd_data" : "conv2d_bwd_weight";
+    if (call->ninputs != 2 || call->noutputs != 1)
+        return h->fail(h, TS_EINVAL, "%s: expects 2 inputs and 1 output, got %d and %d", name,
+                       (int)call->ninputs, (int)call->noutputs);
+    if (!call->params || call->params_size < sizeof(ts_conv2d_params))
+        return h->fail(h, TS_EINVAL, "%s: missing ts_conv2d_params", name);
+    const ts_conv2d_params *p = call->params;
+    const ts_operand *gy = &call->inputs[0], *out = &call->outputs[0];
+    const ts_operand *x = is_data ? out : &call->inputs[1]; /* x or gx */
+    const ts_operand *w = is_data ? &call->inputs[1] : out; /* w or gw */
+    conv_dims d;
+    ts_status s = conv_check(h, name, p, x, w, gy, NULL, "gy", &d);
+    if (s)
+        return s;
+    int64_t N = d.N, C = d.C, H = d.H, W = d.W, K = d.K, R = d.R, S = d.S, P = d.P, Q = d.Q;
+    int64_t G = d.G, Cg = C / G, Kg = K / G, CRS = Cg * R * S, PQ = P * Q;
+    size_t es = out->dtype == TS_F32 ? 4 : 8;
+    if (C * R * S > INT_MAX || PQ > INT_MAX || K > INT_MAX)
+        return h->fail(h, TS_EINVAL, "%s: GEMM dims exceed BLAS's int range", name);
+    /* Empty sums: the gradient is zero (or empty). */
+    if (N == 0 || C == 0 || K == 0) {
+        zero_operand(out, es);
+        return TS_OK;
+    }
+
+    void *wbuf = NULL, *colbuf = NULL, *gybuf = NULL;
+    /* w / gw as (K, CRS) row-major: in place when dense and clear of the output written image
+     * after image (w of gx; gw of gy and x), else through scratch. */
+    int64_t ldw = filter_ld(w);
+    if (is_data ? overlaps(w, out) : overlaps(w, gy) || overlaps(w, x))
+        ldw = 0;
+    char *wmat = (char *)w->data + w->offset * (int64_t)es;
+    if (!ldw) {
+        if ((s = h->pool->alloc(hd->pool, (size_t)(K * CRS) * es, name, &wbuf)))
+            goto done;
+        ts_operand dw = dense_like(w, wbuf);
+        if (is_data)
+            ts_hostdev_copy_strided(&dw, w);
+        wmat = wbuf;
+        ldw = CRS;
+    }
+    /* gy[n] as (K, PQ): in place when dense and not about to be overwritten by gx. */
+    int64_t ldgy = planes_ld(gy);
+    if (is_data && overlaps(gy, out))
+        ldgy = 0;
+    if (!ldgy && (s = h->pool->alloc(hd->pool, (size_t)(K * PQ) * es, name, &gybuf)))
+        goto done;
+    /* x / gx[n] as (C, H*W) itself for a 1x1 stride-1 unpadded conv of dense planes. */
+    int direct_x = R == 1 && S == 1 && p->stride_h == 1 && p->stride_w == 1 && p->pad_h == 0 &&
+                   p->pad_w == 0 && x->strides[3] == 1 && (H == 1 || x->strides[2] == W) &&
+                   (C == 1 || x->strides[1] >= H * W) && x->strides[1] <= INT_MAX;
+    if (!direct_x && (s = h->pool->alloc(hd->pool, (size_t)(C * R * S * PQ) * es, name,
+                                         &colbuf)))
+        goto done;
+
+    for (int64_t n = 0; n < N; n++) {
+        const char *gymat = (const char *)gy->data + (gy->offset + n * gy->strides[0]) *
+                                                         (int64_t)es;
+        if (gybuf) {
+            pack_image(gy, n, gybuf);
+            gymat = gybuf;
+        }
+        int64_t ldg = gybuf ? PQ : ldgy;
+        char *xmat = direct_x ? (char *)x->data + (x->offset + n * x->strides[0]) * (int64_t)es
+                              : colbuf;
+        int64_t ldx = direct_x ? (C == 1 ? PQ : x->strides[1]) : PQ;
+        if (is_data) {
+            /* Group g: col[g*CRS:...] (CRS, PQ) = w[g*Kg:...]^T (CRS, Kg) @ gy[g*Kg:...] */
+            for (int64_t g = 0; g < G; g++)
+                gemm_t(es, 1, 0, CRS, PQ, Kg, wmat + g * Kg * ldw * (int64_t)es, ldw,
+                       gymat + g * Kg * ldg * (int64_t)es, ldg, 0.0,
+                       xmat + g * CRS * ldx * (int64_t)es, ldx);
+            if (!direct_x) {
+                if (es == 4)
+                    col2im_float(colbuf, x, n, p, R, S, P, Q, hd->threads);
+                else
+                    col2im_double(colbuf, x, n, p, R, S, P, Q, hd->threads);
+            }
+        } else {
+            if (!direct_x) {
+                if (es == 4)
+                    im2col_float(x, n, p, R, S, P, Q, colbuf, hd->threads);
+                else
+                    im2col_double(x, n, p, R, S, P, Q, colbuf, hd->threads);
+            }
+            /* Group g: gw[g*Kg:...] (Kg, CRS) (+)= gy[g*Kg:...] (Kg, PQ) @ col[g*CRS:...]^T */
+            for (int64_t g = 0; g < G; g++)
+                gemm_t(es, 0, 1, Kg, CRS, PQ, gymat + g * Kg * ldg * (int64_t)es, ldg,
+                       xmat + g * CRS * ldx * (int64_t)es, ldx, n ? 1.0 : 0.0,
+                       wmat + g * Kg * ldw * (int64_t)es, ldw);
+        }
+    }
+    if (!is_data && wbuf) {
+        ts_operand dw = dense_like(w, wbuf);
+        ts_hostdev_copy_strided(w, &dw);
+    }
+done:
+    h->pool->free(hd->pool, colbuf);
+    h->pool->free(hd->pool, gybuf);
     h->pool->free(hd->pool, wbuf);
     return s;
 }

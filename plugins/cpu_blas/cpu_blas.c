@@ -59,11 +59,12 @@ static ts_status blas_run(void *ctx, const ts_kernel_call *call)
         return ts_blas_matmul(&c->hd, call);
     if (ts_blas_conv_supports(call->op, dtype))
         return ts_blas_conv(&c->hd, call);
-    ts_status s = ts_hostkern_run(&c->hd, call);
-    if (s == TS_ENOTSUP)
+    /* A family that claims the op writes its own, more precise message ("unary exp is not
+     * implemented for int32"); only an op no family claims gets the generic one. */
+    if (!ts_hostkern_supports(call->op, dtype))
         return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented for dtype %d",
                                 (int)call->op, (int)dtype);
-    return s;
+    return ts_hostkern_run(&c->hd, call);
 }
 
 static const ts_plugin_desc desc = {

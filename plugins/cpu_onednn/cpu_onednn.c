@@ -80,11 +80,12 @@ static int dnnl_supports(void *ctx, int32_t op, int32_t dtype)
 static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
 {
     dnnl_ctx *c = ctx;
-    ts_status s = ts_hostkern_run(&c->hd, call);
-    if (s == TS_ENOTSUP)
-        return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented",
-                                (int)call->op);
-    return s;
+    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    /* A family that claims the op writes its own, more precise message. */
+    if (!ts_hostkern_supports(call->op, dtype))
+        return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented for dtype %d",
+                                (int)call->op, (int)dtype);
+    return ts_hostkern_run(&c->hd, call);
 }
 
 static const ts_plugin_desc desc = {

@@ -13,6 +13,7 @@ if ! command -v valgrind >/dev/null 2>&1; then
 fi
 "$TS_BUILDDIR/libtool" --mode=execute valgrind -q --leak-check=full \
     --errors-for-leak-kinds=definite,indirect --error-exitcode=9 \
+    --suppressions="${TS_SRCDIR:-.}/tests/valgrind.supp" \
     "$TESSERA" info >/dev/null 2>"$TMP/vg.log"
 rc=$?
 if [ $rc -eq 0 ]; then

@@ -1,0 +1,50 @@
+/* core/grad_fns.h: the recording hooks the forward ops call (grad_fns.c). Each records a node
+ * for out when a gradient is needed, and is a cheap no-op otherwise. On failure the caller
+ * drops out and returns the status. */
+#ifndef TESSERA_CORE_GRAD_FNS_H
+#define TESSERA_CORE_GRAD_FNS_H
+
+#include "internal.h"
+
+enum {
+    TS__VIEW_RESHAPE = 0, /* view, reshape, flatten, squeeze, unsqueeze */
+    TS__VIEW_PERMUTE = 1, /* params: dims packed 4 bits each */
+    TS__VIEW_EXPAND = 2,
+    TS__VIEW_SLICE = 3,   /* params: dim, start, stop, step (clamped) */
+    TS__VIEW_SELECT = 4   /* params: dim, index (non-negative) */
+};
+
+ts_status ts__ag_binary(int fn, const ts_tensor *a, const ts_tensor *b, ts_tensor *out);
+ts_status ts__ag_scalar(int fn, const ts_tensor *x, double c, int first, ts_tensor *out);
+ts_status ts__ag_unary(int fn, const ts_tensor *x, ts_tensor *out);
+ts_status ts__ag_where(const ts_tensor *c, const ts_tensor *a, const ts_tensor *b,
+                       ts_tensor *out);
+ts_status ts__ag_cast(const ts_tensor *x, ts_tensor *out);
+ts_status ts__ag_identity(const char *name, const ts_tensor *x, ts_tensor *out);
+ts_status ts__ag_to(const ts_tensor *x, ts_tensor *out);
+/* reduced_mask: bit d set if dim d of x was reduced. */
+ts_status ts__ag_reduce(int fn, const ts_tensor *x, int64_t reduced_mask, ts_tensor *out);
+ts_status ts__ag_matmul(const ts_tensor *a, const ts_tensor *b, ts_tensor *out);
+ts_status ts__ag_softmax(int log_form, const ts_tensor *x, int dim, ts_tensor *out);
+ts_status ts__ag_index_select(const ts_tensor *x, int dim, const ts_tensor *index,
+                              ts_tensor *out);
+ts_status ts__ag_view(int kind, const ts_tensor *x, ts_tensor *out, const int64_t *params,
+                      int nparams);
+ts_status ts__ag_conv2d(const ts_tensor *x, const ts_tensor *w, const ts_tensor *bias,
+                        const ts_conv2d_params *p, ts_tensor *out);
+ts_status ts__ag_pool2d(const ts_tensor *x, const ts_pool2d_params *p, const ts_tensor *indices,
+                        ts_tensor *out);
+ts_status ts__ag_cross_entropy(const ts_tensor *logits, const ts_tensor *targets,
+                               ts_tensor *out);
+
+/* Records with ts__ag_* call, dropping *out and returning the status on failure. */
+#define TS__RECORD(call, out)                                                               \
+    do {                                                                                    \
+        ts_status rs_ = (call);                                                             \
+        if (rs_) {                                                                          \
+            ts_tensor_unref(out);                                                           \
+            return rs_;                                                                     \
+        }                                                                                   \
+    } while (0)
+
+#endif
