@@ -658,7 +658,7 @@ static ts_status checkpoint_backward(ts_node *n, ts_tensor *gout, ts_tensor **gi
     return s;
 }
 
-TS_API ts_status ts_checkpoint(ts_segment_fn fn, void *user, int nin, ts_tensor *const *inputs,
+TS_API ts_status ts_grad_checkpoint(ts_segment_fn fn, void *user, int nin, ts_tensor *const *inputs,
                                ts_tensor **out)
 {
     if (!out)

@@ -18,6 +18,7 @@ int cli_fail(ts_status s, const char *what);
 const char *cli_bytes(unsigned long long bytes, char *buf, size_t len);
 
 int cmd_info(int argc, char **argv, const cli_common *common);
+int cmd_train(int argc, char **argv, const cli_common *common);
 int cli_bench_ops(int argc, char **argv, const cli_common *common);
 int cli_bench_autograd(int argc, char **argv, const cli_common *common);
 

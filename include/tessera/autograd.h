@@ -80,7 +80,7 @@ typedef ts_status (*ts_segment_fn)(void *user, int nin, ts_tensor *const *in, ts
  * during backward it runs fn again with recording on and back-propagates through that.
  * Leaves used inside fn (weights captured in user) get their gradients as usual. Trades one
  * extra forward of the segment for its activation memory. (transfer full) on *out. */
-ts_status ts_checkpoint(ts_segment_fn fn, void *user, int nin, ts_tensor *const *inputs,
+ts_status ts_grad_checkpoint(ts_segment_fn fn, void *user, int nin, ts_tensor *const *inputs,
                         ts_tensor **out);
 
 /* ---- losses ----------------------------------------------------------------------------- */

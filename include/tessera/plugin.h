@@ -268,6 +268,12 @@ typedef enum ts_op {
     /* Its gradient: in[0] logits (N, C), in[1] targets (N), in[2] gloss (N); out[0] glogits
      * (N, C) = gloss[i] * (softmax(logits[i]) - onehot(t_i)), overwritten. No params. */
     TS_OP_CROSS_ENTROPY_BWD = 22,
+    /* One SGD update, in place: in[0] grad; out[0] param; out[1] momentum buffer when
+     * momentum > 0. All contiguous, same shape and float dtype. ts_sgd_params. */
+    TS_OP_SGD_STEP = 23,
+    /* One Adam/AdamW update, in place: in[0] grad; out[0] param, out[1] first moment,
+     * out[2] second moment. All contiguous, same shape and float dtype. ts_adam_params. */
+    TS_OP_ADAM_STEP = 24,
     TS_OP_COUNT
 } ts_op;
 
@@ -354,6 +360,22 @@ typedef struct ts_conv2d_params {
     int32_t dilation_h, dilation_w;
     int32_t groups;
 } ts_conv2d_params;
+
+/* d = g + weight_decay * p; with momentum: buf = first_step ? d : momentum * buf +
+ * (1 - dampening) * d, then d = nesterov ? d + momentum * buf : buf; p -= lr * d. */
+typedef struct ts_sgd_params {
+    double lr, momentum, dampening, weight_decay;
+    int32_t nesterov, first_step;
+} ts_sgd_params;
+
+/* decoupled (AdamW): p *= 1 - lr * weight_decay; else g += weight_decay * p. Then
+ * m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+ * p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps). */
+typedef struct ts_adam_params {
+    double lr, beta1, beta2, eps, weight_decay;
+    int32_t decoupled;
+    int64_t step; /* 1 at the first update */
+} ts_adam_params;
 
 typedef struct ts_pool2d_params {
     int32_t kernel_h, kernel_w;

@@ -10,6 +10,10 @@
 #include <tessera/tensor.h>
 #include <tessera/ops.h>
 #include <tessera/autograd.h>
+#include <tessera/checkpoint.h>
+#include <tessera/data.h>
+#include <tessera/nn.h>
+#include <tessera/optim.h>
 
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1

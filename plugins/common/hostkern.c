@@ -12,6 +12,7 @@ static const family families[] = {
     {ts_hostkern_index_supports, ts_hostkern_index},
     {ts_hostkern_pool2d_supports, ts_hostkern_pool2d},
     {ts_hostkern_loss_supports, ts_hostkern_loss},
+    {ts_hostkern_optimizer_supports, ts_hostkern_optimizer},
 };
 
 int ts_hostkern_supports(int32_t op, int32_t dtype)

@@ -25,5 +25,7 @@ int ts_hostkern_pool2d_supports(int32_t op, int32_t dtype);
 ts_status ts_hostkern_pool2d(ts_hostdev *hd, const ts_kernel_call *call);
 int ts_hostkern_loss_supports(int32_t op, int32_t dtype);
 ts_status ts_hostkern_loss(ts_hostdev *hd, const ts_kernel_call *call);
+int ts_hostkern_optimizer_supports(int32_t op, int32_t dtype);
+ts_status ts_hostkern_optimizer(ts_hostdev *hd, const ts_kernel_call *call);
 
 #endif /* TESSERA_PLUGINS_HOSTKERN_H */

@@ -601,7 +601,7 @@ static uint64_t run_step(ts_tensor **w, ts_tensor *x, int use_checkpoint, double
         segs[k].w = &w[PER_SEGMENT * k];
         ts_tensor *o;
         if (use_checkpoint)
-            CHECK_OK(ts_checkpoint(segment, &segs[k], 1, &h, &o));
+            CHECK_OK(ts_grad_checkpoint(segment, &segs[k], 1, &h, &o));
         else
             CHECK_OK(segment(&segs[k], 1, &h, &o));
         ts_tensor_unref(h);

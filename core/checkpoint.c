@@ -1,0 +1,889 @@
+/* core/checkpoint.c: named tensors and string metadata saved in the safetensors format. Saves
+ * go to a temporary file that is fsynced and renamed over the target; loads validate the whole
+ * header (cJSON does the parsing) and the layout of the data region before reading a byte of
+ * it, with bounded reads only. No global state: every call works on its own buffers. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "internal.h"
+
+/* Tensor bytes are written and read in host order; safetensors is little-endian. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "checkpoint.c assumes a little-endian host: add byte swapping for this one");
+
+#define META_KEY "__metadata__"
+#define MAX_HEADER ((uint64_t)100 << 20) /* safetensors' own bound is 100 MB */
+#define MAX_JSON_INT 9007199254740992.0  /* 2^53: larger integers are not exact in a double */
+#define MAX_BYTES (INT64_MAX / 16)       /* the bound ts_tensor_empty puts on numel */
+
+typedef struct ck_entry {
+    char *name;
+    ts_tensor *t; /* owned reference */
+} ck_entry;
+
+typedef struct ck_meta {
+    char *key, *value;
+} ck_meta;
+
+struct ts_checkpoint {
+    ck_entry *e;
+    size_t n, cap;
+    ck_meta *m;
+    size_t nm, capm;
+};
+
+static const struct {
+    int32_t dtype;
+    const char *st; /* the safetensors name */
+} dtype_names[] = {
+    {TS_F32, "F32"}, {TS_F64, "F64"}, {TS_I32, "I32"}, {TS_I64, "I64"}, {TS_U8, "U8"},
+};
+#define NDTYPES (sizeof dtype_names / sizeof dtype_names[0])
+
+static const char *st_dtype_name(int32_t dtype)
+{
+    for (size_t i = 0; i < NDTYPES; i++)
+        if (dtype_names[i].dtype == dtype)
+            return dtype_names[i].st;
+    return NULL;
+}
+
+static int st_dtype_parse(const char *s, int32_t *dtype)
+{
+    for (size_t i = 0; i < NDTYPES; i++)
+        if (strcmp(dtype_names[i].st, s) == 0)
+            return *dtype = dtype_names[i].dtype, 1;
+    return 0;
+}
+
+/* ---- building ------------------------------------------------------------------------ */
+
+TS_API ts_status ts_checkpoint_new(ts_checkpoint **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_new: out is NULL");
+    *out = calloc(1, sizeof **out);
+    if (!*out)
+        return ts__fail(TS_ENOMEM, "out of memory for a checkpoint");
+    return TS_OK;
+}
+
+TS_API void ts_checkpoint_free(ts_checkpoint *ck)
+{
+    if (!ck)
+        return;
+    for (size_t i = 0; i < ck->n; i++) {
+        free(ck->e[i].name);
+        ts_tensor_unref(ck->e[i].t);
+    }
+    for (size_t i = 0; i < ck->nm; i++) {
+        free(ck->m[i].key);
+        free(ck->m[i].value);
+    }
+    free(ck->e);
+    free(ck->m);
+    free(ck);
+}
+
+static ck_entry *find_entry(const ts_checkpoint *ck, const char *name)
+{
+    for (size_t i = 0; i < ck->n; i++)
+        if (strcmp(ck->e[i].name, name) == 0)
+            return &ck->e[i];
+    return NULL;
+}
+
+static ck_meta *find_meta(const ts_checkpoint *ck, const char *key)
+{
+    for (size_t i = 0; i < ck->nm; i++)
+        if (strcmp(ck->m[i].key, key) == 0)
+            return &ck->m[i];
+    return NULL;
+}
+
+/* Appends (name, t) without checks; takes over name on success. */
+static ts_status push_entry(ts_checkpoint *ck, char *name, ts_tensor *t)
+{
+    if (ck->n == ck->cap) {
+        size_t cap = ck->cap ? ck->cap * 2 : 16;
+        ck_entry *e = realloc(ck->e, cap * sizeof *e);
+        if (!e)
+            return ts__fail(TS_ENOMEM, "out of memory adding tensor '%s' to a checkpoint", name);
+        ck->e = e;
+        ck->cap = cap;
+    }
+    ck->e[ck->n].name = name;
+    ck->e[ck->n].t = ts_tensor_ref(t);
+    ck->n++;
+    return TS_OK;
+}
+
+TS_API ts_status ts_checkpoint_add(ts_checkpoint *ck, const char *name, ts_tensor *t)
+{
+    if (!ck || !name || !t)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_add: NULL argument");
+    if (!*name)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_add: empty tensor name");
+    if (strcmp(name, META_KEY) == 0)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_add: '%s' is reserved for the metadata",
+                        META_KEY);
+    if (find_entry(ck, name))
+        return ts__fail(TS_EINVAL, "ts_checkpoint_add: duplicate tensor name '%s'", name);
+    if (!st_dtype_name(ts_tensor_dtype(t)))
+        return ts__fail(TS_EDTYPE, "ts_checkpoint_add: tensor '%s' has dtype %s, which "
+                                   "checkpoints do not store",
+                        name, ts_dtype_name(ts_tensor_dtype(t)));
+    char *copy = ts__strdup(name);
+    if (!copy)
+        return ts__fail(TS_ENOMEM, "out of memory adding tensor '%s' to a checkpoint", name);
+    ts_status s = push_entry(ck, copy, t);
+    if (s)
+        free(copy);
+    return s;
+}
+
+/* Sets key to value, taking over both strings on success. */
+static ts_status put_meta(ts_checkpoint *ck, char *key, char *value)
+{
+    ck_meta *m = find_meta(ck, key);
+    if (m) {
+        free(m->value);
+        m->value = value;
+        free(key);
+        return TS_OK;
+    }
+    if (ck->nm == ck->capm) {
+        size_t cap = ck->capm ? ck->capm * 2 : 8;
+        ck_meta *n = realloc(ck->m, cap * sizeof *n);
+        if (!n)
+            return ts__fail(TS_ENOMEM, "out of memory for checkpoint metadata");
+        ck->m = n;
+        ck->capm = cap;
+    }
+    ck->m[ck->nm].key = key;
+    ck->m[ck->nm].value = value;
+    ck->nm++;
+    return TS_OK;
+}
+
+TS_API ts_status ts_checkpoint_set_meta(ts_checkpoint *ck, const char *key, const char *value)
+{
+    if (!ck || !key || !value)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_set_meta: NULL argument");
+    if (!*key)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_set_meta: empty key");
+    char *k = ts__strdup(key), *v = ts__strdup(value);
+    ts_status s = TS_OK;
+    if (!k || !v) {
+        s = ts__fail(TS_ENOMEM, "out of memory for checkpoint metadata");
+        goto fail;
+    }
+    if ((s = put_meta(ck, k, v)))
+        goto fail;
+    return TS_OK;
+fail:
+    free(k);
+    free(v);
+    return s;
+}
+
+/* ---- queries ------------------------------------------------------------------------- */
+
+TS_API size_t ts_checkpoint_count(const ts_checkpoint *ck)
+{
+    return ck ? ck->n : 0;
+}
+
+TS_API const char *ts_checkpoint_name(const ts_checkpoint *ck, size_t i)
+{
+    return ck && i < ck->n ? ck->e[i].name : NULL;
+}
+
+TS_API ts_tensor *ts_checkpoint_get(const ts_checkpoint *ck, const char *name)
+{
+    if (!ck || !name)
+        return NULL;
+    ck_entry *e = find_entry(ck, name);
+    return e ? e->t : NULL;
+}
+
+TS_API const char *ts_checkpoint_meta(const ts_checkpoint *ck, const char *key)
+{
+    if (!ck || !key)
+        return NULL;
+    ck_meta *m = find_meta(ck, key);
+    return m ? m->value : NULL;
+}
+
+TS_API ts_status ts_checkpoint_restore(const ts_checkpoint *ck, const char *name, ts_tensor *dst)
+{
+    if (!ck || !name || !dst)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_restore: NULL argument");
+    ck_entry *e = find_entry(ck, name);
+    if (!e)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_restore: the checkpoint has no tensor '%s'",
+                        name);
+    char a[200], b[200];
+    ts_tensor_describe(e->t, a, sizeof a);
+    ts_tensor_describe(dst, b, sizeof b);
+    if (ts_tensor_dtype(e->t) != ts_tensor_dtype(dst))
+        return ts__fail(TS_EDTYPE, "ts_checkpoint_restore: '%s' is %s in the checkpoint but the "
+                                   "destination is %s",
+                        name, a, b);
+    int nd = ts_tensor_ndim(e->t);
+    int same = nd == ts_tensor_ndim(dst);
+    for (int d = 0; same && d < nd; d++)
+        same = ts_tensor_shape(e->t)[d] == ts_tensor_shape(dst)[d];
+    if (!same)
+        return ts__fail(TS_ESHAPE, "ts_checkpoint_restore: '%s' is %s in the checkpoint but the "
+                                   "destination is %s",
+                        name, a, b);
+    /* Restoring parameters is not a differentiable op: no graph, and no in-place refusal. */
+    ts_no_grad_enter();
+    ts_status s = ts_copy_(dst, e->t);
+    ts_no_grad_exit();
+    if (s)
+        return ts__fail_prefix(s, "ts_checkpoint_restore: '%s': ", name);
+    return TS_OK;
+}
+
+/* ---- saving -------------------------------------------------------------------------- */
+
+/* An exact integer for the header: raw text, so cJSON never prints it as 1e+15. */
+static int add_u64(cJSON *arr, uint64_t v)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%" PRIu64, v);
+    cJSON *n = cJSON_CreateRaw(buf);
+    return n && cJSON_AddItemToArray(arr, n);
+}
+
+/* The padded header text (length a multiple of 8) for the tensors in order. (transfer full) */
+static ts_status build_header(const ts_checkpoint *ck, const char *path, char **out,
+                              size_t *len)
+{
+    ts_status s = TS_OK;
+    char *text = NULL;
+    cJSON *root = cJSON_CreateObject();
+    if (!root)
+        goto nomem;
+    if (ck->nm) {
+        cJSON *meta = cJSON_AddObjectToObject(root, META_KEY);
+        if (!meta)
+            goto nomem;
+        for (size_t i = 0; i < ck->nm; i++)
+            if (!cJSON_AddStringToObject(meta, ck->m[i].key, ck->m[i].value))
+                goto nomem;
+    }
+    uint64_t at = 0;
+    for (size_t i = 0; i < ck->n; i++) {
+        const ts_tensor *t = ck->e[i].t;
+        uint64_t nbytes = (uint64_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
+        cJSON *o = cJSON_AddObjectToObject(root, ck->e[i].name), *shape, *offs;
+        if (!o || !cJSON_AddStringToObject(o, "dtype", st_dtype_name(ts_tensor_dtype(t))) ||
+            !(shape = cJSON_AddArrayToObject(o, "shape")))
+            goto nomem;
+        for (int d = 0; d < ts_tensor_ndim(t); d++)
+            if (!add_u64(shape, (uint64_t)ts_tensor_shape(t)[d]))
+                goto nomem;
+        if (!(offs = cJSON_AddArrayToObject(o, "data_offsets")) || !add_u64(offs, at) ||
+            !add_u64(offs, at + nbytes))
+            goto nomem;
+        at += nbytes;
+    }
+    char *json = cJSON_PrintUnformatted(root);
+    if (!json)
+        goto nomem;
+    size_t n = strlen(json), padded = (n + 7) / 8 * 8;
+    text = malloc(padded + 1);
+    if (!text) {
+        cJSON_free(json);
+        goto nomem;
+    }
+    memcpy(text, json, n);
+    memset(text + n, ' ', padded - n);
+    text[padded] = 0;
+    cJSON_free(json);
+    if (padded > MAX_HEADER) {
+        s = ts__fail(TS_EINVAL, "%s: the header would be %zu bytes; readers accept at most %"
+                                PRIu64,
+                     path, padded, MAX_HEADER);
+        goto fail;
+    }
+    cJSON_Delete(root);
+    *out = text;
+    *len = padded;
+    return TS_OK;
+nomem:
+    s = ts__fail(TS_ENOMEM, "%s: out of memory building the checkpoint header", path);
+fail:
+    free(text);
+    cJSON_Delete(root);
+    return s;
+}
+
+static int write_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            if (w == 0)
+                errno = EIO;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* The directory part of path ("." when none). (transfer full) */
+static char *dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        return ts__strdup(".");
+    while (slash > path && slash[-1] == '/')
+        slash--;
+    if (slash == path)
+        return ts__strdup("/");
+    size_t n = (size_t)(slash - path);
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, path, n);
+        d[n] = 0;
+    }
+    return d;
+}
+
+TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
+{
+    if (!ck || !path || !*path)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_save: NULL argument or empty path");
+    ts_status s = TS_OK;
+    char *header = NULL, *tmp = NULL, *dir = NULL;
+    void *buf = NULL;
+    int fd = -1, dfd = -1, created = 0;
+    size_t hlen = 0, maxbytes = 0;
+    if ((s = build_header(ck, path, &header, &hlen)))
+        goto fail;
+    for (size_t i = 0; i < ck->n; i++) {
+        const ts_tensor *t = ck->e[i].t;
+        size_t nb = (size_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
+        maxbytes = nb > maxbytes ? nb : maxbytes;
+    }
+    /* The thread id keeps two threads saving the same path apart (pid alone would not). */
+#ifdef SYS_gettid
+    long tid = (long)syscall(SYS_gettid);
+#else
+    long tid = 0;
+#endif
+    tmp = ts__asprintf("%s.tmp.%ld.%ld", path, (long)getpid(), tid);
+    dir = dir_of(path);
+    if (!tmp || !dir || (maxbytes && !(buf = malloc(maxbytes)))) {
+        s = ts__fail(TS_ENOMEM, "%s: out of memory saving the checkpoint", path);
+        goto fail;
+    }
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0)
+        goto io_fail;
+    created = 1;
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    if (write_all(fd, len8, 8) || write_all(fd, header, hlen))
+        goto io_fail;
+    for (size_t i = 0; i < ck->n; i++) {
+        const ts_tensor *t = ck->e[i].t;
+        size_t nb = (size_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
+        if ((s = ts_tensor_to_host(t, buf, nb))) {
+            ts__fail_prefix(s, "%s: tensor '%s': ", path, ck->e[i].name);
+            goto fail;
+        }
+        if (write_all(fd, buf, nb))
+            goto io_fail;
+    }
+    if (fsync(fd) != 0)
+        goto io_fail;
+    int rc = close(fd);
+    fd = -1;
+    if (rc != 0 || rename(tmp, path) != 0)
+        goto io_fail;
+    created = 0;
+    /* Make the rename itself durable. Some filesystems cannot fsync a directory (EINVAL). */
+    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL)) {
+        s = ts__fail(TS_EIO, "%s: saved, but syncing directory '%s' failed: %s", path, dir,
+                     strerror(errno));
+        goto fail;
+    }
+    goto done;
+io_fail:
+    s = ts__fail(TS_EIO, "%s: cannot save the checkpoint (writing '%s'): %s", path, tmp,
+                 strerror(errno));
+fail:
+    if (fd >= 0)
+        close(fd);
+    if (created)
+        unlink(tmp);
+done:
+    if (dfd >= 0)
+        close(dfd);
+    free(buf);
+    free(dir);
+    free(tmp);
+    free(header);
+    return s;
+}
+
+/* ---- loading ------------------------------------------------------------------------- */
+
+/* What load knows about one header entry while validating it. */
+typedef struct ld_entry {
+    const char *name; /* in the cJSON tree */
+    int32_t dtype;
+    int ndim;
+    int64_t shape[TS_MAX_DIMS];
+    uint64_t begin, end;
+    size_t order; /* position in the header */
+} ld_entry;
+
+/* An exact non-negative integer in a JSON number: 0, or -1 not an integer, -2 negative. */
+static int json_uint(const cJSON *v, uint64_t *out)
+{
+    if (!cJSON_IsNumber(v))
+        return -1;
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d) || d > MAX_JSON_INT)
+        return -1;
+    if (d < 0)
+        return -2;
+    *out = (uint64_t)d;
+    return TS_OK;
+}
+
+/* Non-zero if s (n bytes) is valid UTF-8 (JSON text must be; safetensors checks it). */
+static int valid_utf8(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        size_t k;
+        uint32_t cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xe0) == 0xc0) {
+            k = 1, cp = c & 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            k = 2, cp = c & 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            k = 3, cp = c & 0x07;
+        } else {
+            return 0;
+        }
+        if (n - i <= k)
+            return 0;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xc0) != 0x80)
+                return 0;
+            cp = cp << 6 | (s[i + j] & 0x3f);
+        }
+        if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) || (k == 3 && cp < 0x10000) ||
+            cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Sorts entries by where their bytes lie (ties: header order, so it is deterministic). */
+static int cmp_offsets(const void *a, const void *b)
+{
+    const ld_entry *x = *(const ld_entry *const *)a, *y = *(const ld_entry *const *)b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* The first name that occurs twice among the object's members, or NULL. *err set on ENOMEM. */
+static const char *duplicate_key(const cJSON *obj, size_t n, int *err)
+{
+    if (n < 2)
+        return NULL;
+    const char **names = malloc(n * sizeof *names);
+    if (!names)
+        return *err = 1, NULL;
+    size_t k = 0;
+    for (const cJSON *c = obj->child; c; c = c->next)
+        names[k++] = c->string;
+    qsort(names, k, sizeof *names, cmp_str);
+    const char *dup = NULL;
+    for (size_t i = 1; i < k && !dup; i++)
+        if (strcmp(names[i - 1], names[i]) == 0)
+            dup = names[i];
+    free(names);
+    return dup;
+}
+
+#define CORRUPT(...) (s = ts__fail(TS_ECORRUPT, __VA_ARGS__))
+
+/* Validates one tensor entry of the header into e. */
+static ts_status parse_entry(const char *path, const cJSON *item, uint64_t data_len,
+                             ld_entry *e)
+{
+    ts_status s = TS_OK;
+    const char *name = item->string;
+    const cJSON *dt = NULL, *shape = NULL, *offs = NULL;
+    if (!cJSON_IsObject(item))
+        return CORRUPT("%s: tensor '%s': the entry is not a JSON object", path, name);
+    for (const cJSON *c = item->child; c; c = c->next) {
+        const cJSON **slot = strcmp(c->string, "dtype") == 0    ? &dt
+                             : strcmp(c->string, "shape") == 0  ? &shape
+                             : strcmp(c->string, "data_offsets") == 0 ? &offs
+                                                                       : NULL;
+        if (!slot)
+            return CORRUPT("%s: tensor '%s': unknown key '%s' (expected dtype, shape, "
+                           "data_offsets)",
+                           path, name, c->string);
+        if (*slot)
+            return CORRUPT("%s: tensor '%s': duplicate key '%s'", path, name, c->string);
+        *slot = c;
+    }
+    if (!dt || !shape || !offs)
+        return CORRUPT("%s: tensor '%s': missing key '%s'", path, name,
+                       !dt ? "dtype" : !shape ? "shape" : "data_offsets");
+    if (!cJSON_IsString(dt))
+        return CORRUPT("%s: tensor '%s': dtype is not a string", path, name);
+    if (!st_dtype_parse(dt->valuestring, &e->dtype))
+        return CORRUPT("%s: tensor '%s': unknown or unsupported dtype '%s' (tessera reads F32, "
+                       "F64, I32, I64, U8)",
+                       path, name, dt->valuestring);
+    if (!cJSON_IsArray(shape))
+        return CORRUPT("%s: tensor '%s': shape is not an array", path, name);
+    int nd = cJSON_GetArraySize(shape);
+    if (nd > TS_MAX_DIMS)
+        return CORRUPT("%s: tensor '%s': shape has %d dims; tensors have at most %d", path, name,
+                       nd, TS_MAX_DIMS);
+    e->ndim = 0;
+    uint64_t numel = 1;
+    for (const cJSON *c = shape->child; c; c = c->next) {
+        uint64_t v = 0;
+        int r = json_uint(c, &v);
+        if (r == -2)
+            return CORRUPT("%s: tensor '%s': negative size %g in shape", path, name,
+                           c->valuedouble);
+        if (r)
+            return CORRUPT("%s: tensor '%s': shape holds something other than a non-negative "
+                           "integer",
+                           path, name);
+        if (v && numel > (uint64_t)MAX_BYTES / v)
+            return CORRUPT("%s: tensor '%s': shape overflows: its element count is too large",
+                           path, name);
+        numel *= v;
+        e->shape[e->ndim++] = (int64_t)v;
+    }
+    size_t esize = ts_dtype_size(e->dtype);
+    char sh[200];
+    ts__shape_str(e->ndim, e->shape, sh, sizeof sh);
+    if (numel > (uint64_t)MAX_BYTES / esize)
+        return CORRUPT("%s: tensor '%s': shape %s overflows: its byte count is too large", path,
+                       name, sh);
+    uint64_t need = numel * esize;
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
+        return CORRUPT("%s: tensor '%s': data_offsets is not an array of two integers", path,
+                       name);
+    int r0 = json_uint(offs->child, &e->begin), r1 = json_uint(offs->child->next, &e->end);
+    if (r0 || r1)
+        return CORRUPT("%s: tensor '%s': data_offsets must be two non-negative integers%s", path,
+                       name, r0 == -2 || r1 == -2 ? " (found a negative one)" : "");
+    if (e->end < e->begin)
+        return CORRUPT("%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] end before "
+                       "they begin",
+                       path, name, e->begin, e->end);
+    if (e->end > data_len)
+        return CORRUPT("%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] reach past the "
+                       "end of the data region (%" PRIu64 " bytes): truncated or corrupt file",
+                       path, name, e->begin, e->end, data_len);
+    if (e->end - e->begin != need)
+        return CORRUPT("%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
+                       " bytes but %s %s needs %" PRIu64,
+                       path, name, e->begin, e->end, e->end - e->begin,
+                       ts_dtype_name(e->dtype), sh, need);
+    e->name = name;
+    return TS_OK;
+}
+
+/* Validates the parsed header: entries into *out (header order, *n of them), metadata into ck.
+ * (transfer full) on *out. */
+static ts_status parse_header(const char *path, const cJSON *root, uint64_t data_len,
+                              ts_checkpoint *ck, ld_entry **out, size_t *n)
+{
+    ts_status s = TS_OK;
+    ld_entry *es = NULL;
+    ld_entry **sorted = NULL;
+    const cJSON *meta = NULL;
+    size_t count = 0, members = 0;
+    int err = 0;
+    const char *dup;
+    if (!cJSON_IsObject(root))
+        return CORRUPT("%s: the header is valid JSON but not a JSON object", path);
+    for (const cJSON *c = root->child; c; c = c->next)
+        members++;
+    if ((dup = duplicate_key(root, members, &err)) || err) {
+        if (err)
+            return ts__fail(TS_ENOMEM, "%s: out of memory reading the header", path);
+        return CORRUPT("%s: duplicate tensor name '%s' in the header", path, dup);
+    }
+    if (members && !(es = calloc(members, sizeof *es))) {
+        s = ts__fail(TS_ENOMEM, "%s: out of memory reading the header", path);
+        goto fail;
+    }
+    for (const cJSON *c = root->child; c; c = c->next) {
+        if (strcmp(c->string, META_KEY) == 0) {
+            meta = c;
+            continue;
+        }
+        if (!c->string[0]) {
+            CORRUPT("%s: a tensor has an empty name", path);
+            goto fail;
+        }
+        es[count].order = count;
+        if ((s = parse_entry(path, c, data_len, &es[count])))
+            goto fail;
+        count++;
+    }
+    if (meta) {
+        size_t nm = 0;
+        if (!cJSON_IsObject(meta)) {
+            CORRUPT("%s: %s is not a JSON object", path, META_KEY);
+            goto fail;
+        }
+        for (const cJSON *c = meta->child; c; c = c->next)
+            nm++;
+        if ((dup = duplicate_key(meta, nm, &err)) || err) {
+            if (err)
+                s = ts__fail(TS_ENOMEM, "%s: out of memory reading the header", path);
+            else
+                CORRUPT("%s: duplicate metadata key '%s'", path, dup);
+            goto fail;
+        }
+        for (const cJSON *c = meta->child; c; c = c->next) {
+            if (!cJSON_IsString(c)) {
+                CORRUPT("%s: metadata '%s': the value is not a string", path, c->string);
+                goto fail;
+            }
+            char *k = ts__strdup(c->string), *v = ts__strdup(c->valuestring);
+            if (!k || !v || put_meta(ck, k, v)) {
+                free(k);
+                free(v);
+                s = ts__fail(TS_ENOMEM, "%s: out of memory reading the metadata", path);
+                goto fail;
+            }
+        }
+    }
+    /* The tensors must tile the data region exactly: no overlaps, holes or trailing bytes. */
+    if (count && !(sorted = malloc(count * sizeof *sorted))) {
+        s = ts__fail(TS_ENOMEM, "%s: out of memory reading the header", path);
+        goto fail;
+    }
+    for (size_t i = 0; i < count; i++)
+        sorted[i] = &es[i];
+    if (count)
+        qsort(sorted, count, sizeof *sorted, cmp_offsets);
+    uint64_t at = 0;
+    const char *prev = NULL;
+    for (size_t i = 0; i < count; i++) {
+        const ld_entry *e = sorted[i];
+        if (e->begin < at) {
+            CORRUPT("%s: tensors '%s' and '%s' overlap (data_offsets [%" PRIu64 ", %" PRIu64
+                    "] begin before %" PRIu64 ")",
+                    path, prev, e->name, e->begin, e->end, at);
+            goto fail;
+        }
+        if (e->begin > at) {
+            CORRUPT("%s: a hole of %" PRIu64 " bytes at data offset %" PRIu64 " before tensor "
+                    "'%s': tensors must be packed with no gaps",
+                    path, e->begin - at, at, e->name);
+            goto fail;
+        }
+        at = e->end;
+        prev = e->name;
+    }
+    if (at != data_len) {
+        CORRUPT("%s: %" PRIu64 " trailing bytes after the last tensor (the data region is %" PRIu64
+                " bytes, the tensors cover %" PRIu64 ")",
+                path, data_len - at, data_len, at);
+        goto fail;
+    }
+    free(sorted);
+    *out = es;
+    *n = count;
+    return TS_OK;
+fail:
+    free(sorted);
+    free(es);
+    return s;
+}
+
+/* Reads exactly n bytes; TS_ECORRUPT naming the file if it ends early (it shrank under us). */
+static ts_status read_exact(FILE *f, const char *path, void *buf, size_t n, const char *what)
+{
+    if (n && fread(buf, 1, n, f) != n) {
+        if (ferror(f))
+            return ts__fail(TS_EIO, "%s: reading %s: %s", path, what, strerror(errno));
+        return ts__fail(TS_ECORRUPT, "%s: truncated file: it ends inside %s", path, what);
+    }
+    return TS_OK;
+}
+
+TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpoint **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_load: out is NULL");
+    *out = NULL;
+    if (!path)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_load: path is NULL");
+    ts_status s = TS_OK;
+    ts_checkpoint *ck = NULL;
+    ld_entry *es = NULL;
+    size_t count = 0, maxbytes = 0;
+    char *header = NULL;
+    void *buf = NULL;
+    cJSON *root = NULL;
+    struct stat st;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        s = ts__fail(TS_EIO, "%s: cannot open the checkpoint: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (fstat(fileno(f), &st) != 0) {
+        s = ts__fail(TS_EIO, "%s: cannot stat the checkpoint: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        s = ts__fail(TS_EIO, "%s: not a regular file", path);
+        goto fail;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    if (size < 8) {
+        CORRUPT("%s: the file is %" PRIu64 " bytes; a safetensors file starts with an 8-byte "
+                "header length (empty or truncated file)",
+                path, size);
+        goto fail;
+    }
+    unsigned char len8[8];
+    if ((s = read_exact(f, path, len8, 8, "the header length")))
+        goto fail;
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)len8[i] << (8 * i);
+    if (hlen > size - 8) {
+        CORRUPT("%s: header length %" PRIu64 " is larger than the file (%" PRIu64 " bytes "
+                "after the length): truncated or not a safetensors file",
+                path, hlen, size - 8);
+        goto fail;
+    }
+    if (hlen > MAX_HEADER) {
+        CORRUPT("%s: header length %" PRIu64 " exceeds the limit of %" PRIu64 " bytes", path,
+                hlen, MAX_HEADER);
+        goto fail;
+    }
+    if (hlen < 2) {
+        CORRUPT("%s: header length %" PRIu64 " is too small for a JSON object", path, hlen);
+        goto fail;
+    }
+    if (!(header = malloc(hlen + 1)) || !(ck = calloc(1, sizeof *ck))) {
+        s = ts__fail(TS_ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header", path, hlen);
+        goto fail;
+    }
+    if ((s = read_exact(f, path, header, hlen, "the header")))
+        goto fail;
+    header[hlen] = 0;
+    if (memchr(header, 0, hlen)) {
+        CORRUPT("%s: the header contains a NUL byte: not JSON", path);
+        goto fail;
+    }
+    if (!valid_utf8((const unsigned char *)header, hlen)) {
+        CORRUPT("%s: the header is not valid UTF-8, so not JSON", path);
+        goto fail;
+    }
+    const char *end = NULL;
+    root = cJSON_ParseWithLengthOpts(header, hlen + 1, &end, 1);
+    if (!root) {
+        CORRUPT("%s: the header is not valid JSON (error near byte %td of %" PRIu64 ")", path,
+                end ? end - header : (ptrdiff_t)0, hlen);
+        goto fail;
+    }
+    uint64_t data_len = size - 8 - hlen;
+    if ((s = parse_header(path, root, data_len, ck, &es, &count)))
+        goto fail;
+    /* The header said everything; read the tensors in file order through one buffer. */
+    for (size_t i = 0; i < count; i++)
+        maxbytes = es[i].end - es[i].begin > maxbytes ? es[i].end - es[i].begin : maxbytes;
+    if (maxbytes && !(buf = malloc(maxbytes))) {
+        s = ts__fail(TS_ENOMEM, "%s: out of memory for a %zu-byte tensor", path, maxbytes);
+        goto fail;
+    }
+    if (!(ck->e = calloc(count ? count : 1, sizeof *ck->e))) {
+        s = ts__fail(TS_ENOMEM, "%s: out of memory for %zu tensors", path, count);
+        goto fail;
+    }
+    ck->cap = count ? count : 1;
+    for (size_t i = 0; i < count; i++) {
+        const ld_entry *e = &es[i];
+        size_t nb = (size_t)(e->end - e->begin);
+        if (fseeko(f, (off_t)(8 + hlen + e->begin), SEEK_SET) != 0) {
+            s = ts__fail(TS_EIO, "%s: seeking to tensor '%s': %s", path, e->name,
+                         strerror(errno));
+            goto fail;
+        }
+        if ((s = read_exact(f, path, buf, nb, "the data region")))
+            goto fail;
+        char *name = ts__strdup(e->name);
+        ts_tensor *t = NULL;
+        if (!name) {
+            s = ts__fail(TS_ENOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+        if ((s = ts_tensor_from_host(dev, e->dtype, e->ndim, e->shape, buf, &t))) {
+            free(name);
+            ts__fail_prefix(s, "%s: tensor '%s': ", path, e->name);
+            goto fail;
+        }
+        s = push_entry(ck, name, t); /* capacity reserved: cannot fail */
+        ts_tensor_unref(t);
+    }
+    *out = ck;
+    ck = NULL;
+fail:
+    if (f)
+        fclose(f);
+    cJSON_Delete(root);
+    ts_checkpoint_free(ck);
+    free(es);
+    free(buf);
+    free(header);
+    return s;
+}

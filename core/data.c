@@ -1,0 +1,704 @@
+/* core/data.c: datasets. The IDX reader (gzip or plain through zlib, every header field and
+ * the data length validated, bounded chunked reads, big-endian to host conversion), the
+ * Fashion-MNIST loader, and the mini-batch loader: zero-copy views in order, or one
+ * index_select per batch into reused buffers along a Philox permutation of (seed, epoch).
+ * docs/data.md describes the design and the measured figures. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include "internal.h"
+
+/* Exposed by core/random.c. */
+void ts__philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_in[2], uint32_t out[4]);
+
+/* ---- the IDX reader --------------------------------------------------------------------- */
+
+/* A decoded tensor larger than this is refused as corrupt: no real IDX file comes close, and a
+ * hostile header must not make us reserve terabytes. */
+#define IDX_MAX_BYTES ((uint64_t)4 << 30)
+/* Bytes read from the file per gzread call (a multiple of every element size). */
+#define IDX_CHUNK ((size_t)256 << 10)
+/* The first output allocation; it doubles as data really arrives, up to the declared size, so
+ * a short file that claims gigabytes costs little memory before it is found truncated. */
+#define IDX_FIRST_CAP ((size_t)1 << 20)
+
+/* An IDX file decoded on the host. */
+typedef struct idx_host {
+    int32_t dtype;
+    int ndim;
+    int64_t shape[TS_MAX_DIMS];
+    int64_t numel;
+    unsigned char *data; /* (transfer full) free() */
+    size_t nbytes;
+} idx_host;
+
+static uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+static uint64_t be64(const unsigned char *p)
+{
+    return (uint64_t)be32(p) << 32 | be32(p + 4);
+}
+
+/* The file's element type: its size in the file and the tensor dtype it becomes. */
+static int idx_type(unsigned type, size_t *file_size, int32_t *dtype)
+{
+    switch (type) {
+    case 0x08:
+        *file_size = 1;
+        *dtype = TS_U8;
+        return 1;
+    case 0x09:
+        *file_size = 1;
+        *dtype = TS_I32;
+        return 1;
+    case 0x0B:
+        *file_size = 2;
+        *dtype = TS_I32;
+        return 1;
+    case 0x0C:
+        *file_size = 4;
+        *dtype = TS_I32;
+        return 1;
+    case 0x0D:
+        *file_size = 4;
+        *dtype = TS_F32;
+        return 1;
+    case 0x0E:
+        *file_size = 8;
+        *dtype = TS_F64;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Converts n big-endian file elements of type at src into host dtype elements at dst. */
+static void idx_convert(unsigned type, const unsigned char *src, size_t n, unsigned char *dst)
+{
+    switch (type) {
+    case 0x08:
+        memcpy(dst, src, n);
+        break;
+    case 0x09:
+        for (size_t i = 0; i < n; i++) {
+            int32_t v = (int8_t)src[i];
+            memcpy(dst + 4 * i, &v, 4);
+        }
+        break;
+    case 0x0B:
+        for (size_t i = 0; i < n; i++) {
+            int32_t v = (int16_t)(uint16_t)((unsigned)src[2 * i] << 8 | src[2 * i + 1]);
+            memcpy(dst + 4 * i, &v, 4);
+        }
+        break;
+    case 0x0C: /* int32 and float32: the same 4 bytes, reordered */
+    case 0x0D:
+        for (size_t i = 0; i < n; i++) {
+            uint32_t v = be32(src + 4 * i);
+            memcpy(dst + 4 * i, &v, 4);
+        }
+        break;
+    case 0x0E:
+        for (size_t i = 0; i < n; i++) {
+            uint64_t v = be64(src + 8 * i);
+            memcpy(dst + 8 * i, &v, 8);
+        }
+        break;
+    }
+}
+
+/* Reads up to len bytes; *got receives how many (fewer only at the end of the file). A
+ * damaged or cut-short gzip stream is TS_ECORRUPT; a failing read() TS_EIO. */
+static ts_status idx_read_bytes(gzFile gz, const char *path, void *buf, size_t len, size_t *got)
+{
+    *got = 0;
+    while (*got < len) {
+        size_t want = len - *got;
+        if (want > IDX_CHUNK)
+            want = IDX_CHUNK;
+        int r = gzread(gz, (unsigned char *)buf + *got, (unsigned)want);
+        if (r < 0 || (r == 0 && *got < len)) {
+            int err;
+            const char *msg = gzerror(gz, &err);
+            size_t plen = strlen(path); /* zlib writes "path: what"; we name the path already */
+            if (msg && strncmp(msg, path, plen) == 0 && strncmp(msg + plen, ": ", 2) == 0)
+                msg += plen + 2;
+            if (err == Z_ERRNO)
+                return ts__fail(TS_EIO, "IDX file '%s': cannot read: %s", path, strerror(errno));
+            if (err == Z_DATA_ERROR || err == Z_STREAM_ERROR || err == Z_NEED_DICT)
+                return ts__fail(TS_ECORRUPT, "IDX file '%s': corrupt gzip stream: %s", path,
+                                msg && *msg ? msg : "invalid data");
+            if (err == Z_BUF_ERROR)
+                return ts__fail(TS_ECORRUPT, "IDX file '%s': truncated gzip stream: %s", path,
+                                msg && *msg ? msg : "unexpected end of file");
+            if (err == Z_MEM_ERROR)
+                return ts__fail(TS_ENOMEM, "IDX file '%s': out of memory decompressing", path);
+            if (r < 0)
+                return ts__fail(TS_EIO, "IDX file '%s': cannot read: %s", path,
+                                msg && *msg ? msg : "gzread failed");
+            return TS_OK; /* the end of the file */
+        }
+        *got += (size_t)r;
+    }
+    return TS_OK;
+}
+
+/* Parses and validates the header after the 4 magic bytes. */
+static ts_status idx_header(gzFile gz, const char *path, idx_host *h, unsigned *type,
+                            size_t *file_es)
+{
+    unsigned char head[4 + 4 * 255];
+    size_t got;
+    ts_status s = idx_read_bytes(gz, path, head, 4, &got);
+    if (s)
+        return s;
+    if (got == 0)
+        return ts__fail(TS_ECORRUPT, "IDX file '%s': empty file (an IDX header needs 4 bytes)",
+                        path);
+    if (got < 4)
+        return ts__fail(TS_ECORRUPT, "IDX file '%s': truncated header: %zu of 4 bytes", path, got);
+    if (head[0] != 0 || head[1] != 0)
+        return ts__fail(TS_ECORRUPT,
+                        "IDX file '%s': bad magic bytes %02x %02x (an IDX file "
+                        "starts 00 00): not an IDX file",
+                        path, head[0], head[1]);
+    *type = head[2];
+    if (!idx_type(*type, file_es, &h->dtype))
+        return ts__fail(TS_ECORRUPT,
+                        "IDX file '%s': unknown data type 0x%02x (known: 0x08 "
+                        "u8, 0x09 i8, 0x0B i16, 0x0C i32, 0x0D f32, 0x0E f64)",
+                        path, *type);
+    int ndim = head[3];
+    if (ndim < 1 || ndim > TS_MAX_DIMS)
+        return ts__fail(TS_ECORRUPT, "IDX file '%s': %d dims; an IDX tensor has 1 to %d", path,
+                        ndim, TS_MAX_DIMS);
+    if ((s = idx_read_bytes(gz, path, head + 4, 4 * (size_t)ndim, &got)))
+        return s;
+    if (got < 4 * (size_t)ndim)
+        return ts__fail(TS_ECORRUPT,
+                        "IDX file '%s': truncated header: the %d dims need %d "
+                        "bytes, the file has %zu",
+                        path, ndim, 4 * ndim, got);
+    /* The product of the sizes, zeros counted as ones: it bounds every stride too. */
+    size_t out_es = ts_dtype_size(h->dtype);
+    uint64_t bound = 1, numel = 1;
+    h->ndim = ndim;
+    for (int d = 0; d < ndim; d++) {
+        uint64_t n = be32(head + 4 + 4 * d);
+        h->shape[d] = (int64_t)n;
+        numel *= n;
+        if (n > 1 && bound > UINT64_MAX / n) {
+            char b[200];
+            return ts__fail(TS_ECORRUPT, "IDX file '%s': sizes %s overflow", path,
+                            ts__shape_str(ndim, h->shape, b, sizeof b));
+        }
+        bound *= n > 1 ? n : 1;
+    }
+    if (bound > IDX_MAX_BYTES / out_es) {
+        char b[200];
+        return ts__fail(TS_ECORRUPT,
+                        "IDX file '%s': sizes %s exceed the %llu-byte limit of the "
+                        "reader",
+                        path, ts__shape_str(ndim, h->shape, b, sizeof b),
+                        (unsigned long long)IDX_MAX_BYTES);
+    }
+    h->numel = (int64_t)numel;
+    h->nbytes = (size_t)numel * out_es;
+    return TS_OK;
+}
+
+static ts_status idx_read_host(const char *path, idx_host *h)
+{
+    memset(h, 0, sizeof *h);
+    if (!path)
+        return ts__fail(TS_EINVAL, "ts_idx_load: path is NULL");
+    errno = 0;
+    gzFile gz = gzopen(path, "rb");
+    if (!gz)
+        return ts__fail(errno == ENOMEM ? TS_ENOMEM : TS_EIO, "IDX file '%s': cannot open: %s",
+                        path, errno ? strerror(errno) : "out of memory");
+    gzbuffer(gz, 128 << 10);
+    unsigned char *chunk = NULL;
+    unsigned type = 0;
+    size_t file_es = 0;
+    ts_status s = idx_header(gz, path, h, &type, &file_es);
+    if (s)
+        goto fail;
+    uint64_t want = (uint64_t)h->numel * file_es; /* bytes of data the header declares */
+    size_t cap = h->nbytes < IDX_FIRST_CAP ? h->nbytes : IDX_FIRST_CAP;
+    h->data = malloc(cap ? cap : 1);
+    chunk = malloc(IDX_CHUNK);
+    if (!h->data || !chunk) {
+        s = ts__fail(TS_ENOMEM, "IDX file '%s': out of host memory", path);
+        goto fail;
+    }
+    size_t out_es = ts_dtype_size(h->dtype);
+    uint64_t have = 0; /* data bytes read and converted */
+    while (have < want) {
+        size_t len = want - have < IDX_CHUNK ? (size_t)(want - have) : IDX_CHUNK, got;
+        if ((s = idx_read_bytes(gz, path, chunk, len, &got)))
+            goto fail;
+        size_t n = got / file_es; /* whole elements */
+        size_t end = (size_t)(have / file_es + n) * out_es;
+        if (end > cap) {
+            while (cap < end)
+                cap = cap > h->nbytes / 2 ? h->nbytes : cap * 2;
+            unsigned char *p = realloc(h->data, cap);
+            if (!p) {
+                s = ts__fail(TS_ENOMEM, "IDX file '%s': out of host memory for %zu bytes", path,
+                             cap);
+                goto fail;
+            }
+            h->data = p;
+        }
+        idx_convert(type, chunk, n, h->data + (size_t)(have / file_es) * out_es);
+        have += got;
+        if (got < len) {
+            s = ts__fail(TS_ECORRUPT,
+                         "IDX file '%s': truncated data: %llu of the %llu bytes "
+                         "the header declares",
+                         path, (unsigned long long)have, (unsigned long long)want);
+            goto fail;
+        }
+    }
+    size_t extra;
+    if ((s = idx_read_bytes(gz, path, chunk, IDX_CHUNK, &extra)))
+        goto fail;
+    if (extra) {
+        s = ts__fail(TS_ECORRUPT,
+                     "IDX file '%s': %zu%s trailing bytes after the %llu bytes of "
+                     "data the header declares",
+                     path, extra, extra == IDX_CHUNK ? " or more" : "", (unsigned long long)want);
+        goto fail;
+    }
+    free(chunk);
+    gzclose_r(gz);
+    return TS_OK;
+fail:
+    free(chunk);
+    free(h->data);
+    h->data = NULL;
+    gzclose_r(gz);
+    return s;
+}
+
+TS_API ts_status ts_idx_load(const char *path, ts_device *dev, ts_tensor **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "ts_idx_load: out is NULL");
+    *out = NULL;
+    idx_host h;
+    ts_status s = idx_read_host(path, &h);
+    if (s)
+        return s;
+    s = ts_tensor_from_host(dev, h.dtype, h.ndim, h.shape, h.data, out);
+    free(h.data);
+    return s;
+}
+
+/* ---- Fashion-MNIST ---------------------------------------------------------------------- */
+
+#define FMNIST_PACKAGE "install the Debian package dataset-fashion-mnist"
+
+/* dir/name.gz, or dir/name if only the uncompressed file is there. TS_EIO naming the .gz path
+ * and the package if neither exists. (transfer full) on *path: free(). */
+static ts_status fmnist_path(const char *dir, const char *name, char **path)
+{
+    struct stat st;
+    *path = ts__asprintf("%s/%s.gz", dir, name);
+    if (!*path)
+        return ts__fail(TS_ENOMEM, "out of host memory");
+    if (stat(*path, &st) == 0)
+        return TS_OK;
+    int err = errno;
+    char *plain = ts__asprintf("%s/%s", dir, name);
+    if (plain && stat(plain, &st) == 0) {
+        free(*path);
+        *path = plain;
+        return TS_OK;
+    }
+    free(plain);
+    ts_status s = ts__fail(TS_EIO, "Fashion-MNIST: cannot open '%s': %s; %s", *path, strerror(err),
+                           FMNIST_PACKAGE);
+    free(*path);
+    *path = NULL;
+    return s;
+}
+
+/* Pixels converted to float32 on the host in slices of this many, then uploaded. */
+#define FMNIST_SLICE ((size_t)64 << 10)
+
+TS_API ts_status ts_fashion_mnist_load(const char *dir, int train, ts_device *dev,
+                                       ts_tensor **images, ts_tensor **labels)
+{
+    if (!images || !labels)
+        return ts__fail(TS_EINVAL, "ts_fashion_mnist_load: images or labels is NULL");
+    *images = *labels = NULL;
+    if (!dir)
+        dir = TS_FASHION_MNIST_DIR;
+    ts_status s = ts__pick_device(dev, &dev);
+    if (s)
+        return s;
+    struct stat st;
+    int missing = stat(dir, &st) != 0;
+    if (missing || !S_ISDIR(st.st_mode))
+        return ts__fail(TS_EIO, "Fashion-MNIST: directory '%s': %s; %s", dir,
+                        missing ? strerror(errno) : "not a directory", FMNIST_PACKAGE);
+    const char *pre = train ? "train" : "t10k";
+    char name[64], *ipath = NULL, *lpath = NULL;
+    idx_host im = {0}, lb = {0};
+    float *slice = NULL;
+    int64_t *lab = NULL;
+    ts_tensor *x = NULL, *y = NULL;
+    snprintf(name, sizeof name, "%s-images-idx3-ubyte", pre);
+    if ((s = fmnist_path(dir, name, &ipath)))
+        goto fail;
+    snprintf(name, sizeof name, "%s-labels-idx1-ubyte", pre);
+    if ((s = fmnist_path(dir, name, &lpath)))
+        goto fail;
+    if ((s = idx_read_host(ipath, &im)) || (s = idx_read_host(lpath, &lb)))
+        goto fail;
+    if (im.dtype != TS_U8 || im.ndim != 3 || im.shape[1] != 28 || im.shape[2] != 28) {
+        char b[200];
+        s = ts__fail(TS_ECORRUPT, "Fashion-MNIST: '%s' holds %s %s; expected uint8 (N, 28, 28)",
+                     ipath, ts_dtype_name(im.dtype), ts__shape_str(im.ndim, im.shape, b, sizeof b));
+        goto fail;
+    }
+    if (lb.dtype != TS_U8 || lb.ndim != 1) {
+        char b[200];
+        s = ts__fail(TS_ECORRUPT, "Fashion-MNIST: '%s' holds %s %s; expected uint8 (N)", lpath,
+                     ts_dtype_name(lb.dtype), ts__shape_str(lb.ndim, lb.shape, b, sizeof b));
+        goto fail;
+    }
+    int64_t n = im.shape[0];
+    if (lb.shape[0] != n) {
+        s = ts__fail(TS_ECORRUPT, "Fashion-MNIST: %lld images in '%s' but %lld labels in '%s'",
+                     (long long)n, ipath, (long long)lb.shape[0], lpath);
+        goto fail;
+    }
+    lab = malloc((size_t)n * sizeof *lab + 1);
+    slice = malloc(FMNIST_SLICE * sizeof *slice);
+    if (!lab || !slice) {
+        s = ts__fail(TS_ENOMEM, "Fashion-MNIST: out of host memory");
+        goto fail;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (lb.data[i] > 9) {
+            s = ts__fail(TS_ECORRUPT,
+                         "Fashion-MNIST: '%s': label %u of image %lld is not a "
+                         "class 0..9",
+                         lpath, lb.data[i], (long long)i);
+            goto fail;
+        }
+        lab[i] = lb.data[i];
+    }
+    if ((s = ts_tensor_from_host(dev, TS_I64, 1, &n, lab, &y)))
+        goto fail;
+    /* Scaled on the host, slice by slice, so the values are the same on every backend and
+     * the host never holds the whole float32 copy. */
+    int64_t shape[4] = {n, 1, 28, 28};
+    if ((s = ts_tensor_empty(dev, TS_F32, 4, shape, &x)))
+        goto fail;
+    const float k = 1.0f / 255.0f;
+    for (size_t at = 0; at < im.nbytes; at += FMNIST_SLICE) {
+        size_t len = im.nbytes - at < FMNIST_SLICE ? im.nbytes - at : FMNIST_SLICE;
+        for (size_t i = 0; i < len; i++)
+            slice[i] = (float)im.data[at + i] * k;
+        if ((s = ts_device_copy_from_host(dev, (float *)x->storage->data + at, slice,
+                                          len * sizeof *slice)))
+            goto fail;
+    }
+    *images = x;
+    *labels = y;
+    x = y = NULL;
+fail:
+    ts_tensor_unref(x);
+    ts_tensor_unref(y);
+    free(slice);
+    free(lab);
+    free(im.data);
+    free(lb.data);
+    free(ipath);
+    free(lpath);
+    return s;
+}
+
+/* ---- the batch loader ------------------------------------------------------------------- */
+
+struct ts_loader {
+    ts_tensor *data, *labels; /* owned references; labels may be NULL */
+    ts_device *dev;
+    int64_t n, batch_size, nbatches;
+    int shuffle, drop_last;
+    uint64_t seed;
+    uint64_t epoch; /* the current epoch */
+    int64_t batch;  /* the next batch of it */
+    /* shuffled only */
+    int64_t *perm; /* host permutation of 0..n-1 for perm_epoch; also the index
+                    * staging buffer: a batch uploads a slice of it */
+    uint64_t perm_epoch;
+    int perm_valid;
+    ts_tensor *idx;         /* device int64 (cap) */
+    ts_tensor *xbuf, *ybuf; /* (cap, ...) gather targets, reused every batch */
+    int64_t cap;            /* min(batch_size, n) */
+};
+
+/* A contiguous tensor shaped like t with dim 0 of size rows. (transfer full) */
+static ts_status rows_like(const ts_tensor *t, int64_t rows, ts_tensor **out)
+{
+    int64_t shape[TS_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[0] = rows;
+    return ts_tensor_empty(t->storage->dev, t->dtype, t->ndim, shape, out);
+}
+
+TS_API ts_status ts_loader_new(ts_tensor *data, ts_tensor *labels, int64_t batch_size, int shuffle,
+                               uint64_t seed, int drop_last, ts_loader **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "ts_loader_new: out is NULL");
+    *out = NULL;
+    if (!data)
+        return ts__fail(TS_EINVAL, "ts_loader_new: data is NULL");
+    if (batch_size < 1)
+        return ts__fail(TS_EINVAL, "ts_loader_new: batch_size is %lld; it must be >= 1",
+                        (long long)batch_size);
+    if (data->ndim < 1)
+        return ts__fail(TS_ESHAPE, "ts_loader_new: data is 0-d; batches run over dim 0");
+    if (labels) {
+        ts_status s = ts__check_pair("ts_loader_new", data, labels, 0);
+        if (s)
+            return s;
+        if (labels->ndim < 1 || labels->shape[0] != data->shape[0]) {
+            char b1[160], b2[160];
+            return ts__fail(TS_ESHAPE, "ts_loader_new: data %s and labels %s differ in dim 0",
+                            ts__shape_str(data->ndim, data->shape, b1, sizeof b1),
+                            ts__shape_str(labels->ndim, labels->shape, b2, sizeof b2));
+        }
+    }
+    ts_loader *l = calloc(1, sizeof *l);
+    if (!l)
+        return ts__fail(TS_ENOMEM, "ts_loader_new: out of host memory");
+    l->data = ts_tensor_ref(data);
+    l->labels = ts_tensor_ref(labels);
+    l->dev = data->storage->dev;
+    l->n = data->shape[0];
+    l->batch_size = batch_size;
+    l->shuffle = shuffle != 0;
+    l->drop_last = drop_last != 0;
+    l->seed = seed;
+    l->nbatches = drop_last ? l->n / batch_size : l->n / batch_size + (l->n % batch_size != 0);
+    l->cap = batch_size < l->n ? batch_size : l->n;
+    ts_status s = TS_OK;
+    if (l->shuffle && l->cap > 0) {
+        l->perm = malloc((size_t)l->n * sizeof *l->perm);
+        if (!l->perm) {
+            s = ts__fail(TS_ENOMEM,
+                         "ts_loader_new: out of host memory for a permutation of "
+                         "%lld",
+                         (long long)l->n);
+            goto fail;
+        }
+        if ((s = ts_tensor_empty(l->dev, TS_I64, 1, &l->cap, &l->idx)) ||
+            (s = rows_like(data, l->cap, &l->xbuf)) ||
+            (labels && (s = rows_like(labels, l->cap, &l->ybuf))))
+            goto fail;
+    }
+    *out = l;
+    return TS_OK;
+fail:
+    ts_loader_free(l);
+    return s;
+}
+
+TS_API void ts_loader_free(ts_loader *l)
+{
+    if (!l)
+        return;
+    ts_tensor_unref(l->data);
+    ts_tensor_unref(l->labels);
+    ts_tensor_unref(l->idx);
+    ts_tensor_unref(l->xbuf);
+    ts_tensor_unref(l->ybuf);
+    free(l->perm);
+    free(l);
+}
+
+TS_API int64_t ts_loader_batches(const ts_loader *l)
+{
+    return l ? l->nbatches : 0;
+}
+
+TS_API void ts_loader_position(const ts_loader *l, uint64_t *epoch, int64_t *batch)
+{
+    if (epoch)
+        *epoch = l ? l->epoch : 0;
+    if (batch)
+        *batch = l ? l->batch : 0;
+}
+
+TS_API ts_status ts_loader_start_epoch(ts_loader *l, uint64_t epoch)
+{
+    return ts_loader_seek(l, epoch, 0);
+}
+
+TS_API ts_status ts_loader_seek(ts_loader *l, uint64_t epoch, int64_t batch)
+{
+    if (!l)
+        return ts__fail(TS_EINVAL, "ts_loader_seek: loader is NULL");
+    if (batch < 0 || batch > l->nbatches)
+        return ts__fail(TS_EINVAL,
+                        "ts_loader_seek: batch %lld is outside 0..%lld (the batches "
+                        "of an epoch)",
+                        (long long)batch, (long long)l->nbatches);
+    l->epoch = epoch;
+    l->batch = batch;
+    return TS_OK;
+}
+
+/* Fisher-Yates over 0..n-1. Step i (from n-1 down to 1) swaps i with j uniform in [0, i], drawn
+ * from Philox block (key = seed, counter = (epoch, i)): its first 64 bits, rejected (in favour
+ * of the next 64) when below 2^64 mod (i + 1), which makes j exactly uniform unless both draws
+ * fall there (probability below (n / 2^64)^2); then the modulo bias is at most n / 2^64. */
+static void make_perm(ts_loader *l)
+{
+    int64_t *p = l->perm;
+    for (int64_t i = 0; i < l->n; i++)
+        p[i] = i;
+    uint32_t key[2] = {(uint32_t)l->seed, (uint32_t)(l->seed >> 32)};
+    for (int64_t i = l->n - 1; i > 0; i--) {
+        uint32_t ctr[4] = {(uint32_t)l->epoch, (uint32_t)(l->epoch >> 32), (uint32_t)i,
+                           (uint32_t)((uint64_t)i >> 32)};
+        uint32_t r[4];
+        ts__philox4x32_10(ctr, key, r);
+        uint64_t range = (uint64_t)i + 1;
+        uint64_t below = (0 - range) % range; /* 2^64 mod range */
+        uint64_t v = (uint64_t)r[0] | (uint64_t)r[1] << 32;
+        if (v < below)
+            v = (uint64_t)r[2] | (uint64_t)r[3] << 32;
+        int64_t j = (int64_t)(v % range);
+        int64_t t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+    l->perm_epoch = l->epoch;
+    l->perm_valid = 1;
+}
+
+/* The rows [start, start + len) of buf as a new tensor: buf's layout (a fresh struct, so the
+ * caller's tensor is never the loader's own). (transfer full) */
+static ts_status buf_rows(const ts_tensor *buf, int64_t len, ts_tensor **out)
+{
+    int64_t shape[TS_MAX_DIMS];
+    memcpy(shape, buf->shape, sizeof shape);
+    shape[0] = len;
+    return ts__view(buf, buf->ndim, shape, buf->strides, buf->offset, out);
+}
+
+/* t's operand; when each dim-0 row of t is contiguous, as (rows, row elements): the gather
+ * then copies whole rows in one pass instead of walking every inner dim per index. */
+static void row_operand(const ts_tensor *t, ts_operand *op)
+{
+    ts__operand(t, op);
+    int64_t row = 1;
+    for (int d = t->ndim - 1; d >= 1; d--) {
+        if (t->shape[d] != 1 && t->strides[d] != row)
+            return; /* not contiguous: the kernel walks the strides */
+        row *= t->shape[d];
+    }
+    if (t->ndim >= 2) {
+        op->ndim = 2;
+        op->shape[1] = row;
+        op->strides[1] = 1;
+        for (int d = 2; d < TS_MAX_DIMS; d++)
+            op->shape[d] = op->strides[d] = 0;
+    }
+}
+
+/* Gathers src rows at idx[0..len) into the first len rows of buf with one kernel. */
+static ts_status gather(ts_loader *l, const ts_tensor *src, ts_tensor *buf, int64_t len)
+{
+    ts_operand in[2], op;
+    row_operand(src, &in[0]);
+    ts__operand(l->idx, &in[1]);
+    in[1].shape[0] = len;
+    row_operand(buf, &op);
+    op.shape[0] = len;
+    if (in[0].ndim != op.ndim) { /* src rows are strided: both at full rank */
+        ts__operand(src, &in[0]);
+        ts__operand(buf, &op);
+        op.shape[0] = len;
+    }
+    ts_dim_params p = {0};
+    ts_status s = ts__run(l->dev, TS_OP_INDEX_SELECT, in, 2, &op, 1, &p, sizeof p);
+    if (s == TS_OK)
+        ts__bump_version(buf);
+    return s;
+}
+
+static long storage_refs(const ts_tensor *t)
+{
+    return t ? atomic_load(&t->storage->refcount) : 1;
+}
+
+TS_API ts_status ts_loader_next(ts_loader *l, ts_tensor **x, ts_tensor **y)
+{
+    if (x)
+        *x = NULL;
+    if (y)
+        *y = NULL;
+    if (!l || !x)
+        return ts__fail(TS_EINVAL, "ts_loader_next: loader or x is NULL");
+    if (l->batch >= l->nbatches)
+        return TS_OK; /* the end of the epoch */
+    int64_t start = l->batch * l->batch_size;
+    int64_t len = l->n - start < l->batch_size ? l->n - start : l->batch_size;
+    ts_status s;
+    ts_tensor *bx = NULL, *by = NULL;
+    if (!l->shuffle) {
+        ts_no_grad_enter(); /* views of data that requires grad must not join its graph */
+        s = ts_tensor_narrow(l->data, 0, start, len, &bx);
+        if (s == TS_OK && l->labels)
+            s = ts_tensor_narrow(l->labels, 0, start, len, &by);
+        ts_no_grad_exit();
+        if (s)
+            goto fail;
+    } else {
+        long rx = storage_refs(l->xbuf), ry = storage_refs(l->ybuf);
+        if (rx > 1 || ry > 1)
+            return ts__fail(TS_ESTATE,
+                            "ts_loader_next: the previous shuffled batch is still "
+                            "referenced (%ld extra references to its buffers); "
+                            "release it with ts_tensor_unref first: shuffled batches "
+                            "are gathered into buffers the loader reuses",
+                            (rx - 1) + (ry - 1));
+        if (!l->perm_valid || l->perm_epoch != l->epoch)
+            make_perm(l);
+        if ((s = ts_device_copy_from_host(l->dev, l->idx->storage->data, l->perm + start,
+                                          (size_t)len * sizeof *l->perm)) ||
+            (s = gather(l, l->data, l->xbuf, len)) ||
+            (l->labels && (s = gather(l, l->labels, l->ybuf, len))))
+            return ts__fail_prefix(s,
+                                   "ts_loader_next: gathering batch %lld: ", (long long)l->batch);
+        if ((s = buf_rows(l->xbuf, len, &bx)) || (l->labels && (s = buf_rows(l->ybuf, len, &by))))
+            goto fail;
+    }
+    l->batch++;
+    *x = bx;
+    if (y)
+        *y = by;
+    else
+        ts_tensor_unref(by);
+    return TS_OK;
+fail:
+    ts_tensor_unref(bx);
+    ts_tensor_unref(by);
+    return s;
+}

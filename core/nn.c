@@ -1,0 +1,686 @@
+/* core/nn.c: layers. Each forward is a composition of recorded ops, so autograd needs nothing
+ * layer-specific; the module owns its parameters (leaves requiring grad) and batch norm's
+ * running statistics. Names follow the module tree: "conv1.weight", "bn1.running_mean". */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+typedef enum kind {
+    M_LINEAR,
+    M_CONV,
+    M_MAXPOOL,
+    M_AVGPOOL,
+    M_RELU,
+    M_GELU,
+    M_TANH,
+    M_FLATTEN,
+    M_DROPOUT,
+    M_BATCHNORM,
+    M_LAYERNORM,
+    M_EMBEDDING,
+    M_SEQUENTIAL
+} kind;
+
+static const char *const kind_names[] = {"linear",  "conv2d",  "max_pool2d", "avg_pool2d",
+                                         "relu",    "gelu",    "tanh",       "flatten",
+                                         "dropout", "batchnorm2d", "layernorm", "embedding",
+                                         "sequential"};
+
+#define NAME_MAX_LEN 48
+
+struct ts_module {
+    int kind;
+    int training;
+    ts_tensor *weight, *bias;               /* owned parameters, or NULL */
+    ts_tensor *running_mean, *running_var;  /* batch norm buffers (owned) */
+    ts_conv2d_params conv;
+    ts_pool2d_params pool;
+    double p, eps, momentum;
+    ts_rng *rng;                            /* dropout (borrowed) */
+    int norm_ndim;                          /* layer norm */
+    ts_module **children;                   /* sequential (owned) */
+    char (*names)[NAME_MAX_LEN];
+    size_t n, cap;
+};
+
+static ts_status new_module(int k, ts_module **out)
+{
+    *out = NULL;
+    ts_module *m = calloc(1, sizeof *m);
+    if (!m)
+        return ts__fail(TS_ENOMEM, "out of host memory creating a %s layer", kind_names[k]);
+    m->kind = k;
+    m->training = 1;
+    *out = m;
+    return TS_OK;
+}
+
+TS_API void ts_module_free(ts_module *m)
+{
+    if (!m)
+        return;
+    ts_tensor_unref(m->weight);
+    ts_tensor_unref(m->bias);
+    ts_tensor_unref(m->running_mean);
+    ts_tensor_unref(m->running_var);
+    for (size_t i = 0; i < m->n; i++)
+        ts_module_free(m->children[i]);
+    free(m->children);
+    free(m->names);
+    free(m);
+}
+
+TS_API const char *ts_module_kind(const ts_module *m)
+{
+    return m ? kind_names[m->kind] : "none";
+}
+
+/* ---- initialisation -------------------------------------------------------------------- */
+
+/* A float32 parameter of shape drawn per init (or constant `fill` when init is NULL). */
+static ts_status make_param(ts_device *dev, int ndim, const int64_t *shape, const ts_weight_init *init,
+                            int64_t fan_in, int64_t fan_out, int is_bias, double fill,
+                            ts_tensor **out)
+{
+    ts_status s;
+    if (!init) {
+        s = ts_tensor_full(dev, TS_F32, ndim, shape, fill, out);
+    } else {
+        if (!init->rng)
+            return ts__fail(TS_EINVAL, "init: no generator (set ts_weight_init.rng)");
+        double fi = (double)(fan_in > 0 ? fan_in : 1), fo = (double)(fan_out > 0 ? fan_out : 1);
+        switch (init->kind) {
+        case TS_INIT_KAIMING_UNIFORM: {
+            double b = 1.0 / sqrt(fi); /* kaiming_uniform with a = sqrt(5), and its bias rule */
+            s = ts_tensor_rand(dev, TS_F32, ndim, shape, -b, b, init->rng, out);
+            break;
+        }
+        case TS_INIT_KAIMING_NORMAL:
+            s = is_bias ? ts_tensor_zeros(dev, TS_F32, ndim, shape, out)
+                        : ts_tensor_randn(dev, TS_F32, ndim, shape, 0, sqrt(2.0 / fi), init->rng,
+                                          out);
+            break;
+        case TS_INIT_XAVIER_UNIFORM: {
+            double b = sqrt(6.0 / (fi + fo));
+            s = is_bias ? ts_tensor_zeros(dev, TS_F32, ndim, shape, out)
+                        : ts_tensor_rand(dev, TS_F32, ndim, shape, -b, b, init->rng, out);
+            break;
+        }
+        case TS_INIT_NORMAL:
+            s = is_bias ? ts_tensor_zeros(dev, TS_F32, ndim, shape, out)
+                        : ts_tensor_randn(dev, TS_F32, ndim, shape, 0, init->std, init->rng, out);
+            break;
+        default:
+            return ts__fail(TS_EINVAL, "init: unknown kind %d", (int)init->kind);
+        }
+    }
+    if (s == TS_OK && (s = ts_tensor_set_requires_grad(*out, 1))) {
+        ts_tensor_unref(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+/* ---- constructors ---------------------------------------------------------------------- */
+
+#define CHECK_OUT(m)                                                                        \
+    do {                                                                                    \
+        if (!(m))                                                                           \
+            return ts__fail(TS_EINVAL, "nn: out is NULL");                                  \
+        *(m) = NULL;                                                                        \
+    } while (0)
+
+TS_API ts_status ts_nn_linear(ts_device *dev, int64_t in, int64_t out, int bias,
+                              const ts_weight_init *init, ts_module **m)
+{
+    CHECK_OUT(m);
+    if (in < 1 || out < 1)
+        return ts__fail(TS_EINVAL, "linear: sizes must be >= 1, got %lld -> %lld",
+                        (long long)in, (long long)out);
+    ts_module *l;
+    ts_status s = new_module(M_LINEAR, &l);
+    if (s)
+        return s;
+    if ((s = make_param(dev, 2, (const int64_t[]){out, in}, init, in, out, 0, 0, &l->weight)) ||
+        (bias && (s = make_param(dev, 1, &out, init, in, out, 1, 0, &l->bias)))) {
+        ts_module_free(l);
+        return s;
+    }
+    *m = l;
+    return TS_OK;
+}
+
+TS_API ts_status ts_nn_conv2d(ts_device *dev, int64_t in_ch, int64_t out_ch, int kh, int kw,
+                              const ts_conv2d_params *p, int bias, const ts_weight_init *init,
+                              ts_module **m)
+{
+    CHECK_OUT(m);
+    if (!p)
+        return ts__fail(TS_EINVAL, "conv2d: params are NULL");
+    if (in_ch < 1 || out_ch < 1 || kh < 1 || kw < 1 || p->groups < 1 || in_ch % p->groups ||
+        out_ch % p->groups)
+        return ts__fail(TS_EINVAL, "conv2d: %lld -> %lld channels, %dx%d kernel, %d groups: "
+                        "sizes must be >= 1 and channels divisible by groups",
+                        (long long)in_ch, (long long)out_ch, kh, kw, p->groups);
+    ts_module *c;
+    ts_status s = new_module(M_CONV, &c);
+    if (s)
+        return s;
+    c->conv = *p;
+    int64_t fan_in = in_ch / p->groups * kh * kw, fan_out = out_ch / p->groups * kh * kw;
+    const int64_t shape[4] = {out_ch, in_ch / p->groups, kh, kw};
+    if ((s = make_param(dev, 4, shape, init, fan_in, fan_out, 0, 0, &c->weight)) ||
+        (bias && (s = make_param(dev, 1, &out_ch, init, fan_in, fan_out, 1, 0, &c->bias)))) {
+        ts_module_free(c);
+        return s;
+    }
+    *m = c;
+    return TS_OK;
+}
+
+static ts_status simple(int k, ts_module **m)
+{
+    CHECK_OUT(m);
+    return new_module(k, m);
+}
+
+TS_API ts_status ts_nn_max_pool2d(const ts_pool2d_params *p, ts_module **m)
+{
+    if (!p)
+        return ts__fail(TS_EINVAL, "max_pool2d: params are NULL");
+    ts_status s = simple(M_MAXPOOL, m);
+    if (s == TS_OK)
+        (*m)->pool = *p;
+    return s;
+}
+
+TS_API ts_status ts_nn_avg_pool2d(const ts_pool2d_params *p, ts_module **m)
+{
+    if (!p)
+        return ts__fail(TS_EINVAL, "avg_pool2d: params are NULL");
+    ts_status s = simple(M_AVGPOOL, m);
+    if (s == TS_OK)
+        (*m)->pool = *p;
+    return s;
+}
+
+TS_API ts_status ts_nn_relu(ts_module **m)
+{
+    return simple(M_RELU, m);
+}
+
+TS_API ts_status ts_nn_gelu(ts_module **m)
+{
+    return simple(M_GELU, m);
+}
+
+TS_API ts_status ts_nn_tanh(ts_module **m)
+{
+    return simple(M_TANH, m);
+}
+
+TS_API ts_status ts_nn_flatten(ts_module **m)
+{
+    return simple(M_FLATTEN, m);
+}
+
+TS_API ts_status ts_nn_dropout(double p, ts_rng *rng, ts_module **m)
+{
+    CHECK_OUT(m);
+    if (!(p >= 0 && p < 1))
+        return ts__fail(TS_EINVAL, "dropout: p must be in [0, 1), got %g", p);
+    if (!rng && p > 0)
+        return ts__fail(TS_EINVAL, "dropout: a generator is needed for p > 0");
+    ts_status s = new_module(M_DROPOUT, m);
+    if (s == TS_OK) {
+        (*m)->p = p;
+        (*m)->rng = rng;
+    }
+    return s;
+}
+
+TS_API ts_status ts_nn_batchnorm2d(ts_device *dev, int64_t channels, double eps, double momentum,
+                                   ts_module **m)
+{
+    CHECK_OUT(m);
+    if (channels < 1 || !(eps > 0) || !(momentum >= 0 && momentum <= 1))
+        return ts__fail(TS_EINVAL, "batchnorm2d: need channels >= 1, eps > 0, momentum in "
+                        "[0, 1]");
+    ts_module *b;
+    ts_status s = new_module(M_BATCHNORM, &b);
+    if (s)
+        return s;
+    b->eps = eps;
+    b->momentum = momentum;
+    if ((s = make_param(dev, 1, &channels, NULL, 0, 0, 0, 1.0, &b->weight)) ||
+        (s = make_param(dev, 1, &channels, NULL, 0, 0, 1, 0.0, &b->bias)) ||
+        (s = ts_tensor_zeros(dev, TS_F32, 1, &channels, &b->running_mean)) ||
+        (s = ts_tensor_ones(dev, TS_F32, 1, &channels, &b->running_var))) {
+        ts_module_free(b);
+        return s;
+    }
+    *m = b;
+    return TS_OK;
+}
+
+TS_API ts_status ts_nn_layernorm(ts_device *dev, int ndim, const int64_t *shape, double eps,
+                                 ts_module **m)
+{
+    CHECK_OUT(m);
+    if (ndim < 1 || ndim > TS_MAX_DIMS || !shape || !(eps > 0))
+        return ts__fail(TS_EINVAL, "layernorm: need 1 to %d normalised dims and eps > 0",
+                        TS_MAX_DIMS);
+    ts_module *l;
+    ts_status s = new_module(M_LAYERNORM, &l);
+    if (s)
+        return s;
+    l->eps = eps;
+    l->norm_ndim = ndim;
+    if ((s = make_param(dev, ndim, shape, NULL, 0, 0, 0, 1.0, &l->weight)) ||
+        (s = make_param(dev, ndim, shape, NULL, 0, 0, 1, 0.0, &l->bias))) {
+        ts_module_free(l);
+        return s;
+    }
+    *m = l;
+    return TS_OK;
+}
+
+TS_API ts_status ts_nn_embedding(ts_device *dev, int64_t num, int64_t dim, const ts_weight_init *init,
+                                 ts_module **m)
+{
+    CHECK_OUT(m);
+    if (num < 1 || dim < 1)
+        return ts__fail(TS_EINVAL, "embedding: sizes must be >= 1");
+    ts_module *e;
+    ts_status s = new_module(M_EMBEDDING, &e);
+    if (s)
+        return s;
+    /* PyTorch's embedding default is N(0, 1); a given init is used as is. */
+    ts_weight_init normal = {TS_INIT_NORMAL, 1.0, init ? init->rng : NULL};
+    const ts_weight_init *use = init && init->kind != TS_INIT_KAIMING_UNIFORM ? init : &normal;
+    if (!use->rng)
+        s = ts_tensor_zeros(dev, TS_F32, 2, (const int64_t[]){num, dim}, &e->weight),
+        s = s ? s : ts_tensor_set_requires_grad(e->weight, 1);
+    else
+        s = make_param(dev, 2, (const int64_t[]){num, dim}, use, dim, num, 0, 0, &e->weight);
+    if (s) {
+        ts_module_free(e);
+        return s;
+    }
+    *m = e;
+    return TS_OK;
+}
+
+TS_API ts_status ts_nn_sequential(ts_module **m)
+{
+    return simple(M_SEQUENTIAL, m);
+}
+
+TS_API ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_module *child)
+{
+    ts_status s = TS_OK;
+    if (!seq || seq->kind != M_SEQUENTIAL || !child || !name) {
+        s = ts__fail(TS_EINVAL, "sequential_add: need a sequential container, a name and a "
+                     "child");
+        goto fail;
+    }
+    size_t len = strlen(name);
+    int ok = len > 0 && len < NAME_MAX_LEN;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
+             (name[i] >= '0' && name[i] <= '9') || name[i] == '_';
+    if (!ok) {
+        s = ts__fail(TS_EINVAL, "sequential_add: '%s' is not a name ([A-Za-z0-9_], at most %d "
+                     "characters)", name, NAME_MAX_LEN - 1);
+        goto fail;
+    }
+    for (size_t i = 0; i < seq->n; i++)
+        if (strcmp(seq->names[i], name) == 0) {
+            s = ts__fail(TS_EINVAL, "sequential_add: the name '%s' is taken", name);
+            goto fail;
+        }
+    if (seq->n == seq->cap) {
+        size_t cap = seq->cap ? seq->cap * 2 : 8;
+        ts_module **c = realloc(seq->children, cap * sizeof *c);
+        if (c)
+            seq->children = c;
+        char(*nm)[NAME_MAX_LEN] = c ? realloc(seq->names, cap * sizeof *nm) : NULL;
+        if (!c || !nm) {
+            s = ts__fail(TS_ENOMEM, "sequential_add: out of host memory");
+            goto fail;
+        }
+        seq->names = nm;
+        seq->cap = cap;
+    }
+    seq->children[seq->n] = child;
+    memcpy(seq->names[seq->n], name, len + 1);
+    seq->n++;
+    return TS_OK;
+fail:
+    ts_module_free(child);
+    return s;
+}
+
+/* ---- forward --------------------------------------------------------------------------- */
+
+/* y = (x - mean) / sqrt(var + eps) over dims, then * weight + shift (shaped to broadcast). */
+static ts_status normalise(const ts_tensor *x, int nd, const int *dims, double eps,
+                           const ts_tensor *mean_in, const ts_tensor *var_in, ts_tensor **xhat,
+                           ts_tensor **mean_out, ts_tensor **var_out)
+{
+    ts_tensor *mean = NULL, *xc = NULL, *sq = NULL, *var = NULL, *inv = NULL;
+    ts_status s;
+    if (mean_in) {
+        mean = ts_tensor_ref((ts_tensor *)mean_in);
+        var = ts_tensor_ref((ts_tensor *)var_in);
+        s = ts_sub(x, mean, &xc);
+    } else {
+        s = ts_mean(x, nd, dims, 1, &mean);
+        if (s == TS_OK)
+            s = ts_sub(x, mean, &xc);
+        if (s == TS_OK)
+            s = ts_mul(xc, xc, &sq);
+        if (s == TS_OK)
+            s = ts_mean(sq, nd, dims, 1, &var);
+    }
+    if (s == TS_OK)
+        s = ts_add_scalar(var, eps, &inv);
+    if (s == TS_OK) {
+        ts_tensor *r;
+        s = ts_rsqrt(inv, &r);
+        ts_tensor_unref(inv);
+        inv = r;
+    }
+    if (s == TS_OK)
+        s = ts_mul(xc, inv, xhat);
+    if (s == TS_OK && mean_out) {
+        *mean_out = ts_tensor_ref(mean);
+        *var_out = ts_tensor_ref(var);
+    }
+    ts_tensor_unref(mean);
+    ts_tensor_unref(xc);
+    ts_tensor_unref(sq);
+    ts_tensor_unref(var);
+    ts_tensor_unref(inv);
+    return s;
+}
+
+/* y = a * w + b with w, b viewed as (1, C, 1, ...) for batch norm or as is for layer norm. */
+static ts_status affine(const ts_tensor *a, ts_tensor *w, ts_tensor *b, int nd_view,
+                        const int64_t *view, ts_tensor **y)
+{
+    ts_tensor *wv = NULL, *bv = NULL, *t = NULL;
+    ts_status s;
+    if (view) {
+        if ((s = ts_tensor_view(w, nd_view, view, &wv)) || (s = ts_tensor_view(b, nd_view, view, &bv)))
+            goto out;
+    } else {
+        wv = ts_tensor_ref(w);
+        bv = ts_tensor_ref(b);
+    }
+    if ((s = ts_mul(a, wv, &t)) == TS_OK)
+        s = ts_add(t, bv, y);
+out:
+    ts_tensor_unref(wv);
+    ts_tensor_unref(bv);
+    ts_tensor_unref(t);
+    return s;
+}
+
+/* running = (1 - m) running + m * batch, under no_grad; batch is (1, C, 1, 1). */
+static ts_status update_running(ts_tensor *running, const ts_tensor *batch, double m,
+                                double scale)
+{
+    ts_tensor *flat = NULL, *t = NULL;
+    int64_t c = ts_tensor_numel(running);
+    ts_no_grad_enter();
+    ts_status s = ts_tensor_reshape((ts_tensor *)batch, 1, &c, &flat);
+    if (s == TS_OK)
+        s = ts_mul_scalar(flat, m * scale, &t);
+    if (s == TS_OK)
+        s = ts_mul_scalar_(running, 1 - m);
+    if (s == TS_OK)
+        s = ts_add_(running, t);
+    ts_no_grad_exit();
+    ts_tensor_unref(flat);
+    ts_tensor_unref(t);
+    return s;
+}
+
+static ts_status batchnorm_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
+{
+    char b[64];
+    if (ts_tensor_ndim(x) != 4 || ts_tensor_shape(x)[1] != ts_tensor_numel(m->weight))
+        return ts__fail(TS_ESHAPE, "batchnorm2d: input %s must be (N, %lld, H, W)",
+                        ts_tensor_describe(x, b, sizeof b),
+                        (long long)ts_tensor_numel(m->weight));
+    int64_t C = ts_tensor_numel(m->weight);
+    const int64_t view[4] = {1, C, 1, 1};
+    static const int dims[3] = {0, 2, 3};
+    ts_tensor *xhat = NULL, *mean = NULL, *var = NULL, *rm = NULL, *rv = NULL;
+    ts_status s;
+    if (m->training) {
+        s = normalise(x, 3, dims, m->eps, NULL, NULL, &xhat, &mean, &var);
+        int64_t n = ts_tensor_numel(x) / C;
+        if (s == TS_OK)
+            s = update_running(m->running_mean, mean, m->momentum, 1.0);
+        if (s == TS_OK) /* the running variance is the unbiased one */
+            s = update_running(m->running_var, var, m->momentum,
+                               n > 1 ? (double)n / (double)(n - 1) : 1.0);
+    } else {
+        s = ts_tensor_view(m->running_mean, 4, view, &rm);
+        if (s == TS_OK)
+            s = ts_tensor_view(m->running_var, 4, view, &rv);
+        if (s == TS_OK)
+            s = normalise(x, 3, dims, m->eps, rm, rv, &xhat, NULL, NULL);
+    }
+    if (s == TS_OK)
+        s = affine(xhat, m->weight, m->bias, 4, view, y);
+    ts_tensor_unref(xhat);
+    ts_tensor_unref(mean);
+    ts_tensor_unref(var);
+    ts_tensor_unref(rm);
+    ts_tensor_unref(rv);
+    return s;
+}
+
+static ts_status layernorm_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
+{
+    int nd = ts_tensor_ndim(x), k = m->norm_ndim;
+    char b1[64], b2[64];
+    int ok = nd >= k;
+    for (int i = 0; ok && i < k; i++)
+        ok = ts_tensor_shape(x)[nd - k + i] == ts_tensor_shape(m->weight)[i];
+    if (!ok)
+        return ts__fail(TS_ESHAPE, "layernorm: input %s does not end with the normalised shape "
+                        "%s", ts_tensor_describe(x, b1, sizeof b1),
+                        ts_tensor_describe(m->weight, b2, sizeof b2));
+    int dims[TS_MAX_DIMS];
+    for (int i = 0; i < k; i++)
+        dims[i] = nd - k + i;
+    ts_tensor *xhat = NULL;
+    ts_status s = normalise(x, k, dims, m->eps, NULL, NULL, &xhat, NULL, NULL);
+    if (s == TS_OK)
+        s = affine(xhat, m->weight, m->bias, 0, NULL, y);
+    ts_tensor_unref(xhat);
+    return s;
+}
+
+static ts_status dropout_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
+{
+    if (!m->training || m->p == 0) { /* the identity */
+        *y = ts_tensor_ref(x);
+        return TS_OK;
+    }
+    ts_tensor *r = NULL, *keep = NULL, *mask = NULL, *t = NULL;
+    ts_status s = ts_tensor_rand(ts_tensor_device(x), ts_tensor_dtype(x), ts_tensor_ndim(x),
+                                 ts_tensor_shape(x), 0, 1, m->rng, &r);
+    if (s == TS_OK)
+        s = ts_binary_scalar(TS_BINARY_GE, r, m->p, 0, &keep);
+    if (s == TS_OK)
+        s = ts_cast(keep, ts_tensor_dtype(x), &mask);
+    if (s == TS_OK)
+        s = ts_mul(x, mask, &t);
+    if (s == TS_OK)
+        s = ts_mul_scalar(t, 1.0 / (1.0 - m->p), y);
+    ts_tensor_unref(r);
+    ts_tensor_unref(keep);
+    ts_tensor_unref(mask);
+    ts_tensor_unref(t);
+    return s;
+}
+
+static ts_status linear_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
+{
+    char b1[64], b2[64];
+    int nd = ts_tensor_ndim(x);
+    if (nd < 1 || ts_tensor_shape(x)[nd - 1] != ts_tensor_shape(m->weight)[1])
+        return ts__fail(TS_ESHAPE, "linear: input %s must end with %lld features (weight %s)",
+                        ts_tensor_describe(x, b1, sizeof b1),
+                        (long long)ts_tensor_shape(m->weight)[1],
+                        ts_tensor_describe(m->weight, b2, sizeof b2));
+    ts_tensor *wt = NULL, *xw = NULL;
+    /* x @ W^T: the transposed view reaches BLAS as a column-major operand, never copied. */
+    ts_status s = ts_tensor_transpose(m->weight, 0, 1, &wt);
+    if (s == TS_OK)
+        s = ts_matmul(x, wt, m->bias ? &xw : y);
+    if (s == TS_OK && m->bias)
+        s = ts_add(xw, m->bias, y);
+    ts_tensor_unref(wt);
+    ts_tensor_unref(xw);
+    return s;
+}
+
+TS_API ts_status ts_module_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
+{
+    if (!y)
+        return ts__fail(TS_EINVAL, "forward: out is NULL");
+    *y = NULL;
+    if (!m || !x)
+        return ts__fail(TS_EINVAL, "forward: NULL module or input");
+    switch (m->kind) {
+    case M_LINEAR:
+        return linear_forward(m, x, y);
+    case M_CONV:
+        return ts_conv2d(x, m->weight, m->bias, &m->conv, y);
+    case M_MAXPOOL:
+        return ts_max_pool2d(x, &m->pool, y, NULL);
+    case M_AVGPOOL:
+        return ts_avg_pool2d(x, &m->pool, y);
+    case M_RELU:
+        return ts_relu(x, y);
+    case M_GELU:
+        return ts_gelu(x, y);
+    case M_TANH:
+        return ts_tanh(x, y);
+    case M_FLATTEN: {
+        if (ts_tensor_ndim(x) < 1)
+            return ts__fail(TS_ESHAPE, "flatten: input is 0-d");
+        if (ts_tensor_ndim(x) == 1) {
+            *y = ts_tensor_ref(x);
+            return TS_OK;
+        }
+        return ts_tensor_flatten(x, 1, -1, y);
+    }
+    case M_DROPOUT:
+        return dropout_forward(m, x, y);
+    case M_BATCHNORM:
+        return batchnorm_forward(m, x, y);
+    case M_LAYERNORM:
+        return layernorm_forward(m, x, y);
+    case M_EMBEDDING:
+        return ts_embedding(m->weight, x, y);
+    case M_SEQUENTIAL: {
+        ts_tensor *h = ts_tensor_ref(x);
+        for (size_t i = 0; i < m->n; i++) {
+            ts_tensor *o;
+            ts_status s = ts_module_forward(m->children[i], h, &o);
+            ts_tensor_unref(h);
+            if (s)
+                return ts__fail_prefix(s, "%s (%s): ", m->names[i],
+                                       kind_names[m->children[i]->kind]);
+            h = o;
+        }
+        *y = h;
+        return TS_OK;
+    }
+    }
+    return ts__fail(TS_ESTATE, "forward: unknown module kind %d", m->kind);
+}
+
+TS_API void ts_module_train(ts_module *m, int training)
+{
+    if (!m)
+        return;
+    m->training = training != 0;
+    for (size_t i = 0; i < m->n; i++)
+        ts_module_train(m->children[i], training);
+}
+
+/* ---- parameters ------------------------------------------------------------------------ */
+
+static void add_named(ts_named_tensor *out, size_t cap, size_t *n, const char *prefix,
+                      const char *name, ts_tensor *t)
+{
+    if (!t)
+        return;
+    if (*n < cap) {
+        snprintf(out[*n].name, sizeof out[*n].name, "%s%s%s", prefix, prefix[0] ? "." : "",
+                 name);
+        out[*n].tensor = t;
+    }
+    (*n)++;
+}
+
+static void collect(ts_module *m, const char *prefix, int buffers, ts_named_tensor *out,
+                    size_t cap, size_t *n)
+{
+    if (m->kind == M_SEQUENTIAL) {
+        for (size_t i = 0; i < m->n; i++) {
+            char p[96];
+            snprintf(p, sizeof p, "%s%s%s", prefix, prefix[0] ? "." : "", m->names[i]);
+            collect(m->children[i], p, buffers, out, cap, n);
+        }
+        return;
+    }
+    if (buffers) {
+        add_named(out, cap, n, prefix, "running_mean", m->running_mean);
+        add_named(out, cap, n, prefix, "running_var", m->running_var);
+    } else {
+        add_named(out, cap, n, prefix, "weight", m->weight);
+        add_named(out, cap, n, prefix, "bias", m->bias);
+    }
+}
+
+TS_API size_t ts_module_parameters(ts_module *m, ts_named_tensor *out, size_t cap)
+{
+    size_t n = 0;
+    if (m)
+        collect(m, "", 0, out, cap, &n);
+    return n;
+}
+
+TS_API size_t ts_module_buffers(ts_module *m, ts_named_tensor *out, size_t cap)
+{
+    size_t n = 0;
+    if (m)
+        collect(m, "", 1, out, cap, &n);
+    return n;
+}
+
+TS_API int64_t ts_module_num_params(ts_module *m)
+{
+    size_t n = ts_module_parameters(m, NULL, 0);
+    ts_named_tensor *p = calloc(n ? n : 1, sizeof *p);
+    int64_t total = 0;
+    if (!p)
+        return -1;
+    ts_module_parameters(m, p, n);
+    for (size_t i = 0; i < n; i++)
+        total += ts_tensor_numel(p[i].tensor);
+    free(p);
+    return total;
+}

@@ -1,0 +1,506 @@
+/* core/optim.c: SGD, Adam and AdamW. State (momentum buffers, moments) is created lazily on
+ * each parameter's device; an update is one fused kernel when the plugin has it and the same
+ * arithmetic composed from elementwise ops otherwise, always with grad mode off. Also
+ * gradient clipping, learning-rate schedules, and state in checkpoints. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+typedef enum optim_kind { O_SGD, O_ADAM, O_ADAMW } optim_kind;
+static const char *const kind_names[] = {"sgd", "adam", "adamw"};
+
+typedef struct slot {
+    char name[96];
+    ts_tensor *param;     /* owned reference */
+    ts_tensor *state[2];  /* sgd: momentum buffer; adam: first and second moments */
+} slot;
+
+struct ts_optim {
+    int kind;
+    ts_sgd_options sgd;
+    ts_adam_options adam;
+    int64_t steps;
+    int fused; /* use the plugin's fused kernel when it has one */
+    size_t n;
+    slot *slots;
+};
+
+static const char *const state_names[2][2] = {{"momentum_buffer", NULL},
+                                              {"exp_avg", "exp_avg_sq"}};
+
+static ts_status optim_new(int kind, const ts_named_tensor *params, size_t n, ts_optim **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "optimizer: out is NULL");
+    *out = NULL;
+    if (n && !params)
+        return ts__fail(TS_EINVAL, "optimizer: params is NULL");
+    for (size_t i = 0; i < n; i++) {
+        if (!params[i].tensor || !ts_tensor_requires_grad(params[i].tensor))
+            return ts__fail(TS_EINVAL, "optimizer: parameter '%s' does not require grad",
+                            params[i].name);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(params[i].name, params[j].name) == 0)
+                return ts__fail(TS_EINVAL, "optimizer: two parameters named '%s'",
+                                params[i].name);
+    }
+    ts_optim *o = calloc(1, sizeof *o);
+    slot *s = calloc(n ? n : 1, sizeof *s);
+    if (!o || !s) {
+        free(o);
+        free(s);
+        return ts__fail(TS_ENOMEM, "optimizer: out of host memory");
+    }
+    o->kind = kind;
+    o->fused = 1;
+    o->n = n;
+    o->slots = s;
+    for (size_t i = 0; i < n; i++) {
+        snprintf(s[i].name, sizeof s[i].name, "%s", params[i].name);
+        s[i].param = ts_tensor_ref(params[i].tensor);
+    }
+    *out = o;
+    return TS_OK;
+}
+
+TS_API ts_status ts_optim_sgd(const ts_named_tensor *params, size_t n, const ts_sgd_options *opt,
+                              ts_optim **out)
+{
+    if (!opt)
+        return ts__fail(TS_EINVAL, "sgd: options are NULL");
+    if (!(opt->lr >= 0) || !(opt->momentum >= 0) || !(opt->weight_decay >= 0) ||
+        (opt->nesterov && (opt->momentum <= 0 || opt->dampening != 0)))
+        return ts__fail(TS_EINVAL, "sgd: lr, momentum and weight_decay must be >= 0; Nesterov "
+                        "needs momentum > 0 and dampening 0");
+    ts_status s = optim_new(O_SGD, params, n, out);
+    if (s == TS_OK)
+        (*out)->sgd = *opt;
+    return s;
+}
+
+static ts_status adam_new(int kind, const ts_named_tensor *params, size_t n,
+                          const ts_adam_options *opt, ts_optim **out)
+{
+    if (!opt)
+        return ts__fail(TS_EINVAL, "%s: options are NULL", kind_names[kind]);
+    if (!(opt->lr >= 0) || !(opt->beta1 >= 0 && opt->beta1 < 1) ||
+        !(opt->beta2 >= 0 && opt->beta2 < 1) || !(opt->eps > 0) || !(opt->weight_decay >= 0))
+        return ts__fail(TS_EINVAL, "%s: need lr >= 0, betas in [0, 1), eps > 0, weight_decay "
+                        ">= 0", kind_names[kind]);
+    ts_status s = optim_new(kind, params, n, out);
+    if (s == TS_OK)
+        (*out)->adam = *opt;
+    return s;
+}
+
+TS_API ts_status ts_optim_adam(const ts_named_tensor *params, size_t n, const ts_adam_options *o,
+                               ts_optim **out)
+{
+    return adam_new(O_ADAM, params, n, o, out);
+}
+
+TS_API ts_status ts_optim_adamw(const ts_named_tensor *params, size_t n,
+                                const ts_adam_options *o, ts_optim **out)
+{
+    return adam_new(O_ADAMW, params, n, o, out);
+}
+
+TS_API void ts_optim_free(ts_optim *o)
+{
+    if (!o)
+        return;
+    for (size_t i = 0; i < o->n; i++) {
+        ts_tensor_unref(o->slots[i].param);
+        ts_tensor_unref(o->slots[i].state[0]);
+        ts_tensor_unref(o->slots[i].state[1]);
+    }
+    free(o->slots);
+    free(o);
+}
+
+TS_API double ts_optim_lr(const ts_optim *o)
+{
+    return o->kind == O_SGD ? o->sgd.lr : o->adam.lr;
+}
+
+TS_API void ts_optim_set_lr(ts_optim *o, double lr)
+{
+    if (o->kind == O_SGD)
+        o->sgd.lr = lr;
+    else
+        o->adam.lr = lr;
+}
+
+TS_API int64_t ts_optim_steps(const ts_optim *o)
+{
+    return o->steps;
+}
+
+TS_API const char *ts_optim_name(const ts_optim *o)
+{
+    return kind_names[o->kind];
+}
+
+TS_API void ts_optim_use_fused(ts_optim *o, int fused)
+{
+    o->fused = fused != 0;
+}
+
+TS_API void ts_optim_zero_grad(ts_optim *o)
+{
+    for (size_t i = 0; o && i < o->n; i++)
+        ts_tensor_zero_grad(o->slots[i].param);
+}
+
+/* ---- the updates, composed --------------------------------------------------------------- */
+
+#define TRY(expr)                                                                           \
+    do {                                                                                    \
+        if ((s = (expr)))                                                                   \
+            goto out;                                                                       \
+    } while (0)
+
+static ts_status sgd_composed(const ts_sgd_options *o, slot *sl, ts_tensor *g, int first)
+{
+    ts_tensor *d = ts_tensor_ref(g), *t = NULL;
+    ts_status s = TS_OK;
+    if (o->weight_decay != 0) {
+        TRY(ts_mul_scalar(sl->param, o->weight_decay, &t));
+        ts_tensor *d2;
+        TRY(ts_add(d, t, &d2));
+        ts_tensor_unref(d);
+        d = d2;
+        ts_tensor_unref(t);
+        t = NULL;
+    }
+    if (o->momentum != 0) {
+        ts_tensor *buf = sl->state[0];
+        if (first) {
+            TRY(ts_copy_(buf, d));
+        } else {
+            TRY(ts_mul_scalar_(buf, o->momentum));
+            TRY(ts_mul_scalar(d, 1 - o->dampening, &t));
+            TRY(ts_add_(buf, t));
+            ts_tensor_unref(t);
+            t = NULL;
+        }
+        if (o->nesterov) {
+            TRY(ts_mul_scalar(buf, o->momentum, &t));
+            ts_tensor *d2;
+            TRY(ts_add(d, t, &d2));
+            ts_tensor_unref(d);
+            d = d2;
+            ts_tensor_unref(t);
+            t = NULL;
+        } else {
+            ts_tensor_unref(d);
+            d = ts_tensor_ref(buf);
+        }
+    }
+    TRY(ts_mul_scalar(d, o->lr, &t));
+    s = ts_sub_(sl->param, t);
+out:
+    ts_tensor_unref(d);
+    ts_tensor_unref(t);
+    return s;
+}
+
+static ts_status adam_composed(const ts_adam_options *o, int decoupled, int64_t step, slot *sl,
+                               ts_tensor *g)
+{
+    ts_tensor *gw = ts_tensor_ref(g), *t = NULL, *d = NULL;
+    ts_tensor *m = sl->state[0], *v = sl->state[1];
+    ts_status s = TS_OK;
+    if (decoupled) {
+        TRY(ts_mul_scalar_(sl->param, 1 - o->lr * o->weight_decay));
+    } else if (o->weight_decay != 0) {
+        TRY(ts_mul_scalar(sl->param, o->weight_decay, &t));
+        ts_tensor *g2;
+        TRY(ts_add(gw, t, &g2));
+        ts_tensor_unref(gw);
+        gw = g2;
+        ts_tensor_unref(t);
+        t = NULL;
+    }
+    TRY(ts_mul_scalar_(m, o->beta1));
+    TRY(ts_mul_scalar(gw, 1 - o->beta1, &t));
+    TRY(ts_add_(m, t));
+    ts_tensor_unref(t);
+    t = NULL;
+    TRY(ts_mul_scalar_(v, o->beta2));
+    TRY(ts_mul(gw, gw, &t));
+    TRY(ts_mul_scalar_(t, 1 - o->beta2));
+    TRY(ts_add_(v, t));
+    ts_tensor_unref(t);
+    t = NULL;
+    double inv_bc2 = 1 / sqrt(1 - pow(o->beta2, (double)step));
+    double step_size = o->lr / (1 - pow(o->beta1, (double)step));
+    TRY(ts_sqrt(v, &d));
+    TRY(ts_mul_scalar_(d, inv_bc2));
+    TRY(ts_add_scalar_(d, o->eps));
+    TRY(ts_div(m, d, &t));
+    TRY(ts_mul_scalar_(t, step_size));
+    s = ts_sub_(sl->param, t);
+out:
+    ts_tensor_unref(gw);
+    ts_tensor_unref(t);
+    ts_tensor_unref(d);
+    return s;
+}
+
+/* ---- step -------------------------------------------------------------------------------- */
+
+static ts_status ensure_state(ts_optim *o, slot *sl, int *first)
+{
+    int nstate = o->kind == O_SGD ? (o->sgd.momentum != 0) : 2;
+    *first = 0;
+    for (int k = 0; k < nstate; k++) {
+        if (sl->state[k])
+            continue;
+        *first = 1;
+        ts_status s = ts_tensor_zeros(ts_tensor_device(sl->param), ts_tensor_dtype(sl->param),
+                                      ts_tensor_ndim(sl->param), ts_tensor_shape(sl->param),
+                                      &sl->state[k]);
+        if (s)
+            return s;
+    }
+    return TS_OK;
+}
+
+static ts_status step_one(ts_optim *o, slot *sl)
+{
+    ts_tensor *g = ts_tensor_grad(sl->param);
+    if (!g)
+        return TS_OK; /* no gradient reached it this step */
+    int first;
+    ts_status s = ensure_state(o, sl, &first);
+    if (s)
+        return s;
+    ts_device *dev = ts_tensor_device(sl->param);
+    ts_tensor *gc = NULL;
+    if ((s = ts_tensor_contiguous(g, &gc)))
+        return s;
+    int32_t op = o->kind == O_SGD ? TS_OP_SGD_STEP : TS_OP_ADAM_STEP;
+    if (o->fused && ts_tensor_is_contiguous(sl->param) && ts_device_supports(dev, op, g->dtype)) {
+        ts_operand in, outs[3];
+        ts__operand(gc, &in);
+        ts__operand(sl->param, &outs[0]);
+        int nout = 1;
+        for (int k = 0; k < 2; k++)
+            if (sl->state[k])
+                ts__operand(sl->state[k], &outs[nout++]);
+        if (o->kind == O_SGD) {
+            ts_sgd_params p = {o->sgd.lr, o->sgd.momentum, o->sgd.dampening, o->sgd.weight_decay,
+                               o->sgd.nesterov, first};
+            s = ts__run(dev, op, &in, 1, outs, nout, &p, sizeof p);
+        } else {
+            ts_adam_params p = {o->adam.lr, o->adam.beta1, o->adam.beta2, o->adam.eps,
+                                o->adam.weight_decay, o->kind == O_ADAMW, o->steps + 1};
+            s = ts__run(dev, op, &in, 1, outs, nout, &p, sizeof p);
+        }
+        if (s == TS_OK) {
+            ts__bump_version(sl->param);
+            for (int k = 0; k < 2; k++)
+                if (sl->state[k])
+                    ts__bump_version(sl->state[k]);
+        }
+    } else if (o->kind == O_SGD) {
+        s = sgd_composed(&o->sgd, sl, gc, first);
+    } else {
+        s = adam_composed(&o->adam, o->kind == O_ADAMW, o->steps + 1, sl, gc);
+    }
+    ts_tensor_unref(gc);
+    if (s)
+        ts__fail_prefix(s, "%s step of '%s': ", kind_names[o->kind], sl->name);
+    return s;
+}
+
+TS_API ts_status ts_optim_step(ts_optim *o)
+{
+    if (!o)
+        return ts__fail(TS_EINVAL, "optimizer step: optimizer is NULL");
+    ts_no_grad_enter();
+    ts_status s = TS_OK;
+    for (size_t i = 0; i < o->n && s == TS_OK; i++)
+        s = step_one(o, &o->slots[i]);
+    ts_no_grad_exit();
+    if (s == TS_OK)
+        o->steps++;
+    return s;
+}
+
+/* ---- clipping and schedules -------------------------------------------------------------- */
+
+TS_API ts_status ts_clip_grad_norm(const ts_named_tensor *params, size_t n, double max_norm,
+                                   double *total_norm)
+{
+    if (n && !params)
+        return ts__fail(TS_EINVAL, "clip_grad_norm: params is NULL");
+    if (!(max_norm > 0))
+        return ts__fail(TS_EINVAL, "clip_grad_norm: max_norm must be > 0, got %g", max_norm);
+    double total = 0;
+    ts_status s = TS_OK;
+    ts_no_grad_enter();
+    for (size_t i = 0; i < n && s == TS_OK; i++) {
+        ts_tensor *g = ts_tensor_grad(params[i].tensor), *sq = NULL, *sum = NULL, *d = NULL;
+        if (!g)
+            continue;
+        double v = 0;
+        if ((s = ts_mul(g, g, &sq)) == TS_OK && (s = ts_sum(sq, 0, NULL, 0, &sum)) == TS_OK &&
+            (s = ts_cast(sum, TS_F64, &d)) == TS_OK)
+            s = ts_tensor_to_host(d, &v, sizeof v);
+        total += v;
+        ts_tensor_unref(sq);
+        ts_tensor_unref(sum);
+        ts_tensor_unref(d);
+    }
+    total = sqrt(total);
+    if (s == TS_OK && total > max_norm) {
+        double scale = max_norm / (total + 1e-6);
+        for (size_t i = 0; i < n && s == TS_OK; i++) {
+            ts_tensor *g = ts_tensor_grad(params[i].tensor);
+            if (g)
+                s = ts_mul_scalar_(g, scale);
+        }
+    }
+    ts_no_grad_exit();
+    if (s == TS_OK && total_norm)
+        *total_norm = total;
+    return s;
+}
+
+TS_API double ts_lr_at(const ts_lr_schedule *sch, int64_t step)
+{
+    if (!sch)
+        return 0;
+    if (step < sch->warmup_steps)
+        return sch->base_lr * (double)(step + 1) / (double)sch->warmup_steps;
+    int64_t t = step - sch->warmup_steps;
+    switch (sch->kind) {
+    case TS_LR_STEP:
+        return sch->step_size > 0 ? sch->base_lr * pow(sch->gamma, (double)(t / sch->step_size))
+                                  : sch->base_lr;
+    case TS_LR_COSINE: {
+        int64_t span = sch->total_steps - sch->warmup_steps;
+        if (span <= 0 || t >= span)
+            return sch->min_lr;
+        return sch->min_lr + 0.5 * (sch->base_lr - sch->min_lr) *
+                                 (1 + cos(3.141592653589793 * (double)t / (double)span));
+    }
+    default:
+        return sch->base_lr;
+    }
+}
+
+/* ---- state in checkpoints ---------------------------------------------------------------- */
+
+static void fmt_double(char *buf, size_t len, double v)
+{
+    snprintf(buf, len, "%.17g", v);
+}
+
+TS_API ts_status ts_optim_save_state(const ts_optim *o, ts_checkpoint *ck)
+{
+    if (!o || !ck)
+        return ts__fail(TS_EINVAL, "optim save_state: NULL argument");
+    char v[64];
+    ts_status s = ts_checkpoint_set_meta(ck, "optim.kind", kind_names[o->kind]);
+    snprintf(v, sizeof v, "%lld", (long long)o->steps);
+    if (s == TS_OK)
+        s = ts_checkpoint_set_meta(ck, "optim.steps", v);
+    const double *hp;
+    static const char *const sgd_keys[] = {"lr", "momentum", "dampening", "weight_decay"};
+    static const char *const adam_keys[] = {"lr", "beta1", "beta2", "eps", "weight_decay"};
+    double sgd_vals[4] = {o->sgd.lr, o->sgd.momentum, o->sgd.dampening, o->sgd.weight_decay};
+    double adam_vals[5] = {o->adam.lr, o->adam.beta1, o->adam.beta2, o->adam.eps,
+                           o->adam.weight_decay};
+    int nk = o->kind == O_SGD ? 4 : 5;
+    hp = o->kind == O_SGD ? sgd_vals : adam_vals;
+    for (int k = 0; k < nk && s == TS_OK; k++) {
+        char key[64];
+        snprintf(key, sizeof key, "optim.%s", o->kind == O_SGD ? sgd_keys[k] : adam_keys[k]);
+        fmt_double(v, sizeof v, hp[k]);
+        s = ts_checkpoint_set_meta(ck, key, v);
+    }
+    if (s == TS_OK && o->kind == O_SGD)
+        s = ts_checkpoint_set_meta(ck, "optim.nesterov", o->sgd.nesterov ? "1" : "0");
+    int kslot = o->kind == O_SGD ? 0 : 1;
+    for (size_t i = 0; i < o->n && s == TS_OK; i++)
+        for (int k = 0; k < 2 && s == TS_OK; k++) {
+            if (!o->slots[i].state[k])
+                continue;
+            char name[160];
+            snprintf(name, sizeof name, "optim.%s.%s", o->slots[i].name, state_names[kslot][k]);
+            s = ts_checkpoint_add(ck, name, o->slots[i].state[k]);
+        }
+    return s;
+}
+
+static ts_status meta_double(const ts_checkpoint *ck, const char *key, double *v)
+{
+    const char *t = ts_checkpoint_meta(ck, key);
+    char *end;
+    if (!t)
+        return ts__fail(TS_ECORRUPT, "optimizer state: metadata '%s' is missing", key);
+    *v = strtod(t, &end);
+    if (end == t || *end)
+        return ts__fail(TS_ECORRUPT, "optimizer state: metadata '%s' = '%s' is not a number",
+                        key, t);
+    return TS_OK;
+}
+
+TS_API ts_status ts_optim_load_state(ts_optim *o, const ts_checkpoint *ck)
+{
+    if (!o || !ck)
+        return ts__fail(TS_EINVAL, "optim load_state: NULL argument");
+    const char *kind = ts_checkpoint_meta(ck, "optim.kind");
+    if (!kind || strcmp(kind, kind_names[o->kind]) != 0)
+        return ts__fail(TS_EINVAL, "optimizer state is for '%s', this optimizer is '%s'",
+                        kind ? kind : "(none)", kind_names[o->kind]);
+    double steps;
+    ts_status s = meta_double(ck, "optim.steps", &steps);
+    if (s)
+        return s;
+    /* Hyper-parameters come back too: a resumed run continues exactly. */
+    if (o->kind == O_SGD) {
+        double nest = 0;
+        if ((s = meta_double(ck, "optim.lr", &o->sgd.lr)) ||
+            (s = meta_double(ck, "optim.momentum", &o->sgd.momentum)) ||
+            (s = meta_double(ck, "optim.dampening", &o->sgd.dampening)) ||
+            (s = meta_double(ck, "optim.weight_decay", &o->sgd.weight_decay)) ||
+            (s = meta_double(ck, "optim.nesterov", &nest)))
+            return s;
+        o->sgd.nesterov = nest != 0;
+    } else if ((s = meta_double(ck, "optim.lr", &o->adam.lr)) ||
+               (s = meta_double(ck, "optim.beta1", &o->adam.beta1)) ||
+               (s = meta_double(ck, "optim.beta2", &o->adam.beta2)) ||
+               (s = meta_double(ck, "optim.eps", &o->adam.eps)) ||
+               (s = meta_double(ck, "optim.weight_decay", &o->adam.weight_decay))) {
+        return s;
+    }
+    int kslot = o->kind == O_SGD ? 0 : 1, nstate = o->kind == O_SGD ? 1 : 2;
+    for (size_t i = 0; i < o->n && s == TS_OK; i++)
+        for (int k = 0; k < nstate && s == TS_OK; k++) {
+            char name[160];
+            snprintf(name, sizeof name, "optim.%s.%s", o->slots[i].name, state_names[kslot][k]);
+            if (!ts_checkpoint_get(ck, name)) {
+                /* Absent: this parameter had no update yet (or SGD without momentum). */
+                ts_tensor_unref(o->slots[i].state[k]);
+                o->slots[i].state[k] = NULL;
+                continue;
+            }
+            slot *sl = &o->slots[i];
+            if (!sl->state[k])
+                s = ts_tensor_zeros(ts_tensor_device(sl->param), ts_tensor_dtype(sl->param),
+                                    ts_tensor_ndim(sl->param), ts_tensor_shape(sl->param),
+                                    &sl->state[k]);
+            if (s == TS_OK)
+                s = ts_checkpoint_restore(ck, name, sl->state[k]);
+        }
+    if (s == TS_OK)
+        o->steps = (int64_t)steps;
+    return s;
+}

@@ -1,0 +1,97 @@
+/* tessera/nn.h: layers (modules) with named parameters. A module owns its parameters (leaf
+ * tensors requiring grad) and, for batch norm, its running statistics; a sequential container
+ * owns its children. Forward records the autograd graph like any op. Parameters are named
+ * "child.weight" after their place in the tree ("conv1.weight", "fc2.bias"), which is also
+ * how checkpoints store them. Initialisation draws from the core's seeded generator, so the
+ * same seed gives the same network on every backend. */
+#ifndef TESSERA_NN_H
+#define TESSERA_NN_H
+
+#include <stddef.h>
+#include <tessera/ops.h>
+#include <tessera/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ts_module ts_module;
+
+/* How weights are initialised. Biases start at zero except with TS_INIT_KAIMING_UNIFORM,
+ * PyTorch's default, where they are U(-1/sqrt(fan_in), 1/sqrt(fan_in)). */
+typedef enum ts_init_kind {
+    TS_INIT_KAIMING_UNIFORM = 0, /* U(-b, b), b = sqrt(6 / ((1 + 5) fan_in)): PyTorch's default */
+    TS_INIT_KAIMING_NORMAL = 1,  /* N(0, sqrt(2 / fan_in)), for ReLU networks */
+    TS_INIT_XAVIER_UNIFORM = 2,  /* U(-b, b), b = sqrt(6 / (fan_in + fan_out)) */
+    TS_INIT_NORMAL = 3           /* N(0, std) */
+} ts_init_kind;
+
+typedef struct ts_weight_init {
+    int32_t kind; /* ts_init_kind */
+    double std;   /* TS_INIT_NORMAL */
+    ts_rng *rng;  /* the generator to draw from (required) */
+} ts_weight_init;
+
+/* ---- layers (transfer full on *out; dev NULL: the default device) ------------------------ */
+
+/* y = x @ W^T + b: x (..., in), W (out, in), b (out). */
+ts_status ts_nn_linear(ts_device *dev, int64_t in, int64_t out, int bias, const ts_weight_init *init,
+                       ts_module **m);
+/* x (N, in_ch, H, W) -> (N, out_ch, P, Q); weight (out_ch, in_ch/groups, kh, kw). */
+ts_status ts_nn_conv2d(ts_device *dev, int64_t in_ch, int64_t out_ch, int kh, int kw,
+                       const ts_conv2d_params *p, int bias, const ts_weight_init *init, ts_module **m);
+ts_status ts_nn_max_pool2d(const ts_pool2d_params *p, ts_module **m);
+ts_status ts_nn_avg_pool2d(const ts_pool2d_params *p, ts_module **m);
+ts_status ts_nn_relu(ts_module **m);
+ts_status ts_nn_gelu(ts_module **m);
+ts_status ts_nn_tanh(ts_module **m);
+/* (N, ...) -> (N, prod(...)). */
+ts_status ts_nn_flatten(ts_module **m);
+/* Zeroes each element with probability p while training, scaling the rest by 1/(1-p); the
+ * identity in eval mode. Draws from rng (borrowed; must outlive the module). */
+ts_status ts_nn_dropout(double p, ts_rng *rng, ts_module **m);
+/* Batch norm over (N, H, W) per channel of (N, C, H, W), with learnable scale and shift and
+ * running mean/variance (updated while training with momentum, used in eval mode). */
+ts_status ts_nn_batchnorm2d(ts_device *dev, int64_t channels, double eps, double momentum,
+                            ts_module **m);
+/* Layer norm over the last ndim dims (whose sizes are shape), with learnable scale/shift. */
+ts_status ts_nn_layernorm(ts_device *dev, int ndim, const int64_t *shape, double eps,
+                          ts_module **m);
+/* Rows of a (num, dim) table at integer indices of any shape. */
+ts_status ts_nn_embedding(ts_device *dev, int64_t num, int64_t dim, const ts_weight_init *init,
+                          ts_module **m);
+/* An empty sequential container. */
+ts_status ts_nn_sequential(ts_module **m);
+/* Appends child under name ([A-Za-z0-9_]+, unique); the container takes ownership of child,
+ * also on failure. */
+ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_module *child);
+
+/* ---- using modules ----------------------------------------------------------------------- */
+
+/* y = m(x). (transfer full) on *y. */
+ts_status ts_module_forward(ts_module *m, ts_tensor *x, ts_tensor **y);
+/* Training (dropout active, batch norm uses batch statistics) or eval mode; recursive. */
+void ts_module_train(ts_module *m, int training);
+/* Frees the module and everything it owns. NULL: no-op. */
+void ts_module_free(ts_module *m);
+/* The kind: "linear", "conv2d", "sequential", ... (transfer none, static) */
+const char *ts_module_kind(const ts_module *m);
+
+/* A parameter or buffer with its dotted name. */
+typedef struct ts_named_tensor {
+    char name[96];
+    ts_tensor *tensor; /* (transfer none) */
+} ts_named_tensor;
+
+/* Fills up to cap entries with the parameters (learnable, requiring grad) and returns how
+ * many there are in all (call with cap 0 to count). */
+size_t ts_module_parameters(ts_module *m, ts_named_tensor *out, size_t cap);
+/* Same for buffers (batch norm running statistics): saved in checkpoints, not learned. */
+size_t ts_module_buffers(ts_module *m, ts_named_tensor *out, size_t cap);
+/* Total number of parameter elements. */
+int64_t ts_module_num_params(ts_module *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_NN_H */

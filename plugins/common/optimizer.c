@@ -1,0 +1,112 @@
+/* plugins/common/optimizer.c: fused optimizer updates on host memory, one pass over each
+ * parameter (read grad, update state and parameter in place), threaded when large. The
+ * arithmetic follows ts_sgd_params / ts_adam_params in plugin.h, in the parameter's dtype. */
+#include <math.h>
+
+#include "hostkern.h"
+
+int ts_hostkern_optimizer_supports(int32_t op, int32_t dtype)
+{
+    return (op == TS_OP_SGD_STEP || op == TS_OP_ADAM_STEP) && (dtype == TS_F32 || dtype == TS_F64);
+}
+
+static int dense_like(const ts_operand *a, const ts_operand *b)
+{
+    if (a->dtype != b->dtype || a->ndim != b->ndim)
+        return 0;
+    int64_t acc = 1;
+    for (int d = a->ndim - 1; d >= 0; d--) {
+        if (a->shape[d] != b->shape[d])
+            return 0;
+        if (a->shape[d] != 1 && (a->strides[d] != acc || b->strides[d] != acc))
+            return 0;
+        acc *= a->shape[d];
+    }
+    return 1;
+}
+
+#define SGD_LOOP(T, SQRT)                                                                   \
+    do {                                                                                    \
+        const T *g = (const T *)call->inputs[0].data + call->inputs[0].offset;             \
+        T *p = (T *)call->outputs[0].data + call->outputs[0].offset;                       \
+        T *buf = mom ? (T *)call->outputs[1].data + call->outputs[1].offset : NULL;        \
+        const T lr = (T)P->lr, mu = (T)P->momentum, damp = (T)(1 - P->dampening),          \
+                wd = (T)P->weight_decay;                                                    \
+        _Pragma("omp parallel for num_threads(threads) if(n > 65536) schedule(static)")    \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            T d = wd != 0 ? g[i] + wd * p[i] : g[i];                                        \
+            if (buf) {                                                                      \
+                buf[i] = P->first_step ? d : mu * buf[i] + damp * d;                        \
+                d = P->nesterov ? d + mu * buf[i] : buf[i];                                 \
+            }                                                                               \
+            p[i] -= lr * d;                                                                 \
+        }                                                                                   \
+    } while (0)
+
+#define ADAM_LOOP(T, SQRT)                                                                  \
+    do {                                                                                    \
+        const T *g = (const T *)call->inputs[0].data + call->inputs[0].offset;             \
+        T *p = (T *)call->outputs[0].data + call->outputs[0].offset;                       \
+        T *m = (T *)call->outputs[1].data + call->outputs[1].offset;                       \
+        T *v = (T *)call->outputs[2].data + call->outputs[2].offset;                       \
+        const T b1 = (T)P->beta1, b2 = (T)P->beta2, ob1 = (T)(1 - P->beta1),               \
+                ob2 = (T)(1 - P->beta2), eps = (T)P->eps, wd = (T)P->weight_decay,          \
+                decay = (T)(1 - P->lr * P->weight_decay),                                   \
+                inv_bc2 = (T)(1 / sqrt(1 - pow(P->beta2, (double)P->step))),                \
+                step = (T)(P->lr / (1 - pow(P->beta1, (double)P->step)));                   \
+        _Pragma("omp parallel for num_threads(threads) if(n > 65536) schedule(static)")    \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            T gi = g[i];                                                                    \
+            if (P->decoupled)                                                               \
+                p[i] *= decay;                                                              \
+            else if (wd != 0)                                                               \
+                gi += wd * p[i];                                                            \
+            m[i] = b1 * m[i] + ob1 * gi;                                                    \
+            v[i] = b2 * v[i] + ob2 * gi * gi;                                               \
+            p[i] -= step * m[i] / (SQRT(v[i]) * inv_bc2 + eps);                             \
+        }                                                                                   \
+    } while (0)
+
+ts_status ts_hostkern_optimizer(ts_hostdev *hd, const ts_kernel_call *call)
+{
+    const ts_host *h = hd->host;
+    int threads = hd->threads;
+    if (call->op == TS_OP_SGD_STEP) {
+        const ts_sgd_params *P = call->params;
+        if (!P || call->params_size < sizeof *P || call->ninputs != 1 || call->noutputs < 1)
+            return h->fail(h, TS_EINVAL, "sgd_step: expected the grad, the parameter and params");
+        int mom = P->momentum != 0;
+        if (mom && call->noutputs < 2)
+            return h->fail(h, TS_EINVAL, "sgd_step: momentum needs a buffer");
+        for (int i = 0; i < 1 + mom; i++)
+            if (!dense_like(&call->outputs[i], &call->inputs[0]))
+                return h->fail(h, TS_EINVAL, "sgd_step: operands must be dense and alike");
+        int64_t n = 1;
+        for (int d = 0; d < call->inputs[0].ndim; d++)
+            n *= call->inputs[0].shape[d];
+        if (call->inputs[0].dtype == TS_F32)
+            SGD_LOOP(float, sqrtf);
+        else
+            SGD_LOOP(double, sqrt);
+        return TS_OK;
+    }
+    if (call->op == TS_OP_ADAM_STEP) {
+        const ts_adam_params *P = call->params;
+        if (!P || call->params_size < sizeof *P || call->ninputs != 1 || call->noutputs != 3 ||
+            P->step < 1)
+            return h->fail(h, TS_EINVAL, "adam_step: expected the grad, the parameter, two "
+                           "moments and params with step >= 1");
+        for (int i = 0; i < 3; i++)
+            if (!dense_like(&call->outputs[i], &call->inputs[0]))
+                return h->fail(h, TS_EINVAL, "adam_step: operands must be dense and alike");
+        int64_t n = 1;
+        for (int d = 0; d < call->inputs[0].ndim; d++)
+            n *= call->inputs[0].shape[d];
+        if (call->inputs[0].dtype == TS_F32)
+            ADAM_LOOP(float, sqrtf);
+        else
+            ADAM_LOOP(double, sqrt);
+        return TS_OK;
+    }
+    return TS_ENOTSUP;
+}

@@ -1,0 +1,410 @@
+/* tests/unit/test-nn.c: layers (forward values, parameters and their names, train/eval
+ * behaviour), optimizers against a float64 reference written here (fused and composed
+ * paths), gradient clipping, learning-rate schedules, and optimizer state through a
+ * checkpoint. */
+#include <math.h>
+#include <unistd.h>
+
+#include "../tap.h"
+
+static ts_device *dev;
+static uint64_t t0, s0, b0, n0;
+static ts_rng rng;
+
+static void setup(void)
+{
+    CHECK_OK(ts_init(NULL));
+    dev = ts_default_device();
+    t0 = ts_tensor_live_count();
+    s0 = ts_storage_live_count();
+    b0 = ts_memory_live_count();
+    n0 = ts_autograd_live_nodes();
+    ts_rng_init(&rng, 3);
+}
+
+static void check_no_leaks(void)
+{
+    CHECK_INT_EQ(ts_autograd_live_nodes(), n0);
+    CHECK_INT_EQ(ts_tensor_live_count(), t0);
+    CHECK_INT_EQ(ts_storage_live_count(), s0);
+    CHECK_INT_EQ(ts_memory_live_count(), b0);
+    ts_shutdown();
+}
+
+static void host(const ts_tensor *t, float *out)
+{
+    ts_tensor *c;
+    CHECK_OK(ts_cast(t, TS_F32, &c));
+    CHECK_OK(ts_tensor_to_host(c, out, sizeof(float) * (size_t)ts_tensor_numel(c)));
+    ts_tensor_unref(c);
+}
+
+static void test_linear_and_names(void)
+{
+    setup();
+    ts_weight_init init = {TS_INIT_KAIMING_UNIFORM, 0, &rng};
+    ts_module *seq, *fc;
+    CHECK_OK(ts_nn_sequential(&seq));
+    CHECK_OK(ts_nn_linear(dev, 5, 3, 1, &init, &fc));
+    CHECK_OK(ts_nn_sequential_add(seq, "fc1", fc));
+    ts_module *r;
+    CHECK_OK(ts_nn_relu(&r));
+    CHECK_OK(ts_nn_sequential_add(seq, "act", r));
+    CHECK_OK(ts_nn_relu(&r));
+    CHECK_FAILS(ts_nn_sequential_add(seq, "act", r), TS_EINVAL, "'act' is taken");
+    CHECK_OK(ts_nn_relu(&r));
+    CHECK_FAILS(ts_nn_sequential_add(seq, "bad name", r), TS_EINVAL, "not a name");
+    ts_named_tensor p[4];
+    CHECK_INT_EQ(ts_module_parameters(seq, p, 4), 2);
+    CHECK(strcmp(p[0].name, "fc1.weight") == 0 && strcmp(p[1].name, "fc1.bias") == 0);
+    CHECK_INT_EQ(ts_module_num_params(seq), 18);
+    /* Kaiming-uniform bound 1/sqrt(fan_in). */
+    float w[15], b[3], x[10], y[6];
+    host(p[0].tensor, w);
+    host(p[1].tensor, b);
+    for (int i = 0; i < 15; i++)
+        CHECK(fabsf(w[i]) <= 1 / sqrtf(5.0f));
+    ts_tensor *xt, *yt;
+    CHECK_OK(ts_tensor_rand(dev, TS_F32, 2, (const int64_t[]){2, 5}, -1, 1, &rng, &xt));
+    host(xt, x);
+    CHECK_OK(ts_module_forward(seq, xt, &yt));
+    host(yt, y);
+    for (int n = 0; n < 2; n++)
+        for (int o = 0; o < 3; o++) {
+            float want = b[o];
+            for (int i = 0; i < 5; i++)
+                want += x[n * 5 + i] * w[o * 5 + i];
+            want = want > 0 ? want : 0;
+            CHECK_MSG(fabsf(y[n * 3 + o] - want) < 1e-5f, "y[%d][%d] %g vs %g", n, o, y[n * 3 + o],
+                      want);
+        }
+    CHECK(strcmp(ts_tensor_grad_fn_name(yt), "relu") == 0);
+    ts_tensor *bad;
+    CHECK_OK(ts_tensor_zeros(dev, TS_F32, 2, (const int64_t[]){2, 4}, &bad));
+    ts_tensor *o2 = (ts_tensor *)1;
+    CHECK_FAILS(ts_module_forward(seq, bad, &o2), TS_ESHAPE, "fc1 (linear)", "5 features");
+    ts_tensor_unref(bad), ts_tensor_unref(xt), ts_tensor_unref(yt);
+    ts_module_free(seq);
+    check_no_leaks();
+}
+
+static void test_conv_pool_flatten_shapes(void)
+{
+    setup();
+    ts_weight_init init = {TS_INIT_XAVIER_UNIFORM, 0, &rng};
+    ts_conv2d_params cp = {1, 1, 2, 2, 1, 1, 1};
+    ts_pool2d_params pp = {.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2};
+    ts_module *seq, *m;
+    CHECK_OK(ts_nn_sequential(&seq));
+    CHECK_OK(ts_nn_conv2d(dev, 1, 6, 5, 5, &cp, 1, &init, &m));
+    CHECK_OK(ts_nn_sequential_add(seq, "conv1", m));
+    CHECK_OK(ts_nn_max_pool2d(&pp, &m));
+    CHECK_OK(ts_nn_sequential_add(seq, "pool", m));
+    CHECK_OK(ts_nn_avg_pool2d(&pp, &m));
+    CHECK_OK(ts_nn_sequential_add(seq, "avg", m));
+    CHECK_OK(ts_nn_flatten(&m));
+    CHECK_OK(ts_nn_sequential_add(seq, "flat", m));
+    ts_tensor *x, *y;
+    CHECK_OK(ts_tensor_zeros(dev, TS_F32, 4, (const int64_t[]){3, 1, 28, 28}, &x));
+    CHECK_OK(ts_module_forward(seq, x, &y));
+    CHECK(ts_tensor_ndim(y) == 2 && ts_tensor_shape(y)[0] == 3 && ts_tensor_shape(y)[1] == 6 * 7 * 7);
+    ts_named_tensor p[2];
+    CHECK_INT_EQ(ts_module_parameters(seq, p, 2), 2);
+    CHECK(strcmp(p[0].name, "conv1.weight") == 0 && ts_tensor_ndim(p[0].tensor) == 4);
+    float bias[6];
+    host(p[1].tensor, bias); /* xavier: zero biases */
+    for (int i = 0; i < 6; i++)
+        CHECK(bias[i] == 0);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    ts_module_free(seq);
+    check_no_leaks();
+}
+
+static void test_norms_dropout_embedding(void)
+{
+    setup();
+    ts_module *bn, *ln, *dr, *emb;
+    CHECK_OK(ts_nn_batchnorm2d(dev, 3, 1e-5, 0.1, &bn));
+    ts_tensor *x, *y;
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 4, (const int64_t[]){8, 3, 4, 4}, 5, 2, &rng, &x));
+    CHECK_OK(ts_module_forward(bn, x, &y));
+    /* Per channel: mean 0, variance 1 (biased, over N, H, W). */
+    static float v[8 * 3 * 16], xv[8 * 3 * 16];
+    host(y, v);
+    host(x, xv);
+    for (int c = 0; c < 3; c++) {
+        double m = 0, q = 0, xm = 0;
+        for (int n = 0; n < 8; n++)
+            for (int i = 0; i < 16; i++) {
+                m += v[(n * 3 + c) * 16 + i];
+                q += v[(n * 3 + c) * 16 + i] * v[(n * 3 + c) * 16 + i];
+                xm += xv[(n * 3 + c) * 16 + i];
+            }
+        m /= 128, q /= 128, xm /= 128;
+        CHECK_MSG(fabs(m) < 1e-4 && fabs(q - 1) < 1e-3, "channel %d: mean %g, var %g", c, m, q);
+        ts_named_tensor buf[2];
+        CHECK_INT_EQ(ts_module_buffers(bn, buf, 2), 2);
+        CHECK(strcmp(buf[0].name, "running_mean") == 0);
+        float rm[3];
+        host(buf[0].tensor, rm);
+        CHECK_MSG(fabs(rm[c] - 0.1 * xm) < 1e-4, "running mean %g, want %g", rm[c], 0.1 * xm);
+    }
+    ts_tensor_unref(y);
+    /* Eval mode uses the running statistics: a different output. */
+    ts_module_train(bn, 0);
+    CHECK_OK(ts_module_forward(bn, x, &y));
+    host(y, v);
+    CHECK(fabs(v[0] - (xv[0] - 0.1 * 5) / sqrt(0.9 + 0.1 * 4)) < 0.6);
+    ts_tensor_unref(y);
+    ts_tensor_unref(x);
+
+    CHECK_OK(ts_nn_layernorm(dev, 1, (const int64_t[]){6}, 1e-5, &ln));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, (const int64_t[]){4, 6}, 3, 2, &rng, &x));
+    CHECK_OK(ts_module_forward(ln, x, &y));
+    float lv[24];
+    host(y, lv);
+    for (int r = 0; r < 4; r++) {
+        double m = 0;
+        for (int i = 0; i < 6; i++)
+            m += lv[r * 6 + i];
+        CHECK(fabs(m / 6) < 1e-5);
+    }
+    ts_tensor_unref(y), ts_tensor_unref(x);
+
+    CHECK_OK(ts_nn_dropout(0.5, &rng, &dr));
+    CHECK_OK(ts_tensor_ones(dev, TS_F32, 1, (const int64_t[]){4000}, &x));
+    CHECK_OK(ts_module_forward(dr, x, &y));
+    static float dv[4000];
+    host(y, dv);
+    int zeros = 0;
+    for (int i = 0; i < 4000; i++) {
+        CHECK(dv[i] == 0 || dv[i] == 2);
+        zeros += dv[i] == 0;
+    }
+    CHECK_MSG(zeros > 1800 && zeros < 2200, "%d of 4000 dropped", zeros);
+    ts_tensor_unref(y);
+    ts_module_train(dr, 0);
+    CHECK_OK(ts_module_forward(dr, x, &y));
+    CHECK(y == x); /* the identity in eval mode */
+    ts_tensor_unref(y), ts_tensor_unref(x);
+
+    ts_weight_init init = {TS_INIT_NORMAL, 1, &rng};
+    CHECK_OK(ts_nn_embedding(dev, 10, 4, &init, &emb));
+    int64_t ids[6] = {1, 2, 3, 4, 5, 9};
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){2, 3}, ids, &x));
+    CHECK_OK(ts_module_forward(emb, x, &y));
+    CHECK(ts_tensor_ndim(y) == 3 && ts_tensor_shape(y)[2] == 4);
+    ts_tensor_unref(y), ts_tensor_unref(x);
+    ts_module_free(bn), ts_module_free(ln), ts_module_free(dr), ts_module_free(emb);
+    check_no_leaks();
+}
+
+/* ---- optimizers against a float64 reference ------------------------------------------------ */
+
+#define NP 7
+
+typedef struct ref_state {
+    double p[NP], m[NP], v[NP];
+    int64_t t;
+} ref_state;
+
+static void ref_sgd(ref_state *r, const double *g, const ts_sgd_options *o)
+{
+    for (int i = 0; i < NP; i++) {
+        double d = g[i] + o->weight_decay * r->p[i];
+        if (o->momentum != 0) {
+            r->m[i] = r->t == 0 ? d : o->momentum * r->m[i] + (1 - o->dampening) * d;
+            d = o->nesterov ? d + o->momentum * r->m[i] : r->m[i];
+        }
+        r->p[i] -= o->lr * d;
+    }
+    r->t++;
+}
+
+static void ref_adam(ref_state *r, const double *g, const ts_adam_options *o, int decoupled)
+{
+    r->t++;
+    for (int i = 0; i < NP; i++) {
+        double gi = g[i];
+        if (decoupled)
+            r->p[i] *= 1 - o->lr * o->weight_decay;
+        else
+            gi += o->weight_decay * r->p[i];
+        r->m[i] = o->beta1 * r->m[i] + (1 - o->beta1) * gi;
+        r->v[i] = o->beta2 * r->v[i] + (1 - o->beta2) * gi * gi;
+        double mh = r->m[i] / (1 - pow(o->beta1, (double)r->t));
+        double vh = r->v[i] / (1 - pow(o->beta2, (double)r->t));
+        r->p[i] -= o->lr * mh / (sqrt(vh) + o->eps);
+    }
+}
+
+/* Runs 4 steps of kind (0 sgd, 1 adam, 2 adamw) with fixed gradients through tessera and the
+ * reference; float64 parameters, so they must agree to 1e-12. */
+static void check_optimizer(int kind, const void *opts, int fused)
+{
+    double init[NP] = {0.5, -1.25, 2.0, 0.0, 3.5, -0.75, 1.0};
+    ref_state r;
+    memset(&r, 0, sizeof r);
+    memcpy(r.p, init, sizeof init);
+    ts_tensor *p;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){NP}, init, &p));
+    CHECK_OK(ts_tensor_set_requires_grad(p, 1));
+    ts_named_tensor np = {"w", p};
+    ts_optim *o;
+    if (kind == 0)
+        CHECK_OK(ts_optim_sgd(&np, 1, opts, &o));
+    else if (kind == 1)
+        CHECK_OK(ts_optim_adam(&np, 1, opts, &o));
+    else
+        CHECK_OK(ts_optim_adamw(&np, 1, opts, &o));
+    ts_optim_use_fused(o, fused);
+    for (int step = 0; step < 4; step++) {
+        double g[NP];
+        for (int i = 0; i < NP; i++)
+            g[i] = sin(1.0 + i + 3.0 * step);
+        ts_tensor *gt;
+        CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){NP}, g, &gt));
+        CHECK_OK(ts_tensor_set_grad(p, gt));
+        ts_tensor_unref(gt);
+        CHECK_OK(ts_optim_step(o));
+        if (kind == 0)
+            ref_sgd(&r, g, opts);
+        else
+            ref_adam(&r, g, opts, kind == 2);
+    }
+    double got[NP];
+    CHECK_OK(ts_tensor_to_host(p, got, sizeof got));
+    for (int i = 0; i < NP; i++)
+        CHECK_MSG(fabs(got[i] - r.p[i]) <= 1e-12 * (1 + fabs(r.p[i])),
+                  "%s (%s) p[%d]: %.17g, reference %.17g", ts_optim_name(o),
+                  fused ? "fused" : "composed", i, got[i], r.p[i]);
+    CHECK_INT_EQ(ts_optim_steps(o), 4);
+    ts_optim_free(o);
+    ts_tensor_unref(p);
+}
+
+static void test_optimizers_match_reference(void)
+{
+    setup();
+    ts_sgd_options sgd[] = {
+        {0.1, 0, 0, 0, 0},       {0.1, 0.9, 0, 0, 0},   {0.05, 0.9, 0.1, 0.01, 0},
+        {0.05, 0.9, 0, 0.01, 1},
+    };
+    ts_adam_options adam = {0.01, 0.9, 0.999, 1e-8, 0.05};
+    for (int fused = 0; fused < 2; fused++) {
+        for (size_t k = 0; k < sizeof sgd / sizeof *sgd; k++)
+            check_optimizer(0, &sgd[k], fused);
+        check_optimizer(1, &adam, fused);
+        check_optimizer(2, &adam, fused);
+    }
+    ts_sgd_options bad = {0.1, 0, 0.5, 0, 1};
+    ts_optim *o = (ts_optim *)1;
+    CHECK_FAILS(ts_optim_sgd(NULL, 0, &bad, &o), TS_EINVAL, "Nesterov");
+    ts_tensor *c;
+    CHECK_OK(ts_tensor_zeros(dev, TS_F32, 1, (const int64_t[]){2}, &c));
+    ts_named_tensor np = {"c", c};
+    CHECK_FAILS(ts_optim_adam(&np, 1, &(ts_adam_options){0.1, 0.9, 0.999, 1e-8, 0}, &o),
+                TS_EINVAL, "'c' does not require grad");
+    ts_tensor_unref(c);
+    check_no_leaks();
+}
+
+static void test_clip_and_schedules(void)
+{
+    setup();
+    ts_tensor *a, *g;
+    CHECK_OK(ts_tensor_zeros(dev, TS_F64, 1, (const int64_t[]){2}, &a));
+    CHECK_OK(ts_tensor_set_requires_grad(a, 1));
+    double gv[2] = {3, 4};
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){2}, gv, &g));
+    CHECK_OK(ts_tensor_set_grad(a, g));
+    ts_tensor_unref(g);
+    ts_named_tensor np = {"a", a};
+    double norm;
+    CHECK_OK(ts_clip_grad_norm(&np, 1, 1.0, &norm));
+    CHECK(fabs(norm - 5) < 1e-12);
+    CHECK_OK(ts_tensor_to_host(ts_tensor_grad(a), gv, sizeof gv));
+    CHECK(fabs(sqrt(gv[0] * gv[0] + gv[1] * gv[1]) - 1) < 1e-6);
+    ts_tensor_unref(a);
+
+    ts_lr_schedule st = {TS_LR_STEP, 0.1, 0, 10, 0.5, 0, 0};
+    CHECK(ts_lr_at(&st, 0) == 0.1 && ts_lr_at(&st, 9) == 0.1 && ts_lr_at(&st, 10) == 0.05);
+    ts_lr_schedule cos_ = {TS_LR_COSINE, 1.0, 10, 0, 0, 110, 0.0};
+    CHECK(fabs(ts_lr_at(&cos_, 0) - 0.1) < 1e-12);   /* warm-up: 1/10 */
+    CHECK(fabs(ts_lr_at(&cos_, 9) - 1.0) < 1e-12);   /* end of warm-up */
+    CHECK(fabs(ts_lr_at(&cos_, 60) - 0.5) < 1e-12);  /* half way down */
+    CHECK(fabs(ts_lr_at(&cos_, 200)) < 1e-12);       /* past the end: min_lr */
+    check_no_leaks();
+}
+
+static void test_optimizer_state_round_trip(void)
+{
+    setup();
+    /* Two identical parameters: one optimizer runs 6 steps straight; another runs 3, saves,
+     * a fresh one loads and runs 3 more. Same result, bit for bit. */
+    double init[NP] = {1, 2, 3, 4, 5, 6, 7};
+    ts_tensor *p1, *p2;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){NP}, init, &p1));
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){NP}, init, &p2));
+    CHECK_OK(ts_tensor_set_requires_grad(p1, 1));
+    CHECK_OK(ts_tensor_set_requires_grad(p2, 1));
+    ts_adam_options ao = {0.01, 0.9, 0.999, 1e-8, 0.01};
+    ts_named_tensor n1 = {"w", p1}, n2 = {"w", p2};
+    ts_optim *a, *b, *c;
+    CHECK_OK(ts_optim_adamw(&n1, 1, &ao, &a));
+    CHECK_OK(ts_optim_adamw(&n2, 1, &ao, &b));
+    const char *path = NULL;
+    char pbuf[4200];
+    for (int step = 0; step < 6; step++) {
+        double g[NP];
+        for (int i = 0; i < NP; i++)
+            g[i] = cos(i * 0.7 + step);
+        ts_tensor *gt;
+        CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){NP}, g, &gt));
+        CHECK_OK(ts_tensor_set_grad(p1, gt));
+        CHECK_OK(ts_tensor_set_grad(p2, gt));
+        ts_tensor_unref(gt);
+        CHECK_OK(ts_optim_step(a));
+        CHECK_OK(ts_optim_step(b));
+        if (step == 2) {
+            ts_checkpoint *ck;
+            CHECK_OK(ts_checkpoint_new(&ck));
+            CHECK_OK(ts_optim_save_state(b, ck));
+            snprintf(pbuf, sizeof pbuf, "%s/optim.safetensors", tap_tmpdir());
+            path = pbuf;
+            CHECK_OK(ts_checkpoint_save(ck, path));
+            ts_checkpoint_free(ck);
+            ts_optim_free(b);
+            CHECK_OK(ts_optim_adamw(&n2, 1, &(ts_adam_options){1, 0.5, 0.5, 1, 0}, &b));
+            CHECK_OK(ts_checkpoint_load(path, dev, &ck));
+            CHECK_OK(ts_optim_load_state(b, ck));
+            CHECK_INT_EQ(ts_optim_steps(b), 3);
+            CHECK(ts_optim_lr(b) == 0.01);
+            /* Loading into another kind of optimizer is refused. */
+            CHECK_OK(ts_optim_sgd(&n2, 1, &(ts_sgd_options){0.1, 0, 0, 0, 0}, &c));
+            CHECK_FAILS(ts_optim_load_state(c, ck), TS_EINVAL, "'adamw'", "'sgd'");
+            ts_optim_free(c);
+            ts_checkpoint_free(ck);
+        }
+    }
+    double v1[NP], v2[NP];
+    CHECK_OK(ts_tensor_to_host(p1, v1, sizeof v1));
+    CHECK_OK(ts_tensor_to_host(p2, v2, sizeof v2));
+    CHECK(memcmp(v1, v2, sizeof v1) == 0);
+    ts_optim_free(a), ts_optim_free(b);
+    ts_tensor_unref(p1), ts_tensor_unref(p2);
+    check_no_leaks();
+}
+
+int main(int argc, char **argv)
+{
+    static const tap_test tests[] = {
+        TAP_TEST(test_linear_and_names),
+        TAP_TEST(test_conv_pool_flatten_shapes),
+        TAP_TEST(test_norms_dropout_embedding),
+        TAP_TEST(test_optimizers_match_reference),
+        TAP_TEST(test_clip_and_schedules),
+        TAP_TEST(test_optimizer_state_round_trip),
+    };
+    return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
+}
