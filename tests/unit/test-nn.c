@@ -396,6 +396,161 @@ static void test_optimizer_state_round_trip(void)
     check_no_leaks();
 }
 
+/* ---- every layer's backward, by finite differences (float32, so loose tolerances) --------- */
+
+/* L = sum(m(x) * R) with R fixed, evaluated on the host in double. */
+static double objective(ts_module *m, ts_tensor *x, const float *R, int64_t n)
+{
+    ts_tensor *y;
+    CHECK_OK(ts_module_forward(m, x, &y));
+    CHECK_INT_EQ(ts_tensor_numel(y), n);
+    float *v = malloc(sizeof(float) * (size_t)n);
+    host(y, v);
+    double l = 0;
+    for (int64_t i = 0; i < n; i++)
+        l += (double)v[i] * R[i];
+    free(v);
+    ts_tensor_unref(y);
+    return l;
+}
+
+/* Compares backward's gradients of x and of every parameter with central differences at up
+ * to 12 elements each. */
+static void layer_gradcheck(const char *name, ts_module *m, ts_tensor *x)
+{
+    ts_tensor *y, *Rt, *prod, *L;
+    CHECK_OK(ts_tensor_set_requires_grad(x, 1));
+    CHECK_OK(ts_module_forward(m, x, &y));
+    int64_t n = ts_tensor_numel(y);
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, ts_tensor_ndim(y), ts_tensor_shape(y), 0, 1, &rng, &Rt));
+    float *R = malloc(sizeof(float) * (size_t)n);
+    host(Rt, R);
+    CHECK_OK(ts_mul(y, Rt, &prod));
+    CHECK_OK(ts_sum(prod, 0, NULL, 0, &L));
+    CHECK_OK(ts_backward(L, NULL, 0));
+    ts_tensor_unref(y), ts_tensor_unref(prod), ts_tensor_unref(L), ts_tensor_unref(Rt);
+    ts_named_tensor p[8];
+    size_t np = ts_module_parameters(m, p, 8);
+    ts_tensor *targets[9] = {x};
+    const char *tnames[9] = {"input"};
+    for (size_t i = 0; i < np; i++)
+        targets[i + 1] = p[i].tensor, tnames[i + 1] = p[i].name;
+    ts_no_grad_enter();
+    for (size_t k = 0; k <= np; k++) {
+        ts_tensor *t = targets[k];
+        int64_t tn = ts_tensor_numel(t);
+        float *data = ts_tensor_data(t), *g = malloc(sizeof(float) * (size_t)tn);
+        CHECK_MSG(ts_tensor_grad(t), "%s: no gradient for %s", name, tnames[k]);
+        host(ts_tensor_grad(t), g);
+        for (int64_t j = 0; j < tn; j += tn / 12 + 1) {
+            const float eps = 1e-2f;
+            float keep = data[j];
+            data[j] = keep + eps;
+            double lp = objective(m, x, R, n);
+            data[j] = keep - eps;
+            double lm = objective(m, x, R, n);
+            data[j] = keep;
+            double num = (lp - lm) / (2 * eps);
+            CHECK_MSG(fabs(num - g[j]) <= 2e-2 * (1 + fabs(num)),
+                      "%s: d/d %s[%lld]: backward %g, finite difference %g", name, tnames[k],
+                      (long long)j, g[j], num);
+        }
+        free(g);
+        ts_tensor_zero_grad(t);
+    }
+    ts_no_grad_exit();
+    free(R);
+}
+
+static void test_layer_backward(void)
+{
+    setup();
+    ts_weight_init init = {TS_INIT_KAIMING_UNIFORM, 0, &rng};
+    ts_module *m;
+    ts_tensor *x;
+    CHECK_OK(ts_nn_linear(dev, 6, 4, 1, &init, &m));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, (const int64_t[]){3, 6}, 0, 1, &rng, &x));
+    layer_gradcheck("linear", m, x);
+    ts_module_free(m), ts_tensor_unref(x);
+
+    ts_conv2d_params cp = {2, 1, 1, 0, 1, 1, 1};
+    CHECK_OK(ts_nn_conv2d(dev, 2, 3, 3, 2, &cp, 1, &init, &m));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 4, (const int64_t[]){2, 2, 5, 4}, 0, 1, &rng, &x));
+    layer_gradcheck("conv2d", m, x);
+    ts_module_free(m), ts_tensor_unref(x);
+
+    CHECK_OK(ts_nn_batchnorm2d(dev, 3, 1e-5, 0.1, &m));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 4, (const int64_t[]){4, 3, 2, 2}, 1, 2, &rng, &x));
+    ts_module_train(m, 0); /* eval: running statistics, so finite differences see one function */
+    layer_gradcheck("batchnorm2d (eval)", m, x);
+    ts_module_free(m), ts_tensor_unref(x);
+
+    CHECK_OK(ts_nn_layernorm(dev, 1, (const int64_t[]){5}, 1e-5, &m));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, (const int64_t[]){3, 5}, 1, 2, &rng, &x));
+    layer_gradcheck("layernorm", m, x);
+    ts_module_free(m), ts_tensor_unref(x);
+
+    ts_pool2d_params pp = {.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2};
+    CHECK_OK(ts_nn_avg_pool2d(&pp, &m));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 4, (const int64_t[]){1, 2, 4, 4}, 0, 1, &rng, &x));
+    layer_gradcheck("avg_pool2d", m, x);
+    ts_module_free(m), ts_tensor_unref(x);
+
+    ts_module *seq, *c;
+    CHECK_OK(ts_nn_sequential(&seq));
+    CHECK_OK(ts_nn_tanh(&c));
+    CHECK_OK(ts_nn_sequential_add(seq, "tanh", c));
+    CHECK_OK(ts_nn_gelu(&c));
+    CHECK_OK(ts_nn_sequential_add(seq, "gelu", c));
+    CHECK_OK(ts_nn_flatten(&c));
+    CHECK_OK(ts_nn_sequential_add(seq, "flatten", c));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 3, (const int64_t[]){2, 3, 2}, 0, 1, &rng, &x));
+    layer_gradcheck("tanh+gelu+flatten", seq, x);
+    ts_module_free(seq), ts_tensor_unref(x);
+    check_no_leaks();
+}
+
+/* BatchNorm in training mode: its output depends on the whole batch, so check the input
+ * gradient against the closed form: dx = (g - mean(g) - xhat * mean(g * xhat)) / std. */
+static void test_batchnorm_training_backward(void)
+{
+    setup();
+    ts_module *bn;
+    CHECK_OK(ts_nn_batchnorm2d(dev, 1, 1e-5, 0.1, &bn));
+    float xv[8] = {0.5f, -1, 2, 3, -0.25f, 1.5f, 0, 4};
+    ts_tensor *x, *y, *G, *prod, *L;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 4, (const int64_t[]){8, 1, 1, 1}, xv, &x));
+    CHECK_OK(ts_tensor_set_requires_grad(x, 1));
+    CHECK_OK(ts_module_forward(bn, x, &y));
+    float gv[8] = {1, -2, 0.5f, 3, 0, -1, 2, 1};
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 4, (const int64_t[]){8, 1, 1, 1}, gv, &G));
+    CHECK_OK(ts_mul(y, G, &prod));
+    CHECK_OK(ts_sum(prod, 0, NULL, 0, &L));
+    CHECK_OK(ts_backward(L, NULL, 0));
+    double mean = 0, var = 0, mg = 0, mgx = 0, xh[8], dx[8];
+    for (int i = 0; i < 8; i++)
+        mean += xv[i] / 8.0;
+    for (int i = 0; i < 8; i++)
+        var += (xv[i] - mean) * (xv[i] - mean) / 8.0;
+    double sd = sqrt(var + 1e-5);
+    for (int i = 0; i < 8; i++) {
+        xh[i] = (xv[i] - mean) / sd;
+        mg += gv[i] / 8.0;
+        mgx += gv[i] * xh[i] / 8.0;
+    }
+    float got[8];
+    host(ts_tensor_grad(x), got);
+    for (int i = 0; i < 8; i++) {
+        dx[i] = (gv[i] - mg - xh[i] * mgx) / sd;
+        CHECK_MSG(fabs(got[i] - dx[i]) < 1e-4 * (1 + fabs(dx[i])), "dx[%d] %g vs %g", i, got[i],
+                  dx[i]);
+    }
+    ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(G), ts_tensor_unref(prod);
+    ts_tensor_unref(L);
+    ts_module_free(bn);
+    check_no_leaks();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -405,6 +560,8 @@ int main(int argc, char **argv)
         TAP_TEST(test_optimizers_match_reference),
         TAP_TEST(test_clip_and_schedules),
         TAP_TEST(test_optimizer_state_round_trip),
+        TAP_TEST(test_layer_backward),
+        TAP_TEST(test_batchnorm_training_backward),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
