@@ -752,7 +752,14 @@ static void test_memory_flat_over_10000_steps(void)
               "peak reserved grew from %llu to %llu", (unsigned long long)reserved_1000,
               (unsigned long long)st.peak_reserved);
     long rss = rss_pages();
+#if defined(__SANITIZE_ADDRESS__)
+    /* AddressSanitizer keeps freed memory in quarantine (and tessera recycles no structs
+     * under it), so RSS measures the sanitizer, not tessera; the counts above still hold. */
+    (void)rss;
+    (void)rss_1000;
+#else
     CHECK_MSG(rss <= rss_1000 + rss_1000 / 100, "RSS grew from %ld to %ld pages", rss_1000, rss);
+#endif
     CHECK_MSG(st.n_raw_alloc == raw_at_100, "%llu raw pool allocations after step 100",
               (unsigned long long)(st.n_raw_alloc - raw_at_100));
     for (int i = 0; i < 4; i++)

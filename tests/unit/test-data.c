@@ -45,7 +45,8 @@ static size_t idx_bytes(unsigned char *buf, unsigned type, int ndim, const uint3
         buf[n++] = (unsigned char)(dims[d] >> 8);
         buf[n++] = (unsigned char)dims[d];
     }
-    memcpy(buf + n, payload, npayload);
+    if (npayload) /* payload may be NULL for a header-only file */
+        memcpy(buf + n, payload, npayload);
     return n + npayload;
 }
 
