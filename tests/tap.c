@@ -180,3 +180,36 @@ int tap_run(const tap_test *tests, size_t n, int argc, char **argv)
         return TAP_SKIP_STATUS;
     return 0;
 }
+
+tap_live tap_live0;
+
+static tap_live live_now(void)
+{
+    tap_live l = {ts_tensor_live_count(), ts_storage_live_count(), ts_memory_live_count(),
+                  ts_autograd_live_nodes()};
+    return l;
+}
+
+ts_device *tap_start(void)
+{
+    ts_status s = ts_init(NULL);
+    if (s)
+        tap_fail(__FILE__, __LINE__, "ts_init: %s", ts_last_error());
+    tap_live0 = live_now();
+    return ts_default_device();
+}
+
+void tap_end_at(const char *file, int line)
+{
+    tap_live l = live_now();
+    if (l.tensors != tap_live0.tensors || l.storages != tap_live0.storages ||
+        l.blocks != tap_live0.blocks || l.nodes != tap_live0.nodes)
+        tap_fail(file, line,
+                 "leak: %llu tensors, %llu storages, %llu pool blocks, %llu graph nodes alive; "
+                 "%llu, %llu, %llu, %llu at the start",
+                 (unsigned long long)l.tensors, (unsigned long long)l.storages,
+                 (unsigned long long)l.blocks, (unsigned long long)l.nodes,
+                 (unsigned long long)tap_live0.tensors, (unsigned long long)tap_live0.storages,
+                 (unsigned long long)tap_live0.blocks, (unsigned long long)tap_live0.nodes);
+    ts_shutdown();
+}

@@ -28,6 +28,22 @@ _Noreturn void tap_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 _Noreturn void tap_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* What is alive in the process: tensors, storages, pool blocks, graph nodes. */
+typedef struct tap_live {
+    uint64_t tensors, storages, blocks, nodes;
+} tap_live;
+
+/* What was alive when the running test called tap_start. */
+extern tap_live tap_live0;
+
+/* ts_init(NULL) for a test and a snapshot of what is alive into tap_live0. Returns the
+ * default device. */
+ts_device *tap_start(void);
+/* Fails the test unless exactly what was alive at tap_start is alive now (every test ends so:
+ * no tensor, storage, pool block or graph node leaked), then ts_shutdown(). */
+#define tap_end() tap_end_at(__FILE__, __LINE__)
+void tap_end_at(const char *file, int line);
+
 /* Directory of test data in the source tree ($TS_SRCDIR/tests/data). (transfer none) */
 const char *tap_srcdir(void);
 /* A fresh empty directory for this test, removed at exit. (transfer none) */

@@ -10,27 +10,12 @@
 #include "../tap.h"
 
 static ts_device *dev;
-static uint64_t t0, s0, b0, n0;
 static ts_rng rng;
 
 static void setup(void)
 {
-    CHECK_OK(ts_init(NULL));
-    dev = ts_default_device();
-    t0 = ts_tensor_live_count();
-    s0 = ts_storage_live_count();
-    b0 = ts_memory_live_count();
-    n0 = ts_autograd_live_nodes();
+    dev = tap_start();
     ts_rng_init(&rng, 42);
-}
-
-static void check_no_leaks(void)
-{
-    CHECK_INT_EQ(ts_autograd_live_nodes(), n0);
-    CHECK_INT_EQ(ts_tensor_live_count(), t0);
-    CHECK_INT_EQ(ts_storage_live_count(), s0);
-    CHECK_INT_EQ(ts_memory_live_count(), b0);
-    ts_shutdown();
 }
 
 /* A float64 leaf requiring grad, values in [lo, hi). */
@@ -179,7 +164,7 @@ static void test_gradcheck_elementwise(void)
     }
     ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(c), ts_tensor_unref(d);
     ts_tensor_unref(pos), ts_tensor_unref(mixed);
-    check_no_leaks();
+    tap_end();
 }
 
 static ts_status f_reduce(ts_tensor *const *in, const void *c, ts_tensor **out)
@@ -216,7 +201,7 @@ static void test_gradcheck_reductions(void)
         gradcheck(names[fn], f_reduce, 1, (ts_tensor *const[]){x}, &two);
     }
     ts_tensor_unref(x);
-    check_no_leaks();
+    tap_end();
 }
 
 static ts_status f_matmul(ts_tensor *const *in, const void *c, ts_tensor **out)
@@ -255,7 +240,7 @@ static void test_gradcheck_matmul(void)
     ts_tensor *a = leaf(2, (const int64_t[]){4, 3}, -1, 1), *b = leaf(2, (const int64_t[]){4, 2}, -1, 1);
     gradcheck("matmul(a^T)", f_matmul_t, 2, (ts_tensor *const[]){a, b}, NULL);
     ts_tensor_unref(a), ts_tensor_unref(b);
-    check_no_leaks();
+    tap_end();
 }
 
 static ts_status f_softmax(ts_tensor *const *in, const void *c, ts_tensor **out)
@@ -324,7 +309,7 @@ static void test_gradcheck_nn_and_views(void)
     gradcheck("views", f_views, 1, (ts_tensor *const[]){z}, NULL);
     ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(w), ts_tensor_unref(idx);
     ts_tensor_unref(z);
-    check_no_leaks();
+    tap_end();
 }
 
 static ts_status f_conv(ts_tensor *const *in, const void *c, ts_tensor **out)
@@ -375,7 +360,7 @@ static void test_gradcheck_conv_pool_loss(void)
     gradcheck("cross_entropy", f_xent, 1, (ts_tensor *const[]){logits}, tg);
     ts_tensor_unref(x), ts_tensor_unref(w), ts_tensor_unref(b);
     ts_tensor_unref(logits), ts_tensor_unref(tg);
-    check_no_leaks();
+    tap_end();
 }
 
 /* ---- semantics --------------------------------------------------------------------------- */
@@ -427,7 +412,7 @@ static void test_backward_rules(void)
     CHECK_FAILS(ts_tensor_set_requires_grad(i32, 1), TS_EDTYPE, "int32");
     ts_tensor_unref(d), ts_tensor_unref(i32), ts_tensor_unref(c);
     ts_tensor_unref(y), ts_tensor_unref(l), ts_tensor_unref(x);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_inplace_safety(void)
@@ -453,7 +438,7 @@ static void test_inplace_safety(void)
     ts_no_grad_exit();
     ts_tensor_unref(o), ts_tensor_unref(x), ts_tensor_unref(w), ts_tensor_unref(y);
     ts_tensor_unref(l);
-    check_no_leaks();
+    tap_end();
 }
 
 static ts_status double_it(ts_tensor *grad, void *user)
@@ -492,7 +477,7 @@ static void test_hooks(void)
     CHECK_FAILS(ts_tensor_register_hook(c, double_it, &calls), TS_ESTATE, "does not require");
     ts_tensor_unref(c), ts_tensor_unref(l), ts_tensor_unref(y), ts_tensor_unref(h);
     ts_tensor_unref(x);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_graphs_leak_nothing(void)
@@ -506,9 +491,9 @@ static void test_graphs_leak_nothing(void)
         CHECK_OK(ts_matmul(x, w, &h));
         CHECK_OK(ts_relu(h, &r));
         CHECK_OK(ts_mean(r, 0, NULL, 0, &l));
-        CHECK(ts_autograd_live_nodes() == n0 + 3);
+        CHECK(ts_autograd_live_nodes() == tap_live0.nodes + 3);
         ts_tensor_unref(h), ts_tensor_unref(r), ts_tensor_unref(l);
-        CHECK_INT_EQ(ts_autograd_live_nodes(), n0);
+        CHECK_INT_EQ(ts_autograd_live_nodes(), tap_live0.nodes);
     }
     /* A forward that fails in the middle: what was built is released with its tensors. */
     ts_tensor *h, *bad, *l;
@@ -522,7 +507,7 @@ static void test_graphs_leak_nothing(void)
     CHECK_OK(ts_sum(h, 0, NULL, 0, &l));
     CHECK_OK(ts_backward(l, NULL, 0));
     ts_tensor_unref(h), ts_tensor_unref(l);
-    CHECK_INT_EQ(ts_autograd_live_nodes(), n0);
+    CHECK_INT_EQ(ts_autograd_live_nodes(), tap_live0.nodes);
     /* The classic leak: total += loss keeps every step's graph alive. Detaching stops it. */
     ts_tensor *total;
     CHECK_OK(ts_tensor_zeros(dev, TS_F64, 0, NULL, &total));
@@ -536,9 +521,9 @@ static void test_graphs_leak_nothing(void)
         total = t2;
         ts_tensor_unref(d), ts_tensor_unref(h), ts_tensor_unref(l);
     }
-    CHECK_INT_EQ(ts_autograd_live_nodes(), n0);
+    CHECK_INT_EQ(ts_autograd_live_nodes(), tap_live0.nodes);
     ts_tensor_unref(total), ts_tensor_unref(x), ts_tensor_unref(w);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_deep_chain_releases_iteratively(void)
@@ -551,11 +536,11 @@ static void test_deep_chain_releases_iteratively(void)
         ts_tensor_unref(y);
         y = z;
     }
-    CHECK(ts_autograd_live_nodes() == n0 + 100000);
+    CHECK(ts_autograd_live_nodes() == tap_live0.nodes + 100000);
     ts_tensor_unref(y); /* 100,000 nodes released without recursion */
-    CHECK_INT_EQ(ts_autograd_live_nodes(), n0);
+    CHECK_INT_EQ(ts_autograd_live_nodes(), tap_live0.nodes);
     ts_tensor_unref(x);
-    check_no_leaks();
+    tap_end();
 }
 
 /* ---- checkpointing ----------------------------------------------------------------------- */
@@ -642,7 +627,7 @@ static void test_checkpoint_lowers_peak(void)
     for (int i = 0; i < LAYERS; i++)
         ts_tensor_unref(w[i]);
     ts_tensor_unref(x);
-    check_no_leaks();
+    tap_end();
 }
 
 /* ---- grad mode is per thread ------------------------------------------------------------- */
@@ -727,7 +712,7 @@ static void test_memory_flat_over_10000_steps(void)
     for (int64_t step = 1; step <= 10000; step++) {
         train_step(p, data, target, step);
         /* Every step ends where it started: no node, tensor or block left behind. */
-        if (ts_autograd_live_nodes() != n0 || ts_tensor_live_count() != tensors ||
+        if (ts_autograd_live_nodes() != tap_live0.nodes || ts_tensor_live_count() != tensors ||
             ts_memory_live_count() != blocks)
             tap_fail(__FILE__, __LINE__, "step %lld: %llu nodes, %llu tensors, %llu blocks live",
                      (long long)step, (unsigned long long)ts_autograd_live_nodes(),
@@ -765,7 +750,7 @@ static void test_memory_flat_over_10000_steps(void)
     for (int i = 0; i < 4; i++)
         ts_tensor_unref(p[i]);
     ts_tensor_unref(data), ts_tensor_unref(target);
-    check_no_leaks();
+    tap_end();
 }
 
 int main(int argc, char **argv)

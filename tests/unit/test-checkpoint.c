@@ -28,23 +28,10 @@
 #endif
 
 static ts_device *dev;
-static uint64_t t0, s0, b0;
 
 static void setup(void)
 {
-    CHECK_OK(ts_init(NULL));
-    dev = ts_default_device();
-    t0 = ts_tensor_live_count();
-    s0 = ts_storage_live_count();
-    b0 = ts_memory_live_count();
-}
-
-static void check_no_leaks(void)
-{
-    CHECK_INT_EQ(ts_tensor_live_count(), t0);
-    CHECK_INT_EQ(ts_storage_live_count(), s0);
-    CHECK_INT_EQ(ts_memory_live_count(), b0);
-    ts_shutdown();
+    dev = tap_start();
 }
 
 /* ---- helpers ------------------------------------------------------------------------- */
@@ -250,7 +237,7 @@ static void test_round_trip(void)
     ts_checkpoint_free(back);
     ts_checkpoint_free(ck);
     unref_all(t, NSAMPLE);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_builder_errors(void)
@@ -274,7 +261,7 @@ static void test_builder_errors(void)
     ts_checkpoint_free(ck); /* drops the reference it kept */
     ts_tensor_unref(t);
     ts_checkpoint_free(NULL);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_restore(void)
@@ -330,7 +317,7 @@ static void test_restore(void)
     ts_checkpoint_free(back);
     ts_checkpoint_free(ck);
     unref_all(t, NSAMPLE);
-    check_no_leaks();
+    tap_end();
 }
 
 /* ---- the bytes on disk --------------------------------------------------------------- */
@@ -404,7 +391,7 @@ static void test_safetensors_layout(void)
     free(b);
     ts_checkpoint_free(ck);
     unref_all(t, NSAMPLE);
-    check_no_leaks();
+    tap_end();
 }
 
 /* ---- hostile files ------------------------------------------------------------------- */
@@ -596,7 +583,7 @@ static void test_corrupt_files(void)
     /* Cannot be read at all: TS_EIO. */
     LOAD_FAILS(path_in(dir, "absent.ckpt"), TS_EIO, "absent.ckpt", "No such file");
     LOAD_FAILS(dir, TS_EIO, "not a regular file");
-    check_no_leaks();
+    tap_end();
 }
 
 /* Every prefix of a valid file fails cleanly; so does every single-byte corruption that
@@ -646,7 +633,7 @@ static void test_every_truncation(void)
     free(b);
     ts_checkpoint_free(ck);
     unref_all(t, 2);
-    check_no_leaks();
+    tap_end();
 }
 
 /* ---- atomic saves -------------------------------------------------------------------- */
@@ -729,7 +716,7 @@ static void test_save_failures(void)
     ts_checkpoint_free(new_ck);
     ts_tensor_unref(small);
     ts_tensor_unref(big);
-    check_no_leaks();
+    tap_end();
 }
 
 /* The SIGKILL test: a saver process writes 32 MiB checkpoints over one path in a loop,

@@ -9,23 +9,10 @@
 #include "../tap.h"
 
 static ts_device *dev;
-static uint64_t t0, s0, b0;
 
 static void setup(void)
 {
-    CHECK_OK(ts_init(NULL));
-    dev = ts_default_device();
-    t0 = ts_tensor_live_count();
-    s0 = ts_storage_live_count();
-    b0 = ts_memory_live_count();
-}
-
-static void check_no_leaks(void)
-{
-    CHECK_INT_EQ(ts_tensor_live_count(), t0);
-    CHECK_INT_EQ(ts_storage_live_count(), s0);
-    CHECK_INT_EQ(ts_memory_live_count(), b0);
-    ts_shutdown();
+    dev = tap_start();
 }
 
 /* ---- writing IDX files ---------------------------------------------------------------- */
@@ -197,7 +184,7 @@ static void test_idx_round_trips(void)
         ts_tensor_unref(t);
     }
     free(big);
-    check_no_leaks();
+    tap_end();
 }
 
 /* ---- hostile files -------------------------------------------------------------------- */
@@ -313,7 +300,7 @@ static void test_idx_hostile(void)
     CHECK_FAILS(ts_idx_load(pathbuf, dev, &t), TS_EIO, pathbuf, strerror(ENOENT));
     CHECK_FAILS(ts_idx_load(tap_tmpdir(), dev, &t), TS_EIO, tap_tmpdir(), strerror(EISDIR));
     CHECK_FAILS(ts_idx_load(NULL, dev, &t), TS_EINVAL, "NULL");
-    check_no_leaks();
+    tap_end();
 }
 
 /* ---- Fashion-MNIST -------------------------------------------------------------------- */
@@ -327,7 +314,7 @@ static void test_fmnist_missing(void)
     CHECK(x == NULL && y == NULL);
     CHECK_FAILS(ts_fashion_mnist_load(tap_tmpdir(), 0, dev, &x, &y), TS_EIO,
                 "t10k-images-idx3-ubyte.gz", "install the Debian package dataset-fashion-mnist");
-    check_no_leaks();
+    tap_end();
 }
 
 /* A fake set of 5 images in tmpdir (uncompressed file names, as the loader also accepts). */
@@ -373,7 +360,7 @@ static void test_fmnist_fake(void)
     write_fake_fmnist(5, 5, 10);
     CHECK_FAILS(ts_fashion_mnist_load(tap_tmpdir(), 1, dev, &x, &y), TS_ECORRUPT, "label 10");
     CHECK(x == NULL && y == NULL);
-    check_no_leaks();
+    tap_end();
 }
 
 static void check_fmnist_split(int train)
@@ -423,7 +410,7 @@ static void test_fmnist_real(void)
     setup();
     check_fmnist_split(1);
     check_fmnist_split(0);
-    check_no_leaks();
+    tap_end();
 }
 
 /* ---- the batch loader ----------------------------------------------------------------- */
@@ -579,7 +566,7 @@ static void test_loader_views(void)
     ts_tensor_unref(s0d);
     ts_tensor_unref(x);
     ts_tensor_unref(y);
-    check_no_leaks();
+    tap_end();
 }
 
 static int is_permutation(const int64_t *ids, int64_t n, int64_t m)
@@ -682,7 +669,7 @@ static void test_loader_shuffle(void)
     ts_loader_free(l);
     ts_tensor_unref(x);
     ts_tensor_unref(y);
-    check_no_leaks();
+    tap_end();
 }
 
 static void check_seek(int shuffle)
@@ -740,7 +727,7 @@ static void test_loader_seek(void)
     setup();
     check_seek(1);
     check_seek(0);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_loader_held_batch(void)
@@ -784,7 +771,7 @@ static void test_loader_held_batch(void)
     ts_tensor_unref(by);
     ts_tensor_unref(x);
     ts_tensor_unref(y);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_loader_steady_state(void)
@@ -810,7 +797,7 @@ static void test_loader_steady_state(void)
     ts_loader_free(l);
     ts_tensor_unref(x);
     ts_tensor_unref(y);
-    check_no_leaks();
+    tap_end();
 }
 
 int main(int argc, char **argv)

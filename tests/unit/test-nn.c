@@ -8,27 +8,12 @@
 #include "../tap.h"
 
 static ts_device *dev;
-static uint64_t t0, s0, b0, n0;
 static ts_rng rng;
 
 static void setup(void)
 {
-    CHECK_OK(ts_init(NULL));
-    dev = ts_default_device();
-    t0 = ts_tensor_live_count();
-    s0 = ts_storage_live_count();
-    b0 = ts_memory_live_count();
-    n0 = ts_autograd_live_nodes();
+    dev = tap_start();
     ts_rng_init(&rng, 3);
-}
-
-static void check_no_leaks(void)
-{
-    CHECK_INT_EQ(ts_autograd_live_nodes(), n0);
-    CHECK_INT_EQ(ts_tensor_live_count(), t0);
-    CHECK_INT_EQ(ts_storage_live_count(), s0);
-    CHECK_INT_EQ(ts_memory_live_count(), b0);
-    ts_shutdown();
 }
 
 static void host(const ts_tensor *t, float *out)
@@ -85,7 +70,7 @@ static void test_linear_and_names(void)
     CHECK_FAILS(ts_module_forward(seq, bad, &o2), TS_ESHAPE, "fc1 (linear)", "5 features");
     ts_tensor_unref(bad), ts_tensor_unref(xt), ts_tensor_unref(yt);
     ts_module_free(seq);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_conv_pool_flatten_shapes(void)
@@ -117,7 +102,7 @@ static void test_conv_pool_flatten_shapes(void)
         CHECK(bias[i] == 0);
     ts_tensor_unref(x), ts_tensor_unref(y);
     ts_module_free(seq);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_norms_dropout_embedding(void)
@@ -196,7 +181,7 @@ static void test_norms_dropout_embedding(void)
     CHECK(ts_tensor_ndim(y) == 3 && ts_tensor_shape(y)[2] == 4);
     ts_tensor_unref(y), ts_tensor_unref(x);
     ts_module_free(bn), ts_module_free(ln), ts_module_free(dr), ts_module_free(emb);
-    check_no_leaks();
+    tap_end();
 }
 
 /* ---- optimizers against a float64 reference ------------------------------------------------ */
@@ -306,7 +291,7 @@ static void test_optimizers_match_reference(void)
     CHECK_FAILS(ts_optim_adam(&np, 1, &(ts_adam_options){0.1, 0.9, 0.999, 1e-8, 0}, &o),
                 TS_EINVAL, "'c' does not require grad");
     ts_tensor_unref(c);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_clip_and_schedules(void)
@@ -334,7 +319,7 @@ static void test_clip_and_schedules(void)
     CHECK(fabs(ts_lr_at(&cos_, 9) - 1.0) < 1e-12);   /* end of warm-up */
     CHECK(fabs(ts_lr_at(&cos_, 60) - 0.5) < 1e-12);  /* half way down */
     CHECK(fabs(ts_lr_at(&cos_, 200)) < 1e-12);       /* past the end: min_lr */
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_optimizer_state_round_trip(void)
@@ -393,7 +378,7 @@ static void test_optimizer_state_round_trip(void)
     CHECK(memcmp(v1, v2, sizeof v1) == 0);
     ts_optim_free(a), ts_optim_free(b);
     ts_tensor_unref(p1), ts_tensor_unref(p2);
-    check_no_leaks();
+    tap_end();
 }
 
 /* ---- every layer's backward, by finite differences (float32, so loose tolerances) --------- */
@@ -507,7 +492,7 @@ static void test_layer_backward(void)
     CHECK_OK(ts_tensor_randn(dev, TS_F32, 3, (const int64_t[]){2, 3, 2}, 0, 1, &rng, &x));
     layer_gradcheck("tanh+gelu+flatten", seq, x);
     ts_module_free(seq), ts_tensor_unref(x);
-    check_no_leaks();
+    tap_end();
 }
 
 /* BatchNorm in training mode: its output depends on the whole batch, so check the input
@@ -548,7 +533,7 @@ static void test_batchnorm_training_backward(void)
     ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(G), ts_tensor_unref(prod);
     ts_tensor_unref(L);
     ts_module_free(bn);
-    check_no_leaks();
+    tap_end();
 }
 
 int main(int argc, char **argv)

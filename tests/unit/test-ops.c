@@ -8,23 +8,10 @@
 #include "../tap.h"
 
 static ts_device *dev;
-static uint64_t t0, s0, b0;
 
 static void setup(void)
 {
-    CHECK_OK(ts_init(NULL));
-    dev = ts_default_device();
-    t0 = ts_tensor_live_count();
-    s0 = ts_storage_live_count();
-    b0 = ts_memory_live_count();
-}
-
-static void check_no_leaks(void)
-{
-    CHECK_INT_EQ(ts_tensor_live_count(), t0);
-    CHECK_INT_EQ(ts_storage_live_count(), s0);
-    CHECK_INT_EQ(ts_memory_live_count(), b0);
-    ts_shutdown();
+    dev = tap_start();
 }
 
 static ts_rng rng;
@@ -130,7 +117,7 @@ static void test_binary_broadcast_noncontiguous(void)
     ts_tensor_unref(b);
     ts_tensor_unref(abig);
     ts_tensor_unref(bt);
-    check_no_leaks();
+    tap_end();
 }
 
 static double ref_unary(int fn, double x)
@@ -191,7 +178,7 @@ static void test_unary_and_scalar(void)
     free(before), free(after), free(vx);
     ts_tensor_unref(x);
     ts_tensor_unref(base);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_inplace_out_and_overlap(void)
@@ -231,7 +218,7 @@ static void test_inplace_out_and_overlap(void)
     free(va), free(vrow);
     ts_tensor_unref(o), ts_tensor_unref(wrong), ts_tensor_unref(wrongd);
     ts_tensor_unref(at), ts_tensor_unref(a), ts_tensor_unref(row);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_mismatch_errors(void)
@@ -266,7 +253,7 @@ static void test_mismatch_errors(void)
         ts_tensor_unref(elsewhere);
     }
     ts_tensor_unref(f32), ts_tensor_unref(f64), ts_tensor_unref(x23), ts_tensor_unref(x43);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_where_cast_copy(void)
@@ -296,7 +283,7 @@ static void test_where_cast_copy(void)
     free(va), free(vb), free(vw), free(vc), free(vd);
     ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(m), ts_tensor_unref(w);
     ts_tensor_unref(ci), ts_tensor_unref(dst);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_reductions(void)
@@ -376,7 +363,7 @@ static void test_reductions(void)
     CHECK_FAILS(ts_sum(x, 2, (const int[]){1, -2}, 0, &isum), TS_EINVAL, "twice");
     ts_tensor_unref(ints);
     ts_tensor_unref(x), ts_tensor_unref(base);
-    check_no_leaks();
+    tap_end();
 }
 
 /* c[i][j] = sum_k a[i][k] b[k][j] over row-major value arrays. */
@@ -456,7 +443,7 @@ static void test_matmul(void)
     ts_tensor_unref(ints), ts_tensor_unref(o);
     ts_tensor_unref(ba), ts_tensor_unref(bb), ts_tensor_unref(v);
     ts_tensor_unref(a), ts_tensor_unref(at), ts_tensor_unref(b);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_softmax(void)
@@ -483,7 +470,7 @@ static void test_softmax(void)
     ts_tensor *r;
     CHECK_FAILS(ts_softmax(x, 2, &r), TS_EINVAL, "dim 2");
     ts_tensor_unref(sm), ts_tensor_unref(lsm), ts_tensor_unref(x), ts_tensor_unref(base);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_embedding_and_index_add(void)
@@ -521,7 +508,7 @@ static void test_embedding_and_index_add(void)
     free(vw), free(ve), free(vg);
     ts_tensor_unref(badidx), ts_tensor_unref(g), ts_tensor_unref(flat), ts_tensor_unref(src);
     ts_tensor_unref(w), ts_tensor_unref(idx), ts_tensor_unref(e);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_conv_and_pool(void)
@@ -597,7 +584,7 @@ static void test_conv_and_pool(void)
     free(vx), free(vm), free(vi), free(vav);
     ts_tensor_unref(m), ts_tensor_unref(mi), ts_tensor_unref(a);
     ts_tensor_unref(x), ts_tensor_unref(w), ts_tensor_unref(bias), ts_tensor_unref(y);
-    check_no_leaks();
+    tap_end();
 }
 
 int main(int argc, char **argv)

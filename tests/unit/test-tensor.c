@@ -9,23 +9,10 @@
 void ts__philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 
 static ts_device *dev;
-static uint64_t t0, s0, b0;
 
 static void setup(void)
 {
-    CHECK_OK(ts_init(NULL));
-    dev = ts_default_device();
-    t0 = ts_tensor_live_count();
-    s0 = ts_storage_live_count();
-    b0 = ts_memory_live_count();
-}
-
-static void check_no_leaks(void)
-{
-    CHECK_INT_EQ(ts_tensor_live_count(), t0);
-    CHECK_INT_EQ(ts_storage_live_count(), s0);
-    CHECK_INT_EQ(ts_memory_live_count(), b0);
-    ts_shutdown();
+    dev = tap_start();
 }
 
 static void test_creation(void)
@@ -76,7 +63,7 @@ static void test_creation(void)
     CHECK_OK(ts_tensor_to_host(r, b, sizeof b));
     CHECK(b[0] == 5 && b[1] == 3 && b[2] == 1);
     ts_tensor_unref(r);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_creation_errors(void)
@@ -100,7 +87,7 @@ static void test_creation_errors(void)
     CHECK_OK(ts_tensor_zeros(dev, TS_F32, 1, (const int64_t[]){3}, &ok));
     CHECK_FAILS(ts_tensor_to_host(ok, buf, sizeof buf), TS_EINVAL, "needs 12 bytes, got 16");
     ts_tensor_unref(ok);
-    check_no_leaks();
+    tap_end();
     /* No runtime, no device. */
     CHECK_FAILS(ts_tensor_empty(NULL, TS_F32, 1, (const int64_t[]){1}, &t), TS_ESTATE,
                 "ts_init");
@@ -145,7 +132,7 @@ static void test_clone_contiguous_to(void)
     ts_tensor_unref(c);
     ts_tensor_unref(tt);
     ts_tensor_unref(t);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_metadata_and_version(void)
@@ -171,7 +158,7 @@ static void test_metadata_and_version(void)
     CHECK(x[11] == 0 && x[12] == 3 && x[23] == 3);
     ts_tensor_unref(v);
     ts_tensor_unref(t);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_philox_known_answers(void)
@@ -254,7 +241,7 @@ static void test_random_streams(void)
     CHECK_FAILS(ts_tensor_rand(dev, TS_I32, 1, &n, 0, 1, &a, &x), TS_EDTYPE, "int32");
     CHECK_FAILS(ts_tensor_rand(dev, TS_F32, 1, &n, 1, 1, &a, &x), TS_EINVAL, "low < high");
     CHECK_FAILS(ts_tensor_randn(dev, TS_F32, 1, &n, 0, -1, &a, &x), TS_EINVAL, "std");
-    check_no_leaks();
+    tap_end();
 }
 
 int main(int argc, char **argv)

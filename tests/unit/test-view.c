@@ -7,24 +7,11 @@
 
 static ts_device *dev;
 
-/* Live counters at a test's start; every test ends with check_no_leaks(). */
-static uint64_t t0, s0, b0;
+/* Live counters at a test's start; every test ends with tap_end(). */
 
 static void setup(void)
 {
-    CHECK_OK(ts_init(NULL));
-    dev = ts_default_device();
-    t0 = ts_tensor_live_count();
-    s0 = ts_storage_live_count();
-    b0 = ts_memory_live_count();
-}
-
-static void check_no_leaks(void)
-{
-    CHECK_INT_EQ(ts_tensor_live_count(), t0);
-    CHECK_INT_EQ(ts_storage_live_count(), s0);
-    CHECK_INT_EQ(ts_memory_live_count(), b0);
-    ts_shutdown();
+    dev = tap_start();
 }
 
 static uint64_t in_use(void)
@@ -88,7 +75,7 @@ static void test_views_share_storage_and_add_no_bytes(void)
     CHECK(got[0] == 12 && got[11] == 23);
     for (int i = 0; i < n; i++)
         ts_tensor_unref(v[i]);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_view_values(void)
@@ -129,7 +116,7 @@ static void test_view_values(void)
     ts_tensor_unref(v);
     ts_tensor_unref(one);
     ts_tensor_unref(t);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_reshape_copies_only_when_needed(void)
@@ -166,7 +153,7 @@ static void test_reshape_copies_only_when_needed(void)
     CHECK_FAILS(ts_tensor_view(t, 2, (const int64_t[]){-1, -1}, &r), TS_EINVAL, "-1");
     CHECK_FAILS(ts_tensor_view(t, 2, (const int64_t[]){-1, 5}, &r), TS_ESHAPE, "infer");
     ts_tensor_unref(t);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_view_errors(void)
@@ -186,7 +173,7 @@ static void test_view_errors(void)
     CHECK_FAILS(ts_tensor_flatten(t, 2, 1, &v), TS_EINVAL, "2..1");
     CHECK_FAILS(ts_tensor_view(NULL, 1, (const int64_t[]){1}, &v), TS_EINVAL, "NULL");
     ts_tensor_unref(t);
-    check_no_leaks();
+    tap_end();
 }
 
 /* 10,000 rounds of create, view, view-of-view, release in every order (the seed documents'
@@ -232,7 +219,7 @@ static void test_refcount_stress(void)
         }
         ts_tensor_unref(last);
         ts_tensor_unref(last);
-        CHECK_INT_EQ(ts_tensor_live_count(), t0);
+        CHECK_INT_EQ(ts_tensor_live_count(), tap_live0.tensors);
         CHECK_INT_EQ(ts_memory_live_count(), blocks);
     }
     /* Steady state: the pool served every round from its cache. */
@@ -240,7 +227,7 @@ static void test_refcount_stress(void)
     CHECK_OK(ts_device_memory_stats(dev, &st));
     CHECK_MSG(st.n_raw_alloc <= 2, "%llu raw allocations for 10,000 identical rounds",
               (unsigned long long)st.n_raw_alloc);
-    check_no_leaks();
+    tap_end();
 }
 
 /* Slicing a batch out of a dataset tensor adds no bytes to the pool's in-use count. */
@@ -259,7 +246,7 @@ static void test_batch_slicing_is_zero_copy(void)
         ts_tensor_unref(batch);
     }
     ts_tensor_unref(data);
-    check_no_leaks();
+    tap_end();
 }
 
 static void test_threads_share_views(void);
@@ -311,7 +298,7 @@ static void test_threads_share_views(void)
         pthread_join(th[i], &r);
         CHECK(r == NULL);
     }
-    CHECK_INT_EQ(ts_tensor_live_count(), t0 + 1);
+    CHECK_INT_EQ(ts_tensor_live_count(), tap_live0.tensors + 1);
     ts_tensor_unref(shared);
-    check_no_leaks();
+    tap_end();
 }
