@@ -215,3 +215,38 @@ double kt_rtol(int32_t dtype)
 {
     return dtype == TS_F32 ? 1e-5 : dtype == TS_F64 ? 1e-12 : 0;
 }
+
+void kt_check_gaps(const kt_buf *b)
+{
+    size_t es = ts_dtype_size(b->op.dtype);
+    unsigned char *mark = calloc(b->nbytes, 1);
+    CHECK(mark);
+    int64_t n = kt_numel(&b->op), idx[TS_MAX_DIMS];
+    for (int64_t i = 0; i < n; i++) {
+        kt_unravel(&b->op, i, idx);
+        int64_t off = b->op.offset;
+        for (int d = 0; d < b->op.ndim; d++)
+            off += idx[d] * b->op.strides[d];
+        CHECK(off >= 0 && (size_t)(off + 1) * es <= b->nbytes);
+        memset(mark + (size_t)off * es, 1, es);
+    }
+    const unsigned char *p = b->base;
+    for (size_t i = 0; i < b->nbytes; i++)
+        CHECK_MSG(mark[i] || p[i] == 0xA5, "byte %zu of %zu outside the elements was written", i,
+                  b->nbytes);
+    free(mark);
+}
+
+void kt_check_no_live_blocks(ts_device *dev)
+{
+    ts_memory_stats st;
+    CHECK_OK(ts_device_memory_stats(dev, &st));
+    if (st.valid & TS_STATS_POOL)
+        CHECK_INT_EQ(st.live_blocks, 0);
+}
+
+const char *kt_layout_name(int layout)
+{
+    static const char *const names[] = {"contig", "transposed", "strided", "offset"};
+    return layout >= 0 && layout < KT_NLAYOUTS ? names[layout] : "unknown";
+}

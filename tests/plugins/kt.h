@@ -44,6 +44,13 @@ ts_status kt_run(ts_device *dev, int32_t op, const ts_operand *in, int nin, cons
                  int nout, const void *params, size_t params_size);
 /* |a - b| <= atol + rtol * |b|, with NaN == NaN and equal infinities. */
 int kt_close(double a, double b, double rtol, double atol);
+/* Fails unless every byte of b's allocation that is not part of an element still holds the
+ * 0xA5 kt_make wrote: kernels must not write between strided elements or before the offset. */
+void kt_check_gaps(const kt_buf *b);
+/* Fails unless the device's pool has no live block (kernel scratch included). */
+void kt_check_no_live_blocks(ts_device *dev);
+/* "contig", "transposed", "strided", "offset". (transfer none, static) */
+const char *kt_layout_name(int layout);
 /* Tolerances for a dtype: float32 1e-5 rel, float64 1e-12 rel, ints exact. */
 double kt_rtol(int32_t dtype);
 

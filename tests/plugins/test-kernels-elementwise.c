@@ -45,28 +45,6 @@ static double atol_of(int32_t dt)
     return dt == TS_F32 ? 1e-6 : dt == TS_F64 ? 1e-13 : 0;
 }
 
-/* Every byte of b's allocation that is not part of an element must still be the 0xA5 that
- * kt_make wrote: kernels must not write between strided elements or before the offset. */
-static void check_gaps(const kt_buf *b)
-{
-    size_t es = ts_dtype_size(b->op.dtype);
-    unsigned char *mark = calloc(b->nbytes, 1);
-    CHECK(mark);
-    int64_t n = kt_numel(&b->op), idx[TS_MAX_DIMS];
-    for (int64_t i = 0; i < n; i++) {
-        kt_unravel(&b->op, i, idx);
-        int64_t off = b->op.offset;
-        for (int d = 0; d < b->op.ndim; d++)
-            off += idx[d] * b->op.strides[d];
-        CHECK(off >= 0 && (size_t)(off + 1) * es <= b->nbytes);
-        memset(mark + (size_t)off * es, 1, es);
-    }
-    const unsigned char *p = b->base;
-    for (size_t i = 0; i < b->nbytes; i++)
-        CHECK_MSG(mark[i] || p[i] == 0xA5, "byte %zu of %zu between elements was overwritten", i,
-                  b->nbytes);
-    free(mark);
-}
 
 /* Reference: the expected output at one index from the input values there. */
 typedef double (*ref_fn)(const double *x, const void *ctx);
@@ -110,7 +88,7 @@ static void run_check(ts_device *dev, int32_t op, const void *params, size_t psi
     ts_status s = kt_run(dev, op, in, nin, &out->op, 1, params, psize);
     CHECK_MSG(s == TS_OK, "%s: %s: %s", label, ts_status_name(s), ts_last_error());
     compare(&out->op, e, rtol, atol, label);
-    check_gaps(out);
+    kt_check_gaps(out);
     free(e);
 }
 
@@ -274,12 +252,6 @@ static void sanitize_rhs(const ts_operand *b, int32_t fn)
     }
 }
 
-static const char *lname(kt_layout l)
-{
-    static const char *const n[] = {"contig", "transposed", "strided", "offset"};
-    return n[l];
-}
-
 /* ---- tests ----------------------------------------------------------------------------- */
 
 static void test_supports(void)
@@ -309,7 +281,7 @@ static void test_supports(void)
         p.fn = TS_UNARY_EXP;
         CHECK_FAILS(kt_run(dev, TS_OP_UNARY, &b.op, 1, &c.op, 1, &p, sizeof p), TS_ENOTSUP,
                     "not implemented");
-        check_gaps(&c); /* nothing written */
+        kt_check_gaps(&c); /* nothing written */
         /* Arithmetic on uint8 is not implemented either; comparisons are. */
         kt_buf d = kt_make(dev, TS_U8, 3, shape3, KT_CONTIG, 4);
         ts_binary_params bp = {TS_BINARY_ADD};
@@ -334,8 +306,8 @@ static void test_copy(void)
                     kt_buf a = kt_make(dev, dt, 3, shape3, li, 10 + i);
                     kt_buf o = kt_make(dev, dt, 3, shape3, lo, 20 + i);
                     char label[96];
-                    snprintf(label, sizeof label, "copy %s %s->%s", ts_dtype_name(dt), lname(li),
-                             lname(lo));
+                    snprintf(label, sizeof label, "copy %s %s->%s", ts_dtype_name(dt), kt_layout_name(li),
+                             kt_layout_name(lo));
                     run_check(dev, TS_OP_COPY, NULL, 0, &a.op, 1, &o, ref_identity, NULL, 0, 0,
                               label);
                     kt_free(&a);
@@ -373,7 +345,7 @@ static void test_cast(void)
                     kt_buf o = kt_make(dev, to, 3, shape3, (l + 1) % KT_NLAYOUTS, 40 + j);
                     char label[96];
                     snprintf(label, sizeof label, "cast %s->%s %s", ts_dtype_name(from),
-                             ts_dtype_name(to), lname(l));
+                             ts_dtype_name(to), kt_layout_name(l));
                     run_check(dev, TS_OP_CAST, NULL, 0, &a.op, 1, &o, ref_identity, NULL,
                               rtol_of(to), 0, label);
                     kt_free(&a);
@@ -409,8 +381,8 @@ static void test_cast_special(void)
                 CHECK(kt_get(&d.op, &i) == i32[i]);
         }
         CHECK(kt_get(&d.op, (int64_t[]){5}) == 9223372036854775807.0);
-        check_gaps(&b);
-        check_gaps(&c);
+        kt_check_gaps(&b);
+        kt_check_gaps(&c);
         kt_free(&a);
         kt_free(&b);
         kt_free(&c);
@@ -435,9 +407,9 @@ static void test_fill(void)
                     for (int64_t k = 0; k < kt_numel(&o.op); k++) {
                         kt_unravel(&o.op, k, idx);
                         CHECK_MSG(kt_get(&o.op, idx) == want, "fill %s %s: %g != %g",
-                                  ts_dtype_name(dt), lname(l), kt_get(&o.op, idx), want);
+                                  ts_dtype_name(dt), kt_layout_name(l), kt_get(&o.op, idx), want);
                     }
-                    check_gaps(&o);
+                    kt_check_gaps(&o);
                     kt_free(&o);
                 }
     }
@@ -459,7 +431,7 @@ static void test_unary(void)
                         ts_unary_params p = {fn};
                         char label[96];
                         snprintf(label, sizeof label, "unary %d %s %s->%s", (int)fn,
-                                 ts_dtype_name(dt), lname(li), lname(lo));
+                                 ts_dtype_name(dt), kt_layout_name(li), kt_layout_name(lo));
                         run_check(dev, TS_OP_UNARY, &p, sizeof p, &a.op, 1, &o, ref_unary, &fn,
                                   rtol_of(dt), atol_of(dt), label);
                         kt_free(&a);
@@ -520,7 +492,7 @@ static void test_binary(void)
                         bctx c = {fn, dt};
                         char label[96];
                         snprintf(label, sizeof label, "binary fn %d %s %s,%s", (int)fn,
-                                 ts_dtype_name(dt), lname(la), lname(lb));
+                                 ts_dtype_name(dt), kt_layout_name(la), kt_layout_name(lb));
                         run_check(dev, TS_OP_BINARY, &p, sizeof p, in, 2, &o, ref_binary, &c,
                                   rtol_of(odt), atol_of(odt), label);
                         kt_free(&a);
@@ -592,7 +564,7 @@ static void test_binary_scalar(void)
                         sctx c = {fn, dt, first, as_dtype(scalar, dt)};
                         char label[96];
                         snprintf(label, sizeof label, "scalar fn %d %s first=%d %s", (int)fn,
-                                 ts_dtype_name(dt), first, lname(l));
+                                 ts_dtype_name(dt), first, kt_layout_name(l));
                         run_check(dev, TS_OP_BINARY_SCALAR, &p, sizeof p, &a.op, 1, &o, ref_scalar,
                                   &c, rtol_of(odt), atol_of(odt), label);
                         kt_free(&a);
@@ -696,7 +668,7 @@ static void test_scalar_and_empty(void)
             ts_fill_params fp = {7};
             CHECK_OK(kt_run(dev, TS_OP_FILL, NULL, 0, &o.op, 1, &fp, sizeof fp));
             CHECK(kt_get(&o.op, NULL) == 7);
-            check_gaps(&o);
+            kt_check_gaps(&o);
 
             kt_buf e1 = kt_make(dev, dt, 3, empty, KT_STRIDED, 164);
             kt_buf e2 = kt_make(dev, dt, 3, empty, KT_TRANSPOSED, 165);
@@ -706,7 +678,7 @@ static void test_scalar_and_empty(void)
             CHECK_OK(kt_run(dev, TS_OP_UNARY, &e1.op, 1, &eo.op, 1, &up, sizeof up));
             CHECK_OK(kt_run(dev, TS_OP_COPY, &e1.op, 1, &eo.op, 1, NULL, 0));
             CHECK_OK(kt_run(dev, TS_OP_FILL, NULL, 0, &eo.op, 1, &fp, sizeof fp));
-            check_gaps(&eo);
+            kt_check_gaps(&eo);
             kt_free(&a);
             kt_free(&b);
             kt_free(&o);
@@ -757,7 +729,7 @@ static void test_large_threaded(void)
             CHECK_OK(kt_run(dev, TS_OP_FILL, NULL, 0, &o.op, 1, &fp, sizeof fp));
             CHECK(kt_get(&o.op, (int64_t[]){0}) == -1.5);
             CHECK(kt_get(&o.op, (int64_t[]){s1 - 1}) == -1.5);
-            check_gaps(&o);
+            kt_check_gaps(&o);
             kt_free(&a);
             kt_free(&o);
         }
@@ -812,7 +784,7 @@ static void test_int_division(void)
             ts_binary_params p = {TS_BINARY_DIV};
             CHECK_FAILS(kt_run(dev, TS_OP_BINARY, in, 2, &o.op, 1, &p, sizeof p), TS_EINVAL,
                         "division by zero");
-            check_gaps(&o);
+            kt_check_gaps(&o);
             /* The check runs before any write: an in-place call leaves its input intact. */
             double before = kt_get(&a.op, (int64_t[]){1, 1, 1});
             CHECK_FAILS(kt_run(dev, TS_OP_BINARY, in, 2, &a.op, 1, &p, sizeof p), TS_EINVAL,
@@ -895,7 +867,7 @@ static void test_errors(void)
         ts_operand bad = a.op;
         bad.ndim = TS_MAX_DIMS + 1;
         CHECK_FAILS(kt_run(dev, TS_OP_UNARY, &bad, 1, &o.op, 1, &up, sizeof up), TS_EINVAL, "dims");
-        check_gaps(&o);
+        kt_check_gaps(&o);
         kt_free(&a);
         kt_free(&b);
         kt_free(&c);

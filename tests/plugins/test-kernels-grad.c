@@ -9,40 +9,8 @@
 
 static const int32_t float_dtypes[] = {TS_F32, TS_F64};
 
-/* Fails unless every pool block the test allocated came back (kernels' scratch included). */
-static void check_no_live_blocks(ts_device *dev)
-{
-    ts_memory_stats st = {.struct_size = sizeof st};
-    CHECK_OK(ts_device_memory_stats(dev, &st));
-    if (st.valid & TS_STATS_POOL)
-        CHECK_INT_EQ(st.live_blocks, 0);
-}
 
-/* Bytes of b outside its view must be untouched: b was filled with 0xA5 there by kt_make. */
-static void check_gaps(const kt_buf *b)
-{
-    size_t es = ts_dtype_size(b->op.dtype);
-    unsigned char *mask = calloc(b->nbytes, 1);
-    CHECK(mask);
-    int64_t n = kt_numel(&b->op), idx[TS_MAX_DIMS];
-    for (int64_t i = 0; i < n; i++) {
-        kt_unravel(&b->op, i, idx);
-        int64_t off = b->op.offset;
-        for (int d = 0; d < b->op.ndim; d++)
-            off += idx[d] * b->op.strides[d];
-        memset(mask + off * (int64_t)es, 1, es);
-    }
-    const unsigned char *p = b->base;
-    for (size_t i = 0; i < b->nbytes; i++)
-        CHECK_MSG(mask[i] || p[i] == 0xA5, "byte %zu outside the view was written", i);
-    free(mask);
-}
 
-static const char *layout_name(kt_layout l)
-{
-    static const char *names[] = {"contig", "transposed", "strided", "offset"};
-    return names[l];
-}
 
 /* op's elements in row-major order. (transfer full) */
 static double *to_array(const ts_operand *op)
@@ -194,8 +162,8 @@ static void run_conv_bwd_case(ts_device *dev, int32_t dt, const conv_case *cc)
     snprintf(what, sizeof what, "conv2d bwd %s N=%lld C=%lld K=%lld groups=%d stride=%d pad=%d "
              "dil=%d x=%s w=%s gy=%s out=%s", ts_dtype_name(dt), (long long)cc->N,
              (long long)cc->C, (long long)cc->K, (int)G, (int)p->stride_h, (int)p->pad_h,
-             (int)p->dilation_h, layout_name(cc->lx), layout_name(cc->lw), layout_name(cc->lgy),
-             layout_name(cc->lg));
+             (int)p->dilation_h, kt_layout_name(cc->lx), kt_layout_name(cc->lw), kt_layout_name(cc->lgy),
+             kt_layout_name(cc->lg));
     double *rx = malloc(sizeof(double) * (size_t)kt_numel(&x.op));
     double *rw = malloc(sizeof(double) * (size_t)kt_numel(&w.op));
     CHECK(rx && rw);
@@ -206,8 +174,8 @@ static void run_conv_bwd_case(ts_device *dev, int32_t dt, const conv_case *cc)
     check_against(&gx.op, rx, rtol, unit * (double)(cc->K / G * cc->R * cc->S + 1) * 8.0, sub);
     snprintf(sub, sizeof sub, "%s: gw", what);
     check_against(&gw.op, rw, rtol, unit * (double)(cc->N * P * Q + 1) * 8.0, sub);
-    check_gaps(&gx);
-    check_gaps(&gw);
+    kt_check_gaps(&gx);
+    kt_check_gaps(&gw);
 
     if (dt == TS_F64 && cc->fd) {
         kt_buf y = kt_make(dev, dt, 4, ys, KT_CONTIG, 56);
@@ -267,7 +235,7 @@ static void test_conv2d_bwd(void)
     }
     CHECK(!ts_device_supports(dev, TS_OP_CONV2D_BWD_DATA, TS_I64));
     CHECK(!ts_device_supports(dev, TS_OP_CONV2D_BWD_WEIGHT, TS_I32));
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 /* Every combination of layouts for x / w, gy and the outputs, against the reference. */
@@ -284,7 +252,7 @@ static void test_conv2d_bwd_layouts(void)
                     conv_case one = {2, 4, 3, 5, 2, 1, 1, CONVP(1, 0, 1, 1), li, li, lgy, lo, 0};
                     run_conv_bwd_case(dev, float_dtypes[d], &one);
                 }
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 /* No images: gw is an empty sum, so zeros; gx is empty. */
@@ -305,12 +273,12 @@ static void test_conv2d_bwd_empty(void)
             kt_unravel(&gw.op, i, idx);
             CHECK(kt_get(&gw.op, idx) == 0.0);
         }
-        check_gaps(&gw);
+        kt_check_gaps(&gw);
         kt_free(&gw);
         kt_free(&gy);
         kt_free(&x);
     }
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 static void test_conv2d_bwd_bad_params(void)
@@ -362,7 +330,7 @@ static void test_conv2d_bwd_bad_params(void)
     kt_free(&gy);
     kt_free(&w);
     kt_free(&x);
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 /* cpu_onednn has no convolution: it must say so for the backward ops too. */
@@ -387,14 +355,14 @@ static void test_conv2d_bwd_onednn_unsupported(void)
     CHECK_FAILS(kt_run(dev, TS_OP_CONV2D_BWD_WEIGHT, (ts_operand[]){gy.op, x.op}, 2, &gw.op, 1,
                        &p, sizeof p),
                 TS_ENOTSUP, "cpu_onednn");
-    check_gaps(&gx);
-    check_gaps(&gw);
+    kt_check_gaps(&gx);
+    kt_check_gaps(&gw);
     kt_free(&gw);
     kt_free(&gx);
     kt_free(&gy);
     kt_free(&w);
     kt_free(&x);
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -475,14 +443,14 @@ static void pool_bwd_case(ts_device *dev, int32_t dt, int is_max, int64_t N, int
     snprintf(what, sizeof what, "%s %s k=%dx%d s=%dx%d pad=%dx%d cip=%d ties=%d gy=%s",
              is_max ? "maxpool2d_bwd" : "avgpool2d_bwd", ts_dtype_name(dt), (int)p->kernel_h,
              (int)p->kernel_w, (int)p->stride_h, (int)p->stride_w, (int)p->pad_h, (int)p->pad_w,
-             (int)p->count_include_pad, ties, layout_name(l));
+             (int)p->count_include_pad, ties, kt_layout_name(l));
     double *ref = malloc(sizeof(double) * (size_t)kt_numel(&x.op));
     CHECK(ref);
     pool_ref(is_max, &x.op, &gy.op, p, ref);
     int64_t terms = (int64_t)p->kernel_h * p->kernel_w;
     check_against(&gx.op, ref, dt == TS_F32 ? 1e-5 : 1e-12,
                   (dt == TS_F32 ? 1e-6 : 1e-14) * (double)terms * 4.0, what);
-    check_gaps(&gx);
+    kt_check_gaps(&gx);
     if (dt == TS_F64 && fd && !ties)
         check_fd(dev, is_max ? TS_OP_MAXPOOL2D : TS_OP_AVGPOOL2D, &x.op, 1, &y.op, p, sizeof *p,
                  &x.op, &gy.op, &gx.op, what);
@@ -527,7 +495,7 @@ static void test_pool2d_bwd(void)
         }
         CHECK(!ts_device_supports(dev, TS_OP_MAXPOOL2D_BWD, TS_I32));
         CHECK(!ts_device_supports(dev, TS_OP_AVGPOOL2D_BWD, TS_I64));
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 
@@ -575,7 +543,7 @@ static void test_pool2d_bwd_accumulate(void)
         kt_free(&gx);
         kt_free(&ix);
         kt_free(&gy);
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 
@@ -638,7 +606,7 @@ static void test_pool2d_bwd_bad_params(void)
         kt_free(&ix32);
         kt_free(&ix);
         kt_free(&gy);
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 
@@ -692,7 +660,7 @@ static void ce_case(ts_device *dev, int32_t dt, int32_t tdt, int64_t N, int64_t 
     char what[128];
     snprintf(what, sizeof what, "cross_entropy %s targets %s N=%lld C=%lld scale=%g shift=%g "
              "logits=%s", ts_dtype_name(dt), ts_dtype_name(tdt), (long long)N, (long long)C,
-             scale, shift, layout_name(l));
+             scale, shift, kt_layout_name(l));
     double *rl = malloc(sizeof(double) * (size_t)N), *rg = malloc(sizeof(double) * (size_t)(N * C));
     CHECK(rl && rg);
     ce_ref(&x.op, tv, &gl.op, rl, rg);
@@ -713,8 +681,8 @@ static void ce_case(ts_device *dev, int32_t dt, int32_t tdt, int64_t N, int64_t 
         CHECK_MSG(fabs(row) <= (dt == TS_F32 ? 1e-6 : 1e-14) * (double)C * 4.0,
                   "%s: glogits row %lld sums to %g, not 0", what, (long long)i, row);
     }
-    check_gaps(&loss);
-    check_gaps(&gx);
+    kt_check_gaps(&loss);
+    kt_check_gaps(&gx);
     if (dt == TS_F64 && fd)
         check_fd(dev, TS_OP_CROSS_ENTROPY, (ts_operand[]){x.op, t.op}, 2, &loss.op, NULL, 0,
                  &x.op, &gl.op, &gx.op, what);
@@ -754,7 +722,7 @@ static void test_cross_entropy(void)
         }
         CHECK(!ts_device_supports(dev, TS_OP_CROSS_ENTROPY, TS_I64));
         CHECK(!ts_device_supports(dev, TS_OP_CROSS_ENTROPY_BWD, TS_I32));
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 
@@ -809,7 +777,7 @@ static void test_cross_entropy_large(void)
             kt_free(&t);
             kt_free(&x);
         }
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 
@@ -838,7 +806,7 @@ static void test_cross_entropy_in_place(void)
         kt_free(&gl);
         kt_free(&t);
         kt_free(&x);
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 
@@ -898,7 +866,7 @@ static void test_cross_entropy_errors(void)
             kt_free(&t);
             kt_free(&x);
         }
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 

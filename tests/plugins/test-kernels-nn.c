@@ -8,40 +8,8 @@
 
 static const int32_t float_dtypes[] = {TS_F32, TS_F64};
 
-/* Fails unless every pool block the test allocated came back (kernels' scratch included). */
-static void check_no_live_blocks(ts_device *dev)
-{
-    ts_memory_stats st = {.struct_size = sizeof st};
-    CHECK_OK(ts_device_memory_stats(dev, &st));
-    if (st.valid & TS_STATS_POOL)
-        CHECK_INT_EQ(st.live_blocks, 0);
-}
 
-/* Bytes of b outside its view must be untouched: b was filled with 0xA5 there by kt_make. */
-static void check_gaps(const kt_buf *b)
-{
-    size_t es = ts_dtype_size(b->op.dtype);
-    unsigned char *mask = calloc(b->nbytes, 1);
-    CHECK(mask);
-    int64_t n = kt_numel(&b->op), idx[TS_MAX_DIMS];
-    for (int64_t i = 0; i < n; i++) {
-        kt_unravel(&b->op, i, idx);
-        int64_t off = b->op.offset;
-        for (int d = 0; d < b->op.ndim; d++)
-            off += idx[d] * b->op.strides[d];
-        memset(mask + off * (int64_t)es, 1, es);
-    }
-    const unsigned char *p = b->base;
-    for (size_t i = 0; i < b->nbytes; i++)
-        CHECK_MSG(mask[i] || p[i] == 0xA5, "byte %zu outside the view was written", i);
-    free(mask);
-}
 
-static const char *layout_name(kt_layout l)
-{
-    static const char *names[] = {"contig", "transposed", "strided", "offset"};
-    return names[l];
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* matmul                                                                                    */
@@ -94,9 +62,9 @@ static void matmul_case(ts_device *dev, int32_t dt, int64_t M, int64_t K, int64_
     kt_buf c = kt_make(dev, dt, 2, (int64_t[]){M, N}, lc, 3);
     char what[96];
     snprintf(what, sizeof what, "%s a=%s b=%s out=%s alpha=%g beta=%g", ts_dtype_name(dt),
-             layout_name(la), layout_name(lb), layout_name(lc), alpha, beta);
+             kt_layout_name(la), kt_layout_name(lb), kt_layout_name(lc), alpha, beta);
     check_matmul(dev, &a.op, &b.op, &c, alpha, beta, what);
-    check_gaps(&c);
+    kt_check_gaps(&c);
     kt_free(&c);
     kt_free(&b);
     kt_free(&a);
@@ -118,7 +86,7 @@ static void test_matmul_shapes(void)
     }
     CHECK(!ts_device_supports(dev, TS_OP_MATMUL, TS_I32));
     CHECK(!ts_device_supports(dev, TS_OP_MATMUL, TS_U8));
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 /* Every combination of layouts for a, b and out, with and without alpha/beta. */
@@ -132,7 +100,7 @@ static void test_matmul_layouts(void)
                     matmul_case(dev, float_dtypes[d], 7, 5, 6, la, lb, lc, 1.0, 0.0);
                     matmul_case(dev, float_dtypes[d], 6, 9, 4, la, lb, lc, 1.5, -0.75);
                 }
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 /* a (2, 3, M, K) @ b (K, N) broadcast to (2, 3, K, N) with stride-0 batch dims, and a (3, M, K)
@@ -150,7 +118,7 @@ static void test_matmul_batched(void)
             CHECK(bb.strides[0] == 0 && bb.strides[1] == 0);
             check_matmul(dev, &a.op, &bb, &c, 1.0, 0.0, "batched, b broadcast");
             check_matmul(dev, &a.op, &bb, &c, 0.25, 1.0, "batched, b broadcast, beta 1");
-            check_gaps(&c);
+            kt_check_gaps(&c);
 
             kt_buf a3 = kt_make(dev, dt, 3, (int64_t[]){3, 4, 5}, l, 13);
             kt_buf b4 = kt_make(dev, dt, 4, (int64_t[]){2, 1, 5, 6}, l, 14);
@@ -164,7 +132,7 @@ static void test_matmul_batched(void)
             kt_free(&a);
         }
     }
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 /* K == 0 is an empty sum: out = beta * out. M == 0 or N == 0 do nothing. */
@@ -188,7 +156,7 @@ static void test_matmul_empty(void)
             kt_free(&b);
             kt_free(&a);
         }
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 /* out exactly the same memory as a (in place, square): the kernel must not read a after
@@ -216,7 +184,7 @@ static void test_matmul_in_place(void)
         kt_free(&acopy);
         kt_free(&a);
     }
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 /* cpu_onednn has no matmul yet: it must say so rather than run anything. */
@@ -234,11 +202,11 @@ static void test_matmul_onednn_unsupported(void)
     ts_matmul_params p = {.alpha = 1.0, .beta = 0.0};
     CHECK_FAILS(kt_run(dev, TS_OP_MATMUL, (ts_operand[]){a.op, b.op}, 2, &c.op, 1, &p, sizeof p),
                 TS_ENOTSUP, "cpu_onednn");
-    check_gaps(&c);
+    kt_check_gaps(&c);
     kt_free(&c);
     kt_free(&b);
     kt_free(&a);
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -293,11 +261,11 @@ static void run_conv_case(ts_device *dev, int32_t dt, const conv_case *cc)
                               "conv2d %s groups=%d stride=%d pad=%d dil=%d bias=%d x=%s w=%s "
                               "y=%s at (%lld,%lld,%lld,%lld): got %.9g, want %.9g",
                               ts_dtype_name(dt), (int)G, (int)p->stride_h, (int)p->pad_h,
-                              (int)p->dilation_h, cc->bias, layout_name(cc->lx),
-                              layout_name(cc->lw), layout_name(cc->ly), (long long)n,
+                              (int)p->dilation_h, cc->bias, kt_layout_name(cc->lx),
+                              kt_layout_name(cc->lw), kt_layout_name(cc->ly), (long long)n,
                               (long long)k, (long long)pp, (long long)q, got, acc);
                 }
-    check_gaps(&y);
+    kt_check_gaps(&y);
     kt_free(&y);
     kt_free(&bias);
     kt_free(&w);
@@ -341,7 +309,7 @@ static void test_conv2d(void)
         }
     }
     CHECK(!ts_device_supports(dev, TS_OP_CONV2D, TS_I64));
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 static void test_conv2d_bad_params(void)
@@ -385,7 +353,7 @@ static void test_conv2d_bad_params(void)
     kt_free(&y);
     kt_free(&w);
     kt_free(&x);
-    check_no_live_blocks(dev);
+    kt_check_no_live_blocks(dev);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -439,9 +407,9 @@ static void pool_case(ts_device *dev, int32_t dt, int is_max, int64_t N, int64_t
             CHECK_MSG(kt_get(&ix.op, idx) == (double)arg, "maxpool index at %lld: got %g, want "
                       "%lld", (long long)i, kt_get(&ix.op, idx), (long long)arg);
     }
-    check_gaps(&y);
+    kt_check_gaps(&y);
     if (!(is_max && with_idx))
-        check_gaps(&ix); /* an index tensor not handed over stays untouched */
+        kt_check_gaps(&ix); /* an index tensor not handed over stays untouched */
     kt_free(&ix);
     kt_free(&y);
     kt_free(&x);
@@ -475,7 +443,7 @@ static void test_pool2d(void)
             pool_case(dev, float_dtypes[d], 0, 2, 4, 32, 33, params[2], 0, KT_STRIDED, KT_CONTIG);
         }
         CHECK(!ts_device_supports(dev, TS_OP_MAXPOOL2D, TS_I32));
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 
@@ -512,7 +480,7 @@ static void test_pool2d_bad_params(void)
                     "expected");
         kt_free(&y);
         kt_free(&x);
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 
@@ -578,9 +546,9 @@ static void index_case(ts_device *dev, int add, int32_t dt, int32_t idt, int dim
         CHECK_MSG(kt_close(got, want, kt_rtol(dt), 1e-6),
                   "%s %s index %s dim %d data=%s out=%s at %lld: got %g, want %g",
                   add ? "index_add" : "index_select", ts_dtype_name(dt), ts_dtype_name(idt), dim,
-                  layout_name(ld), layout_name(lo), (long long)i, got, want);
+                  kt_layout_name(ld), kt_layout_name(lo), (long long)i, got, want);
     }
-    check_gaps(&out);
+    kt_check_gaps(&out);
     free(before);
     kt_free(&out);
     kt_free(&src);
@@ -605,7 +573,7 @@ static void test_index(void)
                                    (l + 2) % 4);
                     }
             }
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 
@@ -638,7 +606,7 @@ static void test_index_wide(void)
         kt_free(&out);
         kt_free(&src);
         kt_free(&ix);
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 
@@ -689,7 +657,7 @@ static void test_index_errors(void)
             kt_free(&sel);
             kt_free(&data);
         }
-        check_no_live_blocks(dev);
+        kt_check_no_live_blocks(dev);
     }
 }
 

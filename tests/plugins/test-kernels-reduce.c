@@ -35,32 +35,7 @@ static void check_no_leaks(ts_device *dev)
     for (const char *const *pl_ = plugins(); *pl_; pl_++)                                          \
         for (ts_device *dev = kt_load(*pl_); dev; check_no_leaks(dev), dev = NULL)
 
-/* Bytes of b's allocation outside its elements must still hold kt_make's 0xA5. */
-static void check_gaps(const kt_buf *b)
-{
-    size_t es = ts_dtype_size(b->op.dtype);
-    unsigned char *mark = calloc(b->nbytes, 1);
-    CHECK(mark);
-    int64_t n = kt_numel(&b->op), idx[TS_MAX_DIMS];
-    for (int64_t i = 0; i < n; i++) {
-        kt_unravel(&b->op, i, idx);
-        int64_t off = b->op.offset;
-        for (int d = 0; d < b->op.ndim; d++)
-            off += idx[d] * b->op.strides[d];
-        memset(mark + (size_t)off * es, 1, es);
-    }
-    const unsigned char *p = b->base;
-    for (size_t i = 0; i < b->nbytes; i++)
-        CHECK_MSG(mark[i] || p[i] == 0xA5, "byte %zu of %zu between elements was overwritten", i,
-                  b->nbytes);
-    free(mark);
-}
 
-static const char *lname(int l)
-{
-    static const char *const n[] = {"contig", "transposed", "strided", "offset"};
-    return n[l];
-}
 
 /* ---- reference reductions -------------------------------------------------------------- */
 
@@ -135,7 +110,7 @@ static void check_reduce(ts_device *dev, const ts_operand *in, const kt_buf *out
         CHECK_MSG(kt_close(got, want, kt_rtol(in->dtype), eps * scale),
                   "%s: output %lld is %.9g, expected %.9g", label, (long long)i, got, want);
     }
-    check_gaps(out);
+    kt_check_gaps(out);
 }
 
 /* ---- tests ----------------------------------------------------------------------------- */
@@ -164,7 +139,7 @@ static void test_supports(void)
         ts_reduce_params rp = {TS_REDUCE_MEAN, 0};
         CHECK_FAILS(kt_run(dev, TS_OP_REDUCE, &a.op, 1, &r.op, 1, &rp, sizeof rp), TS_ENOTSUP,
                     "not implemented");
-        check_gaps(&r);
+        kt_check_gaps(&r);
         kt_free(&a);
         kt_free(&o);
         kt_free(&r);
@@ -195,7 +170,7 @@ static void test_reduce_subsets(void)
                             kt_buf o = kt_make(dev, dt, 3, os, lo, 20);
                             char label[96];
                             snprintf(label, sizeof label, "reduce fn %d %s mask %d %s->%s", (int)fn,
-                                     ts_dtype_name(dt), mask, lname(li), lname(lo));
+                                     ts_dtype_name(dt), mask, kt_layout_name(li), kt_layout_name(lo));
                             check_reduce(dev, &a.op, &o, fn, 0, red, label);
                             kt_free(&a);
                             kt_free(&o);
@@ -222,7 +197,7 @@ static void test_argmax(void)
                         kt_buf o = kt_make(dev, TS_I64, 3, os, (l + 1) % KT_NLAYOUTS, 40);
                         char label[96];
                         snprintf(label, sizeof label, "arg fn %d dim %d %s %s", (int)fn, dim,
-                                 ts_dtype_name(dt), lname(l));
+                                 ts_dtype_name(dt), kt_layout_name(l));
                         check_reduce(dev, &a.op, &o, fn, dim, red, label);
                         /* Negative dims count from the end. */
                         check_reduce(dev, &a.op, &o, fn, dim - 3, red, label);
@@ -269,7 +244,7 @@ static void test_ties_and_nan(void)
                     CHECK(isnan(kt_get(&v.op, &z)));
                 }
             }
-            check_gaps(&o);
+            kt_check_gaps(&o);
             kt_free(&a);
             kt_free(&o);
             kt_free(&v);
@@ -338,7 +313,7 @@ static void test_reduce_empty_and_0d(void)
                 p.fn = fn;
                 CHECK_OK(kt_run(dev, TS_OP_REDUCE, &a.op, 1, &o2.op, 1, &p, sizeof p));
             }
-            check_gaps(&o2);
+            kt_check_gaps(&o2);
             /* 0-d in and out. */
             kt_buf s = kt_make(dev, dt, 0, NULL, KT_OFFSET, 64);
             kt_buf so = kt_make(dev, dt, 0, NULL, KT_OFFSET, 65);
@@ -428,7 +403,7 @@ static void test_sum_accuracy(void)
             p.fn = TS_REDUCE_MEAN;
             CHECK_OK(kt_run(dev, TS_OP_REDUCE, &a.op, 1, &o.op, 1, &p, sizeof p));
             CHECK(kt_close(kt_get(&o.op, &z), want / (double)n, 1e-6, 0));
-            check_gaps(&o);
+            kt_check_gaps(&o);
             kt_free(&a);
             kt_free(&o);
         }
@@ -504,7 +479,7 @@ static void run_softmax(ts_device *dev, int32_t op, const ts_operand *in, const 
     CHECK_MSG(s == TS_OK, "%s: %s: %s", label, ts_status_name(s), ts_last_error());
     int nd = out->op.ndim;
     check_softmax(&out->op, x, nd ? (dim + nd) % nd : 0, op == TS_OP_LOG_SOFTMAX, label);
-    check_gaps(out);
+    kt_check_gaps(out);
     free(x);
 }
 
@@ -522,7 +497,7 @@ static void test_softmax(void)
                             kt_buf o = kt_make(dev, dt, 3, shape3, lo, 90);
                             char label[96];
                             snprintf(label, sizeof label, "%s %s dim %d %s->%s", ts_op_name(op),
-                                     ts_dtype_name(dt), dim, lname(li), lname(lo));
+                                     ts_dtype_name(dt), dim, kt_layout_name(li), kt_layout_name(lo));
                             run_softmax(dev, op, &a.op, &o, dim, label);
                             /* In place. */
                             run_softmax(dev, op, &a.op, &a, dim, label);
@@ -629,8 +604,8 @@ static void test_errors(void)
                     "float32");
         CHECK_FAILS(kt_run(dev, TS_OP_LOG_SOFTMAX, &a.op, 1, &of.op, 1, &dp, sizeof dp), TS_ESHAPE,
                     "dim 1");
-        check_gaps(&of);
-        check_gaps(&oi);
+        kt_check_gaps(&of);
+        kt_check_gaps(&oi);
         kt_free(&a);
         kt_free(&of);
         kt_free(&od);
