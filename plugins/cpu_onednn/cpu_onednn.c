@@ -1,29 +1,350 @@
 /* plugins/cpu_onednn/cpu_onednn.c: the oneDNN backend: host memory from the shared pool
- * component, a oneDNN CPU engine and stream created at init. Primitives arrive with the
- * cpu_onednn issue; until then it runs what the shared host code offers. */
+ * component, a oneDNN CPU engine and stream created at init, MATMUL and the CONV2D family
+ * (F32) on oneDNN primitives (matmul.c, conv.c) kept in a bounded LRU cache, everything else
+ * from the shared host kernels.
+ *
+ * Threads: Debian's libdnnl runs on OpenMP and sizes its parallel regions from
+ * omp_get_max_threads(); every execution sets the calling thread's OpenMP thread count to the
+ * "threads" setting (hd->threads) and restores the previous value afterwards, so the setting
+ * holds for oneDNN without changing what the rest of the process sees. */
 #include "config.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
-#include <dnnl.h>
+#include "onednn.h"
 
-#include "../common/hostkern.h"
+/* Primitives (main ones and reorders) created by every context of this plugin. Test-only
+ * diagnostics: not part of the plugin ABI; tests dlsym cpu_onednn_primitive_count from the
+ * loaded module to check that steady state creates none. */
+static unsigned long long n_primitives;
 
-typedef struct dnnl_ctx {
-    ts_hostdev hd; /* first: the hostdev vtable members take this ctx */
-    dnnl_engine_t engine;
-    dnnl_stream_t stream;
-} dnnl_ctx;
+__attribute__((visibility("default"))) unsigned long long cpu_onednn_primitive_count(void);
+unsigned long long cpu_onednn_primitive_count(void)
+{
+    return __atomic_load_n(&n_primitives, __ATOMIC_RELAXED);
+}
 
 static const ts_config_key keys[] = {
     TS_HOSTDEV_THREADS_KEY,
     {NULL, 0, NULL, 0, 0, NULL},
 };
 
+/* ---------------------------------------------------------------------------------------- */
+/* Primitive cache.                                                                          */
+
+void dn_key_push(dn_key *k, int64_t v)
+{
+    if (k->n < 0)
+        return;
+    if (k->n >= DN_KEY_MAX) {
+        k->n = -1; /* too long: never cached, never matched */
+        return;
+    }
+    k->v[k->n++] = v;
+}
+
+void dn_key_push_double(dn_key *k, double v)
+{
+    int64_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    dn_key_push(k, bits);
+}
+
+static uint64_t key_hash(const dn_key *k)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < k->n; i++) {
+        h ^= (uint64_t)k->v[i];
+        h *= 1099511628211ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+static int key_equal(const dn_key *a, const dn_key *b)
+{
+    return a->n == b->n && a->n >= 0 && memcmp(a->v, b->v, (size_t)a->n * sizeof a->v[0]) == 0;
+}
+
+static void entry_destroy(dn_entry *e)
+{
+    if (!e)
+        return;
+    for (int i = 0; i < e->nargs; i++) {
+        dn_arg *a = &e->args[i];
+        if (a->reorder)
+            dnnl_primitive_destroy(a->reorder);
+        if (a->prim_mem)
+            dnnl_memory_destroy(a->prim_mem);
+        if (a->user_mem)
+            dnnl_memory_destroy(a->user_mem);
+    }
+    if (e->scratch_mem)
+        dnnl_memory_destroy(e->scratch_mem);
+    if (e->prim)
+        dnnl_primitive_destroy(e->prim);
+    if (e->pd)
+        dnnl_primitive_desc_destroy(e->pd);
+    if (e->hint_pd)
+        dnnl_primitive_desc_destroy(e->hint_pd);
+    free(e);
+}
+
+dn_entry *dn_cache_find(dn_ctx *c, const dn_key *key)
+{
+    if (key->n < 0)
+        return NULL;
+    uint64_t h = key_hash(key);
+    for (int i = 0; i < c->ncache; i++) {
+        dn_entry *e = c->cache[i];
+        if (e->hash == h && key_equal(&e->key, key)) {
+            e->last_use = ++c->tick;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+ts_status dn_fail(dn_ctx *c, dnnl_status_t st, const char *name, const char *what)
+{
+    const ts_host *h = c->hd.host;
+    ts_status code = st == dnnl_out_of_memory ? TS_ENOMEM
+                     : st == dnnl_unimplemented ? TS_ENOTSUP
+                                                : TS_EINVAL;
+    return h->fail(h, code, "%s: %s failed (dnnl_status %d%s)", name, what, (int)st,
+                   st == dnnl_unimplemented ? ": no oneDNN implementation" : "");
+}
+
+static dnnl_status_t make_primitive(dnnl_primitive_t *p, const_dnnl_primitive_desc_t pd)
+{
+    dnnl_status_t st = dnnl_primitive_create(p, pd);
+    if (st == dnnl_success)
+        __atomic_add_fetch(&n_primitives, 1, __ATOMIC_RELAXED);
+    return st;
+}
+
+static size_t scratch_size(const_dnnl_primitive_desc_t pd)
+{
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    return md ? dnnl_memory_desc_get_size(md) : 0;
+}
+
+dnnl_status_t dn_md_strided(dnnl_memory_desc_t *md, int ndim, const int64_t *dims,
+                            const int64_t *strides)
+{
+    dnnl_dims_t d, s;
+    for (int i = 0; i < ndim; i++) {
+        d[i] = dims[i];
+        s[i] = strides[i];
+        if (dims[i] == 1) {
+            /* A size-1 dim's stride is free: give it the plain one (the extent of the dims
+             * after it), which is what oneDNN's plain layouts have. */
+            int64_t ext = 1;
+            for (int j = i + 1; j < ndim; j++)
+                if (dims[j] > 1 && strides[j] * dims[j] > ext)
+                    ext = strides[j] * dims[j];
+            s[i] = ext;
+        }
+    }
+    return dnnl_memory_desc_init_by_strides(md, ndim, d, dnnl_f32, s);
+}
+
+ts_status dn_cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec, const char *name,
+                          dn_entry **out)
+{
+    if (key->n < 0)
+        return c->hd.host->fail(c->hd.host, TS_EINVAL, "%s: primitive key too long", name);
+    dn_entry *e = calloc(1, sizeof *e);
+    if (!e)
+        return c->hd.host->fail(c->hd.host, TS_ENOMEM, "%s: out of memory", name);
+    e->key = *key;
+    e->hash = key_hash(key);
+    ts_status s = TS_OK;
+    dnnl_status_t st;
+    dnnl_primitive_attr_t rattr = NULL;
+    const char *what = "dnnl_primitive_attr_set_scratchpad_mode";
+    if ((st = dnnl_primitive_attr_set_scratchpad_mode(spec->attr, dnnl_scratchpad_mode_user)))
+        goto dfail;
+    if (spec->hint_desc) {
+        what = "creating the forward hint primitive descriptor";
+        if ((st = dnnl_primitive_desc_create(&e->hint_pd, spec->hint_desc, NULL, c->engine,
+                                             NULL)))
+            goto dfail;
+    }
+    what = "dnnl_primitive_desc_create";
+    if ((st = dnnl_primitive_desc_create(&e->pd, spec->op_desc, spec->attr, c->engine,
+                                         e->hint_pd)))
+        goto dfail;
+    what = "dnnl_primitive_create";
+    if ((st = make_primitive(&e->prim, e->pd)))
+        goto dfail;
+    e->scratch_bytes = scratch_size(e->pd);
+
+    what = "creating the reorder attributes";
+    if ((st = dnnl_primitive_attr_create(&rattr)) ||
+        (st = dnnl_primitive_attr_set_scratchpad_mode(rattr, dnnl_scratchpad_mode_user)))
+        goto dfail;
+    e->nargs = spec->nargs;
+    for (int i = 0; i < spec->nargs; i++) {
+        dn_arg *a = &e->args[i];
+        a->arg = spec->args[i];
+        a->is_output = spec->outputs[i];
+        const dnnl_memory_desc_t *um = &spec->user[i];
+        what = "dnnl_memory_create";
+        if ((st = dnnl_memory_create(&a->user_mem, um, c->engine, DNNL_MEMORY_NONE)))
+            goto dfail;
+        const dnnl_memory_desc_t *pm = dnnl_primitive_desc_query_md(e->pd, spec->query[i],
+                                                                    spec->qidx[i]);
+        what = "querying a primitive's memory descriptor";
+        if (!pm) {
+            st = dnnl_runtime_error;
+            goto dfail;
+        }
+        if (dnnl_memory_desc_equal(um, pm))
+            continue;
+        dnnl_primitive_desc_t rpd = NULL;
+        what = "creating a reorder";
+        if (a->is_output)
+            st = dnnl_reorder_primitive_desc_create(&rpd, pm, c->engine, um, c->engine, rattr);
+        else
+            st = dnnl_reorder_primitive_desc_create(&rpd, um, c->engine, pm, c->engine, rattr);
+        if (st)
+            goto dfail;
+        st = make_primitive(&a->reorder, rpd);
+        size_t rs = scratch_size(rpd);
+        dnnl_primitive_desc_destroy(rpd);
+        if (st)
+            goto dfail;
+        if (rs > e->scratch_bytes)
+            e->scratch_bytes = rs;
+        a->prim_bytes = dnnl_memory_desc_get_size(pm);
+        what = "dnnl_memory_create";
+        if ((st = dnnl_memory_create(&a->prim_mem, pm, c->engine, DNNL_MEMORY_NONE)))
+            goto dfail;
+    }
+    if (e->scratch_bytes) {
+        dnnl_memory_desc_t flat;
+        dnnl_dims_t dims = {(dnnl_dim_t)e->scratch_bytes};
+        what = "creating the scratchpad memory";
+        if ((st = dnnl_memory_desc_init_by_tag(&flat, 1, dims, dnnl_u8, dnnl_a)))
+            goto dfail;
+        if ((st = dnnl_memory_create(&e->scratch_mem, &flat, c->engine, DNNL_MEMORY_NONE)))
+            goto dfail;
+    }
+    dnnl_primitive_attr_destroy(rattr);
+    rattr = NULL;
+
+    if (c->ncache == DN_CACHE_SIZE) {
+        int lru = 0;
+        for (int i = 1; i < c->ncache; i++)
+            if (c->cache[i]->last_use < c->cache[lru]->last_use)
+                lru = i;
+        entry_destroy(c->cache[lru]);
+        c->cache[lru] = c->cache[--c->ncache];
+    }
+    c->cache[c->ncache++] = e;
+    e->last_use = ++c->tick;
+    *out = e;
+    return TS_OK;
+dfail:
+    s = dn_fail(c, st, name, what);
+    if (rattr)
+        dnnl_primitive_attr_destroy(rattr);
+    entry_destroy(e);
+    return s;
+}
+
+static dnnl_status_t run_reorder(dn_ctx *c, dnnl_primitive_t r, dnnl_memory_t from,
+                                 dnnl_memory_t to, dnnl_memory_t scratch)
+{
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to},
+                               {DNNL_ARG_SCRATCHPAD, scratch}};
+    return dnnl_primitive_execute(r, c->stream, scratch ? 3 : 2, args);
+}
+
+ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *name)
+{
+    const ts_host *h = c->hd.host;
+    ts_pool *pool = c->hd.pool;
+    void *bufs[DN_MAX_ARGS] = {NULL}, *scratch = NULL;
+    ts_status s = TS_OK;
+    dnnl_status_t st = dnnl_success;
+    const char *what = "dnnl_memory_set_data_handle";
+#ifdef _OPENMP
+    int omp_before = omp_get_max_threads();
+    if (c->hd.threads > 0)
+        omp_set_num_threads(c->hd.threads);
+#endif
+    if (e->scratch_bytes) {
+        if ((s = h->pool->alloc(pool, e->scratch_bytes, name, &scratch)))
+            goto done;
+        if ((st = dnnl_memory_set_data_handle(e->scratch_mem, scratch)))
+            goto dfail;
+    }
+    dnnl_exec_arg_t args[DN_MAX_ARGS + 1];
+    int nargs = 0;
+    for (int i = 0; i < e->nargs; i++) {
+        dn_arg *a = &e->args[i];
+        if ((st = dnnl_memory_set_data_handle(a->user_mem, handles[i])))
+            goto dfail;
+        dnnl_memory_t m = a->user_mem;
+        if (a->prim_mem) {
+            if ((s = h->pool->alloc(pool, a->prim_bytes ? a->prim_bytes : 1, name, &bufs[i])))
+                goto done;
+            if ((st = dnnl_memory_set_data_handle(a->prim_mem, bufs[i])))
+                goto dfail;
+            m = a->prim_mem;
+            what = "reordering an input";
+            if (!a->is_output &&
+                (st = run_reorder(c, a->reorder, a->user_mem, a->prim_mem, e->scratch_mem)))
+                goto dfail;
+            what = "dnnl_memory_set_data_handle";
+        }
+        args[nargs++] = (dnnl_exec_arg_t){a->arg, m};
+    }
+    if (e->scratch_mem)
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, e->scratch_mem};
+    what = "dnnl_primitive_execute";
+    if ((st = dnnl_primitive_execute(e->prim, c->stream, nargs, args)))
+        goto dfail;
+    what = "reordering an output";
+    for (int i = 0; i < e->nargs; i++) {
+        dn_arg *a = &e->args[i];
+        if (a->is_output && a->prim_mem &&
+            (st = run_reorder(c, a->reorder, a->prim_mem, a->user_mem, e->scratch_mem)))
+            goto dfail;
+    }
+    what = "dnnl_stream_wait";
+    if ((st = dnnl_stream_wait(c->stream)))
+        goto dfail;
+    goto done;
+dfail:
+    dnnl_stream_wait(c->stream);
+    s = dn_fail(c, st, name, what);
+done:
+    for (int i = 0; i < e->nargs; i++)
+        h->pool->free(pool, bufs[i]);
+    h->pool->free(pool, scratch);
+#ifdef _OPENMP
+    omp_set_num_threads(omp_before);
+#endif
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Plugin.                                                                                   */
+
 static void dnnl_shutdown_ctx(void *ctx)
 {
-    dnnl_ctx *c = ctx;
+    dn_ctx *c = ctx;
+    for (int i = 0; i < c->ncache; i++)
+        entry_destroy(c->cache[i]);
+    c->ncache = 0;
     if (c->stream)
         dnnl_stream_destroy(c->stream);
     if (c->engine)
@@ -35,7 +356,7 @@ static void dnnl_shutdown_ctx(void *ctx)
 static ts_status dnnl_init_ctx(const ts_host *host, const ts_setting *settings, size_t nsettings,
                                void **ctx)
 {
-    dnnl_ctx *c = calloc(1, sizeof *c);
+    dn_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return host->fail(host, TS_ENOMEM, "out of memory creating the plugin context");
     ts_status s = ts_hostdev_init(&c->hd, host, "cpu_onednn", settings, nsettings);
@@ -64,7 +385,7 @@ static ts_status dnnl_device_info(void *ctx, ts_device_info *info)
     ts_status s = ts_hostdev_device_info(ctx, info);
     if (s == TS_OK) {
         const dnnl_version_t *v = dnnl_version();
-        dnnl_ctx *c = ctx;
+        dn_ctx *c = ctx;
         snprintf(info->name, sizeof info->name, "host CPU, %d threads, oneDNN %d.%d.%d",
                  c->hd.threads, v->major, v->minor, v->patch);
     }
@@ -74,13 +395,18 @@ static ts_status dnnl_device_info(void *ctx, ts_device_info *info)
 static int dnnl_supports(void *ctx, int32_t op, int32_t dtype)
 {
     (void)ctx;
-    return ts_hostkern_supports(op, dtype);
+    return dn_matmul_supports(op, dtype) || dn_conv_supports(op, dtype) ||
+           ts_hostkern_supports(op, dtype);
 }
 
 static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
 {
-    dnnl_ctx *c = ctx;
+    dn_ctx *c = ctx;
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    if (dn_matmul_supports(call->op, dtype))
+        return dn_matmul(c, call);
+    if (dn_conv_supports(call->op, dtype))
+        return dn_conv(c, call);
     /* A family that claims the op writes its own, more precise message. */
     if (!ts_hostkern_supports(call->op, dtype))
         return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented for dtype %d",

@@ -333,38 +333,6 @@ static void test_conv2d_bwd_bad_params(void)
     kt_check_no_live_blocks(dev);
 }
 
-/* cpu_onednn has no convolution: it must say so for the backward ops too. */
-static void test_conv2d_bwd_onednn_unsupported(void)
-{
-    if (!has_plugin("cpu_onednn"))
-        SKIP("cpu_onednn is not built");
-    ts_device *dev = kt_load("cpu_onednn");
-    kt_buf x = kt_make(dev, TS_F32, 4, (int64_t[]){1, 2, 4, 4}, KT_CONTIG, 1);
-    kt_buf w = kt_make(dev, TS_F32, 4, (int64_t[]){2, 2, 3, 3}, KT_CONTIG, 2);
-    kt_buf gy = kt_make(dev, TS_F32, 4, (int64_t[]){1, 2, 2, 2}, KT_CONTIG, 3);
-    kt_buf gx = kt_make(dev, TS_F32, 4, (int64_t[]){1, 2, 4, 4}, KT_CONTIG, 4);
-    kt_buf gw = kt_make(dev, TS_F32, 4, (int64_t[]){2, 2, 3, 3}, KT_CONTIG, 5);
-    ts_conv2d_params p = CONVP(1, 0, 1, 1);
-    for (int d = 0; d < 2; d++) {
-        CHECK(!ts_device_supports(dev, TS_OP_CONV2D_BWD_DATA, float_dtypes[d]));
-        CHECK(!ts_device_supports(dev, TS_OP_CONV2D_BWD_WEIGHT, float_dtypes[d]));
-    }
-    CHECK_FAILS(kt_run(dev, TS_OP_CONV2D_BWD_DATA, (ts_operand[]){gy.op, w.op}, 2, &gx.op, 1, &p,
-                       sizeof p),
-                TS_ENOTSUP, "cpu_onednn");
-    CHECK_FAILS(kt_run(dev, TS_OP_CONV2D_BWD_WEIGHT, (ts_operand[]){gy.op, x.op}, 2, &gw.op, 1,
-                       &p, sizeof p),
-                TS_ENOTSUP, "cpu_onednn");
-    kt_check_gaps(&gx);
-    kt_check_gaps(&gw);
-    kt_free(&gw);
-    kt_free(&gx);
-    kt_free(&gy);
-    kt_free(&w);
-    kt_free(&x);
-    kt_check_no_live_blocks(dev);
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* pooling backward                                                                          */
 
@@ -877,7 +845,6 @@ int main(int argc, char **argv)
         TAP_TEST(test_conv2d_bwd_layouts),
         TAP_TEST(test_conv2d_bwd_empty),
         TAP_TEST(test_conv2d_bwd_bad_params),
-        TAP_TEST(test_conv2d_bwd_onednn_unsupported),
         TAP_TEST(test_pool2d_bwd),
         TAP_TEST(test_pool2d_bwd_accumulate),
         TAP_TEST(test_pool2d_bwd_bad_params),

@@ -187,28 +187,6 @@ static void test_matmul_in_place(void)
     kt_check_no_live_blocks(dev);
 }
 
-/* cpu_onednn has no matmul yet: it must say so rather than run anything. */
-static void test_matmul_onednn_unsupported(void)
-{
-    int found = 0;
-    for (const char *const *pn = kt_plugins(); *pn; pn++)
-        found |= strcmp(*pn, "cpu_onednn") == 0;
-    if (!found)
-        SKIP("cpu_onednn is not built");
-    ts_device *dev = kt_load("cpu_onednn");
-    kt_buf a = kt_make(dev, TS_F32, 2, (int64_t[]){2, 3}, KT_CONTIG, 1);
-    kt_buf b = kt_make(dev, TS_F32, 2, (int64_t[]){3, 2}, KT_CONTIG, 2);
-    kt_buf c = kt_make(dev, TS_F32, 2, (int64_t[]){2, 2}, KT_CONTIG, 3);
-    ts_matmul_params p = {.alpha = 1.0, .beta = 0.0};
-    CHECK_FAILS(kt_run(dev, TS_OP_MATMUL, (ts_operand[]){a.op, b.op}, 2, &c.op, 1, &p, sizeof p),
-                TS_ENOTSUP, "cpu_onednn");
-    kt_check_gaps(&c);
-    kt_free(&c);
-    kt_free(&b);
-    kt_free(&a);
-    kt_check_no_live_blocks(dev);
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* conv2d                                                                                    */
 
@@ -669,7 +647,6 @@ int main(int argc, char **argv)
         TAP_TEST(test_matmul_batched),
         TAP_TEST(test_matmul_empty),
         TAP_TEST(test_matmul_in_place),
-        TAP_TEST(test_matmul_onednn_unsupported),
         TAP_TEST(test_conv2d),
         TAP_TEST(test_conv2d_bad_params),
         TAP_TEST(test_pool2d),

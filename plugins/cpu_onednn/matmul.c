@@ -1,0 +1,272 @@
+/* plugins/cpu_onednn/matmul.c: TS_OP_MATMUL, F32, on a oneDNN matmul primitive. The operands
+ * go to oneDNN as they lie (memory descriptors by strides: transposed or strided matrices
+ * need no copy); a batch dim broadcast with stride 0 becomes a size-1 dim (oneDNN broadcasts
+ * it), and a batch dim both inputs broadcast is looped over. alpha is the output scale, beta
+ * a sum post-op. An output overlapping an input, or a matrix dim with stride 0, goes through
+ * dense pool scratch. oneDNN's CPU matmul has no f64: supports() says so for F64. */
+#include "config.h"
+
+#include <string.h>
+
+#include "onednn.h"
+
+int dn_matmul_supports(int32_t op, int32_t dtype)
+{
+    return op == TS_OP_MATMUL && dtype == TS_F32;
+}
+
+/* Byte range [lo, hi) an operand touches; used to spot an output aliasing an input. */
+static void byte_span(const ts_operand *o, uintptr_t *lo, uintptr_t *hi)
+{
+    int64_t mn = o->offset, mx = o->offset;
+    for (int d = 0; d < o->ndim; d++) {
+        if (o->shape[d] == 0) {
+            *lo = *hi = 0;
+            return;
+        }
+        int64_t ext = (o->shape[d] - 1) * o->strides[d];
+        if (ext < 0)
+            mn += ext;
+        else
+            mx += ext;
+    }
+    *lo = (uintptr_t)o->data + (uintptr_t)(mn * 4);
+    *hi = (uintptr_t)o->data + (uintptr_t)((mx + 1) * 4);
+}
+
+static int overlaps(const ts_operand *a, const ts_operand *b)
+{
+    uintptr_t alo, ahi, blo, bhi;
+    byte_span(a, &alo, &ahi);
+    byte_span(b, &blo, &bhi);
+    return alo < ahi && blo < bhi && alo < bhi && blo < ahi;
+}
+
+/* A dense row-major operand of op's dtype and shape over buf. */
+static ts_operand dense_like(const ts_operand *op, void *buf)
+{
+    ts_operand d = *op;
+    d.data = buf;
+    d.offset = 0;
+    int64_t acc = 1;
+    for (int k = op->ndim - 1; k >= 0; k--) {
+        d.strides[k] = acc;
+        acc *= op->shape[k];
+    }
+    return d;
+}
+
+static int64_t numel(const ts_operand *o)
+{
+    int64_t n = 1;
+    for (int d = 0; d < o->ndim; d++)
+        n *= o->shape[d];
+    return n;
+}
+
+/* A matrix dim of size > 1 with stride 0: oneDNN memory descriptors cannot say that. */
+static int needs_pack(const ts_operand *o)
+{
+    int nd = o->ndim;
+    return (o->shape[nd - 2] > 1 && o->strides[nd - 2] == 0) ||
+           (o->shape[nd - 1] > 1 && o->strides[nd - 1] == 0);
+}
+
+static ts_status pack(dn_ctx *c, const ts_operand *o, ts_operand *dense, void **buf)
+{
+    const ts_host *h = c->hd.host;
+    int64_t n = numel(o);
+    ts_status s = h->pool->alloc(c->hd.pool, (size_t)(n ? n : 1) * 4, "matmul", buf);
+    if (s)
+        return s;
+    *dense = dense_like(o, *buf);
+    return ts_hostdev_copy_strided(dense, o);
+}
+
+static ts_status matmul_entry(dn_ctx *c, const dn_key *key, int nd, const int64_t *ad,
+                              const int64_t *as, const int64_t *bd, const int64_t *bs,
+                              const int64_t *cd, const int64_t *cs, double alpha, double beta,
+                              dn_entry **e)
+{
+    if ((*e = dn_cache_find(c, key)))
+        return TS_OK;
+    dn_spec sp = {.nargs = 3,
+                  .args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
+                  .outputs = {0, 0, 1},
+                  .query = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md}};
+    dnnl_status_t st;
+    const char *what = "building the memory descriptors";
+    dnnl_matmul_desc_t md;
+    dnnl_post_ops_t po = NULL;
+    if ((st = dn_md_strided(&sp.user[0], nd, ad, as)) ||
+        (st = dn_md_strided(&sp.user[1], nd, bd, bs)) ||
+        (st = dn_md_strided(&sp.user[2], nd, cd, cs)))
+        return dn_fail(c, st, "matmul", what);
+    if ((st = dnnl_matmul_desc_init(&md, &sp.user[0], &sp.user[1], NULL, &sp.user[2])))
+        return dn_fail(c, st, "matmul", "dnnl_matmul_desc_init");
+    what = "setting the attributes";
+    if ((st = dnnl_primitive_attr_create(&sp.attr)))
+        return dn_fail(c, st, "matmul", what);
+    if (alpha != 1.0) {
+        float a = (float)alpha;
+        if ((st = dnnl_primitive_attr_set_output_scales(sp.attr, 1, 0, &a)))
+            goto dfail;
+    }
+    if (beta != 0.0) {
+        if ((st = dnnl_post_ops_create(&po)) || (st = dnnl_post_ops_append_sum(po, (float)beta)) ||
+            (st = dnnl_primitive_attr_set_post_ops(sp.attr, po)))
+            goto dfail;
+        dnnl_post_ops_destroy(po);
+        po = NULL;
+    }
+    sp.op_desc = &md;
+    ts_status s = dn_cache_create(c, key, &sp, "matmul", e);
+    dnnl_primitive_attr_destroy(sp.attr);
+    return s;
+dfail:
+    if (po)
+        dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(sp.attr);
+    return dn_fail(c, st, "matmul", what);
+}
+
+/* a: (B..., M, K), b: (B..., K, N), out: (B..., M, N); out = alpha * a @ b + beta * out. */
+ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
+{
+    const ts_host *h = c->hd.host;
+    if (call->op != TS_OP_MATMUL)
+        return TS_ENOTSUP;
+    if (call->ninputs != 2 || call->noutputs != 1)
+        return h->fail(h, TS_EINVAL, "matmul: expects 2 inputs and 1 output, got %d and %d",
+                       (int)call->ninputs, (int)call->noutputs);
+    const ts_operand *A = &call->inputs[0], *B = &call->inputs[1], *C = &call->outputs[0];
+    int32_t dt = C->dtype;
+    if (A->dtype != dt || B->dtype != dt)
+        return h->fail(h, TS_EINVAL, "matmul: dtypes differ (%d, %d -> %d)", (int)A->dtype,
+                       (int)B->dtype, (int)dt);
+    if (dt != TS_F32)
+        return h->fail(h, TS_ENOTSUP, "matmul: cpu_onednn runs float32 only (oneDNN's CPU "
+                       "matmul has no float64)");
+    int nd = C->ndim;
+    if (nd < 2 || A->ndim != nd || B->ndim != nd)
+        return h->fail(h, TS_ESHAPE, "matmul: operands need the same ndim >= 2 (%d, %d -> %d)",
+                       (int)A->ndim, (int)B->ndim, nd);
+    int64_t M = A->shape[nd - 2], K = A->shape[nd - 1], N = B->shape[nd - 1], nbatch = 1;
+    int bad = B->shape[nd - 2] != K || C->shape[nd - 2] != M || C->shape[nd - 1] != N;
+    for (int d = 0; d < nd - 2; d++) {
+        bad |= A->shape[d] != C->shape[d] || B->shape[d] != C->shape[d];
+        nbatch *= C->shape[d];
+    }
+    if (bad)
+        return h->fail(h, TS_ESHAPE, "matmul: (..., %lld, %lld) @ (..., %lld, %lld) -> "
+                       "(..., %lld, %lld) do not match", (long long)M, (long long)K,
+                       (long long)B->shape[nd - 2], (long long)N,
+                       (long long)C->shape[nd - 2], (long long)C->shape[nd - 1]);
+    double alpha = 1.0, beta = 0.0;
+    if (call->params && call->params_size >= sizeof(ts_matmul_params)) {
+        const ts_matmul_params *p = call->params;
+        alpha = p->alpha;
+        beta = p->beta;
+    }
+    if (nbatch == 0 || M == 0 || N == 0)
+        return TS_OK;
+    if (K == 0) {
+        /* An empty sum: out = beta * out (beta 0 overwrites, NaN or not). */
+        int64_t n = numel(C), idx[TS_MAX_DIMS] = {0};
+        for (int64_t i = 0; i < n; i++) {
+            int64_t off = C->offset;
+            for (int d = 0; d < nd; d++)
+                off += idx[d] * C->strides[d];
+            float *q = (float *)C->data + off;
+            *q = beta == 0.0 ? 0.0f : (float)beta * *q;
+            for (int d = nd - 1; d >= 0; d--) {
+                if (++idx[d] < C->shape[d])
+                    break;
+                idx[d] = 0;
+            }
+        }
+        return TS_OK;
+    }
+
+    ts_status s = TS_OK;
+    void *abuf = NULL, *bbuf = NULL, *cbuf = NULL;
+    ts_operand Ad = *A, Bd = *B, Cd = *C;
+    if (needs_pack(A) && (s = pack(c, A, &Ad, &abuf)))
+        goto done;
+    if (needs_pack(B) && (s = pack(c, B, &Bd, &bbuf)))
+        goto done;
+    if (overlaps(C, A) || overlaps(C, B)) {
+        int64_t n = numel(C);
+        if ((s = h->pool->alloc(c->hd.pool, (size_t)n * 4, "matmul", &cbuf)))
+            goto done;
+        Cd = dense_like(C, cbuf);
+        if (beta != 0.0 && (s = ts_hostdev_copy_strided(&Cd, C)))
+            goto done;
+    }
+
+    /* oneDNN dims: batch dims an input broadcasts become 1; dims both broadcast are looped. */
+    int64_t ad[TS_MAX_DIMS], as[TS_MAX_DIMS], bd[TS_MAX_DIMS], bs[TS_MAX_DIMS];
+    int64_t cd[TS_MAX_DIMS], cs[TS_MAX_DIMS];
+    int loop[TS_MAX_DIMS], nloop = 0;
+    for (int d = 0; d < nd; d++) {
+        int64_t n = Cd.shape[d];
+        int batch = d < nd - 2;
+        int a0 = batch && n > 1 && Ad.strides[d] == 0, b0 = batch && n > 1 && Bd.strides[d] == 0;
+        ad[d] = a0 ? 1 : Ad.shape[d];
+        as[d] = Ad.strides[d];
+        bd[d] = b0 ? 1 : Bd.shape[d];
+        bs[d] = Bd.strides[d];
+        cd[d] = n;
+        cs[d] = Cd.strides[d];
+        if (a0 && b0) {
+            cd[d] = 1;
+            loop[nloop++] = d;
+        }
+    }
+    dn_key key = {0};
+    dn_key_push(&key, TS_OP_MATMUL);
+    dn_key_push(&key, nd);
+    for (int d = 0; d < nd; d++) {
+        dn_key_push(&key, ad[d]);
+        dn_key_push(&key, ad[d] == 1 ? 0 : as[d]);
+        dn_key_push(&key, bd[d]);
+        dn_key_push(&key, bd[d] == 1 ? 0 : bs[d]);
+        dn_key_push(&key, cd[d]);
+        dn_key_push(&key, cd[d] == 1 ? 0 : cs[d]);
+    }
+    dn_key_push_double(&key, alpha);
+    dn_key_push_double(&key, beta);
+    dn_entry *e;
+    if ((s = matmul_entry(c, &key, nd, ad, as, bd, bs, cd, cs, alpha, beta, &e)))
+        goto done;
+
+    int64_t idx[TS_MAX_DIMS] = {0};
+    for (;;) {
+        int64_t ao = Ad.offset, bo = Bd.offset, co = Cd.offset;
+        for (int i = 0; i < nloop; i++) {
+            int d = loop[i];
+            ao += idx[d] * Ad.strides[d];
+            bo += idx[d] * Bd.strides[d];
+            co += idx[d] * Cd.strides[d];
+        }
+        void *handles[3] = {(float *)Ad.data + ao, (float *)Bd.data + bo, (float *)Cd.data + co};
+        if ((s = dn_execute(c, e, handles, "matmul")))
+            goto done;
+        int i = nloop - 1;
+        for (; i >= 0; i--) {
+            int d = loop[i];
+            if (++idx[d] < Cd.shape[d])
+                break;
+            idx[d] = 0;
+        }
+        if (i < 0)
+            break;
+    }
+    if (cbuf)
+        s = ts_hostdev_copy_strided(C, &Cd);
+done:
+    h->pool->free(c->hd.pool, cbuf);
+    h->pool->free(c->hd.pool, bbuf);
+    h->pool->free(c->hd.pool, abuf);
+    return s;
+}

@@ -1,0 +1,609 @@
+/* tests/plugins/test-onednn.c: cpu_onednn's MATMUL and CONV2D family (oneDNN primitives) on
+ * float32, each checked against a float64 reference computed here AND against cpu_blas run
+ * on identical inputs (where built), over contiguous, transposed, strided and offset
+ * operands. Also: supports() (F32 yes, F64 no), that steady state creates no primitive (the
+ * test-only cpu_onednn_primitive_count symbol, dlsym'ed from the loaded module), that the
+ * bounded primitive cache evicts and stays correct, and that no pool block leaks. */
+#include "kt.h"
+
+#include <dlfcn.h>
+#include <math.h>
+
+#define RTOL 1e-4
+
+static int has_plugin(const char *name)
+{
+    for (const char *const *pn = kt_plugins(); *pn; pn++)
+        if (strcmp(*pn, name) == 0)
+            return 1;
+    return 0;
+}
+
+static ts_device *load_onednn(void)
+{
+    if (!has_plugin("cpu_onednn"))
+        SKIP("cpu_onednn is not built");
+    return kt_load("cpu_onednn");
+}
+
+/* cpu_blas for the cross-check, or NULL when it is not built. */
+static ts_device *load_blas(void)
+{
+    return has_plugin("cpu_blas") ? kt_load("cpu_blas") : NULL;
+}
+
+typedef unsigned long long (*count_fn)(void);
+
+static count_fn primitive_counter(ts_device *dev)
+{
+    const char *path = ts_device_path(dev);
+    CHECK(path);
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    CHECK_MSG(h, "dlopen(%s, RTLD_NOLOAD): %s", path, dlerror());
+    count_fn f;
+    void *sym = dlsym(h, "cpu_onednn_primitive_count");
+    CHECK_MSG(sym, "cpu_onednn_primitive_count not exported: %s", dlerror());
+    memcpy(&f, &sym, sizeof f);
+    dlclose(h); /* the device keeps its own reference */
+    return f;
+}
+
+/* All elements of op in row-major order, as doubles (malloc'd). */
+static double *snapshot(const ts_operand *op)
+{
+    int64_t n = kt_numel(op), idx[TS_MAX_DIMS];
+    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    CHECK(v);
+    for (int64_t i = 0; i < n; i++) {
+        kt_unravel(op, i, idx);
+        v[i] = kt_get(op, idx);
+    }
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* matmul                                                                                    */
+
+/* Runs out = alpha * a @ b + beta * out on dev and returns the result (malloc'd); the
+ * float64 reference of the same computation goes to *ref when ref is not NULL. */
+static double *run_matmul(ts_device *dev, const ts_operand *a, const ts_operand *b,
+                          const ts_operand *c, double alpha, double beta, double **ref)
+{
+    int nd = c->ndim;
+    int64_t K = a->shape[nd - 1], total = kt_numel(c), idx[TS_MAX_DIMS];
+    double *before = snapshot(c);
+    ts_matmul_params p = {.alpha = alpha, .beta = beta};
+    CHECK_OK(kt_run(dev, TS_OP_MATMUL, (ts_operand[]){*a, *b}, 2, c, 1, &p, sizeof p));
+    if (ref) {
+        *ref = malloc(sizeof(double) * (size_t)(total ? total : 1));
+        CHECK(*ref);
+        for (int64_t i = 0; i < total; i++) {
+            kt_unravel(c, i, idx);
+            int64_t ai[TS_MAX_DIMS], bi[TS_MAX_DIMS];
+            memcpy(ai, idx, sizeof ai);
+            memcpy(bi, idx, sizeof bi);
+            double acc = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                ai[nd - 1] = k;
+                bi[nd - 2] = k;
+                acc += kt_get(a, ai) * kt_get(b, bi);
+            }
+            (*ref)[i] = alpha * acc + (beta != 0.0 ? beta * before[i] : 0.0);
+        }
+    }
+    free(before);
+    return snapshot(c);
+}
+
+static void compare(const char *what, const char *against, const double *got, const double *want,
+                    int64_t n, double atol)
+{
+    for (int64_t i = 0; i < n; i++)
+        CHECK_MSG(kt_close(got[i], want[i], RTOL, atol),
+                  "%s: element %lld: cpu_onednn %.9g, %s %.9g", what, (long long)i, got[i],
+                  against, want[i]);
+}
+
+/* One matmul case: a (batch..., M, K) in layout la, b, out likewise, on cpu_onednn against
+ * the reference and against cpu_blas on identical inputs. bshape_b / bshape_a: when not NULL,
+ * b / a are made with that (smaller) shape and broadcast to the batch. */
+static void matmul_case(ts_device *dn, ts_device *bl, int nd, const int64_t *batch, int64_t M,
+                        int64_t K, int64_t N, kt_layout la, kt_layout lb, kt_layout lc,
+                        double alpha, double beta, int bcast_a, int bcast_b)
+{
+    int64_t as[TS_MAX_DIMS], bs[TS_MAX_DIMS], cs[TS_MAX_DIMS];
+    for (int d = 0; d < nd - 2; d++)
+        as[d] = bs[d] = cs[d] = batch[d];
+    as[nd - 2] = M, as[nd - 1] = K;
+    bs[nd - 2] = K, bs[nd - 1] = N;
+    cs[nd - 2] = M, cs[nd - 1] = N;
+    /* A broadcast operand is made 2-D (or with size-1 leading dim) and broadcast. */
+    int and_ = bcast_a ? 2 : nd, bnd = bcast_b ? 2 : nd;
+    ts_device *devs[2] = {dn, bl};
+    double *res[2] = {NULL, NULL}, *ref = NULL;
+    int64_t total = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!devs[i])
+            continue;
+        kt_buf a = kt_make(devs[i], TS_F32, and_, as + (nd - and_), la, 1);
+        kt_buf b = kt_make(devs[i], TS_F32, bnd, bs + (nd - bnd), lb, 2);
+        kt_buf c = kt_make(devs[i], TS_F32, nd, cs, lc, 3);
+        ts_operand ao = kt_broadcast(&a.op, nd, as), bo = kt_broadcast(&b.op, nd, bs);
+        res[i] = run_matmul(devs[i], &ao, &bo, &c.op, alpha, beta, i == 0 ? &ref : NULL);
+        total = kt_numel(&c.op);
+        kt_check_gaps(&c);
+        kt_free(&c);
+        kt_free(&b);
+        kt_free(&a);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "matmul nd=%d M=%lld K=%lld N=%lld a=%s%s b=%s%s out=%s alpha=%g "
+             "beta=%g", nd, (long long)M, (long long)K, (long long)N, kt_layout_name(la),
+             bcast_a ? "(bcast)" : "", kt_layout_name(lb), bcast_b ? "(bcast)" : "",
+             kt_layout_name(lc), alpha, beta);
+    double atol = 1e-6 * (double)(K + 1) * 4.0 * (fabs(alpha) + fabs(beta));
+    compare(what, "float64 reference", res[0], ref, total, atol);
+    if (res[1])
+        compare(what, "cpu_blas", res[0], res[1], total, atol);
+    free(ref);
+    free(res[1]);
+    free(res[0]);
+}
+
+static void test_matmul_supports(void)
+{
+    ts_device *dn = load_onednn();
+    CHECK(ts_device_supports(dn, TS_OP_MATMUL, TS_F32));
+    CHECK(!ts_device_supports(dn, TS_OP_MATMUL, TS_F64));
+    CHECK(!ts_device_supports(dn, TS_OP_MATMUL, TS_I32));
+    kt_buf a = kt_make(dn, TS_F64, 2, (int64_t[]){2, 3}, KT_CONTIG, 1);
+    kt_buf b = kt_make(dn, TS_F64, 2, (int64_t[]){3, 2}, KT_CONTIG, 2);
+    kt_buf c = kt_make(dn, TS_F64, 2, (int64_t[]){2, 2}, KT_CONTIG, 3);
+    ts_matmul_params p = {.alpha = 1.0, .beta = 0.0};
+    CHECK_FAILS(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){a.op, b.op}, 2, &c.op, 1, &p, sizeof p),
+                TS_ENOTSUP, "cpu_onednn", "float64");
+    kt_check_gaps(&c);
+    kt_free(&c);
+    kt_free(&b);
+    kt_free(&a);
+    kt_check_no_live_blocks(dn);
+}
+
+static void test_matmul_shapes(void)
+{
+    ts_device *dn = load_onednn(), *bl = load_blas();
+    static const int64_t shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {64, 33, 17}, {17, 64, 1},
+                                        {1, 40, 9}, {130, 70, 90}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        matmul_case(dn, bl, 2, NULL, shapes[s][0], shapes[s][1], shapes[s][2], KT_CONTIG,
+                    KT_CONTIG, KT_CONTIG, 1.0, 0.0, 0, 0);
+        matmul_case(dn, bl, 2, NULL, shapes[s][0], shapes[s][1], shapes[s][2], KT_CONTIG,
+                    KT_TRANSPOSED, KT_STRIDED, -0.5, 2.0, 0, 0);
+        matmul_case(dn, bl, 2, NULL, shapes[s][0], shapes[s][1], shapes[s][2], KT_TRANSPOSED,
+                    KT_OFFSET, KT_TRANSPOSED, 1.0, 1.0, 0, 0);
+    }
+    kt_check_no_live_blocks(dn);
+}
+
+static void test_matmul_layouts(void)
+{
+    ts_device *dn = load_onednn(), *bl = load_blas();
+    for (int la = 0; la < KT_NLAYOUTS; la++)
+        for (int lb = 0; lb < KT_NLAYOUTS; lb++)
+            for (int lc = 0; lc < KT_NLAYOUTS; lc++) {
+                matmul_case(dn, bl, 2, NULL, 7, 5, 6, la, lb, lc, 1.0, 0.0, 0, 0);
+                matmul_case(dn, bl, 2, NULL, 6, 9, 4, la, lb, lc, 1.5, -0.75, 0, 0);
+            }
+    kt_check_no_live_blocks(dn);
+}
+
+static void test_matmul_batched(void)
+{
+    ts_device *dn = load_onednn(), *bl = load_blas();
+    const int64_t batch[2] = {2, 3};
+    for (int l = 0; l < KT_NLAYOUTS; l++) {
+        int l1 = (l + 1) % KT_NLAYOUTS, l2 = (l + 2) % KT_NLAYOUTS;
+        matmul_case(dn, bl, 4, batch, 4, 5, 6, l, l1, l2, 1.0, 0.0, 0, 0);
+        matmul_case(dn, bl, 4, batch, 4, 5, 6, l, l1, l2, 0.25, 1.0, 0, 0);
+        matmul_case(dn, bl, 3, batch, 4, 5, 6, l, l1, l2, 1.0, 0.0, 0, 0);
+        /* b (K, N) broadcast over both batch dims (stride 0), a likewise, both. */
+        matmul_case(dn, bl, 4, batch, 4, 5, 6, l, l1, l2, 1.0, 0.0, 0, 1);
+        matmul_case(dn, bl, 4, batch, 4, 5, 6, l, l1, l2, -1.0, 0.5, 1, 0);
+        matmul_case(dn, bl, 4, batch, 4, 5, 6, l, l1, l2, 1.0, 0.0, 1, 1);
+        matmul_case(dn, bl, 3, batch, 9, 7, 3, l, l1, l2, 2.0, 0.0, 0, 1);
+    }
+    /* a (3, M, K) and b (2, 1, K, N) broadcast to (2, 3, ...): a partial broadcast on each. */
+    for (int i = 0; i < 2; i++) {
+        ts_device *dev = i ? bl : dn;
+        if (!dev)
+            continue;
+        kt_buf a3 = kt_make(dev, TS_F32, 3, (int64_t[]){3, 4, 5}, KT_TRANSPOSED, 13);
+        kt_buf b4 = kt_make(dev, TS_F32, 4, (int64_t[]){2, 1, 5, 6}, KT_STRIDED, 14);
+        kt_buf c = kt_make(dev, TS_F32, 4, (int64_t[]){2, 3, 4, 6}, KT_OFFSET, 12);
+        ts_operand ab = kt_broadcast(&a3.op, 4, (int64_t[]){2, 3, 4, 5});
+        ts_operand bb = kt_broadcast(&b4.op, 4, (int64_t[]){2, 3, 5, 6});
+        double *ref, *got = run_matmul(dev, &ab, &bb, &c.op, 1.0, 0.0, &ref);
+        compare("matmul both partially broadcast", "float64 reference", got, ref, 144, 1e-4);
+        free(got);
+        free(ref);
+        kt_free(&c);
+        kt_free(&b4);
+        kt_free(&a3);
+    }
+    kt_check_no_live_blocks(dn);
+}
+
+/* K == 0: out = beta * out; M or N == 0: nothing; beta 0 overwrites NaN. */
+static void test_matmul_empty(void)
+{
+    ts_device *dn = load_onednn(), *bl = load_blas();
+    for (int lc = 0; lc < KT_NLAYOUTS; lc++) {
+        matmul_case(dn, bl, 2, NULL, 3, 0, 4, KT_CONTIG, KT_CONTIG, lc, 1.0, 0.0, 0, 0);
+        matmul_case(dn, bl, 2, NULL, 3, 0, 4, KT_TRANSPOSED, KT_STRIDED, lc, 1.0, 2.5, 0, 0);
+        matmul_case(dn, bl, 2, NULL, 0, 3, 4, KT_CONTIG, KT_CONTIG, lc, 1.0, 1.0, 0, 0);
+        matmul_case(dn, bl, 2, NULL, 3, 4, 0, KT_CONTIG, KT_CONTIG, lc, 1.0, 1.0, 0, 0);
+        kt_buf a = kt_make(dn, TS_F32, 2, (int64_t[]){3, 2}, KT_CONTIG, 1);
+        kt_buf b = kt_make(dn, TS_F32, 2, (int64_t[]){2, 4}, KT_CONTIG, 2);
+        kt_buf c = kt_make(dn, TS_F32, 2, (int64_t[]){3, 4}, lc, 3);
+        kt_set(&c.op, (int64_t[]){1, 2}, NAN);
+        double *ref, *got = run_matmul(dn, &a.op, &b.op, &c.op, 1.0, 0.0, &ref);
+        compare("matmul NaN in out, beta 0", "float64 reference", got, ref, 12, 1e-5);
+        free(got);
+        free(ref);
+        kt_free(&c);
+        kt_free(&b);
+        kt_free(&a);
+    }
+    kt_check_no_live_blocks(dn);
+}
+
+/* out is exactly a (square, in place). */
+static void test_matmul_in_place(void)
+{
+    ts_device *dn = load_onednn();
+    kt_buf a = kt_make(dn, TS_F32, 2, (int64_t[]){8, 8}, KT_CONTIG, 4);
+    kt_buf acopy = kt_make(dn, TS_F32, 2, (int64_t[]){8, 8}, KT_CONTIG, 4);
+    kt_buf b = kt_make(dn, TS_F32, 2, (int64_t[]){8, 8}, KT_TRANSPOSED, 5);
+    kt_buf ref = kt_make(dn, TS_F32, 2, (int64_t[]){8, 8}, KT_CONTIG, 6);
+    ts_matmul_params p = {.alpha = 1.0, .beta = 0.5};
+    CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){acopy.op, b.op}, 2, &acopy.op, 1, &p,
+                    sizeof p));
+    /* acopy now holds a @ b + 0.5 a computed in place; redo it out of place from a fresh a */
+    kt_buf a2 = kt_make(dn, TS_F32, 2, (int64_t[]){8, 8}, KT_CONTIG, 4);
+    kt_buf out = kt_make(dn, TS_F32, 2, (int64_t[]){8, 8}, KT_CONTIG, 4);
+    CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){a2.op, b.op}, 2, &out.op, 1, &p, sizeof p));
+    for (int64_t i = 0; i < 64; i++) {
+        int64_t idx[2] = {i / 8, i % 8};
+        CHECK(kt_close(kt_get(&acopy.op, idx), kt_get(&out.op, idx), 1e-5, 1e-5));
+    }
+    kt_free(&out);
+    kt_free(&a2);
+    kt_free(&ref);
+    kt_free(&b);
+    kt_free(&acopy);
+    kt_free(&a);
+    kt_check_no_live_blocks(dn);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* conv2d, forward and backward                                                              */
+
+typedef struct conv_case {
+    int64_t N, C, H, W, K, R, S;
+    ts_conv2d_params p;
+    int bias;
+    kt_layout lx, lw, ly;
+} conv_case;
+
+#define CONVP(st, pd, dl, g) {(st), (st), (pd), (pd), (dl), (dl), (g)}
+
+static const conv_case conv_cases[] = {
+    /* N C H W K R S params bias lx lw ly */
+    {2, 3, 7, 8, 4, 3, 3, CONVP(1, 0, 1, 1), 0, KT_CONTIG, KT_CONTIG, KT_CONTIG},
+    {2, 3, 7, 8, 4, 3, 3, CONVP(1, 1, 1, 1), 1, KT_CONTIG, KT_CONTIG, KT_CONTIG},
+    {2, 3, 9, 8, 5, 3, 3, CONVP(2, 1, 1, 1), 1, KT_STRIDED, KT_CONTIG, KT_CONTIG},
+    {1, 2, 11, 10, 3, 3, 2, CONVP(1, 2, 2, 1), 0, KT_TRANSPOSED, KT_OFFSET, KT_STRIDED},
+    {2, 4, 8, 8, 6, 3, 3, CONVP(1, 1, 1, 2), 1, KT_OFFSET, KT_TRANSPOSED, KT_TRANSPOSED},
+    {2, 4, 8, 8, 6, 3, 3, CONVP(2, 1, 2, 2), 0, KT_STRIDED, KT_STRIDED, KT_OFFSET},
+    {2, 4, 9, 7, 4, 3, 3, CONVP(1, 1, 1, 4), 1, KT_CONTIG, KT_CONTIG, KT_CONTIG},
+    {1, 3, 9, 7, 6, 3, 3, CONVP(2, 1, 1, 3), 0, KT_TRANSPOSED, KT_STRIDED, KT_CONTIG},
+    {2, 5, 4, 6, 3, 1, 1, CONVP(1, 0, 1, 1), 1, KT_CONTIG, KT_CONTIG, KT_CONTIG},
+    {2, 4, 4, 6, 4, 1, 1, CONVP(1, 0, 1, 2), 1, KT_STRIDED, KT_TRANSPOSED, KT_STRIDED},
+    {2, 3, 6, 5, 4, 3, 1, CONVP(1, 0, 1, 1), 1, KT_CONTIG, KT_CONTIG, KT_CONTIG},
+    /* stride 2 where the window does not tile the input (right padding < left) */
+    {1, 2, 8, 8, 3, 3, 3, CONVP(2, 0, 1, 1), 1, KT_CONTIG, KT_OFFSET, KT_CONTIG},
+    /* LeNet-5 shaped, and wide enough for blocked layouts */
+    {4, 1, 28, 28, 6, 5, 5, CONVP(1, 2, 1, 1), 1, KT_CONTIG, KT_CONTIG, KT_CONTIG},
+    {4, 6, 14, 14, 16, 5, 5, CONVP(1, 0, 1, 1), 1, KT_CONTIG, KT_CONTIG, KT_CONTIG},
+    {2, 32, 10, 10, 48, 3, 3, CONVP(1, 1, 1, 1), 1, KT_OFFSET, KT_CONTIG, KT_STRIDED},
+    {2, 32, 10, 10, 32, 3, 3, CONVP(1, 1, 1, 32), 0, KT_CONTIG, KT_CONTIG, KT_CONTIG},
+    /* kernel as large as the padded input */
+    {1, 2, 3, 3, 2, 5, 5, CONVP(1, 1, 1, 1), 1, KT_CONTIG, KT_CONTIG, KT_CONTIG},
+};
+
+static int64_t conv_out(int64_t in, int pad, int dil, int64_t k, int stride)
+{
+    return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+}
+
+/* Float64 references of the three ops over dense (row-major) double arrays, from x, w, bias,
+ * gy as given. */
+typedef struct conv_ref {
+    double *y, *gx, *gw;
+} conv_ref;
+
+static conv_ref conv_reference(const conv_case *cc, int64_t P, int64_t Q, const ts_operand *x,
+                               const ts_operand *w, const ts_operand *bias,
+                               const ts_operand *gy)
+{
+    const ts_conv2d_params *p = &cc->p;
+    int64_t G = p->groups, Cg = cc->C / G, Kg = cc->K / G;
+    conv_ref r;
+    r.y = calloc((size_t)(cc->N * cc->K * P * Q) + 1, sizeof(double));
+    r.gx = calloc((size_t)(cc->N * cc->C * cc->H * cc->W) + 1, sizeof(double));
+    r.gw = calloc((size_t)(cc->K * Cg * cc->R * cc->S) + 1, sizeof(double));
+    CHECK(r.y && r.gx && r.gw);
+    for (int64_t n = 0; n < cc->N; n++)
+        for (int64_t k = 0; k < cc->K; k++)
+            for (int64_t pp = 0; pp < P; pp++)
+                for (int64_t q = 0; q < Q; q++) {
+                    int64_t g = k / Kg, yi = ((n * cc->K + k) * P + pp) * Q + q;
+                    double acc = cc->bias ? kt_get(bias, (int64_t[]){k}) : 0.0;
+                    double gyv = kt_get(gy, (int64_t[]){n, k, pp, q});
+                    for (int64_t c = 0; c < Cg; c++)
+                        for (int64_t rr = 0; rr < cc->R; rr++)
+                            for (int64_t s = 0; s < cc->S; s++) {
+                                int64_t hh = pp * p->stride_h - p->pad_h + rr * p->dilation_h;
+                                int64_t ww = q * p->stride_w - p->pad_w + s * p->dilation_w;
+                                if (hh < 0 || hh >= cc->H || ww < 0 || ww >= cc->W)
+                                    continue;
+                                int64_t ci = g * Cg + c;
+                                double xv = kt_get(x, (int64_t[]){n, ci, hh, ww});
+                                double wv = kt_get(w, (int64_t[]){k, c, rr, s});
+                                acc += xv * wv;
+                                r.gx[((n * cc->C + ci) * cc->H + hh) * cc->W + ww] += gyv * wv;
+                                r.gw[((k * Cg + c) * cc->R + rr) * cc->S + s] += gyv * xv;
+                            }
+                    r.y[yi] = acc;
+                }
+    return r;
+}
+
+/* One conv case, all three ops, on cpu_onednn and cpu_blas; checks both against the
+ * reference and each other. */
+static void run_conv_case(ts_device *dn, ts_device *bl, const conv_case *cc)
+{
+    const ts_conv2d_params *p = &cc->p;
+    int64_t G = p->groups, Cg = cc->C / G;
+    int64_t P = conv_out(cc->H, p->pad_h, p->dilation_h, cc->R, p->stride_h);
+    int64_t Q = conv_out(cc->W, p->pad_w, p->dilation_w, cc->S, p->stride_w);
+    int64_t xs[4] = {cc->N, cc->C, cc->H, cc->W}, ws[4] = {cc->K, Cg, cc->R, cc->S};
+    int64_t ys[4] = {cc->N, cc->K, P, Q};
+    ts_device *devs[2] = {dn, bl};
+    double *res[2][3] = {{NULL}};
+    conv_ref ref = {NULL, NULL, NULL};
+    int64_t ny = ys[0] * ys[1] * P * Q, nx = xs[0] * xs[1] * xs[2] * xs[3];
+    int64_t nw = ws[0] * ws[1] * ws[2] * ws[3];
+    for (int i = 0; i < 2; i++) {
+        ts_device *dev = devs[i];
+        if (!dev)
+            continue;
+        kt_buf x = kt_make(dev, TS_F32, 4, xs, cc->lx, 21);
+        kt_buf w = kt_make(dev, TS_F32, 4, ws, cc->lw, 22);
+        kt_buf bias = kt_make(dev, TS_F32, 1, (int64_t[]){cc->K},
+                              cc->lx == KT_STRIDED ? KT_STRIDED : KT_OFFSET, 23);
+        kt_buf y = kt_make(dev, TS_F32, 4, ys, cc->ly, 24);
+        kt_buf gy = kt_make(dev, TS_F32, 4, ys, cc->ly, 25);
+        kt_buf gx = kt_make(dev, TS_F32, 4, xs, cc->lx, 26);
+        kt_buf gw = kt_make(dev, TS_F32, 4, ws, cc->lw, 27);
+        if (i == 0)
+            ref = conv_reference(cc, P, Q, &x.op, &w.op, &bias.op, &gy.op);
+        CHECK_OK(kt_run(dev, TS_OP_CONV2D, (ts_operand[]){x.op, w.op, bias.op}, cc->bias ? 3 : 2,
+                        &y.op, 1, p, sizeof *p));
+        CHECK_OK(kt_run(dev, TS_OP_CONV2D_BWD_DATA, (ts_operand[]){gy.op, w.op}, 2, &gx.op, 1,
+                        p, sizeof *p));
+        CHECK_OK(kt_run(dev, TS_OP_CONV2D_BWD_WEIGHT, (ts_operand[]){gy.op, x.op}, 2, &gw.op, 1,
+                        p, sizeof *p));
+        res[i][0] = snapshot(&y.op);
+        res[i][1] = snapshot(&gx.op);
+        res[i][2] = snapshot(&gw.op);
+        kt_check_gaps(&y);
+        kt_check_gaps(&gx);
+        kt_check_gaps(&gw);
+        kt_free(&gw);
+        kt_free(&gx);
+        kt_free(&gy);
+        kt_free(&y);
+        kt_free(&bias);
+        kt_free(&w);
+        kt_free(&x);
+    }
+    char what[3][200];
+    static const char *const ops[3] = {"conv2d", "conv2d_bwd_data", "conv2d_bwd_weight"};
+    for (int o = 0; o < 3; o++)
+        snprintf(what[o], sizeof what[o], "%s N=%lld C=%lld H=%lld W=%lld K=%lld R=%lld S=%lld "
+                 "groups=%d stride=%d pad=%d dil=%d bias=%d x=%s w=%s y=%s", ops[o],
+                 (long long)cc->N, (long long)cc->C, (long long)cc->H, (long long)cc->W,
+                 (long long)cc->K, (long long)cc->R, (long long)cc->S, (int)G, (int)p->stride_h,
+                 (int)p->pad_h, (int)p->dilation_h, cc->bias, kt_layout_name(cc->lx),
+                 kt_layout_name(cc->lw), kt_layout_name(cc->ly));
+    /* terms per output: Cg*R*S (y), Kg*R*S (gx, at most), N*P*Q (gw) */
+    double at[3] = {1e-6 * (double)(Cg * cc->R * cc->S + 1) * 4.0,
+                    1e-6 * (double)(cc->K / G * cc->R * cc->S + 1) * 4.0,
+                    1e-6 * (double)(cc->N * P * Q + 1) * 4.0};
+    const double *refs[3] = {ref.y, ref.gx, ref.gw};
+    int64_t counts[3] = {ny, nx, nw};
+    for (int o = 0; o < 3; o++) {
+        compare(what[o], "float64 reference", res[0][o], refs[o], counts[o], at[o]);
+        if (res[1][o])
+            compare(what[o], "cpu_blas", res[0][o], res[1][o], counts[o], at[o]);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int o = 0; o < 3; o++)
+            free(res[i][o]);
+    free(ref.y);
+    free(ref.gx);
+    free(ref.gw);
+}
+
+static void test_conv_supports(void)
+{
+    ts_device *dn = load_onednn();
+    static const int32_t ops[] = {TS_OP_CONV2D, TS_OP_CONV2D_BWD_DATA, TS_OP_CONV2D_BWD_WEIGHT};
+    for (int i = 0; i < 3; i++) {
+        CHECK(ts_device_supports(dn, ops[i], TS_F32));
+        CHECK(!ts_device_supports(dn, ops[i], TS_F64));
+    }
+    /* what the shared host kernels do stays supported */
+    CHECK(ts_device_supports(dn, TS_OP_COPY, TS_F64));
+    CHECK(ts_device_supports(dn, TS_OP_MAXPOOL2D, TS_F32));
+}
+
+static void test_conv(void)
+{
+    ts_device *dn = load_onednn(), *bl = load_blas();
+    for (size_t i = 0; i < sizeof conv_cases / sizeof conv_cases[0]; i++) {
+        run_conv_case(dn, bl, &conv_cases[i]);
+        conv_case flipped = conv_cases[i];
+        flipped.bias = !flipped.bias;
+        run_conv_case(dn, bl, &flipped);
+    }
+    kt_check_no_live_blocks(dn);
+}
+
+/* The checks and messages of cpu_blas. */
+static void test_conv_bad_params(void)
+{
+    ts_device *dn = load_onednn();
+    kt_buf x = kt_make(dn, TS_F32, 4, (int64_t[]){1, 4, 6, 6}, KT_CONTIG, 1);
+    kt_buf w = kt_make(dn, TS_F32, 4, (int64_t[]){4, 2, 3, 3}, KT_CONTIG, 2);
+    kt_buf y = kt_make(dn, TS_F32, 4, (int64_t[]){1, 4, 4, 4}, KT_CONTIG, 3);
+    ts_operand in[2] = {x.op, w.op}, wei[2] = {y.op, x.op};
+    ts_conv2d_params ok = CONVP(1, 0, 1, 2), p = ok;
+    CHECK_OK(kt_run(dn, TS_OP_CONV2D, in, 2, &y.op, 1, &ok, sizeof ok));
+    p.stride_h = 0;
+    CHECK_FAILS(kt_run(dn, TS_OP_CONV2D, in, 2, &y.op, 1, &p, sizeof p), TS_EINVAL, "stride");
+    p = ok;
+    p.groups = 3;
+    CHECK_FAILS(kt_run(dn, TS_OP_CONV2D, in, 2, &y.op, 1, &p, sizeof p), TS_EINVAL, "groups");
+    p = ok;
+    p.dilation_h = 4;
+    CHECK_FAILS(kt_run(dn, TS_OP_CONV2D, in, 2, &y.op, 1, &p, sizeof p), TS_EINVAL, "fit");
+    p = ok;
+    p.pad_h = 1;
+    CHECK_FAILS(kt_run(dn, TS_OP_CONV2D, in, 2, &y.op, 1, &p, sizeof p), TS_ESHAPE, "expected");
+    CHECK_FAILS(kt_run(dn, TS_OP_CONV2D, in, 2, &y.op, 1, NULL, 0), TS_EINVAL, "params");
+    CHECK_FAILS(kt_run(dn, TS_OP_CONV2D_BWD_WEIGHT, wei, 2, &w.op, 1, &p, sizeof p), TS_ESHAPE,
+                "conv2d_bwd_weight", "gy");
+    CHECK_FAILS(kt_run(dn, TS_OP_CONV2D_BWD_DATA, wei, 1, &x.op, 1, &ok, sizeof ok), TS_EINVAL,
+                "2 inputs");
+    kt_free(&y);
+    kt_free(&w);
+    kt_free(&x);
+    kt_check_no_live_blocks(dn);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* primitive cache                                                                           */
+
+/* One "training step": conv forward + both backward, and matmuls (plain, transposed,
+ * batched-broadcast, with beta). */
+static void step(ts_device *dn, kt_buf *bufs)
+{
+    ts_conv2d_params p = CONVP(1, 2, 1, 1);
+    kt_buf *x = &bufs[0], *w = &bufs[1], *b = &bufs[2], *y = &bufs[3], *gx = &bufs[4];
+    kt_buf *gw = &bufs[5], *ma = &bufs[6], *mb = &bufs[7], *mc = &bufs[8], *bc = &bufs[9];
+    CHECK_OK(kt_run(dn, TS_OP_CONV2D, (ts_operand[]){x->op, w->op, b->op}, 3, &y->op, 1, &p,
+                    sizeof p));
+    CHECK_OK(kt_run(dn, TS_OP_CONV2D_BWD_DATA, (ts_operand[]){y->op, w->op}, 2, &gx->op, 1, &p,
+                    sizeof p));
+    CHECK_OK(kt_run(dn, TS_OP_CONV2D_BWD_WEIGHT, (ts_operand[]){y->op, x->op}, 2, &gw->op, 1,
+                    &p, sizeof p));
+    ts_matmul_params mp = {1.0, 0.0}, mp2 = {1.0, 1.0};
+    CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){ma->op, mb->op}, 2, &mc->op, 1, &mp,
+                    sizeof mp));
+    CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){ma->op, mb->op}, 2, &mc->op, 1, &mp2,
+                    sizeof mp2));
+    ts_operand bb = kt_broadcast(&mb->op, 3, (int64_t[]){3, 16, 10});
+    CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){bc->op, bb}, 2, &bufs[10].op, 1, &mp,
+                    sizeof mp));
+}
+
+static void test_steady_state(void)
+{
+    ts_device *dn = load_onednn();
+    count_fn count = primitive_counter(dn);
+    kt_buf bufs[11] = {
+        kt_make(dn, TS_F32, 4, (int64_t[]){4, 1, 12, 12}, KT_CONTIG, 1),
+        kt_make(dn, TS_F32, 4, (int64_t[]){6, 1, 5, 5}, KT_CONTIG, 2),
+        kt_make(dn, TS_F32, 1, (int64_t[]){6}, KT_CONTIG, 3),
+        kt_make(dn, TS_F32, 4, (int64_t[]){4, 6, 12, 12}, KT_CONTIG, 4),
+        kt_make(dn, TS_F32, 4, (int64_t[]){4, 1, 12, 12}, KT_CONTIG, 5),
+        kt_make(dn, TS_F32, 4, (int64_t[]){6, 1, 5, 5}, KT_CONTIG, 6),
+        kt_make(dn, TS_F32, 2, (int64_t[]){8, 16}, KT_CONTIG, 7),
+        kt_make(dn, TS_F32, 2, (int64_t[]){16, 10}, KT_TRANSPOSED, 8),
+        kt_make(dn, TS_F32, 2, (int64_t[]){8, 10}, KT_CONTIG, 9),
+        kt_make(dn, TS_F32, 3, (int64_t[]){3, 8, 16}, KT_STRIDED, 10),
+        kt_make(dn, TS_F32, 3, (int64_t[]){3, 8, 10}, KT_CONTIG, 11),
+    };
+    unsigned long long c0 = count();
+    step(dn, bufs);
+    unsigned long long c1 = count();
+    CHECK_MSG(c1 > c0, "the first round created no primitive (%llu -> %llu)", c0, c1);
+    step(dn, bufs);
+    step(dn, bufs);
+    unsigned long long c2 = count();
+    CHECK_MSG(c2 == c1, "steady state created primitives: %llu after round 1, %llu after 3", c1,
+              c2);
+    for (int i = 0; i < 11; i++)
+        kt_free(&bufs[i]);
+    kt_check_no_live_blocks(dn);
+}
+
+/* More distinct shapes than the cache holds: evicted entries are recreated, results stay
+ * right, and the creation count keeps growing (the cache is bounded, not leaking). */
+static void test_cache_eviction(void)
+{
+    ts_device *dn = load_onednn();
+    count_fn count = primitive_counter(dn);
+    unsigned long long c0 = count();
+    for (int round = 0; round < 2; round++)
+        for (int64_t m = 1; m <= 300; m++) {
+            kt_buf a = kt_make(dn, TS_F32, 2, (int64_t[]){m, 3}, KT_CONTIG, (uint64_t)m);
+            kt_buf b = kt_make(dn, TS_F32, 2, (int64_t[]){3, 2}, KT_CONTIG, 2);
+            kt_buf c = kt_make(dn, TS_F32, 2, (int64_t[]){m, 2}, KT_CONTIG, 3);
+            ts_matmul_params p = {1.0, 0.0};
+            CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){a.op, b.op}, 2, &c.op, 1, &p,
+                            sizeof p));
+            int64_t i = m - 1;
+            double want = 0;
+            for (int64_t k = 0; k < 3; k++)
+                want += kt_get(&a.op, (int64_t[]){i, k}) * kt_get(&b.op, (int64_t[]){k, 1});
+            CHECK(kt_close(kt_get(&c.op, (int64_t[]){i, 1}), want, RTOL, 1e-5));
+            kt_free(&c);
+            kt_free(&b);
+            kt_free(&a);
+        }
+    /* LRU with 300 keys cycling through 256 slots: every call of round 2 misses too. */
+    CHECK_MSG(count() - c0 == 600, "created %llu primitives for 600 evicting calls",
+              count() - c0);
+    kt_check_no_live_blocks(dn);
+}
+
+int main(int argc, char **argv)
+{
+    static const tap_test tests[] = {
+        TAP_TEST(test_matmul_supports),
+        TAP_TEST(test_matmul_shapes),
+        TAP_TEST(test_matmul_layouts),
+        TAP_TEST(test_matmul_batched),
+        TAP_TEST(test_matmul_empty),
+        TAP_TEST(test_matmul_in_place),
+        TAP_TEST(test_conv_supports),
+        TAP_TEST(test_conv),
+        TAP_TEST(test_conv_bad_params),
+        TAP_TEST(test_steady_state),
+        TAP_TEST(test_cache_eviction),
+    };
+    return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
+}
