@@ -2,6 +2,10 @@
  * abort or a hang fails that test alone; a pipe carries the failure or skip reason back. */
 #include "tap.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -113,6 +117,12 @@ static int run_one(const tap_test *t, int num, int timeout, char *why, size_t wh
         t->fn();
         fflush(NULL);
         tmpdir[0] ? rm_tmpdir() : (void)0;
+#if defined(__SANITIZE_ADDRESS__)
+        /* _exit skips LeakSanitizer's exit-time check: run it here, so every test is
+         * leak-checked on its own. */
+        if (!getenv("TS_NO_LSAN_CHECK") && __lsan_do_recoverable_leak_check())
+            tap_fail(__FILE__, __LINE__, "LeakSanitizer found leaks (see the log above)");
+#endif
         _exit(0);
     }
     close(fds[1]);

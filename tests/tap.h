@@ -2,7 +2,10 @@
  * macros that abort in every build, each test forked with a time limit, TAP output for
  * automake's tap-driver. A test that calls SKIP() is reported "ok N - name # SKIP why".
  * When every test skipped, the program prints "1..0 # SKIP" and exits 77 unless it runs
- * under the TAP driver (TS_TAP_DRIVER set), which reads the skip from the TAP itself. */
+ * under the TAP driver (TS_TAP_DRIVER set), which reads the skip from the TAP itself.
+ * In AddressSanitizer builds each test ends with LeakSanitizer's check (the forked child
+ * leaves with _exit, which would skip it); TS_NO_LSAN_CHECK set in the environment turns
+ * that off for a program that cannot have it (see tests/plugins/test-onednn.c). */
 #ifndef TESSERA_TESTS_TAP_H
 #define TESSERA_TESTS_TAP_H
 
