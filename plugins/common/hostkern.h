@@ -28,4 +28,29 @@ ts_status ts_hostkern_loss(ts_hostdev *hd, const ts_kernel_call *call);
 int ts_hostkern_optimizer_supports(int32_t op, int32_t dtype);
 ts_status ts_hostkern_optimizer(ts_hostdev *hd, const ts_kernel_call *call);
 
+/* Shapes shared by the forward and backward convolutions. */
+typedef struct ts_conv_dims {
+    int64_t N, C, H, W; /* x / gx */
+    int64_t K, R, S;    /* w / gw: (K, C/G, R, S) */
+    int64_t P, Q;       /* y / gy: (N, K, P, Q) */
+    int64_t G;
+} ts_conv_dims;
+
+/* Checks the params, dtypes and shapes of x (N, C, H, W), w (K, C/groups, R, S), y (N, K, P, Q)
+ * and bias (K) or NULL; for the backward ops x, w and y are gx or x, gw or w, and gy (yname
+ * says which). Fills d. */
+ts_status ts_hostkern_conv_check(const ts_host *h, const char *name, const ts_conv2d_params *p,
+                            const ts_operand *x, const ts_operand *w, const ts_operand *y,
+                            const ts_operand *bias, const char *yname, ts_conv_dims *d);
+
+/* Shapes of a matmul: A (batch..., M, K) @ B (batch..., K, N) -> C (batch..., M, N). */
+typedef struct ts_matmul_dims {
+    int nd;
+    int64_t M, K, N, nbatch;
+} ts_matmul_dims;
+
+/* Checks a TS_OP_MATMUL call's operand counts, dtypes and shapes (with messages) and fills md. */
+ts_status ts_hostkern_matmul_check(const ts_host *h, const ts_kernel_call *call,
+                                   ts_matmul_dims *md);
+
 #endif /* TESSERA_PLUGINS_HOSTKERN_H */

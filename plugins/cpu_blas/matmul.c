@@ -122,29 +122,14 @@ ts_status ts_blas_matmul(ts_hostdev *hd, const ts_kernel_call *call)
     const ts_host *h = hd->host;
     if (call->op != TS_OP_MATMUL)
         return TS_ENOTSUP;
-    if (call->ninputs != 2 || call->noutputs != 1)
-        return h->fail(h, TS_EINVAL, "matmul: expects 2 inputs and 1 output, got %d and %d",
-                       (int)call->ninputs, (int)call->noutputs);
+    ts_matmul_dims md;
+    ts_status chk = ts_hostkern_matmul_check(h, call, &md);
+    if (chk)
+        return chk;
     const ts_operand *A = &call->inputs[0], *B = &call->inputs[1], *C = &call->outputs[0];
     int32_t dt = C->dtype;
-    if (A->dtype != dt || B->dtype != dt)
-        return h->fail(h, TS_EINVAL, "matmul: dtypes differ (%d, %d -> %d)", (int)A->dtype,
-                       (int)B->dtype, (int)dt);
-    int nd = C->ndim;
-    if (nd < 2 || A->ndim != nd || B->ndim != nd)
-        return h->fail(h, TS_ESHAPE, "matmul: operands need the same ndim >= 2 (%d, %d -> %d)",
-                       (int)A->ndim, (int)B->ndim, nd);
-    int64_t M = A->shape[nd - 2], K = A->shape[nd - 1], N = B->shape[nd - 1], nbatch = 1;
-    int bad = B->shape[nd - 2] != K || C->shape[nd - 2] != M || C->shape[nd - 1] != N;
-    for (int d = 0; d < nd - 2; d++) {
-        bad |= A->shape[d] != C->shape[d] || B->shape[d] != C->shape[d];
-        nbatch *= C->shape[d];
-    }
-    if (bad)
-        return h->fail(h, TS_ESHAPE, "matmul: (..., %lld, %lld) @ (..., %lld, %lld) -> "
-                       "(..., %lld, %lld) do not match", (long long)M, (long long)K,
-                       (long long)B->shape[nd - 2], (long long)N,
-                       (long long)C->shape[nd - 2], (long long)C->shape[nd - 1]);
+    int nd = md.nd;
+    int64_t M = md.M, K = md.K, N = md.N, nbatch = md.nbatch;
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         return h->fail(h, TS_EINVAL, "matmul: dims (%lld, %lld, %lld) exceed BLAS's int range",
                        (long long)M, (long long)K, (long long)N);

@@ -14,54 +14,15 @@ int dn_conv_supports(int32_t op, int32_t dtype)
            dtype == TS_F32;
 }
 
-typedef struct conv_dims {
-    int64_t N, C, H, W; /* x / gx */
-    int64_t K, R, S;    /* w / gw: (K, C/G, R, S) */
-    int64_t P, Q;       /* y / gy: (N, K, P, Q) */
-    int64_t G;
-} conv_dims;
-
-/* As cpu_blas: checks params, dtypes and shapes of x (N, C, H, W), w (K, C/groups, R, S),
- * y (N, K, P, Q) and bias (K) or NULL. Fills d. */
+/* Checks as cpu_blas does (one shared check), then refuses what oneDNN does not run here. */
 static ts_status conv_check(const ts_host *h, const char *name, const ts_conv2d_params *p,
                             const ts_operand *x, const ts_operand *w, const ts_operand *y,
-                            const ts_operand *bias, const char *yname, conv_dims *d)
+                            const ts_operand *bias, const char *yname, ts_conv_dims *d)
 {
-    int32_t dt = y->dtype;
-    if (x->dtype != dt || w->dtype != dt || (bias && bias->dtype != dt))
-        return h->fail(h, TS_EINVAL, "%s: operand dtypes differ", name);
-    if (dt != TS_F32)
+    ts_status s = ts_hostkern_conv_check(h, name, p, x, w, y, bias, yname, d);
+    if (s == TS_OK && y->dtype != TS_F32)
         return h->fail(h, TS_ENOTSUP, "%s: cpu_onednn runs float32 only", name);
-    if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4 || (bias && bias->ndim != 1))
-        return h->fail(h, TS_ESHAPE, "%s: x, w, y must be 4-D and bias 1-D", name);
-    if (p->stride_h < 1 || p->stride_w < 1 || p->dilation_h < 1 || p->dilation_w < 1 ||
-        p->pad_h < 0 || p->pad_w < 0 || p->groups < 1)
-        return h->fail(h, TS_EINVAL, "%s: stride (%d, %d) and dilation (%d, %d) must be >= 1, "
-                       "padding (%d, %d) >= 0 and groups (%d) >= 1", name, (int)p->stride_h,
-                       (int)p->stride_w, (int)p->dilation_h, (int)p->dilation_w, (int)p->pad_h,
-                       (int)p->pad_w, (int)p->groups);
-    int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
-    int64_t K = w->shape[0], R = w->shape[2], S = w->shape[3], G = p->groups;
-    if (C % G || K % G || w->shape[1] != C / G)
-        return h->fail(h, TS_EINVAL, "%s: groups %lld must divide C %lld and K %lld, and w "
-                       "needs C/groups input channels (has %lld)", name, (long long)G,
-                       (long long)C, (long long)K, (long long)w->shape[1]);
-    int64_t hspan = H + 2 * (int64_t)p->pad_h - (int64_t)p->dilation_h * (R - 1) - 1;
-    int64_t wspan = W + 2 * (int64_t)p->pad_w - (int64_t)p->dilation_w * (S - 1) - 1;
-    if (R < 1 || S < 1 || hspan < 0 || wspan < 0)
-        return h->fail(h, TS_EINVAL, "%s: kernel %lldx%lld (dilation %d, %d) does not fit "
-                       "the padded %lldx%lld input", name, (long long)R, (long long)S,
-                       (int)p->dilation_h, (int)p->dilation_w, (long long)H, (long long)W);
-    int64_t P = hspan / p->stride_h + 1, Q = wspan / p->stride_w + 1;
-    if (y->shape[0] != N || y->shape[1] != K || y->shape[2] != P || y->shape[3] != Q ||
-        (bias && bias->shape[0] != K))
-        return h->fail(h, TS_ESHAPE, "%s: %s is (%lld, %lld, %lld, %lld), expected (%lld, "
-                       "%lld, %lld, %lld)%s", name, yname, (long long)y->shape[0],
-                       (long long)y->shape[1], (long long)y->shape[2], (long long)y->shape[3],
-                       (long long)N, (long long)K, (long long)P, (long long)Q,
-                       bias && bias->shape[0] != K ? "; bias length differs from K" : "");
-    *d = (conv_dims){N, C, H, W, K, R, S, P, Q, G};
-    return TS_OK;
+    return s;
 }
 
 /* Writes v(k) into every element of t (N, K, P, Q) or (K, ...): bias[k] or 0. */
@@ -319,7 +280,7 @@ ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call)
         x = op == TS_OP_CONV2D_BWD_DATA ? out : &call->inputs[1];
         w = op == TS_OP_CONV2D_BWD_DATA ? &call->inputs[1] : out;
     }
-    conv_dims d = {0};
+    ts_conv_dims d = {0};
     ts_status s = conv_check(h, name, p, x, w, y, bias, fwd ? "y" : "gy", &d);
     if (s)
         return s;

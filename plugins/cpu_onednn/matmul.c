@@ -136,32 +136,17 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
     const ts_host *h = c->hd.host;
     if (call->op != TS_OP_MATMUL)
         return TS_ENOTSUP;
-    if (call->ninputs != 2 || call->noutputs != 1)
-        return h->fail(h, TS_EINVAL, "matmul: expects 2 inputs and 1 output, got %d and %d",
-                       (int)call->ninputs, (int)call->noutputs);
+    ts_matmul_dims md;
+    ts_status chk = ts_hostkern_matmul_check(h, call, &md);
+    if (chk)
+        return chk;
     const ts_operand *A = &call->inputs[0], *B = &call->inputs[1], *C = &call->outputs[0];
     int32_t dt = C->dtype;
-    if (A->dtype != dt || B->dtype != dt)
-        return h->fail(h, TS_EINVAL, "matmul: dtypes differ (%d, %d -> %d)", (int)A->dtype,
-                       (int)B->dtype, (int)dt);
+    int nd = md.nd;
+    int64_t M = md.M, K = md.K, N = md.N, nbatch = md.nbatch;
     if (dt != TS_F32)
         return h->fail(h, TS_ENOTSUP, "matmul: cpu_onednn runs float32 only (oneDNN's CPU "
                        "matmul has no float64)");
-    int nd = C->ndim;
-    if (nd < 2 || A->ndim != nd || B->ndim != nd)
-        return h->fail(h, TS_ESHAPE, "matmul: operands need the same ndim >= 2 (%d, %d -> %d)",
-                       (int)A->ndim, (int)B->ndim, nd);
-    int64_t M = A->shape[nd - 2], K = A->shape[nd - 1], N = B->shape[nd - 1], nbatch = 1;
-    int bad = B->shape[nd - 2] != K || C->shape[nd - 2] != M || C->shape[nd - 1] != N;
-    for (int d = 0; d < nd - 2; d++) {
-        bad |= A->shape[d] != C->shape[d] || B->shape[d] != C->shape[d];
-        nbatch *= C->shape[d];
-    }
-    if (bad)
-        return h->fail(h, TS_ESHAPE, "matmul: (..., %lld, %lld) @ (..., %lld, %lld) -> "
-                       "(..., %lld, %lld) do not match", (long long)M, (long long)K,
-                       (long long)B->shape[nd - 2], (long long)N,
-                       (long long)C->shape[nd - 2], (long long)C->shape[nd - 1]);
     double alpha = 1.0, beta = 0.0;
     if (call->params && call->params_size >= sizeof(ts_matmul_params)) {
         const ts_matmul_params *p = call->params;
