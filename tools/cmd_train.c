@@ -53,7 +53,7 @@ static double now(void)
             goto fail;                                                                      \
     } while (0)
 
-static ts_status build_model(const char *name, ts_device *dev, ts_rng *rng, ts_module **out)
+ts_status cli_build_model(const char *name, ts_device *dev, ts_rng *rng, ts_module **out)
 {
     ts_module *seq;
     ts_status s = ts_nn_sequential(&seq);
@@ -517,7 +517,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         t.train_y = y;
     }
     ts_rng_init(&t.rng, t.o.seed);
-    if ((s = build_model(t.o.model, t.dev, &t.rng, &t.model))) {
+    if ((s = cli_build_model(t.o.model, t.dev, &t.rng, &t.model))) {
         cli_fail(s, "cannot build the model");
         goto out;
     }
