@@ -301,11 +301,10 @@ TS_API ts_status ts_nn_embedding(ts_device *dev, int64_t num, int64_t dim, const
     /* PyTorch's embedding default is N(0, 1); a given init is used as is. */
     ts_weight_init normal = {TS_INIT_NORMAL, 1.0, init ? init->rng : NULL};
     const ts_weight_init *use = init && init->kind != TS_INIT_KAIMING_UNIFORM ? init : &normal;
-    if (!use->rng)
-        s = ts_tensor_zeros(dev, TS_F32, 2, (const int64_t[]){num, dim}, &e->weight),
-        s = s ? s : ts_tensor_set_requires_grad(e->weight, 1);
-    else
+    if (use->rng)
         s = make_param(dev, 2, (const int64_t[]){num, dim}, use, dim, num, 0, 0, &e->weight);
+    else /* no generator given: a zero table (make_param's constant form) */
+        s = make_param(dev, 2, (const int64_t[]){num, dim}, NULL, 0, 0, 0, 0.0, &e->weight);
     if (s) {
         ts_module_free(e);
         return s;

@@ -100,3 +100,40 @@ ts_status ts_hostkern_matmul_check(const ts_host *h, const ts_kernel_call *call,
     *md = (ts_matmul_dims){nd, M, K, N, nbatch};
     return TS_OK;
 }
+
+/* [lo, hi): the bytes an operand's elements span; 0 if it has no element. */
+static int byte_span(const ts_operand *o, intptr_t *lo, intptr_t *hi)
+{
+    int64_t mn = o->offset, mx = o->offset, es = (int64_t)ts_hostdev_dtype_size(o->dtype);
+    for (int d = 0; d < o->ndim; d++) {
+        if (o->shape[d] == 0)
+            return 0;
+        int64_t ext = (o->shape[d] - 1) * o->strides[d];
+        if (ext < 0)
+            mn += ext;
+        else
+            mx += ext;
+    }
+    *lo = (intptr_t)o->data + (intptr_t)(mn * es);
+    *hi = (intptr_t)o->data + (intptr_t)((mx + 1) * es);
+    return 1;
+}
+
+int ts_hostkern_overlaps(const ts_operand *a, const ts_operand *b)
+{
+    intptr_t alo, ahi, blo, bhi;
+    return byte_span(a, &alo, &ahi) && byte_span(b, &blo, &bhi) && alo < bhi && blo < ahi;
+}
+
+ts_operand ts_hostkern_dense_like(const ts_operand *op, void *buf)
+{
+    ts_operand d = *op;
+    d.data = buf;
+    d.offset = 0;
+    int64_t acc = 1;
+    for (int k = op->ndim - 1; k >= 0; k--) {
+        d.strides[k] = acc;
+        acc *= op->shape[k];
+    }
+    return d;
+}

@@ -28,6 +28,13 @@ ts_status ts_hostkern_loss(ts_hostdev *hd, const ts_kernel_call *call);
 int ts_hostkern_optimizer_supports(int32_t op, int32_t dtype);
 ts_status ts_hostkern_optimizer(ts_hostdev *hd, const ts_kernel_call *call);
 
+/* Non-zero if the elements of a and b may share a byte (their address ranges intersect; an
+ * empty operand overlaps nothing). Used to route an output that aliases an input through
+ * scratch. */
+int ts_hostkern_overlaps(const ts_operand *a, const ts_operand *b);
+/* A dense row-major operand with op's dtype and shape over buf. */
+ts_operand ts_hostkern_dense_like(const ts_operand *op, void *buf);
+
 /* Shapes shared by the forward and backward convolutions. */
 typedef struct ts_conv_dims {
     int64_t N, C, H, W; /* x / gx */

@@ -154,36 +154,13 @@ static ts_status pool_check(const ts_host *h, const char *name, const ts_pool2d_
     return TS_OK;
 }
 
-/* Non-zero if the elements of a and b share any byte (ranges, conservatively). */
-static int overlaps(const ts_operand *a, const ts_operand *b)
-{
-    int64_t lo[2], hi[2];
-    const ts_operand *o[2] = {a, b};
-    for (int i = 0; i < 2; i++) {
-        size_t es = ts_hostdev_dtype_size(o[i]->dtype);
-        int64_t l = o[i]->offset, u = o[i]->offset;
-        for (int d = 0; d < o[i]->ndim; d++) {
-            if (o[i]->shape[d] == 0)
-                return 0;
-            int64_t span = (o[i]->shape[d] - 1) * o[i]->strides[d];
-            if (span < 0)
-                l += span;
-            else
-                u += span;
-        }
-        lo[i] = (int64_t)(intptr_t)o[i]->data + l * (int64_t)es;
-        hi[i] = (int64_t)(intptr_t)o[i]->data + (u + 1) * (int64_t)es;
-    }
-    return lo[0] < hi[1] && lo[1] < hi[0];
-}
-
 /* in, when it shares memory with out, copied into dense pool scratch (*buf, freed by the
  * caller); else in itself. */
 static ts_status unalias(ts_hostdev *hd, const ts_operand *in, const ts_operand *out,
                          const char *tag, ts_operand *copy, void **buf)
 {
     *copy = *in;
-    if (!overlaps(in, out))
+    if (!ts_hostkern_overlaps(in, out))
         return TS_OK;
     int64_t acc = 1;
     for (int d = in->ndim - 1; d >= 0; d--) {

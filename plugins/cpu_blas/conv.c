@@ -245,43 +245,6 @@ static void gemm_t(size_t es, int ta, int tb, int64_t m, int64_t n, int64_t k, c
                     (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
-/* Non-zero if the elements of a and b share any byte (ranges, conservatively). */
-static int overlaps(const ts_operand *a, const ts_operand *b)
-{
-    int64_t lo[2], hi[2];
-    const ts_operand *o[2] = {a, b};
-    for (int i = 0; i < 2; i++) {
-        size_t es = ts_hostdev_dtype_size(o[i]->dtype);
-        int64_t l = o[i]->offset, u = o[i]->offset;
-        for (int d = 0; d < o[i]->ndim; d++) {
-            if (o[i]->shape[d] == 0)
-                return 0;
-            int64_t span = (o[i]->shape[d] - 1) * o[i]->strides[d];
-            if (span < 0)
-                l += span;
-            else
-                u += span;
-        }
-        lo[i] = (int64_t)(intptr_t)o[i]->data + l * (int64_t)es;
-        hi[i] = (int64_t)(intptr_t)o[i]->data + (u + 1) * (int64_t)es;
-    }
-    return lo[0] < hi[1] && lo[1] < hi[0];
-}
-
-/* A dense row-major operand of op's dtype and shape over buf. */
-static ts_operand dense_like(const ts_operand *op, void *buf)
-{
-    ts_operand d = *op;
-    d.data = buf;
-    d.offset = 0;
-    int64_t acc = 1;
-    for (int k = op->ndim - 1; k >= 0; k--) {
-        d.strides[k] = acc;
-        acc *= op->shape[k];
-    }
-    return d;
-}
-
 /* Image n of t (N, K, P, Q) as a (K, P*Q) matrix: its leading dimension when the (P, Q) planes
  * are dense and do not interleave, else 0. */
 static int64_t planes_ld(const ts_operand *t)
@@ -310,7 +273,7 @@ static void pack_image(const ts_operand *t, int64_t n, void *buf)
     ts_operand src = *t, dst;
     src.offset += n * t->strides[0];
     src.shape[0] = 1;
-    dst = dense_like(&src, buf);
+    dst = ts_hostkern_dense_like(&src, buf);
     ts_hostdev_copy_strided(&dst, &src);
 }
 
@@ -368,13 +331,14 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
     /* w / gw as (K, CRS) row-major: in place when dense and clear of the output written image
      * after image (w of gx; gw of gy and x), else through scratch. */
     int64_t ldw = filter_ld(w);
-    if (is_data ? overlaps(w, out) : overlaps(w, gy) || overlaps(w, x))
+    if (is_data ? ts_hostkern_overlaps(w, out)
+                : ts_hostkern_overlaps(w, gy) || ts_hostkern_overlaps(w, x))
         ldw = 0;
     char *wmat = (char *)w->data + w->offset * (int64_t)es;
     if (!ldw) {
         if ((s = h->pool->alloc(hd->pool, (size_t)(K * CRS) * es, name, &wbuf)))
             goto done;
-        ts_operand dw = dense_like(w, wbuf);
+        ts_operand dw = ts_hostkern_dense_like(w, wbuf);
         if (is_data)
             ts_hostdev_copy_strided(&dw, w);
         wmat = wbuf;
@@ -382,7 +346,7 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
     }
     /* gy[n] as (K, PQ): in place when dense and not about to be overwritten by gx. */
     int64_t ldgy = planes_ld(gy);
-    if (is_data && overlaps(gy, out))
+    if (is_data && ts_hostkern_overlaps(gy, out))
         ldgy = 0;
     if (!ldgy && (s = h->pool->alloc(hd->pool, (size_t)(K * PQ) * es, name, &gybuf)))
         goto done;
@@ -432,7 +396,7 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
         }
     }
     if (!is_data && wbuf) {
-        ts_operand dw = dense_like(w, wbuf);
+        ts_operand dw = ts_hostkern_dense_like(w, wbuf);
         ts_hostdev_copy_strided(w, &dw);
     }
 done:

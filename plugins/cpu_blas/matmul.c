@@ -84,33 +84,6 @@ static enum CBLAS_TRANSPOSE flip(enum CBLAS_TRANSPOSE t)
     return t == CblasNoTrans ? CblasTrans : CblasNoTrans;
 }
 
-/* Byte range [lo, hi) an operand touches; used to spot an output aliasing an input. */
-static void byte_span(const ts_operand *o, size_t es, uintptr_t *lo, uintptr_t *hi)
-{
-    int64_t mn = o->offset, mx = o->offset;
-    for (int d = 0; d < o->ndim; d++) {
-        if (o->shape[d] == 0) {
-            *lo = *hi = 0;
-            return;
-        }
-        int64_t ext = (o->shape[d] - 1) * o->strides[d];
-        if (ext < 0)
-            mn += ext;
-        else
-            mx += ext;
-    }
-    *lo = (uintptr_t)o->data + (uintptr_t)(mn * (int64_t)es);
-    *hi = (uintptr_t)o->data + (uintptr_t)((mx + 1) * (int64_t)es);
-}
-
-static int overlaps(const ts_operand *a, const ts_operand *b, size_t es)
-{
-    uintptr_t alo, ahi, blo, bhi;
-    byte_span(a, es, &alo, &ahi);
-    byte_span(b, es, &blo, &bhi);
-    return alo < ahi && blo < bhi && alo < bhi && blo < ahi;
-}
-
 int ts_blas_matmul_supports(int32_t op, int32_t dtype)
 {
     return op == TS_OP_MATMUL && (dtype == TS_F32 || dtype == TS_F64);
@@ -146,7 +119,7 @@ ts_status ts_blas_matmul(ts_hostdev *hd, const ts_kernel_call *call)
     int64_t ars = A->strides[nd - 2], acs = A->strides[nd - 1];
     int64_t brs = B->strides[nd - 2], bcs = B->strides[nd - 1];
     int64_t crs = C->strides[nd - 2], ccs = C->strides[nd - 1];
-    int alias = overlaps(C, A, es) || overlaps(C, B, es);
+    int alias = ts_hostkern_overlaps(C, A) || ts_hostkern_overlaps(C, B);
     void *abuf = NULL, *bbuf = NULL, *cbuf = NULL;
     ts_status s = TS_OK;
     int64_t idx[TS_MAX_DIMS] = {0};

@@ -47,45 +47,6 @@ static void fill_operand(const ts_operand *t, const ts_operand *bias)
     }
 }
 
-static void byte_span(const ts_operand *o, uintptr_t *lo, uintptr_t *hi)
-{
-    int64_t mn = o->offset, mx = o->offset;
-    for (int d = 0; d < o->ndim; d++) {
-        if (o->shape[d] == 0) {
-            *lo = *hi = 0;
-            return;
-        }
-        int64_t ext = (o->shape[d] - 1) * o->strides[d];
-        if (ext < 0)
-            mn += ext;
-        else
-            mx += ext;
-    }
-    *lo = (uintptr_t)o->data + (uintptr_t)(mn * 4);
-    *hi = (uintptr_t)o->data + (uintptr_t)((mx + 1) * 4);
-}
-
-static int overlaps(const ts_operand *a, const ts_operand *b)
-{
-    uintptr_t alo, ahi, blo, bhi;
-    byte_span(a, &alo, &ahi);
-    byte_span(b, &blo, &bhi);
-    return alo < ahi && blo < bhi && alo < bhi && blo < ahi;
-}
-
-static ts_operand dense_like(const ts_operand *op, void *buf)
-{
-    ts_operand d = *op;
-    d.data = buf;
-    d.offset = 0;
-    int64_t acc = 1;
-    for (int k = op->ndim - 1; k >= 0; k--) {
-        d.strides[k] = acc;
-        acc *= op->shape[k];
-    }
-    return d;
-}
-
 /* The user layout of w (K, Cg, R, S): 4-D, or 5-D (G, K/G, Cg, R, S) with groups. */
 static dnnl_status_t weights_md(dnnl_memory_desc_t *md, const ts_operand *w, int64_t G,
                                 int any)
@@ -300,14 +261,14 @@ ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call)
     ts_operand od = *out;
     int alias = 0;
     for (int i = 0; i < call->ninputs; i++)
-        alias |= overlaps(out, &call->inputs[i]);
+        alias |= ts_hostkern_overlaps(out, &call->inputs[i]);
     if (alias) {
         int64_t n = 1;
         for (int k = 0; k < out->ndim; k++)
             n *= out->shape[k];
         if ((s = h->pool->alloc(c->hd.pool, (size_t)n * 4, name, &obuf)))
             return s;
-        od = dense_like(out, obuf);
+        od = ts_hostkern_dense_like(out, obuf);
         if (fwd)
             y = &od;
         else if (op == TS_OP_CONV2D_BWD_DATA)

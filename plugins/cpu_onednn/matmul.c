@@ -15,47 +15,6 @@ int dn_matmul_supports(int32_t op, int32_t dtype)
     return op == TS_OP_MATMUL && dtype == TS_F32;
 }
 
-/* Byte range [lo, hi) an operand touches; used to spot an output aliasing an input. */
-static void byte_span(const ts_operand *o, uintptr_t *lo, uintptr_t *hi)
-{
-    int64_t mn = o->offset, mx = o->offset;
-    for (int d = 0; d < o->ndim; d++) {
-        if (o->shape[d] == 0) {
-            *lo = *hi = 0;
-            return;
-        }
-        int64_t ext = (o->shape[d] - 1) * o->strides[d];
-        if (ext < 0)
-            mn += ext;
-        else
-            mx += ext;
-    }
-    *lo = (uintptr_t)o->data + (uintptr_t)(mn * 4);
-    *hi = (uintptr_t)o->data + (uintptr_t)((mx + 1) * 4);
-}
-
-static int overlaps(const ts_operand *a, const ts_operand *b)
-{
-    uintptr_t alo, ahi, blo, bhi;
-    byte_span(a, &alo, &ahi);
-    byte_span(b, &blo, &bhi);
-    return alo < ahi && blo < bhi && alo < bhi && blo < ahi;
-}
-
-/* A dense row-major operand of op's dtype and shape over buf. */
-static ts_operand dense_like(const ts_operand *op, void *buf)
-{
-    ts_operand d = *op;
-    d.data = buf;
-    d.offset = 0;
-    int64_t acc = 1;
-    for (int k = op->ndim - 1; k >= 0; k--) {
-        d.strides[k] = acc;
-        acc *= op->shape[k];
-    }
-    return d;
-}
-
 static int64_t numel(const ts_operand *o)
 {
     int64_t n = 1;
@@ -79,7 +38,7 @@ static ts_status pack(dn_ctx *c, const ts_operand *o, ts_operand *dense, void **
     ts_status s = h->pool->alloc(c->hd.pool, (size_t)(n ? n : 1) * 4, "matmul", buf);
     if (s)
         return s;
-    *dense = dense_like(o, *buf);
+    *dense = ts_hostkern_dense_like(o, *buf);
     return ts_hostdev_copy_strided(dense, o);
 }
 
@@ -180,11 +139,11 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
         goto done;
     if (needs_pack(B) && (s = pack(c, B, &Bd, &bbuf)))
         goto done;
-    if (overlaps(C, A) || overlaps(C, B)) {
+    if (ts_hostkern_overlaps(C, A) || ts_hostkern_overlaps(C, B)) {
         int64_t n = numel(C);
         if ((s = h->pool->alloc(c->hd.pool, (size_t)n * 4, "matmul", &cbuf)))
             goto done;
-        Cd = dense_like(C, cbuf);
+        Cd = ts_hostkern_dense_like(C, cbuf);
         if (beta != 0.0 && (s = ts_hostdev_copy_strided(&Cd, C)))
             goto done;
     }
