@@ -182,6 +182,7 @@ typedef struct bench_opts {
 typedef struct result {
     const char *device;
     int threads;
+    int64_t params;
     double med, p10, p90, min, max; /* ms per step */
     double floor_ms, floor_min;
     double raw_allocs, pool_allocs; /* per step */
@@ -285,6 +286,7 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
         goto out;
     }
     ts_module_parameters(ss.model, ss.params, np);
+    r->params = ts_module_num_params(ss.model);
     if ((s = cli_make_optim(o->optimizer, o->lr, 0, 0, ss.params, np, &ss.opt)))
         goto out;
     for (int64_t i = 0; i < o->warmup && s == TS_OK; i++)
@@ -367,6 +369,11 @@ static void add_cpu_plugin(const char *name, const char *path, void *user)
     names *nm = user;
     if (!strncmp(name, "cpu_", 4) && nm->n < 16)
         snprintf(nm->name[nm->n++], sizeof nm->name[0], "%s", name);
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(a, b);
 }
 
 static int parse(int argc, char **argv, bench_opts *o)
@@ -465,6 +472,7 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
             ts_shutdown();
             return 1;
         }
+        qsort(nm.name, (size_t)nm.n, sizeof nm.name[0], cmp_name);
     } else {
         snprintf(nm.name[0], sizeof nm.name[0], "%s",
                  o.device ? o.device : ts_device_name(ts_default_device()));
@@ -507,12 +515,13 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                fp.flops * 1e-9, load[0], load[1], load[2]);
         for (int i = 0; i < nres; i++) {
             const result *r = &res[i];
-            printf("%s\n  {\"device\": \"%s\", \"threads\": %d, \"ms_median\": %.4f, "
+            printf("%s\n  {\"device\": \"%s\", \"threads\": %d, \"parameters\": %lld, "
+                   "\"ms_median\": %.4f, "
                    "\"ms_p10\": %.4f, \"ms_p90\": %.4f, \"ms_min\": %.4f, \"ms_max\": %.4f, "
                    "\"images_per_s\": %.1f, \"floor_ms\": %.4f, \"floor_ms_min\": %.4f, "
                    "\"step_over_floor\": %.3f, \"raw_allocs_per_step\": %.3f, "
                    "\"pool_allocs_per_step\": %.2f, ",
-                   i ? "," : "", r->device, r->threads, r->med, r->p10, r->p90, r->min, r->max,
+                   i ? "," : "", r->device, r->threads, (long long)r->params, r->med, r->p10, r->p90, r->min, r->max,
                    (double)o.batch * 1e3 / r->med, r->floor_ms, r->floor_min,
                    r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs, r->pool_allocs);
             if (r->mallocs >= 0)
@@ -523,9 +532,10 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
         }
         printf("\n]}\n");
     } else {
-        printf("tessera bench train: %s, %s lr %g, batch %lld, median of %lld steps after %lld "
-               "warm-up\n  data: %s; floor: %d cblas_sgemm calls, %.3f GFLOP per step\n",
-               arch, o.optimizer, o.lr, (long long)o.batch, (long long)o.steps,
+        printf("tessera bench train: %s (%lld parameters), %s lr %g, batch %lld, median of %lld "
+               "steps after %lld warm-up\n  data: %s; floor: %d cblas_sgemm calls, %.3f GFLOP "
+               "per step\n",
+               arch, (long long)res[0].params, o.optimizer, o.lr, (long long)o.batch, (long long)o.steps,
                (long long)o.warmup,
                synthetic ? "SYNTHETIC random images of Fashion-MNIST's shape (60000x1x28x28; "
                            "the data set is not installed or --synthetic was given)"
