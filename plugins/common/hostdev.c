@@ -1,11 +1,15 @@
 /* plugins/common/hostdev.c: host-memory device plumbing shared by the CPU plugins. */
 #include "hostdev.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
 {
@@ -28,9 +32,23 @@ static void raw_free(void *user, void *ptr, size_t nbytes)
     free(ptr);
 }
 
+/* The OpenMP runtime's idle worker threads outlive every parallel region (spinning, then
+ * asleep inside the runtime). Were the runtime unmapped with this plugin at dlclose, a worker
+ * still spinning would run unmapped code and crash the process; so the runtime, loaded for this
+ * plugin, is marked never to unload (RTLD_NODELETE on the already loaded library). */
+static void pin_openmp_runtime(void)
+{
+#ifdef _OPENMP
+    Dl_info info;
+    if (dladdr((void *)omp_get_max_threads, &info) && info.dli_fname)
+        dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+#endif
+}
+
 ts_status ts_hostdev_init(ts_hostdev *hd, const ts_host *host, const char *name,
                           const ts_setting *settings, size_t nsettings)
 {
+    pin_openmp_runtime();
     memset(hd, 0, sizeof *hd);
     hd->host = host;
     hd->name = name;
