@@ -25,12 +25,34 @@ int ts_hostkern_pool2d_supports(int32_t op, int32_t dtype)
         T *yd = (T *)y->data;                                                               \
         int64_t *id = ix ? (int64_t *)ix->data : NULL;                                      \
         int par = planes * P * Q * p->kernel_h * p->kernel_w > 32768;                       \
+        int fast2x2 = is_max && p->kernel_h == 2 && p->kernel_w == 2 && p->stride_h == 2 &&  \
+                      p->stride_w == 2 && p->pad_h == 0 && p->pad_w == 0 &&                 \
+                      x->strides[3] == 1;                                                   \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if(par)")           \
         for (int64_t nc = 0; nc < planes; nc++) {                                           \
             int64_t n = nc / C, c = nc % C;                                                 \
             const T *xp = xd + x->offset + n * x->strides[0] + c * x->strides[1];           \
             int64_t yo = y->offset + n * y->strides[0] + c * y->strides[1];                 \
             int64_t io = ix ? ix->offset + n * ix->strides[0] + c * ix->strides[1] : 0;     \
+            if (fast2x2) { /* 2x2, stride 2, no padding, dense rows: the same scan order */ \
+                for (int64_t pp = 0; pp < P; pp++) {                                        \
+                    const T *r0 = xp + 2 * pp * x->strides[2], *r1 = r0 + x->strides[2];    \
+                    T *yr = yd + yo + pp * y->strides[2];                                   \
+                    int64_t *ir = id ? id + io + pp * ix->strides[2] : NULL;                \
+                    for (int64_t q = 0; q < Q; q++) {                                       \
+                        const T v[4] = {r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1]}; \
+                        T best = (T)-INFINITY;                                              \
+                        int k = 0;                                                          \
+                        for (int j = 0; j < 4; j++)                                         \
+                            if (v[j] > best || (isnan(v[j]) && !isnan(best)))               \
+                                best = v[j], k = j;                                         \
+                        yr[q * y->strides[3]] = best;                                       \
+                        if (ir)                                                             \
+                            ir[q * ix->strides[3]] = (2 * pp + k / 2) * W + 2 * q + k % 2;  \
+                    }                                                                       \
+                }                                                                           \
+                continue;                                                                   \
+            }                                                                               \
             for (int64_t pp = 0; pp < P; pp++) {                                            \
                 int64_t h0 = pp * p->stride_h - p->pad_h, h1 = h0 + p->kernel_h;            \
                 int64_t hs = h0 < 0 ? 0 : h0, he = h1 > H ? H : h1;                         \

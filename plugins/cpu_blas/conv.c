@@ -56,8 +56,22 @@ static void st_elem(char *base, int64_t off, size_t es, double v)
                     continue;                                                               \
                 }                                                                           \
                 const T *src = xd + xn + c * sc + h * sh;                                   \
+                int64_t w0 = s * p->dilation_w - p->pad_w;                                  \
+                if (p->stride_w == 1 && sw == 1) {                                          \
+                    /* Dense rows: zeros, one copy of the columns inside, zeros. */         \
+                    int64_t qa = w0 < 0 ? -w0 : 0, qb = W - w0 < Q ? W - w0 : Q;            \
+                    if (qb < qa)                                                            \
+                        qb = qa;                                                            \
+                    for (int64_t q = 0; q < qa; q++)                                        \
+                        dst[pp * Q + q] = 0;                                                \
+                    if (qb > qa)                                                            \
+                        memcpy(dst + pp * Q + qa, src + w0 + qa, (size_t)(qb - qa) * sizeof(T)); \
+                    for (int64_t q = qb; q < Q; q++)                                        \
+                        dst[pp * Q + q] = 0;                                                \
+                    continue;                                                               \
+                }                                                                           \
                 for (int64_t q = 0; q < Q; q++) {                                           \
-                    int64_t w = q * p->stride_w - p->pad_w + s * p->dilation_w;             \
+                    int64_t w = q * p->stride_w + w0;                                       \
                     dst[pp * Q + q] = w >= 0 && w < W ? src[w * sw] : (T)0;                 \
                 }                                                                           \
             }                                                                               \
