@@ -5,7 +5,7 @@
 # the network asked for, runs on every cpu_* backend with --device all, and a steady-state
 # step makes no raw pool allocation and no host malloc from tessera's own code.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 8
+plan 9
 # LeakSanitizer's exit-time tracer crashes once oneDNN's primitives have run their threads
 # (see tests/plugins/test-onednn.c); --device all runs cpu_onednn.
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
@@ -139,6 +139,22 @@ else
         ok "the malloc counter sees tessera's first-step allocations ($n)"
     else
         fail "the malloc counter sees tessera's first-step allocations" "$out"
+    fi
+fi
+
+# Checkpoints record the architecture: resuming with other widths is one clear error.
+if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+    skip "--resume refuses another architecture" "Fashion-MNIST is not installed (dataset-fashion-mnist)"
+else
+    "$TESSERA" train --model mlp --hidden 32 --train-limit 256 --max-steps 2 \
+        --save "$TMP/h32.ckpt" --json >/dev/null 2>"$TMP/e1"
+    out=$("$TESSERA" train --model mlp --hidden 64 --train-limit 256 --max-steps 4 \
+        --resume "$TMP/h32.ckpt" 2>&1)
+    rc=$?
+    if [ $rc -eq 1 ] && contains "$out" "holds a 'mlp --hidden 32' model, not 'mlp --hidden 64'"; then
+        ok "--resume refuses another architecture"
+    else
+        fail "--resume refuses another architecture" "rc=$rc" "$out" "$(cat "$TMP/e1")"
     fi
 fi
 
