@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 #define TS_PLUGIN_ABI_MAJOR 1
-#define TS_PLUGIN_ABI_MINOR 0
+#define TS_PLUGIN_ABI_MINOR 1
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
@@ -152,6 +152,26 @@ typedef struct ts_raw_allocator {
     void (*free)(void *user, void *ptr, size_t nbytes);
 } ts_raw_allocator;
 
+/* Optional (ABI 1.1): a raw allocator that can reserve address space and back pieces of it
+ * with memory. Given one, the pool keeps every block over 1 MiB in a single range that grows
+ * and shrinks at its end (an "expandable segment"): free neighbours always merge, so there is
+ * no fragmentation between separate raw allocations. Host memory: mmap; CUDA: the driver's
+ * cuMemAddressReserve/cuMemCreate/cuMemMap. */
+typedef struct ts_raw_vm {
+    uint32_t struct_size; /* sizeof(ts_raw_vm) */
+    void *user;           /* handed back to every call */
+    size_t granularity;   /* power of two >= the pool's alignment: commit sizes and offsets */
+    uint64_t max_reserve; /* address space to reserve when the pool has no reserve_limit */
+    /* Reserve nbytes of address space, no memory; the base is aligned to granularity. */
+    ts_status (*reserve)(void *user, size_t nbytes, void **base);
+    /* Give back a whole reservation (committed parts included). */
+    void (*release)(void *user, void *base, size_t nbytes);
+    /* Back [addr, addr + nbytes) of a reservation with memory; TS_ENOMEM when there is none. */
+    ts_status (*commit)(void *user, void *addr, size_t nbytes);
+    /* Return the memory behind [addr, addr + nbytes); the addresses stay reserved. */
+    void (*decommit)(void *user, void *addr, size_t nbytes);
+} ts_raw_vm;
+
 typedef struct ts_pool_options {
     uint32_t struct_size;   /* sizeof(ts_pool_options) */
     const char *name;       /* used in messages and statistics: the plugin's name */
@@ -159,6 +179,7 @@ typedef struct ts_pool_options {
     uint64_t reserve_limit; /* most bytes reserved from the raw allocator; 0 = no limit */
     uint64_t cache_limit;   /* most bytes kept in free lists */
     int32_t caching;        /* 0: frees go straight back to the raw allocator */
+    const ts_raw_vm *vm;    /* ABI 1.1, optional (NULL): an expandable segment; copied */
 } ts_pool_options;
 
 typedef struct ts_pool ts_pool;

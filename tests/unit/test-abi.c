@@ -17,7 +17,7 @@ static void test_layout_matches_version(void)
 {
     if (sizeof(void *) != 8)
         SKIP("layouts are recorded for LP64 only");
-    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 1 && TS_PLUGIN_ABI_MINOR == 0,
+    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 1 && TS_PLUGIN_ABI_MINOR == 1,
               "ABI is %d.%d: add its layout row to this test", TS_PLUGIN_ABI_MAJOR,
               TS_PLUGIN_ABI_MINOR);
     /* ABI 1.0 */
@@ -42,7 +42,7 @@ static void test_layout_matches_version(void)
         L(offsetof(ts_device_info, total_bytes), 144),
         L(sizeof(ts_pool_api), 72),
         L(offsetof(ts_pool_api, set_limits), 64),
-        L(sizeof(ts_pool_options), 48),
+        L(offsetof(ts_pool_options, caching), 40), /* 1.0 ended here: sizeof was 48 */
         L(sizeof(ts_raw_allocator), 24),
         L(sizeof(ts_setting), 32),
         L(offsetof(ts_setting, v), 24),
@@ -52,6 +52,19 @@ static void test_layout_matches_version(void)
         CHECK_MSG(v1_0[i].actual == v1_0[i].expected,
                   "%s is %zu, ABI 1.0 says %zu: bump the ABI version and record the new layout",
                   v1_0[i].what, v1_0[i].actual, v1_0[i].expected);
+    /* ABI 1.1: appended ts_pool_options.vm and the ts_raw_vm table (expandable segments). */
+    static const layout v1_1[] = {
+        L(sizeof(ts_pool_options), 56),
+        L(offsetof(ts_pool_options, vm), 48),
+        L(sizeof(ts_raw_vm), 64),
+        L(offsetof(ts_raw_vm, granularity), 16),
+        L(offsetof(ts_raw_vm, reserve), 32),
+        L(offsetof(ts_raw_vm, decommit), 56),
+    };
+    for (size_t i = 0; i < sizeof v1_1 / sizeof v1_1[0]; i++)
+        CHECK_MSG(v1_1[i].actual == v1_1[i].expected,
+                  "%s is %zu, ABI 1.1 says %zu: bump the ABI version and record the new layout",
+                  v1_1[i].what, v1_1[i].actual, v1_1[i].expected);
 }
 
 static void test_enums_are_append_only(void)
