@@ -500,7 +500,15 @@ static ts_status matmul_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
         ts_tensor_unref(t), ts_tensor_unref(u), ts_tensor_unref(r);
         t = u = r = NULL;
     }
-    if (n->needs[1]) { /* gb = a^T @ g */
+    const int64_t *bs = ts_tensor_strides(b);
+    if (n->needs[1] && n->in_ndim[0] == 2 && n->in_ndim[1] == 2 && bs[0] == 1 &&
+        bs[1] == ts_tensor_shape(b)[0] && ts_tensor_shape(b)[1] > 1) {
+        /* b is a transposed view of a dense matrix (linear's W^T): gb^T = g^T @ a is made
+         * dense, so the transpose's backward hands the weight a dense gradient (no copy). */
+        TRY(mT(g2, &t));
+        TRY(ts_matmul(t, a, &u));
+        TRY(mT(u, &gin[1]));
+    } else if (n->needs[1]) { /* gb = a^T @ g */
         TRY(mT(a, &t));
         TRY(ts_matmul(t, g2, &u));
         TRY(ts__sum_to(u, ts_tensor_ndim(b), ts_tensor_shape(b), &r));

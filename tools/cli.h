@@ -20,9 +20,47 @@ const char *cli_bytes(unsigned long long bytes, char *buf, size_t len);
 int cmd_info(int argc, char **argv, const cli_common *common);
 int cmd_train(int argc, char **argv, const cli_common *common);
 int cli_bench_compare(int argc, char **argv, const cli_common *common);
-/* The models of `tessera train`: "mlp", "lenet5", "cnn" (TS_EINVAL for another name). */
+/* The models of `tessera train`: "mlp", "lenet5", "cnn" (TS_EINVAL for another name), with
+ * their default widths and initialisation. */
 ts_status cli_build_model(const char *name, ts_device *dev, ts_rng *rng, ts_module **out);
+
+/* A configurable model (`--model`, `--hidden`, `--channels`, `--init`), shared by `tessera
+ * train` and `tessera bench train`. */
+#define CLI_MAX_LAYERS 16
+typedef struct cli_model {
+    const char *name;                /* "mlp", "lenet5" or "cnn" */
+    int nhidden, nchannels;          /* -1: the model's default */
+    int64_t hidden[CLI_MAX_LAYERS];  /* widths of the hidden linear layers (ReLU after each) */
+    int64_t channels[CLI_MAX_LAYERS]; /* cnn: output channels of each 3x3 conv + pool block */
+    int32_t init;                    /* ts_init_kind */
+    double init_std;                 /* TS_INIT_NORMAL */
+} cli_model;
+
+/* The defaults: lenet5, Kaiming-uniform. */
+void cli_model_init(cli_model *m);
+/* If opt is one of --model, --hidden, --channels, --init: takes val into m and returns 1, or
+ * prints a usage error for cmd and returns -2. Returns 0 for any other option. */
+int cli_model_option(cli_model *m, const char *cmd, const char *opt, const char *val);
+/* Checks the combination (--hidden only for mlp and cnn, --channels only for cnn, sizes) and
+ * fills in the defaults. 0, or a usage error printed for cmd and 2. */
+int cli_model_check(cli_model *m, const char *cmd);
+/* "mlp --hidden 500 --init normal:0.01": the options that rebuild m. */
+const char *cli_model_describe(const cli_model *m, char *buf, size_t len);
+ts_status cli_build_model_spec(const cli_model *m, ts_device *dev, ts_rng *rng,
+                               ts_module **out);
+/* "sgd" (with momentum), "adam" or "adamw" over params. (transfer full) on *out */
+ts_status cli_make_optim(const char *name, double lr, double momentum, double weight_decay,
+                         ts_named_tensor *params, size_t n, ts_optim **out);
 int cli_bench_ops(int argc, char **argv, const cli_common *common);
 int cli_bench_autograd(int argc, char **argv, const cli_common *common);
+int cli_bench_train(int argc, char **argv, const cli_common *common);
+
+/* tools/malloc_count.c: host allocation counters: all calls, and those from the code of
+ * libtessera or of the plugins at plugin_paths. Setup finds that code and zeroes the counters
+ * (counting off); it returns 0 when counting is unavailable (sanitizer builds) or libtessera
+ * was not found. Enable turns counting on (1) or off (0); read reads the counters. */
+int cli_malloc_count_setup(const char *const *plugin_paths, int npaths);
+void cli_malloc_count_enable(int on);
+void cli_malloc_count_read(uint64_t *tessera, uint64_t *all);
 
 #endif /* TESSERA_TOOLS_CLI_H */

@@ -14,7 +14,9 @@
 #include "cli.h"
 
 static const char usage[] =
-    "usage: tessera train [--model mlp|lenet5|cnn] [--epochs N] [--batch-size B] [--lr X]\n"
+    "usage: tessera train [--model mlp|lenet5|cnn] [--hidden N,...] [--channels N,...]\n"
+    "                     [--init kaiming|kaiming-normal|xavier|normal:STD] [--epochs N]\n"
+    "                     [--batch-size B] [--lr X]\n"
     "                     [--optimizer sgd|adam|adamw] [--momentum M] [--weight-decay W]\n"
     "                     [--device NAME] [--config FILE] [--data DIR] [--save CKPT]\n"
     "                     [--resume CKPT] [--seed S] [--max-steps N] [--train-limit N]\n"
@@ -22,6 +24,12 @@ static const char usage[] =
     "\n"
     "Trains on Fashion-MNIST (default data: " TS_FASHION_MNIST_DIR ", Debian package\n"
     "dataset-fashion-mnist). Defaults: lenet5, 1 epoch, batch 64, adam, lr 1e-3, seed 1.\n"
+    "  --hidden N,...  widths of the hidden linear layers, ReLU after each (mlp default\n"
+    "                  256,128; cnn default none, after the conv blocks)\n"
+    "  --channels N,.. cnn: one block per entry: 3x3 conv (pad 1), ReLU, 2x2 max pool\n"
+    "                  (default 32,64); then a linear layer to the 10 classes\n"
+    "  --init KIND     weight initialisation (default kaiming: PyTorch's Kaiming-uniform);\n"
+    "                  normal:STD draws N(0, STD) with zero biases\n"
     "  --save CKPT     write a checkpoint (safetensors) after every epoch and at the end\n"
     "  --resume CKPT   continue exactly where CKPT stopped (same model, optimizer, order)\n"
     "  --max-steps N   stop after N optimizer steps in all (then evaluate and save)\n"
@@ -35,6 +43,7 @@ typedef struct train_opts {
     double lr, momentum, weight_decay;
     uint64_t seed;
     int json, log_steps;
+    cli_model arch; /* --model, --hidden, --channels, --init */
 } train_opts;
 
 static double now(void)
@@ -53,22 +62,146 @@ static double now(void)
             goto fail;                                                                      \
     } while (0)
 
-ts_status cli_build_model(const char *name, ts_device *dev, ts_rng *rng, ts_module **out)
+void cli_model_init(cli_model *m)
+{
+    *m = (cli_model){.name = "lenet5", .nhidden = -1, .nchannels = -1,
+                     .init = TS_INIT_KAIMING_UNIFORM};
+}
+
+/* "500" or "256,128" into out (at most CLI_MAX_LAYERS entries, each 1..max). */
+static int parse_list(const char *cmd, const char *opt, const char *val, int64_t max,
+                      int64_t *out, int *n)
+{
+    const char *p = val;
+    *n = 0;
+    if (!*p)
+        return cli_usage_error(cmd, "%s needs a comma-separated list of sizes", opt), -2;
+    for (;;) {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || (*end && *end != ','))
+            return cli_usage_error(cmd, "%s '%s': expected sizes like 256,128", opt, val), -2;
+        if (v < 1 || v > max)
+            return cli_usage_error(cmd, "%s '%s': each size must be 1..%lld", opt, val,
+                                   (long long)max), -2;
+        if (*n == CLI_MAX_LAYERS)
+            return cli_usage_error(cmd, "%s '%s': at most %d layers", opt, val,
+                                   CLI_MAX_LAYERS), -2;
+        out[(*n)++] = v;
+        if (!*end)
+            return 1;
+        p = end + 1;
+    }
+}
+
+int cli_model_option(cli_model *m, const char *cmd, const char *opt, const char *val)
+{
+    int model = !strcmp(opt, "--model"), hidden = !strcmp(opt, "--hidden"),
+        channels = !strcmp(opt, "--channels"), init = !strcmp(opt, "--init");
+    if (!model && !hidden && !channels && !init)
+        return 0;
+    if (!val)
+        return cli_usage_error(cmd, "%s needs a value%s", opt,
+                               model ? ": mlp, lenet5 or cnn"
+                               : init ? ": kaiming, kaiming-normal, xavier or normal:STD"
+                                      : " like 256,128"), -2;
+    if (model) {
+        if (strcmp(val, "mlp") && strcmp(val, "lenet5") && strcmp(val, "cnn"))
+            return cli_usage_error(cmd, "unknown model '%s' (mlp, lenet5 or cnn)", val), -2;
+        m->name = val;
+        return 1;
+    }
+    if (hidden)
+        return parse_list(cmd, opt, val, 1 << 16, m->hidden, &m->nhidden);
+    if (channels)
+        return parse_list(cmd, opt, val, 4096, m->channels, &m->nchannels);
+    if (!strcmp(val, "kaiming")) {
+        m->init = TS_INIT_KAIMING_UNIFORM;
+    } else if (!strcmp(val, "kaiming-normal")) {
+        m->init = TS_INIT_KAIMING_NORMAL;
+    } else if (!strcmp(val, "xavier")) {
+        m->init = TS_INIT_XAVIER_UNIFORM;
+    } else if (!strncmp(val, "normal:", 7)) {
+        char *end;
+        double sd = strtod(val + 7, &end);
+        if (end == val + 7 || *end || !(sd > 0) || sd > 1e6)
+            return cli_usage_error(cmd, "--init '%s': the standard deviation must be a number "
+                                   "> 0, like normal:0.01", val), -2;
+        m->init = TS_INIT_NORMAL;
+        m->init_std = sd;
+    } else {
+        return cli_usage_error(cmd, "unknown --init '%s' (kaiming, kaiming-normal, xavier or "
+                               "normal:STD)", val), -2;
+    }
+    return 1;
+}
+
+int cli_model_check(cli_model *m, const char *cmd)
+{
+    int mlp = !strcmp(m->name, "mlp"), cnn = !strcmp(m->name, "cnn");
+    if (m->nhidden > 0 && !mlp && !cnn)
+        return cli_usage_error(cmd, "--hidden applies to --model mlp or cnn, not %s", m->name);
+    if (m->nchannels > 0 && !cnn)
+        return cli_usage_error(cmd, "--channels applies to --model cnn, not %s", m->name);
+    if (mlp && m->nhidden < 0) { /* 784-256-128-10 */
+        m->nhidden = 2;
+        m->hidden[0] = 256, m->hidden[1] = 128;
+    }
+    if (cnn && m->nchannels < 0) {
+        m->nchannels = 2;
+        m->channels[0] = 32, m->channels[1] = 64;
+    }
+    if (m->nhidden < 0)
+        m->nhidden = 0;
+    if (m->nchannels < 0)
+        m->nchannels = 0;
+    /* Each block halves 28x28 (rounding down): 14, 7, 3, 1, then nothing is left. */
+    if (m->nchannels > 4)
+        return cli_usage_error(cmd, "--channels: at most 4 conv blocks (each 2x2 pool halves "
+                               "the 28x28 image: 14, 7, 3, 1), got %d", m->nchannels);
+    return 0;
+}
+
+static void put_list(char *buf, size_t len, const char *opt, const int64_t *v, int n)
+{
+    size_t at = strlen(buf);
+    at += (size_t)snprintf(buf + at, at < len ? len - at : 0, " %s ", opt);
+    for (int i = 0; i < n && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%lld", i ? "," : "", (long long)v[i]);
+}
+
+const char *cli_model_describe(const cli_model *m, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", m->name);
+    if (!strcmp(m->name, "cnn"))
+        put_list(buf, len, "--channels", m->channels, m->nchannels);
+    if (m->nhidden > 0)
+        put_list(buf, len, "--hidden", m->hidden, m->nhidden);
+    size_t at = strlen(buf);
+    if (m->init == TS_INIT_NORMAL && at < len)
+        snprintf(buf + at, len - at, " --init normal:%g", m->init_std);
+    else if (m->init != TS_INIT_KAIMING_UNIFORM && at < len)
+        snprintf(buf + at, len - at, " --init %s",
+                 m->init == TS_INIT_KAIMING_NORMAL ? "kaiming-normal" : "xavier");
+    return buf;
+}
+
+ts_status cli_build_model_spec(const cli_model *mp, ts_device *dev, ts_rng *rng,
+                               ts_module **out)
 {
     ts_module *seq;
+    *out = NULL;
+    cli_model m = *mp;
+    if (cli_model_check(&m, NULL))
+        return TS_EINVAL;
     ts_status s = ts_nn_sequential(&seq);
     if (s)
         return s;
-    ts_weight_init init = {TS_INIT_KAIMING_UNIFORM, 0, rng};
+    ts_weight_init init = {m.init, m.init_std, rng};
     ts_pool2d_params pool2 = {.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2};
-    if (strcmp(name, "mlp") == 0) { /* 784-256-128-10 */
-        ADD(seq, "flatten", ts_nn_flatten(&m_));
-        ADD(seq, "fc1", ts_nn_linear(dev, 784, 256, 1, &init, &m_));
-        ADD(seq, "relu1", ts_nn_relu(&m_));
-        ADD(seq, "fc2", ts_nn_linear(dev, 256, 128, 1, &init, &m_));
-        ADD(seq, "relu2", ts_nn_relu(&m_));
-        ADD(seq, "fc3", ts_nn_linear(dev, 128, 10, 1, &init, &m_));
-    } else if (strcmp(name, "lenet5") == 0) { /* LeNet-5, the first conv padded for 28x28 */
+    char name[32];
+    int64_t feat = 784; /* features entering the linear layers */
+    if (strcmp(m.name, "lenet5") == 0) { /* LeNet-5, the first conv padded for 28x28 */
         ts_conv2d_params c1 = {1, 1, 2, 2, 1, 1, 1}, c2 = {1, 1, 0, 0, 1, 1, 1};
         ADD(seq, "conv1", ts_nn_conv2d(dev, 1, 6, 5, 5, &c1, 1, &init, &m_));
         ADD(seq, "relu1", ts_nn_relu(&m_));
@@ -82,27 +215,62 @@ ts_status cli_build_model(const char *name, ts_device *dev, ts_rng *rng, ts_modu
         ADD(seq, "fc2", ts_nn_linear(dev, 120, 84, 1, &init, &m_));
         ADD(seq, "relu4", ts_nn_relu(&m_));
         ADD(seq, "fc3", ts_nn_linear(dev, 84, 10, 1, &init, &m_));
-    } else if (strcmp(name, "cnn") == 0) { /* two conv+pool blocks, two linear layers */
-        ts_conv2d_params c = {1, 1, 1, 1, 1, 1, 1};
-        ADD(seq, "conv1", ts_nn_conv2d(dev, 1, 32, 3, 3, &c, 1, &init, &m_));
-        ADD(seq, "relu1", ts_nn_relu(&m_));
-        ADD(seq, "pool1", ts_nn_max_pool2d(&pool2, &m_));
-        ADD(seq, "conv2", ts_nn_conv2d(dev, 32, 64, 3, 3, &c, 1, &init, &m_));
-        ADD(seq, "relu2", ts_nn_relu(&m_));
-        ADD(seq, "pool2", ts_nn_max_pool2d(&pool2, &m_));
-        ADD(seq, "flatten", ts_nn_flatten(&m_));
-        ADD(seq, "fc1", ts_nn_linear(dev, 64 * 7 * 7, 128, 1, &init, &m_));
-        ADD(seq, "relu3", ts_nn_relu(&m_));
-        ADD(seq, "fc2", ts_nn_linear(dev, 128, 10, 1, &init, &m_));
-    } else {
-        ts_module_free(seq);
-        return TS_EINVAL;
+        *out = seq;
+        return TS_OK;
+    }
+    /* cnn: blocks of 3x3 conv (pad 1) + ReLU + 2x2 max pool; then (cnn and mlp) the hidden
+     * linear layers with ReLU, and a linear layer to the 10 classes. */
+    ts_conv2d_params c = {1, 1, 1, 1, 1, 1, 1};
+    int64_t ch = 1, hw = 28;
+    for (int i = 0; i < m.nchannels; i++) {
+        snprintf(name, sizeof name, "conv%d", i + 1);
+        ADD(seq, name, ts_nn_conv2d(dev, ch, m.channels[i], 3, 3, &c, 1, &init, &m_));
+        snprintf(name, sizeof name, "relu%d", i + 1);
+        ADD(seq, name, ts_nn_relu(&m_));
+        snprintf(name, sizeof name, "pool%d", i + 1);
+        ADD(seq, name, ts_nn_max_pool2d(&pool2, &m_));
+        ch = m.channels[i];
+        hw /= 2;
+    }
+    feat = ch * hw * hw;
+    ADD(seq, "flatten", ts_nn_flatten(&m_));
+    for (int i = 0; i <= m.nhidden; i++) {
+        int64_t o = i < m.nhidden ? m.hidden[i] : 10;
+        snprintf(name, sizeof name, "fc%d", i + 1);
+        ADD(seq, name, ts_nn_linear(dev, feat, o, 1, &init, &m_));
+        if (i < m.nhidden) {
+            snprintf(name, sizeof name, "relu%d", m.nchannels + i + 1);
+            ADD(seq, name, ts_nn_relu(&m_));
+        }
+        feat = o;
     }
     *out = seq;
     return TS_OK;
 fail:
     ts_module_free(seq);
     return s;
+}
+
+ts_status cli_build_model(const char *name, ts_device *dev, ts_rng *rng, ts_module **out)
+{
+    cli_model m;
+    cli_model_init(&m);
+    m.name = name;
+    if (strcmp(name, "mlp") && strcmp(name, "lenet5") && strcmp(name, "cnn"))
+        return TS_EINVAL;
+    return cli_build_model_spec(&m, dev, rng, out);
+}
+
+ts_status cli_make_optim(const char *name, double lr, double momentum, double weight_decay,
+                         ts_named_tensor *params, size_t n, ts_optim **out)
+{
+    if (!strcmp(name, "sgd")) {
+        ts_sgd_options so = {lr, momentum, 0, weight_decay, 0};
+        return ts_optim_sgd(params, n, &so, out);
+    }
+    ts_adam_options ao = {lr, 0.9, 0.999, 1e-8, weight_decay};
+    return !strcmp(name, "adam") ? ts_optim_adam(params, n, &ao, out)
+                                 : ts_optim_adamw(params, n, &ao, out);
 }
 
 /* ---- state ------------------------------------------------------------------------------- */
@@ -145,7 +313,9 @@ static ts_status save(trainer *t, const char *path)
         uint64_t epoch;
         int64_t batch;
         ts_loader_position(t->loader, &epoch, &batch);
+        char arch[256];
         ts_checkpoint_set_meta(ck, "train.model", t->o.model);
+        ts_checkpoint_set_meta(ck, "train.arch", cli_model_describe(&t->o.arch, arch, sizeof arch));
         ts_checkpoint_set_meta(ck, "train.format", "tessera-train-1");
         meta_u64(ck, "train.seed", t->o.seed);
         meta_u64(ck, "train.batch_size", (uint64_t)t->o.batch);
@@ -188,6 +358,14 @@ static int resume(trainer *t)
     if (!model || strcmp(model, t->o.model) != 0) {
         fprintf(stderr, "tessera: error: %s holds a '%s' model, not '%s' (use --model %s)\n",
                 t->o.resume, model ? model : "(unknown)", t->o.model, model ? model : "...");
+        goto out;
+    }
+    char arch[256];
+    const char *saved = ts_checkpoint_meta(ck, "train.arch");
+    cli_model_describe(&t->o.arch, arch, sizeof arch);
+    if (saved && strcmp(saved, arch) != 0) {
+        fprintf(stderr, "tessera: error: %s holds a '%s' model, not '%s' (use --model %s)\n",
+                t->o.resume, saved, arch, saved);
         goto out;
     }
     if (meta_num(ck, t->o.resume, "train.seed", &seed) ||
@@ -389,6 +567,7 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
 {
     *o = (train_opts){.model = "lenet5", .optimizer = "adam", .epochs = 1, .batch = 64,
                       .lr = -1, .seed = 1, .json = common->json};
+    cli_model_init(&o->arch);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
@@ -399,10 +578,11 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
         o->field = conv(v, &end);                                                           \
         i++;                                                                                \
     } while (0)
-        if (!strcmp(a, "--model")) {
-            if (!v)
-                return cli_usage_error("train", "--model needs mlp, lenet5 or cnn");
-            o->model = v, i++;
+        int took = cli_model_option(&o->arch, "train", a, v);
+        if (took < 0)
+            return 2;
+        if (took) {
+            i++;
         } else if (!strcmp(a, "--optimizer")) {
             if (!v)
                 return cli_usage_error("train", "--optimizer needs sgd, adam or adamw");
@@ -449,8 +629,9 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
             return cli_usage_error("train", "%s: '%s' is not a number", a, v);
 #undef TAKE
     }
-    if (strcmp(o->model, "mlp") && strcmp(o->model, "lenet5") && strcmp(o->model, "cnn"))
-        return cli_usage_error("train", "unknown model '%s' (mlp, lenet5 or cnn)", o->model);
+    if (cli_model_check(&o->arch, "train"))
+        return 2;
+    o->model = o->arch.name;
     if (strcmp(o->optimizer, "sgd") && strcmp(o->optimizer, "adam") &&
         strcmp(o->optimizer, "adamw"))
         return cli_usage_error("train", "unknown optimizer '%s' (sgd, adam or adamw)",
@@ -517,7 +698,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         t.train_y = y;
     }
     ts_rng_init(&t.rng, t.o.seed);
-    if ((s = cli_build_model(t.o.model, t.dev, &t.rng, &t.model))) {
+    if ((s = cli_build_model_spec(&t.o.arch, t.dev, &t.rng, &t.model))) {
         cli_fail(s, "cannot build the model");
         goto out;
     }
@@ -531,24 +712,19 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     }
     ts_module_parameters(t.model, t.params, t.nparams);
     ts_module_buffers(t.model, t.buffers, t.nbuffers);
-    if (!strcmp(t.o.optimizer, "sgd")) {
-        ts_sgd_options so = {t.o.lr, t.o.momentum, 0, t.o.weight_decay, 0};
-        s = ts_optim_sgd(t.params, t.nparams, &so, &t.opt);
-    } else {
-        ts_adam_options ao = {t.o.lr, 0.9, 0.999, 1e-8, t.o.weight_decay};
-        s = !strcmp(t.o.optimizer, "adam") ? ts_optim_adam(t.params, t.nparams, &ao, &t.opt)
-                                           : ts_optim_adamw(t.params, t.nparams, &ao, &t.opt);
-    }
+    s = cli_make_optim(t.o.optimizer, t.o.lr, t.o.momentum, t.o.weight_decay, t.params,
+                       t.nparams, &t.opt);
     if (s || (s = ts_loader_new(t.train_x, t.train_y, t.o.batch, 1, t.o.seed, 0, &t.loader))) {
         cli_fail(s, "cannot set up training");
         goto out;
     }
     if (t.o.resume && resume(&t))
         goto out;
+    char arch[256];
     if (!t.o.json)
         printf("tessera train: %s (%lld parameters) on '%s', %s lr %g, batch %lld, %lld "
                "training images, data loaded in %.1f s\n",
-               t.o.model, (long long)ts_module_num_params(t.model), ts_device_name(t.dev),
+               cli_model_describe(&t.o.arch, arch, sizeof arch), (long long)ts_module_num_params(t.model), ts_device_name(t.dev),
                t.o.optimizer, t.o.lr, (long long)t.o.batch,
                (long long)ts_tensor_size(t.train_x, 0), now() - t0);
     int stop = 0;

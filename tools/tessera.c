@@ -18,6 +18,7 @@ static const char usage[] =
     "  bench ops [...]   matmul vs cblas_sgemm, add vs memcpy, small-op overhead\n"
     "  bench autograd    cost of recording the graph: time per op, memory per step\n"
     "  bench compare     the same conv, matmul and training step on several backends\n"
+    "  bench train [...] training step time vs its GEMM floor, allocations per step\n"
     "  help [COMMAND]    this text, or a command's own --help\n"
     "\n"
     "options:\n"
@@ -70,6 +71,11 @@ int main(int argc, char **argv)
 {
     cli_common common = {0};
     ts_set_log_handler(log_to_stderr, NULL);
+    /* OpenMP threads that spin between parallel regions (libgomp's default) take the cores
+     * OpenBLAS's own threads and the next region need: on a loaded 2-core machine a training
+     * step ran 2-10x slower (docs/performance.md). libgomp reads this when a plugin first
+     * loads it, which is after this point; the user's own setting wins. */
+    setenv("OMP_WAIT_POLICY", "passive", 0);
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "--config") == 0) {
@@ -107,11 +113,13 @@ int main(int argc, char **argv)
             return cli_bench_autograd(argc - i - 1, argv + i + 1, &common);
         if (i + 1 < argc && strcmp(argv[i + 1], "compare") == 0)
             return cli_bench_compare(argc - i - 1, argv + i + 1, &common);
+        if (i + 1 < argc && strcmp(argv[i + 1], "train") == 0)
+            return cli_bench_train(argc - i - 1, argv + i + 1, &common);
         if (i + 1 < argc && (strcmp(argv[i + 1], "-h") == 0 || strcmp(argv[i + 1], "--help") == 0)) {
-            puts("usage: tessera bench pool|ops|autograd|compare [--json] ... (tessera bench NAME --help)");
+            puts("usage: tessera bench pool|ops|autograd|compare|train [--json] ... (tessera bench NAME --help)");
             return 0;
         }
-        return cli_usage_error("bench", "expected a benchmark name: pool, ops, autograd or compare");
+        return cli_usage_error("bench", "expected a benchmark name: pool, ops, autograd, compare or train");
     }
     if (strcmp(cmd, "help") == 0) {
         if (i + 1 < argc && strcmp(argv[i + 1], "info") == 0) {

@@ -25,12 +25,34 @@ int ts_hostkern_pool2d_supports(int32_t op, int32_t dtype)
         T *yd = (T *)y->data;                                                               \
         int64_t *id = ix ? (int64_t *)ix->data : NULL;                                      \
         int par = planes * P * Q * p->kernel_h * p->kernel_w > 32768;                       \
+        int fast2x2 = is_max && p->kernel_h == 2 && p->kernel_w == 2 && p->stride_h == 2 &&  \
+                      p->stride_w == 2 && p->pad_h == 0 && p->pad_w == 0 &&                 \
+                      x->strides[3] == 1;                                                   \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if(par)")           \
         for (int64_t nc = 0; nc < planes; nc++) {                                           \
             int64_t n = nc / C, c = nc % C;                                                 \
             const T *xp = xd + x->offset + n * x->strides[0] + c * x->strides[1];           \
             int64_t yo = y->offset + n * y->strides[0] + c * y->strides[1];                 \
             int64_t io = ix ? ix->offset + n * ix->strides[0] + c * ix->strides[1] : 0;     \
+            if (fast2x2) { /* 2x2, stride 2, no padding, dense rows: the same scan order */ \
+                for (int64_t pp = 0; pp < P; pp++) {                                        \
+                    const T *r0 = xp + 2 * pp * x->strides[2], *r1 = r0 + x->strides[2];    \
+                    T *yr = yd + yo + pp * y->strides[2];                                   \
+                    int64_t *ir = id ? id + io + pp * ix->strides[2] : NULL;                \
+                    for (int64_t q = 0; q < Q; q++) {                                       \
+                        const T v[4] = {r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1]}; \
+                        T best = (T)-INFINITY;                                              \
+                        int k = 0;                                                          \
+                        for (int j = 0; j < 4; j++)                                         \
+                            if (v[j] > best || (isnan(v[j]) && !isnan(best)))               \
+                                best = v[j], k = j;                                         \
+                        yr[q * y->strides[3]] = best;                                       \
+                        if (ir)                                                             \
+                            ir[q * ix->strides[3]] = (2 * pp + k / 2) * W + 2 * q + k % 2;  \
+                    }                                                                       \
+                }                                                                           \
+                continue;                                                                   \
+            }                                                                               \
             for (int64_t pp = 0; pp < P; pp++) {                                            \
                 int64_t h0 = pp * p->stride_h - p->pad_h, h1 = h0 + p->kernel_h;            \
                 int64_t hs = h0 < 0 ? 0 : h0, he = h1 > H ? H : h1;                         \
@@ -194,24 +216,28 @@ static ts_status pool2d_bwd(ts_hostdev *hd, const ts_kernel_call *call)
     ts_status s = pool_check(h, name, p, gx, gy, ix, "gy");
     if (s || gx->shape[0] * gx->shape[1] * gx->shape[2] * gx->shape[3] == 0)
         return s; /* an empty gx has nothing to receive */
-    int64_t H = gx->shape[2], W = gx->shape[3], HW = H * W, idx[4];
-    /* Indices come from the caller: range-check them all before writing anything. */
-    for (int64_t i = 0, n = ix ? ix->shape[0] * ix->shape[1] * ix->shape[2] *
-                                           ix->shape[3] : 0; i < n; i++) {
-        idx[3] = i % ix->shape[3];
-        idx[2] = i / ix->shape[3] % ix->shape[2];
-        idx[1] = i / (ix->shape[3] * ix->shape[2]) % ix->shape[1];
-        idx[0] = i / (ix->shape[3] * ix->shape[2] * ix->shape[1]);
-        int64_t a = ((const int64_t *)ix->data)[ix->offset + idx[0] * ix->strides[0] +
-                                                idx[1] * ix->strides[1] +
-                                                idx[2] * ix->strides[2] +
-                                                idx[3] * ix->strides[3]];
-        if (a < 0 || a >= HW)
-            return h->fail(h, TS_EINVAL, "%s: index %lld at (%lld, %lld, %lld, %lld) is outside "
-                           "the %lldx%lld plane", name, (long long)a, (long long)idx[0],
-                           (long long)idx[1], (long long)idx[2], (long long)idx[3],
-                           (long long)H, (long long)W);
-    }
+    int64_t H = gx->shape[2], W = gx->shape[3], HW = H * W;
+    /* Indices come from the caller: range-check them all before writing anything (nested
+     * loops: no division per element, which made this check cost more than the scatter). */
+    for (int64_t i0 = 0; ix && i0 < ix->shape[0]; i0++)
+        for (int64_t i1 = 0; i1 < ix->shape[1]; i1++)
+            for (int64_t i2 = 0; i2 < ix->shape[2]; i2++) {
+                const int64_t *row = (const int64_t *)ix->data + ix->offset +
+                                     i0 * ix->strides[0] + i1 * ix->strides[1] +
+                                     i2 * ix->strides[2];
+                int bad = 0;
+                for (int64_t i3 = 0; i3 < ix->shape[3]; i3++)
+                    bad |= row[i3 * ix->strides[3]] < 0 || row[i3 * ix->strides[3]] >= HW;
+                for (int64_t i3 = 0; bad && i3 < ix->shape[3]; i3++) {
+                    int64_t a = row[i3 * ix->strides[3]];
+                    if (a < 0 || a >= HW)
+                        return h->fail(h, TS_EINVAL, "%s: index %lld at (%lld, %lld, %lld, "
+                                       "%lld) is outside the %lldx%lld plane", name,
+                                       (long long)a, (long long)i0, (long long)i1,
+                                       (long long)i2, (long long)i3, (long long)H,
+                                       (long long)W);
+                }
+            }
     /* gx is zeroed before gy is read: an input sharing its memory is read from a copy. */
     ts_operand gyc, ixc;
     void *gybuf = NULL, *ixbuf = NULL;

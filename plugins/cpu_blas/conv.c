@@ -7,8 +7,12 @@
 #include "config.h"
 
 #include <limits.h>
+#include <string.h>
 
 #include <cblas.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "blas.h"
 
@@ -52,8 +56,22 @@ static void st_elem(char *base, int64_t off, size_t es, double v)
                     continue;                                                               \
                 }                                                                           \
                 const T *src = xd + xn + c * sc + h * sh;                                   \
+                int64_t w0 = s * p->dilation_w - p->pad_w;                                  \
+                if (p->stride_w == 1 && sw == 1) {                                          \
+                    /* Dense rows: zeros, one copy of the columns inside, zeros. */         \
+                    int64_t qa = w0 < 0 ? -w0 : 0, qb = W - w0 < Q ? W - w0 : Q;            \
+                    if (qb < qa)                                                            \
+                        qb = qa;                                                            \
+                    for (int64_t q = 0; q < qa; q++)                                        \
+                        dst[pp * Q + q] = 0;                                                \
+                    if (qb > qa)                                                            \
+                        memcpy(dst + pp * Q + qa, src + w0 + qa, (size_t)(qb - qa) * sizeof(T)); \
+                    for (int64_t q = qb; q < Q; q++)                                        \
+                        dst[pp * Q + q] = 0;                                                \
+                    continue;                                                               \
+                }                                                                           \
                 for (int64_t q = 0; q < Q; q++) {                                           \
-                    int64_t w = q * p->stride_w - p->pad_w + s * p->dilation_w;             \
+                    int64_t w = q * p->stride_w + w0;                                       \
                     dst[pp * Q + q] = w >= 0 && w < W ? src[w * sw] : (T)0;                 \
                 }                                                                           \
             }                                                                               \
@@ -75,6 +93,24 @@ static void gemm(size_t es, int64_t m, int64_t n, int64_t k, const void *a, int6
 
 
 static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call);
+
+/* Threads to spread the images over, each running its own im2col and GEMMs single-threaded:
+ * when each (image, group) GEMM of m*n*k multiply-adds is below OpenBLAS's own threshold for
+ * threading (65536 * GEMM_MULTITHREAD_THRESHOLD 4), one image at a time would use one core.
+ * Else 1: image after image, with OpenBLAS threading each GEMM. */
+static int image_threads(const ts_hostdev *hd, int64_t N, double m, double n, double k)
+{
+    return hd->threads > 1 && N > 1 && m * n * k < 262144.0 ? hd->threads : 1;
+}
+
+static int thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 /* x: (N, C, H, W), w: (K, C/groups, R, S), bias: (K) optional, y: (N, K, P, Q). */
 ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
@@ -134,15 +170,24 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
     int direct_x = R == 1 && S == 1 && p->stride_h == 1 && p->stride_w == 1 && p->pad_h == 0 &&
                    p->pad_w == 0 && x->strides[3] == 1 && (H == 1 || x->strides[2] == W) &&
                    (C == 1 || x->strides[1] >= H * W) && x->strides[1] <= INT_MAX;
-    if (!direct_x && (s = h->pool->alloc(hd->pool, (size_t)(CRSall * PQ) * es, "conv2d",
+    /* Scratch per image thread: columns (CRSall, PQ) and, for a scattered y, (K, PQ). */
+    int nt = ts_hostkern_overlaps(x, y) ? 1 : image_threads(hd, N, (double)Kg, (double)PQ,
+                                                             (double)CRS);
+    int inner = nt > 1 ? 1 : hd->threads;
+    if (!direct_x && (s = h->pool->alloc(hd->pool, (size_t)(nt * CRSall * PQ) * es, "conv2d",
                                          &colbuf)))
         goto done;
     int direct_y = y->strides[3] == 1 && (P == 1 || y->strides[2] == Q) &&
                    (K == 1 || y->strides[1] >= PQ) && y->strides[1] <= INT_MAX;
-    if (!direct_y && (s = h->pool->alloc(hd->pool, (size_t)(K * PQ) * es, "conv2d", &ybuf)))
+    if (!direct_y &&
+        (s = h->pool->alloc(hd->pool, (size_t)(nt * K * PQ) * es, "conv2d", &ybuf)))
         goto done;
 
+    _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")
     for (int64_t n = 0; n < N; n++) {
+        int tid = nt > 1 ? thread_id() : 0;
+        char *col = colbuf ? (char *)colbuf + (size_t)(tid * CRSall * PQ) * es : NULL;
+        char *yb = ybuf ? (char *)ybuf + (size_t)(tid * K * PQ) * es : NULL;
         const char *xmat;
         int64_t ldx;
         if (direct_x) {
@@ -150,14 +195,14 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
             ldx = C == 1 ? PQ : x->strides[1];
         } else {
             if (es == 4)
-                im2col_float(x, n, p, R, S, P, Q, colbuf, hd->threads);
+                im2col_float(x, n, p, R, S, P, Q, (float *)col, inner);
             else
-                im2col_double(x, n, p, R, S, P, Q, colbuf, hd->threads);
-            xmat = colbuf;
+                im2col_double(x, n, p, R, S, P, Q, (double *)col, inner);
+            xmat = col;
             ldx = PQ;
         }
         char *ymat = direct_y ? (char *)y->data + (y->offset + n * y->strides[0]) * (int64_t)es
-                              : ybuf;
+                              : yb;
         int64_t ldy = direct_y ? (K == 1 ? PQ : y->strides[1]) : PQ;
         /* Group g: y[n, g*Kg:(g+1)*Kg] (Kg, PQ) = w[g*Kg:...] (Kg, CRS) @ col[g*CRS:...] */
         for (int64_t g = 0; g < G; g++)
@@ -167,7 +212,7 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
         /* Bias and, for a scattered y, the copy out: one pass over the (K, P, Q) planes. */
         if (bias || !direct_y) {
             int64_t yn = y->offset + n * y->strides[0];
-            _Pragma("omp parallel for num_threads(hd->threads) schedule(static) if(K * PQ > 32768)")
+            _Pragma("omp parallel for num_threads(inner) schedule(static) if(K * PQ > 32768)")
             for (int64_t k = 0; k < K; k++) {
                 double b = bias ? ld_elem(bias->data, bias->offset + k * bias->strides[0], es)
                                 : 0.0;
@@ -327,7 +372,13 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
         return TS_OK;
     }
 
-    void *wbuf = NULL, *colbuf = NULL, *gybuf = NULL;
+    void *wbuf = NULL, *colbuf = NULL, *gybuf = NULL, *partbuf = NULL;
+    /* Images spread over nt threads (see image_threads), each with its own scratch and, for
+     * BWD_WEIGHT, its own partial sum of gw, added up at the end. */
+    int nt = ts_hostkern_overlaps(gy, out) || ts_hostkern_overlaps(x, w) ? 1
+             : is_data ? image_threads(hd, N, (double)CRS, (double)PQ, (double)Kg)
+                       : image_threads(hd, N, (double)Kg, (double)CRS, (double)PQ);
+    int inner = nt > 1 ? 1 : hd->threads;
     /* w / gw as (K, CRS) row-major: in place when dense and clear of the output written image
      * after image (w of gx; gw of gy and x), else through scratch. */
     int64_t ldw = filter_ld(w);
@@ -348,26 +399,39 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
     int64_t ldgy = planes_ld(gy);
     if (is_data && ts_hostkern_overlaps(gy, out))
         ldgy = 0;
-    if (!ldgy && (s = h->pool->alloc(hd->pool, (size_t)(K * PQ) * es, name, &gybuf)))
+    if (!ldgy && (s = h->pool->alloc(hd->pool, (size_t)(nt * K * PQ) * es, name, &gybuf)))
         goto done;
     /* x / gx[n] as (C, H*W) itself for a 1x1 stride-1 unpadded conv of dense planes. */
     int direct_x = R == 1 && S == 1 && p->stride_h == 1 && p->stride_w == 1 && p->pad_h == 0 &&
                    p->pad_w == 0 && x->strides[3] == 1 && (H == 1 || x->strides[2] == W) &&
                    (C == 1 || x->strides[1] >= H * W) && x->strides[1] <= INT_MAX;
-    if (!direct_x && (s = h->pool->alloc(hd->pool, (size_t)(C * R * S * PQ) * es, name,
+    if (!direct_x && (s = h->pool->alloc(hd->pool, (size_t)(nt * C * R * S * PQ) * es, name,
                                          &colbuf)))
         goto done;
+    if (!is_data && nt > 1) {
+        if ((s = h->pool->alloc(hd->pool, (size_t)(nt * K * CRS) * es, name, &partbuf)))
+            goto done;
+        memset(partbuf, 0, (size_t)(nt * K * CRS) * es);
+    }
 
+    _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")
     for (int64_t n = 0; n < N; n++) {
+        int tid = nt > 1 ? thread_id() : 0;
+        char *col = colbuf ? (char *)colbuf + (size_t)(tid * C * R * S * PQ) * es : NULL;
+        char *gyb = gybuf ? (char *)gybuf + (size_t)(tid * K * PQ) * es : NULL;
+        /* gw, or this thread's partial sum of it (K, CRS) */
+        char *gwmat = partbuf ? (char *)partbuf + (size_t)(tid * K * CRS) * es : wmat;
+        int64_t ldgw = partbuf ? CRS : ldw;
+        double beta = partbuf || n ? 1.0 : 0.0;
         const char *gymat = (const char *)gy->data + (gy->offset + n * gy->strides[0]) *
                                                          (int64_t)es;
-        if (gybuf) {
-            pack_image(gy, n, gybuf);
-            gymat = gybuf;
+        if (gyb) {
+            pack_image(gy, n, gyb);
+            gymat = gyb;
         }
-        int64_t ldg = gybuf ? PQ : ldgy;
+        int64_t ldg = gyb ? PQ : ldgy;
         char *xmat = direct_x ? (char *)x->data + (x->offset + n * x->strides[0]) * (int64_t)es
-                              : colbuf;
+                              : col;
         int64_t ldx = direct_x ? (C == 1 ? PQ : x->strides[1]) : PQ;
         if (is_data) {
             /* Group g: col[g*CRS:...] (CRS, PQ) = w[g*Kg:...]^T (CRS, Kg) @ gy[g*Kg:...] */
@@ -377,29 +441,39 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
                        xmat + g * CRS * ldx * (int64_t)es, ldx);
             if (!direct_x) {
                 if (es == 4)
-                    col2im_float(colbuf, x, n, p, R, S, P, Q, hd->threads);
+                    col2im_float((const float *)col, x, n, p, R, S, P, Q, inner);
                 else
-                    col2im_double(colbuf, x, n, p, R, S, P, Q, hd->threads);
+                    col2im_double((const double *)col, x, n, p, R, S, P, Q, inner);
             }
         } else {
             if (!direct_x) {
                 if (es == 4)
-                    im2col_float(x, n, p, R, S, P, Q, colbuf, hd->threads);
+                    im2col_float(x, n, p, R, S, P, Q, (float *)col, inner);
                 else
-                    im2col_double(x, n, p, R, S, P, Q, colbuf, hd->threads);
+                    im2col_double(x, n, p, R, S, P, Q, (double *)col, inner);
             }
             /* Group g: gw[g*Kg:...] (Kg, CRS) (+)= gy[g*Kg:...] (Kg, PQ) @ col[g*CRS:...]^T */
             for (int64_t g = 0; g < G; g++)
                 gemm_t(es, 0, 1, Kg, CRS, PQ, gymat + g * Kg * ldg * (int64_t)es, ldg,
-                       xmat + g * CRS * ldx * (int64_t)es, ldx, n ? 1.0 : 0.0,
-                       wmat + g * Kg * ldw * (int64_t)es, ldw);
+                       xmat + g * CRS * ldx * (int64_t)es, ldx, beta,
+                       gwmat + g * Kg * ldgw * (int64_t)es, ldgw);
         }
+    }
+    if (partbuf) { /* gw = the threads' partial sums, added in thread order */
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t j = 0; j < CRS; j++) {
+                double sum = 0;
+                for (int t = 0; t < nt; t++)
+                    sum += ld_elem(partbuf, (t * K + k) * CRS + j, es);
+                st_elem(wmat, k * ldw + j, es, sum);
+            }
     }
     if (!is_data && wbuf) {
         ts_operand dw = ts_hostkern_dense_like(w, wbuf);
         ts_hostdev_copy_strided(w, &dw);
     }
 done:
+    h->pool->free(hd->pool, partbuf);
     h->pool->free(hd->pool, colbuf);
     h->pool->free(hd->pool, gybuf);
     h->pool->free(hd->pool, wbuf);

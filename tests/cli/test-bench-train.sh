@@ -1,0 +1,175 @@
+#!/bin/sh
+# tests/cli/test-bench-train.sh: the configurable models (--model, --hidden, --channels,
+# --init) of `tessera train` and `tessera bench train`, every misuse with its one clear error,
+# and `tessera bench train --json` as a quick smoke run on synthetic data: it parses, builds
+# the network asked for, runs on every cpu_* backend with --device all, and a steady-state
+# step makes no raw pool allocation and no host malloc from tessera's own code.
+. "${TS_SRCDIR:-.}/tests/cli/lib.sh"
+plan 9
+# LeakSanitizer's exit-time tracer crashes once oneDNN's primitives have run their threads
+# (see tests/plugins/test-onednn.c); --device all runs cpu_onednn.
+if [ "${TS_SANITIZERS:-no}" = yes ]; then
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+    export ASAN_OPTIONS
+fi
+QUICK="--synthetic --steps 3 --warmup 2 --batch-size 16 --json"
+
+# misuse: each exits 2 with one line naming the problem, for both commands
+bad=""
+for cmd in train "bench train"; do
+    while IFS='|' read -r args want; do
+        out=$("$TESSERA" $cmd $args 2>&1)
+        rc=$?
+        if [ $rc -ne 2 ] || ! contains "$out" "$want" || [ "$(echo "$out" | wc -l)" -ne 1 ]; then
+            bad="$bad
+$cmd $args: rc=$rc: $out"
+        fi
+    done <<EOF
+--model resnet|unknown model 'resnet'
+--model|--model needs a value
+--model lenet5 --hidden 100|--hidden applies to --model mlp or cnn, not lenet5
+--model mlp --channels 8|--channels applies to --model cnn, not mlp
+--model mlp --hidden 0|each size must be 1..65536
+--model mlp --hidden 256,|expected sizes like 256,128
+--model mlp --hidden 256,abc|expected sizes like 256,128
+--model mlp --hidden 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17|at most 16 layers
+--model cnn --channels 4,4,4,4,4|at most 4 conv blocks
+--model cnn --channels 5000|each size must be 1..4096
+--init uniform|unknown --init 'uniform'
+--init normal:|the standard deviation must be a number > 0
+--init normal:-1|the standard deviation must be a number > 0
+--init normal:0.1x|the standard deviation must be a number > 0
+--optimizer rmsprop|unknown optimizer 'rmsprop'
+EOF
+done
+if [ -z "$bad" ]; then
+    ok "every bad model, init or optimizer option exits 2 with one clear line (train, bench train)"
+else
+    fail "every bad model, init or optimizer option exits 2 with one clear line" "$bad"
+fi
+
+bad=""
+while IFS='|' read -r args want; do
+    out=$("$TESSERA" bench train $args 2>&1)
+    rc=$?
+    if [ $rc -ne 2 ] || ! contains "$out" "$want"; then
+        bad="$bad
+$args: rc=$rc: $out"
+    fi
+done <<EOF
+--steps 0|--steps '0': expected a whole number 1..100000
+--batch-size x|--batch-size 'x': expected a whole number
+--warmup -1|--warmup '-1': expected a whole number 0..100000
+--lr 0|--lr '0': expected a number > 0
+--steps|--steps needs a value
+--frobnicate|unexpected argument '--frobnicate'
+EOF
+if [ -z "$bad" ] && "$TESSERA" bench train --help | grep -q "usage: tessera bench train"; then
+    ok "bench train: bad numbers and unknown arguments exit 2; --help prints the usage"
+else
+    fail "bench train: bad numbers and unknown arguments exit 2" "$bad"
+fi
+
+# The networks asked for, counted by parameters (weights + biases):
+#   mlp --hidden 500: 784*500+500 + 500*10+10 = 397510
+#   mlp --hidden 256,128 (the default): 200960 + 32896 + 1290 = 235146
+#   cnn --channels 8,16: (9*8+8) + (8*9*16+16) + (16*7*7*10+10) = 80 + 1168 + 7850 = 9098
+#   cnn --channels 4 --hidden 32: 40 + (4*14*14*32+32) + (32*10+10) = 40 + 25120 + 330 = 25490
+#   lenet5: 156 + 2416 + 48120 + 10164 + 850 = 61706
+bad=""
+while IFS='|' read -r args want; do
+    out=$("$TESSERA" bench train $args $QUICK --device cpu_blas 2>&1)
+    got=$(echo "$out" | "$JSON_CHECK" results.[0].parameters 2>/dev/null | sed 's/.*=//')
+    [ "$got" = "$want" ] || bad="$bad
+$args: want $want parameters, got '$got': $(echo "$out" | tail -2)"
+done <<EOF
+--model mlp --hidden 500|397510
+--model mlp|235146
+--model cnn --channels 8,16|9098
+--model cnn --channels 4 --hidden 32 --init normal:0.01|25490
+--model lenet5 --init xavier --optimizer sgd --lr 0.1|61706
+EOF
+if [ -z "$bad" ]; then
+    ok "bench train builds the networks asked for (parameter counts of 5 models)"
+else
+    fail "bench train builds the networks asked for" "$bad"
+fi
+
+out=$("$TESSERA" bench train --model mlp --hidden 64 $QUICK --device cpu_blas 2>&1)
+if echo "$out" | "$JSON_CHECK" model optimizer batch_size steps warmup data floor_gemms \
+        floor_gflop loadavg results.[0].device results.[0].threads results.[0].ms_median \
+        results.[0].ms_p10 results.[0].ms_p90 results.[0].images_per_s results.[0].floor_ms \
+        results.[0].step_over_floor results.[0].raw_allocs_per_step \
+        results.[0].pool_allocs_per_step results.[0].tessera_mallocs_per_step \
+        results.[0].all_mallocs_per_step >"$TMP/fields" &&
+        grep -q '^data="synthetic"$' "$TMP/fields" && grep -q '^model="mlp --hidden 64"$' "$TMP/fields" &&
+        grep -q '^floor_gemms=5$' "$TMP/fields"; then
+    ok "--json: one object with the run, the floor and each device's figures"
+else
+    fail "--json: one object with the run, the floor and each device's figures" "$out"
+fi
+
+# Zero allocations per steady-state step: a count, not a timing. Sanitizer builds are left
+# out: the pool there may bypass its cache, and malloc belongs to ASan (not counted).
+if [ "${TS_SANITIZERS:-no}" = yes ]; then
+    skip "steady-state steps allocate nothing" "sanitizer build"
+    skip "steady-state conv steps allocate nothing" "sanitizer build"
+else
+    for m in "--model mlp --hidden 64" "--model cnn --channels 4,8"; do
+        out=$("$TESSERA" bench train $m $QUICK --device cpu_blas 2>&1)
+        f=$(echo "$out" | "$JSON_CHECK" results.[0].raw_allocs_per_step \
+            results.[0].tessera_mallocs_per_step 2>&1)
+        if [ "$(echo "$f" | sed 's/.*=//' | awk '$1 == 0 {n++} END {print n}')" = 2 ]; then
+            ok "steady-state steps allocate nothing ($m): $(echo $f)"
+        else
+            fail "steady-state steps allocate nothing ($m)" "$out"
+        fi
+    done
+fi
+
+# The counter is real: without warm-up the first step creates the optimizer state and
+# gradients, which tessera's own code allocates.
+if [ "${TS_SANITIZERS:-no}" = yes ]; then
+    skip "the malloc counter sees tessera's first-step allocations" "sanitizer build: not counted"
+else
+    out=$("$TESSERA" bench train --model mlp --hidden 64 --synthetic --steps 1 --warmup 0 \
+        --batch-size 16 --json --device cpu_blas 2>&1)
+    n=$(echo "$out" | "$JSON_CHECK" results.[0].tessera_mallocs_per_step 2>/dev/null | sed 's/.*=//')
+    if [ -n "$n" ] && awk "BEGIN{exit !($n > 0)}"; then
+        ok "the malloc counter sees tessera's first-step allocations ($n)"
+    else
+        fail "the malloc counter sees tessera's first-step allocations" "$out"
+    fi
+fi
+
+# Checkpoints record the architecture: resuming with other widths is one clear error.
+if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+    skip "--resume refuses another architecture" "Fashion-MNIST is not installed (dataset-fashion-mnist)"
+else
+    "$TESSERA" train --model mlp --hidden 32 --train-limit 256 --max-steps 2 \
+        --save "$TMP/h32.ckpt" --json >/dev/null 2>"$TMP/e1"
+    out=$("$TESSERA" train --model mlp --hidden 64 --train-limit 256 --max-steps 4 \
+        --resume "$TMP/h32.ckpt" 2>&1)
+    rc=$?
+    if [ $rc -eq 1 ] && contains "$out" "holds a 'mlp --hidden 32' model, not 'mlp --hidden 64'"; then
+        ok "--resume refuses another architecture"
+    else
+        fail "--resume refuses another architecture" "rc=$rc" "$out" "$(cat "$TMP/e1")"
+    fi
+fi
+
+out=$("$TESSERA" bench train --model mlp --hidden 32 $QUICK --device all 2>&1)
+devs=$(echo "$out" | "$JSON_CHECK" results.[0].device results.[1].device 2>/dev/null)
+if [ -f "$TS_BUILDDIR/plugins/cpu_onednn/.libs/cpu_onednn.so" ]; then
+    want='results.[0].device="cpu_blas"
+results.[1].device="cpu_onednn"'
+else
+    want='results.[0].device="cpu_blas"'
+    devs=$(echo "$out" | "$JSON_CHECK" results.[0].device 2>/dev/null)
+fi
+if [ "$devs" = "$want" ]; then
+    ok "--device all runs every cpu_* backend in one invocation"
+else
+    fail "--device all runs every cpu_* backend in one invocation" "$out"
+fi
+finish

@@ -1,0 +1,568 @@
+/* tools/bench_train.c: `tessera bench train`: the steady-state training step (forward,
+ * cross-entropy, backward, optimizer step, zero_grad) of a configurable model on the in-memory
+ * Fashion-MNIST training set, timed step by step after a warm-up, with its pool and host
+ * allocations per step; and, in the same run, the floor: the step's GEMMs (convolutions as
+ * the GEMMs of an im2col formulation, forward and both backward) called directly through
+ * cblas_sgemm on preallocated buffers. */
+#include "config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef TS_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+#include "cli.h"
+
+static const char usage[] =
+    "usage: tessera bench train [--model mlp|lenet5|cnn] [--hidden N,...] [--channels N,...]\n"
+    "                           [--init KIND] [--optimizer sgd|adam|adamw] [--lr X]\n"
+    "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
+    "                           [--data DIR] [--synthetic] [--json]\n"
+    "\n"
+    "Times --steps training steps (default 50) after --warmup steps (default 5) at batch\n"
+    "--batch-size (default 100) on consecutive batches of the Fashion-MNIST training set held\n"
+    "on the device (random data of the same shape with --synthetic or when the data set is\n"
+    "not installed; the output says which). Model options as for `tessera train` (default\n"
+    "lenet5, adam, lr 1e-3). Reports per device: ms per step (median, p10-p90), images/s, pool\n"
+    "and raw pool allocations per step, host mallocs per step made by tessera's own code (and\n"
+    "by everything, OpenBLAS and OpenMP included), and the floor: the step's GEMMs (im2col\n"
+    "GEMMs for convolutions) through cblas_sgemm with the device's thread count, and the ratio\n"
+    "step / floor. --device all: every cpu_* plugin on the plugin search path.\n";
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The q-quantile of sorted v[0..n) (nearest rank). */
+static double quantile(const double *v, int n, double q)
+{
+    int i = (int)floor(q * (n - 1) + 0.5);
+    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
+}
+
+/* ---- the floor: the step's GEMMs ------------------------------------------------------ */
+
+/* C (M, N) = op(A) op(B), row-major, op = transpose when ta / tb. */
+typedef struct gemm {
+    int ta, tb;
+    int64_t m, n, k;
+    float *a, *b, *c;
+} gemm;
+
+typedef struct floor_plan {
+    gemm g[3 * (2 * CLI_MAX_LAYERS + 4)];
+    int n;
+    double flops; /* per step */
+} floor_plan;
+
+static void add_gemm(floor_plan *f, int ta, int tb, int64_t m, int64_t n, int64_t k)
+{
+    f->g[f->n++] = (gemm){ta, tb, m, n, k, NULL, NULL, NULL};
+    f->flops += 2.0 * (double)m * (double)n * (double)k;
+}
+
+/* A linear layer in -> out at batch B: forward X W^T, dW = dY^T X, dX = dY W (not for the
+ * first layer, whose input needs no gradient). */
+static void add_linear(floor_plan *f, int64_t B, int64_t in, int64_t out, int first)
+{
+    add_gemm(f, 0, 1, B, out, in);
+    add_gemm(f, 1, 0, out, in, B);
+    if (!first)
+        add_gemm(f, 0, 0, B, in, out);
+}
+
+/* A convolution as one im2col GEMM over the whole batch: W (K, C*R*S) times the columns
+ * (C*R*S, B*P*Q); backward dW = dY cols^T and dcols = W^T dY (not for the first layer). */
+static void add_conv(floor_plan *f, int64_t B, int64_t C, int64_t K, int64_t RS, int64_t PQ,
+                     int first)
+{
+    add_gemm(f, 0, 0, K, B * PQ, C * RS);
+    add_gemm(f, 0, 1, K, C * RS, B * PQ);
+    if (!first)
+        add_gemm(f, 1, 0, C * RS, B * PQ, K);
+}
+
+static void floor_plan_make(const cli_model *m, int64_t B, floor_plan *f)
+{
+    memset(f, 0, sizeof *f);
+    int64_t feat = 784;
+    int first = 1;
+    if (!strcmp(m->name, "lenet5")) {
+        add_conv(f, B, 1, 6, 25, 28 * 28, 1);  /* 5x5 pad 2: 28x28 -> 28x28, pool 14 */
+        add_conv(f, B, 6, 16, 25, 10 * 10, 0); /* 5x5: 14x14 -> 10x10, pool 5 */
+        add_linear(f, B, 400, 120, 0);
+        add_linear(f, B, 120, 84, 0);
+        add_linear(f, B, 84, 10, 0);
+        return;
+    }
+    int64_t ch = 1, hw = 28;
+    for (int i = 0; i < m->nchannels; i++) {
+        add_conv(f, B, ch, m->channels[i], 9, hw * hw, first);
+        first = 0;
+        ch = m->channels[i];
+        hw /= 2;
+    }
+    feat = ch * hw * hw;
+    for (int i = 0; i <= m->nhidden; i++) {
+        int64_t o = i < m->nhidden ? m->hidden[i] : 10;
+        add_linear(f, B, feat, o, first);
+        first = 0;
+        feat = o;
+    }
+}
+
+static void floor_free(floor_plan *f)
+{
+    for (int i = 0; i < f->n; i++)
+        free(f->g[i].a), free(f->g[i].b), free(f->g[i].c);
+}
+
+static float *rand_buf(int64_t n, uint64_t *state)
+{
+    float *p = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
+    for (int64_t i = 0; p && i < n; i++) {
+        *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (float)((*state >> 40) & 0xffff) / 65536.0f - 0.5f;
+    }
+    return p;
+}
+
+static int floor_alloc(floor_plan *f)
+{
+    uint64_t st = 1;
+    for (int i = 0; i < f->n; i++) {
+        gemm *g = &f->g[i];
+        g->a = rand_buf(g->m * g->k, &st);
+        g->b = rand_buf(g->k * g->n, &st);
+        g->c = rand_buf(g->m * g->n, &st);
+        if (!g->a || !g->b || !g->c)
+            return -1;
+    }
+    return 0;
+}
+
+#ifdef TS_HAVE_CBLAS
+static void floor_run(const floor_plan *f)
+{
+    for (int i = 0; i < f->n; i++) {
+        const gemm *g = &f->g[i];
+        cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans,
+                    g->tb ? CblasTrans : CblasNoTrans, (int)g->m, (int)g->n, (int)g->k, 1.0f,
+                    g->a, g->ta ? (int)g->m : (int)g->k, g->b, g->tb ? (int)g->k : (int)g->n,
+                    0.0f, g->c, (int)g->n);
+    }
+}
+#endif
+
+/* ---- one device ---------------------------------------------------------------------- */
+
+typedef struct bench_opts {
+    cli_model arch;
+    const char *optimizer, *data, *device;
+    double lr;
+    int64_t batch, steps, warmup;
+    int json, synthetic;
+} bench_opts;
+
+typedef struct result {
+    const char *device;
+    int threads;
+    int64_t params;
+    double med, p10, p90, min, max; /* ms per step */
+    double floor_ms, floor_min;
+    double raw_allocs, pool_allocs; /* per step */
+    double mallocs, all_mallocs;    /* per step; mallocs < 0: not counted */
+} result;
+
+static int device_threads(ts_device *dev)
+{
+    size_t n = 0;
+    const ts_setting *st = ts_device_settings(dev, &n);
+    for (size_t i = 0; st && i < n; i++)
+        if (!strcmp(st[i].name, "threads") && st[i].v.i > 0)
+            return (int)st[i].v.i;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    return ncpu > 0 ? (int)ncpu : 1;
+}
+
+/* The training set on dev, or random data of its shape. *synthetic says which. */
+static ts_status load_data(const bench_opts *o, ts_device *dev, ts_tensor **x, ts_tensor **y,
+                           int *synthetic)
+{
+    *synthetic = o->synthetic;
+    if (!o->synthetic && ts_fashion_mnist_load(o->data, 1, dev, x, y) == TS_OK)
+        return TS_OK;
+    if (!o->synthetic && o->data)
+        return ts_fashion_mnist_load(o->data, 1, dev, x, y); /* asked for: say why not */
+    *synthetic = 1;
+    enum { N = 60000 };
+    int64_t *labels = malloc(N * sizeof *labels);
+    if (!labels)
+        return TS_ENOMEM;
+    for (int i = 0; i < N; i++)
+        labels[i] = (i * 7) % 10;
+    ts_rng rng;
+    ts_rng_init(&rng, 2);
+    ts_status s = ts_tensor_rand(dev, TS_F32, 4, (const int64_t[]){N, 1, 28, 28}, 0, 1, &rng, x);
+    if (s == TS_OK)
+        s = ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){N}, labels, y);
+    free(labels);
+    return s;
+}
+
+typedef struct session {
+    ts_module *model;
+    ts_optim *opt;
+    ts_named_tensor *params;
+    ts_tensor *x, *y;
+    int64_t nbatches;
+} session;
+
+static ts_status step(session *ss, ts_device *dev, int64_t i, int64_t batch)
+{
+    ts_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL;
+    int64_t at = (i % ss->nbatches) * batch;
+    ts_status s;
+    if ((s = ts_tensor_narrow(ss->x, 0, at, batch, &x)) == TS_OK &&
+        (s = ts_tensor_narrow(ss->y, 0, at, batch, &y)) == TS_OK &&
+        (s = ts_module_forward(ss->model, x, &logits)) == TS_OK &&
+        (s = ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) == TS_OK &&
+        (s = ts_backward(loss, NULL, 0)) == TS_OK && (s = ts_optim_step(ss->opt)) == TS_OK) {
+        ts_optim_zero_grad(ss->opt);
+        s = ts_device_synchronize(dev);
+    }
+    ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(logits), ts_tensor_unref(loss);
+    return s;
+}
+
+static ts_status pool_stats(ts_device *dev, ts_memory_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->struct_size = sizeof *st;
+    return ts_device_memory_stats(dev, st);
+}
+
+static ts_status bench_device(const bench_opts *o, const char *name, const floor_plan *fp,
+                              double *times, result *r, int *synthetic)
+{
+    ts_device *dev;
+    session ss = {0};
+    ts_status s = ts_device_get(name, &dev);
+    if (s)
+        return s;
+    *r = (result){.device = name, .threads = device_threads(dev), .mallocs = -1};
+    if ((s = load_data(o, dev, &ss.x, &ss.y, synthetic)))
+        goto out;
+    ss.nbatches = ts_tensor_size(ss.x, 0) / o->batch;
+    if (ss.nbatches < 1) {
+        s = TS_EINVAL;
+        fprintf(stderr, "tessera: error: bench train: --batch-size %lld is larger than the "
+                        "training set (%lld images)\n",
+                (long long)o->batch, (long long)ts_tensor_size(ss.x, 0));
+        goto out;
+    }
+    ts_rng rng;
+    ts_rng_init(&rng, 1);
+    if ((s = cli_build_model_spec(&o->arch, dev, &rng, &ss.model)))
+        goto out;
+    size_t np = ts_module_parameters(ss.model, NULL, 0);
+    if (!(ss.params = calloc(np + 1, sizeof *ss.params))) {
+        s = TS_ENOMEM;
+        goto out;
+    }
+    ts_module_parameters(ss.model, ss.params, np);
+    r->params = ts_module_num_params(ss.model);
+    if ((s = cli_make_optim(o->optimizer, o->lr, 0, 0, ss.params, np, &ss.opt)))
+        goto out;
+    for (int64_t i = 0; i < o->warmup && s == TS_OK; i++)
+        s = step(&ss, dev, i, o->batch);
+    if (s)
+        goto out;
+
+    /* Steps and floors alternate, so that load from other processes hits both alike. */
+    ts_memory_stats st0, st1;
+    uint64_t tm = 0, all = 0;
+    const char *paths[1] = {ts_device_path(dev)};
+    double *ftimes = times + o->steps;
+#ifdef TS_HAVE_CBLAS
+    openblas_set_num_threads(r->threads);
+    floor_run(fp);
+#else
+    (void)fp;
+#endif
+    pool_stats(dev, &st0);
+    int counted = cli_malloc_count_setup(paths, 1);
+    for (int64_t i = 0; i < o->steps && s == TS_OK; i++) {
+        cli_malloc_count_enable(1);
+        double t = now();
+        s = step(&ss, dev, o->warmup + i, o->batch);
+        times[i] = (now() - t) * 1e3;
+        cli_malloc_count_enable(0);
+#ifdef TS_HAVE_CBLAS
+        t = now();
+        floor_run(fp);
+        ftimes[i] = (now() - t) * 1e3;
+#endif
+    }
+    cli_malloc_count_read(&tm, &all);
+    pool_stats(dev, &st1);
+    if (s)
+        goto out;
+    double n = (double)o->steps;
+    int ns = (int)o->steps;
+    if (counted) {
+        r->mallocs = (double)tm / n;
+        r->all_mallocs = (double)all / n;
+    }
+    if (st1.valid & TS_STATS_POOL) {
+        r->raw_allocs = (double)(st1.n_raw_alloc - st0.n_raw_alloc) / n;
+        r->pool_allocs = (double)(st1.n_alloc - st0.n_alloc) / n;
+    } else {
+        r->raw_allocs = r->pool_allocs = -1;
+    }
+    qsort(times, (size_t)ns, sizeof *times, cmp_double);
+    r->med = quantile(times, ns, 0.5);
+    r->p10 = quantile(times, ns, 0.1);
+    r->p90 = quantile(times, ns, 0.9);
+    r->min = times[0];
+    r->max = times[ns - 1];
+#ifdef TS_HAVE_CBLAS
+    qsort(ftimes, (size_t)ns, sizeof *ftimes, cmp_double);
+    r->floor_ms = quantile(ftimes, ns, 0.5);
+    r->floor_min = ftimes[0];
+#endif
+out:
+    ts_optim_free(ss.opt);
+    ts_module_free(ss.model);
+    free(ss.params);
+    ts_tensor_unref(ss.x);
+    ts_tensor_unref(ss.y);
+    ts_empty_cache(dev);
+    return s;
+}
+
+/* ---- the command ------------------------------------------------------------------------ */
+
+typedef struct names {
+    char name[16][64];
+    int n;
+} names;
+
+static void add_cpu_plugin(const char *name, const char *path, void *user)
+{
+    (void)path;
+    names *nm = user;
+    if (!strncmp(name, "cpu_", 4) && nm->n < 16)
+        snprintf(nm->name[nm->n++], sizeof nm->name[0], "%s", name);
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(a, b);
+}
+
+static int parse(int argc, char **argv, bench_opts *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int took = cli_model_option(&o->arch, "bench train", a, v);
+        if (took < 0)
+            return 2;
+        if (took) {
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--json")) {
+            o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--synthetic")) {
+            o->synthetic = 1;
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            return -1;
+        }
+        int is_num = !strcmp(a, "--batch-size") || !strcmp(a, "--steps") ||
+                     !strcmp(a, "--warmup") || !strcmp(a, "--lr");
+        if (!is_num && strcmp(a, "--optimizer") && strcmp(a, "--device") && strcmp(a, "--data"))
+            return cli_usage_error("bench train", "unexpected argument '%s'", a);
+        if (!v)
+            return cli_usage_error("bench train", "%s needs a value", a);
+        i++;
+        char *end = NULL;
+        if (!strcmp(a, "--optimizer")) {
+            if (strcmp(v, "sgd") && strcmp(v, "adam") && strcmp(v, "adamw"))
+                return cli_usage_error("bench train", "unknown optimizer '%s' (sgd, adam or "
+                                       "adamw)", v);
+            o->optimizer = v;
+        } else if (!strcmp(a, "--device")) {
+            o->device = v;
+        } else if (!strcmp(a, "--data")) {
+            o->data = v;
+        } else if (!strcmp(a, "--lr")) {
+            o->lr = strtod(v, &end);
+            if (*end || !(o->lr > 0))
+                return cli_usage_error("bench train", "--lr '%s': expected a number > 0", v);
+        } else {
+            long long n = strtoll(v, &end, 10);
+            int64_t lo = !strcmp(a, "--warmup") ? 0 : 1,
+                    hi = !strcmp(a, "--batch-size") ? 60000 : 100000;
+            if (end == v || *end || n < lo || n > hi)
+                return cli_usage_error("bench train", "%s '%s': expected a whole number "
+                                       "%lld..%lld", a, v, (long long)lo, (long long)hi);
+            *(!strcmp(a, "--batch-size") ? &o->batch : !strcmp(a, "--steps") ? &o->steps
+                                                                               : &o->warmup) = n;
+        }
+    }
+    if (cli_model_check(&o->arch, "bench train"))
+        return 2;
+    return 0;
+}
+
+static void read_loadavg(double out[3])
+{
+    out[0] = out[1] = out[2] = -1;
+    FILE *l = fopen("/proc/loadavg", "r");
+    if (l) {
+        if (fscanf(l, "%lf %lf %lf", &out[0], &out[1], &out[2]) != 3)
+            out[0] = out[1] = out[2] = -1;
+        fclose(l);
+    }
+}
+
+int cli_bench_train(int argc, char **argv, const cli_common *common)
+{
+    bench_opts o = {.optimizer = "adam", .lr = 1e-3, .batch = 100, .steps = 50, .warmup = 5,
+                    .json = common->json};
+    cli_model_init(&o.arch);
+    int rc = parse(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+#ifndef TS_HAVE_CBLAS
+    fprintf(stderr, "tessera: error: bench train: this build has no OpenBLAS (the floor is "
+                    "timed through cblas_sgemm); configure with OpenBLAS installed\n");
+    return 1;
+#endif
+    ts_status s = ts_init(common->config);
+    if (s)
+        return cli_fail(s, "cannot start tessera");
+    names nm = {0};
+    if (o.device && !strcmp(o.device, "all")) {
+        ts_plugin_scan(ts_runtime_config(), add_cpu_plugin, &nm);
+        if (!nm.n) {
+            fprintf(stderr, "tessera: error: bench train: --device all found no cpu_* plugin "
+                            "on the plugin search path (see 'tessera info')\n");
+            ts_shutdown();
+            return 1;
+        }
+        qsort(nm.name, (size_t)nm.n, sizeof nm.name[0], cmp_name);
+    } else {
+        snprintf(nm.name[0], sizeof nm.name[0], "%s",
+                 o.device ? o.device : ts_device_name(ts_default_device()));
+        nm.n = 1;
+    }
+    floor_plan fp;
+    floor_plan_make(&o.arch, o.batch, &fp);
+    double *times = malloc(sizeof *times * 2 * (size_t)o.steps);
+    result res[16];
+    int nres = 0, synthetic = 0;
+    char arch[256];
+    cli_model_describe(&o.arch, arch, sizeof arch);
+    if (!times || floor_alloc(&fp)) {
+        fprintf(stderr, "tessera: error: bench train: out of memory\n");
+        rc = 1;
+        goto out;
+    }
+    rc = 0;
+    for (int d = 0; d < nm.n; d++) {
+        int syn = 0;
+        if ((s = bench_device(&o, nm.name[d], &fp, times, &res[nres], &syn))) {
+            rc = cli_fail(s, nm.name[d]);
+            if (nm.n == 1)
+                goto out;
+            continue; /* --device all: the others still run */
+        }
+        synthetic |= syn;
+        nres++;
+    }
+    if (!nres)
+        goto out;
+    double load[3];
+    read_loadavg(load);
+    if (o.json) {
+        printf("{\"model\": \"%s\", \"optimizer\": \"%s\", \"lr\": %g, \"batch_size\": %lld, "
+               "\"steps\": %lld, \"warmup\": %lld, \"data\": \"%s\", \"floor_gemms\": %d, "
+               "\"floor_gflop\": %.6f, \"loadavg\": [%.2f, %.2f, %.2f], \"results\": [",
+               arch, o.optimizer, o.lr, (long long)o.batch, (long long)o.steps,
+               (long long)o.warmup, synthetic ? "synthetic" : "fashion-mnist", fp.n,
+               fp.flops * 1e-9, load[0], load[1], load[2]);
+        for (int i = 0; i < nres; i++) {
+            const result *r = &res[i];
+            printf("%s\n  {\"device\": \"%s\", \"threads\": %d, \"parameters\": %lld, "
+                   "\"ms_median\": %.4f, "
+                   "\"ms_p10\": %.4f, \"ms_p90\": %.4f, \"ms_min\": %.4f, \"ms_max\": %.4f, "
+                   "\"images_per_s\": %.1f, \"floor_ms\": %.4f, \"floor_ms_min\": %.4f, "
+                   "\"step_over_floor\": %.3f, \"raw_allocs_per_step\": %.3f, "
+                   "\"pool_allocs_per_step\": %.2f, ",
+                   i ? "," : "", r->device, r->threads, (long long)r->params, r->med, r->p10, r->p90, r->min, r->max,
+                   (double)o.batch * 1e3 / r->med, r->floor_ms, r->floor_min,
+                   r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs, r->pool_allocs);
+            if (r->mallocs >= 0)
+                printf("\"tessera_mallocs_per_step\": %.3f, \"all_mallocs_per_step\": %.3f}",
+                       r->mallocs, r->all_mallocs);
+            else
+                printf("\"tessera_mallocs_per_step\": null, \"all_mallocs_per_step\": null}");
+        }
+        printf("\n]}\n");
+    } else {
+        printf("tessera bench train: %s (%lld parameters), %s lr %g, batch %lld, median of %lld "
+               "steps after %lld warm-up\n  data: %s; floor: %d cblas_sgemm calls, %.3f GFLOP "
+               "per step\n",
+               arch, (long long)res[0].params, o.optimizer, o.lr, (long long)o.batch, (long long)o.steps,
+               (long long)o.warmup,
+               synthetic ? "SYNTHETIC random images of Fashion-MNIST's shape (60000x1x28x28; "
+                           "the data set is not installed or --synthetic was given)"
+                         : "the Fashion-MNIST training set, in memory",
+               fp.n, fp.flops * 1e-9);
+        printf("  %-12s %3s %9s %17s %9s %9s %10s %9s %9s %15s\n", "device", "thr", "ms/step",
+               "p10-p90", "images/s", "floor ms", "step/floor", "raw/step", "pool/step",
+               "mallocs/step");
+        for (int i = 0; i < nres; i++) {
+            const result *r = &res[i];
+            char m[48], spread[40];
+            if (r->mallocs >= 0)
+                snprintf(m, sizeof m, "%.2f (all %.1f)", r->mallocs, r->all_mallocs);
+            else
+                snprintf(m, sizeof m, "not counted");
+            snprintf(spread, sizeof spread, "%.3f-%.3f", r->p10, r->p90);
+            printf("  %-12s %3d %9.3f %17s %9.0f %9.3f %9.2fx %9.2f %9.1f %15s\n", r->device,
+                   r->threads, r->med, spread, (double)o.batch * 1e3 / r->med, r->floor_ms,
+                   r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs, r->pool_allocs,
+                   m);
+        }
+        printf("  mallocs/step: calls from libtessera and the plugin (all: every library); "
+               "load average %.2f %.2f %.2f\n", load[0], load[1], load[2]);
+    }
+out:
+    floor_free(&fp);
+    free(times);
+    ts_shutdown();
+    return rc;
+}
