@@ -24,5 +24,6 @@ int cli_bench_compare(int argc, char **argv, const cli_common *common);
 ts_status cli_build_model(const char *name, ts_device *dev, ts_rng *rng, ts_module **out);
 int cli_bench_ops(int argc, char **argv, const cli_common *common);
 int cli_bench_autograd(int argc, char **argv, const cli_common *common);
+int cli_bench_cuda(int argc, char **argv, const cli_common *common);
 
 #endif /* TESSERA_TOOLS_CLI_H */
