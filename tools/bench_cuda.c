@@ -24,12 +24,18 @@ static const char usage[] =
     "  --cpu-steps N   timed CPU training steps (default 3)\n"
     "  --no-cpu        skip the CPU backends\n";
 
+#ifdef TS_HAVE_CUDA
 static double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+#endif
+
+#ifdef TS_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
 
 /* Training steps per second of `model` at batch 256 on dev: warm-up, then `steps` timed. */
 static ts_status train_rate(ts_device *dev, const char *model, int steps, double *rate)
@@ -76,10 +82,6 @@ out:
     ts_module_free(m);
     return s;
 }
-
-#ifdef TS_HAVE_CUDA
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
 
 #define CUDA_OR_FAIL(call)                                                                  \
     do {                                                                                    \
