@@ -258,7 +258,7 @@ static void test_elementwise(void)
     cases[n++] = (opcase){"binary i32 add", TS_OP_BINARY, &bin[TS_BINARY_ADD], sizeof bin[0], 2,
                           1, {SP(TS_I32, KT_STRIDED, 30), SP(TS_I32, KT_CONTIG, 30)},
                           {SP(TS_I32, KT_OFFSET, 30)}, 0};
-    cases[n++] = (opcase){"binary i64 div by nonzero", TS_OP_BINARY, &bin[TS_BINARY_DIV],
+    cases[n++] = (opcase){"binary i64 div by zero", TS_OP_BINARY, &bin[TS_BINARY_DIV],
                           sizeof bin[0], 2, 1, {SP(TS_I64, KT_CONTIG, 30), SPI(TS_I64, 7, 30)},
                           {SP(TS_I64, KT_CONTIG, 30)}, TS_EINVAL}; /* [0, 7) holds zeros */
     cases[n++] = (opcase){"binary i32 pow", TS_OP_BINARY, &bin[TS_BINARY_POW], sizeof bin[0], 2,
