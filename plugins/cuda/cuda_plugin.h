@@ -66,6 +66,9 @@ ts_status cuda_fail_blas(cuda_ctx *c, const char *call, cublasStatus_t e);
 ts_status cuda_scratch(cuda_ctx *c, size_t nbytes, const char *tag, void **p);
 void cuda_scratch_free(cuda_ctx *c, void *p);
 
+/* Runs the range check a launcher queued on c->d_flag. One flag per instance: two threads
+ * running index-checked ops on the same instance at once would share it (the core calls a
+ * device's kernels from one thread at a time; give each thread its own instance otherwise). */
 /* Runs the range check a launcher queued on c->d_flag (reset by cuda_flag_reset) and returns
  * the first bad position, or -1 if none. Synchronizes the stream (the only kernel path that
  * does: the result decides the call's status). */
