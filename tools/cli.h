@@ -62,5 +62,6 @@ int cli_bench_train(int argc, char **argv, const cli_common *common);
 int cli_malloc_count_setup(const char *const *plugin_paths, int npaths);
 void cli_malloc_count_enable(int on);
 void cli_malloc_count_read(uint64_t *tessera, uint64_t *all);
+int cli_bench_cuda(int argc, char **argv, const cli_common *common);
 
 #endif /* TESSERA_TOOLS_CLI_H */

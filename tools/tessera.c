@@ -19,6 +19,7 @@ static const char usage[] =
     "  bench autograd    cost of recording the graph: time per op, memory per step\n"
     "  bench compare     the same conv, matmul and training step on several backends\n"
     "  bench train [...] training step time vs its GEMM floor, allocations per step\n"
+    "  bench cuda        the cuda plugin vs raw cuBLAS/CUDA, and GPU vs CPU training\n"
     "  help [COMMAND]    this text, or a command's own --help\n"
     "\n"
     "options:\n"
@@ -115,11 +116,13 @@ int main(int argc, char **argv)
             return cli_bench_compare(argc - i - 1, argv + i + 1, &common);
         if (i + 1 < argc && strcmp(argv[i + 1], "train") == 0)
             return cli_bench_train(argc - i - 1, argv + i + 1, &common);
+        if (i + 1 < argc && strcmp(argv[i + 1], "cuda") == 0)
+            return cli_bench_cuda(argc - i - 1, argv + i + 1, &common);
         if (i + 1 < argc && (strcmp(argv[i + 1], "-h") == 0 || strcmp(argv[i + 1], "--help") == 0)) {
-            puts("usage: tessera bench pool|ops|autograd|compare|train [--json] ... (tessera bench NAME --help)");
+            puts("usage: tessera bench pool|ops|autograd|compare|train|cuda [--json] ... (tessera bench NAME --help)");
             return 0;
         }
-        return cli_usage_error("bench", "expected a benchmark name: pool, ops, autograd, compare or train");
+        return cli_usage_error("bench", "expected a benchmark name: pool, ops, autograd, compare, train or cuda");
     }
     if (strcmp(cmd, "help") == 0) {
         if (i + 1 < argc && strcmp(argv[i + 1], "info") == 0) {

@@ -1,34 +1,22 @@
 /* plugins/cuda/cuda.c: the GPU backend's descriptor, device selection and memory: the shared
- * pool component over cudaMalloc (256-byte blocks), copies on one stream per device. It
- * loads on machines without a GPU and reports zero devices with the CUDA error, so that the
- * configured fallback takes over. Kernels arrive with the cuda issue. */
+ * pool component over cudaMalloc (256-byte blocks), host <-> device copies through a ring of
+ * pinned staging buffers, everything queued on one stream per device. It loads on machines
+ * without a GPU and reports zero devices with the CUDA error, so that the configured fallback
+ * takes over. The kernels are in ops.c / gemm.c (C side) and *.cu (device code).
+ *
+ * Ordering: every kernel, cuBLAS call and copy goes on c->stream, so work runs in the order
+ * it was queued. A block freed to the pool while kernels that use it are still queued can be
+ * handed out again at once: whatever the next owner queues lands behind them on the same
+ * stream. Only the raw allocator's cudaFree (rare: cache trimming, empty_cache, shutdown)
+ * waits for the stream first. The host blocks only in device -> host copies, synchronize,
+ * and the range checks of indices (whose result decides the call's status). */
 #include "config.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda_runtime.h>
-
-#include <tessera/plugin.h>
-
-#define CUDA_ALIGN 256
-
-typedef struct cuda_ctx {
-    const ts_host *host;
-    int device;
-    cudaStream_t stream;
-    ts_pool *pool;
-} cuda_ctx;
-
-/* Fails with the CUDA call's name and error text. */
-#define CU_CHECK(c, call)                                                                   \
-    do {                                                                                    \
-        cudaError_t e_ = (call);                                                            \
-        if (e_ != cudaSuccess)                                                              \
-            return (c)->host->fail((c)->host, TS_EKERNEL, "%s failed: %s (%s)", #call,       \
-                                   cudaGetErrorString(e_), cudaGetErrorName(e_));            \
-    } while (0)
+#include "cuda_plugin.h"
 
 static const ts_config_key keys[] = {
     {"device_index", TS_SETTING_INT, "0", 0, 1023, "which GPU this instance drives"},
@@ -38,14 +26,46 @@ static const ts_config_key keys[] = {
     {NULL, 0, NULL, 0, 0, NULL},
 };
 
+ts_status cuda_fail_cu(cuda_ctx *c, const char *call, cudaError_t e)
+{
+    ts_status code = e == cudaErrorMemoryAllocation ? TS_ENOMEM : TS_EKERNEL;
+    return c->host->fail(c->host, code, "%s failed on device %d: %s (%s)", call, c->device,
+                         cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+ts_status cuda_fail_blas(cuda_ctx *c, const char *call, cublasStatus_t e)
+{
+    return c->host->fail(c->host, e == CUBLAS_STATUS_ALLOC_FAILED ? TS_ENOMEM : TS_EKERNEL,
+                         "%s failed on device %d: %s (%s)", call, c->device,
+                         cublasGetStatusString(e), cublasGetStatusName(e));
+}
+
+size_t cuda_dtype_size(int32_t dtype)
+{
+    switch (dtype) {
+    case TS_F32:
+    case TS_I32: return 4;
+    case TS_F64:
+    case TS_I64: return 8;
+    case TS_U8: return 1;
+    default: return 0;
+    }
+}
+
+/* ---- the pool's raw allocator ---------------------------------------------------------- */
+
 static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
 {
     cuda_ctx *c = user;
-    cudaSetDevice(c->device);
+    if (cudaSetDevice(c->device) != cudaSuccess) {
+        cudaGetLastError();
+        return TS_ENOMEM;
+    }
     cudaError_t e = cudaMalloc(ptr, nbytes ? nbytes : CUDA_ALIGN);
     if (e != cudaSuccess) {
-        cudaGetLastError(); /* clear the sticky-free error state */
-        return TS_ENOMEM;
+        cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+        *ptr = NULL;
+        return TS_ENOMEM; /* the pool empties its cache, retries, then reports its figures */
     }
     return TS_OK;
 }
@@ -54,17 +74,75 @@ static void raw_free(void *user, void *ptr, size_t nbytes)
 {
     (void)nbytes;
     cuda_ctx *c = user;
-    cudaSetDevice(c->device);
-    cudaFree(ptr);
+    cudaError_t e;
+    if ((e = cudaSetDevice(c->device)) != cudaSuccess ||
+        (c->stream && (e = cudaStreamSynchronize(c->stream)) != cudaSuccess) ||
+        (e = cudaFree(ptr)) != cudaSuccess)
+        c->host->log(c->host, TS_LOG_ERROR, "cudaFree of a pool segment failed: %s (%s)",
+                     cudaGetErrorString(e), cudaGetErrorName(e));
 }
+
+ts_status cuda_scratch(cuda_ctx *c, size_t nbytes, const char *tag, void **p)
+{
+    return c->host->pool->alloc(c->pool, nbytes, tag, p);
+}
+
+void cuda_scratch_free(cuda_ctx *c, void *p)
+{
+    c->host->pool->free(c->pool, p);
+}
+
+/* ---- range-check flag ------------------------------------------------------------------ */
+
+ts_status cuda_flag_reset(cuda_ctx *c)
+{
+    /* 0x7f in every byte: a position no tensor reaches, so "no bad element". */
+    CU_CHECK(c, cudaMemsetAsync(c->d_flag, 0x7f, sizeof *c->d_flag, c->stream));
+    return TS_OK;
+}
+
+ts_status cuda_flag_read(cuda_ctx *c, int64_t *pos)
+{
+    pthread_mutex_lock(&c->stage_lock);
+    cudaError_t e = cudaMemcpyAsync(c->h_flag, c->d_flag, sizeof *c->d_flag,
+                                    cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(c->stream);
+    unsigned long long v = *c->h_flag;
+    pthread_mutex_unlock(&c->stage_lock);
+    if (e != cudaSuccess)
+        return cuda_fail_cu(c, "cudaMemcpyAsync(range-check flag) / cudaStreamSynchronize", e);
+    *pos = v == 0x7f7f7f7f7f7f7f7full ? -1 : (int64_t)v;
+    return TS_OK;
+}
+
+/* ---- init / shutdown ------------------------------------------------------------------- */
 
 static void cuda_shutdown(void *ctx)
 {
     cuda_ctx *c = ctx;
+    cudaSetDevice(c->device);
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
     if (c->pool)
         c->host->pool->destroy(c->pool);
+    for (int i = 0; i < CUDA_NSTAGE; i++) {
+        if (c->stage[i].ev)
+            cudaEventDestroy(c->stage[i].ev);
+        if (c->stage[i].buf)
+            cudaFreeHost(c->stage[i].buf);
+    }
+    if (c->blas)
+        cublasDestroy(c->blas);
+    if (c->blas_ws)
+        cudaFree(c->blas_ws);
+    if (c->d_flag)
+        cudaFree(c->d_flag);
+    if (c->h_flag)
+        cudaFreeHost(c->h_flag);
     if (c->stream)
         cudaStreamDestroy(c->stream);
+    pthread_mutex_destroy(&c->stage_lock);
     free(c);
 }
 
@@ -77,6 +155,7 @@ static ts_status cuda_init(const ts_host *host, const ts_setting *settings, size
         const char *hint = e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice
                                ? "no CUDA driver or GPU found"
                                : "cannot query CUDA devices";
+        cudaGetLastError();
         return host->fail(host, TS_ENODEV, "%s (%s: %s)", hint, cudaGetErrorName(e),
                           cudaGetErrorString(e));
     }
@@ -93,13 +172,39 @@ static ts_status cuda_init(const ts_host *host, const ts_setting *settings, size
         return host->fail(host, TS_ENOMEM, "out of memory creating the plugin context");
     c->host = host;
     c->device = device;
+    pthread_mutex_init(&c->stage_lock, NULL);
     ts_status s;
     size_t free_b = 0, total_b = 0;
+    const char *what = "cudaSetDevice";
     if ((e = cudaSetDevice(device)) != cudaSuccess ||
-        (e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-        (e = cudaMemGetInfo(&free_b, &total_b)) != cudaSuccess) {
-        s = host->fail(host, TS_ENODEV, "cannot start CUDA device %d: %s (%s)", device,
-                       cudaGetErrorString(e), cudaGetErrorName(e));
+        (what = "cudaStreamCreateWithFlags",
+         e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (what = "cudaMemGetInfo", e = cudaMemGetInfo(&free_b, &total_b)) != cudaSuccess ||
+        (what = "cudaMalloc(cuBLAS workspace)",
+         e = cudaMalloc(&c->blas_ws, CUDA_CUBLAS_WS_BYTES)) != cudaSuccess ||
+        (what = "cudaMalloc(range-check flag)",
+         e = cudaMalloc((void **)&c->d_flag, sizeof *c->d_flag)) != cudaSuccess ||
+        (what = "cudaHostAlloc(range-check flag)",
+         e = cudaHostAlloc((void **)&c->h_flag, sizeof *c->h_flag, cudaHostAllocDefault)) !=
+            cudaSuccess) {
+        cudaGetLastError();
+        s = host->fail(host, TS_ENODEV, "cannot start CUDA device %d: %s failed: %s (%s)",
+                       device, what, cudaGetErrorString(e), cudaGetErrorName(e));
+        goto fail;
+    }
+    cublasStatus_t b;
+    what = "cublasCreate";
+    if ((b = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS ||
+        (what = "cublasSetStream", b = cublasSetStream(c->blas, c->stream)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        (what = "cublasSetWorkspace",
+         b = cublasSetWorkspace(c->blas, c->blas_ws, CUDA_CUBLAS_WS_BYTES)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        /* Full float32 GEMMs (no TF32), so results match the CPU backends. */
+        (what = "cublasSetMathMode", b = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH)) !=
+            CUBLAS_STATUS_SUCCESS) {
+        s = host->fail(host, TS_ENODEV, "cannot start cuBLAS on device %d: %s failed: %s (%s)",
+                       device, what, cublasGetStatusString(b), cublasGetStatusName(b));
         goto fail;
     }
     const ts_setting *frac = ts_setting_find(settings, nsettings, "memory_fraction");
@@ -152,28 +257,133 @@ static void cuda_free(void *ctx, void *ptr)
     c->host->pool->free(c->pool, ptr);
 }
 
-static ts_status copy(cuda_ctx *c, void *dst, const void *src, size_t n, enum cudaMemcpyKind k)
+/* ---- copies ---------------------------------------------------------------------------- */
+
+/* The staging buffer st, allocated on first use and free of any copy still in flight.
+ * Returns 0 with *ok = 0 when pinned memory cannot be had (the caller copies directly). */
+static ts_status stage_get(cuda_ctx *c, cuda_stage *st, int *ok)
 {
-    CU_CHECK(c, cudaMemcpyAsync(dst, src, n, k, c->stream));
-    /* Host buffers are pageable and the caller may reuse them at once. */
-    if (k != cudaMemcpyDeviceToDevice)
-        CU_CHECK(c, cudaStreamSynchronize(c->stream));
+    *ok = 1;
+    if (!st->buf) {
+        if (cudaHostAlloc(&st->buf, CUDA_STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess) {
+            cudaGetLastError();
+            st->buf = NULL;
+            *ok = 0;
+            return TS_OK;
+        }
+        cudaError_t e = cudaEventCreateWithFlags(&st->ev, cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            cudaFreeHost(st->buf);
+            st->buf = NULL;
+            return cuda_fail_cu(c, "cudaEventCreateWithFlags", e);
+        }
+    }
+    if (st->pending) {
+        CU_CHECK(c, cudaEventSynchronize(st->ev));
+        st->pending = 0;
+    }
+    return TS_OK;
+}
+
+/* Host -> device: each chunk is copied into a pinned buffer and queued; the call returns
+ * without waiting (the caller's buffer is already consumed). */
+static ts_status h2d_locked(cuda_ctx *c, char *dst, const char *src, size_t n)
+{
+    for (size_t off = 0; off < n; off += CUDA_STAGE_BYTES) {
+        size_t len = n - off < CUDA_STAGE_BYTES ? n - off : CUDA_STAGE_BYTES;
+        cuda_stage *st = &c->stage[c->stage_next];
+        c->stage_next = (c->stage_next + 1) % CUDA_NSTAGE;
+        int ok;
+        ts_status s = stage_get(c, st, &ok);
+        if (s)
+            return s;
+        if (!ok) { /* no pinned memory: a pageable copy, complete before returning */
+            CU_CHECK(c, cudaMemcpyAsync(dst + off, src + off, n - off, cudaMemcpyHostToDevice,
+                                        c->stream));
+            CU_CHECK(c, cudaStreamSynchronize(c->stream));
+            return TS_OK;
+        }
+        memcpy(st->buf, src + off, len);
+        CU_CHECK(c, cudaMemcpyAsync(dst + off, st->buf, len, cudaMemcpyHostToDevice, c->stream));
+        CU_CHECK(c, cudaEventRecord(st->ev, c->stream));
+        st->pending = 1;
+    }
+    return TS_OK;
+}
+
+/* Device -> host: up to CUDA_NSTAGE chunks in flight; each is copied out of its pinned buffer
+ * once its event completes. Returns when all of dst is written. */
+static ts_status d2h_locked(cuda_ctx *c, char *dst, const char *src, size_t n)
+{
+    size_t nchunks = (n + CUDA_STAGE_BYTES - 1) / CUDA_STAGE_BYTES, issued = 0, done = 0;
+    int first = c->stage_next;
+#define STAGE_OF(k) (&c->stage[(first + (int)((k) % CUDA_NSTAGE)) % CUDA_NSTAGE])
+#define CHUNK_LEN(k) (n - (k)*CUDA_STAGE_BYTES < CUDA_STAGE_BYTES ? n - (k)*CUDA_STAGE_BYTES \
+                                                                  : CUDA_STAGE_BYTES)
+    while (done < nchunks) {
+        while (issued < nchunks && issued - done < CUDA_NSTAGE) {
+            cuda_stage *st = STAGE_OF(issued);
+            size_t off = issued * CUDA_STAGE_BYTES;
+            int ok;
+            ts_status s = stage_get(c, st, &ok);
+            if (s)
+                return s;
+            if (!ok) { /* no pinned memory: retire what is queued, copy the rest directly */
+                for (; done < issued; done++) {
+                    CU_CHECK(c, cudaEventSynchronize(STAGE_OF(done)->ev));
+                    STAGE_OF(done)->pending = 0;
+                    memcpy(dst + done * CUDA_STAGE_BYTES, STAGE_OF(done)->buf, CHUNK_LEN(done));
+                }
+                CU_CHECK(c, cudaMemcpyAsync(dst + off, src + off, n - off,
+                                            cudaMemcpyDeviceToHost, c->stream));
+                CU_CHECK(c, cudaStreamSynchronize(c->stream));
+                c->stage_next = (first + (int)(issued % CUDA_NSTAGE)) % CUDA_NSTAGE;
+                return TS_OK;
+            }
+            CU_CHECK(c, cudaMemcpyAsync(st->buf, src + off, CHUNK_LEN(issued),
+                                        cudaMemcpyDeviceToHost, c->stream));
+            CU_CHECK(c, cudaEventRecord(st->ev, c->stream));
+            st->pending = 1;
+            issued++;
+        }
+        cuda_stage *st = STAGE_OF(done);
+        CU_CHECK(c, cudaEventSynchronize(st->ev));
+        st->pending = 0;
+        memcpy(dst + done * CUDA_STAGE_BYTES, st->buf, CHUNK_LEN(done));
+        done++;
+    }
+#undef STAGE_OF
+#undef CHUNK_LEN
+    c->stage_next = (first + (int)(nchunks % CUDA_NSTAGE)) % CUDA_NSTAGE;
     return TS_OK;
 }
 
 static ts_status cuda_h2d(void *ctx, void *dst, const void *src, size_t n)
 {
-    return copy(ctx, dst, src, n, cudaMemcpyHostToDevice);
+    cuda_ctx *c = ctx;
+    CU_CHECK(c, cudaSetDevice(c->device));
+    pthread_mutex_lock(&c->stage_lock);
+    ts_status s = h2d_locked(c, dst, src, n);
+    pthread_mutex_unlock(&c->stage_lock);
+    return s;
 }
 
 static ts_status cuda_d2h(void *ctx, void *dst, const void *src, size_t n)
 {
-    return copy(ctx, dst, src, n, cudaMemcpyDeviceToHost);
+    cuda_ctx *c = ctx;
+    CU_CHECK(c, cudaSetDevice(c->device));
+    pthread_mutex_lock(&c->stage_lock);
+    ts_status s = d2h_locked(c, dst, src, n);
+    pthread_mutex_unlock(&c->stage_lock);
+    return s;
 }
 
 static ts_status cuda_d2d(void *ctx, void *dst, const void *src, size_t n)
 {
-    return copy(ctx, dst, src, n, cudaMemcpyDeviceToDevice);
+    cuda_ctx *c = ctx;
+    CU_CHECK(c, cudaSetDevice(c->device));
+    CU_CHECK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->stream));
+    return TS_OK;
 }
 
 static ts_status cuda_fill(void *ctx, void *dst, size_t nbytes, const void *pattern,
@@ -181,22 +391,33 @@ static ts_status cuda_fill(void *ctx, void *dst, size_t nbytes, const void *patt
 {
     cuda_ctx *c = ctx;
     const unsigned char *p = pattern;
-    if (pattern_size == 0 || pattern_size > 8 || nbytes % pattern_size)
-        return c->host->fail(c->host, TS_EINVAL, "fill: pattern of %zu bytes does not tile %zu",
+    if ((pattern_size != 1 && pattern_size != 2 && pattern_size != 4 && pattern_size != 8) ||
+        nbytes % pattern_size)
+        return c->host->fail(c->host, TS_EINVAL,
+                             "fill: a pattern of %zu bytes (1, 2, 4 or 8) does not tile %zu",
                              pattern_size, nbytes);
+    CU_CHECK(c, cudaSetDevice(c->device));
+    int uniform = 1;
     for (size_t i = 1; i < pattern_size; i++)
-        if (p[i] != p[0])
-            return c->host->fail(c->host, TS_ENOTSUP,
-                                 "fill with a non-uniform %zu-byte pattern needs the fill kernel, "
-                                 "which this build of the cuda plugin does not have yet",
-                                 pattern_size);
-    CU_CHECK(c, cudaMemsetAsync(dst, p[0], nbytes, c->stream));
+        uniform &= p[i] == p[0];
+    if (uniform) {
+        CU_CHECK(c, cudaMemsetAsync(dst, p[0], nbytes, c->stream));
+        return TS_OK;
+    }
+    if ((uintptr_t)dst % pattern_size)
+        return c->host->fail(c->host, TS_EINVAL,
+                             "fill: destination %p is not aligned to the %zu-byte pattern", dst,
+                             pattern_size);
+    uint64_t v = 0;
+    memcpy(&v, pattern, pattern_size); /* little-endian: the low bytes are the pattern */
+    CU_CHECK(c, cu_fill_pattern(c->stream, dst, nbytes, v, (int)pattern_size));
     return TS_OK;
 }
 
 static ts_status cuda_sync(void *ctx)
 {
     cuda_ctx *c = ctx;
+    CU_CHECK(c, cudaSetDevice(c->device));
     CU_CHECK(c, cudaStreamSynchronize(c->stream));
     return TS_OK;
 }
@@ -216,14 +437,37 @@ static void cuda_reset_peak(void *ctx)
 static void cuda_empty_cache(void *ctx)
 {
     cuda_ctx *c = ctx;
-    cudaStreamSynchronize(c->stream);
-    c->host->pool->empty_cache(c->pool);
+    c->host->pool->empty_cache(c->pool); /* raw_free waits for the stream */
 }
 
 static ts_status cuda_set_limits(void *ctx, uint64_t reserve_limit, uint64_t cache_limit)
 {
     cuda_ctx *c = ctx;
     return c->host->pool->set_limits(c->pool, reserve_limit, cache_limit);
+}
+
+/* ---- kernels --------------------------------------------------------------------------- */
+
+static int cuda_supports(void *ctx, int32_t op, int32_t dtype)
+{
+    (void)ctx;
+    return cuda_ops_supports(op, dtype) || cuda_gemm_supports(op, dtype);
+}
+
+static ts_status cuda_run(void *ctx, const ts_kernel_call *call)
+{
+    cuda_ctx *c = ctx;
+    if (!call || (call->ninputs > 0 && !call->inputs) || (call->noutputs > 0 && !call->outputs) ||
+        call->ninputs < 0 || call->noutputs < 0)
+        return c->host->fail(c->host, TS_EINVAL, "run: malformed kernel call");
+    CU_CHECK(c, cudaSetDevice(c->device));
+    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    if (cuda_gemm_supports(call->op, dtype))
+        return cuda_gemm_run(c, call);
+    if (cuda_ops_supports(call->op, dtype))
+        return cuda_ops_run(c, call);
+    return c->host->fail(c->host, TS_ENOTSUP, "op %d is not implemented for dtype %d",
+                         (int)call->op, (int)dtype);
 }
 
 static const ts_plugin_desc desc = {
@@ -248,8 +492,8 @@ static const ts_plugin_desc desc = {
     .reset_peak = cuda_reset_peak,
     .empty_cache = cuda_empty_cache,
     .set_limits = cuda_set_limits,
-    .supports = NULL,
-    .run = NULL,
+    .supports = cuda_supports,
+    .run = cuda_run,
 };
 
 TS_PLUGIN_DEFINE(desc)

@@ -250,3 +250,19 @@ const char *kt_layout_name(int layout)
     static const char *const names[] = {"contig", "transposed", "strided", "offset"};
     return layout >= 0 && layout < KT_NLAYOUTS ? names[layout] : "unknown";
 }
+
+kt_buf kt_mirror(ts_device *dev, const kt_buf *b)
+{
+    kt_buf m = *b;
+    m.dev = dev;
+    CHECK_OK(ts_device_alloc(dev, b->nbytes, "kt", &m.base));
+    CHECK_OK(ts_device_copy_from_host(dev, m.base, b->base, b->nbytes));
+    m.op.data = m.base;
+    return m;
+}
+
+void kt_fetch(kt_buf *h, const kt_buf *d)
+{
+    CHECK(h->nbytes == d->nbytes);
+    CHECK_OK(ts_device_copy_to_host(d->dev, h->base, d->base, d->nbytes));
+}

@@ -51,6 +51,13 @@ void kt_check_gaps(const kt_buf *b);
 void kt_check_no_live_blocks(ts_device *dev);
 /* "contig", "transposed", "strided", "offset". (transfer none, static) */
 const char *kt_layout_name(int layout);
+/* A device that need not be host-addressable (cuda): b copied byte for byte (gaps included)
+ * into a new allocation on dev, with the same layout. kt_free frees it. */
+kt_buf kt_mirror(ts_device *dev, const kt_buf *b);
+/* Copies mirror d's bytes back over host buffer h (made by kt_make, the same size), so that
+ * kt_get and kt_check_gaps can read what the device wrote. */
+void kt_fetch(kt_buf *h, const kt_buf *d);
+
 /* Tolerances for a dtype: float32 1e-5 rel, float64 1e-12 rel, ints exact. */
 double kt_rtol(int32_t dtype);
 

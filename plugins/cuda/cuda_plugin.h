@@ -1,0 +1,98 @@
+/* plugins/cuda/cuda_plugin.h: the cuda plugin's C side: its context (one device, one stream,
+ * one cuBLAS handle, the pool, pinned staging buffers), the checked-call macros and the op
+ * entry points shared by cuda.c (descriptor, memory, copies), ops.c (every op but matmul and
+ * conv) and gemm.c (matmul and conv through cuBLAS). */
+#ifndef TESSERA_PLUGINS_CUDA_PLUGIN_H
+#define TESSERA_PLUGINS_CUDA_PLUGIN_H
+
+#include <pthread.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "../common/hostkern.h"
+#include "kernels.h"
+
+#define CUDA_ALIGN 256
+/* Pinned staging buffers for host <-> device copies: CUDA_NSTAGE of CUDA_STAGE_BYTES,
+ * allocated on first use, reused round robin; each has an event recorded after the copy
+ * that last used it. */
+#define CUDA_NSTAGE 4
+#define CUDA_STAGE_BYTES ((size_t)4 << 20)
+/* cuBLAS workspace, set once so cuBLAS never allocates behind the pool's back. */
+#define CUDA_CUBLAS_WS_BYTES ((size_t)32 << 20)
+
+typedef struct cuda_stage {
+    void *buf;      /* cudaHostAlloc'd, CUDA_STAGE_BYTES */
+    cudaEvent_t ev; /* recorded after the last copy that read or wrote buf */
+    int pending;    /* ev has been recorded */
+} cuda_stage;
+
+typedef struct cuda_ctx {
+    const ts_host *host;
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;                /* raw cudaMalloc: outside the pool's statistics */
+    unsigned long long *d_flag;   /* device word for range checks (raw cudaMalloc) */
+    unsigned long long *h_flag;   /* pinned host word it is copied back into */
+    ts_pool *pool;
+    pthread_mutex_t stage_lock;   /* the staging ring and h_flag */
+    cuda_stage stage[CUDA_NSTAGE];
+    int stage_next;
+} cuda_ctx;
+
+/* Fails with the CUDA call's name and error text (cudaGetErrorString), code TS_EKERNEL. */
+#define CU_CHECK(c, call)                                                                   \
+    do {                                                                                    \
+        cudaError_t e_ = (call);                                                            \
+        if (e_ != cudaSuccess)                                                              \
+            return cuda_fail_cu((c), #call, e_);                                            \
+    } while (0)
+
+/* The same for a cuBLAS call (cublasGetStatusString). */
+#define CUBLAS_CHECK(c, call)                                                               \
+    do {                                                                                    \
+        cublasStatus_t e_ = (call);                                                         \
+        if (e_ != CUBLAS_STATUS_SUCCESS)                                                    \
+            return cuda_fail_blas((c), #call, e_);                                          \
+    } while (0)
+
+ts_status cuda_fail_cu(cuda_ctx *c, const char *call, cudaError_t e);
+ts_status cuda_fail_blas(cuda_ctx *c, const char *call, cublasStatus_t e);
+
+/* Pool scratch (device memory, freed with cuda_scratch_free: reuse by later work on the same
+ * stream is ordered after every use queued before the free). */
+ts_status cuda_scratch(cuda_ctx *c, size_t nbytes, const char *tag, void **p);
+void cuda_scratch_free(cuda_ctx *c, void *p);
+
+/* Runs the range check a launcher queued on c->d_flag. One flag per instance: two threads
+ * running index-checked ops on the same instance at once would share it (the core calls a
+ * device's kernels from one thread at a time; give each thread its own instance otherwise). */
+/* Runs the range check a launcher queued on c->d_flag (reset by cuda_flag_reset) and returns
+ * the first bad position, or -1 if none. Synchronizes the stream (the only kernel path that
+ * does: the result decides the call's status). */
+ts_status cuda_flag_reset(cuda_ctx *c);
+ts_status cuda_flag_read(cuda_ctx *c, int64_t *pos);
+
+/* A strided copy of src into dst (same shape and dtype) on the stream. */
+ts_status cuda_copy_strided(cuda_ctx *c, const ts_operand *dst, const ts_operand *src);
+
+/* t = beta * t on the stream (beta 0 writes zeros). */
+ts_status cuda_scale_inplace(cuda_ctx *c, const ts_operand *t, double beta);
+
+/* Op families: each returns TS_ENOTSUP (no message) for ops it does not handle. */
+int cuda_ops_supports(int32_t op, int32_t dtype);
+ts_status cuda_ops_run(cuda_ctx *c, const ts_kernel_call *call);
+int cuda_gemm_supports(int32_t op, int32_t dtype);
+ts_status cuda_gemm_run(cuda_ctx *c, const ts_kernel_call *call);
+
+/* Bytes per element; 0 for an unknown dtype. */
+size_t cuda_dtype_size(int32_t dtype);
+/* Device pointer to op's element 0. */
+static inline char *cuda_elem0(const ts_operand *op)
+{
+    return (char *)op->data + op->offset * (int64_t)cuda_dtype_size(op->dtype);
+}
+
+#endif /* TESSERA_PLUGINS_CUDA_PLUGIN_H */

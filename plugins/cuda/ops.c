@@ -1,0 +1,975 @@
+/* plugins/cuda/ops.c: validation, planning and launch of every op except matmul and the
+ * convolutions (gemm.c): elementwise (collapsed iteration spaces, stride-0 broadcasting, a
+ * by-value scalar), reductions, softmax, index_select / index_add, cross entropy, pooling and
+ * the fused optimizer steps. Checks and messages follow the host kernels in plugins/common so
+ * that every backend reports bad calls alike; indices are range-checked on the device before
+ * anything is written (one stream synchronization, since the result decides the status). */
+#include "config.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "cuda_plugin.h"
+
+static const char *const dtype_names[TS_DTYPE_COUNT] = {"float32", "float64", "int32", "int64",
+                                                        "uint8"};
+static const char *const unary_names[TS_UNARY_COUNT] = {
+    [TS_UNARY_NEG] = "neg",   [TS_UNARY_ABS] = "abs",         [TS_UNARY_EXP] = "exp",
+    [TS_UNARY_LOG] = "log",   [TS_UNARY_SQRT] = "sqrt",       [TS_UNARY_RSQRT] = "rsqrt",
+    [TS_UNARY_TANH] = "tanh", [TS_UNARY_SIGMOID] = "sigmoid", [TS_UNARY_RELU] = "relu",
+    [TS_UNARY_GELU] = "gelu", [TS_UNARY_ERF] = "erf"};
+static const char *const binary_names[TS_BINARY_COUNT] = {
+    [TS_BINARY_ADD] = "add", [TS_BINARY_SUB] = "sub", [TS_BINARY_MUL] = "mul",
+    [TS_BINARY_DIV] = "div", [TS_BINARY_POW] = "pow", [TS_BINARY_MAXIMUM] = "maximum",
+    [TS_BINARY_MINIMUM] = "minimum", [TS_BINARY_EQ] = "eq", [TS_BINARY_NE] = "ne",
+    [TS_BINARY_LT] = "lt", [TS_BINARY_LE] = "le", [TS_BINARY_GT] = "gt", [TS_BINARY_GE] = "ge"};
+static const char *const reduce_names[TS_REDUCE_COUNT] = {
+    [TS_REDUCE_SUM] = "sum", [TS_REDUCE_MEAN] = "mean",     [TS_REDUCE_MAX] = "max",
+    [TS_REDUCE_MIN] = "min", [TS_REDUCE_ARGMAX] = "argmax", [TS_REDUCE_ARGMIN] = "argmin"};
+
+static const char *dtype_name(int32_t dtype)
+{
+    return dtype >= 0 && dtype < TS_DTYPE_COUNT ? dtype_names[dtype] : "unknown dtype";
+}
+
+static const char *name_or(const char *name)
+{
+    return name ? name : "?";
+}
+
+static int is_float(int32_t dt)
+{
+    return dt == TS_F32 || dt == TS_F64;
+}
+
+static int is_numeric(int32_t dt)
+{
+    return is_float(dt) || dt == TS_I32 || dt == TS_I64;
+}
+
+static int64_t numel(const ts_operand *op)
+{
+    int64_t n = 1;
+    for (int d = 0; d < op->ndim; d++)
+        n *= op->shape[d];
+    return n;
+}
+
+#define FAIL(c, code, ...) ((c)->host->fail((c)->host, (code), __VA_ARGS__))
+#define LAUNCH(c, call) CU_CHECK(c, call)
+
+/* ---- checks ---------------------------------------------------------------------------- */
+
+static ts_status check_counts(cuda_ctx *c, const ts_kernel_call *call, const char *what, int nin,
+                              int nout)
+{
+    if (call->ninputs != nin || call->noutputs != nout)
+        return FAIL(c, TS_EINVAL, "%s: expected %d input(s) and %d output(s), got %d and %d",
+                    what, nin, nout, (int)call->ninputs, (int)call->noutputs);
+    return TS_OK;
+}
+
+/* dtype known, 0..TS_MAX_DIMS dims, no negative size or stride, a device pointer unless the
+ * operand is empty; with ref, ref's shape. */
+static ts_status check_operand(cuda_ctx *c, const char *what, const char *role,
+                               const ts_operand *op, const ts_operand *ref)
+{
+    if (!cuda_dtype_size(op->dtype))
+        return FAIL(c, TS_EINVAL, "%s: %s has unknown dtype %d", what, role, (int)op->dtype);
+    if (op->ndim < 0 || op->ndim > TS_MAX_DIMS)
+        return FAIL(c, TS_EINVAL, "%s: %s has %d dims (0 to %d allowed)", what, role,
+                    (int)op->ndim, TS_MAX_DIMS);
+    for (int d = 0; d < op->ndim; d++)
+        if (op->shape[d] < 0 || op->strides[d] < 0)
+            return FAIL(c, TS_EINVAL, "%s: %s has size %lld / stride %lld at dim %d", what, role,
+                        (long long)op->shape[d], (long long)op->strides[d], d);
+    if (op->offset < 0)
+        return FAIL(c, TS_EINVAL, "%s: %s has a negative offset", what, role);
+    if (ref) {
+        int same = op->ndim == ref->ndim;
+        for (int d = 0; same && d < op->ndim; d++)
+            same = op->shape[d] == ref->shape[d];
+        if (!same)
+            return FAIL(c, TS_ESHAPE, "%s: %s has %d dims / a shape other than the output's",
+                        what, role, (int)op->ndim);
+    }
+    if (!op->data && numel(op) > 0)
+        return FAIL(c, TS_EINVAL, "%s: %s has no data pointer", what, role);
+    return TS_OK;
+}
+
+static ts_status check_dtype(cuda_ctx *c, const char *what, const char *role,
+                             const ts_operand *op, int32_t dtype)
+{
+    if (op->dtype != dtype)
+        return FAIL(c, TS_EINVAL, "%s: %s is %s, expected %s", what, role, dtype_name(op->dtype),
+                    dtype_name(dtype));
+    return TS_OK;
+}
+
+static const void *get_params(cuda_ctx *c, const ts_kernel_call *call, const char *what,
+                              size_t need)
+{
+    if (!call->params || call->params_size < need) {
+        FAIL(c, TS_EINVAL, "%s: params missing or too small (%u < %zu bytes)", what,
+             (unsigned)call->params_size, need);
+        return NULL;
+    }
+    return call->params;
+}
+
+/* ---- the elementwise iteration space --------------------------------------------------- */
+
+/* Size-1 dims dropped; dim d merged into d+1 when every operand steps over d+1 exactly once
+ * per step of d (a dense tensor, with or without stride-0 operands, becomes one dim). */
+static void ew_plan(cu_ew_arg *a, const ts_operand *const *ops, int nops)
+{
+    const ts_operand *o = ops[0];
+    memset(a, 0, sizeof *a);
+    a->nops = nops;
+    a->n = 1;
+    int nd = 0;
+    int64_t shape[TS_MAX_DIMS], str[CU_EW_MAX_OPS][TS_MAX_DIMS];
+    for (int d = 0; d < o->ndim; d++) {
+        a->n *= o->shape[d];
+        if (o->shape[d] == 1)
+            continue;
+        shape[nd] = o->shape[d];
+        for (int k = 0; k < nops; k++)
+            str[k][nd] = ops[k]->strides[d];
+        nd++;
+    }
+    for (int k = 0; k < nops; k++)
+        a->base[k] = cuda_elem0(ops[k]);
+    if (nd == 0) {
+        a->ndim = 1;
+        a->shape[0] = 1;
+        return; /* strides 0: the one element */
+    }
+    /* Merge from the inside out into a (innermost last). */
+    int m = nd - 1; /* write position, moving outwards */
+    int64_t ms[TS_MAX_DIMS], mstr[CU_EW_MAX_OPS][TS_MAX_DIMS];
+    ms[m] = shape[nd - 1];
+    for (int k = 0; k < nops; k++)
+        mstr[k][m] = str[k][nd - 1];
+    for (int d = nd - 2; d >= 0; d--) {
+        int mergeable = 1;
+        for (int k = 0; k < nops && mergeable; k++)
+            mergeable = str[k][d] == mstr[k][m] * ms[m];
+        if (mergeable) {
+            ms[m] *= shape[d];
+        } else {
+            m--;
+            ms[m] = shape[d];
+            for (int k = 0; k < nops; k++)
+                mstr[k][m] = str[k][d];
+        }
+    }
+    a->ndim = nd - m;
+    for (int j = 0; j < a->ndim; j++) {
+        a->shape[j] = ms[m + j];
+        for (int k = 0; k < nops; k++)
+            a->strides[k][j] = mstr[k][m + j];
+    }
+}
+
+ts_status cuda_copy_strided(cuda_ctx *c, const ts_operand *dst, const ts_operand *src)
+{
+    const ts_operand *ops[2] = {dst, src};
+    cu_ew_arg a;
+    ew_plan(&a, ops, 2);
+    LAUNCH(c, cu_ew_cast(c->stream, &a, dst->dtype, src->dtype));
+    return TS_OK;
+}
+
+ts_status cuda_scale_inplace(cuda_ctx *c, const ts_operand *t, double beta)
+{
+    const ts_operand *ops[1] = {t};
+    cu_ew_arg a;
+    ew_plan(&a, ops, 1);
+    if (beta == 0.0) { /* overwrites NaN too, as BLAS does for beta 0 */
+        LAUNCH(c, cu_ew_fill(c->stream, &a, t->dtype, 0.0));
+        return TS_OK;
+    }
+    const ts_operand *ops2[2] = {t, t};
+    ew_plan(&a, ops2, 2);
+    LAUNCH(c, cu_ew_binary(c->stream, &a, t->dtype, TS_BINARY_MUL, 2, beta));
+    return TS_OK;
+}
+
+/* ---- elementwise ops ------------------------------------------------------------------- */
+
+static ts_status run_copy_cast(cuda_ctx *c, const ts_kernel_call *call)
+{
+    const char *what = call->op == TS_OP_COPY ? "copy" : "cast";
+    ts_status s = check_counts(c, call, what, 1, 1);
+    if (!s)
+        s = check_operand(c, what, "output", &call->outputs[0], NULL);
+    if (!s)
+        s = check_operand(c, what, "input", &call->inputs[0], &call->outputs[0]);
+    if (!s && call->op == TS_OP_COPY)
+        s = check_dtype(c, what, "input", &call->inputs[0], call->outputs[0].dtype);
+    return s ? s : cuda_copy_strided(c, &call->outputs[0], &call->inputs[0]);
+}
+
+static ts_status run_fill(cuda_ctx *c, const ts_kernel_call *call)
+{
+    ts_status s = check_counts(c, call, "fill", 0, 1);
+    if (!s)
+        s = check_operand(c, "fill", "output", &call->outputs[0], NULL);
+    if (s)
+        return s;
+    const ts_fill_params *p = get_params(c, call, "fill", sizeof *p);
+    if (!p)
+        return TS_EINVAL;
+    const ts_operand *ops[1] = {&call->outputs[0]};
+    cu_ew_arg a;
+    ew_plan(&a, ops, 1);
+    LAUNCH(c, cu_ew_fill(c->stream, &a, call->outputs[0].dtype, p->value));
+    return TS_OK;
+}
+
+static ts_status run_unary(cuda_ctx *c, const ts_kernel_call *call)
+{
+    ts_status s = check_counts(c, call, "unary", 1, 1);
+    const ts_operand *out = &call->outputs[0], *in = s ? NULL : &call->inputs[0];
+    if (!s)
+        s = check_operand(c, "unary", "output", out, NULL);
+    if (!s)
+        s = check_operand(c, "unary", "input", in, out);
+    if (!s)
+        s = check_dtype(c, "unary", "input", in, out->dtype);
+    if (s)
+        return s;
+    const ts_unary_params *p = get_params(c, call, "unary", sizeof *p);
+    if (!p)
+        return TS_EINVAL;
+    if (p->fn < 0 || p->fn >= TS_UNARY_COUNT)
+        return FAIL(c, TS_EINVAL, "unary: unknown function %d", (int)p->fn);
+    int int_ok = p->fn == TS_UNARY_NEG || p->fn == TS_UNARY_ABS || p->fn == TS_UNARY_RELU;
+    if (out->dtype == TS_U8 || (!is_float(out->dtype) && !int_ok))
+        return FAIL(c, TS_ENOTSUP, "unary %s is not implemented for %s",
+                    name_or(unary_names[p->fn]), dtype_name(out->dtype));
+    const ts_operand *ops[2] = {out, in};
+    cu_ew_arg a;
+    ew_plan(&a, ops, 2);
+    LAUNCH(c, cu_ew_unary(c->stream, &a, out->dtype, p->fn));
+    return TS_OK;
+}
+
+static int is_compare(int32_t fn)
+{
+    return fn >= TS_BINARY_EQ && fn <= TS_BINARY_GE;
+}
+
+/* x op y with x = in[0] or the scalar (pos 1), y = in[1] or the scalar (pos 2). `data` is the
+ * operand whose dtype the op runs in; ops[] the operands in kernel order. */
+static ts_status binary_common(cuda_ctx *c, const char *what, int32_t fn, const ts_operand *out,
+                               const ts_operand *x, const ts_operand *y, int pos, double scalar)
+{
+    if (fn < 0 || fn >= TS_BINARY_COUNT)
+        return FAIL(c, TS_EINVAL, "%s: unknown function %d", what, (int)fn);
+    int32_t dt = pos == 1 ? y->dtype : x->dtype;
+    ts_status s = TS_OK;
+    if (pos == 0)
+        s = check_dtype(c, what, "second input", y, dt);
+    if (!s)
+        s = check_dtype(c, what, "output", out, is_compare(fn) ? TS_U8 : dt);
+    if (s)
+        return s;
+    if (!is_compare(fn) && dt == TS_U8)
+        return FAIL(c, TS_ENOTSUP, "%s %s is not implemented for %s", what,
+                    name_or(binary_names[fn]), dtype_name(dt));
+    /* Integer div by zero and pow with a negative exponent have no integer result: scan the
+     * divisor / exponent first so that a bad one fails the call before anything is written. */
+    if ((dt == TS_I32 || dt == TS_I64) && (fn == TS_BINARY_DIV || fn == TS_BINARY_POW)) {
+        int kind = fn == TS_BINARY_DIV ? 0 : 1;
+        int64_t bad = -1;
+        if (pos == 2) {
+            /* The scalar converts like TS_OP_CAST: toward zero, NaN to 0. */
+            double t = scalar != scalar ? 0.0 : scalar < 0 ? ceil(scalar) : floor(scalar);
+            bad = (kind == 0 ? t == 0 : t < 0) ? 0 : -1;
+        } else {
+            const ts_operand *ops[1] = {y};
+            cu_ew_arg a;
+            ew_plan(&a, ops, 1);
+            if ((s = cuda_flag_reset(c)))
+                return s;
+            LAUNCH(c, cu_ew_find_bad_int(c->stream, &a, dt, kind, c->d_flag));
+            if ((s = cuda_flag_read(c, &bad)))
+                return s;
+        }
+        if (bad >= 0)
+            return fn == TS_BINARY_DIV
+                       ? FAIL(c, TS_EINVAL, "%s div: integer division by zero (%s)", what,
+                              dtype_name(dt))
+                       : FAIL(c, TS_EINVAL,
+                              "%s pow: negative integer exponent (%s); cast to a float dtype "
+                              "first",
+                              what, dtype_name(dt));
+    }
+    cu_ew_arg a;
+    if (pos == 0) {
+        const ts_operand *ops[3] = {out, x, y};
+        ew_plan(&a, ops, 3);
+    } else {
+        const ts_operand *ops[2] = {out, pos == 1 ? y : x};
+        ew_plan(&a, ops, 2);
+    }
+    LAUNCH(c, cu_ew_binary(c->stream, &a, dt, fn, pos, scalar));
+    return TS_OK;
+}
+
+static ts_status run_binary(cuda_ctx *c, const ts_kernel_call *call)
+{
+    ts_status s = check_counts(c, call, "binary", 2, 1);
+    const ts_operand *out = &call->outputs[0];
+    if (!s)
+        s = check_operand(c, "binary", "output", out, NULL);
+    if (!s)
+        s = check_operand(c, "binary", "first input", &call->inputs[0], out);
+    if (!s)
+        s = check_operand(c, "binary", "second input", &call->inputs[1], out);
+    if (s)
+        return s;
+    const ts_binary_params *p = get_params(c, call, "binary", sizeof *p);
+    if (!p)
+        return TS_EINVAL;
+    return binary_common(c, "binary", p->fn, out, &call->inputs[0], &call->inputs[1], 0, 0);
+}
+
+static ts_status run_binary_scalar(cuda_ctx *c, const ts_kernel_call *call)
+{
+    ts_status s = check_counts(c, call, "binary_scalar", 1, 1);
+    const ts_operand *out = &call->outputs[0], *in = s ? NULL : &call->inputs[0];
+    if (!s)
+        s = check_operand(c, "binary_scalar", "output", out, NULL);
+    if (!s)
+        s = check_operand(c, "binary_scalar", "input", in, out);
+    if (s)
+        return s;
+    const ts_scalar_params *p = get_params(c, call, "binary_scalar", sizeof *p);
+    if (!p)
+        return TS_EINVAL;
+    return p->scalar_first ? binary_common(c, "binary_scalar", p->fn, out, NULL, in, 1, p->scalar)
+                           : binary_common(c, "binary_scalar", p->fn, out, in, NULL, 2, p->scalar);
+}
+
+static ts_status run_where(cuda_ctx *c, const ts_kernel_call *call)
+{
+    ts_status s = check_counts(c, call, "where", 3, 1);
+    const ts_operand *out = &call->outputs[0];
+    if (!s)
+        s = check_operand(c, "where", "output", out, NULL);
+    if (!s)
+        s = check_operand(c, "where", "mask", &call->inputs[0], out);
+    if (!s)
+        s = check_operand(c, "where", "second input", &call->inputs[1], out);
+    if (!s)
+        s = check_operand(c, "where", "third input", &call->inputs[2], out);
+    if (!s)
+        s = check_dtype(c, "where", "mask", &call->inputs[0], TS_U8);
+    if (!s)
+        s = check_dtype(c, "where", "second input", &call->inputs[1], out->dtype);
+    if (!s)
+        s = check_dtype(c, "where", "third input", &call->inputs[2], out->dtype);
+    if (s)
+        return s;
+    const ts_operand *ops[4] = {out, &call->inputs[0], &call->inputs[1], &call->inputs[2]};
+    cu_ew_arg a;
+    ew_plan(&a, ops, 4);
+    LAUNCH(c, cu_ew_where(c->stream, &a, out->dtype));
+    return TS_OK;
+}
+
+/* ---- reductions and softmax ------------------------------------------------------------ */
+
+/* A dim in [-ndim, ndim) as an index; a 0-d tensor accepts 0 and -1. -1 if out of range. */
+static int norm_dim(int32_t dim, int ndim)
+{
+    int n = ndim > 0 ? ndim : 1;
+    if (dim < -n || dim >= n)
+        return -1;
+    return dim < 0 ? dim + n : dim;
+}
+
+static ts_status check_1in1out(cuda_ctx *c, const ts_kernel_call *call, const char *what,
+                               size_t params_need)
+{
+    ts_status s = check_counts(c, call, what, 1, 1);
+    if (s)
+        return s;
+    if (!call->params || call->params_size < params_need)
+        return FAIL(c, TS_EINVAL, "%s: params missing or too small (%u < %zu)", what,
+                    (unsigned)call->params_size, params_need);
+    s = check_operand(c, what, "input", &call->inputs[0], NULL);
+    if (!s)
+        s = check_operand(c, what, "output", &call->outputs[0], NULL);
+    if (!s && call->inputs[0].ndim != call->outputs[0].ndim)
+        return FAIL(c, TS_ESHAPE, "%s: input has %d dims, output %d (keepdim)", what,
+                    (int)call->inputs[0].ndim, (int)call->outputs[0].ndim);
+    return s;
+}
+
+static ts_status run_reduce(cuda_ctx *c, const ts_kernel_call *call)
+{
+    ts_status s = check_1in1out(c, call, "reduce", sizeof(ts_reduce_params));
+    if (s)
+        return s;
+    const ts_reduce_params *prm = call->params;
+    const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
+    int32_t fn = prm->fn;
+    if (fn < 0 || fn >= TS_REDUCE_COUNT)
+        return FAIL(c, TS_EINVAL, "reduce: unknown function %d", (int)fn);
+    int arg = fn == TS_REDUCE_ARGMAX || fn == TS_REDUCE_ARGMIN;
+    const char *what = reduce_names[fn];
+    if (!is_numeric(in->dtype) || (fn == TS_REDUCE_MEAN && !is_float(in->dtype)))
+        return FAIL(c, TS_ENOTSUP, "reduce %s is not implemented for %s", what,
+                    dtype_name(in->dtype));
+    int32_t want = arg ? TS_I64 : in->dtype;
+    if (out->dtype != want)
+        return FAIL(c, TS_EINVAL, "reduce %s: output is %s, expected %s", what,
+                    dtype_name(out->dtype), dtype_name(want));
+    int dim = -1;
+    if (arg && (dim = norm_dim(prm->dim, in->ndim)) < 0)
+        return FAIL(c, TS_EINVAL, "reduce %s: dim %d out of range for %d dims", what,
+                    (int)prm->dim, (int)in->ndim);
+    cu_rd_arg p;
+    memset(&p, 0, sizeof p);
+    p.fn = fn;
+    p.dtype = in->dtype;
+    p.nout = 1;
+    p.nslice = 1;
+    p.in = cuda_elem0(in);
+    p.out = cuda_elem0(out);
+    for (int d = 0; d < in->ndim; d++) {
+        int64_t ni = in->shape[d], no = out->shape[d];
+        int reduced = arg ? d == dim : no == 1 && ni != 1;
+        if (reduced ? no != 1 : no != ni)
+            return FAIL(c, TS_ESHAPE,
+                        "reduce %s: output size %lld at dim %d, input %lld (expected %s)", what,
+                        (long long)no, d, (long long)ni, reduced ? "1" : "the input's");
+        if (reduced) {
+            p.nslice *= ni;
+            if (p.nred > 0 && p.red_in[p.nred - 1] == in->strides[d] * ni) {
+                p.red_shape[p.nred - 1] *= ni;
+                p.red_in[p.nred - 1] = in->strides[d];
+            } else {
+                p.red_shape[p.nred] = ni;
+                p.red_in[p.nred++] = in->strides[d];
+            }
+        } else if (ni != 1) {
+            p.nout *= ni;
+            p.keep_shape[p.nkeep] = ni;
+            p.keep_in[p.nkeep] = in->strides[d];
+            p.keep_out[p.nkeep++] = out->strides[d];
+        }
+    }
+    if (p.nred == 0) {
+        p.red_shape[0] = 1;
+        p.red_in[0] = 0;
+        p.nred = 1;
+    }
+    if (p.nout == 0)
+        return TS_OK;
+    if (p.nslice == 0 && fn != TS_REDUCE_SUM && fn != TS_REDUCE_MEAN)
+        return FAIL(c, TS_EINVAL,
+                    "reduce %s over an empty dim has no result (input has 0 elements along a "
+                    "reduced dim)",
+                    what);
+    /* Few outputs with long slices: split each slice among blocks, combine in a second pass. */
+    int nparts = 1;
+    if (p.nout < 256 && p.nslice >= 65536) {
+        int64_t want_parts = p.nslice / 32768;
+        nparts = (int)(want_parts > 1024 ? 1024 : want_parts);
+    }
+    void *scratch = NULL;
+    if (nparts > 1 &&
+        (s = cuda_scratch(c, cu_reduce_scratch(p.nout, nparts), "reduce", &scratch)))
+        return s;
+    cudaError_t e = cu_reduce(c->stream, &p, nparts, scratch);
+    cuda_scratch_free(c, scratch);
+    if (e != cudaSuccess)
+        return cuda_fail_cu(c, "cu_reduce (reduction kernel launch)", e);
+    return TS_OK;
+}
+
+static ts_status run_softmax(cuda_ctx *c, const ts_kernel_call *call)
+{
+    int log_form = call->op == TS_OP_LOG_SOFTMAX;
+    const char *what = log_form ? "log_softmax" : "softmax";
+    ts_status s = check_1in1out(c, call, what, sizeof(ts_dim_params));
+    if (s)
+        return s;
+    const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
+    if (!is_float(out->dtype) || in->dtype != out->dtype)
+        return FAIL(c, is_float(in->dtype) ? TS_EINVAL : TS_ENOTSUP,
+                    "%s: input %s, output %s (float32 or float64, the same)", what,
+                    dtype_name(in->dtype), dtype_name(out->dtype));
+    for (int d = 0; d < in->ndim; d++)
+        if (in->shape[d] != out->shape[d])
+            return FAIL(c, TS_ESHAPE, "%s: output size %lld at dim %d, input %lld", what,
+                        (long long)out->shape[d], d, (long long)in->shape[d]);
+    int dim = norm_dim(((const ts_dim_params *)call->params)->dim, in->ndim);
+    if (dim < 0)
+        return FAIL(c, TS_EINVAL, "%s: dim %d out of range for %d dims", what,
+                    (int)((const ts_dim_params *)call->params)->dim, (int)in->ndim);
+    cu_sm_arg a;
+    memset(&a, 0, sizeof a);
+    a.dtype = in->dtype;
+    a.log_form = log_form;
+    a.nslices = 1;
+    for (int d = 0; d < in->ndim; d++) {
+        if (d == dim)
+            continue;
+        a.oshape[a.nouter] = in->shape[d];
+        a.ostr_in[a.nouter] = in->strides[d];
+        a.ostr_out[a.nouter++] = out->strides[d];
+        a.nslices *= in->shape[d];
+    }
+    a.len = in->ndim ? in->shape[dim] : 1;
+    a.sx = in->ndim ? in->strides[dim] : 0;
+    a.sy = in->ndim ? out->strides[dim] : 0;
+    a.in = cuda_elem0(in);
+    a.out = cuda_elem0(out);
+    LAUNCH(c, cu_softmax(c->stream, &a));
+    return TS_OK;
+}
+
+/* ---- index range checks ---------------------------------------------------------------- */
+
+/* Fails with TS_EINVAL naming the first index of v outside [0, hi): "<what>: <noun> <value>
+ * (at position <pos>) ...". */
+static ts_status check_range(cuda_ctx *c, const cu_idx_view *v, int64_t hi, int64_t *bad_pos,
+                             int64_t *bad_val)
+{
+    ts_status s = cuda_flag_reset(c);
+    if (s)
+        return s;
+    LAUNCH(c, cu_find_out_of_range(c->stream, v, hi, c->d_flag));
+    if ((s = cuda_flag_read(c, bad_pos)))
+        return s;
+    *bad_val = 0;
+    if (*bad_pos < 0)
+        return TS_OK;
+    int64_t off = 0, rem = *bad_pos;
+    for (int d = v->ndim - 1; d >= 0; d--) {
+        off += rem % v->shape[d] * v->strides[d];
+        rem /= v->shape[d];
+    }
+    size_t es = v->dtype == TS_I64 ? 8 : 4;
+    int64_t v64 = 0;
+    int32_t v32 = 0;
+    CU_CHECK(c, cudaMemcpyAsync(es == 8 ? (void *)&v64 : (void *)&v32,
+                                (const char *)v->data + off * (int64_t)es, es,
+                                cudaMemcpyDeviceToHost, c->stream));
+    CU_CHECK(c, cudaStreamSynchronize(c->stream));
+    *bad_val = es == 8 ? v64 : v32;
+    return TS_OK;
+}
+
+/* ---- index_select / index_add ---------------------------------------------------------- */
+
+static ts_status run_index(cuda_ctx *c, const ts_kernel_call *call)
+{
+    int add = call->op == TS_OP_INDEX_ADD;
+    const char *name = add ? "index_add" : "index_select";
+    ts_status s = check_counts(c, call, name, 2, 1);
+    if (s)
+        return s;
+    if (!call->params || call->params_size < sizeof(ts_dim_params))
+        return FAIL(c, TS_EINVAL, "%s: missing ts_dim_params", name);
+    const ts_operand *src = &call->inputs[0], *ix = &call->inputs[1], *dst = &call->outputs[0];
+    if ((s = check_operand(c, name, "source", src, NULL)) ||
+        (s = check_operand(c, name, "index", ix, NULL)) ||
+        (s = check_operand(c, name, "output", dst, NULL)))
+        return s;
+    if (src->dtype != dst->dtype)
+        return FAIL(c, TS_EINVAL, "%s: data and output dtypes differ (%d, %d)", name,
+                    (int)src->dtype, (int)dst->dtype);
+    if ((ix->dtype != TS_I64 && ix->dtype != TS_I32) || ix->ndim != 1)
+        return FAIL(c, TS_EINVAL, "%s: the index must be a 1-D TS_I64 or TS_I32 tensor", name);
+    int nd = dst->ndim, dim = ((const ts_dim_params *)call->params)->dim;
+    if (dim < 0)
+        dim += nd;
+    if (src->ndim != nd || nd < 1 || dim < 0 || dim >= nd)
+        return FAIL(c, TS_EINVAL, "%s: dim %d is out of range for %d-D operands", name,
+                    ((const ts_dim_params *)call->params)->dim, nd);
+    int64_t n = ix->shape[0];
+    const ts_operand *full = add ? dst : src, *picked = add ? src : dst;
+    int64_t size = full->shape[dim];
+    int bad = picked->shape[dim] != n;
+    for (int d = 0; d < nd; d++)
+        bad |= d != dim && src->shape[d] != dst->shape[d];
+    if (bad)
+        return FAIL(c, TS_ESHAPE,
+                    "%s: operand shapes disagree outside dim %d, or dim %d of the %s is not the "
+                    "index length %lld",
+                    name, dim, dim, add ? "source" : "output", (long long)n);
+    cu_idx_view v = {.data = cuda_elem0(ix), .dtype = ix->dtype, .ndim = 1,
+                     .shape = {n}, .strides = {ix->strides[0]}};
+    int64_t pos, val;
+    if ((s = check_range(c, &v, size, &pos, &val)))
+        return s;
+    if (pos >= 0)
+        return FAIL(c, TS_EINVAL,
+                    "%s: index %lld (at position %lld) is out of range for dim %d of size %lld",
+                    name, (long long)val, (long long)pos, dim, (long long)size);
+    cu_index_arg a;
+    memset(&a, 0, sizeof a);
+    a.dtype = dst->dtype;
+    a.add = add;
+    a.dim = dim;
+    a.ndim = nd;
+    for (int d = 0; d < nd; d++) {
+        a.shape[d] = picked->shape[d];
+        a.dst_strides[d] = dst->strides[d];
+        a.src_strides[d] = src->strides[d];
+    }
+    a.dst = cuda_elem0(dst);
+    a.src = cuda_elem0(src);
+    a.ix = cuda_elem0(ix);
+    a.ix_dtype = ix->dtype;
+    a.ix_stride = ix->strides[0];
+    LAUNCH(c, cu_index(c->stream, &a));
+    return TS_OK;
+}
+
+/* ---- cross entropy --------------------------------------------------------------------- */
+
+static ts_status run_xent(cuda_ctx *c, const ts_kernel_call *call)
+{
+    int bwd = call->op == TS_OP_CROSS_ENTROPY_BWD;
+    const char *name = bwd ? "cross_entropy_bwd" : "cross_entropy";
+    ts_status s = check_counts(c, call, name, bwd ? 3 : 2, 1);
+    if (s)
+        return s;
+    const ts_operand *x = &call->inputs[0], *t = &call->inputs[1], *out = &call->outputs[0];
+    const ts_operand *gl = bwd ? &call->inputs[2] : NULL;
+    if ((s = check_operand(c, name, "logits", x, NULL)) ||
+        (s = check_operand(c, name, "targets", t, NULL)) ||
+        (s = check_operand(c, name, "output", out, NULL)) ||
+        (gl && (s = check_operand(c, name, "gloss", gl, NULL))))
+        return s;
+    int32_t dt = x->dtype;
+    if (!is_float(dt) || out->dtype != dt || (gl && gl->dtype != dt) ||
+        (t->dtype != TS_I64 && t->dtype != TS_I32))
+        return FAIL(c, TS_EINVAL,
+                    "%s: logits%s and %s need the same float dtype, targets TS_I64 or TS_I32",
+                    name, bwd ? ", gloss" : "", bwd ? "glogits" : "loss");
+    if (x->ndim != 2 || t->ndim != 1 || out->ndim != (bwd ? 2 : 1) || (gl && gl->ndim != 1))
+        return FAIL(c, TS_ESHAPE, "%s: logits must be (N, C), targets%s (N) and %s", name,
+                    bwd ? " and gloss" : "", bwd ? "glogits (N, C)" : "loss (N)");
+    int64_t N = x->shape[0], C = x->shape[1];
+    if (t->shape[0] != N || out->shape[0] != N || (bwd && out->shape[1] != C) ||
+        (gl && gl->shape[0] != N))
+        return FAIL(c, TS_ESHAPE,
+                    "%s: logits are (%lld, %lld), so targets%s must be (%lld) and %s (%lld%s)",
+                    name, (long long)N, (long long)C, gl ? " and gloss" : "", (long long)N,
+                    bwd ? "glogits" : "loss", (long long)N, bwd ? ", C" : "");
+    cu_idx_view v = {.data = cuda_elem0(t), .dtype = t->dtype, .ndim = 1,
+                     .shape = {N}, .strides = {t->strides[0]}};
+    int64_t pos, val;
+    if ((s = check_range(c, &v, C, &pos, &val)))
+        return s;
+    if (pos >= 0)
+        return FAIL(c, TS_EINVAL,
+                    "%s: target %lld of sample %lld is out of range [0, C) for C = %lld", name,
+                    (long long)val, (long long)pos, (long long)C);
+    cu_xent_arg a;
+    memset(&a, 0, sizeof a);
+    a.dtype = dt;
+    a.tdtype = t->dtype;
+    a.bwd = bwd;
+    a.N = N;
+    a.C = C;
+    a.x = cuda_elem0(x);
+    a.xs0 = x->strides[0];
+    a.xs1 = x->strides[1];
+    a.t = cuda_elem0(t);
+    a.ts = t->strides[0];
+    a.gl = gl ? cuda_elem0(gl) : NULL;
+    a.gls = gl ? gl->strides[0] : 0;
+    a.out = cuda_elem0(out);
+    a.os0 = out->strides[0];
+    a.os1 = bwd ? out->strides[1] : 0;
+    LAUNCH(c, cu_cross_entropy(c->stream, &a));
+    return TS_OK;
+}
+
+/* ---- pooling --------------------------------------------------------------------------- */
+
+static cu_t4 t4(const ts_operand *o)
+{
+    cu_t4 t;
+    t.p = cuda_elem0(o);
+    for (int d = 0; d < 4; d++) {
+        t.n[d] = o->shape[d];
+        t.s[d] = o->strides[d];
+    }
+    return t;
+}
+
+static ts_status pool_check(cuda_ctx *c, const char *name, const ts_pool2d_params *p,
+                            const ts_operand *x, const ts_operand *y, const ts_operand *ix,
+                            const char *yname)
+{
+    ts_status s;
+    if ((s = check_operand(c, name, "x", x, NULL)) || (s = check_operand(c, name, yname, y, NULL)) ||
+        (ix && (s = check_operand(c, name, "indices", ix, NULL))))
+        return s;
+    if (x->dtype != y->dtype || (ix && ix->dtype != TS_I64))
+        return FAIL(c, TS_EINVAL, "%s: x and %s need the same dtype, indices TS_I64", name,
+                    yname);
+    if (!is_float(x->dtype))
+        return FAIL(c, TS_ENOTSUP, "%s is not implemented for %s", name, dtype_name(x->dtype));
+    if (x->ndim != 4 || y->ndim != 4 || (ix && ix->ndim != 4))
+        return FAIL(c, TS_ESHAPE, "%s: operands must be 4-D (N, C, H, W)", name);
+    if (p->kernel_h < 1 || p->kernel_w < 1 || p->stride_h < 1 || p->stride_w < 1 ||
+        p->pad_h < 0 || p->pad_w < 0 || p->pad_h > p->kernel_h / 2 || p->pad_w > p->kernel_w / 2)
+        return FAIL(c, TS_EINVAL,
+                    "%s: kernel (%d, %d) and stride (%d, %d) must be >= 1 and padding (%d, %d) "
+                    "between 0 and half the kernel",
+                    name, (int)p->kernel_h, (int)p->kernel_w, (int)p->stride_h,
+                    (int)p->stride_w, (int)p->pad_h, (int)p->pad_w);
+    int64_t H = x->shape[2], W = x->shape[3];
+    int64_t hspan = H + 2 * (int64_t)p->pad_h - p->kernel_h;
+    int64_t wspan = W + 2 * (int64_t)p->pad_w - p->kernel_w;
+    if (hspan < 0 || wspan < 0)
+        return FAIL(c, TS_EINVAL, "%s: kernel %dx%d is larger than the padded %lldx%lld input",
+                    name, (int)p->kernel_h, (int)p->kernel_w, (long long)H, (long long)W);
+    int64_t P = hspan / p->stride_h + 1, Q = wspan / p->stride_w + 1;
+    int bad = y->shape[0] != x->shape[0] || y->shape[1] != x->shape[1] || y->shape[2] != P ||
+              y->shape[3] != Q;
+    for (int d = 0; ix && d < 4; d++)
+        bad |= ix->shape[d] != y->shape[d];
+    if (bad)
+        return FAIL(c, TS_ESHAPE,
+                    "%s: %s is (%lld, %lld, %lld, %lld), expected (%lld, %lld, %lld, %lld)%s",
+                    name, yname, (long long)y->shape[0], (long long)y->shape[1],
+                    (long long)y->shape[2], (long long)y->shape[3], (long long)x->shape[0],
+                    (long long)x->shape[1], (long long)P, (long long)Q,
+                    ix ? " (indices too)" : "");
+    return TS_OK;
+}
+
+/* in, when it shares memory with out, copied into dense pool scratch (*buf, freed by the
+ * caller); else in itself. */
+static ts_status unalias(cuda_ctx *c, const ts_operand *in, const ts_operand *out,
+                         const char *tag, ts_operand *copy, void **buf)
+{
+    *copy = *in;
+    if (!ts_hostkern_overlaps(in, out))
+        return TS_OK;
+    ts_status s = cuda_scratch(c, (size_t)numel(in) * cuda_dtype_size(in->dtype), tag, buf);
+    if (s)
+        return s;
+    *copy = ts_hostkern_dense_like(in, *buf);
+    return cuda_copy_strided(c, copy, in);
+}
+
+static ts_status run_pool(cuda_ctx *c, const ts_kernel_call *call)
+{
+    int is_max = call->op == TS_OP_MAXPOOL2D;
+    const char *name = is_max ? "maxpool2d" : "avgpool2d";
+    if (call->ninputs != 1 || call->noutputs < 1 || call->noutputs > (is_max ? 2 : 1))
+        return FAIL(c, TS_EINVAL, "%s: expects 1 input and %s output(s), got %d and %d", name,
+                    is_max ? "1 or 2" : "1", (int)call->ninputs, (int)call->noutputs);
+    if (!call->params || call->params_size < sizeof(ts_pool2d_params))
+        return FAIL(c, TS_EINVAL, "%s: missing ts_pool2d_params", name);
+    const ts_pool2d_params *p = call->params;
+    const ts_operand *x = &call->inputs[0], *y = &call->outputs[0];
+    const ts_operand *ix = call->noutputs == 2 ? &call->outputs[1] : NULL;
+    ts_status s = pool_check(c, name, p, x, y, ix, "y");
+    if (s)
+        return s;
+    cu_t4 tx = t4(x), ty = t4(y), tix;
+    if (ix)
+        tix = t4(ix);
+    LAUNCH(c, cu_pool2d(c->stream, x->dtype, is_max, p, &tx, &ty, ix ? &tix : NULL));
+    return TS_OK;
+}
+
+static ts_status run_pool_bwd(cuda_ctx *c, const ts_kernel_call *call)
+{
+    int is_max = call->op == TS_OP_MAXPOOL2D_BWD;
+    const char *name = is_max ? "maxpool2d_bwd" : "avgpool2d_bwd";
+    if (call->ninputs != (is_max ? 2 : 1) || call->noutputs != 1)
+        return FAIL(c, TS_EINVAL, "%s: expects %s and 1 output, got %d and %d", name,
+                    is_max ? "2 inputs (gy, indices)" : "1 input (gy)", (int)call->ninputs,
+                    (int)call->noutputs);
+    if (!call->params || call->params_size < sizeof(ts_pool2d_params))
+        return FAIL(c, TS_EINVAL, "%s: missing ts_pool2d_params", name);
+    const ts_pool2d_params *p = call->params;
+    const ts_operand *gy = &call->inputs[0], *gx = &call->outputs[0];
+    const ts_operand *ix = is_max ? &call->inputs[1] : NULL;
+    ts_status s = pool_check(c, name, p, gx, gy, ix, "gy");
+    if (s || numel(gx) == 0)
+        return s;
+    int64_t H = gx->shape[2], W = gx->shape[3];
+    if (ix) {
+        cu_idx_view v = {.data = cuda_elem0(ix), .dtype = TS_I64, .ndim = 4};
+        for (int d = 0; d < 4; d++) {
+            v.shape[d] = ix->shape[d];
+            v.strides[d] = ix->strides[d];
+        }
+        int64_t pos, val;
+        if ((s = check_range(c, &v, H * W, &pos, &val)))
+            return s;
+        if (pos >= 0) {
+            int64_t i3 = pos % ix->shape[3], i2 = pos / ix->shape[3] % ix->shape[2];
+            int64_t i1 = pos / (ix->shape[3] * ix->shape[2]) % ix->shape[1];
+            int64_t i0 = pos / (ix->shape[3] * ix->shape[2] * ix->shape[1]);
+            return FAIL(c, TS_EINVAL,
+                        "%s: index %lld at (%lld, %lld, %lld, %lld) is outside the %lldx%lld "
+                        "plane",
+                        name, (long long)val, (long long)i0, (long long)i1, (long long)i2,
+                        (long long)i3, (long long)H, (long long)W);
+        }
+    }
+    /* gx is written (zeroed, for max) before gy is read: inputs sharing its memory are read
+     * from copies. */
+    ts_operand gyc, ixc;
+    void *gybuf = NULL, *ixbuf = NULL;
+    if ((s = unalias(c, gy, gx, name, &gyc, &gybuf)))
+        goto done;
+    if (ix && (s = unalias(c, ix, gx, name, &ixc, &ixbuf)))
+        goto done;
+    if (ix) {
+        const ts_operand *ops[1] = {gx};
+        cu_ew_arg a;
+        ew_plan(&a, ops, 1);
+        cudaError_t e = cu_ew_fill(c->stream, &a, gx->dtype, 0.0);
+        if (e != cudaSuccess) {
+            s = cuda_fail_cu(c, "cu_ew_fill (zeroing gx)", e);
+            goto done;
+        }
+    }
+    cu_t4 tgy = t4(&gyc), tgx = t4(gx), tix;
+    if (ix)
+        tix = t4(&ixc);
+    cudaError_t e = cu_pool2d_bwd(c->stream, gx->dtype, p, &tgy, ix ? &tix : NULL, &tgx);
+    if (e != cudaSuccess)
+        s = cuda_fail_cu(c, "cu_pool2d_bwd (pooling backward launch)", e);
+done:
+    cuda_scratch_free(c, ixbuf);
+    cuda_scratch_free(c, gybuf);
+    return s;
+}
+
+/* ---- optimizers ------------------------------------------------------------------------ */
+
+static int dense_like(const ts_operand *a, const ts_operand *b)
+{
+    if (a->dtype != b->dtype || a->ndim != b->ndim)
+        return 0;
+    int64_t acc = 1;
+    for (int d = a->ndim - 1; d >= 0; d--) {
+        if (a->shape[d] != b->shape[d])
+            return 0;
+        if (a->shape[d] != 1 && (a->strides[d] != acc || b->strides[d] != acc))
+            return 0;
+        acc *= a->shape[d];
+    }
+    return 1;
+}
+
+static ts_status run_optim(cuda_ctx *c, const ts_kernel_call *call)
+{
+    if (call->op == TS_OP_SGD_STEP) {
+        const ts_sgd_params *P = call->params;
+        if (!P || call->params_size < sizeof *P || call->ninputs != 1 || call->noutputs < 1)
+            return FAIL(c, TS_EINVAL, "sgd_step: expected the grad, the parameter and params");
+        int mom = P->momentum != 0;
+        if (mom && call->noutputs < 2)
+            return FAIL(c, TS_EINVAL, "sgd_step: momentum needs a buffer");
+        if (!is_float(call->inputs[0].dtype))
+            return FAIL(c, TS_ENOTSUP, "sgd_step is not implemented for %s",
+                        dtype_name(call->inputs[0].dtype));
+        for (int i = 0; i < 1 + mom; i++)
+            if (!dense_like(&call->outputs[i], &call->inputs[0]))
+                return FAIL(c, TS_EINVAL, "sgd_step: operands must be dense and alike");
+        LAUNCH(c, cu_sgd(c->stream, call->inputs[0].dtype, numel(&call->inputs[0]),
+                         cuda_elem0(&call->inputs[0]), cuda_elem0(&call->outputs[0]),
+                         mom ? cuda_elem0(&call->outputs[1]) : NULL, P));
+        return TS_OK;
+    }
+    const ts_adam_params *P = call->params;
+    if (!P || call->params_size < sizeof *P || call->ninputs != 1 || call->noutputs != 3 ||
+        P->step < 1)
+        return FAIL(c, TS_EINVAL, "adam_step: expected the grad, the parameter, two moments and "
+                                  "params with step >= 1");
+    if (!is_float(call->inputs[0].dtype))
+        return FAIL(c, TS_ENOTSUP, "adam_step is not implemented for %s",
+                    dtype_name(call->inputs[0].dtype));
+    for (int i = 0; i < 3; i++)
+        if (!dense_like(&call->outputs[i], &call->inputs[0]))
+            return FAIL(c, TS_EINVAL, "adam_step: operands must be dense and alike");
+    LAUNCH(c, cu_adam(c->stream, call->inputs[0].dtype, numel(&call->inputs[0]),
+                      cuda_elem0(&call->inputs[0]), cuda_elem0(&call->outputs[0]),
+                      cuda_elem0(&call->outputs[1]), cuda_elem0(&call->outputs[2]), P));
+    return TS_OK;
+}
+
+/* ---- entry points ---------------------------------------------------------------------- */
+
+int cuda_ops_supports(int32_t op, int32_t dtype)
+{
+    if (dtype < 0 || dtype >= TS_DTYPE_COUNT)
+        return 0;
+    switch (op) {
+    case TS_OP_COPY:
+    case TS_OP_CAST:
+    case TS_OP_FILL:
+    case TS_OP_WHERE:
+    case TS_OP_BINARY: /* uint8 output: the comparisons */
+    case TS_OP_BINARY_SCALAR:
+    case TS_OP_INDEX_SELECT:
+    case TS_OP_INDEX_ADD:
+        return 1;
+    case TS_OP_UNARY:
+        return dtype != TS_U8;
+    case TS_OP_REDUCE:
+        return is_numeric(dtype); /* int64 output: also argmax / argmin */
+    case TS_OP_SOFTMAX:
+    case TS_OP_LOG_SOFTMAX:
+    case TS_OP_CROSS_ENTROPY:
+    case TS_OP_CROSS_ENTROPY_BWD:
+    case TS_OP_MAXPOOL2D:
+    case TS_OP_AVGPOOL2D:
+    case TS_OP_MAXPOOL2D_BWD:
+    case TS_OP_AVGPOOL2D_BWD:
+    case TS_OP_SGD_STEP:
+    case TS_OP_ADAM_STEP:
+        return is_float(dtype);
+    default:
+        return 0;
+    }
+}
+
+ts_status cuda_ops_run(cuda_ctx *c, const ts_kernel_call *call)
+{
+    switch (call->op) {
+    case TS_OP_COPY:
+    case TS_OP_CAST: return run_copy_cast(c, call);
+    case TS_OP_FILL: return run_fill(c, call);
+    case TS_OP_UNARY: return run_unary(c, call);
+    case TS_OP_BINARY: return run_binary(c, call);
+    case TS_OP_BINARY_SCALAR: return run_binary_scalar(c, call);
+    case TS_OP_WHERE: return run_where(c, call);
+    case TS_OP_REDUCE: return run_reduce(c, call);
+    case TS_OP_SOFTMAX:
+    case TS_OP_LOG_SOFTMAX: return run_softmax(c, call);
+    case TS_OP_INDEX_SELECT:
+    case TS_OP_INDEX_ADD: return run_index(c, call);
+    case TS_OP_CROSS_ENTROPY:
+    case TS_OP_CROSS_ENTROPY_BWD: return run_xent(c, call);
+    case TS_OP_MAXPOOL2D:
+    case TS_OP_AVGPOOL2D: return run_pool(c, call);
+    case TS_OP_MAXPOOL2D_BWD:
+    case TS_OP_AVGPOOL2D_BWD: return run_pool_bwd(c, call);
+    case TS_OP_SGD_STEP:
+    case TS_OP_ADAM_STEP: return run_optim(c, call);
+    default: return TS_ENOTSUP;
+    }
+}
