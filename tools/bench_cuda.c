@@ -36,6 +36,79 @@ static double now(void)
 #ifdef TS_HAVE_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+
+/* The raw baselines call the CUDA runtime and cuBLAS through dlopen, so that the tessera
+ * command itself never depends on CUDA's libraries (only the cuda plugin does): on a machine
+ * where they are missing, every other command still runs and this one says why. */
+static struct {
+    __typeof__(cudaSetDevice) *SetDevice;
+    __typeof__(cudaMalloc) *Malloc;
+    __typeof__(cudaFree) *Free;
+    __typeof__(cudaMemset) *Memset;
+    __typeof__(cudaMemcpy) *Memcpy;
+    __typeof__(cudaDeviceSynchronize) *DeviceSynchronize;
+    __typeof__(cudaGetErrorString) *GetErrorString;
+    __typeof__(cublasCreate_v2) *BlasCreate;
+    __typeof__(cublasDestroy_v2) *BlasDestroy;
+    __typeof__(cublasSgemm_v2) *Sgemm;
+} cu;
+
+static void *open_first(const char *const *names)
+{
+    for (; *names; names++) {
+        void *h = dlopen(*names, RTLD_NOW | RTLD_LOCAL);
+        if (h)
+            return h;
+    }
+    return NULL;
+}
+
+/* 0 when every symbol was found; else prints why. The handles stay open until exit. */
+static int cuda_syms_load(void)
+{
+    static const char *const rt[] = {TS_CUDA_LIBDIR "/libcudart.so", "libcudart.so.13",
+                                     "libcudart.so.12", "libcudart.so", NULL};
+    static const char *const blas[] = {TS_CUDA_LIBDIR "/libcublas.so", "libcublas.so.13",
+                                       "libcublas.so.12", "libcublas.so", NULL};
+    void *hr = open_first(rt), *hb = hr ? open_first(blas) : NULL;
+    if (!hr || !hb) {
+        fprintf(stderr, "tessera bench cuda: cannot load %s for the baselines: %s\n",
+                hr ? "cuBLAS" : "the CUDA runtime", dlerror());
+        return 1;
+    }
+#define SYM(h, field, name)                                                                 \
+    if (!(*(void **)&cu.field = dlsym(h, name))) {                                          \
+        fprintf(stderr, "tessera bench cuda: %s has no %s\n", #h, name);                    \
+        return 1;                                                                           \
+    }
+    SYM(hr, SetDevice, "cudaSetDevice")
+    SYM(hr, Malloc, "cudaMalloc")
+    SYM(hr, Free, "cudaFree")
+    SYM(hr, Memset, "cudaMemset")
+    SYM(hr, Memcpy, "cudaMemcpy")
+    SYM(hr, DeviceSynchronize, "cudaDeviceSynchronize")
+    SYM(hr, GetErrorString, "cudaGetErrorString")
+    SYM(hb, BlasCreate, "cublasCreate_v2")
+    SYM(hb, BlasDestroy, "cublasDestroy_v2")
+    SYM(hb, Sgemm, "cublasSgemm_v2")
+#undef SYM
+    return 0;
+}
+
+#undef cublasCreate
+#undef cublasDestroy
+#undef cublasSgemm
+#define cudaSetDevice cu.SetDevice
+#define cudaMalloc cu.Malloc
+#define cudaFree cu.Free
+#define cudaMemset cu.Memset
+#define cudaMemcpy cu.Memcpy
+#define cudaDeviceSynchronize cu.DeviceSynchronize
+#define cudaGetErrorString cu.GetErrorString
+#define cublasCreate cu.BlasCreate
+#define cublasDestroy cu.BlasDestroy
+#define cublasSgemm cu.Sgemm
 
 /* Training steps per second of `model` at batch 256 on dev: warm-up, then `steps` timed. */
 static ts_status train_rate(ts_device *dev, const char *model, int steps, double *rate)
@@ -252,6 +325,10 @@ int cli_bench_cuda(int argc, char **argv, const cli_common *common)
     ts_device *dev = NULL;
     if ((s = ts_device_get("cuda", &dev))) {
         fprintf(stderr, "tessera bench cuda: no GPU: %s\nnothing measured\n", ts_last_error());
+        ts_shutdown();
+        return 1;
+    }
+    if (cuda_syms_load()) {
         ts_shutdown();
         return 1;
     }
