@@ -1231,6 +1231,37 @@ static void check_errors(checker *c)
             any = 1;
         }
     }
+    /* Every claimed op, called with no operands at all: an error, not a crash. */
+    int nbad = 0, nclaimed = 0;
+    char first_bad[160] = "";
+    for (int32_t op = TS_OP_NONE + 1; op < TS_OP_COUNT; op++) {
+        int32_t dt = 0;
+        while (dt < TS_DTYPE_COUNT && !ts_device_supports(c->dev, op, dt))
+            dt++;
+        if (dt == TS_DTYPE_COUNT)
+            continue;
+        nclaimed++;
+        ts_operand none[1];
+        memset(none, 0, sizeof none);
+        ts_kernel_call call = {.struct_size = sizeof call, .op = op, .inputs = none,
+                               .outputs = none};
+        ts_clear_error();
+        ts_status s = ts_device_run(c->dev, &call);
+        if (s == TS_OK || !ts_last_error()[0]) {
+            if (!nbad++)
+                snprintf(first_bad, sizeof first_bad, "%s returned %s%s", ts_op_name(op),
+                         ts_status_name(s), s ? " without a message" : "");
+        }
+    }
+    if (nclaimed) {
+        if (nbad)
+            report(c, 0, "errors: every claimed op refuses a call without operands",
+                   "%s (and %d more)", first_bad, nbad - 1);
+        else
+            report(c, 1, "errors: every claimed op refuses a call without operands", "%d ops",
+                   nclaimed);
+        any = 1;
+    }
     if (!any)
         report(c, -1, "errors: kernel argument checks", "the plugin claims no kernel with a "
                "documented error (index, target, integer division, conv params)");

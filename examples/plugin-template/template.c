@@ -8,6 +8,8 @@
  * them in template_supports. `tessera plugin-check ./template.so` checks it.
  *
  * It includes nothing from tessera but <tessera/plugin.h> and never links libtessera. */
+#define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c11 */
+
 #include <stdlib.h>
 #include <string.h>
 
