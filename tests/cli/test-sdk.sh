@@ -22,8 +22,9 @@ bin=$(find "$ROOT" -type f -path '*/bin/tessera' | head -1)
 lib=$(find "$ROOT" -name 'libtessera.so*' | head -1)
 plugins=$(find "$ROOT" -type d -path '*/tessera/plugins' | head -1)
 if [ -n "$pc" ] && [ -f "$tmpl/Makefile" ] && [ -f "$tmpl/template.c" ] && [ -x "$bin" ] &&
-    [ -n "$lib" ] && find "$ROOT" -name writing-a-plugin.md | grep -q .; then
-    ok "make install DESTDIR puts the headers, tessera-plugin.pc, the guide and the template in place"
+    [ -n "$lib" ] && find "$ROOT" -name writing-a-plugin.md | grep -q . &&
+    [ -d "$plugins" ] && ! ls "$plugins"/*.la >/dev/null 2>&1; then
+    ok "make install DESTDIR puts the headers, tessera-plugin.pc, the guide, the template and the plugins (no .la) in place"
 else
     fail "make install DESTDIR puts the headers, tessera-plugin.pc, the guide and the template in place" \
         "pc=$pc tmpl=$tmpl bin=$bin lib=$lib" "$(cd "$ROOT" && find . | head -50)"
