@@ -14,7 +14,7 @@ static const char usage[] =
     "commands:\n"
     "  info [--json]     version, configuration, plugins found, devices and pools\n"
     "  train [...]       train a model on Fashion-MNIST (tessera train --help)\n"
-    "  plugin-check NAME|PATH.so  run the plugin conformance suite on a plugin\n"
+    "  plugin-check NAME conformance suite of a plugin, by NAME or PATH.so\n"
     "  bench pool [...]  caching pool vs malloc/free on a training-like size mix\n"
     "  bench ops [...]   matmul vs cblas_sgemm, add vs memcpy, small-op overhead\n"
     "  bench autograd    cost of recording the graph: time per op, memory per step\n"
