@@ -1104,7 +1104,7 @@ static void check_kernels(checker *c)
         }
     if (!claimed)
         report(c, -1, "kernels", "the plugin claims none%s",
-               (ts_device_desc(c->dev)->struct_size > offsetof(ts_plugin_desc, flags) &&
+               (TS_HAS_MEMBER(ts_device_desc(c->dev), ts_plugin_desc, flags) &&
                 (ts_device_desc(c->dev)->flags & TS_PLUGIN_HOST_MEMORY))
                    ? " (the core runs its reference kernels on its host memory)"
                    : "");
