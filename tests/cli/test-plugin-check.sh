@@ -14,7 +14,11 @@ check_plugin() {
         skip "plugin-check $1" "the $1 plugin is not built"
         return
     fi
-    out=$("$TESSERA" plugin-check "$1" 2>&1)
+    # LeakSanitizer's exit-time tracer crashes once oneDNN's primitives have run their threads
+    # (see tests/plugins/test-onednn.c): leak-check every plugin but that one.
+    lsan=""
+    [ "${TS_SANITIZERS:-no}" = yes ] && [ "$1" = cpu_onednn ] && lsan="detect_leaks=0"
+    out=$(ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}$lsan" "$TESSERA" plugin-check "$1" 2>&1)
     rc=$?
     if [ $rc -eq 0 ] && contains "$out" "plugin-check $1:" && contains "$out" " 0 failed" &&
         ! contains "$out" "FAIL"; then
@@ -32,7 +36,10 @@ else
     skip "plugin-check cuda" "no cuda plugin built or no GPU"
 fi
 
-out=$("$TESSERA" plugin-check --quick "$FIXTURES/badkernel.so" 2>&1)
+# The fixture mallocs its blocks: AddressSanitizer would abort on the 4 EiB request that a
+# plain build's malloc refuses with NULL.
+out=$(ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1" \
+    "$TESSERA" plugin-check --quick "$FIXTURES/badkernel.so" 2>&1)
 rc=$?
 if [ $rc -eq 1 ] && contains "$out" "FAIL  kernel: copy float32" &&
     contains "$out" "FAIL  pool: statistics" && contains "$out" "PASS  descriptor: name" &&
