@@ -5,7 +5,11 @@
  * 20 MiB segments, large ones from segments of at least 64 MiB that later host any large
  * request (or exactly their rounded size when the limit is near); blocks are
  * split when the remainder is worth keeping and coalesced with free neighbours at once, so a
- * loop whose shapes repeat stops calling the raw allocator. docs/memory.md has the design.
+ * loop whose shapes repeat stops calling the raw allocator. When the plugin hands over a
+ * virtual-memory allocator (ts_raw_vm), every block over 1 MiB comes instead from one
+ * reserved address range whose committed part grows and shrinks at its end (an expandable
+ * segment): free space there always merges, as in one unbounded heap. docs/memory.md has the
+ * design.
  * Block headers live in host memory, never in the (possibly device) memory handed out. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -64,6 +68,9 @@ struct segment {
     segment *prev, *next;   /* every segment of the pool */
     segment *wprev, *wnext; /* segments that are one whole free block */
     int whole;
+    int expandable;         /* the vm range: size is the committed prefix of span */
+    size_t span;            /* bytes of address space reserved (expandable only) */
+    block *last;            /* the block at the highest address */
 };
 
 /* Free lists, one per size class, and a bitmap of the non-empty ones. */
@@ -81,6 +88,8 @@ struct ts_pool {
     pthread_mutex_t lock;
     char *name;
     ts_raw_allocator raw;
+    ts_raw_vm vm;       /* vm.reserve is NULL without one */
+    segment *arena;     /* the expandable segment, once reserved */
     size_t user_align;  /* opts->alignment: what the raw allocator guarantees */
     size_t align;       /* granularity of small blocks: max(user_align, MIN_ALIGN) */
     size_t large_round; /* granularity of large blocks */
@@ -195,8 +204,8 @@ static void bins_remove(ts_pool *p, block *b)
  * much smaller request (it would pin the whole segment); such requests get their own. */
 static int fits(const block *b, size_t s)
 {
-    return b->size >= s &&
-           (b->size < HUGE_BLOCK || s >= b->size - (b->size >> HUGE_SLACK_SHIFT));
+    return b->size >= s && (b->size < HUGE_BLOCK || b->seg->expandable ||
+                            s >= b->size - (b->size >> HUGE_SLACK_SHIFT));
 }
 
 /* Best fit among the first SCAN_MAX blocks of s's own class, else of the next non-empty
@@ -349,13 +358,140 @@ static block *map_take(ts_pool *p, uintptr_t addr)
 
 /* ---- segments ----------------------------------------------------------------------------- */
 
-typedef enum grow_result { GROW_OK, GROW_LIMIT, GROW_RAW_FAILED, GROW_ERROR } grow_result;
+typedef enum grow_result { GROW_OK, GROW_LIMIT, GROW_RAW_FAILED, GROW_ERROR, GROW_NO_VM }
+    grow_result;
+
+/* Reserves the expandable segment's address space: the reserve limit, or the vm's own figure
+ * without one. GROW_NO_VM when there is none to be had: the pool then uses plain segments. */
+static grow_result arena_reserve(ts_pool *p, ts_status *err)
+{
+    size_t g = p->vm.granularity;
+    uint64_t want = p->st.reserve_limit ? p->st.reserve_limit : p->vm.max_reserve;
+    if (want < g || want > MAX_REQUEST)
+        return GROW_NO_VM;
+    size_t span = (size_t)want / g * g;
+    segment *sg = malloc(sizeof *sg);
+    if (!sg) {
+        *err = ts__fail(TS_ENOMEM, "pool '%s': out of host memory for the pool's bookkeeping",
+                        p->name);
+        return GROW_ERROR;
+    }
+    void *base = NULL;
+    ts_clear_error();
+    if (p->vm.reserve(p->vm.user, span, &base) != TS_OK || !base || (uintptr_t)base % g) {
+        char sz[32];
+        ts__log(TS_LOG_WARN, "pool '%s': reserving %s of address space failed (%s); using "
+                "separate segments instead of one expandable segment", p->name,
+                ts__fmt_bytes(sz, span), ts_last_error());
+        if (base)
+            p->vm.release(p->vm.user, base, span);
+        free(sg);
+        p->vm.reserve = NULL;
+        return GROW_NO_VM;
+    }
+    *sg = (segment){.base = (uintptr_t)base, .size = 0, .kind = KIND_LARGE,
+                    .birth = p->births++, .next = p->segs, .expandable = 1, .span = span};
+    if (p->segs)
+        p->segs->prev = sg;
+    p->segs = sg;
+    p->arena = sg;
+    return GROW_OK;
+}
+
+/* Commits enough at the end of the expandable segment to hold s bytes in its last block and
+ * returns that block, in no free list. */
+static grow_result arena_grow(ts_pool *p, size_t s, block **out, ts_status *err,
+                              char *raw_msg, size_t raw_msg_size)
+{
+    if (!p->arena) {
+        grow_result g = arena_reserve(p, err);
+        if (g != GROW_OK)
+            return g;
+    }
+    segment *sg = p->arena;
+    block *top = sg->last && sg->last->is_free ? sg->last : NULL;
+    size_t have = top ? top->size : 0;
+    size_t more = have >= s ? 0 : round_up(s - have, p->vm.granularity);
+    uint64_t limit = p->st.reserve_limit;
+    if (more > sg->span - sg->size)
+        return p->st.reserve_limit ? GROW_LIMIT : GROW_NO_VM;
+    if (limit && p->st.reserved + more > limit)
+        return GROW_LIMIT;
+    if (more) {
+        ts_clear_error();
+        ts_status st = p->vm.commit(p->vm.user, (void *)(sg->base + sg->size), more);
+        if (st != TS_OK) {
+            snprintf(raw_msg, raw_msg_size, "%s", ts_last_error());
+            return GROW_RAW_FAILED;
+        }
+        p->st.n_raw_alloc++;
+        p->st.reserved += more;
+        if (p->st.reserved > p->st.peak_reserved)
+            p->st.peak_reserved = p->st.reserved;
+    }
+    block *b = top;
+    if (b) {
+        bins_remove(p, b);
+        b->size += more;
+    } else {
+        b = spare_take(p);
+        b->addr = sg->base + sg->size;
+        b->size = more;
+        b->seg = sg;
+        b->prev = sg->last;
+        if (sg->last)
+            sg->last->next = b;
+        else
+            sg->first = b;
+        sg->last = b;
+    }
+    sg->size += more;
+    *out = b;
+    return GROW_OK;
+}
+
+/* Decommits free space at the end of the expandable segment (the granularity allowing): all
+ * of it, or (all == 0) what brings the cache under cache_limit. A wholly free segment is left
+ * to release_whole, which returns it in one piece. */
+static void arena_trim(ts_pool *p, int all)
+{
+    segment *sg = p->arena;
+    if (!sg || sg->whole || !sg->last || !sg->last->is_free)
+        return;
+    block *t = sg->last;
+    size_t keep = round_up(t->addr - sg->base, p->vm.granularity);
+    if (keep >= sg->size)
+        return;
+    size_t cut = sg->size - keep;
+    uint64_t cached = p->st.reserved - p->st.in_use;
+    if (!all && cached - p->st.cache_limit < cut)
+        cut = round_up(cached - p->st.cache_limit, p->vm.granularity);
+    keep = sg->size - cut;
+    bins_remove(p, t);
+    p->vm.decommit(p->vm.user, (void *)(sg->base + keep), cut);
+    p->st.n_raw_free++;
+    p->st.reserved -= cut;
+    sg->size = keep;
+    t->size -= cut;
+    if (t->size) {
+        bins_insert(p, t);
+    } else { /* t was not the first block, or the segment would have been whole */
+        sg->last = t->prev;
+        t->prev->next = NULL;
+        spare_put(p, t);
+    }
+}
 
 /* Obtains a segment able to hold s bytes and returns its single block, not in any free list.
  * On GROW_RAW_FAILED, raw_msg holds the raw allocator's message (if it left one). */
 static grow_result grow(ts_pool *p, size_t s, int kind, block **out, ts_status *err,
                         char *raw_msg, size_t raw_msg_size)
 {
+    if (p->vm.reserve && p->caching && kind == KIND_LARGE) {
+        grow_result g = arena_grow(p, s, out, err, raw_msg, raw_msg_size);
+        if (g != GROW_NO_VM)
+            return g;
+    }
     uint64_t limit = p->st.reserve_limit;
     size_t want = !p->caching ? s
                   : kind == KIND_SMALL ? SMALL_SEGMENT
@@ -410,6 +546,7 @@ static grow_result grow(ts_pool *p, size_t s, int kind, block **out, ts_status *
     b->size = want;
     b->seg = sg;
     sg->first = b;
+    sg->last = b;
     *out = b;
     return GROW_OK;
 }
@@ -425,7 +562,12 @@ static void release_segment(ts_pool *p, block *b)
         p->segs = sg->next;
     if (sg->next)
         sg->next->prev = sg->prev;
-    p->raw.free(p->raw.user, (void *)sg->base, sg->size);
+    if (sg->expandable) {
+        p->vm.release(p->vm.user, (void *)sg->base, sg->span);
+        p->arena = NULL;
+    } else {
+        p->raw.free(p->raw.user, (void *)sg->base, sg->size);
+    }
     p->st.n_raw_free++;
     p->st.reserved -= sg->size;
     spare_put(p, b);
@@ -436,6 +578,8 @@ static void release_segment(ts_pool *p, block *b)
  * the cached bytes fit under cache_limit. */
 static void release_whole(ts_pool *p, int all)
 {
+    if (all || p->st.reserved - p->st.in_use > p->st.cache_limit)
+        arena_trim(p, all);
     while (p->n_whole && (all || p->st.reserved - p->st.in_use > p->st.cache_limit)) {
         segment *pick = p->whole;
         for (segment *sg = pick->wnext; sg; sg = sg->wnext)
@@ -451,7 +595,10 @@ static void release_whole(ts_pool *p, int all)
 static void split(ts_pool *p, block *b, size_t s)
 {
     size_t rest = b->size - s;
-    if (b->seg->kind != KIND_SMALL ? rest <= LARGE_SPLIT_MIN : rest < p->align)
+    size_t keep = b->seg->expandable ? p->large_round /* the rest merges again later */
+                  : b->seg->kind != KIND_SMALL ? LARGE_SPLIT_MIN + 1
+                                               : p->align;
+    if (rest < keep)
         return;
     block *r = spare_take(p);
     r->addr = b->addr + s;
@@ -463,6 +610,8 @@ static void split(ts_pool *p, block *b, size_t s)
         b->next->prev = r;
     b->next = r;
     b->size = s;
+    if (!r->next)
+        r->seg->last = r;
     bins_insert(p, r);
 }
 
@@ -476,6 +625,8 @@ static void coalesce_insert(ts_pool *p, block *b)
         b->next = n->next;
         if (n->next)
             n->next->prev = b;
+        else
+            b->seg->last = b;
         spare_put(p, n);
     }
     if (q && q->is_free) {
@@ -484,6 +635,8 @@ static void coalesce_insert(ts_pool *p, block *b)
         q->next = b->next;
         if (b->next)
             b->next->prev = q;
+        else
+            q->seg->last = q;
         spare_put(p, b);
         b = q;
     }
@@ -573,6 +726,21 @@ static ts_status pool_create(const ts_pool_options *opts, const ts_raw_allocator
     p->st.cache_limit = TS_HAS_MEMBER(opts, ts_pool_options, cache_limit)
                             ? opts->cache_limit : (uint64_t)512 * MIB;
     p->caching = TS_HAS_MEMBER(opts, ts_pool_options, caching) ? opts->caching != 0 : 1;
+    const ts_raw_vm *vm = TS_HAS_MEMBER(opts, ts_pool_options, vm) ? opts->vm : NULL;
+    if (vm) {
+        size_t g = TS_HAS_MEMBER(vm, ts_raw_vm, decommit) ? vm->granularity : 0;
+        if (!g || (g & (g - 1)) || g < p->large_round || !vm->reserve || !vm->release ||
+            !vm->commit || !vm->decommit) {
+            size_t need = p->large_round;
+            pthread_mutex_destroy(&p->lock);
+            free(p->name);
+            free(p);
+            return ts__fail(TS_EINVAL, "pool '%s': ts_raw_vm needs struct_size >= %zu, all four "
+                            "calls and a power-of-two granularity >= %zu (got %zu)", name,
+                            sizeof(ts_raw_vm), need, g);
+        }
+        p->vm = *vm;
+    }
     registry_add(p);
     *out = p;
     return TS_OK;
@@ -617,7 +785,10 @@ static void pool_destroy(ts_pool *p)
     }
     for (segment *sg = p->segs, *next; sg; sg = next) {
         next = sg->next;
-        p->raw.free(p->raw.user, (void *)sg->base, sg->size);
+        if (sg->expandable)
+            p->vm.release(p->vm.user, (void *)sg->base, sg->span);
+        else
+            p->raw.free(p->raw.user, (void *)sg->base, sg->size);
         p->st.n_raw_free++;
         free(sg);
     }
@@ -681,7 +852,7 @@ static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **p
     int kind = s <= SMALL_MAX ? KIND_SMALL : KIND_LARGE;
     if (kind != KIND_SMALL) {
         s = round_up(s, p->large_round);
-        if (s <= MEDIUM_MAX)
+        if (s <= MEDIUM_MAX && !p->vm.reserve) /* the expandable segment takes both */
             kind = KIND_MEDIUM;
     }
 
@@ -704,7 +875,8 @@ static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **p
     } else {
         p->st.cache_misses++;
         grow_result g = grow(p, s, kind, &b, &st, raw_msg, sizeof raw_msg);
-        if ((g == GROW_LIMIT || g == GROW_RAW_FAILED) && p->n_whole) {
+        if ((g == GROW_LIMIT || g == GROW_RAW_FAILED) &&
+            (p->n_whole || (p->arena && p->arena->last && p->arena->last->is_free))) {
             /* The cache may hold what the limit or the device lacks: give it back, once. */
             release_whole(p, 1);
             g = grow(p, s, kind, &b, &st, raw_msg, sizeof raw_msg);
@@ -770,7 +942,7 @@ static void pool_free(ts_pool *p, void *ptr)
         release_segment(p, b);
     } else {
         coalesce_insert(p, b);
-        if (p->n_whole && p->st.reserved - p->st.in_use > p->st.cache_limit)
+        if (p->st.reserved - p->st.in_use > p->st.cache_limit)
             release_whole(p, 0);
     }
     if (hooks) {

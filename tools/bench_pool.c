@@ -1,13 +1,23 @@
 /* tools/bench_pool.c: `tessera bench pool`: the caching pool (core/pool.c) against glibc
- * malloc/free on one pre-generated sequence of alloc+free pairs: sizes drawn from a fixed
- * set of tensor-like shapes, log-uniform between 64 B and 64 MiB, with a working set of live
- * blocks freed in random order (not LIFO). The first half of the sequence warms up; the
- * second half is timed and counted. The memory handed out is never touched, on either side. */
+ * malloc/free on pre-generated event sequences (each event frees a slot's block, then
+ * allocates a new one into the slot, or only frees), with sizes from a fixed set of 48
+ * tensor-like shapes, log-uniform between 64 B and 64 MiB. Two mixes:
+ *  - training: a 32-layer network's step (forward keeps two activations per layer and uses a
+ *    workspace, backward frees them in reverse while gradients come and go, the optimizer
+ *    uses a temporary per layer; weights and Adam state stay live), repeated step after step;
+ *  - random: a working set of live blocks replaced in random order (not LIFO), a step of 1000
+ *    replacements repeating (or never, --no-repeat): a stress test of fragmentation.
+ * The first half of each sequence warms up; the second half is timed and counted. The memory
+ * handed out is never touched, on either side. Next to the pool's peak reserved / peak in
+ * use, the same run reports what an ideal non-moving allocator gets on the same sequence: one
+ * unbounded address range (no segment boundaries), best fit by address, free neighbours
+ * coalesced at once. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <tessera/tessera.h>
@@ -20,6 +30,28 @@ extern const ts_pool_api ts__pool_api;
 #define NSHAPES 48
 #define MIN_BYTES 64.0
 #define MAX_BYTES (64.0 * 1024 * 1024)
+#define LAYERS 32
+#define ARENA_ALIGN 64
+
+/* Free the slot's block (if any), then allocate size bytes into it unless size is 0. */
+typedef struct event {
+    uint32_t slot;
+    size_t size;
+} event;
+
+typedef struct sequence {
+    const char *mix;
+    event *ev;
+    size_t n, cap;
+    size_t timed_from; /* index of the first timed event */
+    uint32_t nslots;
+    uint64_t warm_allocs, timed_allocs;
+} sequence;
+
+typedef struct result {
+    double ns_malloc, ns_pool, per1000, ratio, arena_ratio;
+    uint64_t raw_warmup, peak_reserved, peak_in_use;
+} result;
 
 typedef struct raw_counter {
     uint64_t n_alloc;
@@ -39,6 +71,37 @@ static void raw_free(void *user, void *ptr, size_t nbytes)
     (void)user;
     (void)nbytes;
     free(ptr);
+}
+
+/* The expandable segment over mmap, as the CPU plugins have it (plugins/common/hostdev.c). */
+static ts_status vm_reserve(void *user, size_t nbytes, void **base)
+{
+    (void)user;
+    void *p = mmap(NULL, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    *base = p == MAP_FAILED ? NULL : p;
+    return p == MAP_FAILED ? TS_ENOMEM : TS_OK;
+}
+
+static void vm_release(void *user, void *base, size_t nbytes)
+{
+    (void)user;
+    munmap(base, nbytes);
+}
+
+static ts_status vm_commit(void *user, void *addr, size_t nbytes)
+{
+    raw_counter *c = user;
+    if (mmap(addr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+             0) == MAP_FAILED)
+        return TS_ENOMEM;
+    c->n_alloc++;
+    return TS_OK;
+}
+
+static void vm_decommit(void *user, void *addr, size_t nbytes)
+{
+    (void)user;
+    mmap(addr, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
 }
 
 /* xorshift64*: the same sequence on every machine. */
@@ -80,15 +143,308 @@ static int parse_u64(const char *s, uint64_t *out)
     return 1;
 }
 
+/* ---- the sequences ------------------------------------------------------------------------ */
+
+static int push(sequence *q, uint32_t slot, size_t size)
+{
+    if (q->n == q->cap) {
+        size_t cap = q->cap ? 2 * q->cap : 4096;
+        event *ev = realloc(q->ev, cap * sizeof *ev);
+        if (!ev)
+            return 0;
+        q->ev = ev;
+        q->cap = cap;
+    }
+    q->ev[q->n++] = (event){slot, size};
+    if (slot >= q->nslots)
+        q->nslots = slot + 1;
+    return 1;
+}
+
+static void make_shapes(uint64_t *rng, size_t shapes[NSHAPES])
+{
+    for (int k = 0; k < NSHAPES; k++) {
+        /* 64 B * 2^(20 k / 47), the fraction of each octave linearised (no libm) */
+        double e = 20.0 * k / (NSHAPES - 1);
+        int ip = (int)e;
+        double v = MIN_BYTES * (double)(1ull << ip) * (1.0 + (e - ip));
+        shapes[k] = (size_t)v / 4 * 4 + 4 * (next_rand(rng) % 16); /* not all round */
+    }
+}
+
+/* Random replacement: wset slots filled, then 2 * pairs replacements; a step of `step`
+ * replacements repeats unless step is 0. */
+static int make_random(sequence *q, uint64_t seed, uint64_t pairs, uint64_t wset, uint64_t step)
+{
+    size_t shapes[NSHAPES];
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull | 1;
+    make_shapes(&rng, shapes);
+    uint64_t n = wset + 2 * pairs;
+    for (uint64_t i = 0; i < n; i++) {
+        if (i == wset + pairs)
+            q->timed_from = q->n;
+        event e;
+        if (step && i >= wset + step) {
+            e = q->ev[i - step];
+        } else {
+            e.slot = i < wset ? (uint32_t)i : (uint32_t)(next_rand(&rng) % wset);
+            e.size = shapes[next_rand(&rng) % NSHAPES];
+        }
+        if (!push(q, e.slot, e.size))
+            return 0;
+    }
+    return 1;
+}
+
+/* One training step of a LAYERS-deep network whose activation and weight sizes are drawn
+ * from the shapes; the weights, their gradients and two Adam moments stay live (slots 0 ..
+ * 4 LAYERS - 1, allocated before the first step). */
+static int make_training(sequence *q, uint64_t seed, uint64_t pairs)
+{
+    size_t shapes[NSHAPES], act[LAYERS], wgt[LAYERS];
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull | 1;
+    make_shapes(&rng, shapes);
+    for (int l = 0; l < LAYERS; l++) {
+        act[l] = shapes[next_rand(&rng) % NSHAPES];
+        wgt[l] = shapes[next_rand(&rng) % NSHAPES];
+    }
+    enum { W = 0, Z = 4 * LAYERS, A = Z + LAYERS, TMP = A + LAYERS, LOSS, GOUT, GIN, GZ, GW };
+    for (uint32_t l = 0; l < LAYERS; l++)
+        for (uint32_t k = 0; k < 4; k++)
+            if (!push(q, W + 4 * l + k, wgt[l]))
+                return 0;
+    uint64_t allocs = 0;
+    while (allocs < 2 * pairs) {
+        if (allocs >= pairs && !q->timed_from)
+            q->timed_from = q->n;
+        size_t n0 = q->n;
+        int ok = 1;
+        for (uint32_t l = 0; l < LAYERS; l++) /* forward */
+            ok &= push(q, Z + l, act[l]) && push(q, TMP, act[l]) && push(q, TMP, 0) &&
+                  push(q, A + l, act[l]);
+        ok &= push(q, LOSS, 64) && push(q, GOUT, act[LAYERS - 1]) && push(q, LOSS, 0);
+        uint32_t gout = GOUT, gin = GIN;
+        for (uint32_t l = LAYERS; l-- > 0;) { /* backward, then the layer's optimizer step */
+            ok &= push(q, GZ, act[l]) && push(q, gout, 0) && push(q, A + l, 0) &&
+                  push(q, GW, wgt[l]) && push(q, Z + l, 0);
+            if (l)
+                ok &= push(q, gin, act[l - 1]);
+            ok &= push(q, GZ, 0) && push(q, TMP, wgt[l]) && push(q, TMP, 0) && push(q, GW, 0);
+            uint32_t t = gout;
+            gout = gin;
+            gin = t;
+        }
+        if (!ok)
+            return 0;
+        for (size_t i = n0; i < q->n; i++)
+            allocs += q->ev[i].size != 0;
+    }
+    return 1;
+}
+
+static void count_allocs(sequence *q)
+{
+    for (size_t i = 0; i < q->n; i++) {
+        if (!q->ev[i].size)
+            continue;
+        if (i < q->timed_from)
+            q->warm_allocs++;
+        else
+            q->timed_allocs++;
+    }
+}
+
+/* ---- the ideal non-moving allocator -------------------------------------------------------- */
+
+typedef struct span {
+    uint64_t addr, size;
+} span;
+
+/* Peak top of the address range / peak bytes in use for best fit by address over one
+ * unbounded range, sizes rounded to ARENA_ALIGN like the pool's. Returns 0 on allocation
+ * failure of its own bookkeeping. */
+static double arena_ratio(const sequence *q)
+{
+    span *holes = malloc((q->nslots + 2) * sizeof *holes), *live = calloc(q->nslots, sizeof *live);
+    if (!holes || !live) {
+        free(holes);
+        free(live);
+        return 0;
+    }
+    size_t nh = 0;
+    uint64_t top = 0, peak_top = 0, in_use = 0, peak_in_use = 0;
+    for (size_t i = 0; i < q->n; i++) {
+        span *b = &live[q->ev[i].slot];
+        if (b->size) { /* free: insert by address, merge with neighbours or the top */
+            uint64_t a = b->addr, s = b->size;
+            in_use -= s;
+            b->size = 0;
+            size_t j = 0;
+            while (j < nh && holes[j].addr < a)
+                j++;
+            if (j < nh && holes[j].addr == a + s) {
+                s += holes[j].size;
+                memmove(holes + j, holes + j + 1, (nh - j - 1) * sizeof *holes);
+                nh--;
+            }
+            if (j > 0 && holes[j - 1].addr + holes[j - 1].size == a) {
+                a = holes[j - 1].addr;
+                s += holes[j - 1].size;
+                memmove(holes + j - 1, holes + j, (nh - j) * sizeof *holes);
+                nh--;
+                j--;
+            }
+            if (a + s == top) {
+                top = a;
+            } else {
+                memmove(holes + j + 1, holes + j, (nh - j) * sizeof *holes);
+                holes[j] = (span){a, s};
+                nh++;
+            }
+        }
+        uint64_t s = (q->ev[i].size + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        if (!s)
+            continue;
+        size_t best = nh;
+        for (size_t j = 0; j < nh; j++)
+            if (holes[j].size >= s && (best == nh || holes[j].size < holes[best].size))
+                best = j;
+        if (best < nh) {
+            b->addr = holes[best].addr;
+            holes[best].addr += s;
+            holes[best].size -= s;
+            if (!holes[best].size) {
+                memmove(holes + best, holes + best + 1, (nh - best - 1) * sizeof *holes);
+                nh--;
+            }
+        } else {
+            b->addr = top;
+            top += s;
+        }
+        b->size = s;
+        in_use += s;
+        if (in_use > peak_in_use)
+            peak_in_use = in_use;
+        if (top > peak_top)
+            peak_top = top;
+    }
+    free(holes);
+    free(live);
+    return peak_in_use ? (double)peak_top / (double)peak_in_use : 0;
+}
+
+/* ---- the runs ------------------------------------------------------------------------------- */
+
+static int run(const sequence *q, uint64_t cache_limit, int use_vm, result *r)
+{
+    void **live = calloc(q->nslots, sizeof *live);
+    if (!live) {
+        fprintf(stderr, "tessera: error: bench pool: out of memory for the sequence\n");
+        return 0;
+    }
+    double t = 0;
+    for (size_t i = 0; i < q->n; i++) {
+        if (i == q->timed_from)
+            t = now_ns();
+        free(live[q->ev[i].slot]);
+        live[q->ev[i].slot] = q->ev[i].size ? malloc(q->ev[i].size) : NULL;
+    }
+    r->ns_malloc = (now_ns() - t) / (double)q->timed_allocs;
+    for (uint32_t i = 0; i < q->nslots; i++) {
+        free(live[i]);
+        live[i] = NULL;
+    }
+
+    raw_counter rc = {0};
+    ts_raw_allocator raw = {.user = &rc, .alloc = raw_alloc, .free = raw_free};
+    ts_raw_vm vm = {.struct_size = sizeof vm, .user = &rc, .granularity = (size_t)2 << 20,
+                    .max_reserve = (uint64_t)64 << 30, .reserve = vm_reserve,
+                    .release = vm_release, .commit = vm_commit, .decommit = vm_decommit};
+    ts_pool_options o = {.struct_size = sizeof o, .name = "bench", .alignment = 64,
+                         .reserve_limit = 0, .cache_limit = cache_limit, .caching = 1,
+                         .vm = use_vm ? &vm : NULL};
+    ts_pool *pool = NULL;
+    ts_status st = ts__pool_api.create(&o, &raw, &pool);
+    if (st != TS_OK)
+        goto fail;
+    for (size_t i = 0; i < q->n; i++) {
+        if (i == q->timed_from) {
+            r->raw_warmup = rc.n_alloc;
+            t = now_ns();
+        }
+        ts__pool_api.free(pool, live[q->ev[i].slot]);
+        live[q->ev[i].slot] = NULL;
+        if (q->ev[i].size) {
+            st = ts__pool_api.alloc(pool, q->ev[i].size, "bench", &live[q->ev[i].slot]);
+            if (st != TS_OK)
+                goto fail;
+        }
+    }
+    r->ns_pool = (now_ns() - t) / (double)q->timed_allocs;
+    r->per1000 = 1000.0 * (double)(rc.n_alloc - r->raw_warmup) / (double)q->timed_allocs;
+    ts_memory_stats s = {.struct_size = sizeof s};
+    ts__pool_api.stats(pool, &s);
+    for (uint32_t i = 0; i < q->nslots; i++)
+        ts__pool_api.free(pool, live[i]);
+    ts__pool_api.destroy(pool);
+    free(live);
+    r->peak_reserved = s.peak_reserved;
+    r->peak_in_use = s.peak_in_use;
+    r->ratio = s.peak_in_use ? (double)s.peak_reserved / (double)s.peak_in_use : 0;
+    r->arena_ratio = arena_ratio(q);
+    return 1;
+
+fail:
+    fprintf(stderr, "tessera: error: bench pool: %s\n", ts_last_error());
+    ts__pool_api.destroy(pool); /* reports and returns what is still live */
+    free(live);
+    return 0;
+}
+
+static void print_text(const sequence *q, const result *r)
+{
+    char b1[32], b2[32];
+    if (!strcmp(q->mix, "training"))
+        printf("training mix: a %d-layer network's steps (activations kept for backward, "
+               "freed in reverse), %llu allocations timed after %llu of warm-up\n",
+               LAYERS, (unsigned long long)q->timed_allocs, (unsigned long long)q->warm_allocs);
+    else
+        printf("random mix: %u live blocks replaced in random order, %llu allocations timed "
+               "after %llu of warm-up\n", q->nslots, (unsigned long long)q->timed_allocs,
+               (unsigned long long)q->warm_allocs);
+    printf("  malloc/free     %10.1f ns per pair\n", r->ns_malloc);
+    printf("  tessera pool    %10.1f ns per pair  (%.1fx faster)\n", r->ns_pool,
+           r->ns_malloc / r->ns_pool);
+    printf("  raw allocations %10.3f per 1000 pairs in steady state (%llu during warm-up)\n",
+           r->per1000, (unsigned long long)r->raw_warmup);
+    printf("  peak reserved   %s for a peak in use of %s (ratio %.3f; an ideal non-moving "
+           "allocator: %.3f)\n", fmt_bytes((double)r->peak_reserved, b1, sizeof b1),
+           fmt_bytes((double)r->peak_in_use, b2, sizeof b2), r->ratio, r->arena_ratio);
+}
+
+static void print_json(const sequence *q, const result *r)
+{
+    printf("\"%s\": {\"allocations\": %llu, \"warmup_allocations\": %llu, \"slots\": %u, "
+           "\"malloc_ns_per_pair\": %.1f, \"pool_ns_per_pair\": %.1f, \"speedup\": %.2f, "
+           "\"raw_allocs_per_1000_pairs\": %.3f, \"warmup_raw_allocs\": %llu, "
+           "\"peak_reserved\": %llu, \"peak_in_use\": %llu, \"reserved_over_peak_in_use\": %.3f, "
+           "\"ideal_reserved_over_peak_in_use\": %.3f}",
+           q->mix, (unsigned long long)q->timed_allocs, (unsigned long long)q->warm_allocs,
+           q->nslots, r->ns_malloc, r->ns_pool, r->ns_malloc / r->ns_pool, r->per1000,
+           (unsigned long long)r->raw_warmup, (unsigned long long)r->peak_reserved,
+           (unsigned long long)r->peak_in_use, r->ratio, r->arena_ratio);
+}
+
 #define USAGE                                                                              \
-    "usage: tessera bench pool [--pairs N] [--working-set N] [--step N | --no-repeat] "        \
-    "[--seed N] [--cache-limit BYTES] [--json]\n"
+    "usage: tessera bench pool [--mix training|random|all] [--pairs N] [--working-set N] "     \
+    "[--step N | --no-repeat] [--seed N] [--cache-limit BYTES] [--no-expandable] [--json]\n"
 
 int cli_bench_pool(int argc, char **argv)
 {
     uint64_t pairs = 200000, wset = 64, step = 1000, seed = 1;
     uint64_t cache_limit = UINT64_MAX; /* the steady state is the point; see docs/memory.md */
-    int json = 0;
+    int json = 0, mixes = 3;           /* bit 0: training, bit 1: random */
+    int use_vm = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         uint64_t *dst = !strcmp(a, "--pairs") ? &pairs
@@ -102,8 +458,15 @@ int cli_bench_pool(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--no-expandable")) {
+            use_vm = 0;
         } else if (!strcmp(a, "--no-repeat")) {
             step = 0;
+        } else if (!strcmp(a, "--mix") && i + 1 < argc &&
+                   (!strcmp(argv[i + 1], "training") || !strcmp(argv[i + 1], "random") ||
+                    !strcmp(argv[i + 1], "all"))) {
+            i++;
+            mixes = !strcmp(argv[i], "training") ? 1 : !strcmp(argv[i], "random") ? 2 : 3;
         } else if (dst && i + 1 < argc && parse_u64(argv[i + 1], dst)) {
             i++;
         } else {
@@ -111,127 +474,43 @@ int cli_bench_pool(int argc, char **argv)
             return 2;
         }
     }
+    if (wset > UINT32_MAX) {
+        fprintf(stderr, "tessera: error: bench pool: --working-set is at most %u\n", UINT32_MAX);
+        return 2;
+    }
 
-    /* The sequence: 2 * pairs (slot, size) pairs after filling the working set; a training
-     * step of `step` pairs repeats (the same shapes in the same order), unless --no-repeat. */
-    size_t shapes[NSHAPES];
-    uint64_t rng = seed * 0x9E3779B97F4A7C15ull | 1;
-    for (int k = 0; k < NSHAPES; k++) {
-        /* 64 B * 2^(20 k / 47), the fraction of each octave linearised (no libm) */
-        double e = 20.0 * k / (NSHAPES - 1);
-        int ip = (int)e;
-        double v = MIN_BYTES * (double)(1ull << ip) * (1.0 + (e - ip));
-        shapes[k] = (size_t)v / 4 * 4 + 4 * (next_rand(&rng) % 16); /* not all round */
-    }
-    uint64_t nsteps = wset + 2 * pairs;
-    uint32_t *slot = malloc(nsteps * sizeof *slot);
-    size_t *size = malloc(nsteps * sizeof *size);
-    void **live = calloc(wset, sizeof *live);
-    if (!slot || !size || !live) {
-        fprintf(stderr, "tessera: error: bench pool: out of memory for the sequence\n");
-        free(slot);
-        free(size);
-        free(live);
-        return 1;
-    }
-    for (uint64_t i = 0; i < nsteps; i++) {
-        if (step && i >= wset + step) {
-            slot[i] = slot[i - step];
-            size[i] = size[i - step];
+    if (json)
+        printf("{\"seed\": %llu, \"shapes\": %d, \"min_bytes\": %.0f, \"max_bytes\": %.0f, "
+               "\"expandable_segments\": %s, \"cache_limit\": ", (unsigned long long)seed,
+               NSHAPES, MIN_BYTES, MAX_BYTES, use_vm ? "true" : "false");
+    if (json && cache_limit != UINT64_MAX)
+        printf("%llu", (unsigned long long)cache_limit);
+    else if (json)
+        printf("null");
+    int rc = 0;
+    for (int m = 0; m < 2 && !rc; m++) {
+        if (!(mixes & (1 << m)))
             continue;
+        sequence q = {.mix = m == 0 ? "training" : "random"};
+        result r = {0};
+        int ok = m == 0 ? make_training(&q, seed, pairs)
+                        : make_random(&q, seed, pairs, wset, step);
+        if (!ok)
+            fprintf(stderr, "tessera: error: bench pool: out of memory for the sequence\n");
+        count_allocs(&q);
+        if (ok && run(&q, cache_limit, use_vm, &r)) {
+            if (json) {
+                printf(", ");
+                print_json(&q, &r);
+            } else {
+                print_text(&q, &r);
+            }
+        } else {
+            rc = 1;
         }
-        slot[i] = i < wset ? (uint32_t)i : (uint32_t)(next_rand(&rng) % wset);
-        size[i] = shapes[next_rand(&rng) % NSHAPES];
+        free(q.ev);
     }
-
-    /* malloc/free */
-    double t_malloc = 0;
-    for (uint64_t i = 0; i < nsteps; i++) {
-        if (i == wset + pairs)
-            t_malloc = now_ns();
-        free(live[slot[i]]);
-        live[slot[i]] = malloc(size[i]);
-    }
-    t_malloc = now_ns() - t_malloc;
-    for (uint64_t i = 0; i < wset; i++) {
-        free(live[i]);
-        live[i] = NULL;
-    }
-
-    /* the pool */
-    raw_counter rc = {0};
-    ts_raw_allocator raw = {.user = &rc, .alloc = raw_alloc, .free = raw_free};
-    ts_pool_options o = {.struct_size = sizeof o, .name = "bench", .alignment = 64,
-                         .reserve_limit = 0, .cache_limit = cache_limit, .caching = 1};
-    ts_pool *pool = NULL;
-    ts_status st = ts__pool_api.create(&o, &raw, &pool);
-    if (st != TS_OK) {
-        fprintf(stderr, "tessera: error: bench pool: %s\n", ts_last_error());
-        goto fail;
-    }
-    double t_pool = 0;
-    uint64_t raw_warmup = 0;
-    for (uint64_t i = 0; i < nsteps; i++) {
-        if (i == wset + pairs) {
-            raw_warmup = rc.n_alloc;
-            t_pool = now_ns();
-        }
-        ts__pool_api.free(pool, live[slot[i]]);
-        st = ts__pool_api.alloc(pool, size[i], "bench", &live[slot[i]]);
-        if (st != TS_OK) {
-            fprintf(stderr, "tessera: error: bench pool: %s\n", ts_last_error());
-            goto fail;
-        }
-    }
-    t_pool = now_ns() - t_pool;
-    uint64_t raw_steady = rc.n_alloc - raw_warmup;
-    ts_memory_stats s = {.struct_size = sizeof s};
-    ts__pool_api.stats(pool, &s);
-    for (uint64_t i = 0; i < wset; i++)
-        ts__pool_api.free(pool, live[i]);
-    ts__pool_api.destroy(pool);
-    pool = NULL;
-
-    double ns_malloc = t_malloc / (double)pairs, ns_pool = t_pool / (double)pairs;
-    double per1000 = 1000.0 * (double)raw_steady / (double)pairs;
-    double ratio = s.peak_in_use ? (double)s.peak_reserved / (double)s.peak_in_use : 0;
-    char climit[32] = "null";
-    if (cache_limit != UINT64_MAX)
-        snprintf(climit, sizeof climit, "%llu", (unsigned long long)cache_limit);
-    if (json) {
-        printf("{\"pairs\": %llu, \"working_set\": %llu, \"shapes\": %d, \"min_bytes\": %.0f, "
-               "\"max_bytes\": %.0f, \"malloc_ns_per_pair\": %.1f, \"pool_ns_per_pair\": %.1f, "
-               "\"speedup\": %.2f, \"raw_allocs_per_1000_pairs\": %.3f, "
-               "\"warmup_raw_allocs\": %llu, \"peak_reserved\": %llu, \"peak_in_use\": %llu, "
-               "\"reserved_over_peak_in_use\": %.3f, \"cache_limit\": %s}\n",
-               (unsigned long long)pairs, (unsigned long long)wset, NSHAPES, MIN_BYTES,
-               MAX_BYTES, ns_malloc, ns_pool, ns_malloc / ns_pool, per1000,
-               (unsigned long long)raw_warmup, (unsigned long long)s.peak_reserved,
-               (unsigned long long)s.peak_in_use, ratio, climit);
-    } else {
-        char b1[32], b2[32];
-        printf("pool benchmark: %llu alloc+free pairs timed after %llu of warm-up; %d shapes "
-               "from 64 B to 64 MiB (log-uniform), %llu live blocks\n",
-               (unsigned long long)pairs, (unsigned long long)pairs, NSHAPES,
-               (unsigned long long)wset);
-        printf("  malloc/free     %10.1f ns per pair\n", ns_malloc);
-        printf("  tessera pool    %10.1f ns per pair  (%.1fx faster)\n", ns_pool,
-               ns_malloc / ns_pool);
-        printf("  raw allocations %10.3f per 1000 pairs in steady state (%llu during warm-up)\n",
-               per1000, (unsigned long long)raw_warmup);
-        printf("  peak reserved   %s for a peak in use of %s (ratio %.3f)\n",
-               fmt_bytes((double)s.peak_reserved, b1, sizeof b1),
-               fmt_bytes((double)s.peak_in_use, b2, sizeof b2), ratio);
-    }
-    free(slot);
-    free(size);
-    free(live);
-    return 0;
-
-fail:
-    ts__pool_api.destroy(pool); /* reports and returns what is still live */
-    free(slot);
-    free(size);
-    free(live);
-    return 1;
+    if (json)
+        printf("}\n");
+    return rc;
 }

@@ -100,8 +100,8 @@ static void check_descriptor(checker *c)
            TS_PLUGIN_ABI_MINOR,
            d->abi_minor > TS_PLUGIN_ABI_MINOR ? " (a newer minor than the host: rebuild against "
                                                 "these headers)" : "");
-    /* struct_size must match the size of the ABI minor it claims (1.0: up to run). */
-    size_t want = d->abi_minor == 0 ? offsetof(ts_plugin_desc, flags) : sizeof(ts_plugin_desc);
+    /* struct_size must match the size of the ABI minor it claims (1.0 and 1.1: up to run). */
+    size_t want = d->abi_minor < 2 ? offsetof(ts_plugin_desc, flags) : sizeof(ts_plugin_desc);
     report(c, d->abi_minor > TS_PLUGIN_ABI_MINOR || d->struct_size == want, "abi: struct_size",
            "%u bytes for ABI %u.%u (expected %zu)", (unsigned)d->struct_size,
            (unsigned)d->abi_major, (unsigned)d->abi_minor, want);

@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 #define TS_PLUGIN_ABI_MAJOR 1
-#define TS_PLUGIN_ABI_MINOR 1
+#define TS_PLUGIN_ABI_MINOR 2
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
@@ -152,6 +152,26 @@ typedef struct ts_raw_allocator {
     void (*free)(void *user, void *ptr, size_t nbytes);
 } ts_raw_allocator;
 
+/* Optional (ABI 1.1): a raw allocator that can reserve address space and back pieces of it
+ * with memory. Given one, the pool keeps every block over 1 MiB in a single range that grows
+ * and shrinks at its end (an "expandable segment"): free neighbours always merge, so there is
+ * no fragmentation between separate raw allocations. Host memory: mmap; CUDA: the driver's
+ * cuMemAddressReserve/cuMemCreate/cuMemMap. */
+typedef struct ts_raw_vm {
+    uint32_t struct_size; /* sizeof(ts_raw_vm) */
+    void *user;           /* handed back to every call */
+    size_t granularity;   /* power of two >= the pool's alignment: commit sizes and offsets */
+    uint64_t max_reserve; /* address space to reserve when the pool has no reserve_limit */
+    /* Reserve nbytes of address space, no memory; the base is aligned to granularity. */
+    ts_status (*reserve)(void *user, size_t nbytes, void **base);
+    /* Give back a whole reservation (committed parts included). */
+    void (*release)(void *user, void *base, size_t nbytes);
+    /* Back [addr, addr + nbytes) of a reservation with memory; TS_ENOMEM when there is none. */
+    ts_status (*commit)(void *user, void *addr, size_t nbytes);
+    /* Return the memory behind [addr, addr + nbytes); the addresses stay reserved. */
+    void (*decommit)(void *user, void *addr, size_t nbytes);
+} ts_raw_vm;
+
 typedef struct ts_pool_options {
     uint32_t struct_size;   /* sizeof(ts_pool_options) */
     const char *name;       /* used in messages and statistics: the plugin's name */
@@ -159,6 +179,7 @@ typedef struct ts_pool_options {
     uint64_t reserve_limit; /* most bytes reserved from the raw allocator; 0 = no limit */
     uint64_t cache_limit;   /* most bytes kept in free lists */
     int32_t caching;        /* 0: frees go straight back to the raw allocator */
+    const ts_raw_vm *vm;    /* ABI 1.1, optional (NULL): an expandable segment; copied */
 } ts_pool_options;
 
 typedef struct ts_pool ts_pool;
@@ -486,12 +507,12 @@ typedef struct ts_plugin_desc {
     /* (optional) Runs one kernel. */
     ts_status (*run)(void *ctx, const ts_kernel_call *call);
 
-    /* ---- ABI 1.1 ---- */
+    /* ---- ABI 1.2 ---- */
     /* TS_PLUGIN_* bits; 0 = none. Read only when the descriptor's struct_size covers it. */
     uint64_t flags;
 } ts_plugin_desc;
 
-/* Bits of ts_plugin_desc.flags (ABI 1.1). */
+/* Bits of ts_plugin_desc.flags (ABI 1.2). */
 /* The pointers alloc returns are ordinary host addresses the host's CPU may read and write
  * directly (copy_h2d/d2h are plain memory copies). The core then runs its reference host
  * kernels for every op/dtype that supports() does not claim, so a plugin may implement as few

@@ -5,7 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+/* Commits go in steps of this: a step's pages are mapped and faulted in at once. */
+#define VM_GRANULARITY ((size_t)2 << 20)
 
 static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
 {
@@ -26,6 +30,47 @@ static void raw_free(void *user, void *ptr, size_t nbytes)
     (void)user;
     (void)nbytes;
     free(ptr);
+}
+
+/* The expandable segment's address space: mapped PROT_NONE without a commit charge, then
+ * mapped over read-write (charged, pages faulted in like raw_alloc's memset) piece by piece
+ * from its start, and mapped back to PROT_NONE when the pool trims its end. */
+static ts_status vm_reserve(void *user, size_t nbytes, void **base)
+{
+    ts_hostdev *hd = user;
+    void *p = mmap(NULL, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return hd->host->fail(hd->host, TS_ENOMEM, "plugin '%s': reserving %zu bytes of "
+                              "address space: %s", hd->name, nbytes, strerror(errno));
+    *base = p;
+    return TS_OK;
+}
+
+static void vm_release(void *user, void *base, size_t nbytes)
+{
+    (void)user;
+    munmap(base, nbytes);
+}
+
+static ts_status vm_commit(void *user, void *addr, size_t nbytes)
+{
+    ts_hostdev *hd = user;
+    void *p = mmap(addr, nbytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED)
+        return hd->host->fail(hd->host, TS_ENOMEM, "plugin '%s': committing %zu bytes: %s",
+                              hd->name, nbytes, strerror(errno));
+    return TS_OK;
+}
+
+static void vm_decommit(void *user, void *addr, size_t nbytes)
+{
+    (void)user;
+    /* A fresh PROT_NONE mapping drops the pages and the commit charge; should the kernel
+     * refuse (it does not), the pages are at least given back. */
+    if (mmap(addr, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+             -1, 0) == MAP_FAILED)
+        madvise(addr, nbytes, MADV_DONTNEED);
 }
 
 ts_status ts_hostdev_init(ts_hostdev *hd, const ts_host *host, const char *name,
@@ -52,6 +97,12 @@ ts_status ts_hostdev_init(ts_hostdev *hd, const ts_host *host, const char *name,
         .cache_limit = cache ? cache->v.size : (512u << 20),
         .caching = caching ? caching->v.boolean : 1,
     };
+    ts_raw_vm vm = {.struct_size = sizeof vm, .user = hd, .granularity = VM_GRANULARITY,
+                    .max_reserve = hd->total_bytes, .reserve = vm_reserve,
+                    .release = vm_release, .commit = vm_commit, .decommit = vm_decommit};
+    const ts_setting *exp = ts_setting_find(settings, nsettings, "expandable_segments");
+    if (!exp || exp->v.boolean)
+        opts.vm = &vm;
     ts_raw_allocator raw = {.user = hd, .alloc = raw_alloc, .free = raw_free};
     return host->pool->create(&opts, &raw, &hd->pool);
 }

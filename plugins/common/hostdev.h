@@ -43,8 +43,10 @@ ts_status ts_hostdev_copy_strided(const ts_operand *dst, const ts_operand *src);
 /* Bytes per element of a dtype; 0 for an unknown one. */
 size_t ts_hostdev_dtype_size(int32_t dtype);
 
-/* The "threads" key both CPU plugins declare. */
-#define TS_HOSTDEV_THREADS_KEY                                                              \
-    {"threads", TS_SETTING_INT, "0", 0, 4096, "worker threads; 0 = all cores"}
+/* The keys both CPU plugins declare. */
+#define TS_HOSTDEV_KEYS                                                                     \
+    {"threads", TS_SETTING_INT, "0", 0, 4096, "worker threads; 0 = all cores"},              \
+    {"expandable_segments", TS_SETTING_BOOL, "true", 0, 0,                                   \
+     "blocks over 1 MiB share one address range that grows and shrinks at its end"}
 
 #endif /* TESSERA_PLUGINS_HOSTDEV_H */

@@ -16,7 +16,7 @@ typedef struct blas_ctx {
 } blas_ctx;
 
 static const ts_config_key keys[] = {
-    TS_HOSTDEV_THREADS_KEY,
+    TS_HOSTDEV_KEYS,
     {NULL, 0, NULL, 0, 0, NULL},
 };
 

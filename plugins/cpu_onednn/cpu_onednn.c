@@ -30,7 +30,7 @@ unsigned long long cpu_onednn_primitive_count(void)
 }
 
 static const ts_config_key keys[] = {
-    TS_HOSTDEV_THREADS_KEY,
+    TS_HOSTDEV_KEYS,
     {NULL, 0, NULL, 0, 0, NULL},
 };
 

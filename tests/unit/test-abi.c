@@ -17,10 +17,10 @@ static void test_layout_matches_version(void)
 {
     if (sizeof(void *) != 8)
         SKIP("layouts are recorded for LP64 only");
-    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 1 && TS_PLUGIN_ABI_MINOR == 1,
+    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 1 && TS_PLUGIN_ABI_MINOR == 2,
               "ABI is %d.%d: add its layout row to this test", TS_PLUGIN_ABI_MAJOR,
               TS_PLUGIN_ABI_MINOR);
-    /* ABI 1.0; every row still holds in 1.1 except the descriptor's size, which 1.1 grew. */
+    /* ABI 1.0; every row still holds later, except sizes of the tables that grew (noted). */
     static const layout v1_0[] = {
         L(offsetof(ts_plugin_desc, init), 40),
         L(offsetof(ts_plugin_desc, set_limits), 144),
@@ -41,7 +41,7 @@ static void test_layout_matches_version(void)
         L(offsetof(ts_device_info, total_bytes), 144),
         L(sizeof(ts_pool_api), 72),
         L(offsetof(ts_pool_api, set_limits), 64),
-        L(sizeof(ts_pool_options), 48),
+        L(offsetof(ts_pool_options, caching), 40), /* 1.0 ended here: sizeof was 48 */
         L(sizeof(ts_raw_allocator), 24),
         L(sizeof(ts_setting), 32),
         L(offsetof(ts_setting, v), 24),
@@ -51,16 +51,29 @@ static void test_layout_matches_version(void)
         CHECK_MSG(v1_0[i].actual == v1_0[i].expected,
                   "%s is %zu, ABI 1.0 says %zu: bump the ABI version and record the new layout",
                   v1_0[i].what, v1_0[i].actual, v1_0[i].expected);
-    /* ABI 1.1: ts_plugin_desc gained flags (TS_PLUGIN_HOST_MEMORY) at its end, right where
-     * the 1.0 descriptor (168 bytes) stopped, so a 1.0 plugin's struct_size excludes it. */
+    /* ABI 1.1: appended ts_pool_options.vm and the ts_raw_vm table (expandable segments). */
     static const layout v1_1[] = {
-        L(offsetof(ts_plugin_desc, flags), 168),
-        L(sizeof(ts_plugin_desc), 176),
+        L(sizeof(ts_pool_options), 56),
+        L(offsetof(ts_pool_options, vm), 48),
+        L(sizeof(ts_raw_vm), 64),
+        L(offsetof(ts_raw_vm, granularity), 16),
+        L(offsetof(ts_raw_vm, reserve), 32),
+        L(offsetof(ts_raw_vm, decommit), 56),
     };
     for (size_t i = 0; i < sizeof v1_1 / sizeof v1_1[0]; i++)
         CHECK_MSG(v1_1[i].actual == v1_1[i].expected,
                   "%s is %zu, ABI 1.1 says %zu: bump the ABI version and record the new layout",
                   v1_1[i].what, v1_1[i].actual, v1_1[i].expected);
+    /* ABI 1.2: ts_plugin_desc gained flags (TS_PLUGIN_HOST_MEMORY) at its end, right where
+     * the 1.0/1.1 descriptor (168 bytes) stopped, so an older plugin's struct_size excludes it. */
+    static const layout v1_2[] = {
+        L(offsetof(ts_plugin_desc, flags), 168),
+        L(sizeof(ts_plugin_desc), 176),
+    };
+    for (size_t i = 0; i < sizeof v1_2 / sizeof v1_2[0]; i++)
+        CHECK_MSG(v1_2[i].actual == v1_2[i].expected,
+                  "%s is %zu, ABI 1.2 says %zu: bump the ABI version and record the new layout",
+                  v1_2[i].what, v1_2[i].actual, v1_2[i].expected);
     CHECK_INT_EQ(TS_PLUGIN_HOST_MEMORY, 1);
 }
 

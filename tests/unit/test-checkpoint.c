@@ -760,6 +760,8 @@ static void kill_save(const char *path, ts_tensor **t, long seq)
     ts_checkpoint_free(ck);
 }
 
+static int kill_ready_fd = -1; /* the saver writes one byte here once it starts saving */
+
 _Noreturn static void kill_saver(const char *path, int forever)
 {
     ts_tensor *v[2][KILL_TENSORS];
@@ -770,6 +772,8 @@ _Noreturn static void kill_saver(const char *path, int forever)
         _exit(0);
     }
     kill_build(v[1], 1);
+    if (kill_ready_fd >= 0)
+        CHECK(write(kill_ready_fd, "r", 1) == 1);
     for (long seq = 1;; seq++)
         kill_save(path, v[seq % 2], seq);
 }
@@ -798,14 +802,33 @@ _Noreturn static void kill_verifier(const char *path)
     _exit(0);
 }
 
+/* Forks a saver (role 0: one save; 1: saves forever) or a verifier (2). For role 1, returns
+ * once the saver has started its save loop, so that a kill after that lands mid-save however
+ * slow start-up is (sanitizers, a loaded machine). */
 static int run_child(const char *path, int role)
 {
+    int fds[2] = {-1, -1};
+    if (role == 1)
+        CHECK(pipe(fds) == 0);
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
         if (role == 2)
             kill_verifier(path);
+        if (role == 1) {
+            close(fds[0]);
+            kill_ready_fd = fds[1];
+        }
         kill_saver(path, role);
+    }
+    if (role == 1) {
+        char c;
+        ssize_t n;
+        close(fds[1]);
+        while ((n = read(fds[0], &c, 1)) < 0 && errno == EINTR)
+            ;
+        close(fds[0]);
+        CHECK_MSG(n == 1, "the saver died before it started saving");
     }
     return pid;
 }
@@ -835,8 +858,8 @@ static void test_kill_during_save(void)
     int kills = 0, mid_save = 0;
     while (mid_save < 6 && kills < 40) {
         pid_t saver = run_child(path, 1);
-        /* 20 ms .. 520 ms: the saver's start-up takes some, each save the rest. */
-        struct timespec ts = {0, (20 + rand() % 500) * 1000000L};
+        /* 0 .. 200 ms into the save loop: most of it is spent inside a save. */
+        struct timespec ts = {0, (rand() % 200) * 1000000L};
         nanosleep(&ts, NULL);
         CHECK(kill(saver, SIGKILL) == 0);
         status = wait_child(saver);

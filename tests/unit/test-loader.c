@@ -84,7 +84,7 @@ static void test_older_minor_loads(void)
     ts_device_unload(dev);
 }
 
-/* TS_PLUGIN_HOST_MEMORY (ABI 1.1): the core composes every op a plugin does not claim on its
+/* TS_PLUGIN_HOST_MEMORY (ABI 1.2): the core composes every op a plugin does not claim on its
  * reference host kernels; without the flag (or with it beyond a 1.0 struct_size) it does not. */
 static void test_host_memory_composes(void)
 {

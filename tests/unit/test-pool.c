@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <cjson/cJSON.h>
 #include <tessera/memory.h>
@@ -763,6 +764,347 @@ static void test_threads_stress(void)
     finish(p, r);
 }
 
+/* ---- the expandable segment (ts_raw_vm) ------------------------------------------------------ */
+
+#define VM_GRAN (2 * MIB)
+#define VM_MAX_GRANULES 1024
+
+/* A vm over mmap that checks the pool's calls: commits and decommits inside the reservation,
+ * granule-aligned, never twice; it can fail its N-th commit, refuse to reserve, or act as a
+ * device of fixed capacity. */
+typedef struct vmctl {
+    pthread_mutex_t lock;
+    uintptr_t base;
+    size_t span;
+    unsigned char state[VM_MAX_GRANULES]; /* 1: committed */
+    uint64_t reserves, releases, commits, decommits, commit_calls;
+    uint64_t commit_fail_at; /* fail the N-th commit call (1-based); 0: never */
+    int refuse_reserve;
+    uint64_t capacity; /* committed bytes allowed; 0: unlimited */
+    uint64_t committed;
+} vmctl;
+
+static ts_status vm_reserve(void *user, size_t nbytes, void **base)
+{
+    vmctl *v = user;
+    if (v->refuse_reserve)
+        return TS_ENOMEM;
+    CHECK_MSG(!v->base, "a second reservation while the first is held");
+    CHECK(nbytes % VM_GRAN == 0 && nbytes / VM_GRAN <= VM_MAX_GRANULES);
+    void *p = mmap(NULL, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    CHECK(p != MAP_FAILED);
+    v->base = (uintptr_t)p;
+    v->span = nbytes;
+    v->reserves++;
+    *base = p;
+    return TS_OK;
+}
+
+static void vm_release(void *user, void *base, size_t nbytes)
+{
+    vmctl *v = user;
+    CHECK(v->base == (uintptr_t)base && v->span == nbytes);
+    munmap(base, nbytes);
+    memset(v->state, 0, sizeof v->state);
+    v->base = 0;
+    v->committed = 0;
+    v->releases++;
+}
+
+static int vm_range(vmctl *v, void *addr, size_t nbytes, size_t *g0, size_t *g1)
+{
+    uintptr_t a = (uintptr_t)addr;
+    if (!v->base || a < v->base || a % VM_GRAN || nbytes % VM_GRAN || !nbytes ||
+        a + nbytes > v->base + v->span)
+        return 0;
+    *g0 = (a - v->base) / VM_GRAN;
+    *g1 = *g0 + nbytes / VM_GRAN;
+    return 1;
+}
+
+static ts_status vm_commit(void *user, void *addr, size_t nbytes)
+{
+    vmctl *v = user;
+    size_t g0, g1;
+    pthread_mutex_lock(&v->lock);
+    v->commit_calls++;
+    CHECK_MSG(vm_range(v, addr, nbytes, &g0, &g1), "commit of %zu at %p: outside or unaligned",
+              nbytes, addr);
+    ts_status st = TS_OK;
+    if (v->commit_fail_at && v->commit_calls == v->commit_fail_at)
+        st = TS_ENOMEM;
+    else if (v->capacity && v->committed + nbytes > v->capacity)
+        st = TS_ENOMEM;
+    if (st == TS_OK) {
+        for (size_t g = g0; g < g1; g++) {
+            CHECK_MSG(!v->state[g], "granule %zu committed twice", g);
+            v->state[g] = 1;
+        }
+        CHECK(mmap(addr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                   -1, 0) != MAP_FAILED);
+        v->committed += nbytes;
+        v->commits++;
+    }
+    pthread_mutex_unlock(&v->lock);
+    return st;
+}
+
+static void vm_decommit(void *user, void *addr, size_t nbytes)
+{
+    vmctl *v = user;
+    size_t g0, g1;
+    pthread_mutex_lock(&v->lock);
+    CHECK(vm_range(v, addr, nbytes, &g0, &g1));
+    for (size_t g = g0; g < g1; g++) {
+        CHECK_MSG(v->state[g], "granule %zu decommitted but not committed", g);
+        v->state[g] = 0;
+    }
+    mmap(addr, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    v->committed -= nbytes;
+    v->decommits++;
+    pthread_mutex_unlock(&v->lock);
+}
+
+static vmctl *vm_new(void)
+{
+    vmctl *v = calloc(1, sizeof *v);
+    CHECK(v);
+    pthread_mutex_init(&v->lock, NULL);
+    return v;
+}
+
+static ts_pool *vm_pool(rawctl *r, vmctl *v, uint64_t reserve_limit, uint64_t cache_limit)
+{
+    ts_raw_vm vm = {.struct_size = sizeof vm, .user = v, .granularity = VM_GRAN,
+                    .max_reserve = 512 * MIB, .reserve = vm_reserve, .release = vm_release,
+                    .commit = vm_commit, .decommit = vm_decommit};
+    ts_pool_options o = {.struct_size = sizeof o, .name = "test", .alignment = r->align,
+                         .reserve_limit = reserve_limit, .cache_limit = cache_limit,
+                         .caching = 1, .vm = &vm};
+    ts_raw_allocator ra = {.user = r, .alloc = raw_alloc, .free = raw_free};
+    ts_pool *p = NULL;
+    CHECK_OK(ts__pool_api.create(&o, &ra, &p));
+    return p;
+}
+
+/* Every byte of [ptr, ptr + n) lies in committed granules of the reservation. */
+static int vm_backed(vmctl *v, const void *ptr, size_t n)
+{
+    uintptr_t a = (uintptr_t)ptr;
+    if (a < v->base || a + n > v->base + v->span)
+        return 0;
+    for (size_t g = (a - v->base) / VM_GRAN; g <= (a + n - 1 - v->base) / VM_GRAN; g++)
+        if (!v->state[g])
+            return 0;
+    return 1;
+}
+
+static void vm_finish(ts_pool *p, rawctl *r, vmctl *v)
+{
+    finish(p, r);
+    CHECK_INT_EQ(v->reserves, v->releases);
+    CHECK_INT_EQ(v->committed, 0);
+    free(v);
+}
+
+static void test_vm_blocks_share_one_range(void)
+{
+    rawctl *r = raw_new(64);
+    vmctl *v = vm_new();
+    ts_pool *p = vm_pool(r, v, 0, (uint64_t)1 << 40);
+    char *a = xalloc(p, 3 * MIB, "a"), *b = xalloc(p, 5 * MIB, "b"), *c = xalloc(p, 12 * MIB, "c");
+    CHECK_INT_EQ(v->reserves, 1);
+    CHECK(vm_backed(v, a, 3 * MIB) && vm_backed(v, b, 5 * MIB) && vm_backed(v, c, 12 * MIB));
+    CHECK(b == a + 3 * MIB && c == b + 5 * MIB); /* one range, packed like a stack */
+    CHECK_INT_EQ(stats(p).reserved, 20 * MIB);
+    CHECK_INT_EQ(r->n_alloc, 0); /* nothing over 1 MiB came from the plain raw allocator */
+    void *small = xalloc(p, 1000, "small"); /* small blocks keep their own segments */
+    CHECK_INT_EQ(r->n_alloc, 1);
+    uint64_t commits = v->commits;
+    ts__pool_api.free(p, a);
+    ts__pool_api.free(p, b);
+    char *d = xalloc(p, 8 * MIB, "d"); /* a and b merged: no commit */
+    CHECK(d == a);
+    CHECK_INT_EQ(v->commits, commits);
+    ts__pool_api.free(p, c); /* the end is free now ... */
+    char *e = xalloc(p, 16 * MIB, "e"); /* ... and grows in place: commit only the difference */
+    CHECK(e == c);
+    CHECK_INT_EQ(v->commits, commits + 1);
+    CHECK_INT_EQ(stats(p).reserved, 24 * MIB + 2 * MIB); /* + the small segment */
+    ts__pool_api.free(p, d);
+    ts__pool_api.free(p, e);
+    ts__pool_api.free(p, small);
+    check_balance(p);
+    vm_finish(p, r, v);
+}
+
+static void test_vm_training_steps_reach_steady_state(void)
+{
+    rawctl *r = raw_new(64);
+    vmctl *v = vm_new();
+    ts_pool *p = vm_pool(r, v, 0, (uint64_t)1 << 40);
+    static const size_t act[] = {3 * MIB + 100, 17 * MIB, 2 * MIB + 7, 40 * MIB, 5 * MIB,
+                                 9 * MIB + 512, 1100 * KIB, 30 * MIB};
+    enum { L = sizeof act / sizeof act[0] };
+    uint64_t raw_after_first = 0;
+    for (int step = 0; step < 20; step++) {
+        void *z[L], *g = NULL;
+        for (int l = 0; l < L; l++) /* forward keeps activations; a workspace comes and goes */
+            z[l] = xalloc(p, act[l], "act"), ts__pool_api.free(p, xalloc(p, act[l] / 2, "ws"));
+        for (int l = L; l-- > 0;) { /* backward frees them in reverse while gradients come */
+            void *gin = xalloc(p, act[l], "grad");
+            ts__pool_api.free(p, g);
+            ts__pool_api.free(p, z[l]);
+            g = gin;
+        }
+        ts__pool_api.free(p, g);
+        if (step == 0)
+            raw_after_first = v->commits + r->n_alloc;
+        check_balance(p);
+    }
+    CHECK_INT_EQ(v->commits + r->n_alloc, raw_after_first);
+    ts_memory_stats s = stats(p);
+    printf("# peak reserved %llu, peak in use %llu\n", (unsigned long long)s.peak_reserved,
+           (unsigned long long)s.peak_in_use);
+    /* one range packs like a stack: reserved tracks the peak in use to the granule */
+    CHECK(s.peak_reserved <= s.peak_in_use + 2 * VM_GRAN);
+    vm_finish(p, r, v);
+}
+
+static void test_vm_cache_limit_trims_the_end(void)
+{
+    rawctl *r = raw_new(64);
+    vmctl *v = vm_new();
+    ts_pool *p = vm_pool(r, v, 0, 3 * MIB);
+    void *a = xalloc(p, 4 * MIB, "a"), *b = xalloc(p, 30 * MIB, "b");
+    CHECK_INT_EQ(stats(p).reserved, 34 * MIB);
+    ts__pool_api.free(p, b); /* 30 MiB cached > 3 MiB: the end is decommitted, down to */
+    CHECK_INT_EQ(stats(p).reserved, 6 * MIB); /* the limit (28 of 30 MiB, in 2 MiB granules) */
+    CHECK_INT_EQ(v->committed, 6 * MIB);
+    CHECK(stats(p).cached <= 3 * MIB);
+    CHECK(v->decommits >= 1);
+    check_balance(p);
+    void *c = xalloc(p, 3 * MIB, "c"); /* commits again at the end */
+    CHECK(vm_backed(v, c, 3 * MIB));
+    ts__pool_api.free(p, a); /* a hole before c: cached, but not at the end, so it stays */
+    CHECK_INT_EQ(stats(p).reserved, 8 * MIB);
+    ts__pool_api.free(p, c); /* the whole range is free: it goes back in one piece */
+    CHECK_INT_EQ(stats(p).reserved, 0);
+    CHECK_INT_EQ(v->releases, 1);
+    void *d = xalloc(p, 6 * MIB, "d"); /* and a new range is reserved on demand */
+    CHECK_INT_EQ(v->reserves, 2);
+    ts__pool_api.free(p, d);
+    ts__pool_api.empty_cache(p);
+    CHECK_INT_EQ(stats(p).reserved, 0);
+    vm_finish(p, r, v);
+}
+
+static void test_vm_reserve_limit_and_oom(void)
+{
+    rawctl *r = raw_new(64);
+    vmctl *v = vm_new();
+    ts_pool *p = vm_pool(r, v, 16 * MIB, (uint64_t)1 << 40);
+    void *a = xalloc(p, 10 * MIB, "a"), *extra = (void *)1;
+    CHECK_INT_EQ(v->span, 16 * MIB); /* the reservation is the limit */
+    CHECK_FAILS(ts__pool_api.alloc(p, 10 * MIB, "b", &extra), TS_ENOMEM, "pool 'test'",
+                "out of memory allocating 10.00 MiB", "10.00 MiB in use", "limit 16.00 MiB",
+                "memory_fraction", "cache_limit");
+    CHECK(extra == NULL);
+    check_balance(p);
+    ts__pool_api.free(p, a);
+    void *b = xalloc(p, 14 * MIB, "b after the free");
+    ts__pool_api.free(p, b);
+    v->capacity = 4 * MIB; /* now the device itself is short */
+    ts__pool_api.empty_cache(p);
+    CHECK_FAILS(ts__pool_api.alloc(p, 6 * MIB, "c", &extra), TS_ENOMEM, "allocating 6.00 MiB",
+                "device allocator failed");
+    void *c = xalloc(p, 3 * MIB, "c fits");
+    ts__pool_api.free(p, c);
+    vm_finish(p, r, v);
+}
+
+static void test_vm_commit_failure_at_every_call(void)
+{
+    rawctl *r = raw_new(64);
+    vmctl *v = vm_new();
+    ts_pool *p = vm_pool(r, v, 0, 0);
+    CHECK_INT_EQ(scenario(p), 0);
+    uint64_t total = v->commit_calls;
+    printf("# scenario: %llu commits\n", (unsigned long long)total);
+    CHECK(total >= 4);
+    vm_finish(p, r, v);
+    for (uint64_t n = 1; n <= total; n++) {
+        r = raw_new(64);
+        v = vm_new();
+        v->commit_fail_at = n;
+        p = vm_pool(r, v, 0, 0);
+        scenario(p);
+        void *x = xalloc(p, 1000, "after"), *y = xalloc(p, 3 * MIB, "after");
+        ts__pool_api.free(p, x);
+        ts__pool_api.free(p, y);
+        vm_finish(p, r, v);
+    }
+}
+
+static void test_vm_reserve_failure_falls_back(void)
+{
+    rawctl *r = raw_new(64);
+    vmctl *v = vm_new();
+    v->refuse_reserve = 1;
+    ts_pool *p = vm_pool(r, v, 0, (uint64_t)1 << 40);
+    void *a = xalloc(p, 5 * MIB, "a"); /* from a plain segment */
+    CHECK_INT_EQ(v->reserves, 0);
+    CHECK(r->n_alloc >= 1);
+    ts__pool_api.free(p, a);
+    vm_finish(p, r, v);
+}
+
+static void test_vm_bad_options(void)
+{
+    rawctl *r = raw_new(64);
+    vmctl *v = vm_new();
+    ts_raw_vm vm = {.struct_size = sizeof vm, .user = v, .granularity = 3 * MIB,
+                    .reserve = vm_reserve, .release = vm_release, .commit = vm_commit,
+                    .decommit = vm_decommit};
+    ts_pool_options o = {.struct_size = sizeof o, .name = "bad", .alignment = 64, .vm = &vm};
+    ts_raw_allocator ra = {.user = r, .alloc = raw_alloc, .free = raw_free};
+    ts_pool *p = (ts_pool *)1;
+    CHECK_FAILS(ts__pool_api.create(&o, &ra, &p), TS_EINVAL, "pool 'bad'", "ts_raw_vm",
+                "granularity", "got 3145728");
+    CHECK(p == NULL);
+    vm.granularity = VM_GRAN;
+    vm.commit = NULL;
+    CHECK_FAILS(ts__pool_api.create(&o, &ra, &p), TS_EINVAL, "all four calls");
+    vm.commit = vm_commit;
+    vm.struct_size = 8;
+    CHECK_FAILS(ts__pool_api.create(&o, &ra, &p), TS_EINVAL, "struct_size");
+    o.struct_size = offsetof(ts_pool_options, vm); /* an ABI 1.0 caller: vm is not read */
+    CHECK_OK(ts__pool_api.create(&o, &ra, &p));
+    ts__pool_api.free(p, xalloc(p, 5 * MIB, "plain"));
+    CHECK_INT_EQ(v->reserves, 0);
+    finish(p, r);
+    free(v);
+}
+
+static void test_vm_threads_stress(void)
+{
+    const char *env = getenv("TS_POOL_STRESS_OPS");
+    int ops = env && *env ? atoi(env) : 20000;
+    rawctl *r = raw_new(64);
+    vmctl *v = vm_new();
+    ts_pool *p = vm_pool(r, v, 0, 16 * MIB);
+    pthread_t t[4];
+    stress_arg a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (stress_arg){.pool = p, .seed = 99u + (unsigned)i, .ops = ops};
+        CHECK(pthread_create(&t[i], NULL, stress_thread, &a[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    CHECK_INT_EQ(stats(p).in_use, 0);
+    vm_finish(p, r, v);
+}
+
 /* ---- observers: registry, leak report, hook, trace ----------------------------------------- */
 
 static void count_pool(const char *name, const ts_memory_stats *s, void *user)
@@ -1077,6 +1419,14 @@ int main(int argc, char **argv)
         TAP_TEST(test_empty_cache_keeps_used_segments),
         TAP_TEST(test_set_limits_trims_cache),
         TAP_TEST(test_threads_stress),
+        TAP_TEST(test_vm_blocks_share_one_range),
+        TAP_TEST(test_vm_training_steps_reach_steady_state),
+        TAP_TEST(test_vm_cache_limit_trims_the_end),
+        TAP_TEST(test_vm_reserve_limit_and_oom),
+        TAP_TEST(test_vm_commit_failure_at_every_call),
+        TAP_TEST(test_vm_reserve_failure_falls_back),
+        TAP_TEST(test_vm_bad_options),
+        TAP_TEST(test_vm_threads_stress),
         TAP_TEST(test_registry),
         TAP_TEST(test_leak_report_finds_planted_leak),
         TAP_TEST(test_destroy_reports_leaks),
