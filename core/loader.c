@@ -23,6 +23,7 @@ struct ts_device {
     ts_setting *settings;
     size_t nsettings;
     ts_host host;           /* this device's host table; host_private points back here */
+    ts_pool *refpool;       /* TS_PLUGIN_HOST_MEMORY plugins: scratch of the reference kernels */
 };
 
 /* ---- search path ---------------------------------------------------------------------- */
@@ -392,6 +393,8 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
         .host_memory = ts__host_memory,
         .host_private = dev,
     };
+    if ((dev->vt.flags & TS_PLUGIN_HOST_MEMORY) && (s = ts__hostref_pool(&dev->refpool)))
+        goto fail;
     ts_clear_error();
     s = dev->vt.init(&dev->host, dev->settings, dev->nsettings, &dev->ctx);
     if (s) {
@@ -421,6 +424,7 @@ TS_API void ts_device_unload(ts_device *dev)
     if (dev->handle)
         dlclose(dev->handle);
 #endif
+    ts__pool_api.destroy(dev->refpool);
     ts__settings_free(dev->settings, dev->nsettings);
     free(dev->name);
     free(dev->path);
@@ -487,6 +491,14 @@ TS_API void ts_device_empty_cache(ts_device *dev)
         dev->vt.empty_cache(dev->ctx);
 }
 
+TS_API ts_status ts_device_set_limits(ts_device *dev, uint64_t reserve_limit,
+                                     uint64_t cache_limit)
+{
+    if (!dev)
+        return ts__fail(TS_EINVAL, "ts_device_set_limits: device is NULL");
+    return dev->vt.set_limits(dev->ctx, reserve_limit, cache_limit);
+}
+
 TS_API ts_status ts_device_alloc(ts_device *dev, size_t nbytes, const char *tag, void **ptr)
 {
     if (!ptr)
@@ -519,6 +531,26 @@ TS_API ts_status ts_device_copy_to_host(ts_device *dev, void *dst, const void *s
     return nbytes ? dev->vt.copy_d2h(dev->ctx, dst, src, nbytes) : TS_OK;
 }
 
+TS_API ts_status ts_device_copy_device(ts_device *dev, void *dst, const void *src,
+                                      size_t nbytes)
+{
+    if (!dev || (nbytes && (!dst || !src)))
+        return ts__fail(TS_EINVAL, "ts_device_copy_device: NULL argument");
+    return nbytes ? dev->vt.copy_d2d(dev->ctx, dst, src, nbytes) : TS_OK;
+}
+
+TS_API ts_status ts_device_fill(ts_device *dev, void *dst, size_t nbytes, const void *pattern,
+                                size_t pattern_size)
+{
+    if (!dev || !pattern || (nbytes && !dst))
+        return ts__fail(TS_EINVAL, "ts_device_fill: NULL argument");
+    if ((pattern_size != 1 && pattern_size != 2 && pattern_size != 4 && pattern_size != 8) ||
+        nbytes % pattern_size)
+        return ts__fail(TS_EINVAL, "ts_device_fill: a pattern of %zu bytes (1, 2, 4 or 8) "
+                        "must divide the %zu bytes to fill", pattern_size, nbytes);
+    return ts__device_fill(dev, dst, nbytes, pattern, pattern_size);
+}
+
 TS_API ts_status ts_device_synchronize(ts_device *dev)
 {
     if (!dev)
@@ -543,4 +575,14 @@ ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *
                           size_t pattern_size)
 {
     return nbytes ? dev->vt.fill(dev->ctx, dst, nbytes, pattern, pattern_size) : TS_OK;
+}
+
+ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
+{
+    if (dev && call && dev->refpool && call->op > TS_OP_NONE && call->op < TS_OP_COUNT) {
+        int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+        if (!ts_device_supports(dev, call->op, dtype) && ts__hostref_supports(call->op, dtype))
+            return ts__hostref_run(&dev->host, dev->refpool, call);
+    }
+    return ts_device_run(dev, call);
 }

@@ -238,7 +238,7 @@ ts_status ts__run(ts_device *dev, int32_t op, const ts_operand *in, int nin,
         .params = params,
         .params_size = (uint32_t)params_size,
     };
-    return ts_device_run(dev, &call);
+    return ts__device_run(dev, &call);
 }
 
 void ts__scalar_bytes(int32_t dtype, double v, void *buf)

@@ -19,6 +19,7 @@ const char *cli_bytes(unsigned long long bytes, char *buf, size_t len);
 
 int cmd_info(int argc, char **argv, const cli_common *common);
 int cmd_train(int argc, char **argv, const cli_common *common);
+int cmd_plugin_check(int argc, char **argv, const cli_common *common);
 int cli_bench_compare(int argc, char **argv, const cli_common *common);
 /* The models of `tessera train`: "mlp", "lenet5", "cnn" (TS_EINVAL for another name), with
  * their default widths and initialisation. */

@@ -14,6 +14,7 @@ static const char usage[] =
     "commands:\n"
     "  info [--json]     version, configuration, plugins found, devices and pools\n"
     "  train [...]       train a model on Fashion-MNIST (tessera train --help)\n"
+    "  plugin-check NAME conformance suite of a plugin, by NAME or PATH.so\n"
     "  bench pool [...]  caching pool vs malloc/free on a training-like size mix\n"
     "  bench ops [...]   matmul vs cblas_sgemm, add vs memcpy, small-op overhead\n"
     "  bench autograd    cost of recording the graph: time per op, memory per step\n"
@@ -105,6 +106,8 @@ int main(int argc, char **argv)
         return cmd_info(argc - i, argv + i, &common);
     if (strcmp(cmd, "train") == 0)
         return cmd_train(argc - i, argv + i, &common);
+    if (strcmp(cmd, "plugin-check") == 0)
+        return cmd_plugin_check(argc - i, argv + i, &common);
     if (strcmp(cmd, "bench") == 0) {
         if (i + 1 < argc && strcmp(argv[i + 1], "pool") == 0)
             return cli_bench_pool(argc - i - 1, argv + i + 1);
@@ -132,6 +135,10 @@ int main(int argc, char **argv)
         if (i + 1 < argc && strcmp(argv[i + 1], "train") == 0) {
             char *a[] = {argv[i + 1], "--help", NULL};
             return cmd_train(2, a, &common);
+        }
+        if (i + 1 < argc && strcmp(argv[i + 1], "plugin-check") == 0) {
+            char *a[] = {argv[i + 1], "--help", NULL};
+            return cmd_plugin_check(2, a, &common);
         }
         fputs(usage, stdout);
         return 0;

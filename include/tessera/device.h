@@ -73,18 +73,33 @@ int ts_device_supports(ts_device *dev, int op, int dtype);
 ts_status ts_device_memory_stats(ts_device *dev, ts_memory_stats *stats);
 void ts_device_reset_peak(ts_device *dev);
 void ts_device_empty_cache(ts_device *dev);
+/* Changes the pool's limits: reserve_limit (0 = none) and cache_limit, in bytes. */
+ts_status ts_device_set_limits(ts_device *dev, uint64_t reserve_limit, uint64_t cache_limit);
 
 /* Raw device memory through the plugin (its pool). (transfer full) on *ptr. */
 ts_status ts_device_alloc(ts_device *dev, size_t nbytes, const char *tag, void **ptr);
 void ts_device_free(ts_device *dev, void *ptr);
 ts_status ts_device_copy_from_host(ts_device *dev, void *dst, const void *src, size_t nbytes);
 ts_status ts_device_copy_to_host(ts_device *dev, void *dst, const void *src, size_t nbytes);
+/* Device-to-device copy (non-overlapping or identical ranges) and a fill repeating a pattern
+ * of pattern_size bytes (1, 2, 4 or 8, dividing nbytes; TS_EINVAL otherwise) over dst. */
+ts_status ts_device_copy_device(ts_device *dev, void *dst, const void *src, size_t nbytes);
+ts_status ts_device_fill(ts_device *dev, void *dst, size_t nbytes, const void *pattern,
+                         size_t pattern_size);
 ts_status ts_device_synchronize(ts_device *dev);
 
 /* Runs one kernel on the device exactly as given: no shape, dtype or overlap checks (the
  * tensor API does those). For conformance tests and plugin authors. TS_ENOTSUP if the plugin
  * does not implement the op for the output's dtype. */
 ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call);
+
+/* The core's reference host kernels (plain loops, single-threaded): what runs, for a plugin
+ * declaring TS_PLUGIN_HOST_MEMORY, every op its supports() does not claim. Operands must be
+ * host memory. ts_reference_supports says which op/dtype (output dtype) they implement;
+ * ts_reference_run runs one (TS_ENOTSUP otherwise), with the errors a plugin would give. For
+ * conformance checks (tessera plugin-check) and plugin authors' tests. */
+int ts_reference_supports(int op, int dtype);
+ts_status ts_reference_run(const ts_kernel_call *call);
 
 /* ---- the runtime ----------------------------------------------------------------------- */
 

@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 #define TS_PLUGIN_ABI_MAJOR 1
-#define TS_PLUGIN_ABI_MINOR 1
+#define TS_PLUGIN_ABI_MINOR 2
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
@@ -506,7 +506,18 @@ typedef struct ts_plugin_desc {
     int (*supports)(void *ctx, int32_t op, int32_t dtype);
     /* (optional) Runs one kernel. */
     ts_status (*run)(void *ctx, const ts_kernel_call *call);
+
+    /* ---- ABI 1.2 ---- */
+    /* TS_PLUGIN_* bits; 0 = none. Read only when the descriptor's struct_size covers it. */
+    uint64_t flags;
 } ts_plugin_desc;
+
+/* Bits of ts_plugin_desc.flags (ABI 1.2). */
+/* The pointers alloc returns are ordinary host addresses the host's CPU may read and write
+ * directly (copy_h2d/d2h are plain memory copies). The core then runs its reference host
+ * kernels for every op/dtype that supports() does not claim, so a plugin may implement as few
+ * kernels as it likes (none at all) and still train. */
+#define TS_PLUGIN_HOST_MEMORY 0x1u
 
 /* The entry symbol's type. host_abi_major/minor are the host's numbers, so a plugin that
  * supports several may pick; returning NULL refuses the host. */

@@ -84,6 +84,47 @@ static void test_older_minor_loads(void)
     ts_device_unload(dev);
 }
 
+/* TS_PLUGIN_HOST_MEMORY (ABI 1.2): the core composes every op a plugin does not claim on its
+ * reference host kernels; without the flag (or with it beyond a 1.0 struct_size) it does not. */
+static void test_host_memory_composes(void)
+{
+    ts_device *dev, *old;
+    CHECK_OK(ts_device_load(NULL, fx("hostonly"), &dev));
+    CHECK(!ts_device_supports(dev, TS_OP_MATMUL, TS_F32)); /* the plugin itself claims none */
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1}, c[4];
+    int64_t sa[2] = {2, 3}, sb[2] = {3, 2};
+    ts_tensor *ta, *tb, *tc, *tr;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 2, sa, a, &ta));
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 2, sb, b, &tb));
+    CHECK_OK(ts_matmul(ta, tb, &tc));
+    CHECK_OK(ts_relu(tc, &tr));
+    CHECK_OK(ts_tensor_to_host(tr, c, sizeof c));
+    CHECK(c[0] == 4 && c[1] == 5 && c[2] == 10 && c[3] == 11);
+    /* ts_device_run stays exactly the plugin's own. */
+    ts_operand o;
+    memset(&o, 0, sizeof o);
+    ts_kernel_call call = {.struct_size = sizeof call, .op = TS_OP_COPY, .ninputs = 1,
+                           .noutputs = 1, .inputs = &o, .outputs = &o};
+    CHECK_FAILS(ts_device_run(dev, &call), TS_ENOTSUP, "'hostonly' does not implement copy");
+    /* Reference kernel errors carry the plugin's name. */
+    int64_t idx[1] = {7}, n1 = 1;
+    ts_tensor *ti, *ts_;
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 1, &n1, idx, &ti));
+    CHECK_FAILS(ts_index_select(ta, 0, ti, &ts_), TS_EINVAL, "plugin 'hostonly'", "7");
+    ts_tensor_unref(ti);
+    ts_tensor_unref(ta);
+    ts_tensor_unref(tb);
+    ts_tensor_unref(tc);
+    ts_tensor_unref(tr);
+    ts_device_unload(dev);
+
+    CHECK_OK(ts_device_load(NULL, fx("oldminor"), &old)); /* flags set past its struct_size */
+    CHECK_OK(ts_tensor_from_host(old, TS_F32, 2, sa, a, &ta));
+    CHECK_FAILS(ts_relu(ta, &tr), TS_ENOTSUP, "'oldminor' does not implement");
+    ts_tensor_unref(ta);
+    ts_device_unload(old);
+}
+
 static void test_init_failures(void)
 {
     ts_device *dev;
@@ -285,6 +326,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_abi_mismatch),
         TAP_TEST(test_missing_required_member),
         TAP_TEST(test_older_minor_loads),
+        TAP_TEST(test_host_memory_composes),
         TAP_TEST(test_init_failures),
         TAP_TEST(test_plugin_settings),
         TAP_TEST(test_cpu_blas_memory),

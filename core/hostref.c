@@ -1,0 +1,98 @@
+/* core/hostref.c: composing what a plugin does not implement. For a plugin that declares
+ * TS_PLUGIN_HOST_MEMORY (its blocks are plain host memory), every op/dtype its supports()
+ * does not claim runs on the reference host kernels (plugins/common/refkern.c, compiled into
+ * libtessera single-threaded). ts_reference_run gives the same kernels to conformance checks. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "../plugins/common/refkern.h"
+
+/* Kernel scratch (pooling backward) comes from a pool that caches nothing, so no memory is
+ * held between calls and leak checks see every block. */
+static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
+{
+    (void)user;
+    return posix_memalign(ptr, 64, nbytes ? nbytes : 64) == 0 ? TS_OK : TS_ENOMEM;
+}
+
+static void raw_free(void *user, void *ptr, size_t nbytes)
+{
+    (void)user;
+    (void)nbytes;
+    free(ptr);
+}
+
+ts_status ts__hostref_pool(ts_pool **out)
+{
+    ts_pool_options opts = {.struct_size = sizeof opts, .name = "reference kernels",
+                            .alignment = 64, .caching = 0};
+    ts_raw_allocator raw = {.alloc = raw_alloc, .free = raw_free};
+    return ts__pool_api.create(&opts, &raw, out);
+}
+
+int ts__hostref_supports(int32_t op, int32_t dtype)
+{
+    return ts_refkern_supports(op, dtype);
+}
+
+ts_status ts__hostref_run(const ts_host *host, ts_pool *scratch, const ts_kernel_call *call)
+{
+    ts_hostdev hd = {.host = host, .name = "reference", .pool = scratch, .threads = 1};
+    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    if (!ts_refkern_supports(call->op, dtype))
+        return ts__fail(TS_ENOTSUP, "the reference kernels do not implement %s for %s",
+                        ts_op_name(call->op), ts_dtype_name(dtype));
+    return ts_refkern_run(&hd, call);
+}
+
+static ts_status ref_fail(const ts_host *self, ts_status code, const char *fmt, ...)
+{
+    (void)self;
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ts__fail(code, "reference kernel: %s", msg);
+}
+
+static void ref_log(const ts_host *self, int level, const char *fmt, ...)
+{
+    (void)self;
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ts__log(level, "reference kernel: %s", msg);
+}
+
+TS_API int ts_reference_supports(int op, int dtype)
+{
+    return ts_refkern_supports(op, dtype);
+}
+
+TS_API ts_status ts_reference_run(const ts_kernel_call *call)
+{
+    if (!call || (call->ninputs && !call->inputs) || (call->noutputs && !call->outputs) ||
+        call->ninputs < 0 || call->noutputs < 0)
+        return ts__fail(TS_EINVAL, "ts_reference_run: NULL or inconsistent call");
+    static const ts_host host = {
+        .abi_major = TS_PLUGIN_ABI_MAJOR,
+        .abi_minor = TS_PLUGIN_ABI_MINOR,
+        .struct_size = sizeof(ts_host),
+        .fail = ref_fail,
+        .log = ref_log,
+        .pool = &ts__pool_api,
+        .host_memory = ts__host_memory,
+    };
+    ts_pool *scratch;
+    ts_status s = ts__hostref_pool(&scratch);
+    if (s)
+        return s;
+    s = ts__hostref_run(&host, scratch, call);
+    ts__pool_api.destroy(scratch);
+    return s;
+}
