@@ -304,7 +304,7 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
     ts_status s = ts_plugin_find(cfg, name_or_path, &path);
     if (s)
         return s;
-    ts_device *dev = calloc(1, sizeof *dev);
+    ts_device *dev = ts__calloc(1, sizeof *dev);
     if (!dev) {
         free(path);
         return ts__fail(TS_ENOMEM, "out of memory loading plugin '%s'", name_or_path);
@@ -487,6 +487,12 @@ TS_API void ts_device_empty_cache(ts_device *dev)
         dev->vt.empty_cache(dev->ctx);
 }
 
+/* What a plugin's failing call looks like, for TS_FAULT_KERNEL (tessera/fault.h). */
+static ts_status injected(ts_device *dev, const char *what)
+{
+    return ts__fail(TS_EPLUGIN, "plugin '%s': %s failed (injected fault)", dev->name, what);
+}
+
 TS_API ts_status ts_device_alloc(ts_device *dev, size_t nbytes, const char *tag, void **ptr)
 {
     if (!ptr)
@@ -508,6 +514,8 @@ TS_API ts_status ts_device_copy_from_host(ts_device *dev, void *dst, const void 
 {
     if (!dev || (nbytes && (!dst || !src)))
         return ts__fail(TS_EINVAL, "ts_device_copy_from_host: NULL argument");
+    if (nbytes && ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, "copy_h2d");
     return nbytes ? dev->vt.copy_h2d(dev->ctx, dst, src, nbytes) : TS_OK;
 }
 
@@ -516,6 +524,8 @@ TS_API ts_status ts_device_copy_to_host(ts_device *dev, void *dst, const void *s
 {
     if (!dev || (nbytes && (!dst || !src)))
         return ts__fail(TS_EINVAL, "ts_device_copy_to_host: NULL argument");
+    if (nbytes && ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, "copy_d2h");
     return nbytes ? dev->vt.copy_d2h(dev->ctx, dst, src, nbytes) : TS_OK;
 }
 
@@ -536,11 +546,15 @@ TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
     if (!dev->vt.run || !dev->vt.supports || !dev->vt.supports(dev->ctx, call->op, dtype))
         return ts__fail(TS_ENOTSUP, "plugin '%s' does not implement %s for %s", dev->name,
                         ts_op_name(call->op), ts_dtype_name(dtype));
+    if (ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, ts_op_name(call->op));
     return dev->vt.run(dev->ctx, call);
 }
 
 ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *pattern,
                           size_t pattern_size)
 {
+    if (nbytes && ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, "fill");
     return nbytes ? dev->vt.fill(dev->ctx, dst, nbytes, pattern, pattern_size) : TS_OK;
 }
