@@ -25,6 +25,9 @@ struct ts_device {
     ts_host host;           /* this device's host table; host_private points back here */
 };
 
+/* Larger device memory than this in ts_device_info is a plugin bug (64 PiB). */
+#define DEVINFO_MAX_BYTES ((uint64_t)1 << 56)
+
 /* ---- search path ---------------------------------------------------------------------- */
 
 /* Calls fn for each entry of a colon-separated list. Relative entries are resolved against
@@ -457,7 +460,29 @@ TS_API ts_status ts_device_info_get(ts_device *dev, ts_device_info *info)
         return ts__fail(TS_EINVAL, "ts_device_info_get: NULL argument");
     memset(info, 0, sizeof *info);
     info->struct_size = sizeof *info;
-    return dev->vt.device_info(dev->ctx, info);
+    ts_status s = dev->vt.device_info(dev->ctx, info);
+    if (s)
+        return s;
+    info->name[sizeof info->name - 1] = 0;
+    /* Figures no device can have are dropped (their valid bit cleared) with a warning, so
+     * nothing downstream divides by a zero total or trusts free > total. */
+    const char *why = NULL;
+    if ((info->valid & TS_DEVINFO_TOTAL) && info->total_bytes == 0)
+        why = "a total of 0 bytes";
+    else if ((info->valid & TS_DEVINFO_TOTAL) && info->total_bytes > DEVINFO_MAX_BYTES)
+        why = "an implausible total (over 64 PiB)";
+    else if ((info->valid & (TS_DEVINFO_TOTAL | TS_DEVINFO_FREE)) ==
+                 (TS_DEVINFO_TOTAL | TS_DEVINFO_FREE) &&
+             info->free_bytes > info->total_bytes)
+        why = "more free memory than total";
+    if (why) {
+        ts__log(TS_LOG_WARN, "plugin '%s' reports %s (total %llu, free %llu bytes); its memory "
+                "figures are ignored: fix the plugin's device_info", dev->name, why,
+                (unsigned long long)info->total_bytes, (unsigned long long)info->free_bytes);
+        info->valid &= ~(TS_DEVINFO_TOTAL | TS_DEVINFO_FREE);
+        info->total_bytes = info->free_bytes = 0;
+    }
+    return TS_OK;
 }
 
 TS_API int ts_device_supports(ts_device *dev, int op, int dtype)
