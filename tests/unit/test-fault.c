@@ -253,6 +253,120 @@ static void test_kernel_failures(void)
     walk(TS_FAULT_KERNEL);
 }
 
+/* Building the model and its optimizer, then resuming from a checkpoint (load, restore of
+ * every parameter and of Adam's state), at every failure point of every site. */
+static ts_status build(ts_device *dev, const char *dir, model *m)
+{
+    /* model_init CHECKs every call; here each must fail cleanly, so build by hand. */
+    ts_rng rng;
+    ts_rng_init(&rng, 7);
+    ts_weight_init init = {TS_INIT_KAIMING_UNIFORM, 0, &rng};
+    ts_conv2d_params c1 = {1, 1, 2, 2, 1, 1, 1};
+    ts_module *seq = NULL, *l;
+    ts_status s;
+    memset(m, 0, sizeof *m);
+    if ((s = ts_nn_sequential(&seq)))
+        return s;
+    if ((s = ts_nn_conv2d(dev, 1, 6, 5, 5, &c1, 1, &init, &l)) ||
+        (s = ts_nn_sequential_add(seq, "conv1", l)) || (s = ts_nn_flatten(&l)) ||
+        (s = ts_nn_sequential_add(seq, "flatten", l)) ||
+        (s = ts_nn_linear(dev, 6 * 28 * 28, 10, 1, &init, &l)) ||
+        (s = ts_nn_sequential_add(seq, "fc", l)))
+        goto fail;
+    m->net = seq;
+    m->np = ts_module_parameters(seq, m->params, MAXP);
+    ts_adam_options ao = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+    if ((s = ts_optim_adam(m->params, m->np, &ao, &m->opt)))
+        goto fail;
+    snprintf(m->path, sizeof m->path, "%s/small.safetensors", dir);
+    return TS_OK;
+fail:
+    ts_module_free(seq);
+    memset(m, 0, sizeof *m);
+    return s;
+}
+
+static ts_status resume(model *m)
+{
+    ts_checkpoint *ck;
+    ts_status s = ts_checkpoint_load(m->path, m->dev, &ck);
+    for (size_t i = 0; !s && i < m->np; i++)
+        s = ts_checkpoint_restore(ck, m->params[i].name, m->params[i].tensor);
+    if (!s)
+        s = ts_optim_load_state(m->opt, ck);
+    if (ck)
+        ts_checkpoint_free(ck);
+    return s;
+}
+
+static void test_build_and_resume_failures(void)
+{
+    ts_device *dev = tap_start();
+    const char *dir = tap_tmpdir();
+    /* A checkpoint of a trained small model to resume from. */
+    model m;
+    CHECK_OK(build(dev, dir, &m));
+    m.dev = dev;
+    int64_t xs[] = {BATCH, 1, 28, 28}, ys[] = {BATCH};
+    int64_t labels[BATCH] = {3, 1, 4, 1};
+    ts_rng rng;
+    ts_rng_init(&rng, 9);
+    CHECK_OK(ts_tensor_rand(dev, TS_F32, 4, xs, 0, 1, &rng, &m.x));
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 1, ys, labels, &m.y));
+    float loss;
+    CHECK_OK(step(&m, &loss));
+    ts_tensor *x = m.x, *y = m.y;
+    ts_optim_free(m.opt);
+    ts_module_free(m.net);
+    static const unsigned sites[] = {TS_FAULT_POOL, TS_FAULT_HOST, TS_FAULT_KERNEL};
+    uint64_t points = 0;
+    for (size_t k = 0; k < 3; k++) {
+        tap_live live0 = {ts_tensor_live_count(), ts_storage_live_count(),
+                          ts_memory_live_count(), ts_autograd_live_nodes()};
+        ts_fault_arm(sites[k], 0);
+        CHECK_OK(build(dev, dir, &m));
+        m.dev = dev;
+        CHECK_OK(resume(&m));
+        uint64_t count = ts_fault_count();
+        ts_fault_disarm();
+        ts_optim_free(m.opt);
+        ts_module_free(m.net);
+        for (uint64_t n = 1; n <= count; n++) {
+            ts_clear_error();
+            ts_fault_arm(sites[k], n);
+            ts_status s = build(dev, dir, &m);
+            m.dev = dev;
+            if (!s)
+                s = resume(&m);
+            unsigned fired = ts_fault_fired();
+            ts_fault_disarm();
+            CHECK_MSG(fired == sites[k], "%s call %llu was never made", site_name(sites[k]),
+                      (unsigned long long)n);
+            CHECK_MSG(s != TS_OK && ts_last_error()[0],
+                      "%s failure %llu of building and resuming went unreported",
+                      site_name(sites[k]), (unsigned long long)n);
+            ts_optim_free(m.opt);
+            ts_module_free(m.net);
+            tap_live l = {ts_tensor_live_count(), ts_storage_live_count(),
+                          ts_memory_live_count(), ts_autograd_live_nodes()};
+            CHECK_MSG(!memcmp(&l, &live0, sizeof l),
+                      "%s failure %llu (%s): %llu tensors, %llu storages, %llu blocks alive; "
+                      "%llu, %llu, %llu before", site_name(sites[k]), (unsigned long long)n,
+                      ts_last_error(), (unsigned long long)l.tensors,
+                      (unsigned long long)l.storages, (unsigned long long)l.blocks,
+                      (unsigned long long)live0.tensors, (unsigned long long)live0.storages,
+                      (unsigned long long)live0.blocks);
+        }
+        printf("# build + resume, %s: %llu failure points, each survived\n",
+               site_name(sites[k]), (unsigned long long)count);
+        points += count;
+    }
+    CHECK(points > 0);
+    ts_tensor_unref(x);
+    ts_tensor_unref(y);
+    tap_end();
+}
+
 /* The hook itself: counting, one failure only, disarm, and the status each site gives. */
 static void test_hook(void)
 {
@@ -284,6 +398,7 @@ int main(int argc, char **argv)
 {
     static const tap_test tests[] = {TAP_TEST(test_hook), TAP_TEST(test_pool_failures),
                                      TAP_TEST(test_host_failures),
-                                     TAP_TEST(test_kernel_failures)};
+                                     TAP_TEST(test_kernel_failures),
+                                     TAP_TEST(test_build_and_resume_failures)};
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
