@@ -1,6 +1,7 @@
 /* tests/unit/test-hostile.c: plugins that misbehave once loaded (tests/fixtures/: allocfail,
  * kernfail, badmem, needslib; initfail and the ABI breakers are in test-loader.c). The core
  * reports each clearly, falls back where configured, keeps nothing alive, never crashes. */
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../tap.h"
@@ -135,10 +136,79 @@ static void test_missing_library(void)
     ts_set_log_handler(NULL, NULL);
 }
 
+/* ---- hostile install locations (the rest of the search-path rules: test-loader.c) ------ */
+
+static void copy_fixture(const char *name, const char *dir, const char *as)
+{
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/%s'", dir, fx(name), dir, as);
+    CHECK(system(cmd) == 0);
+}
+
+/* [core] device = a relative path: resolved against the INI file's directory, never the
+ * current directory, even when the current directory holds a plugin of that name. */
+static void test_relative_device_path(void)
+{
+    char etc[4200], cwd[4200], ini[4300];
+    snprintf(etc, sizeof etc, "%s/etc", tap_tmpdir());
+    snprintf(cwd, sizeof cwd, "%s/cwd", tap_tmpdir());
+    char plug[4400];
+    snprintf(plug, sizeof plug, "%s/plugins", etc);
+    copy_fixture("withkeys", plug, "mine.so");
+    snprintf(plug, sizeof plug, "%s/plugins", cwd);
+    copy_fixture("nodevice", plug, "mine.so"); /* a decoy that would fail to start */
+    copy_fixture("nodevice", plug, "decoy.so");
+    CHECK(chdir(cwd) == 0);
+    snprintf(ini, sizeof ini, "%s/t.ini", etc);
+    tap_write_file(etc, "t.ini", "[core]\ndevice = plugins/mine.so\nfallback =\n");
+    CHECK_OK(ts_init(ini));
+    char want[4400];
+    snprintf(want, sizeof want, "%s/plugins/mine.so", etc);
+    CHECK_STR_CONTAINS(ts_device_path(ts_default_device()), want);
+    CHECK(strcmp(ts_device_name(ts_default_device()), "withkeys") == 0);
+    ts_shutdown();
+    /* Only the current directory has it: not found, and the message names the file's dir. */
+    tap_write_file(etc, "t.ini", "[core]\ndevice = plugins/decoy.so\nfallback =\n");
+    CHECK_FAILS(ts_init(ini), TS_EPLUGIN, "etc/plugins/decoy.so");
+    CHECK(ts_default_device() == NULL);
+}
+
+/* A world-writable plugin file (in a safe directory) is refused with a warning naming it,
+ * unless the configuration allows it. */
+static void test_world_writable_file(void)
+{
+    char dir[4200], so[4300];
+    snprintf(dir, sizeof dir, "%s/safe", tap_tmpdir());
+    copy_fixture("withkeys", dir, "withkeys.so");
+    CHECK(chmod(dir, 0755) == 0);
+    snprintf(so, sizeof so, "%s/withkeys.so", dir);
+    CHECK(chmod(so, 0666) == 0);
+    ts_set_log_handler(capture_log, NULL);
+    logged[0] = 0;
+    ts_device *dev;
+    CHECK_FAILS(ts_device_load(NULL, so, &dev), TS_EPLUGIN, "the file", "writable by every user",
+                "allow_insecure_plugin_path = true");
+    CHECK_STR_CONTAINS(logged, "refusing to load");
+    CHECK_STR_CONTAINS(logged, so);
+    ts_config *cfg;
+    CHECK_OK(ts_config_parse("[core]\nallow_insecure_plugin_path = true\n", "t.ini", NULL,
+                             &cfg));
+    CHECK_OK(ts_device_load(cfg, so, &dev));
+    ts_device_unload(dev);
+    ts_config_free(cfg);
+    /* Permissions fixed: loads without the setting. */
+    CHECK(chmod(so, 0755) == 0);
+    CHECK_OK(ts_device_load(NULL, so, &dev));
+    ts_device_unload(dev);
+    ts_set_log_handler(NULL, NULL);
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {TAP_TEST(test_alloc_fails), TAP_TEST(test_kernel_fails),
                                      TAP_TEST(test_absurd_memory),
-                                     TAP_TEST(test_missing_library)};
+                                     TAP_TEST(test_missing_library),
+                                     TAP_TEST(test_relative_device_path),
+                                     TAP_TEST(test_world_writable_file)};
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
