@@ -316,7 +316,11 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
     if ((s = check_permissions(cfg, path)))
         goto fail;
     dlerror();
-    dev->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    /* RTLD_NODELETE: ts_device_unload shuts the plugin down and dlcloses it, but its code
+     * stays mapped. A plugin's libraries may leave threads behind that no API stops (libgomp's
+     * pool spins in its own code for a while after each parallel region); unmapping that code
+     * under them crashed `tessera train` at exit under valgrind (docs/reliability.md). */
+    dev->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!dev->handle) {
         const char *e = dlerror();
         s = ts__fail(TS_EPLUGIN, "plugin '%s': cannot load %s: %s", name_or_path, path,
