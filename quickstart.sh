@@ -7,7 +7,7 @@
 # when their inputs changed, make rebuilds only what changed.
 # The build goes to _build/ (out of tree), so ./_build/tools/tessera is the uninstalled CLI.
 # Environment: CONFIGURE_FLAGS (extra ./configure flags), BUILD_DIR (default _build),
-# JOBS (make -j, default nproc).
+# JOBS (make -j, default nproc), EXTRA_PACKAGES (more Debian packages to install).
 set -eu
 
 cd "$(dirname "$0")"
@@ -33,6 +33,8 @@ PACKAGES="autoconf automake libtool pkg-config make gcc libc6-dev
   libinih-dev libcjson-dev libopenblas-dev libdnnl-dev zlib1g-dev"
 [ "$mode" = train ] && PACKAGES="$PACKAGES dataset-fashion-mnist"
 [ "$mode" = check ] && PACKAGES="$PACKAGES valgrind"
+# EXTRA_PACKAGES: more Debian packages (.ci/run asks for clang + libclang-rt-14-dev: fuzzing).
+PACKAGES="$PACKAGES ${EXTRA_PACKAGES:-}"
 
 missing=
 for p in $PACKAGES; do

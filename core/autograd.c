@@ -77,7 +77,7 @@ static ts_node *node_new(void)
     }
     pthread_mutex_unlock(&node_lock);
     if (!n)
-        n = malloc(sizeof *n);
+        n = ts__malloc(sizeof *n);
     if (!n)
         return NULL;
     memset(n, 0, sizeof *n);
@@ -361,7 +361,7 @@ static int vec_push(vec *a, ts_node *n)
 {
     if (a->n == a->cap) {
         size_t cap = a->cap ? a->cap * 2 : 256;
-        ts_node **v = realloc(a->v, cap * sizeof *v);
+        ts_node **v = ts__realloc(a->v, cap * sizeof *v);
         if (!v)
             return 0;
         a->v = v;

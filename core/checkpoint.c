@@ -73,7 +73,7 @@ TS_API ts_status ts_checkpoint_new(ts_checkpoint **out)
 {
     if (!out)
         return ts__fail(TS_EINVAL, "ts_checkpoint_new: out is NULL");
-    *out = calloc(1, sizeof **out);
+    *out = ts__calloc(1, sizeof **out);
     if (!*out)
         return ts__fail(TS_ENOMEM, "out of memory for a checkpoint");
     return TS_OK;
@@ -117,7 +117,7 @@ static ts_status push_entry(ts_checkpoint *ck, char *name, ts_tensor *t)
 {
     if (ck->n == ck->cap) {
         size_t cap = ck->cap ? ck->cap * 2 : 16;
-        ck_entry *e = realloc(ck->e, cap * sizeof *e);
+        ck_entry *e = ts__realloc(ck->e, cap * sizeof *e);
         if (!e)
             return ts__fail(TS_ENOMEM, "out of memory adding tensor '%s' to a checkpoint", name);
         ck->e = e;
@@ -165,7 +165,7 @@ static ts_status put_meta(ts_checkpoint *ck, char *key, char *value)
     }
     if (ck->nm == ck->capm) {
         size_t cap = ck->capm ? ck->capm * 2 : 8;
-        ck_meta *n = realloc(ck->m, cap * sizeof *n);
+        ck_meta *n = ts__realloc(ck->m, cap * sizeof *n);
         if (!n)
             return ts__fail(TS_ENOMEM, "out of memory for checkpoint metadata");
         ck->m = n;
@@ -306,7 +306,7 @@ static ts_status build_header(const ts_checkpoint *ck, const char *path, char **
     if (!json)
         goto nomem;
     size_t n = strlen(json), padded = (n + 7) / 8 * 8;
-    text = malloc(padded + 1);
+    text = ts__malloc(padded + 1);
     if (!text) {
         cJSON_free(json);
         goto nomem;
@@ -362,7 +362,7 @@ static char *dir_of(const char *path)
     if (slash == path)
         return ts__strdup("/");
     size_t n = (size_t)(slash - path);
-    char *d = malloc(n + 1);
+    char *d = ts__malloc(n + 1);
     if (d) {
         memcpy(d, path, n);
         d[n] = 0;
@@ -394,7 +394,7 @@ TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
 #endif
     tmp = ts__asprintf("%s.tmp.%ld.%ld", path, (long)getpid(), tid);
     dir = dir_of(path);
-    if (!tmp || !dir || (maxbytes && !(buf = malloc(maxbytes)))) {
+    if (!tmp || !dir || (maxbytes && !(buf = ts__malloc(maxbytes)))) {
         s = ts__fail(TS_ENOMEM, "%s: out of memory saving the checkpoint", path);
         goto fail;
     }
@@ -532,7 +532,7 @@ static const char *duplicate_key(const cJSON *obj, size_t n, int *err)
 {
     if (n < 2)
         return NULL;
-    const char **names = malloc(n * sizeof *names);
+    const char **names = ts__malloc(n * sizeof *names);
     if (!names)
         return *err = 1, NULL;
     size_t k = 0;
@@ -656,7 +656,7 @@ static ts_status parse_header(const char *path, const cJSON *root, uint64_t data
             return ts__fail(TS_ENOMEM, "%s: out of memory reading the header", path);
         return CORRUPT("%s: duplicate tensor name '%s' in the header", path, dup);
     }
-    if (members && !(es = calloc(members, sizeof *es))) {
+    if (members && !(es = ts__calloc(members, sizeof *es))) {
         s = ts__fail(TS_ENOMEM, "%s: out of memory reading the header", path);
         goto fail;
     }
@@ -704,7 +704,7 @@ static ts_status parse_header(const char *path, const cJSON *root, uint64_t data
         }
     }
     /* The tensors must tile the data region exactly: no overlaps, holes or trailing bytes. */
-    if (count && !(sorted = malloc(count * sizeof *sorted))) {
+    if (count && !(sorted = ts__malloc(count * sizeof *sorted))) {
         s = ts__fail(TS_ENOMEM, "%s: out of memory reading the header", path);
         goto fail;
     }
@@ -814,7 +814,7 @@ TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpo
         CORRUPT("%s: header length %" PRIu64 " is too small for a JSON object", path, hlen);
         goto fail;
     }
-    if (!(header = malloc(hlen + 1)) || !(ck = calloc(1, sizeof *ck))) {
+    if (!(header = ts__malloc(hlen + 1)) || !(ck = ts__calloc(1, sizeof *ck))) {
         s = ts__fail(TS_ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header", path, hlen);
         goto fail;
     }
@@ -842,11 +842,11 @@ TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpo
     /* The header said everything; read the tensors in file order through one buffer. */
     for (size_t i = 0; i < count; i++)
         maxbytes = es[i].end - es[i].begin > maxbytes ? es[i].end - es[i].begin : maxbytes;
-    if (maxbytes && !(buf = malloc(maxbytes))) {
+    if (maxbytes && !(buf = ts__malloc(maxbytes))) {
         s = ts__fail(TS_ENOMEM, "%s: out of memory for a %zu-byte tensor", path, maxbytes);
         goto fail;
     }
-    if (!(ck->e = calloc(count ? count : 1, sizeof *ck->e))) {
+    if (!(ck->e = ts__calloc(count ? count : 1, sizeof *ck->e))) {
         s = ts__fail(TS_ENOMEM, "%s: out of memory for %zu tensors", path, count);
         goto fail;
     }

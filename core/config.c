@@ -318,7 +318,7 @@ static int handler(void *user, const char *section, const char *key, const char 
                        dup->line);
     if (cfg->n == cfg->cap) {
         size_t cap = cfg->cap ? cfg->cap * 2 : 16;
-        entry *e = realloc(cfg->e, cap * sizeof *e);
+        entry *e = ts__realloc(cfg->e, cap * sizeof *e);
         if (!e)
             return fail_at(ps, TS_ENOMEM, "out of memory reading the configuration");
         cfg->e = e;
@@ -339,7 +339,7 @@ static int handler(void *user, const char *section, const char *key, const char 
 
 static ts_status config_new(const char *source, const char *dir, ts_config **out)
 {
-    ts_config *cfg = calloc(1, sizeof *cfg);
+    ts_config *cfg = ts__calloc(1, sizeof *cfg);
     if (!cfg)
         return ts__fail(TS_ENOMEM, "out of memory creating a configuration");
     cfg->source = ts__strdup(source);
@@ -531,8 +531,8 @@ ts_status ts__config_plugin_settings(const ts_config *cfg, const char *name,
         nkeys++;
     /* The key list: common keys (with the plugin's default if it redeclares them), then the
      * plugin's own. */
-    const ts_config_key **list = calloc(NCOMMON + nkeys, sizeof *list);
-    ts_setting *s = calloc(NCOMMON + nkeys, sizeof *s);
+    const ts_config_key **list = ts__calloc(NCOMMON + nkeys, sizeof *list);
+    ts_setting *s = ts__calloc(NCOMMON + nkeys, sizeof *s);
     size_t count = 0;
     char section[160], expected[160];
     ts_status st = TS_OK;

@@ -233,8 +233,8 @@ static ts_status idx_read_host(const char *path, idx_host *h)
         goto fail;
     uint64_t want = (uint64_t)h->numel * file_es; /* bytes of data the header declares */
     size_t cap = h->nbytes < IDX_FIRST_CAP ? h->nbytes : IDX_FIRST_CAP;
-    h->data = malloc(cap ? cap : 1);
-    chunk = malloc(IDX_CHUNK);
+    h->data = ts__malloc(cap ? cap : 1);
+    chunk = ts__malloc(IDX_CHUNK);
     if (!h->data || !chunk) {
         s = ts__fail(TS_ENOMEM, "IDX file '%s': out of host memory", path);
         goto fail;
@@ -250,7 +250,7 @@ static ts_status idx_read_host(const char *path, idx_host *h)
         if (end > cap) {
             while (cap < end)
                 cap = cap > h->nbytes / 2 ? h->nbytes : cap * 2;
-            unsigned char *p = realloc(h->data, cap);
+            unsigned char *p = ts__realloc(h->data, cap);
             if (!p) {
                 s = ts__fail(TS_ENOMEM, "IDX file '%s': out of host memory for %zu bytes", path,
                              cap);
@@ -383,8 +383,8 @@ TS_API ts_status ts_fashion_mnist_load(const char *dir, int train, ts_device *de
                      (long long)n, ipath, (long long)lb.shape[0], lpath);
         goto fail;
     }
-    lab = malloc((size_t)n * sizeof *lab + 1);
-    slice = malloc(FMNIST_SLICE * sizeof *slice);
+    lab = ts__malloc((size_t)n * sizeof *lab + 1);
+    slice = ts__malloc(FMNIST_SLICE * sizeof *slice);
     if (!lab || !slice) {
         s = ts__fail(TS_ENOMEM, "Fashion-MNIST: out of host memory");
         goto fail;
@@ -483,7 +483,7 @@ TS_API ts_status ts_loader_new(ts_tensor *data, ts_tensor *labels, int64_t batch
                             ts__shape_str(labels->ndim, labels->shape, b2, sizeof b2));
         }
     }
-    ts_loader *l = calloc(1, sizeof *l);
+    ts_loader *l = ts__calloc(1, sizeof *l);
     if (!l)
         return ts__fail(TS_ENOMEM, "ts_loader_new: out of host memory");
     l->data = ts_tensor_ref(data);
@@ -498,7 +498,7 @@ TS_API ts_status ts_loader_new(ts_tensor *data, ts_tensor *labels, int64_t batch
     l->cap = batch_size < l->n ? batch_size : l->n;
     ts_status s = TS_OK;
     if (l->shuffle && l->cap > 0) {
-        l->perm = malloc((size_t)l->n * sizeof *l->perm);
+        l->perm = ts__malloc((size_t)l->n * sizeof *l->perm);
         if (!l->perm) {
             s = ts__fail(TS_ENOMEM,
                          "ts_loader_new: out of host memory for a permutation of "

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <tessera/fault.h>
 #include <tessera/tessera.h>
 
 #define TS_API __attribute__((visibility("default")))
@@ -201,6 +202,16 @@ ts_status ts__sum_to(const ts_tensor *g, int ndim, const int64_t *shape, ts_tens
 /* Grad mode push/pop for backward (off) and checkpoint recompute (on). */
 void ts__grad_push(int enabled);
 void ts__grad_pop(void);
+
+/* ---- fault.c ----------------------------------------------------------------------------- */
+/* Non-zero if the armed fault (tessera/fault.h) falls on this call at site (a ts_fault_site);
+ * the caller then fails as it would for real. */
+int ts__fault_hit(unsigned site);
+/* malloc, calloc, realloc that TS_FAULT_HOST can fail: every core file allocates with these
+ * (pool.c's bookkeeping excepted: its public alloc entry has the TS_FAULT_POOL hook). */
+void *ts__malloc(size_t n);
+void *ts__calloc(size_t n, size_t size);
+void *ts__realloc(void *p, size_t n);
 
 /* ---- util ------------------------------------------------------------------------------ */
 /* getenv, but NULL in setuid/setgid programs (secure_getenv) where the platform has it. */

@@ -26,6 +26,9 @@ struct ts_device {
     ts_pool *refpool;       /* TS_PLUGIN_HOST_MEMORY plugins: scratch of the reference kernels */
 };
 
+/* Larger device memory than this in ts_device_info is a plugin bug (64 PiB). */
+#define DEVINFO_MAX_BYTES ((uint64_t)1 << 56)
+
 /* ---- search path ---------------------------------------------------------------------- */
 
 /* Calls fn for each entry of a colon-separated list. Relative entries are resolved against
@@ -305,7 +308,7 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
     ts_status s = ts_plugin_find(cfg, name_or_path, &path);
     if (s)
         return s;
-    ts_device *dev = calloc(1, sizeof *dev);
+    ts_device *dev = ts__calloc(1, sizeof *dev);
     if (!dev) {
         free(path);
         return ts__fail(TS_ENOMEM, "out of memory loading plugin '%s'", name_or_path);
@@ -314,7 +317,11 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
     if ((s = check_permissions(cfg, path)))
         goto fail;
     dlerror();
-    dev->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    /* RTLD_NODELETE: ts_device_unload shuts the plugin down and dlcloses it, but its code
+     * stays mapped. A plugin's libraries may leave threads behind that no API stops (libgomp's
+     * pool spins in its own code for a while after each parallel region); unmapping that code
+     * under them crashed `tessera train` at exit under valgrind (docs/reliability.md). */
+    dev->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!dev->handle) {
         const char *e = dlerror();
         s = ts__fail(TS_EPLUGIN, "plugin '%s': cannot load %s: %s", name_or_path, path,
@@ -461,7 +468,29 @@ TS_API ts_status ts_device_info_get(ts_device *dev, ts_device_info *info)
         return ts__fail(TS_EINVAL, "ts_device_info_get: NULL argument");
     memset(info, 0, sizeof *info);
     info->struct_size = sizeof *info;
-    return dev->vt.device_info(dev->ctx, info);
+    ts_status s = dev->vt.device_info(dev->ctx, info);
+    if (s)
+        return s;
+    info->name[sizeof info->name - 1] = 0;
+    /* Figures no device can have are dropped (their valid bit cleared) with a warning, so
+     * nothing downstream divides by a zero total or trusts free > total. */
+    const char *why = NULL;
+    if ((info->valid & TS_DEVINFO_TOTAL) && info->total_bytes == 0)
+        why = "a total of 0 bytes";
+    else if ((info->valid & TS_DEVINFO_TOTAL) && info->total_bytes > DEVINFO_MAX_BYTES)
+        why = "an implausible total (over 64 PiB)";
+    else if ((info->valid & (TS_DEVINFO_TOTAL | TS_DEVINFO_FREE)) ==
+                 (TS_DEVINFO_TOTAL | TS_DEVINFO_FREE) &&
+             info->free_bytes > info->total_bytes)
+        why = "more free memory than total";
+    if (why) {
+        ts__log(TS_LOG_WARN, "plugin '%s' reports %s (total %llu, free %llu bytes); its memory "
+                "figures are ignored: fix the plugin's device_info", dev->name, why,
+                (unsigned long long)info->total_bytes, (unsigned long long)info->free_bytes);
+        info->valid &= ~(TS_DEVINFO_TOTAL | TS_DEVINFO_FREE);
+        info->total_bytes = info->free_bytes = 0;
+    }
+    return TS_OK;
 }
 
 TS_API int ts_device_supports(ts_device *dev, int op, int dtype)
@@ -499,6 +528,12 @@ TS_API ts_status ts_device_set_limits(ts_device *dev, uint64_t reserve_limit,
     return dev->vt.set_limits(dev->ctx, reserve_limit, cache_limit);
 }
 
+/* What a plugin's failing call looks like, for TS_FAULT_KERNEL (tessera/fault.h). */
+static ts_status injected(ts_device *dev, const char *what)
+{
+    return ts__fail(TS_EPLUGIN, "plugin '%s': %s failed (injected fault)", dev->name, what);
+}
+
 TS_API ts_status ts_device_alloc(ts_device *dev, size_t nbytes, const char *tag, void **ptr)
 {
     if (!ptr)
@@ -520,6 +555,8 @@ TS_API ts_status ts_device_copy_from_host(ts_device *dev, void *dst, const void 
 {
     if (!dev || (nbytes && (!dst || !src)))
         return ts__fail(TS_EINVAL, "ts_device_copy_from_host: NULL argument");
+    if (nbytes && ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, "copy_h2d");
     return nbytes ? dev->vt.copy_h2d(dev->ctx, dst, src, nbytes) : TS_OK;
 }
 
@@ -528,6 +565,8 @@ TS_API ts_status ts_device_copy_to_host(ts_device *dev, void *dst, const void *s
 {
     if (!dev || (nbytes && (!dst || !src)))
         return ts__fail(TS_EINVAL, "ts_device_copy_to_host: NULL argument");
+    if (nbytes && ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, "copy_d2h");
     return nbytes ? dev->vt.copy_d2h(dev->ctx, dst, src, nbytes) : TS_OK;
 }
 
@@ -568,12 +607,16 @@ TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
     if (!dev->vt.run || !dev->vt.supports || !dev->vt.supports(dev->ctx, call->op, dtype))
         return ts__fail(TS_ENOTSUP, "plugin '%s' does not implement %s for %s", dev->name,
                         ts_op_name(call->op), ts_dtype_name(dtype));
+    if (ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, ts_op_name(call->op));
     return dev->vt.run(dev->ctx, call);
 }
 
 ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *pattern,
                           size_t pattern_size)
 {
+    if (nbytes && ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, "fill");
     return nbytes ? dev->vt.fill(dev->ctx, dst, nbytes, pattern, pattern_size) : TS_OK;
 }
 

@@ -175,7 +175,7 @@ static ts_status trace_open(const char *path)
         return ts__fail(TS_ESTATE, "memtrace: a trace is already being written; call "
                                    "ts_memtrace_stop first");
     }
-    char *buf = malloc(TRACE_BUF);
+    char *buf = ts__malloc(TRACE_BUF);
     FILE *f = buf ? fopen(path, "w") : NULL;
     if (!f) {
         int err = errno;
@@ -260,7 +260,7 @@ static void leak_collect(const ts_memory_block_info *b, void *user)
     leak_list *l = user;
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 64;
-        leak *v = realloc(l->v, cap * sizeof *v);
+        leak *v = ts__realloc(l->v, cap * sizeof *v);
         if (!v) {
             l->failed = 1;
             return;

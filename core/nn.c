@@ -49,7 +49,7 @@ struct ts_module {
 static ts_status new_module(int k, ts_module **out)
 {
     *out = NULL;
-    ts_module *m = calloc(1, sizeof *m);
+    ts_module *m = ts__calloc(1, sizeof *m);
     if (!m)
         return ts__fail(TS_ENOMEM, "out of host memory creating a %s layer", kind_names[k]);
     m->kind = k;
@@ -343,10 +343,10 @@ TS_API ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_modul
         }
     if (seq->n == seq->cap) {
         size_t cap = seq->cap ? seq->cap * 2 : 8;
-        ts_module **c = realloc(seq->children, cap * sizeof *c);
+        ts_module **c = ts__realloc(seq->children, cap * sizeof *c);
         if (c)
             seq->children = c;
-        char(*nm)[NAME_MAX_LEN] = c ? realloc(seq->names, cap * sizeof *nm) : NULL;
+        char(*nm)[NAME_MAX_LEN] = c ? ts__realloc(seq->names, cap * sizeof *nm) : NULL;
         if (!c || !nm) {
             s = ts__fail(TS_ENOMEM, "sequential_add: out of host memory");
             goto fail;
@@ -673,7 +673,7 @@ TS_API size_t ts_module_buffers(ts_module *m, ts_named_tensor *out, size_t cap)
 TS_API int64_t ts_module_num_params(ts_module *m)
 {
     size_t n = ts_module_parameters(m, NULL, 0);
-    ts_named_tensor *p = calloc(n ? n : 1, sizeof *p);
+    ts_named_tensor *p = ts__calloc(n ? n : 1, sizeof *p);
     int64_t total = 0;
     if (!p)
         return -1;

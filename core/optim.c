@@ -47,8 +47,8 @@ static ts_status optim_new(int kind, const ts_named_tensor *params, size_t n, ts
                 return ts__fail(TS_EINVAL, "optimizer: two parameters named '%s'",
                                 params[i].name);
     }
-    ts_optim *o = calloc(1, sizeof *o);
-    slot *s = calloc(n ? n : 1, sizeof *s);
+    ts_optim *o = ts__calloc(1, sizeof *o);
+    slot *s = ts__calloc(n ? n : 1, sizeof *s);
     if (!o || !s) {
         free(o);
         free(s);

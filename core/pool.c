@@ -843,6 +843,8 @@ static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **p
     *ptr = NULL;
     if (!p)
         return ts__fail(TS_EINVAL, "pool alloc: pool is NULL");
+    if (ts__fault_hit(TS_FAULT_POOL))
+        return ts__fail(TS_ENOMEM, "pool '%s': out of memory (injected fault)", p->name);
     unsigned hooks = atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed);
     ts_status st = TS_OK;
     ts_memory_event ev;

@@ -73,7 +73,7 @@ static ts_status generate(ts_device *dev, int32_t dtype, int ndim, const int64_t
         return s;
     int64_t n = ts_tensor_numel(t);
     size_t es = ts_dtype_size(dtype);
-    unsigned char *buf = malloc((size_t)n * es + 1);
+    unsigned char *buf = ts__malloc((size_t)n * es + 1);
     if (!buf) {
         ts_tensor_unref(t);
         return ts__fail(TS_ENOMEM, "out of host memory for %lld random numbers", (long long)n);

@@ -86,7 +86,7 @@ _Noreturn void ts__assert_fail(const char *cond, const char *file, int line)
 char *ts__strdup(const char *s)
 {
     size_t n = strlen(s) + 1;
-    char *d = malloc(n);
+    char *d = ts__malloc(n);
     if (d)
         memcpy(d, s, n);
     return d;
@@ -99,7 +99,7 @@ char *ts__asprintf(const char *fmt, ...)
     va_copy(ap2, ap);
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    char *s = n < 0 ? NULL : malloc((size_t)n + 1);
+    char *s = n < 0 ? NULL : ts__malloc((size_t)n + 1);
     if (s)
         vsnprintf(s, (size_t)n + 1, fmt, ap2);
     va_end(ap2);
