@@ -1,16 +1,12 @@
 /* plugins/common/hostdev.c: host-memory device plumbing shared by the CPU plugins. */
 #include "hostdev.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 /* Commits go in steps of this: a step's pages are mapped and faulted in at once. */
 #define VM_GRANULARITY ((size_t)2 << 20)
@@ -77,23 +73,9 @@ static void vm_decommit(void *user, void *addr, size_t nbytes)
         madvise(addr, nbytes, MADV_DONTNEED);
 }
 
-/* The OpenMP runtime's idle worker threads outlive every parallel region (spinning, then
- * asleep inside the runtime). Were the runtime unmapped with this plugin at dlclose, a worker
- * still spinning would run unmapped code and crash the process; so the runtime, loaded for this
- * plugin, is marked never to unload (RTLD_NODELETE on the already loaded library). */
-static void pin_openmp_runtime(void)
-{
-#ifdef _OPENMP
-    Dl_info info;
-    if (dladdr((void *)omp_get_max_threads, &info) && info.dli_fname)
-        dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
-#endif
-}
-
 ts_status ts_hostdev_init(ts_hostdev *hd, const ts_host *host, const char *name,
                           const ts_setting *settings, size_t nsettings)
 {
-    pin_openmp_runtime();
     memset(hd, 0, sizeof *hd);
     hd->host = host;
     hd->name = name;
