@@ -407,6 +407,8 @@ static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
         return dn_matmul(c, call);
     if (dn_conv_supports(call->op, dtype))
         return dn_conv(c, call);
+    if (dn_eltwise_wants(call))
+        return dn_eltwise(c, call);
     /* A family that claims the op writes its own, more precise message. */
     if (!ts_hostkern_supports(call->op, dtype))
         return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented for dtype %d",

@@ -504,6 +504,205 @@ static void test_conv_bad_params(void)
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* unary and softmax: oneDNN for large dense F32 operands, the host kernels otherwise          */
+
+/* Enough elements for the oneDNN path (cpu_onednn's DN_ELTWISE_MIN is 4096). */
+static const int64_t big3[3] = {3, 41, 50};
+
+/* The value of element i of an eltwise test input: special values first, then a spread that
+ * covers where each function's approximation changes regime (exp overflow and underflow,
+ * tanh and sigmoid saturation, log near 1 and of denormals). */
+static double special_input(int32_t fn, int64_t i, int with_nan)
+{
+    if (i == 0 && !with_nan)
+        return 0.25;
+    static const double sp[] = {NAN, INFINITY, -INFINITY, 0.0, -0.0, 1.0, -1.0, 1e-40, 88.0,
+                                89.0, -87.0, -104.0, -110.0, 1e-7, -1e-7, 20.0, -20.0, 9.0, -9.0};
+    int64_t nsp = (int64_t)(sizeof sp / sizeof sp[0]);
+    if (i < nsp)
+        return sp[i];
+    double t = (double)((i * 7919) % 6000) / 6000.0; /* [0, 1), scrambled */
+    if (fn == TS_UNARY_LOG || fn == TS_UNARY_SQRT)
+        return ldexp(0.5 + t, (int)(i % 60) - 30); /* positive, 2^-31 .. 2^30 */
+    return (t - 0.5) * 60.0;                       /* [-30, 30) */
+}
+
+/* What the functions compute, in double. */
+static double unary_ref(int32_t fn, double x)
+{
+    switch (fn) {
+    case TS_UNARY_EXP:
+        return exp(x);
+    case TS_UNARY_LOG:
+        return log(x);
+    case TS_UNARY_TANH:
+        return tanh(x);
+    case TS_UNARY_SIGMOID:
+        return 1.0 / (1.0 + exp(-x));
+    case TS_UNARY_SQRT:
+        return sqrt(x);
+    case TS_UNARY_RELU:
+        return x < 0 ? 0.0 : x;
+    case TS_UNARY_GELU:
+        return 0.5 * x * erfc(-x / sqrt(2.0));
+    default:
+        return -x;
+    }
+}
+
+/* Runs fn on big3 in layout lo (in place or not; with a NaN as the first element or not) on
+ * cpu_onednn and cpu_blas; checks against
+ * the float32 rounding of the double reference (rtol 1e-5, as the kernel tests, or atol 1e-37 for results in
+ * float32's denormal range) and against cpu_blas. created: what the first cpu_onednn call
+ * must do to the primitive count: 1 create (the oneDNN path, on a shape not seen yet), 0
+ * create none (the host kernels), -1 either (a shape seen before). */
+static void check_unary(ts_device *dn, ts_device *bl, int32_t fn, kt_layout lo, int in_place,
+                        int with_nan, int created)
+{
+    count_fn count = primitive_counter(dn);
+    ts_device *devs[2] = {dn, bl};
+    double *res[2] = {NULL, NULL}, *in = NULL;
+    int64_t n = 0;
+    for (int d = 0; d < 2; d++) {
+        if (!devs[d])
+            continue;
+        kt_buf a = kt_make(devs[d], TS_F32, 3, big3, lo, 1);
+        kt_buf o = kt_make(devs[d], TS_F32, 3, big3, lo, 2);
+        n = kt_numel(&a.op);
+        int64_t idx[3];
+        for (int64_t i = 0; i < n; i++) {
+            kt_unravel(&a.op, i, idx);
+            kt_set(&a.op, idx, special_input(fn, i, with_nan));
+        }
+        if (d == 0)
+            in = snapshot(&a.op);
+        ts_unary_params p = {fn};
+        const ts_operand *out = in_place ? &a.op : &o.op;
+        unsigned long long c0 = count();
+        CHECK_OK(kt_run(devs[d], TS_OP_UNARY, &a.op, 1, out, 1, &p, sizeof p));
+        unsigned long long c1 = count();
+        if (d == 0 && created >= 0)
+            CHECK_MSG((c1 > c0) == created, "unary %d %s: primitives %llu -> %llu, expected %s",
+                      (int)fn, kt_layout_name(lo), c0, c1, created ? "a new one" : "none");
+        res[d] = snapshot(out);
+        kt_check_gaps(in_place ? &a : &o);
+        kt_free(&o);
+        kt_free(&a);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double want = (double)(float)unary_ref(fn, in[i]);
+        CHECK_MSG(kt_close(res[0][i], want, 1e-5, 1e-37),
+                  "unary %d %s%s: f(%.9g) = %.9g, expected %.9g", (int)fn, kt_layout_name(lo),
+                  in_place ? " in place" : "", in[i], res[0][i], want);
+        if (res[1])
+            CHECK_MSG(kt_close(res[0][i], res[1][i], 1e-5, 1e-37),
+                      "unary %d %s: f(%.9g): cpu_onednn %.9g, cpu_blas %.9g", (int)fn,
+                      kt_layout_name(lo), in[i], res[0][i], res[1][i]);
+    }
+    free(in);
+    free(res[0]);
+    free(res[1]);
+}
+
+static void test_unary(void)
+{
+    ts_device *dn = load_onednn(), *bl = load_blas();
+    static const int32_t on_dnnl[] = {TS_UNARY_EXP, TS_UNARY_TANH, TS_UNARY_SIGMOID,
+                                      TS_UNARY_SQRT};
+    static const int32_t on_host[] = {TS_UNARY_LOG, TS_UNARY_RELU, TS_UNARY_GELU, TS_UNARY_NEG};
+    for (size_t f = 0; f < sizeof on_dnnl / sizeof on_dnnl[0]; f++) {
+        check_unary(dn, bl, on_dnnl[f], KT_CONTIG, 0, 0, 1);
+        check_unary(dn, bl, on_dnnl[f], KT_OFFSET, 0, 0, 0); /* the same cached primitive */
+        check_unary(dn, bl, on_dnnl[f], KT_CONTIG, 1, 0, 0);
+        check_unary(dn, bl, on_dnnl[f], KT_CONTIG, 0, 1, 0);     /* a NaN: host kernel */
+        check_unary(dn, bl, on_dnnl[f], KT_STRIDED, 0, 0, 0);    /* host kernel */
+        check_unary(dn, bl, on_dnnl[f], KT_TRANSPOSED, 0, 0, 0); /* host kernel */
+    }
+    for (size_t f = 0; f < sizeof on_host / sizeof on_host[0]; f++)
+        for (int l = 0; l < KT_NLAYOUTS; l++)
+            check_unary(dn, bl, on_host[f], l, l == KT_OFFSET, 1, 0);
+    kt_check_no_live_blocks(dn);
+}
+
+/* Softmax and log-softmax over each dim of big3, dense (oneDNN) and strided (host), against a
+ * double reference and cpu_blas; rows with NaN and +inf give NaN rows, -inf gives 0 / -inf. */
+static void check_softmax(ts_device *dn, ts_device *bl, int32_t op, int dim, kt_layout lo,
+                          int in_place, int specials)
+{
+    ts_device *devs[2] = {dn, bl};
+    double *res[2] = {NULL, NULL}, *in = NULL;
+    int64_t n = 0;
+    for (int d = 0; d < 2; d++) {
+        if (!devs[d])
+            continue;
+        kt_buf a = kt_make(devs[d], TS_F32, 3, big3, lo, 31);
+        kt_buf o = kt_make(devs[d], TS_F32, 3, big3, lo, 32);
+        n = kt_numel(&a.op);
+        if (specials) {
+            kt_set(&a.op, (int64_t[]){0, 0, 0}, NAN);
+            kt_set(&a.op, (int64_t[]){1, 2, 3}, INFINITY);
+            kt_set(&a.op, (int64_t[]){2, 4, 5}, -INFINITY);
+            kt_set(&a.op, (int64_t[]){2, 7, 9}, 80.0);
+        }
+        if (d == 0)
+            in = snapshot(&a.op);
+        ts_dim_params p = {dim};
+        const ts_operand *out = in_place ? &a.op : &o.op;
+        CHECK_OK(kt_run(devs[d], op, &a.op, 1, out, 1, &p, sizeof p));
+        res[d] = snapshot(out);
+        kt_check_gaps(in_place ? &a : &o);
+        kt_free(&o);
+        kt_free(&a);
+    }
+    int nd = dim < 0 ? dim + 3 : dim;
+    int64_t st[3] = {big3[1] * big3[2], big3[2], 1}, len = big3[nd];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t base = i - ((i / st[nd]) % len) * st[nd];
+        double m = -INFINITY, sum = 0;
+        for (int64_t k = 0; k < len; k++) {
+            double v = in[base + k * st[nd]];
+            m = v > m || isnan(v) ? v : m;
+        }
+        for (int64_t k = 0; k < len; k++)
+            sum += exp(in[base + k * st[nd]] - m);
+        double want = op == TS_OP_SOFTMAX ? exp(in[i] - m) / sum : in[i] - m - log(sum);
+        double tol = op == TS_OP_SOFTMAX ? 1e-37 : 1e-5;
+        CHECK_MSG(kt_close(res[0][i], want, 1e-5, tol), "%s dim %d %s: element %lld %.9g, "
+                  "expected %.9g", op == TS_OP_SOFTMAX ? "softmax" : "log_softmax", dim,
+                  kt_layout_name(lo), (long long)i, res[0][i], want);
+        if (res[1])
+            CHECK_MSG(kt_close(res[0][i], res[1][i], 1e-5, tol), "%s dim %d: element %lld: "
+                      "cpu_onednn %.9g, cpu_blas %.9g", op == TS_OP_SOFTMAX ? "softmax" :
+                      "log_softmax", dim, (long long)i, res[0][i], res[1][i]);
+    }
+    free(in);
+    free(res[0]);
+    free(res[1]);
+}
+
+static void test_softmax(void)
+{
+    ts_device *dn = load_onednn(), *bl = load_blas();
+    count_fn count = primitive_counter(dn);
+    for (int o = 0; o < 2; o++) {
+        int32_t op = o ? TS_OP_LOG_SOFTMAX : TS_OP_SOFTMAX;
+        for (int dim = -1; dim < 3; dim++) {
+            unsigned long long c0 = count();
+            check_softmax(dn, bl, op, dim, KT_CONTIG, 0, 0);
+            unsigned long long c1 = count();
+            CHECK_MSG(dim == -1 ? c1 > c0 : c1 == c0 + (dim != 2),
+                      "softmax dim %d: primitives %llu -> %llu", dim, c0, c1);
+            check_softmax(dn, bl, op, dim, KT_CONTIG, 1, 1);
+            check_softmax(dn, bl, op, dim, KT_STRIDED, 0, 0);
+            check_softmax(dn, bl, op, dim, KT_OFFSET, 0, 1);
+            CHECK_MSG(count() == c1, "softmax dim %d: %llu primitives after the first call, %llu "
+                      "after three more", dim, c1, count());
+        }
+    }
+    kt_check_no_live_blocks(dn);
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* primitive cache                                                                           */
 
 /* One "training step": conv forward + both backward, and matmuls (plain, transposed,
@@ -606,6 +805,8 @@ int main(int argc, char **argv)
         TAP_TEST(test_conv_supports),
         TAP_TEST(test_conv),
         TAP_TEST(test_conv_bad_params),
+        TAP_TEST(test_unary),
+        TAP_TEST(test_softmax),
         TAP_TEST(test_steady_state),
         TAP_TEST(test_cache_eviction),
     };
