@@ -1,13 +1,13 @@
-/* plugins/cpu_onednn/eltwise.c: TS_OP_UNARY (exp, tanh, sigmoid, sqrt) and TS_OP_SOFTMAX /
+/* plugins/cpu_onednn/eltwise.c: TS_OP_UNARY (exp, tanh, sigmoid) and TS_OP_SOFTMAX /
  * LOG_SOFTMAX, F32, on oneDNN eltwise and softmax primitives, for the calls where they are
  * exact enough and faster than the shared host kernels; dn_eltwise_wants decides per call.
  *
  * oneDNN runs these as JIT-vectorised polynomial approximations, while the host kernels call
  * libm's scalar expf/logf/tanhf per element (glibc vectorises them only under -ffast-math), so
- * oneDNN wins by several times on large tensors; below DN_ELTWISE_MIN elements the fixed cost
- * of a primitive execution (about 10 us) loses (figures in docs/backends.md). The functions
- * left on the host kernels, and why:
- *  - neg, abs, relu: one instruction per element, memory bound; oneDNN only ties at best.
+ * oneDNN wins by several times on large tensors; on small ones the fixed cost of a primitive
+ * execution loses (thresholds below). The functions left on the host kernels, and why:
+ *  - neg, abs, relu, sqrt: one instruction per element, memory bound, vectorised by the
+ *    compiler in the host kernel; oneDNN ties (relu) or loses (sqrt, 2x at 1M elements).
  *  - gelu: oneDNN's gelu_erf is 0.5x(1 + erf(x/sqrt 2)), which cancels for x << 0 (relative
  *    error 1e-2 at x = -5), where the host kernel uses erfc and keeps full precision.
  *  - log: oneDNN's log is off by 1.4e-6 absolute near 1 (log(1) = -1.43e-6), an unbounded
@@ -19,8 +19,11 @@
 
 #include "onednn.h"
 
-/* Elements below which the host kernels are faster (measured, docs/backends.md). */
-#define DN_ELTWISE_MIN 4096
+/* Elements below which the host kernels are faster (measured with `tessera bench compare
+ * --cpu-time`, docs/backends.md): exp ties at 4096 and wins 1.3x at 65536, 2-10x at 1M;
+ * softmax loses 2x at 256x1000 and wins 1.6-1.8x from 1M elements on. */
+#define DN_UNARY_MIN 4096
+#define DN_SOFTMAX_MIN (1 << 20)
 
 /* The oneDNN eltwise algorithm (with alpha, beta) computing fn, or 0. */
 static dnnl_alg_kind_t unary_alg(int32_t fn, float *alpha, float *beta)
@@ -34,8 +37,6 @@ static dnnl_alg_kind_t unary_alg(int32_t fn, float *alpha, float *beta)
         return dnnl_eltwise_tanh;
     case TS_UNARY_SIGMOID:
         return dnnl_eltwise_logistic;
-    case TS_UNARY_SQRT:
-        return dnnl_eltwise_sqrt;
     default:
         return (dnnl_alg_kind_t)0;
     }
@@ -57,9 +58,10 @@ static int64_t dense_numel(const ts_operand *t)
     return expect;
 }
 
-/* Same shapes and the same dense layout, each with at least DN_ELTWISE_MIN elements, and in
- * and out either the same memory or disjoint (the host guarantees one or the other). */
-static int64_t dense_pair(const ts_operand *in, const ts_operand *out)
+/* Elements if in and out are F32 with the same shapes and the same dense layout, with at least
+ * min elements (in and out are then either the same memory or disjoint: the host guarantees
+ * one or the other); else -1. */
+static int64_t dense_pair(const ts_operand *in, const ts_operand *out, int64_t min)
 {
     if (in->dtype != TS_F32 || out->dtype != TS_F32 || in->ndim != out->ndim)
         return -1;
@@ -67,7 +69,7 @@ static int64_t dense_pair(const ts_operand *in, const ts_operand *out)
         if (in->shape[d] != out->shape[d])
             return -1;
     int64_t n = dense_numel(in);
-    if (n < DN_ELTWISE_MIN || dense_numel(out) != n)
+    if (n < min || dense_numel(out) != n)
         return -1;
     return n;
 }
@@ -82,7 +84,7 @@ int dn_eltwise_wants(const ts_kernel_call *call)
             return 0;
         float a, b;
         const ts_unary_params *p = call->params;
-        return unary_alg(p->fn, &a, &b) != 0 && dense_pair(in, out) > 0;
+        return unary_alg(p->fn, &a, &b) != 0 && dense_pair(in, out, DN_UNARY_MIN) > 0;
     }
     if (call->op == TS_OP_SOFTMAX || call->op == TS_OP_LOG_SOFTMAX) {
         if (call->params_size < sizeof(ts_dim_params) || in->ndim < 1)
@@ -90,7 +92,7 @@ int dn_eltwise_wants(const ts_kernel_call *call)
         const ts_dim_params *p = call->params;
         if (p->dim < -in->ndim || p->dim >= in->ndim)
             return 0; /* the host kernel reports it */
-        return dense_pair(in, out) > 0;
+        return dense_pair(in, out, DN_SOFTMAX_MIN) > 0;
     }
     return 0;
 }
@@ -134,7 +136,7 @@ static ts_status run_entry(dn_ctx *c, const dn_key *key, dn_spec *sp, const char
 ts_status dn_eltwise(dn_ctx *c, const ts_kernel_call *call)
 {
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
-    int64_t n = dense_pair(in, out);
+    int64_t n = dense_pair(in, out, 1);
     if (has_special(first(in), n, call->op != TS_OP_UNARY, c->hd.threads))
         return ts_hostkern_run(&c->hd, call);
     dn_key key = {0};
