@@ -722,8 +722,9 @@ static void test_softmax(void)
 /* ---------------------------------------------------------------------------------------- */
 /* primitive cache                                                                           */
 
-/* One "training step": conv forward + both backward, and matmuls (plain, transposed,
- * batched-broadcast, with beta). */
+/* One "training step": conv forward + both backward, matmuls (plain, transposed,
+ * batched-broadcast, with beta), the unary functions that run on oneDNN (in place and not),
+ * softmax and log-softmax on a 1M-element tensor, and a small softmax (host kernel). */
 static void step(ts_device *dn, kt_buf *bufs)
 {
     ts_conv2d_params p = CONVP(1, 2, 1, 1);
@@ -743,13 +744,24 @@ static void step(ts_device *dn, kt_buf *bufs)
     ts_operand bb = kt_broadcast(&mb->op, 3, (int64_t[]){3, 16, 10});
     CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){bc->op, bb}, 2, &bufs[10].op, 1, &mp,
                     sizeof mp));
+    kt_buf *u = &bufs[11], *uo = &bufs[12], *sm = &bufs[13], *smo = &bufs[14];
+    static const int32_t fns[] = {TS_UNARY_TANH, TS_UNARY_SIGMOID, TS_UNARY_EXP};
+    for (int i = 0; i < 3; i++) {
+        ts_unary_params up = {fns[i]};
+        CHECK_OK(kt_run(dn, TS_OP_UNARY, &u->op, 1, &uo->op, 1, &up, sizeof up));
+        CHECK_OK(kt_run(dn, TS_OP_UNARY, &uo->op, 1, &uo->op, 1, &up, sizeof up));
+    }
+    ts_dim_params dp = {-1};
+    CHECK_OK(kt_run(dn, TS_OP_SOFTMAX, &sm->op, 1, &smo->op, 1, &dp, sizeof dp));
+    CHECK_OK(kt_run(dn, TS_OP_LOG_SOFTMAX, &sm->op, 1, &smo->op, 1, &dp, sizeof dp));
+    CHECK_OK(kt_run(dn, TS_OP_SOFTMAX, &y->op, 1, &y->op, 1, &dp, sizeof dp));
 }
 
 static void test_steady_state(void)
 {
     ts_device *dn = load_onednn();
     count_fn count = primitive_counter(dn);
-    kt_buf bufs[11] = {
+    kt_buf bufs[15] = {
         kt_make(dn, TS_F32, 4, (int64_t[]){4, 1, 12, 12}, KT_CONTIG, 1),
         kt_make(dn, TS_F32, 4, (int64_t[]){6, 1, 5, 5}, KT_CONTIG, 2),
         kt_make(dn, TS_F32, 1, (int64_t[]){6}, KT_CONTIG, 3),
@@ -761,6 +773,10 @@ static void test_steady_state(void)
         kt_make(dn, TS_F32, 2, (int64_t[]){8, 10}, KT_CONTIG, 9),
         kt_make(dn, TS_F32, 3, (int64_t[]){3, 8, 16}, KT_STRIDED, 10),
         kt_make(dn, TS_F32, 3, (int64_t[]){3, 8, 10}, KT_CONTIG, 11),
+        kt_make(dn, TS_F32, 2, (int64_t[]){64, 1000}, KT_CONTIG, 12),
+        kt_make(dn, TS_F32, 2, (int64_t[]){64, 1000}, KT_CONTIG, 13),
+        kt_make(dn, TS_F32, 2, (int64_t[]){1024, 1024}, KT_CONTIG, 14),
+        kt_make(dn, TS_F32, 2, (int64_t[]){1024, 1024}, KT_CONTIG, 15),
     };
     unsigned long long c0 = count();
     step(dn, bufs);
@@ -771,7 +787,7 @@ static void test_steady_state(void)
     unsigned long long c2 = count();
     CHECK_MSG(c2 == c1, "steady state created primitives: %llu after round 1, %llu after 3", c1,
               c2);
-    for (int i = 0; i < 11; i++)
+    for (int i = 0; i < 15; i++)
         kt_free(&bufs[i]);
     kt_check_no_live_blocks(dn);
 }
