@@ -8,8 +8,8 @@
  * execution loses (thresholds below). The functions left on the host kernels, and why:
  *  - neg, abs, relu, sqrt: one instruction per element, memory bound, vectorised by the
  *    compiler in the host kernel; oneDNN ties (relu) or loses (sqrt, 2x at 1M elements).
- *  - gelu: oneDNN's gelu_erf is 0.5x(1 + erf(x/sqrt 2)), which cancels for x << 0 (relative
- *    error 1e-2 at x = -5), where the host kernel uses erfc and keeps full precision.
+ *  - gelu: oneDNN's gelu_erf is 0.5x(1 + erf(x/sqrt 2)), which cancels for x << 0, where the
+ *    host kernel uses erfc and keeps full relative precision.
  *  - log: oneDNN's log is off by 1.4e-6 absolute near 1 (log(1) = -1.43e-6), an unbounded
  *    relative error where the result is near 0.
  *  - rsqrt, erf: no oneDNN eltwise computes them directly.
@@ -20,16 +20,14 @@
 #include "onednn.h"
 
 /* Elements below which the host kernels are faster (measured with `tessera bench compare
- * --cpu-time`, docs/backends.md): exp ties at 4096 and wins 1.3x at 65536, 2-10x at 1M;
- * softmax loses 2x at 256x1000 and wins 1.6-1.8x from 1M elements on. */
+ * --cpu-time`, docs/backends.md): exp ties at 4096 and wins 1.3-1.6x at 65536; exp, tanh and
+ * sigmoid win 2.2-12x at 1M; softmax loses 2x at 256x1000, and wins up to 1.8x or ties at 1M. */
 #define DN_UNARY_MIN 4096
 #define DN_SOFTMAX_MIN (1 << 20)
 
-/* The oneDNN eltwise algorithm (with alpha, beta) computing fn, or 0. */
-static dnnl_alg_kind_t unary_alg(int32_t fn, float *alpha, float *beta)
+/* The oneDNN eltwise algorithm (alpha = beta = 0) computing fn, or 0. */
+static dnnl_alg_kind_t unary_alg(int32_t fn)
 {
-    *alpha = 0.0f;
-    *beta = 0.0f;
     switch (fn) {
     case TS_UNARY_EXP:
         return dnnl_eltwise_exp;
@@ -82,9 +80,8 @@ int dn_eltwise_wants(const ts_kernel_call *call)
     if (call->op == TS_OP_UNARY) {
         if (call->params_size < sizeof(ts_unary_params))
             return 0;
-        float a, b;
         const ts_unary_params *p = call->params;
-        return unary_alg(p->fn, &a, &b) != 0 && dense_pair(in, out, DN_UNARY_MIN) > 0;
+        return unary_alg(p->fn) != 0 && dense_pair(in, out, DN_UNARY_MIN) > 0;
     }
     if (call->op == TS_OP_SOFTMAX || call->op == TS_OP_LOG_SOFTMAX) {
         if (call->params_size < sizeof(ts_dim_params) || in->ndim < 1)
@@ -148,8 +145,7 @@ ts_status dn_eltwise(dn_ctx *c, const ts_kernel_call *call)
     dnnl_status_t st;
     if (call->op == TS_OP_UNARY) {
         const ts_unary_params *p = call->params;
-        float alpha, beta;
-        dnnl_alg_kind_t alg = unary_alg(p->fn, &alpha, &beta);
+        dnnl_alg_kind_t alg = unary_alg(p->fn);
         dn_key_push(&key, p->fn);
         dn_key_push(&key, n);
         if (dn_cache_find(c, &key))
@@ -159,7 +155,7 @@ ts_status dn_eltwise(dn_ctx *c, const ts_kernel_call *call)
             return dn_fail(c, st, "unary", "building the memory descriptors");
         sp.user[1] = sp.user[0];
         if ((st = dnnl_eltwise_forward_desc_init(&ed, dnnl_forward_inference, alg, &sp.user[0],
-                                                 alpha, beta)))
+                                                 0.0f, 0.0f)))
             return dn_fail(c, st, "unary", "dnnl_eltwise_forward_desc_init");
         sp.op_desc = &ed;
         return run_entry(c, &key, &sp, "unary", in, out);
