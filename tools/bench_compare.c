@@ -20,7 +20,7 @@ static const char usage[] =
     "  16 5x5) and a larger layer (64x64x56x56, 64 3x3 pad 1); matmul 512x512x512; one\n"
     "  LeNet-5 training step at batch 64 (forward, cross-entropy, backward, Adam); unary\n"
     "  functions (exp at several sizes, tanh, sigmoid, sqrt, log, relu at 1M elements) and\n"
-    "  softmax / log_softmax (64x10, 256x1000, along the rows).\n"
+    "  softmax / log_softmax along the rows (64x10 to 1M elements, several row lengths).\n"
     "  --only TEXT  run only the works whose name contains TEXT (e.g. --only exp)\n"
     "  --cpu-time   time the process's CPU time (all threads) instead of wall time: steadier\n"
     "               on a busy machine when the devices run one thread each (threads = 1)\n";

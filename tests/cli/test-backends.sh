@@ -9,11 +9,27 @@
 # and plain SGD for 200 steps (2 epochs of 6400 images), where they agree to better than 1e-6,
 # with the issue's 1e-3 bound.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 2
+plan 4
 if [ ! -f "$TS_BUILDDIR/plugins/cpu_onednn/.libs/cpu_onednn.so" ]; then
-    skip "cpu_blas and cpu_onednn train alike (adam)" "the cpu_onednn plugin is not built"
-    skip "cpu_blas and cpu_onednn train alike (sgd)" "the cpu_onednn plugin is not built"
+    for t in "bench compare runs" "bench compare refuses an unknown work" \
+        "cpu_blas and cpu_onednn train alike (adam)" "cpu_blas and cpu_onednn train alike (sgd)"; do
+        skip "$t" "the cpu_onednn plugin is not built"
+    done
     finish
+fi
+# A smoke test of the side-by-side benchmark (timings are not checked: benchmarks only).
+out=$("$TESSERA" bench compare --reps 1 --cpu-time --only "exp 4096" 2>&1)
+if [ $? -eq 0 ] && echo "$out" | grep -q "CPU milliseconds" && echo "$out" | grep -q "^  exp 4096 .*cpu_"; then
+    ok "bench compare runs"
+else
+    fail "bench compare runs" "$out"
+fi
+"$TESSERA" bench compare --only no-such-work >"$TMP/out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "no work matches" "$TMP/out"; then
+    ok "bench compare refuses an unknown work"
+else
+    fail "bench compare refuses an unknown work" "rc=$rc" "$(cat "$TMP/out")"
 fi
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     skip "cpu_blas and cpu_onednn train alike (adam)" "Fashion-MNIST is not installed (dataset-fashion-mnist)"
