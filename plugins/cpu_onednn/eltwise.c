@@ -19,10 +19,13 @@
 
 #include "onednn.h"
 
-/* Elements below which the host kernels are faster (measured with `tessera bench compare
- * --cpu-time`, docs/backends.md): exp ties at 4096 and wins 1.3-1.6x at 65536; exp, tanh and
- * sigmoid win 2.2-12x at 1M; softmax loses 2x at 256x1000, and wins up to 1.8x or ties at 1M. */
-#define DN_UNARY_MIN 4096
+/* Elements below which the host kernels are faster (measured with `tessera bench compare`,
+ * docs/backends.md). exp ties at 4096 in CPU time, but with 2 threads on a busy machine it
+ * took 5 ms there against 0.03 ms (oneDNN splits even 4096 elements over its threads and waits
+ * for a descheduled one; the host kernel stays on one thread below 65536 elements); at 65536 it
+ * wins 1.3-1.6x in CPU time and 7x in wall time; exp, tanh and sigmoid win 2.2-12x at 1M.
+ * Softmax loses 2x at 256x1000, and wins up to 1.8x or ties at 1M. */
+#define DN_UNARY_MIN 65536
 #define DN_SOFTMAX_MIN (1 << 20)
 
 /* The oneDNN eltwise algorithm (alpha = beta = 0) computing fn, or 0. */

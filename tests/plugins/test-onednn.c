@@ -506,8 +506,8 @@ static void test_conv_bad_params(void)
 /* ---------------------------------------------------------------------------------------- */
 /* unary and softmax: oneDNN for large dense F32 operands, the host kernels otherwise          */
 
-/* Enough elements for the oneDNN path (cpu_onednn's DN_ELTWISE_MIN is 4096). */
-static const int64_t big3[3] = {3, 41, 50};
+/* Enough elements for the oneDNN path (cpu_onednn's DN_UNARY_MIN is 65536). */
+static const int64_t big3[3] = {4, 129, 128};
 
 /* The value of element i of an eltwise test input: special values first, then a spread that
  * covers where each function's approximation changes regime (exp overflow and underflow,
@@ -773,8 +773,8 @@ static void test_steady_state(void)
         kt_make(dn, TS_F32, 2, (int64_t[]){8, 10}, KT_CONTIG, 9),
         kt_make(dn, TS_F32, 3, (int64_t[]){3, 8, 16}, KT_STRIDED, 10),
         kt_make(dn, TS_F32, 3, (int64_t[]){3, 8, 10}, KT_CONTIG, 11),
-        kt_make(dn, TS_F32, 2, (int64_t[]){64, 1000}, KT_CONTIG, 12),
-        kt_make(dn, TS_F32, 2, (int64_t[]){64, 1000}, KT_CONTIG, 13),
+        kt_make(dn, TS_F32, 2, (int64_t[]){64, 1024}, KT_CONTIG, 12),
+        kt_make(dn, TS_F32, 2, (int64_t[]){64, 1024}, KT_CONTIG, 13),
         kt_make(dn, TS_F32, 2, (int64_t[]){1024, 1024}, KT_CONTIG, 14),
         kt_make(dn, TS_F32, 2, (int64_t[]){1024, 1024}, KT_CONTIG, 15),
     };
