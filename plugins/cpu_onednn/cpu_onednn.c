@@ -1,7 +1,8 @@
 /* plugins/cpu_onednn/cpu_onednn.c: the oneDNN backend: host memory from the shared pool
  * component, a oneDNN CPU engine and stream created at init, MATMUL and the CONV2D family
- * (F32) on oneDNN primitives (matmul.c, conv.c) kept in a bounded LRU cache, everything else
- * from the shared host kernels.
+ * (F32) on oneDNN primitives (matmul.c, conv.c), large dense exp/tanh/sigmoid and softmaxes
+ * too (eltwise.c decides per call), all kept in a bounded LRU cache; everything else from the
+ * shared host kernels.
  *
  * Threads: Debian's libdnnl runs on OpenMP and sizes its parallel regions from
  * omp_get_max_threads(); every execution sets the calling thread's OpenMP thread count to the

@@ -1,5 +1,6 @@
 /* plugins/cpu_onednn/onednn.h: what the cpu_onednn files share: the plugin context, the
- * primitive cache (cpu_onednn.c) and the kernels on oneDNN primitives (matmul.c, conv.c).
+ * primitive cache (cpu_onednn.c) and the kernels on oneDNN primitives (matmul.c, conv.c,
+ * eltwise.c).
  * Same contract as the hostkern families: TS_ENOTSUP with no message for ops they do not run.
  *
  * Every oneDNN primitive the plugin runs lives in a cache entry keyed by (op, the operands'
