@@ -1,6 +1,7 @@
 /* tools/bench_compare.c: `tessera bench compare`: the same work on several backends in one
  * run (default cpu_blas and cpu_onednn): conv2d forward + backward at LeNet-5's shapes and at
- * a larger one, matmul, and a whole LeNet-5 training step, with the winner of each. */
+ * a larger one, matmul, a whole LeNet-5 training step, elementwise functions and softmax, with
+ * the winner of each. */
 #include "config.h"
 
 #include <stdio.h>
@@ -11,17 +12,27 @@
 #include "cli.h"
 
 static const char usage[] =
-    "usage: tessera bench compare [--devices A,B,...] [--reps N] [--json]\n"
+    "usage: tessera bench compare [--devices A,B,...] [--reps N] [--only TEXT] [--cpu-time]\n"
+    "                            [--json]\n"
     "\n"
     "Times on each device (default cpu_blas,cpu_onednn), median of --reps runs (default 5):\n"
     "  conv2d forward+backward: LeNet-5 conv1 (64x1x28x28, 6 5x5 pad 2), conv2 (64x6x14x14,\n"
     "  16 5x5) and a larger layer (64x64x56x56, 64 3x3 pad 1); matmul 512x512x512; one\n"
-    "  LeNet-5 training step at batch 64 (forward, cross-entropy, backward, Adam).\n";
+    "  LeNet-5 training step at batch 64 (forward, cross-entropy, backward, Adam); unary\n"
+    "  functions (exp at several sizes, tanh, sigmoid, sqrt, log, relu at 1M elements) and\n"
+    "  softmax / log_softmax along the rows (64x10 to 1M elements, several row lengths).\n"
+    "  --only TEXT  run only the works whose name contains TEXT (e.g. --only exp)\n"
+    "  --cpu-time   time the process's CPU time (all threads) instead of wall time: steadier\n"
+    "               on a busy machine when the devices run one thread each (threads = 1)\n";
+
+/* CLOCK_MONOTONIC, or with --cpu-time the process's CPU time (all threads), which a loaded
+ * machine inflates far less than wall time when the plugins run one thread each. */
+static clockid_t bench_clock = CLOCK_MONOTONIC;
 
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(bench_clock, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -33,7 +44,8 @@ static int cmp_double(const void *a, const void *b)
 
 typedef struct work {
     const char *name;
-    int kind; /* 0 conv, 1 matmul, 2 lenet5 step */
+    int kind; /* 0 conv, 1 matmul, 2 lenet5 step, 3 unary fn r on n elements, 4 softmax
+               * (r = 0) or log_softmax (r = 1) of (n, c) along dim 1 */
     int64_t n, c, h, w, k, r;
     int pad;
 } work;
@@ -44,6 +56,23 @@ static const work works[] = {
     {"conv2d fwd+bwd 64x64x56x56 3x3", 0, 64, 64, 56, 56, 64, 3, 1},
     {"matmul 512", 1, 512, 0, 0, 0, 0, 0, 0},
     {"lenet5 training step, batch 64", 2, 64, 0, 0, 0, 0, 0, 0},
+    {"exp 1024", 3, 1024, 0, 0, 0, 0, TS_UNARY_EXP, 0},
+    {"exp 4096", 3, 4096, 0, 0, 0, 0, TS_UNARY_EXP, 0},
+    {"exp 65536", 3, 65536, 0, 0, 0, 0, TS_UNARY_EXP, 0},
+    {"exp 1M", 3, 1 << 20, 0, 0, 0, 0, TS_UNARY_EXP, 0},
+    {"tanh 1M", 3, 1 << 20, 0, 0, 0, 0, TS_UNARY_TANH, 0},
+    {"sigmoid 1M", 3, 1 << 20, 0, 0, 0, 0, TS_UNARY_SIGMOID, 0},
+    {"sqrt 1M", 3, 1 << 20, 0, 0, 0, 0, TS_UNARY_SQRT, 0},
+    {"log 1M", 3, 1 << 20, 0, 0, 0, 0, TS_UNARY_LOG, 0},
+    {"relu 1M", 3, 1 << 20, 0, 0, 0, 0, TS_UNARY_RELU, 0},
+    {"softmax 64x10", 4, 64, 10, 0, 0, 0, 0, 0},
+    {"softmax 256x1000", 4, 256, 1000, 0, 0, 0, 0, 0},
+    {"log_softmax 256x1000", 4, 256, 1000, 0, 0, 0, 1, 0},
+    {"softmax 16x65536", 4, 16, 65536, 0, 0, 0, 0, 0},
+    {"softmax 256x1024", 4, 256, 1024, 0, 0, 0, 0, 0},
+    {"softmax 1024x1000", 4, 1024, 1000, 0, 0, 0, 0, 0},
+    {"softmax 256x4000", 4, 256, 4000, 0, 0, 0, 0, 0},
+    {"softmax 65536x16", 4, 65536, 16, 0, 0, 0, 0, 0},
 };
 #define NWORK (sizeof works / sizeof works[0])
 
@@ -83,6 +112,26 @@ static ts_status run_once(const work *w, ts_device *dev, ts_rng *rng, void **sta
             *secs = now() - t;
         }
         ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(c);
+        return s;
+    }
+    if (w->kind == 3 || w->kind == 4) {
+        ts_tensor *x = NULL, *y = NULL;
+        int nd = w->kind == 3 ? 1 : 2;
+        const int64_t sh[2] = {w->n, w->c};
+        /* sqrt and log get positive inputs */
+        double lo = w->kind == 3 && (w->r == TS_UNARY_SQRT || w->r == TS_UNARY_LOG) ? 0.5 : -4;
+        if ((s = ts_tensor_rand(dev, TS_F32, nd, sh, lo, 4, rng, &x)) == TS_OK &&
+            (w->kind == 4 || (s = ts_tensor_empty(dev, TS_F32, nd, sh, &y)) == TS_OK)) {
+            double t = now();
+            if (w->kind == 3)
+                s = ts_unary_out((int)w->r, x, y);
+            else
+                s = w->r ? ts_log_softmax(x, 1, &y) : ts_softmax(x, 1, &y);
+            if (s == TS_OK)
+                s = ts_device_synchronize(dev);
+            *secs = now() - t;
+        }
+        ts_tensor_unref(x), ts_tensor_unref(y);
         return s;
     }
     /* A LeNet-5 step; the model and optimizer live in *state across runs. */
@@ -143,11 +192,16 @@ int cli_bench_compare(int argc, char **argv, const cli_common *common)
 {
     int json = common->json, reps = 5;
     char devlist[256] = "cpu_blas,cpu_onednn";
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = 1;
         else if (!strcmp(argv[i], "--devices") && i + 1 < argc)
             snprintf(devlist, sizeof devlist, "%s", argv[++i]);
+        else if (!strcmp(argv[i], "--cpu-time"))
+            bench_clock = CLOCK_PROCESS_CPUTIME_ID;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc && atoi(argv[i + 1]) > 0)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
@@ -169,8 +223,15 @@ int cli_bench_compare(int argc, char **argv, const cli_common *common)
         names[nd++] = tok;
     }
     double ms[NWORK][8];
+    int run[NWORK], nrun = 0;
+    for (size_t k = 0; k < NWORK; k++)
+        nrun += run[k] = !only || strstr(works[k].name, only) != NULL;
+    if (nrun == 0) {
+        rc = cli_usage_error("bench compare", "no work matches --only '%s'", only);
+        goto out;
+    }
     for (size_t k = 0; k < NWORK && s == TS_OK; k++)
-        for (int d = 0; d < nd && s == TS_OK; d++) {
+        for (int d = 0; d < nd && s == TS_OK && run[k]; d++) {
             ts_rng rng;
             ts_rng_init(&rng, 1);
             void *state = NULL;
@@ -190,21 +251,28 @@ int cli_bench_compare(int argc, char **argv, const cli_common *common)
         goto out;
     }
     if (json) {
-        printf("{\"reps\": %d, \"results\": [", reps);
-        for (size_t k = 0; k < NWORK; k++) {
-            printf("%s\n  {\"name\": \"%s\"", k ? "," : "", works[k].name);
+        printf("{\"reps\": %d, \"clock\": \"%s\", \"results\": [", reps,
+               bench_clock == CLOCK_MONOTONIC ? "wall" : "cpu");
+        for (size_t k = 0, first = 1; k < NWORK; k++) {
+            if (!run[k])
+                continue;
+            printf("%s\n  {\"name\": \"%s\"", first ? "" : ",", works[k].name);
+            first = 0;
             for (int d = 0; d < nd; d++)
                 printf(", \"%s_ms\": %.3f", names[d], ms[k][d]);
             printf("}");
         }
         printf("\n]}\n");
     } else {
-        printf("tessera bench compare (median of %d, milliseconds)\n  %-34s", reps, "work");
+        printf("tessera bench compare (median of %d, %s milliseconds)\n  %-34s", reps,
+               bench_clock == CLOCK_MONOTONIC ? "wall" : "CPU", "work");
         for (int d = 0; d < nd; d++)
             printf(" %12s", names[d]);
         printf("  fastest\n");
         for (size_t k = 0; k < NWORK; k++) {
             int best = 0;
+            if (!run[k])
+                continue;
             printf("  %-34s", works[k].name);
             for (int d = 0; d < nd; d++) {
                 printf(" %12.2f", ms[k][d]);

@@ -1,7 +1,8 @@
 /* plugins/cpu_onednn/cpu_onednn.c: the oneDNN backend: host memory from the shared pool
  * component, a oneDNN CPU engine and stream created at init, MATMUL and the CONV2D family
- * (F32) on oneDNN primitives (matmul.c, conv.c) kept in a bounded LRU cache, everything else
- * from the shared host kernels.
+ * (F32) on oneDNN primitives (matmul.c, conv.c), large dense exp/tanh/sigmoid and softmaxes
+ * too (eltwise.c decides per call), all kept in a bounded LRU cache; everything else from the
+ * shared host kernels.
  *
  * Threads: Debian's libdnnl runs on OpenMP and sizes its parallel regions from
  * omp_get_max_threads(); every execution sets the calling thread's OpenMP thread count to the
@@ -407,6 +408,8 @@ static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
         return dn_matmul(c, call);
     if (dn_conv_supports(call->op, dtype))
         return dn_conv(c, call);
+    if (dn_eltwise_wants(call))
+        return dn_eltwise(c, call);
     /* A family that claims the op writes its own, more precise message. */
     if (!ts_hostkern_supports(call->op, dtype))
         return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented for dtype %d",

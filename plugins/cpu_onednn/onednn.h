@@ -1,5 +1,6 @@
 /* plugins/cpu_onednn/onednn.h: what the cpu_onednn files share: the plugin context, the
- * primitive cache (cpu_onednn.c) and the kernels on oneDNN primitives (matmul.c, conv.c).
+ * primitive cache (cpu_onednn.c) and the kernels on oneDNN primitives (matmul.c, conv.c,
+ * eltwise.c).
  * Same contract as the hostkern families: TS_ENOTSUP with no message for ops they do not run.
  *
  * Every oneDNN primitive the plugin runs lives in a cache entry keyed by (op, the operands'
@@ -99,5 +100,10 @@ int dn_matmul_supports(int32_t op, int32_t dtype);
 ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call);
 int dn_conv_supports(int32_t op, int32_t dtype);
 ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call);
+/* Non-zero if oneDNN runs this UNARY / SOFTMAX / LOG_SOFTMAX call (F32, dense, large enough,
+ * a function oneDNN computes as exactly as the host kernel); decided per call from the
+ * operands, so the same op may run on either. */
+int dn_eltwise_wants(const ts_kernel_call *call);
+ts_status dn_eltwise(dn_ctx *c, const ts_kernel_call *call);
 
 #endif

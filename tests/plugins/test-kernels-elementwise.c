@@ -695,6 +695,10 @@ static void test_scalar_and_empty(void)
 static void test_large_threaded(void)
 {
     int64_t s2[2] = {389, 401}, s1 = 300007;
+    /* The large dense sigmoid runs on a oneDNN primitive in cpu_onednn, after which
+     * LeakSanitizer's exit-time tracer crashes on oneDNN's threads (tests/plugins/test-onednn.c);
+     * this forked test skips that check (the others in this program keep it). */
+    setenv("TS_NO_LSAN_CHECK", "1", 1);
     FOR_EACH_PLUGIN(dev)
     {
         for (int l = 0; l < KT_NLAYOUTS; l++) {

@@ -504,10 +504,227 @@ static void test_conv_bad_params(void)
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* unary and softmax: oneDNN for large dense F32 operands, the host kernels otherwise          */
+
+/* Enough elements for the oneDNN path (cpu_onednn's DN_UNARY_MIN is 65536). */
+static const int64_t big3[3] = {4, 129, 128};
+
+/* The value of element i of an eltwise test input: special values first, then a spread that
+ * covers where each function's approximation changes regime (exp overflow and underflow,
+ * tanh and sigmoid saturation, log near 1 and of denormals). */
+static double special_input(int32_t fn, int64_t i, int with_nan)
+{
+    if (i == 0 && !with_nan)
+        return 0.25;
+    static const double sp[] = {NAN, INFINITY, -INFINITY, 0.0, -0.0, 1.0, -1.0, 1e-40, 88.0,
+                                89.0, -87.0, -104.0, -110.0, 1e-7, -1e-7, 20.0, -20.0, 9.0, -9.0};
+    int64_t nsp = (int64_t)(sizeof sp / sizeof sp[0]);
+    if (i < nsp)
+        return sp[i];
+    double t = (double)((i * 7919) % 6000) / 6000.0; /* [0, 1), scrambled */
+    if (fn == TS_UNARY_LOG || fn == TS_UNARY_SQRT)
+        return ldexp(0.5 + t, (int)(i % 60) - 30); /* positive, 2^-31 .. 2^30 */
+    return (t - 0.5) * 60.0;                       /* [-30, 30) */
+}
+
+/* What the functions compute, in double. */
+static double unary_ref(int32_t fn, double x)
+{
+    switch (fn) {
+    case TS_UNARY_EXP:
+        return exp(x);
+    case TS_UNARY_LOG:
+        return log(x);
+    case TS_UNARY_TANH:
+        return tanh(x);
+    case TS_UNARY_SIGMOID:
+        return 1.0 / (1.0 + exp(-x));
+    case TS_UNARY_SQRT:
+        return sqrt(x);
+    case TS_UNARY_RELU:
+        return x < 0 ? 0.0 : x;
+    case TS_UNARY_GELU:
+        return 0.5 * x * erfc(-x / sqrt(2.0));
+    default:
+        return -x;
+    }
+}
+
+/* Runs fn on big3 in layout lo (in place or not; with a NaN as the first element or not) on
+ * cpu_onednn and cpu_blas; checks against
+ * the float32 rounding of the double reference (rtol 1e-5, as the kernel tests, or atol 1e-37 for results in
+ * float32's denormal range) and against cpu_blas. created: what the first cpu_onednn call
+ * must do to the primitive count: 1 create (the oneDNN path, on a shape not seen yet), 0
+ * create none (the host kernels), -1 either (a shape seen before). */
+static void check_unary(ts_device *dn, ts_device *bl, int32_t fn, kt_layout lo, int in_place,
+                        int with_nan, int created)
+{
+    count_fn count = primitive_counter(dn);
+    ts_device *devs[2] = {dn, bl};
+    double *res[2] = {NULL, NULL}, *in = NULL;
+    int64_t n = 0;
+    for (int d = 0; d < 2; d++) {
+        if (!devs[d])
+            continue;
+        kt_buf a = kt_make(devs[d], TS_F32, 3, big3, lo, 1);
+        kt_buf o = kt_make(devs[d], TS_F32, 3, big3, lo, 2);
+        n = kt_numel(&a.op);
+        int64_t idx[3];
+        for (int64_t i = 0; i < n; i++) {
+            kt_unravel(&a.op, i, idx);
+            kt_set(&a.op, idx, special_input(fn, i, with_nan));
+        }
+        if (d == 0)
+            in = snapshot(&a.op);
+        ts_unary_params p = {fn};
+        const ts_operand *out = in_place ? &a.op : &o.op;
+        unsigned long long c0 = count();
+        CHECK_OK(kt_run(devs[d], TS_OP_UNARY, &a.op, 1, out, 1, &p, sizeof p));
+        unsigned long long c1 = count();
+        if (d == 0 && created >= 0)
+            CHECK_MSG((c1 > c0) == created, "unary %d %s: primitives %llu -> %llu, expected %s",
+                      (int)fn, kt_layout_name(lo), c0, c1, created ? "a new one" : "none");
+        res[d] = snapshot(out);
+        kt_check_gaps(in_place ? &a : &o);
+        kt_free(&o);
+        kt_free(&a);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double want = (double)(float)unary_ref(fn, in[i]);
+        CHECK_MSG(kt_close(res[0][i], want, 1e-5, 1e-37),
+                  "unary %d %s%s: f(%.9g) = %.9g, expected %.9g", (int)fn, kt_layout_name(lo),
+                  in_place ? " in place" : "", in[i], res[0][i], want);
+        if (res[1])
+            CHECK_MSG(kt_close(res[0][i], res[1][i], 1e-5, 1e-37),
+                      "unary %d %s: f(%.9g): cpu_onednn %.9g, cpu_blas %.9g", (int)fn,
+                      kt_layout_name(lo), in[i], res[0][i], res[1][i]);
+    }
+    free(in);
+    free(res[0]);
+    free(res[1]);
+}
+
+static void test_unary(void)
+{
+    ts_device *dn = load_onednn(), *bl = load_blas();
+    static const int32_t on_dnnl[] = {TS_UNARY_EXP, TS_UNARY_TANH, TS_UNARY_SIGMOID};
+    static const int32_t on_host[] = {TS_UNARY_LOG, TS_UNARY_SQRT, TS_UNARY_RELU, TS_UNARY_GELU,
+                                      TS_UNARY_NEG};
+    for (size_t f = 0; f < sizeof on_dnnl / sizeof on_dnnl[0]; f++) {
+        check_unary(dn, bl, on_dnnl[f], KT_CONTIG, 0, 0, 1);
+        check_unary(dn, bl, on_dnnl[f], KT_OFFSET, 0, 0, 0); /* the same cached primitive */
+        check_unary(dn, bl, on_dnnl[f], KT_CONTIG, 1, 0, 0);
+        check_unary(dn, bl, on_dnnl[f], KT_CONTIG, 0, 1, 0);     /* a NaN: host kernel */
+        check_unary(dn, bl, on_dnnl[f], KT_STRIDED, 0, 0, 0);    /* host kernel */
+        check_unary(dn, bl, on_dnnl[f], KT_TRANSPOSED, 0, 0, 0); /* host kernel */
+    }
+    for (size_t f = 0; f < sizeof on_host / sizeof on_host[0]; f++)
+        for (int l = 0; l < KT_NLAYOUTS; l++)
+            check_unary(dn, bl, on_host[f], l, l == KT_OFFSET, 1, 0);
+    kt_check_no_live_blocks(dn);
+}
+
+/* Softmax (op) over dim of a shape-sh tensor in layout lo (in place or not; with a NaN, +inf,
+ * -inf and a large value or not) on cpu_onednn and cpu_blas, against a double reference and
+ * each other. Rows holding NaN or +inf are NaN; -inf gives 0 (log: -inf). */
+static void check_softmax(ts_device *dn, ts_device *bl, const int64_t *sh, int32_t op, int dim,
+                          kt_layout lo, int in_place, int specials)
+{
+    ts_device *devs[2] = {dn, bl};
+    double *res[2] = {NULL, NULL}, *in = NULL;
+    int64_t n = 0;
+    for (int d = 0; d < 2; d++) {
+        if (!devs[d])
+            continue;
+        kt_buf a = kt_make(devs[d], TS_F32, 3, sh, lo, 31);
+        kt_buf o = kt_make(devs[d], TS_F32, 3, sh, lo, 32);
+        n = kt_numel(&a.op);
+        if (specials) {
+            kt_set(&a.op, (int64_t[]){0, 0, 0}, NAN);
+            kt_set(&a.op, (int64_t[]){1, 2, 3}, INFINITY);
+            kt_set(&a.op, (int64_t[]){2, 4, 5}, -INFINITY);
+            kt_set(&a.op, (int64_t[]){2, 7, 9}, 80.0);
+        }
+        if (d == 0)
+            in = snapshot(&a.op);
+        ts_dim_params p = {dim};
+        const ts_operand *out = in_place ? &a.op : &o.op;
+        CHECK_OK(kt_run(devs[d], op, &a.op, 1, out, 1, &p, sizeof p));
+        res[d] = snapshot(out);
+        kt_check_gaps(in_place ? &a : &o);
+        kt_free(&o);
+        kt_free(&a);
+    }
+    /* Per slice (all elements but dim fixed): its max, then its sum of exp(x - max). */
+    int nd = dim < 0 ? dim + 3 : dim;
+    int64_t st = 1, len = sh[nd];
+    for (int k = nd + 1; k < 3; k++)
+        st *= sh[k];
+    int64_t nslice = len ? n / len : 0;
+    double *m = malloc(sizeof(double) * (size_t)(nslice + 1));
+    double *sum = calloc((size_t)(nslice + 1), sizeof(double));
+    CHECK(m && sum);
+    for (int64_t j = 0; j < nslice; j++)
+        m[j] = -INFINITY;
+#define SLICE(i) ((i) / (st * len) * st + (i) % st)
+    for (int64_t i = 0; i < n; i++)
+        if (!isnan(m[SLICE(i)]) && (in[i] > m[SLICE(i)] || isnan(in[i])))
+            m[SLICE(i)] = in[i];
+    for (int64_t i = 0; i < n; i++)
+        sum[SLICE(i)] += exp(in[i] - m[SLICE(i)]);
+    const char *name = op == TS_OP_SOFTMAX ? "softmax" : "log_softmax";
+    double atol = op == TS_OP_SOFTMAX ? 1e-37 : 1e-5;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t j = SLICE(i);
+        double want = op == TS_OP_SOFTMAX ? exp(in[i] - m[j]) / sum[j] : in[i] - m[j] - log(sum[j]);
+        CHECK_MSG(kt_close(res[0][i], want, 1e-5, atol), "%s dim %d %s: element %lld %.9g, "
+                  "expected %.9g", name, dim, kt_layout_name(lo), (long long)i, res[0][i], want);
+        if (res[1])
+            CHECK_MSG(kt_close(res[0][i], res[1][i], 1e-5, atol), "%s dim %d: element %lld: "
+                      "cpu_onednn %.9g, cpu_blas %.9g", name, dim, (long long)i, res[0][i],
+                      res[1][i]);
+    }
+#undef SLICE
+    free(m);
+    free(sum);
+    free(in);
+    free(res[0]);
+    free(res[1]);
+}
+
+static void test_softmax(void)
+{
+    ts_device *dn = load_onednn(), *bl = load_blas();
+    count_fn count = primitive_counter(dn);
+    /* 1M elements: oneDNN's softmax (cpu_onednn's DN_SOFTMAX_MIN); big3 stays on the host. */
+    static const int64_t huge[3] = {4, 512, 512};
+    for (int o = 0; o < 2; o++) {
+        int32_t op = o ? TS_OP_LOG_SOFTMAX : TS_OP_SOFTMAX;
+        for (int dim = -1; dim < 1; dim++) {
+            unsigned long long c0 = count();
+            check_softmax(dn, bl, huge, op, dim, KT_CONTIG, 0, 0);
+            CHECK_MSG(count() == c0 + 1, "%d softmax dim %d: primitives %llu -> %llu", (int)op,
+                      dim, c0, count());
+        }
+        unsigned long long c1 = count();
+        check_softmax(dn, bl, huge, op, -1, KT_OFFSET, 1, 0); /* cached */
+        check_softmax(dn, bl, huge, op, -1, KT_CONTIG, 0, 1); /* specials: host */
+        CHECK_MSG(count() == c1, "softmax: %llu primitives, then %llu after two more calls", c1,
+                  count());
+        for (int dim = 0; dim < 3; dim++) /* small or strided: host */
+            check_softmax(dn, bl, big3, op, dim, dim == 1 ? KT_STRIDED : KT_CONTIG, dim == 0,
+                          dim == 2);
+        CHECK(count() == c1);
+    }
+    kt_check_no_live_blocks(dn);
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* primitive cache                                                                           */
 
-/* One "training step": conv forward + both backward, and matmuls (plain, transposed,
- * batched-broadcast, with beta). */
+/* One "training step": conv forward + both backward, matmuls (plain, transposed,
+ * batched-broadcast, with beta), the unary functions that run on oneDNN (in place and not),
+ * softmax and log-softmax on a 1M-element tensor, and a small softmax (host kernel). */
 static void step(ts_device *dn, kt_buf *bufs)
 {
     ts_conv2d_params p = CONVP(1, 2, 1, 1);
@@ -527,13 +744,24 @@ static void step(ts_device *dn, kt_buf *bufs)
     ts_operand bb = kt_broadcast(&mb->op, 3, (int64_t[]){3, 16, 10});
     CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){bc->op, bb}, 2, &bufs[10].op, 1, &mp,
                     sizeof mp));
+    kt_buf *u = &bufs[11], *uo = &bufs[12], *sm = &bufs[13], *smo = &bufs[14];
+    static const int32_t fns[] = {TS_UNARY_TANH, TS_UNARY_SIGMOID, TS_UNARY_EXP};
+    for (int i = 0; i < 3; i++) {
+        ts_unary_params up = {fns[i]};
+        CHECK_OK(kt_run(dn, TS_OP_UNARY, &u->op, 1, &uo->op, 1, &up, sizeof up));
+        CHECK_OK(kt_run(dn, TS_OP_UNARY, &uo->op, 1, &uo->op, 1, &up, sizeof up));
+    }
+    ts_dim_params dp = {-1};
+    CHECK_OK(kt_run(dn, TS_OP_SOFTMAX, &sm->op, 1, &smo->op, 1, &dp, sizeof dp));
+    CHECK_OK(kt_run(dn, TS_OP_LOG_SOFTMAX, &sm->op, 1, &smo->op, 1, &dp, sizeof dp));
+    CHECK_OK(kt_run(dn, TS_OP_SOFTMAX, &y->op, 1, &y->op, 1, &dp, sizeof dp));
 }
 
 static void test_steady_state(void)
 {
     ts_device *dn = load_onednn();
     count_fn count = primitive_counter(dn);
-    kt_buf bufs[11] = {
+    kt_buf bufs[15] = {
         kt_make(dn, TS_F32, 4, (int64_t[]){4, 1, 12, 12}, KT_CONTIG, 1),
         kt_make(dn, TS_F32, 4, (int64_t[]){6, 1, 5, 5}, KT_CONTIG, 2),
         kt_make(dn, TS_F32, 1, (int64_t[]){6}, KT_CONTIG, 3),
@@ -545,6 +773,10 @@ static void test_steady_state(void)
         kt_make(dn, TS_F32, 2, (int64_t[]){8, 10}, KT_CONTIG, 9),
         kt_make(dn, TS_F32, 3, (int64_t[]){3, 8, 16}, KT_STRIDED, 10),
         kt_make(dn, TS_F32, 3, (int64_t[]){3, 8, 10}, KT_CONTIG, 11),
+        kt_make(dn, TS_F32, 2, (int64_t[]){64, 1024}, KT_CONTIG, 12),
+        kt_make(dn, TS_F32, 2, (int64_t[]){64, 1024}, KT_CONTIG, 13),
+        kt_make(dn, TS_F32, 2, (int64_t[]){1024, 1024}, KT_CONTIG, 14),
+        kt_make(dn, TS_F32, 2, (int64_t[]){1024, 1024}, KT_CONTIG, 15),
     };
     unsigned long long c0 = count();
     step(dn, bufs);
@@ -555,7 +787,7 @@ static void test_steady_state(void)
     unsigned long long c2 = count();
     CHECK_MSG(c2 == c1, "steady state created primitives: %llu after round 1, %llu after 3", c1,
               c2);
-    for (int i = 0; i < 11; i++)
+    for (int i = 0; i < 15; i++)
         kt_free(&bufs[i]);
     kt_check_no_live_blocks(dn);
 }
@@ -606,6 +838,8 @@ int main(int argc, char **argv)
         TAP_TEST(test_conv_supports),
         TAP_TEST(test_conv),
         TAP_TEST(test_conv_bad_params),
+        TAP_TEST(test_unary),
+        TAP_TEST(test_softmax),
         TAP_TEST(test_steady_state),
         TAP_TEST(test_cache_eviction),
     };
