@@ -43,7 +43,7 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     va_start(ap, fmt);
     fprintf(stderr, "tessera: error: %s%s", cmd ? cmd : "", cmd ? ": " : "");
     vfprintf(stderr, fmt, ap);
-    fprintf(stderr, " (see 'tessera %s--help')\n", cmd ? cmd : "");
+    fprintf(stderr, " (see 'tessera %s%s--help')\n", cmd ? cmd : "", cmd ? " " : "");
     va_end(ap);
     return 2;
 }
