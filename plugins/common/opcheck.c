@@ -182,13 +182,10 @@ ts_status ts_hostkern_check_operand(const ts_host *h, int dev, const char *what,
     if (op->ndim < 0 || op->ndim > TS_MAX_DIMS)
         return h->fail(h, TS_EINVAL, "%s: %s has %d dims (0 to %d allowed)", what, role,
                        (int)op->ndim, TS_MAX_DIMS);
-    int64_t n = 1;
-    for (int d = 0; d < op->ndim; d++) {
+    for (int d = 0; d < op->ndim; d++)
         if (op->shape[d] < 0 || op->strides[d] < 0)
             return h->fail(h, TS_EINVAL, "%s: %s has size %lld / stride %lld at dim %d", what,
                            role, (long long)op->shape[d], (long long)op->strides[d], d);
-        n *= op->shape[d];
-    }
     if (dev && op->offset < 0)
         return h->fail(h, TS_EINVAL, "%s: %s has a negative offset", what, role);
     if (ref) {
@@ -199,6 +196,9 @@ ts_status ts_hostkern_check_operand(const ts_host *h, int dev, const char *what,
             return h->fail(h, TS_ESHAPE, "%s: %s has %d dims / a shape other than the output's",
                            what, role, (int)op->ndim);
     }
+    int64_t n = 1;
+    for (int d = 0; dev && !op->data && d < op->ndim; d++)
+        n *= op->shape[d];
     if (dev && !op->data && n > 0)
         return h->fail(h, TS_EINVAL, "%s: %s has no data pointer", what, role);
     return TS_OK;
