@@ -381,11 +381,6 @@ static const ew_loop binary_loops[TS_BINARY_COUNT][TS_DTYPE_COUNT] = {
     [TS_BINARY_GE] = ROW_ALL(ge),
 };
 
-static int is_compare(int32_t fn)
-{
-    return fn >= TS_BINARY_EQ && fn <= TS_BINARY_GE;
-}
-
 /* ---- the iterator ---------------------------------------------------------------------- */
 
 /* Operands reduced to a common, collapsed iteration space. */
@@ -515,82 +510,16 @@ static int ew_iter_run(const ts_hostdev *hd, const ew_iter *it, ew_loop loop)
 
 /* ---- validation ------------------------------------------------------------------------ */
 
-static ts_status check_counts(ts_hostdev *hd, const ts_kernel_call *call, const char *what, int nin)
-{
-    if (call->ninputs != nin || call->noutputs != 1)
-        return hd->host->fail(hd->host, TS_EINVAL,
-                              "%s: expected %d input(s) and 1 output, got %d and %d", what, nin,
-                              (int)call->ninputs, (int)call->noutputs);
-    if ((nin > 0 && !call->inputs) || !call->outputs)
-        return hd->host->fail(hd->host, TS_EINVAL, "%s: NULL operand array", what);
-    return TS_OK;
-}
-
-/* Checks one operand's dtype and dims, and (when ref is not NULL) that it has ref's shape. */
-static ts_status check_operand(ts_hostdev *hd, const char *what, const char *role,
-                               const ts_operand *op, const ts_operand *ref)
-{
-    if (!ts_hostdev_dtype_size(op->dtype))
-        return hd->host->fail(hd->host, TS_EINVAL, "%s: %s has unknown dtype %d", what, role,
-                              (int)op->dtype);
-    if (op->ndim < 0 || op->ndim > TS_MAX_DIMS)
-        return hd->host->fail(hd->host, TS_EINVAL, "%s: %s has %d dims (0 to %d allowed)", what,
-                              role, (int)op->ndim, TS_MAX_DIMS);
-    for (int d = 0; d < op->ndim; d++)
-        if (op->shape[d] < 0 || op->strides[d] < 0)
-            return hd->host->fail(hd->host, TS_EINVAL,
-                                  "%s: %s has size %lld / stride %lld at dim %d", what, role,
-                                  (long long)op->shape[d], (long long)op->strides[d], d);
-    if (ref) {
-        int same = op->ndim == ref->ndim;
-        for (int d = 0; same && d < op->ndim; d++)
-            same = op->shape[d] == ref->shape[d];
-        if (!same)
-            return hd->host->fail(hd->host, TS_ESHAPE,
-                                  "%s: %s has %d dims / a shape other than the output's", what,
-                                  role, (int)op->ndim);
-    }
-    return TS_OK;
-}
-
-static ts_status check_same_dtype(ts_hostdev *hd, const char *what, const char *role,
-                                  const ts_operand *op, int32_t dtype)
-{
-    if (op->dtype != dtype)
-        return hd->host->fail(hd->host, TS_EINVAL, "%s: %s is %s, expected %s", what, role,
-                              dtype_name(op->dtype), dtype_name(dtype));
-    return TS_OK;
-}
-
-/* The params struct, or NULL (after recording TS_EINVAL) if the call did not pass one as large
- * as the members this file reads. */
-static const void *get_params(ts_hostdev *hd, const ts_kernel_call *call, const char *what,
-                              size_t need)
-{
-    if (!call->params || call->params_size < need) {
-        hd->host->fail(hd->host, TS_EINVAL, "%s: params missing or too small (%u < %zu bytes)",
-                       what, (unsigned)call->params_size, need);
-        return NULL;
-    }
-    return call->params;
-}
-
 /* ---- ops ------------------------------------------------------------------------------- */
 
 /* out[0] = in[0] converted; same shape. Same dtype: a bit-exact copy. */
 static ts_status run_copy_cast(ts_hostdev *hd, const ts_kernel_call *call)
 {
-    const char *what = call->op == TS_OP_COPY ? "copy" : "cast";
-    ts_status s = check_counts(hd, call, what, 1);
-    const ts_operand *out = &call->outputs[0], *in = s ? NULL : &call->inputs[0];
-    if (!s)
-        s = check_operand(hd, what, "output", out, NULL);
-    if (!s)
-        s = check_operand(hd, what, "input", in, out);
-    if (!s && call->op == TS_OP_COPY)
-        s = check_same_dtype(hd, what, "input", in, out->dtype);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(hd->host, 0, call, &prm);
     if (s)
         return s;
+    const ts_operand *out = &call->outputs[0], *in = &call->inputs[0];
     const ts_operand *ops[2] = {out, in};
     ew_iter it;
     ew_iter_init(&it, ops, 2);
@@ -636,15 +565,12 @@ static ts_operand scalar_operand(const ts_operand *ref, int32_t dtype, void *buf
 /* out[0][...] = value: a copy from a stride-0 operand. */
 static ts_status run_fill(ts_hostdev *hd, const ts_kernel_call *call)
 {
-    ts_status s = check_counts(hd, call, "fill", 0);
-    const ts_operand *out = s ? NULL : &call->outputs[0];
-    if (!s)
-        s = check_operand(hd, "fill", "output", out, NULL);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(hd->host, 0, call, &prm);
     if (s)
         return s;
-    const ts_fill_params *p = get_params(hd, call, "fill", sizeof *p);
-    if (!p)
-        return TS_EINVAL;
+    const ts_operand *out = &call->outputs[0];
+    const ts_fill_params *p = prm;
     double buf[1];
     scalar_to(out->dtype, p->value, buf);
     ts_operand in = scalar_operand(out, out->dtype, buf);
@@ -657,19 +583,12 @@ static ts_status run_fill(ts_hostdev *hd, const ts_kernel_call *call)
 
 static ts_status run_unary(ts_hostdev *hd, const ts_kernel_call *call)
 {
-    ts_status s = check_counts(hd, call, "unary", 1);
-    const ts_operand *out = &call->outputs[0], *in = s ? NULL : &call->inputs[0];
-    if (!s)
-        s = check_operand(hd, "unary", "output", out, NULL);
-    if (!s)
-        s = check_operand(hd, "unary", "input", in, out);
-    if (!s)
-        s = check_same_dtype(hd, "unary", "input", in, out->dtype);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(hd->host, 0, call, &prm);
     if (s)
         return s;
-    const ts_unary_params *p = get_params(hd, call, "unary", sizeof *p);
-    if (!p)
-        return TS_EINVAL;
+    const ts_operand *out = &call->outputs[0], *in = &call->inputs[0];
+    const ts_unary_params *p = prm;
     if (p->fn < 0 || p->fn >= TS_UNARY_COUNT)
         return hd->host->fail(hd->host, TS_EINVAL, "unary: unknown function %d", (int)p->fn);
     ew_loop loop = unary_loops[p->fn][out->dtype];
@@ -688,12 +607,7 @@ static ts_status run_unary(ts_hostdev *hd, const ts_kernel_call *call)
 static ts_status run_binary_ops(ts_hostdev *hd, const char *what, int32_t fn, const ts_operand *out,
                                 const ts_operand *a, const ts_operand *b)
 {
-    if (fn < 0 || fn >= TS_BINARY_COUNT)
-        return hd->host->fail(hd->host, TS_EINVAL, "%s: unknown function %d", what, (int)fn);
-    int32_t want = is_compare(fn) ? TS_U8 : a->dtype;
-    ts_status s = check_same_dtype(hd, what, "second input", b, a->dtype);
-    if (!s)
-        s = check_same_dtype(hd, what, "output", out, want);
+    ts_status s = ts_hostkern_binary_dtype_check(hd->host, what, fn, out, a, b);
     if (s)
         return s;
     ew_loop loop = binary_loops[fn][a->dtype];
@@ -728,35 +642,23 @@ static ts_status run_binary_ops(ts_hostdev *hd, const char *what, int32_t fn, co
 
 static ts_status run_binary(ts_hostdev *hd, const ts_kernel_call *call)
 {
-    ts_status s = check_counts(hd, call, "binary", 2);
-    const ts_operand *out = &call->outputs[0];
-    if (!s)
-        s = check_operand(hd, "binary", "output", out, NULL);
-    if (!s)
-        s = check_operand(hd, "binary", "first input", &call->inputs[0], out);
-    if (!s)
-        s = check_operand(hd, "binary", "second input", &call->inputs[1], out);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(hd->host, 0, call, &prm);
     if (s)
         return s;
-    const ts_binary_params *p = get_params(hd, call, "binary", sizeof *p);
-    if (!p)
-        return TS_EINVAL;
-    return run_binary_ops(hd, "binary", p->fn, out, &call->inputs[0], &call->inputs[1]);
+    const ts_binary_params *p = prm;
+    return run_binary_ops(hd, "binary", p->fn, &call->outputs[0], &call->inputs[0],
+                          &call->inputs[1]);
 }
 
 static ts_status run_binary_scalar(ts_hostdev *hd, const ts_kernel_call *call)
 {
-    ts_status s = check_counts(hd, call, "binary_scalar", 1);
-    const ts_operand *out = &call->outputs[0], *in = s ? NULL : &call->inputs[0];
-    if (!s)
-        s = check_operand(hd, "binary_scalar", "output", out, NULL);
-    if (!s)
-        s = check_operand(hd, "binary_scalar", "input", in, out);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(hd->host, 0, call, &prm);
     if (s)
         return s;
-    const ts_scalar_params *p = get_params(hd, call, "binary_scalar", sizeof *p);
-    if (!p)
-        return TS_EINVAL;
+    const ts_operand *out = &call->outputs[0], *in = &call->inputs[0];
+    const ts_scalar_params *p = prm;
     double buf[1];
     scalar_to(in->dtype, p->scalar, buf);
     ts_operand sc = scalar_operand(out, in->dtype, buf);
@@ -766,24 +668,11 @@ static ts_status run_binary_scalar(ts_hostdev *hd, const ts_kernel_call *call)
 
 static ts_status run_where(ts_hostdev *hd, const ts_kernel_call *call)
 {
-    ts_status s = check_counts(hd, call, "where", 3);
-    const ts_operand *out = &call->outputs[0];
-    if (!s)
-        s = check_operand(hd, "where", "output", out, NULL);
-    if (!s)
-        s = check_operand(hd, "where", "mask", &call->inputs[0], out);
-    if (!s)
-        s = check_operand(hd, "where", "second input", &call->inputs[1], out);
-    if (!s)
-        s = check_operand(hd, "where", "third input", &call->inputs[2], out);
-    if (!s)
-        s = check_same_dtype(hd, "where", "mask", &call->inputs[0], TS_U8);
-    if (!s)
-        s = check_same_dtype(hd, "where", "second input", &call->inputs[1], out->dtype);
-    if (!s)
-        s = check_same_dtype(hd, "where", "third input", &call->inputs[2], out->dtype);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(hd->host, 0, call, &prm);
     if (s)
         return s;
+    const ts_operand *out = &call->outputs[0];
     const ts_operand *ops[4] = {out, &call->inputs[0], &call->inputs[1], &call->inputs[2]};
     ew_iter it;
     ew_iter_init(&it, ops, 4);

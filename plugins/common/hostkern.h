@@ -60,4 +60,40 @@ typedef struct ts_matmul_dims {
 ts_status ts_hostkern_matmul_check(const ts_host *h, const ts_kernel_call *call,
                                    ts_matmul_dims *md);
 
+/* Operand validation shared by the host kernels and the cuda plugin, so that both report a bad
+ * call with the same words: everything an op checks before it computes (counts, params,
+ * operands, dtypes, shapes), messages through h->fail. dev is non-zero for a device plugin: its
+ * operands must also have a non-negative offset and a data pointer (unless empty), and a few
+ * checks the host kernels leave to their own code or word differently are made its way. */
+/* nin inputs and nout outputs, both arrays present. */
+ts_status ts_hostkern_check_counts(const ts_host *h, int dev, const ts_kernel_call *call,
+                                   const char *what, int nin, int nout);
+/* A known dtype, 0..TS_MAX_DIMS dims, no negative size or stride; with ref, ref's shape. */
+ts_status ts_hostkern_check_operand(const ts_host *h, int dev, const char *what,
+                                    const char *role, const ts_operand *op,
+                                    const ts_operand *ref);
+/* A dim in [-ndim, ndim) as an index; a 0-d tensor accepts 0 and -1. -1 if out of range. */
+int ts_hostkern_norm_dim(int32_t dim, int ndim);
+/* copy, cast, fill, unary, binary, binary_scalar, where; *params: the op's params (NULL for
+ * copy, cast and where). TS_ENOTSUP (no message) for any other op. */
+ts_status ts_hostkern_ew_check(const ts_host *h, int dev, const ts_kernel_call *call,
+                               const void **params);
+/* Binary fn and dtypes: b (NULL for a scalar) like a; out like a, or uint8 for comparisons. */
+ts_status ts_hostkern_binary_dtype_check(const ts_host *h, const char *what, int32_t fn,
+                                         const ts_operand *out, const ts_operand *a,
+                                         const ts_operand *b);
+/* TS_OP_REDUCE: *dim the reduced dim of argmax / argmin, else -1. */
+ts_status ts_hostkern_reduce_check(const ts_host *h, int dev, const ts_kernel_call *call,
+                                   int *dim);
+/* TS_OP_SOFTMAX / TS_OP_LOG_SOFTMAX: *dim the normalized dim. */
+ts_status ts_hostkern_softmax_check(const ts_host *h, int dev, const ts_kernel_call *call,
+                                    int *dim);
+/* TS_OP_INDEX_SELECT / TS_OP_INDEX_ADD (not the index values): *dim the normalized dim. */
+ts_status ts_hostkern_index_check(const ts_host *h, int dev, const ts_kernel_call *call,
+                                  int *dim);
+/* The four pooling ops (not the indices' values of the backward max pool). */
+ts_status ts_hostkern_pool2d_check(const ts_host *h, int dev, const ts_kernel_call *call);
+/* TS_OP_SGD_STEP / TS_OP_ADAM_STEP. */
+ts_status ts_hostkern_optimizer_check(const ts_host *h, int dev, const ts_kernel_call *call);
+
 #endif /* TESSERA_PLUGINS_HOSTKERN_H */

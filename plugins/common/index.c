@@ -79,34 +79,15 @@ ts_status ts_hostkern_index(ts_hostdev *hd, const ts_kernel_call *call)
         return TS_ENOTSUP;
     int add = call->op == TS_OP_INDEX_ADD;
     const char *name = add ? "index_add" : "index_select";
-    if (call->ninputs != 2 || call->noutputs != 1)
-        return h->fail(h, TS_EINVAL, "%s: expects 2 inputs and 1 output, got %d and %d", name,
-                       (int)call->ninputs, (int)call->noutputs);
-    if (!call->params || call->params_size < sizeof(ts_dim_params))
-        return h->fail(h, TS_EINVAL, "%s: missing ts_dim_params", name);
+    int dim;
+    ts_status s = ts_hostkern_index_check(h, 0, call, &dim);
+    if (s)
+        return s;
     const ts_operand *src = &call->inputs[0], *ix = &call->inputs[1], *dst = &call->outputs[0];
-    if (src->dtype != dst->dtype)
-        return h->fail(h, TS_EINVAL, "%s: data and output dtypes differ (%d, %d)", name,
-                       (int)src->dtype, (int)dst->dtype);
-    if ((ix->dtype != TS_I64 && ix->dtype != TS_I32) || ix->ndim != 1)
-        return h->fail(h, TS_EINVAL, "%s: the index must be a 1-D TS_I64 or TS_I32 tensor", name);
-    int nd = dst->ndim, dim = ((const ts_dim_params *)call->params)->dim;
-    if (dim < 0)
-        dim += nd;
-    if (src->ndim != nd || nd < 1 || dim < 0 || dim >= nd)
-        return h->fail(h, TS_EINVAL, "%s: dim %d is out of range for %d-D operands", name,
-                       ((const ts_dim_params *)call->params)->dim, nd);
+    int nd = dst->ndim;
     int64_t n = ix->shape[0];
     /* size: the length of the indexed dim; the other operand has n there. */
-    const ts_operand *full = add ? dst : src, *picked = add ? src : dst;
-    int64_t size = full->shape[dim];
-    int bad = picked->shape[dim] != n;
-    for (int d = 0; d < nd; d++)
-        bad |= d != dim && src->shape[d] != dst->shape[d];
-    if (bad)
-        return h->fail(h, TS_ESHAPE, "%s: operand shapes disagree outside dim %d, or dim %d of "
-                       "the %s is not the index length %lld", name, dim, dim,
-                       add ? "source" : "output", (long long)n);
+    int64_t size = (add ? dst : src)->shape[dim];
     for (int64_t i = 0; i < n; i++) {
         int64_t j = index_at(ix, i);
         if (j < 0 || j >= size)

@@ -1,7 +1,8 @@
 /* plugins/common/opcheck.c: argument checks and operand helpers shared by every plugin's
  * kernels, host or not: convolution and matmul shape checks, the overlap test, dense
- * operands. Uses nothing but the plugin ABI (no host memory, no OpenMP), so the cuda plugin
- * compiles it too. */
+ * operands, and each op family's validation (counts, params, operands, dtypes, shapes) that
+ * the host kernels and the cuda plugin both call. Uses nothing but the plugin ABI (no host
+ * memory, no OpenMP), so the cuda plugin compiles it too. */
 #include "hostkern.h"
 
 static int64_t elem_size(int32_t dtype)
@@ -120,4 +121,407 @@ ts_operand ts_hostkern_dense_like(const ts_operand *op, void *buf)
         acc *= op->shape[k];
     }
     return d;
+}
+
+/* ---- per-op operand validation shared by the host kernels and the cuda plugin ------------ */
+
+static const char *const dtype_names[TS_DTYPE_COUNT] = {"float32", "float64", "int32", "int64",
+                                                        "uint8"};
+static const char *const reduce_names[TS_REDUCE_COUNT] = {
+    [TS_REDUCE_SUM] = "sum", [TS_REDUCE_MEAN] = "mean",     [TS_REDUCE_MAX] = "max",
+    [TS_REDUCE_MIN] = "min", [TS_REDUCE_ARGMAX] = "argmax", [TS_REDUCE_ARGMIN] = "argmin"};
+
+static const char *dtype_name(int32_t dtype)
+{
+    return dtype >= 0 && dtype < TS_DTYPE_COUNT ? dtype_names[dtype] : "unknown dtype";
+}
+
+static int is_float(int32_t dt)
+{
+    return dt == TS_F32 || dt == TS_F64;
+}
+
+static int is_numeric(int32_t dt)
+{
+    return is_float(dt) || dt == TS_I32 || dt == TS_I64;
+}
+
+int ts_hostkern_norm_dim(int32_t dim, int ndim)
+{
+    int n = ndim > 0 ? ndim : 1;
+    if (dim < -n || dim >= n)
+        return -1;
+    return dim < 0 ? dim + n : dim;
+}
+
+/* nin inputs and nout outputs, both arrays present; dev words the message as the cuda plugin
+ * always has. */
+ts_status ts_hostkern_check_counts(const ts_host *h, int dev, const ts_kernel_call *call,
+                                   const char *what, int nin, int nout)
+{
+    if (call->ninputs != nin || call->noutputs != nout) {
+        if (dev)
+            return h->fail(h, TS_EINVAL, "%s: expected %d input(s) and %d output(s), got %d "
+                           "and %d", what, nin, nout, (int)call->ninputs, (int)call->noutputs);
+        return h->fail(h, TS_EINVAL, "%s: expected %d input(s) and 1 output, got %d and %d",
+                       what, nin, (int)call->ninputs, (int)call->noutputs);
+    }
+    if ((nin > 0 && !call->inputs) || !call->outputs)
+        return h->fail(h, TS_EINVAL, "%s: NULL operand array", what);
+    return TS_OK;
+}
+
+/* dtype known, 0..TS_MAX_DIMS dims, no negative size or stride; with ref, ref's shape. dev:
+ * also a non-negative offset and a data pointer unless the operand is empty. */
+ts_status ts_hostkern_check_operand(const ts_host *h, int dev, const char *what,
+                                    const char *role, const ts_operand *op,
+                                    const ts_operand *ref)
+{
+    if (!elem_size(op->dtype))
+        return h->fail(h, TS_EINVAL, "%s: %s has unknown dtype %d", what, role, (int)op->dtype);
+    if (op->ndim < 0 || op->ndim > TS_MAX_DIMS)
+        return h->fail(h, TS_EINVAL, "%s: %s has %d dims (0 to %d allowed)", what, role,
+                       (int)op->ndim, TS_MAX_DIMS);
+    for (int d = 0; d < op->ndim; d++)
+        if (op->shape[d] < 0 || op->strides[d] < 0)
+            return h->fail(h, TS_EINVAL, "%s: %s has size %lld / stride %lld at dim %d", what,
+                           role, (long long)op->shape[d], (long long)op->strides[d], d);
+    if (dev && op->offset < 0)
+        return h->fail(h, TS_EINVAL, "%s: %s has a negative offset", what, role);
+    if (ref) {
+        int same = op->ndim == ref->ndim;
+        for (int d = 0; same && d < op->ndim; d++)
+            same = op->shape[d] == ref->shape[d];
+        if (!same)
+            return h->fail(h, TS_ESHAPE, "%s: %s has %d dims / a shape other than the output's",
+                           what, role, (int)op->ndim);
+    }
+    int64_t n = 1;
+    for (int d = 0; dev && !op->data && d < op->ndim; d++)
+        n *= op->shape[d];
+    if (dev && !op->data && n > 0)
+        return h->fail(h, TS_EINVAL, "%s: %s has no data pointer", what, role);
+    return TS_OK;
+}
+
+static ts_status check_dtype(const ts_host *h, const char *what, const char *role,
+                             const ts_operand *op, int32_t dtype)
+{
+    if (op->dtype != dtype)
+        return h->fail(h, TS_EINVAL, "%s: %s is %s, expected %s", what, role,
+                       dtype_name(op->dtype), dtype_name(dtype));
+    return TS_OK;
+}
+
+static ts_status get_params(const ts_host *h, const ts_kernel_call *call, const char *what,
+                            size_t need, const void **params)
+{
+    if (!call->params || call->params_size < need)
+        return h->fail(h, TS_EINVAL, "%s: params missing or too small (%u < %zu bytes)", what,
+                       (unsigned)call->params_size, need);
+    *params = call->params;
+    return TS_OK;
+}
+
+ts_status ts_hostkern_ew_check(const ts_host *h, int dev, const ts_kernel_call *call,
+                               const void **params)
+{
+    const ts_operand *in = call->inputs, *out = call->outputs;
+    ts_status s;
+    *params = NULL;
+    switch (call->op) {
+    case TS_OP_COPY:
+    case TS_OP_CAST: {
+        const char *what = call->op == TS_OP_COPY ? "copy" : "cast";
+        if ((s = ts_hostkern_check_counts(h, dev, call, what, 1, 1)) ||
+            (s = ts_hostkern_check_operand(h, dev, what, "output", out, NULL)) ||
+            (s = ts_hostkern_check_operand(h, dev, what, "input", &in[0], out)))
+            return s;
+        return call->op == TS_OP_COPY ? check_dtype(h, what, "input", &in[0], out->dtype) : TS_OK;
+    }
+    case TS_OP_FILL:
+        if ((s = ts_hostkern_check_counts(h, dev, call, "fill", 0, 1)) ||
+            (s = ts_hostkern_check_operand(h, dev, "fill", "output", out, NULL)))
+            return s;
+        return get_params(h, call, "fill", sizeof(ts_fill_params), params);
+    case TS_OP_UNARY:
+        if ((s = ts_hostkern_check_counts(h, dev, call, "unary", 1, 1)) ||
+            (s = ts_hostkern_check_operand(h, dev, "unary", "output", out, NULL)) ||
+            (s = ts_hostkern_check_operand(h, dev, "unary", "input", &in[0], out)) ||
+            (s = check_dtype(h, "unary", "input", &in[0], out->dtype)))
+            return s;
+        return get_params(h, call, "unary", sizeof(ts_unary_params), params);
+    case TS_OP_BINARY:
+        if ((s = ts_hostkern_check_counts(h, dev, call, "binary", 2, 1)) ||
+            (s = ts_hostkern_check_operand(h, dev, "binary", "output", out, NULL)) ||
+            (s = ts_hostkern_check_operand(h, dev, "binary", "first input", &in[0], out)) ||
+            (s = ts_hostkern_check_operand(h, dev, "binary", "second input", &in[1], out)))
+            return s;
+        return get_params(h, call, "binary", sizeof(ts_binary_params), params);
+    case TS_OP_BINARY_SCALAR:
+        if ((s = ts_hostkern_check_counts(h, dev, call, "binary_scalar", 1, 1)) ||
+            (s = ts_hostkern_check_operand(h, dev, "binary_scalar", "output", out, NULL)) ||
+            (s = ts_hostkern_check_operand(h, dev, "binary_scalar", "input", &in[0], out)))
+            return s;
+        return get_params(h, call, "binary_scalar", sizeof(ts_scalar_params), params);
+    case TS_OP_WHERE:
+        if ((s = ts_hostkern_check_counts(h, dev, call, "where", 3, 1)) ||
+            (s = ts_hostkern_check_operand(h, dev, "where", "output", out, NULL)) ||
+            (s = ts_hostkern_check_operand(h, dev, "where", "mask", &in[0], out)) ||
+            (s = ts_hostkern_check_operand(h, dev, "where", "second input", &in[1], out)) ||
+            (s = ts_hostkern_check_operand(h, dev, "where", "third input", &in[2], out)) ||
+            (s = check_dtype(h, "where", "mask", &in[0], TS_U8)) ||
+            (s = check_dtype(h, "where", "second input", &in[1], out->dtype)))
+            return s;
+        return check_dtype(h, "where", "third input", &in[2], out->dtype);
+    default:
+        return TS_ENOTSUP;
+    }
+}
+
+ts_status ts_hostkern_binary_dtype_check(const ts_host *h, const char *what, int32_t fn,
+                                         const ts_operand *out, const ts_operand *a,
+                                         const ts_operand *b)
+{
+    if (fn < 0 || fn >= TS_BINARY_COUNT)
+        return h->fail(h, TS_EINVAL, "%s: unknown function %d", what, (int)fn);
+    ts_status s = b ? check_dtype(h, what, "second input", b, a->dtype) : TS_OK;
+    return s ? s : check_dtype(h, what, "output", out,
+                               fn >= TS_BINARY_EQ && fn <= TS_BINARY_GE ? TS_U8 : a->dtype);
+}
+
+/* One input and one output with the same ndim (reduce keeps dims), and params. */
+static ts_status check_1in1out(const ts_host *h, int dev, const ts_kernel_call *call,
+                               const char *what, size_t params_need)
+{
+    if (call->ninputs != 1 || call->noutputs != 1 || !call->inputs || !call->outputs)
+        return dev ? h->fail(h, TS_EINVAL, "%s: expected %d input(s) and %d output(s), got %d "
+                             "and %d", what, 1, 1, (int)call->ninputs, (int)call->noutputs)
+                   : h->fail(h, TS_EINVAL, "%s: expected 1 input and 1 output, got %d and %d",
+                             what, (int)call->ninputs, (int)call->noutputs);
+    if (!call->params || call->params_size < params_need)
+        return h->fail(h, TS_EINVAL, "%s: params missing or too small (%u < %zu)", what,
+                       (unsigned)call->params_size, params_need);
+    ts_status s = ts_hostkern_check_operand(h, dev, what, "input", &call->inputs[0], NULL);
+    if (!s)
+        s = ts_hostkern_check_operand(h, dev, what, "output", &call->outputs[0], NULL);
+    if (!s && call->inputs[0].ndim != call->outputs[0].ndim)
+        return h->fail(h, TS_ESHAPE, "%s: input has %d dims, output %d (keepdim)", what,
+                       (int)call->inputs[0].ndim, (int)call->outputs[0].ndim);
+    return s;
+}
+
+ts_status ts_hostkern_reduce_check(const ts_host *h, int dev, const ts_kernel_call *call,
+                                   int *dim)
+{
+    ts_status s = check_1in1out(h, dev, call, "reduce", sizeof(ts_reduce_params));
+    if (s)
+        return s;
+    const ts_reduce_params *prm = call->params;
+    const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
+    int32_t fn = prm->fn;
+    if (fn < 0 || fn >= TS_REDUCE_COUNT)
+        return h->fail(h, TS_EINVAL, "reduce: unknown function %d", (int)fn);
+    int arg = fn == TS_REDUCE_ARGMAX || fn == TS_REDUCE_ARGMIN;
+    if (!reduce_names[fn]) /* appended to the enum after this file was written */
+        return h->fail(h, TS_ENOTSUP, "reduce function %d is not implemented", (int)fn);
+    const char *what = reduce_names[fn];
+    if (!is_numeric(in->dtype) || (fn == TS_REDUCE_MEAN && !is_float(in->dtype)))
+        return h->fail(h, TS_ENOTSUP, "reduce %s is not implemented for %s", what,
+                       dtype_name(in->dtype));
+    int32_t want = arg ? TS_I64 : in->dtype;
+    if (out->dtype != want)
+        return h->fail(h, TS_EINVAL, "reduce %s: output is %s, expected %s", what,
+                       dtype_name(out->dtype), dtype_name(want));
+    *dim = -1;
+    if (arg && (*dim = ts_hostkern_norm_dim(prm->dim, in->ndim)) < 0)
+        return h->fail(h, TS_EINVAL, "reduce %s: dim %d out of range for %d dims", what,
+                       (int)prm->dim, (int)in->ndim);
+    for (int d = 0; d < in->ndim; d++) {
+        int64_t ni = in->shape[d], no = out->shape[d];
+        int reduced = arg ? d == *dim : no == 1 && ni != 1;
+        if (reduced ? no != 1 : no != ni)
+            return h->fail(h, TS_ESHAPE,
+                           "reduce %s: output size %lld at dim %d, input %lld (expected %s)",
+                           what, (long long)no, d, (long long)ni, reduced ? "1" : "the input's");
+    }
+    return TS_OK;
+}
+
+ts_status ts_hostkern_softmax_check(const ts_host *h, int dev, const ts_kernel_call *call,
+                                    int *dim)
+{
+    const char *what = call->op == TS_OP_LOG_SOFTMAX ? "log_softmax" : "softmax";
+    ts_status s = check_1in1out(h, dev, call, what, sizeof(ts_dim_params));
+    if (s)
+        return s;
+    const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
+    if (!is_float(out->dtype) || in->dtype != out->dtype)
+        return h->fail(h, is_float(in->dtype) ? TS_EINVAL : TS_ENOTSUP,
+                       "%s: input %s, output %s (float32 or float64, the same)", what,
+                       dtype_name(in->dtype), dtype_name(out->dtype));
+    for (int d = 0; d < in->ndim; d++)
+        if (in->shape[d] != out->shape[d])
+            return h->fail(h, TS_ESHAPE, "%s: output size %lld at dim %d, input %lld", what,
+                           (long long)out->shape[d], d, (long long)in->shape[d]);
+    const ts_dim_params *prm = call->params;
+    if ((*dim = ts_hostkern_norm_dim(prm->dim, in->ndim)) < 0)
+        return h->fail(h, TS_EINVAL, "%s: dim %d out of range for %d dims", what,
+                       (int)prm->dim, (int)in->ndim);
+    return TS_OK;
+}
+
+ts_status ts_hostkern_index_check(const ts_host *h, int dev, const ts_kernel_call *call,
+                                  int *dim)
+{
+    int add = call->op == TS_OP_INDEX_ADD;
+    const char *name = add ? "index_add" : "index_select";
+    ts_status s;
+    if (dev && (s = ts_hostkern_check_counts(h, dev, call, name, 2, 1)))
+        return s;
+    if (!dev && (call->ninputs != 2 || call->noutputs != 1))
+        return h->fail(h, TS_EINVAL, "%s: expects 2 inputs and 1 output, got %d and %d", name,
+                       (int)call->ninputs, (int)call->noutputs);
+    if (!call->params || call->params_size < sizeof(ts_dim_params))
+        return h->fail(h, TS_EINVAL, "%s: missing ts_dim_params", name);
+    const ts_operand *src = &call->inputs[0], *ix = &call->inputs[1], *dst = &call->outputs[0];
+    if (dev && ((s = ts_hostkern_check_operand(h, dev, name, "source", src, NULL)) ||
+                (s = ts_hostkern_check_operand(h, dev, name, "index", ix, NULL)) ||
+                (s = ts_hostkern_check_operand(h, dev, name, "output", dst, NULL))))
+        return s;
+    if (src->dtype != dst->dtype)
+        return h->fail(h, TS_EINVAL, "%s: data and output dtypes differ (%d, %d)", name,
+                       (int)src->dtype, (int)dst->dtype);
+    if ((ix->dtype != TS_I64 && ix->dtype != TS_I32) || ix->ndim != 1)
+        return h->fail(h, TS_EINVAL, "%s: the index must be a 1-D TS_I64 or TS_I32 tensor", name);
+    int nd = dst->ndim;
+    *dim = ((const ts_dim_params *)call->params)->dim;
+    if (*dim < 0)
+        *dim += nd;
+    if (src->ndim != nd || nd < 1 || *dim < 0 || *dim >= nd)
+        return h->fail(h, TS_EINVAL, "%s: dim %d is out of range for %d-D operands", name,
+                       ((const ts_dim_params *)call->params)->dim, nd);
+    int64_t n = ix->shape[0];
+    /* The operand indexed along dim has n there; the other dims agree. */
+    const ts_operand *picked = add ? src : dst;
+    int bad = picked->shape[*dim] != n;
+    for (int d = 0; d < nd; d++)
+        bad |= d != *dim && src->shape[d] != dst->shape[d];
+    if (bad)
+        return h->fail(h, TS_ESHAPE, "%s: operand shapes disagree outside dim %d, or dim %d of "
+                       "the %s is not the index length %lld", name, *dim, *dim,
+                       add ? "source" : "output", (long long)n);
+    return TS_OK;
+}
+
+/* x (N, C, H, W), y (N, C, P, Q) and ix (like y, TS_I64) or NULL; for the backward ops x is gx
+ * and y is gy. */
+static ts_status pool_check(const ts_host *h, int dev, const char *name,
+                            const ts_pool2d_params *p, const ts_operand *x, const ts_operand *y,
+                            const ts_operand *ix, const char *yname)
+{
+    ts_status s;
+    if (dev && ((s = ts_hostkern_check_operand(h, dev, name, "x", x, NULL)) ||
+                (s = ts_hostkern_check_operand(h, dev, name, yname, y, NULL)) ||
+                (ix && (s = ts_hostkern_check_operand(h, dev, name, "indices", ix, NULL)))))
+        return s;
+    if (x->dtype != y->dtype || (ix && ix->dtype != TS_I64))
+        return h->fail(h, TS_EINVAL, "%s: x and %s need the same dtype, indices TS_I64", name,
+                       yname);
+    if (dev && !is_float(x->dtype))
+        return h->fail(h, TS_ENOTSUP, "%s is not implemented for %s", name, dtype_name(x->dtype));
+    if (x->ndim != 4 || y->ndim != 4 || (ix && ix->ndim != 4))
+        return h->fail(h, TS_ESHAPE, "%s: operands must be 4-D (N, C, H, W)", name);
+    if (p->kernel_h < 1 || p->kernel_w < 1 || p->stride_h < 1 || p->stride_w < 1 ||
+        p->pad_h < 0 || p->pad_w < 0 || p->pad_h > p->kernel_h / 2 || p->pad_w > p->kernel_w / 2)
+        return h->fail(h, TS_EINVAL, "%s: kernel (%d, %d) and stride (%d, %d) must be >= 1 and "
+                       "padding (%d, %d) between 0 and half the kernel", name, (int)p->kernel_h,
+                       (int)p->kernel_w, (int)p->stride_h, (int)p->stride_w, (int)p->pad_h,
+                       (int)p->pad_w);
+    int64_t H = x->shape[2], W = x->shape[3];
+    int64_t hspan = H + 2 * (int64_t)p->pad_h - p->kernel_h;
+    int64_t wspan = W + 2 * (int64_t)p->pad_w - p->kernel_w;
+    if (hspan < 0 || wspan < 0)
+        return h->fail(h, TS_EINVAL, "%s: kernel %dx%d is larger than the padded %lldx%lld input",
+                       name, (int)p->kernel_h, (int)p->kernel_w, (long long)H, (long long)W);
+    int64_t P = hspan / p->stride_h + 1, Q = wspan / p->stride_w + 1;
+    int bad = y->shape[0] != x->shape[0] || y->shape[1] != x->shape[1] || y->shape[2] != P ||
+              y->shape[3] != Q;
+    for (int d = 0; ix && d < 4; d++)
+        bad |= ix->shape[d] != y->shape[d];
+    if (bad)
+        return h->fail(h, TS_ESHAPE, "%s: %s is (%lld, %lld, %lld, %lld), expected (%lld, %lld, "
+                       "%lld, %lld)%s", name, yname, (long long)y->shape[0],
+                       (long long)y->shape[1], (long long)y->shape[2], (long long)y->shape[3],
+                       (long long)x->shape[0], (long long)x->shape[1], (long long)P,
+                       (long long)Q, ix ? " (indices too)" : "");
+    return TS_OK;
+}
+
+ts_status ts_hostkern_pool2d_check(const ts_host *h, int dev, const ts_kernel_call *call)
+{
+    int bwd = call->op == TS_OP_MAXPOOL2D_BWD || call->op == TS_OP_AVGPOOL2D_BWD;
+    int is_max = call->op == TS_OP_MAXPOOL2D || call->op == TS_OP_MAXPOOL2D_BWD;
+    const char *name = bwd ? (is_max ? "maxpool2d_bwd" : "avgpool2d_bwd")
+                           : (is_max ? "maxpool2d" : "avgpool2d");
+    if (!bwd && (call->ninputs != 1 || call->noutputs < 1 || call->noutputs > (is_max ? 2 : 1)))
+        return h->fail(h, TS_EINVAL, "%s: expects 1 input and %s output(s), got %d and %d", name,
+                       is_max ? "1 or 2" : "1", (int)call->ninputs, (int)call->noutputs);
+    if (bwd && (call->ninputs != (is_max ? 2 : 1) || call->noutputs != 1))
+        return h->fail(h, TS_EINVAL, "%s: expects %s and 1 output, got %d and %d", name,
+                       is_max ? "2 inputs (gy, indices)" : "1 input (gy)", (int)call->ninputs,
+                       (int)call->noutputs);
+    if (!call->params || call->params_size < sizeof(ts_pool2d_params))
+        return h->fail(h, TS_EINVAL, "%s: missing ts_pool2d_params", name);
+    if (bwd)
+        return pool_check(h, dev, name, call->params, &call->outputs[0], &call->inputs[0],
+                          is_max ? &call->inputs[1] : NULL, "gy");
+    return pool_check(h, dev, name, call->params, &call->inputs[0], &call->outputs[0],
+                      call->noutputs == 2 ? &call->outputs[1] : NULL, "y");
+}
+
+static int dense_like(const ts_operand *a, const ts_operand *b)
+{
+    if (a->dtype != b->dtype || a->ndim != b->ndim)
+        return 0;
+    int64_t acc = 1;
+    for (int d = a->ndim - 1; d >= 0; d--) {
+        if (a->shape[d] != b->shape[d])
+            return 0;
+        if (a->shape[d] != 1 && (a->strides[d] != acc || b->strides[d] != acc))
+            return 0;
+        acc *= a->shape[d];
+    }
+    return 1;
+}
+
+ts_status ts_hostkern_optimizer_check(const ts_host *h, int dev, const ts_kernel_call *call)
+{
+    if (call->op == TS_OP_SGD_STEP) {
+        const ts_sgd_params *P = call->params;
+        if (!P || call->params_size < sizeof *P || call->ninputs != 1 || call->noutputs < 1)
+            return h->fail(h, TS_EINVAL, "sgd_step: expected the grad, the parameter and params");
+        int mom = P->momentum != 0;
+        if (mom && call->noutputs < 2)
+            return h->fail(h, TS_EINVAL, "sgd_step: momentum needs a buffer");
+        if (dev && !is_float(call->inputs[0].dtype))
+            return h->fail(h, TS_ENOTSUP, "sgd_step is not implemented for %s",
+                           dtype_name(call->inputs[0].dtype));
+        for (int i = 0; i < 1 + mom; i++)
+            if (!dense_like(&call->outputs[i], &call->inputs[0]))
+                return h->fail(h, TS_EINVAL, "sgd_step: operands must be dense and alike");
+        return TS_OK;
+    }
+    const ts_adam_params *P = call->params;
+    if (!P || call->params_size < sizeof *P || call->ninputs != 1 || call->noutputs != 3 ||
+        P->step < 1)
+        return h->fail(h, TS_EINVAL, "adam_step: expected the grad, the parameter, two "
+                       "moments and params with step >= 1");
+    if (dev && !is_float(call->inputs[0].dtype))
+        return h->fail(h, TS_ENOTSUP, "adam_step is not implemented for %s",
+                       dtype_name(call->inputs[0].dtype));
+    for (int i = 0; i < 3; i++)
+        if (!dense_like(&call->outputs[i], &call->inputs[0]))
+            return h->fail(h, TS_EINVAL, "adam_step: operands must be dense and alike");
+    return TS_OK;
 }

@@ -10,21 +10,6 @@ int ts_hostkern_optimizer_supports(int32_t op, int32_t dtype)
     return (op == TS_OP_SGD_STEP || op == TS_OP_ADAM_STEP) && (dtype == TS_F32 || dtype == TS_F64);
 }
 
-static int dense_like(const ts_operand *a, const ts_operand *b)
-{
-    if (a->dtype != b->dtype || a->ndim != b->ndim)
-        return 0;
-    int64_t acc = 1;
-    for (int d = a->ndim - 1; d >= 0; d--) {
-        if (a->shape[d] != b->shape[d])
-            return 0;
-        if (a->shape[d] != 1 && (a->strides[d] != acc || b->strides[d] != acc))
-            return 0;
-        acc *= a->shape[d];
-    }
-    return 1;
-}
-
 #define SGD_LOOP(T, SQRT)                                                                   \
     do {                                                                                    \
         const T *g = (const T *)call->inputs[0].data + call->inputs[0].offset;             \
@@ -72,15 +57,11 @@ ts_status ts_hostkern_optimizer(ts_hostdev *hd, const ts_kernel_call *call)
     const ts_host *h = hd->host;
     int threads = hd->threads;
     if (call->op == TS_OP_SGD_STEP) {
+        ts_status s = ts_hostkern_optimizer_check(h, 0, call);
+        if (s)
+            return s;
         const ts_sgd_params *P = call->params;
-        if (!P || call->params_size < sizeof *P || call->ninputs != 1 || call->noutputs < 1)
-            return h->fail(h, TS_EINVAL, "sgd_step: expected the grad, the parameter and params");
         int mom = P->momentum != 0;
-        if (mom && call->noutputs < 2)
-            return h->fail(h, TS_EINVAL, "sgd_step: momentum needs a buffer");
-        for (int i = 0; i < 1 + mom; i++)
-            if (!dense_like(&call->outputs[i], &call->inputs[0]))
-                return h->fail(h, TS_EINVAL, "sgd_step: operands must be dense and alike");
         int64_t n = 1;
         for (int d = 0; d < call->inputs[0].ndim; d++)
             n *= call->inputs[0].shape[d];
@@ -91,14 +72,10 @@ ts_status ts_hostkern_optimizer(ts_hostdev *hd, const ts_kernel_call *call)
         return TS_OK;
     }
     if (call->op == TS_OP_ADAM_STEP) {
+        ts_status s = ts_hostkern_optimizer_check(h, 0, call);
+        if (s)
+            return s;
         const ts_adam_params *P = call->params;
-        if (!P || call->params_size < sizeof *P || call->ninputs != 1 || call->noutputs != 3 ||
-            P->step < 1)
-            return h->fail(h, TS_EINVAL, "adam_step: expected the grad, the parameter, two "
-                           "moments and params with step >= 1");
-        for (int i = 0; i < 3; i++)
-            if (!dense_like(&call->outputs[i], &call->inputs[0]))
-                return h->fail(h, TS_EINVAL, "adam_step: operands must be dense and alike");
         int64_t n = 1;
         for (int d = 0; d < call->inputs[0].ndim; d++)
             n *= call->inputs[0].shape[d];

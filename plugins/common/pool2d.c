@@ -139,43 +139,6 @@ POOL(double)
 POOL_BWD(float)
 POOL_BWD(double)
 
-/* Checks the params, dtypes and shapes of x (N, C, H, W), y (N, C, P, Q) and ix (like y,
- * TS_I64) or NULL; for the backward ops x is gx and y is gy. */
-static ts_status pool_check(const ts_host *h, const char *name, const ts_pool2d_params *p,
-                            const ts_operand *x, const ts_operand *y, const ts_operand *ix,
-                            const char *yname)
-{
-    if (x->dtype != y->dtype || (ix && ix->dtype != TS_I64))
-        return h->fail(h, TS_EINVAL, "%s: x and %s need the same dtype, indices TS_I64", name,
-                       yname);
-    if (x->ndim != 4 || y->ndim != 4 || (ix && ix->ndim != 4))
-        return h->fail(h, TS_ESHAPE, "%s: operands must be 4-D (N, C, H, W)", name);
-    if (p->kernel_h < 1 || p->kernel_w < 1 || p->stride_h < 1 || p->stride_w < 1 ||
-        p->pad_h < 0 || p->pad_w < 0 || p->pad_h > p->kernel_h / 2 || p->pad_w > p->kernel_w / 2)
-        return h->fail(h, TS_EINVAL, "%s: kernel (%d, %d) and stride (%d, %d) must be >= 1 and "
-                       "padding (%d, %d) between 0 and half the kernel", name, (int)p->kernel_h,
-                       (int)p->kernel_w, (int)p->stride_h, (int)p->stride_w, (int)p->pad_h,
-                       (int)p->pad_w);
-    int64_t H = x->shape[2], W = x->shape[3];
-    int64_t hspan = H + 2 * (int64_t)p->pad_h - p->kernel_h;
-    int64_t wspan = W + 2 * (int64_t)p->pad_w - p->kernel_w;
-    if (hspan < 0 || wspan < 0)
-        return h->fail(h, TS_EINVAL, "%s: kernel %dx%d is larger than the padded %lldx%lld input",
-                       name, (int)p->kernel_h, (int)p->kernel_w, (long long)H, (long long)W);
-    int64_t P = hspan / p->stride_h + 1, Q = wspan / p->stride_w + 1;
-    int bad = y->shape[0] != x->shape[0] || y->shape[1] != x->shape[1] || y->shape[2] != P ||
-              y->shape[3] != Q;
-    for (int d = 0; ix && d < 4; d++)
-        bad |= ix->shape[d] != y->shape[d];
-    if (bad)
-        return h->fail(h, TS_ESHAPE, "%s: %s is (%lld, %lld, %lld, %lld), expected (%lld, %lld, "
-                       "%lld, %lld)%s", name, yname, (long long)y->shape[0],
-                       (long long)y->shape[1], (long long)y->shape[2], (long long)y->shape[3],
-                       (long long)x->shape[0], (long long)x->shape[1], (long long)P,
-                       (long long)Q, ix ? " (indices too)" : "");
-    return TS_OK;
-}
-
 /* in, when it shares memory with out, copied into dense pool scratch (*buf, freed by the
  * caller); else in itself. */
 static ts_status unalias(ts_hostdev *hd, const ts_operand *in, const ts_operand *out,
@@ -204,18 +167,14 @@ static ts_status pool2d_bwd(ts_hostdev *hd, const ts_kernel_call *call)
     const ts_host *h = hd->host;
     int is_max = call->op == TS_OP_MAXPOOL2D_BWD;
     const char *name = is_max ? "maxpool2d_bwd" : "avgpool2d_bwd";
-    if (call->ninputs != (is_max ? 2 : 1) || call->noutputs != 1)
-        return h->fail(h, TS_EINVAL, "%s: expects %s and 1 output, got %d and %d", name,
-                       is_max ? "2 inputs (gy, indices)" : "1 input (gy)", (int)call->ninputs,
-                       (int)call->noutputs);
-    if (!call->params || call->params_size < sizeof(ts_pool2d_params))
-        return h->fail(h, TS_EINVAL, "%s: missing ts_pool2d_params", name);
+    ts_status s = ts_hostkern_pool2d_check(h, 0, call);
+    if (s)
+        return s;
     const ts_pool2d_params *p = call->params;
     const ts_operand *gy = &call->inputs[0], *gx = &call->outputs[0];
     const ts_operand *ix = is_max ? &call->inputs[1] : NULL;
-    ts_status s = pool_check(h, name, p, gx, gy, ix, "gy");
-    if (s || gx->shape[0] * gx->shape[1] * gx->shape[2] * gx->shape[3] == 0)
-        return s; /* an empty gx has nothing to receive */
+    if (gx->shape[0] * gx->shape[1] * gx->shape[2] * gx->shape[3] == 0)
+        return TS_OK; /* an empty gx has nothing to receive */
     int64_t H = gx->shape[2], W = gx->shape[3], HW = H * W;
     /* Indices come from the caller: range-check them all before writing anything (nested
      * loops: no division per element, which made this check cost more than the scatter). */
@@ -263,18 +222,12 @@ ts_status ts_hostkern_pool2d(ts_hostdev *hd, const ts_kernel_call *call)
     if (call->op != TS_OP_MAXPOOL2D && call->op != TS_OP_AVGPOOL2D)
         return TS_ENOTSUP;
     int is_max = call->op == TS_OP_MAXPOOL2D;
-    const char *name = is_max ? "maxpool2d" : "avgpool2d";
-    if (call->ninputs != 1 || call->noutputs < 1 || call->noutputs > (is_max ? 2 : 1))
-        return h->fail(h, TS_EINVAL, "%s: expects 1 input and %s output(s), got %d and %d", name,
-                       is_max ? "1 or 2" : "1", (int)call->ninputs, (int)call->noutputs);
-    if (!call->params || call->params_size < sizeof(ts_pool2d_params))
-        return h->fail(h, TS_EINVAL, "%s: missing ts_pool2d_params", name);
+    ts_status s = ts_hostkern_pool2d_check(h, 0, call);
+    if (s)
+        return s;
     const ts_pool2d_params *p = call->params;
     const ts_operand *x = &call->inputs[0], *y = &call->outputs[0];
     const ts_operand *ix = call->noutputs == 2 ? &call->outputs[1] : NULL;
-    ts_status s = pool_check(h, name, p, x, y, ix, "y");
-    if (s)
-        return s;
     if (x->dtype == TS_F32)
         pool_float(x, y, ix, p, is_max, hd->threads);
     else

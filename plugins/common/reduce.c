@@ -13,16 +13,9 @@
 /* Most threads a split slice uses: the size of the partials array. */
 #define RD_MAX_PARTS 256
 
-static const char *const dtype_names[TS_DTYPE_COUNT] = {"float32", "float64", "int32", "int64",
-                                                        "uint8"};
 static const char *const reduce_names[TS_REDUCE_COUNT] = {
     [TS_REDUCE_SUM] = "sum", [TS_REDUCE_MEAN] = "mean",     [TS_REDUCE_MAX] = "max",
     [TS_REDUCE_MIN] = "min", [TS_REDUCE_ARGMAX] = "argmax", [TS_REDUCE_ARGMIN] = "argmin"};
-
-static const char *dtype_name(int32_t dtype)
-{
-    return dtype >= 0 && dtype < TS_DTYPE_COUNT ? dtype_names[dtype] : "unknown dtype";
-}
 
 static int is_float(int32_t dtype)
 {
@@ -274,79 +267,19 @@ static void rd_execute(const ts_hostdev *hd, const rd_plan *p, size_t out_es)
     }
 }
 
-static ts_status check_operand(ts_hostdev *hd, const char *what, const char *role,
-                               const ts_operand *op)
-{
-    if (!ts_hostdev_dtype_size(op->dtype))
-        return hd->host->fail(hd->host, TS_EINVAL, "%s: %s has unknown dtype %d", what, role,
-                              (int)op->dtype);
-    if (op->ndim < 0 || op->ndim > TS_MAX_DIMS)
-        return hd->host->fail(hd->host, TS_EINVAL, "%s: %s has %d dims (0 to %d allowed)", what,
-                              role, (int)op->ndim, TS_MAX_DIMS);
-    for (int d = 0; d < op->ndim; d++)
-        if (op->shape[d] < 0 || op->strides[d] < 0)
-            return hd->host->fail(hd->host, TS_EINVAL,
-                                  "%s: %s has size %lld / stride %lld at dim %d", what, role,
-                                  (long long)op->shape[d], (long long)op->strides[d], d);
-    return TS_OK;
-}
-
-static ts_status check_call(ts_hostdev *hd, const ts_kernel_call *call, const char *what,
-                            size_t params_need)
-{
-    if (call->ninputs != 1 || call->noutputs != 1 || !call->inputs || !call->outputs)
-        return hd->host->fail(hd->host, TS_EINVAL,
-                              "%s: expected 1 input and 1 output, got %d and %d", what,
-                              (int)call->ninputs, (int)call->noutputs);
-    if (!call->params || call->params_size < params_need)
-        return hd->host->fail(hd->host, TS_EINVAL, "%s: params missing or too small (%u < %zu)",
-                              what, (unsigned)call->params_size, params_need);
-    ts_status s = check_operand(hd, what, "input", &call->inputs[0]);
-    if (!s)
-        s = check_operand(hd, what, "output", &call->outputs[0]);
-    if (!s && call->inputs[0].ndim != call->outputs[0].ndim)
-        return hd->host->fail(hd->host, TS_ESHAPE, "%s: input has %d dims, output %d (keepdim)",
-                              what, (int)call->inputs[0].ndim, (int)call->outputs[0].ndim);
-    return s;
-}
-
-/* A dim in [-ndim, ndim) as an index; a 0-d tensor accepts 0 and -1. -1 if out of range. */
-static int norm_dim(int32_t dim, int ndim)
-{
-    int n = ndim > 0 ? ndim : 1;
-    if (dim < -n || dim >= n)
-        return -1;
-    return dim < 0 ? dim + n : dim;
-}
-
 /* in: (d0, ..., dk); out: the same dims with 1 where reduced. ARGMAX/ARGMIN: only params.dim
  * reduced, out TS_I64. */
 static ts_status run_reduce(ts_hostdev *hd, const ts_kernel_call *call)
 {
-    ts_status s = check_call(hd, call, "reduce", sizeof(ts_reduce_params));
+    int dim;
+    ts_status s = ts_hostkern_reduce_check(hd->host, 0, call, &dim);
     if (s)
         return s;
     const ts_reduce_params *prm = call->params;
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
     int32_t fn = prm->fn;
-    if (fn < 0 || fn >= TS_REDUCE_COUNT)
-        return hd->host->fail(hd->host, TS_EINVAL, "reduce: unknown function %d", (int)fn);
     int arg = fn == TS_REDUCE_ARGMAX || fn == TS_REDUCE_ARGMIN;
-    if (!reduce_names[fn]) /* appended to the enum after this file was written */
-        return hd->host->fail(hd->host, TS_ENOTSUP, "reduce function %d is not implemented",
-                              (int)fn);
     const char *what = reduce_names[fn];
-    if (!is_numeric(in->dtype) || (fn == TS_REDUCE_MEAN && !is_float(in->dtype)))
-        return hd->host->fail(hd->host, TS_ENOTSUP, "reduce %s is not implemented for %s", what,
-                              dtype_name(in->dtype));
-    int32_t want = arg ? TS_I64 : in->dtype;
-    if (out->dtype != want)
-        return hd->host->fail(hd->host, TS_EINVAL, "reduce %s: output is %s, expected %s", what,
-                              dtype_name(out->dtype), dtype_name(want));
-    int dim = -1;
-    if (arg && (dim = norm_dim(prm->dim, in->ndim)) < 0)
-        return hd->host->fail(hd->host, TS_EINVAL, "reduce %s: dim %d out of range for %d dims",
-                              what, (int)prm->dim, (int)in->ndim);
 
     rd_plan p = {.fn = fn, .dtype = in->dtype, .nout = 1, .nslice = 1};
     p.in_es = ts_hostdev_dtype_size(in->dtype);
@@ -355,13 +288,7 @@ static ts_status run_reduce(ts_hostdev *hd, const ts_kernel_call *call)
     p.out = (char *)out->data + out->offset * (int64_t)out_es;
     for (int d = 0; d < in->ndim; d++) {
         int64_t ni = in->shape[d], no = out->shape[d];
-        int reduced = arg ? d == dim : no == 1 && ni != 1;
-        if (reduced ? no != 1 : no != ni)
-            return hd->host->fail(hd->host, TS_ESHAPE,
-                                  "reduce %s: output size %lld at dim %d, input %lld (expected "
-                                  "%s)",
-                                  what, (long long)no, d, (long long)ni,
-                                  reduced ? "1" : "the input's");
+        int reduced = arg ? d == dim : no == 1 && ni != 1; /* shapes checked */
         if (reduced) {
             p.nslice *= ni;
             /* Merge with the previous reduced dim when this one is contiguous inside it: the
@@ -431,26 +358,11 @@ static ts_status run_reduce(ts_hostdev *hd, const ts_kernel_call *call)
 static ts_status run_softmax(ts_hostdev *hd, const ts_kernel_call *call)
 {
     int log_form = call->op == TS_OP_LOG_SOFTMAX;
-    const char *what = log_form ? "log_softmax" : "softmax";
-    ts_status s = check_call(hd, call, what, sizeof(ts_dim_params));
+    int dim;
+    ts_status s = ts_hostkern_softmax_check(hd->host, 0, call, &dim);
     if (s)
         return s;
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
-    if (!is_float(out->dtype) || in->dtype != out->dtype)
-        return hd->host->fail(hd->host, is_float(in->dtype) ? TS_EINVAL : TS_ENOTSUP,
-                              "%s: input %s, output %s (float32 or float64, the same)", what,
-                              dtype_name(in->dtype), dtype_name(out->dtype));
-    for (int d = 0; d < in->ndim; d++)
-        if (in->shape[d] != out->shape[d])
-            return hd->host->fail(hd->host, TS_ESHAPE,
-                                  "%s: output size %lld at dim %d, input "
-                                  "%lld",
-                                  what, (long long)out->shape[d], d, (long long)in->shape[d]);
-    const ts_dim_params *prm = call->params;
-    int dim = norm_dim(prm->dim, in->ndim);
-    if (dim < 0)
-        return hd->host->fail(hd->host, TS_EINVAL, "%s: dim %d out of range for %d dims", what,
-                              (int)prm->dim, (int)in->ndim);
     /* The other dims, as an odometer over slices. */
     int nouter = 0;
     int64_t oshape[TS_MAX_DIMS], ostr_in[TS_MAX_DIMS], ostr_out[TS_MAX_DIMS], nslices = 1;

@@ -1,9 +1,10 @@
 /* plugins/cuda/ops.c: validation, planning and launch of every op except matmul and the
  * convolutions (gemm.c): elementwise (collapsed iteration spaces, stride-0 broadcasting, a
  * by-value scalar), reductions, softmax, index_select / index_add, cross entropy, pooling and
- * the fused optimizer steps. Checks and messages follow the host kernels in plugins/common so
- * that every backend reports bad calls alike; indices are range-checked on the device before
- * anything is written (one stream synchronization, since the result decides the status). */
+ * the fused optimizer steps. The argument checks are the host kernels' own (plugins/common/
+ * opcheck.c, with dev = 1) so that every backend reports bad calls alike; indices are
+ * range-checked on the device before anything is written (one stream synchronization, since
+ * the result decides the status). */
 #include "config.h"
 
 #include <math.h>
@@ -57,66 +58,6 @@ static int64_t numel(const ts_operand *op)
 
 #define FAIL(c, code, ...) ((c)->host->fail((c)->host, (code), __VA_ARGS__))
 #define LAUNCH(c, call) CU_CHECK(c, call)
-
-/* ---- checks ---------------------------------------------------------------------------- */
-
-static ts_status check_counts(cuda_ctx *c, const ts_kernel_call *call, const char *what, int nin,
-                              int nout)
-{
-    if (call->ninputs != nin || call->noutputs != nout)
-        return FAIL(c, TS_EINVAL, "%s: expected %d input(s) and %d output(s), got %d and %d",
-                    what, nin, nout, (int)call->ninputs, (int)call->noutputs);
-    return TS_OK;
-}
-
-/* dtype known, 0..TS_MAX_DIMS dims, no negative size or stride, a device pointer unless the
- * operand is empty; with ref, ref's shape. */
-static ts_status check_operand(cuda_ctx *c, const char *what, const char *role,
-                               const ts_operand *op, const ts_operand *ref)
-{
-    if (!cuda_dtype_size(op->dtype))
-        return FAIL(c, TS_EINVAL, "%s: %s has unknown dtype %d", what, role, (int)op->dtype);
-    if (op->ndim < 0 || op->ndim > TS_MAX_DIMS)
-        return FAIL(c, TS_EINVAL, "%s: %s has %d dims (0 to %d allowed)", what, role,
-                    (int)op->ndim, TS_MAX_DIMS);
-    for (int d = 0; d < op->ndim; d++)
-        if (op->shape[d] < 0 || op->strides[d] < 0)
-            return FAIL(c, TS_EINVAL, "%s: %s has size %lld / stride %lld at dim %d", what, role,
-                        (long long)op->shape[d], (long long)op->strides[d], d);
-    if (op->offset < 0)
-        return FAIL(c, TS_EINVAL, "%s: %s has a negative offset", what, role);
-    if (ref) {
-        int same = op->ndim == ref->ndim;
-        for (int d = 0; same && d < op->ndim; d++)
-            same = op->shape[d] == ref->shape[d];
-        if (!same)
-            return FAIL(c, TS_ESHAPE, "%s: %s has %d dims / a shape other than the output's",
-                        what, role, (int)op->ndim);
-    }
-    if (!op->data && numel(op) > 0)
-        return FAIL(c, TS_EINVAL, "%s: %s has no data pointer", what, role);
-    return TS_OK;
-}
-
-static ts_status check_dtype(cuda_ctx *c, const char *what, const char *role,
-                             const ts_operand *op, int32_t dtype)
-{
-    if (op->dtype != dtype)
-        return FAIL(c, TS_EINVAL, "%s: %s is %s, expected %s", what, role, dtype_name(op->dtype),
-                    dtype_name(dtype));
-    return TS_OK;
-}
-
-static const void *get_params(cuda_ctx *c, const ts_kernel_call *call, const char *what,
-                              size_t need)
-{
-    if (!call->params || call->params_size < need) {
-        FAIL(c, TS_EINVAL, "%s: params missing or too small (%u < %zu bytes)", what,
-             (unsigned)call->params_size, need);
-        return NULL;
-    }
-    return call->params;
-}
 
 /* ---- the elementwise iteration space --------------------------------------------------- */
 
@@ -201,27 +142,18 @@ ts_status cuda_scale_inplace(cuda_ctx *c, const ts_operand *t, double beta)
 
 static ts_status run_copy_cast(cuda_ctx *c, const ts_kernel_call *call)
 {
-    const char *what = call->op == TS_OP_COPY ? "copy" : "cast";
-    ts_status s = check_counts(c, call, what, 1, 1);
-    if (!s)
-        s = check_operand(c, what, "output", &call->outputs[0], NULL);
-    if (!s)
-        s = check_operand(c, what, "input", &call->inputs[0], &call->outputs[0]);
-    if (!s && call->op == TS_OP_COPY)
-        s = check_dtype(c, what, "input", &call->inputs[0], call->outputs[0].dtype);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
     return s ? s : cuda_copy_strided(c, &call->outputs[0], &call->inputs[0]);
 }
 
 static ts_status run_fill(cuda_ctx *c, const ts_kernel_call *call)
 {
-    ts_status s = check_counts(c, call, "fill", 0, 1);
-    if (!s)
-        s = check_operand(c, "fill", "output", &call->outputs[0], NULL);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
     if (s)
         return s;
-    const ts_fill_params *p = get_params(c, call, "fill", sizeof *p);
-    if (!p)
-        return TS_EINVAL;
+    const ts_fill_params *p = prm;
     const ts_operand *ops[1] = {&call->outputs[0]};
     cu_ew_arg a;
     ew_plan(&a, ops, 1);
@@ -231,19 +163,12 @@ static ts_status run_fill(cuda_ctx *c, const ts_kernel_call *call)
 
 static ts_status run_unary(cuda_ctx *c, const ts_kernel_call *call)
 {
-    ts_status s = check_counts(c, call, "unary", 1, 1);
-    const ts_operand *out = &call->outputs[0], *in = s ? NULL : &call->inputs[0];
-    if (!s)
-        s = check_operand(c, "unary", "output", out, NULL);
-    if (!s)
-        s = check_operand(c, "unary", "input", in, out);
-    if (!s)
-        s = check_dtype(c, "unary", "input", in, out->dtype);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
     if (s)
         return s;
-    const ts_unary_params *p = get_params(c, call, "unary", sizeof *p);
-    if (!p)
-        return TS_EINVAL;
+    const ts_operand *out = &call->outputs[0], *in = &call->inputs[0];
+    const ts_unary_params *p = prm;
     if (p->fn < 0 || p->fn >= TS_UNARY_COUNT)
         return FAIL(c, TS_EINVAL, "unary: unknown function %d", (int)p->fn);
     int int_ok = p->fn == TS_UNARY_NEG || p->fn == TS_UNARY_ABS || p->fn == TS_UNARY_RELU;
@@ -267,16 +192,11 @@ static int is_compare(int32_t fn)
 static ts_status binary_common(cuda_ctx *c, const char *what, int32_t fn, const ts_operand *out,
                                const ts_operand *x, const ts_operand *y, int pos, double scalar)
 {
-    if (fn < 0 || fn >= TS_BINARY_COUNT)
-        return FAIL(c, TS_EINVAL, "%s: unknown function %d", what, (int)fn);
-    int32_t dt = pos == 1 ? y->dtype : x->dtype;
-    ts_status s = TS_OK;
-    if (pos == 0)
-        s = check_dtype(c, what, "second input", y, dt);
-    if (!s)
-        s = check_dtype(c, what, "output", out, is_compare(fn) ? TS_U8 : dt);
+    ts_status s = ts_hostkern_binary_dtype_check(c->host, what, fn, out, pos == 1 ? y : x,
+                                                 pos == 0 ? y : NULL);
     if (s)
         return s;
+    int32_t dt = pos == 1 ? y->dtype : x->dtype;
     if (!is_compare(fn) && dt == TS_U8)
         return FAIL(c, TS_ENOTSUP, "%s %s is not implemented for %s", what,
                     name_or(binary_names[fn]), dtype_name(dt));
@@ -322,59 +242,34 @@ static ts_status binary_common(cuda_ctx *c, const char *what, int32_t fn, const 
 
 static ts_status run_binary(cuda_ctx *c, const ts_kernel_call *call)
 {
-    ts_status s = check_counts(c, call, "binary", 2, 1);
-    const ts_operand *out = &call->outputs[0];
-    if (!s)
-        s = check_operand(c, "binary", "output", out, NULL);
-    if (!s)
-        s = check_operand(c, "binary", "first input", &call->inputs[0], out);
-    if (!s)
-        s = check_operand(c, "binary", "second input", &call->inputs[1], out);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
     if (s)
         return s;
-    const ts_binary_params *p = get_params(c, call, "binary", sizeof *p);
-    if (!p)
-        return TS_EINVAL;
-    return binary_common(c, "binary", p->fn, out, &call->inputs[0], &call->inputs[1], 0, 0);
+    const ts_binary_params *p = prm;
+    return binary_common(c, "binary", p->fn, &call->outputs[0], &call->inputs[0],
+                         &call->inputs[1], 0, 0);
 }
 
 static ts_status run_binary_scalar(cuda_ctx *c, const ts_kernel_call *call)
 {
-    ts_status s = check_counts(c, call, "binary_scalar", 1, 1);
-    const ts_operand *out = &call->outputs[0], *in = s ? NULL : &call->inputs[0];
-    if (!s)
-        s = check_operand(c, "binary_scalar", "output", out, NULL);
-    if (!s)
-        s = check_operand(c, "binary_scalar", "input", in, out);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
     if (s)
         return s;
-    const ts_scalar_params *p = get_params(c, call, "binary_scalar", sizeof *p);
-    if (!p)
-        return TS_EINVAL;
+    const ts_operand *out = &call->outputs[0], *in = &call->inputs[0];
+    const ts_scalar_params *p = prm;
     return p->scalar_first ? binary_common(c, "binary_scalar", p->fn, out, NULL, in, 1, p->scalar)
                            : binary_common(c, "binary_scalar", p->fn, out, in, NULL, 2, p->scalar);
 }
 
 static ts_status run_where(cuda_ctx *c, const ts_kernel_call *call)
 {
-    ts_status s = check_counts(c, call, "where", 3, 1);
-    const ts_operand *out = &call->outputs[0];
-    if (!s)
-        s = check_operand(c, "where", "output", out, NULL);
-    if (!s)
-        s = check_operand(c, "where", "mask", &call->inputs[0], out);
-    if (!s)
-        s = check_operand(c, "where", "second input", &call->inputs[1], out);
-    if (!s)
-        s = check_operand(c, "where", "third input", &call->inputs[2], out);
-    if (!s)
-        s = check_dtype(c, "where", "mask", &call->inputs[0], TS_U8);
-    if (!s)
-        s = check_dtype(c, "where", "second input", &call->inputs[1], out->dtype);
-    if (!s)
-        s = check_dtype(c, "where", "third input", &call->inputs[2], out->dtype);
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
     if (s)
         return s;
+    const ts_operand *out = &call->outputs[0];
     const ts_operand *ops[4] = {out, &call->inputs[0], &call->inputs[1], &call->inputs[2]};
     cu_ew_arg a;
     ew_plan(&a, ops, 4);
@@ -384,56 +279,17 @@ static ts_status run_where(cuda_ctx *c, const ts_kernel_call *call)
 
 /* ---- reductions and softmax ------------------------------------------------------------ */
 
-/* A dim in [-ndim, ndim) as an index; a 0-d tensor accepts 0 and -1. -1 if out of range. */
-static int norm_dim(int32_t dim, int ndim)
-{
-    int n = ndim > 0 ? ndim : 1;
-    if (dim < -n || dim >= n)
-        return -1;
-    return dim < 0 ? dim + n : dim;
-}
-
-static ts_status check_1in1out(cuda_ctx *c, const ts_kernel_call *call, const char *what,
-                               size_t params_need)
-{
-    ts_status s = check_counts(c, call, what, 1, 1);
-    if (s)
-        return s;
-    if (!call->params || call->params_size < params_need)
-        return FAIL(c, TS_EINVAL, "%s: params missing or too small (%u < %zu)", what,
-                    (unsigned)call->params_size, params_need);
-    s = check_operand(c, what, "input", &call->inputs[0], NULL);
-    if (!s)
-        s = check_operand(c, what, "output", &call->outputs[0], NULL);
-    if (!s && call->inputs[0].ndim != call->outputs[0].ndim)
-        return FAIL(c, TS_ESHAPE, "%s: input has %d dims, output %d (keepdim)", what,
-                    (int)call->inputs[0].ndim, (int)call->outputs[0].ndim);
-    return s;
-}
-
 static ts_status run_reduce(cuda_ctx *c, const ts_kernel_call *call)
 {
-    ts_status s = check_1in1out(c, call, "reduce", sizeof(ts_reduce_params));
+    int dim;
+    ts_status s = ts_hostkern_reduce_check(c->host, 1, call, &dim);
     if (s)
         return s;
     const ts_reduce_params *prm = call->params;
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
     int32_t fn = prm->fn;
-    if (fn < 0 || fn >= TS_REDUCE_COUNT)
-        return FAIL(c, TS_EINVAL, "reduce: unknown function %d", (int)fn);
     int arg = fn == TS_REDUCE_ARGMAX || fn == TS_REDUCE_ARGMIN;
     const char *what = reduce_names[fn];
-    if (!is_numeric(in->dtype) || (fn == TS_REDUCE_MEAN && !is_float(in->dtype)))
-        return FAIL(c, TS_ENOTSUP, "reduce %s is not implemented for %s", what,
-                    dtype_name(in->dtype));
-    int32_t want = arg ? TS_I64 : in->dtype;
-    if (out->dtype != want)
-        return FAIL(c, TS_EINVAL, "reduce %s: output is %s, expected %s", what,
-                    dtype_name(out->dtype), dtype_name(want));
-    int dim = -1;
-    if (arg && (dim = norm_dim(prm->dim, in->ndim)) < 0)
-        return FAIL(c, TS_EINVAL, "reduce %s: dim %d out of range for %d dims", what,
-                    (int)prm->dim, (int)in->ndim);
     cu_rd_arg p;
     memset(&p, 0, sizeof p);
     p.fn = fn;
@@ -444,11 +300,7 @@ static ts_status run_reduce(cuda_ctx *c, const ts_kernel_call *call)
     p.out = cuda_elem0(out);
     for (int d = 0; d < in->ndim; d++) {
         int64_t ni = in->shape[d], no = out->shape[d];
-        int reduced = arg ? d == dim : no == 1 && ni != 1;
-        if (reduced ? no != 1 : no != ni)
-            return FAIL(c, TS_ESHAPE,
-                        "reduce %s: output size %lld at dim %d, input %lld (expected %s)", what,
-                        (long long)no, d, (long long)ni, reduced ? "1" : "the input's");
+        int reduced = arg ? d == dim : no == 1 && ni != 1; /* shapes checked */
         if (reduced) {
             p.nslice *= ni;
             if (p.nred > 0 && p.red_in[p.nred - 1] == in->strides[d] * ni) {
@@ -497,23 +349,11 @@ static ts_status run_reduce(cuda_ctx *c, const ts_kernel_call *call)
 static ts_status run_softmax(cuda_ctx *c, const ts_kernel_call *call)
 {
     int log_form = call->op == TS_OP_LOG_SOFTMAX;
-    const char *what = log_form ? "log_softmax" : "softmax";
-    ts_status s = check_1in1out(c, call, what, sizeof(ts_dim_params));
+    int dim;
+    ts_status s = ts_hostkern_softmax_check(c->host, 1, call, &dim);
     if (s)
         return s;
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
-    if (!is_float(out->dtype) || in->dtype != out->dtype)
-        return FAIL(c, is_float(in->dtype) ? TS_EINVAL : TS_ENOTSUP,
-                    "%s: input %s, output %s (float32 or float64, the same)", what,
-                    dtype_name(in->dtype), dtype_name(out->dtype));
-    for (int d = 0; d < in->ndim; d++)
-        if (in->shape[d] != out->shape[d])
-            return FAIL(c, TS_ESHAPE, "%s: output size %lld at dim %d, input %lld", what,
-                        (long long)out->shape[d], d, (long long)in->shape[d]);
-    int dim = norm_dim(((const ts_dim_params *)call->params)->dim, in->ndim);
-    if (dim < 0)
-        return FAIL(c, TS_EINVAL, "%s: dim %d out of range for %d dims", what,
-                    (int)((const ts_dim_params *)call->params)->dim, (int)in->ndim);
     cu_sm_arg a;
     memset(&a, 0, sizeof a);
     a.dtype = in->dtype;
@@ -574,38 +414,15 @@ static ts_status run_index(cuda_ctx *c, const ts_kernel_call *call)
 {
     int add = call->op == TS_OP_INDEX_ADD;
     const char *name = add ? "index_add" : "index_select";
-    ts_status s = check_counts(c, call, name, 2, 1);
+    int dim;
+    ts_status s = ts_hostkern_index_check(c->host, 1, call, &dim);
     if (s)
         return s;
-    if (!call->params || call->params_size < sizeof(ts_dim_params))
-        return FAIL(c, TS_EINVAL, "%s: missing ts_dim_params", name);
     const ts_operand *src = &call->inputs[0], *ix = &call->inputs[1], *dst = &call->outputs[0];
-    if ((s = check_operand(c, name, "source", src, NULL)) ||
-        (s = check_operand(c, name, "index", ix, NULL)) ||
-        (s = check_operand(c, name, "output", dst, NULL)))
-        return s;
-    if (src->dtype != dst->dtype)
-        return FAIL(c, TS_EINVAL, "%s: data and output dtypes differ (%d, %d)", name,
-                    (int)src->dtype, (int)dst->dtype);
-    if ((ix->dtype != TS_I64 && ix->dtype != TS_I32) || ix->ndim != 1)
-        return FAIL(c, TS_EINVAL, "%s: the index must be a 1-D TS_I64 or TS_I32 tensor", name);
-    int nd = dst->ndim, dim = ((const ts_dim_params *)call->params)->dim;
-    if (dim < 0)
-        dim += nd;
-    if (src->ndim != nd || nd < 1 || dim < 0 || dim >= nd)
-        return FAIL(c, TS_EINVAL, "%s: dim %d is out of range for %d-D operands", name,
-                    ((const ts_dim_params *)call->params)->dim, nd);
+    int nd = dst->ndim;
     int64_t n = ix->shape[0];
-    const ts_operand *full = add ? dst : src, *picked = add ? src : dst;
-    int64_t size = full->shape[dim];
-    int bad = picked->shape[dim] != n;
-    for (int d = 0; d < nd; d++)
-        bad |= d != dim && src->shape[d] != dst->shape[d];
-    if (bad)
-        return FAIL(c, TS_ESHAPE,
-                    "%s: operand shapes disagree outside dim %d, or dim %d of the %s is not the "
-                    "index length %lld",
-                    name, dim, dim, add ? "source" : "output", (long long)n);
+    const ts_operand *picked = add ? src : dst;
+    int64_t size = (add ? dst : src)->shape[dim];
     cu_idx_view v = {.data = cuda_elem0(ix), .dtype = ix->dtype, .ndim = 1,
                      .shape = {n}, .strides = {ix->strides[0]}};
     int64_t pos, val;
@@ -641,15 +458,15 @@ static ts_status run_xent(cuda_ctx *c, const ts_kernel_call *call)
 {
     int bwd = call->op == TS_OP_CROSS_ENTROPY_BWD;
     const char *name = bwd ? "cross_entropy_bwd" : "cross_entropy";
-    ts_status s = check_counts(c, call, name, bwd ? 3 : 2, 1);
+    ts_status s = ts_hostkern_check_counts(c->host, 1, call, name, bwd ? 3 : 2, 1);
     if (s)
         return s;
     const ts_operand *x = &call->inputs[0], *t = &call->inputs[1], *out = &call->outputs[0];
     const ts_operand *gl = bwd ? &call->inputs[2] : NULL;
-    if ((s = check_operand(c, name, "logits", x, NULL)) ||
-        (s = check_operand(c, name, "targets", t, NULL)) ||
-        (s = check_operand(c, name, "output", out, NULL)) ||
-        (gl && (s = check_operand(c, name, "gloss", gl, NULL))))
+    if ((s = ts_hostkern_check_operand(c->host, 1, name, "logits", x, NULL)) ||
+        (s = ts_hostkern_check_operand(c->host, 1, name, "targets", t, NULL)) ||
+        (s = ts_hostkern_check_operand(c->host, 1, name, "output", out, NULL)) ||
+        (gl && (s = ts_hostkern_check_operand(c->host, 1, name, "gloss", gl, NULL))))
         return s;
     int32_t dt = x->dtype;
     if (!is_float(dt) || out->dtype != dt || (gl && gl->dtype != dt) ||
@@ -710,49 +527,6 @@ static cu_t4 t4(const ts_operand *o)
     return t;
 }
 
-static ts_status pool_check(cuda_ctx *c, const char *name, const ts_pool2d_params *p,
-                            const ts_operand *x, const ts_operand *y, const ts_operand *ix,
-                            const char *yname)
-{
-    ts_status s;
-    if ((s = check_operand(c, name, "x", x, NULL)) || (s = check_operand(c, name, yname, y, NULL)) ||
-        (ix && (s = check_operand(c, name, "indices", ix, NULL))))
-        return s;
-    if (x->dtype != y->dtype || (ix && ix->dtype != TS_I64))
-        return FAIL(c, TS_EINVAL, "%s: x and %s need the same dtype, indices TS_I64", name,
-                    yname);
-    if (!is_float(x->dtype))
-        return FAIL(c, TS_ENOTSUP, "%s is not implemented for %s", name, dtype_name(x->dtype));
-    if (x->ndim != 4 || y->ndim != 4 || (ix && ix->ndim != 4))
-        return FAIL(c, TS_ESHAPE, "%s: operands must be 4-D (N, C, H, W)", name);
-    if (p->kernel_h < 1 || p->kernel_w < 1 || p->stride_h < 1 || p->stride_w < 1 ||
-        p->pad_h < 0 || p->pad_w < 0 || p->pad_h > p->kernel_h / 2 || p->pad_w > p->kernel_w / 2)
-        return FAIL(c, TS_EINVAL,
-                    "%s: kernel (%d, %d) and stride (%d, %d) must be >= 1 and padding (%d, %d) "
-                    "between 0 and half the kernel",
-                    name, (int)p->kernel_h, (int)p->kernel_w, (int)p->stride_h,
-                    (int)p->stride_w, (int)p->pad_h, (int)p->pad_w);
-    int64_t H = x->shape[2], W = x->shape[3];
-    int64_t hspan = H + 2 * (int64_t)p->pad_h - p->kernel_h;
-    int64_t wspan = W + 2 * (int64_t)p->pad_w - p->kernel_w;
-    if (hspan < 0 || wspan < 0)
-        return FAIL(c, TS_EINVAL, "%s: kernel %dx%d is larger than the padded %lldx%lld input",
-                    name, (int)p->kernel_h, (int)p->kernel_w, (long long)H, (long long)W);
-    int64_t P = hspan / p->stride_h + 1, Q = wspan / p->stride_w + 1;
-    int bad = y->shape[0] != x->shape[0] || y->shape[1] != x->shape[1] || y->shape[2] != P ||
-              y->shape[3] != Q;
-    for (int d = 0; ix && d < 4; d++)
-        bad |= ix->shape[d] != y->shape[d];
-    if (bad)
-        return FAIL(c, TS_ESHAPE,
-                    "%s: %s is (%lld, %lld, %lld, %lld), expected (%lld, %lld, %lld, %lld)%s",
-                    name, yname, (long long)y->shape[0], (long long)y->shape[1],
-                    (long long)y->shape[2], (long long)y->shape[3], (long long)x->shape[0],
-                    (long long)x->shape[1], (long long)P, (long long)Q,
-                    ix ? " (indices too)" : "");
-    return TS_OK;
-}
-
 /* in, when it shares memory with out, copied into dense pool scratch (*buf, freed by the
  * caller); else in itself. */
 static ts_status unalias(cuda_ctx *c, const ts_operand *in, const ts_operand *out,
@@ -771,18 +545,12 @@ static ts_status unalias(cuda_ctx *c, const ts_operand *in, const ts_operand *ou
 static ts_status run_pool(cuda_ctx *c, const ts_kernel_call *call)
 {
     int is_max = call->op == TS_OP_MAXPOOL2D;
-    const char *name = is_max ? "maxpool2d" : "avgpool2d";
-    if (call->ninputs != 1 || call->noutputs < 1 || call->noutputs > (is_max ? 2 : 1))
-        return FAIL(c, TS_EINVAL, "%s: expects 1 input and %s output(s), got %d and %d", name,
-                    is_max ? "1 or 2" : "1", (int)call->ninputs, (int)call->noutputs);
-    if (!call->params || call->params_size < sizeof(ts_pool2d_params))
-        return FAIL(c, TS_EINVAL, "%s: missing ts_pool2d_params", name);
+    ts_status s = ts_hostkern_pool2d_check(c->host, 1, call);
+    if (s)
+        return s;
     const ts_pool2d_params *p = call->params;
     const ts_operand *x = &call->inputs[0], *y = &call->outputs[0];
     const ts_operand *ix = call->noutputs == 2 ? &call->outputs[1] : NULL;
-    ts_status s = pool_check(c, name, p, x, y, ix, "y");
-    if (s)
-        return s;
     cu_t4 tx = t4(x), ty = t4(y), tix;
     if (ix)
         tix = t4(ix);
@@ -794,18 +562,14 @@ static ts_status run_pool_bwd(cuda_ctx *c, const ts_kernel_call *call)
 {
     int is_max = call->op == TS_OP_MAXPOOL2D_BWD;
     const char *name = is_max ? "maxpool2d_bwd" : "avgpool2d_bwd";
-    if (call->ninputs != (is_max ? 2 : 1) || call->noutputs != 1)
-        return FAIL(c, TS_EINVAL, "%s: expects %s and 1 output, got %d and %d", name,
-                    is_max ? "2 inputs (gy, indices)" : "1 input (gy)", (int)call->ninputs,
-                    (int)call->noutputs);
-    if (!call->params || call->params_size < sizeof(ts_pool2d_params))
-        return FAIL(c, TS_EINVAL, "%s: missing ts_pool2d_params", name);
+    ts_status s = ts_hostkern_pool2d_check(c->host, 1, call);
+    if (s)
+        return s;
     const ts_pool2d_params *p = call->params;
     const ts_operand *gy = &call->inputs[0], *gx = &call->outputs[0];
     const ts_operand *ix = is_max ? &call->inputs[1] : NULL;
-    ts_status s = pool_check(c, name, p, gx, gy, ix, "gy");
-    if (s || numel(gx) == 0)
-        return s;
+    if (numel(gx) == 0)
+        return TS_OK;
     int64_t H = gx->shape[2], W = gx->shape[3];
     if (ix) {
         cu_idx_view v = {.data = cuda_elem0(ix), .dtype = TS_I64, .ndim = 4};
@@ -859,52 +623,20 @@ done:
 
 /* ---- optimizers ------------------------------------------------------------------------ */
 
-static int dense_like(const ts_operand *a, const ts_operand *b)
-{
-    if (a->dtype != b->dtype || a->ndim != b->ndim)
-        return 0;
-    int64_t acc = 1;
-    for (int d = a->ndim - 1; d >= 0; d--) {
-        if (a->shape[d] != b->shape[d])
-            return 0;
-        if (a->shape[d] != 1 && (a->strides[d] != acc || b->strides[d] != acc))
-            return 0;
-        acc *= a->shape[d];
-    }
-    return 1;
-}
-
 static ts_status run_optim(cuda_ctx *c, const ts_kernel_call *call)
 {
+    ts_status s = ts_hostkern_optimizer_check(c->host, 1, call);
+    if (s)
+        return s;
     if (call->op == TS_OP_SGD_STEP) {
         const ts_sgd_params *P = call->params;
-        if (!P || call->params_size < sizeof *P || call->ninputs != 1 || call->noutputs < 1)
-            return FAIL(c, TS_EINVAL, "sgd_step: expected the grad, the parameter and params");
         int mom = P->momentum != 0;
-        if (mom && call->noutputs < 2)
-            return FAIL(c, TS_EINVAL, "sgd_step: momentum needs a buffer");
-        if (!is_float(call->inputs[0].dtype))
-            return FAIL(c, TS_ENOTSUP, "sgd_step is not implemented for %s",
-                        dtype_name(call->inputs[0].dtype));
-        for (int i = 0; i < 1 + mom; i++)
-            if (!dense_like(&call->outputs[i], &call->inputs[0]))
-                return FAIL(c, TS_EINVAL, "sgd_step: operands must be dense and alike");
         LAUNCH(c, cu_sgd(c->stream, call->inputs[0].dtype, numel(&call->inputs[0]),
                          cuda_elem0(&call->inputs[0]), cuda_elem0(&call->outputs[0]),
                          mom ? cuda_elem0(&call->outputs[1]) : NULL, P));
         return TS_OK;
     }
     const ts_adam_params *P = call->params;
-    if (!P || call->params_size < sizeof *P || call->ninputs != 1 || call->noutputs != 3 ||
-        P->step < 1)
-        return FAIL(c, TS_EINVAL, "adam_step: expected the grad, the parameter, two moments and "
-                                  "params with step >= 1");
-    if (!is_float(call->inputs[0].dtype))
-        return FAIL(c, TS_ENOTSUP, "adam_step is not implemented for %s",
-                    dtype_name(call->inputs[0].dtype));
-    for (int i = 0; i < 3; i++)
-        if (!dense_like(&call->outputs[i], &call->inputs[0]))
-            return FAIL(c, TS_EINVAL, "adam_step: operands must be dense and alike");
     LAUNCH(c, cu_adam(c->stream, call->inputs[0].dtype, numel(&call->inputs[0]),
                       cuda_elem0(&call->inputs[0]), cuda_elem0(&call->outputs[0]),
                       cuda_elem0(&call->outputs[1]), cuda_elem0(&call->outputs[2]), P));
