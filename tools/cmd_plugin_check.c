@@ -1155,35 +1155,22 @@ static void check_errors(checker *c)
     int any = 0;
     int64_t n5[2] = {5, 4}, n3 = 3, n4 = 4;
     for (int32_t dt = 0; dt < TS_DTYPE_COUNT; dt++) {
-        if (ts_device_supports(c->dev, TS_OP_INDEX_SELECT, dt)) {
-            kcase k = {.op = TS_OP_INDEX_SELECT, .nin = 2, .nout = 1};
-            int64_t o[2] = {3, 4};
-            k.in[0] = spec(dt, 2, n5);
+        for (int add = 0; add < 2; add++) { /* index_select (5,4)->(3,4), index_add back */
+            int32_t op = add ? TS_OP_INDEX_ADD : TS_OP_INDEX_SELECT;
+            if (!ts_device_supports(c->dev, op, dt))
+                continue;
+            kcase k = {.op = op, .nin = 2, .nout = 1};
+            int64_t n34[2] = {3, 4};
+            k.in[0] = spec(dt, 2, add ? n34 : n5);
             k.in[1] = spec(TS_I64, 1, &n3);
             k.in[1].v = V_BADINDEX;
             k.in[1].range = 5;
-            k.out[0] = spec(dt, 2, o);
+            k.out[0] = spec(dt, 2, add ? n5 : n34);
             ts_dim_params p = {0};
             set_params(&k, &p, sizeof p);
             char name[96];
-            snprintf(name, sizeof name, "errors: index_select %s with an index out of range",
-                     ts_dtype_name(dt));
-            expect_error(c, name, &k);
-            any = 1;
-        }
-        if (ts_device_supports(c->dev, TS_OP_INDEX_ADD, dt)) {
-            kcase k = {.op = TS_OP_INDEX_ADD, .nin = 2, .nout = 1};
-            int64_t in[2] = {3, 4};
-            k.in[0] = spec(dt, 2, in);
-            k.in[1] = spec(TS_I64, 1, &n3);
-            k.in[1].v = V_BADINDEX;
-            k.in[1].range = 5;
-            k.out[0] = spec(dt, 2, n5);
-            ts_dim_params p = {0};
-            set_params(&k, &p, sizeof p);
-            char name[96];
-            snprintf(name, sizeof name, "errors: index_add %s with an index out of range",
-                     ts_dtype_name(dt));
+            snprintf(name, sizeof name, "errors: %s %s with an index out of range",
+                     add ? "index_add" : "index_select", ts_dtype_name(dt));
             expect_error(c, name, &k);
             any = 1;
         }

@@ -508,8 +508,6 @@ static int ew_iter_run(const ts_hostdev *hd, const ew_iter *it, ew_loop loop)
     return bad;
 }
 
-/* ---- validation ------------------------------------------------------------------------ */
-
 /* ---- ops ------------------------------------------------------------------------------- */
 
 /* out[0] = in[0] converted; same shape. Same dtype: a bit-exact copy. */
