@@ -32,3 +32,24 @@ TS_API const char *ts_op_name(int32_t op)
     _Static_assert(sizeof names / sizeof names[0] == TS_OP_COUNT, "ts_op_name out of date");
     return op >= 0 && op < TS_OP_COUNT ? names[op] : "unknown";
 }
+
+TS_API const char *ts_fn_name(int32_t op, int32_t fn)
+{
+    static const char *const unary[] = {"neg",  "abs",     "exp",  "log",  "sqrt", "rsqrt",
+                                        "tanh", "sigmoid", "relu", "gelu", "erf"};
+    static const char *const binary[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                                         "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+    static const char *const reduce[] = {"sum", "mean", "max", "min", "argmax", "argmin"};
+    _Static_assert(sizeof unary / sizeof unary[0] == TS_UNARY_COUNT, "unary names out of date");
+    _Static_assert(sizeof binary / sizeof binary[0] == TS_BINARY_COUNT, "binary names");
+    _Static_assert(sizeof reduce / sizeof reduce[0] == TS_REDUCE_COUNT, "reduce names");
+    if (fn < 0)
+        return NULL;
+    if (op == TS_OP_UNARY)
+        return fn < TS_UNARY_COUNT ? unary[fn] : NULL;
+    if (op == TS_OP_BINARY || op == TS_OP_BINARY_SCALAR)
+        return fn < TS_BINARY_COUNT ? binary[fn] : NULL;
+    if (op == TS_OP_REDUCE)
+        return fn < TS_REDUCE_COUNT ? reduce[fn] : NULL;
+    return NULL;
+}

@@ -140,9 +140,6 @@ out:
     return s;
 }
 
-static const char *const binary_names[] = {"add", "sub", "mul", "div", "pow", "maximum",
-                                           "minimum"};
-
 ts_status ts__ag_binary(int fn, const ts_tensor *a, const ts_tensor *b, ts_tensor *out)
 {
     const ts_tensor *in[2] = {a, b};
@@ -152,8 +149,8 @@ ts_status ts__ag_binary(int fn, const ts_tensor *a, const ts_tensor *b, ts_tenso
     const ts_tensor *save[3] = {a, b, out};
     int nsave = fn <= TS_BINARY_SUB ? 0 : fn == TS_BINARY_POW ? 3 : 2;
     int64_t p = fn;
-    return ts__record(binary_names[fn], binary_backward, out, 2, in, nsave, save, &p, sizeof p,
-                      NULL);
+    return ts__record(ts_fn_name(TS_OP_BINARY, fn), binary_backward, out, 2, in, nsave, save,
+                      &p, sizeof p, NULL);
 }
 
 /* ---- scalar ---------------------------------------------------------------------------- */
@@ -230,8 +227,8 @@ ts_status ts__ag_scalar(int fn, const ts_tensor *x, double c, int first, ts_tens
     p.i[0] = fn;
     p.i[1] = first != 0;
     p.d[2] = c;
-    return ts__record(binary_names[fn], scalar_backward, out, 1, in, nsave, save, &p, sizeof p,
-                      NULL);
+    return ts__record(ts_fn_name(TS_OP_BINARY, fn), scalar_backward, out, 1, in, nsave, save,
+                      &p, sizeof p, NULL);
 }
 
 /* ---- unary ----------------------------------------------------------------------------- */
@@ -312,9 +309,6 @@ out:
     return s;
 }
 
-static const char *const unary_names[] = {"neg",  "abs",     "exp",  "log",  "sqrt", "rsqrt",
-                                          "tanh", "sigmoid", "relu", "gelu", "erf"};
-
 ts_status ts__ag_unary(int fn, const ts_tensor *x, ts_tensor *out)
 {
     const ts_tensor *in[1] = {x};
@@ -326,8 +320,8 @@ ts_status ts__ag_unary(int fn, const ts_tensor *x, ts_tensor *out)
                    fn == TS_UNARY_TANH || fn == TS_UNARY_SIGMOID;
     const ts_tensor *save[1] = {uses_out ? out : x};
     int64_t p = fn;
-    return ts__record(unary_names[fn], unary_backward, out, 1, in, fn == TS_UNARY_NEG ? 0 : 1,
-                      save, &p, sizeof p, NULL);
+    return ts__record(ts_fn_name(TS_OP_UNARY, fn), unary_backward, out, 1, in,
+                      fn == TS_UNARY_NEG ? 0 : 1, save, &p, sizeof p, NULL);
 }
 
 /* ---- where, cast, identity, to --------------------------------------------------------- */

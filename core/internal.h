@@ -22,6 +22,13 @@
     } while (0)
 _Noreturn void ts__assert_fail(const char *cond, const char *file, int line);
 
+/* ---- profile.c ------------------------------------------------------------------------- */
+
+/* 0 when the profile is off; else pass it to ts__profile_end* after the call. */
+uint64_t ts__profile_begin(void);
+void ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype);
+void ts__profile_end_call(uint64_t t0, const ts_kernel_call *call);
+
 /* ---- status.c -------------------------------------------------------------------------- */
 
 /* Records a printf-formatted message as this thread's last error and returns code. */

@@ -617,15 +617,26 @@ ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *
 {
     if (nbytes && ts__fault_hit(TS_FAULT_KERNEL))
         return injected(dev, "fill");
-    return nbytes ? dev->vt.fill(dev->ctx, dst, nbytes, pattern, pattern_size) : TS_OK;
+    if (!nbytes)
+        return TS_OK;
+    uint64_t t0 = ts__profile_begin();
+    ts_status s = dev->vt.fill(dev->ctx, dst, nbytes, pattern, pattern_size);
+    ts__profile_end(t0, TS_OP_FILL, -1, -1); /* raw bytes: no dtype */
+    return s;
 }
 
 ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
 {
-    if (dev && call && dev->refpool && call->op > TS_OP_NONE && call->op < TS_OP_COUNT) {
-        int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
-        if (!ts_device_supports(dev, call->op, dtype) && ts__hostref_supports(call->op, dtype))
-            return ts__hostref_run(&dev->host, dev->refpool, call);
-    }
-    return ts_device_run(dev, call);
+    if (!dev || !call)
+        return ts_device_run(dev, call);
+    uint64_t t0 = ts__profile_begin();
+    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    ts_status s;
+    if (dev->refpool && call->op > TS_OP_NONE && call->op < TS_OP_COUNT &&
+        !ts_device_supports(dev, call->op, dtype) && ts__hostref_supports(call->op, dtype))
+        s = ts__hostref_run(&dev->host, dev->refpool, call);
+    else
+        s = ts_device_run(dev, call);
+    ts__profile_end_call(t0, call);
+    return s;
 }

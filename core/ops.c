@@ -94,10 +94,6 @@ static int is_comparison(int fn)
     return fn >= TS_BINARY_EQ && fn <= TS_BINARY_GE;
 }
 
-static const char *const binary_names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                           "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
-static const char *const unary_names[] = {"neg",  "abs",     "exp",  "log",  "sqrt", "rsqrt",
-                                          "tanh", "sigmoid", "relu", "gelu", "erf"};
 
 /* out= and in-place forms write into existing tensors and record nothing: refuse them where
  * a gradient would silently go missing. */
@@ -141,11 +137,11 @@ static ts_status binary_check(int fn, const ts_tensor *a, const ts_tensor *b, in
 {
     if (fn < 0 || fn >= TS_BINARY_COUNT)
         return ts__fail(TS_EINVAL, "binary: unknown function %d", fn);
-    ts_status s = ts__check_pair(binary_names[fn], a, b, 1);
+    ts_status s = ts__check_pair(ts_fn_name(TS_OP_BINARY, fn), a, b, 1);
     if (s)
         return s;
     const ts_tensor *const pair[2] = {a, b};
-    return ts__broadcast(binary_names[fn], 2, pair, nd, shape);
+    return ts__broadcast(ts_fn_name(TS_OP_BINARY, fn), 2, pair, nd, shape);
 }
 
 TS_API ts_status ts_binary(int fn, const ts_tensor *a, const ts_tensor *b, ts_tensor **out)
@@ -153,7 +149,7 @@ TS_API ts_status ts_binary(int fn, const ts_tensor *a, const ts_tensor *b, ts_te
     if (!out)
         return ts__fail(TS_EINVAL, "binary: out is NULL");
     *out = NULL;
-    int nd;
+    int nd = 0;
     int64_t shape[TS_MAX_DIMS];
     ts_status s = binary_check(fn, a, b, &nd, shape);
     if (s)
@@ -194,13 +190,13 @@ static ts_status check_out(const char *op, const ts_tensor *out, ts_device *dev,
 
 TS_API ts_status ts_binary_out(int fn, const ts_tensor *a, const ts_tensor *b, ts_tensor *out)
 {
-    int nd;
+    int nd = 0;
     int64_t shape[TS_MAX_DIMS];
     ts_status s = binary_check(fn, a, b, &nd, shape);
     const ts_tensor *const ins[2] = {a, b};
-    if (s || (s = check_out(binary_names[fn], out, a->storage->dev,
+    if (s || (s = check_out(ts_fn_name(TS_OP_BINARY, fn), out, a->storage->dev,
                             is_comparison(fn) ? TS_U8 : a->dtype, nd, shape)) ||
-        (s = no_grad_write(binary_names[fn], out, 2, ins)))
+        (s = no_grad_write(ts_fn_name(TS_OP_BINARY, fn), out, 2, ins)))
         return s;
     if ((s = binary_run(fn, a, b, out)) == TS_OK)
         ts__bump_version(out);
@@ -211,7 +207,7 @@ TS_API ts_status ts_binary_(int fn, ts_tensor *a, const ts_tensor *b)
 {
     if (fn >= 0 && fn < TS_BINARY_COUNT && is_comparison(fn))
         return ts__fail(TS_EDTYPE, "%s_: a comparison gives uint8 and cannot be done in place",
-                        binary_names[fn]);
+                        ts_fn_name(TS_OP_BINARY, fn));
     return ts_binary_out(fn, a, b, a);
 }
 
@@ -256,7 +252,7 @@ TS_API ts_status ts_binary_scalar_(int fn, ts_tensor *x, double scalar)
         return ts__fail(TS_EINVAL, "binary_scalar_: tensor is NULL");
     if (fn < 0 || fn >= TS_BINARY_COUNT || is_comparison(fn))
         return ts__fail(TS_EINVAL, "binary_scalar_: function %d cannot be done in place", fn);
-    ts_status s = ts__check_inplace(binary_names[fn], x);
+    ts_status s = ts__check_inplace(ts_fn_name(TS_OP_BINARY, fn), x);
     if (s == TS_OK)
         s = scalar_run(fn, x, scalar, 0, x);
     if (s == TS_OK)
@@ -309,9 +305,10 @@ TS_API ts_status ts_unary_out(int fn, const ts_tensor *x, ts_tensor *out)
         return ts__fail(TS_EINVAL, "unary: tensor is NULL");
     if (fn < 0 || fn >= TS_UNARY_COUNT)
         return ts__fail(TS_EINVAL, "unary: unknown function %d", fn);
-    ts_status s = check_out(unary_names[fn], out, x->storage->dev, x->dtype, x->ndim, x->shape);
+    ts_status s = check_out(ts_fn_name(TS_OP_UNARY, fn), out, x->storage->dev, x->dtype,
+                            x->ndim, x->shape);
     if (s == TS_OK)
-        s = no_grad_write(unary_names[fn], out, 1, &x);
+        s = no_grad_write(ts_fn_name(TS_OP_UNARY, fn), out, 1, &x);
     if (s == TS_OK && (s = unary_run(fn, x, out)) == TS_OK)
         ts__bump_version(out);
     return s;

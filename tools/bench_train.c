@@ -23,7 +23,7 @@ static const char usage[] =
     "usage: tessera bench train [--model mlp|lenet5|cnn] [--hidden N,...] [--channels N,...]\n"
     "                           [--init KIND] [--optimizer sgd|adam|adamw] [--lr X]\n"
     "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
-    "                           [--data DIR] [--synthetic] [--json]\n"
+    "                           [--data DIR] [--synthetic] [--profile] [--json]\n"
     "\n"
     "Times --steps training steps (default 50) after --warmup steps (default 5) at batch\n"
     "--batch-size (default 100) on consecutive batches of the Fashion-MNIST training set held\n"
@@ -33,7 +33,9 @@ static const char usage[] =
     "and raw pool allocations per step, host mallocs per step made by tessera's own code (and\n"
     "by everything, OpenBLAS and OpenMP included), and the floor: the step's GEMMs (im2col\n"
     "GEMMs for convolutions) through cblas_sgemm with the device's thread count, and the ratio\n"
-    "step / floor. --device all: every cpu_* plugin on the plugin search path.\n";
+    "step / floor. --device all: every cpu_* plugin on the plugin search path. --profile: also\n"
+    "the time per step in each kernel (op, function, dtype), the most first, and the time\n"
+    "outside kernels (the core's own work: autograd, shape checks, the pool).\n";
 
 static double now(void)
 {
@@ -171,13 +173,18 @@ static void floor_run(const floor_plan *f)
 
 /* ---- one device ---------------------------------------------------------------------- */
 
+enum { BLOCK = 20 };        /* timed steps, then as many timed floors, per block */
+#define SETTLE_S 0.25       /* untimed runs before each block, seconds */
+
 typedef struct bench_opts {
     cli_model arch;
     const char *optimizer, *data, *device;
     double lr;
     int64_t batch, steps, warmup;
-    int json, synthetic;
+    int json, synthetic, profile;
 } bench_opts;
+
+enum { PROFILE_MAX = 64 };
 
 typedef struct result {
     const char *device;
@@ -187,6 +194,9 @@ typedef struct result {
     double floor_ms, floor_min;
     double raw_allocs, pool_allocs; /* per step */
     double mallocs, all_mallocs;    /* per step; mallocs < 0: not counted */
+    ts_profile_entry prof[PROFILE_MAX]; /* with --profile: over prof_steps steps */
+    size_t nprof;
+    double prof_steps;
 } result;
 
 static int device_threads(ts_device *dev)
@@ -294,44 +304,68 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     if (s)
         goto out;
 
-    /* Steps and floors alternate, so that load from other processes hits both alike. */
+    /* Steps and floors alternate in blocks of BLOCK, so that load from other processes hits
+     * both alike. Each block is timed back to back, as a training loop or a GEMM loop runs,
+     * after SETTLE_S of untimed runs of the same thing: the other side's idle threads spin
+     * for a while after its last call (OpenBLAS's pthread workers for about 2^28 cycles,
+     * libgomp's for GOMP_SPINCOUNT) and would otherwise be timed as part of this side. */
     ts_memory_stats st0, st1;
     uint64_t tm = 0, all = 0;
     const char *paths[1] = {ts_device_path(dev)};
     double *ftimes = times + o->steps;
-#ifdef TS_HAVE_CBLAS
-    openblas_set_num_threads(r->threads);
-    floor_run(fp);
-#else
-    (void)fp;
-#endif
+    int64_t it = o->warmup, nrun = 0;
     pool_stats(dev, &st0);
     int counted = cli_malloc_count_setup(paths, 1);
-    for (int64_t i = 0; i < o->steps && s == TS_OK; i++) {
+    if (o->profile)
+        ts_profile_start();
+    for (int64_t done = 0; done < o->steps && s == TS_OK;) {
+        int64_t nb = o->steps - done < BLOCK ? o->steps - done : BLOCK;
+        double t0 = now();
         cli_malloc_count_enable(1);
-        double t = now();
-        s = step(&ss, dev, o->warmup + i, o->batch);
-        times[i] = (now() - t) * 1e3;
+        do {
+            s = step(&ss, dev, it++, o->batch);
+            nrun++;
+        } while (s == TS_OK && now() - t0 < SETTLE_S);
+        for (int64_t i = 0; i < nb && s == TS_OK; i++, nrun++) {
+            double t = now();
+            s = step(&ss, dev, it++, o->batch);
+            times[done + i] = (now() - t) * 1e3;
+        }
         cli_malloc_count_enable(0);
 #ifdef TS_HAVE_CBLAS
-        t = now();
-        floor_run(fp);
-        ftimes[i] = (now() - t) * 1e3;
+        openblas_set_num_threads(r->threads);
+        t0 = now();
+        do
+            floor_run(fp);
+        while (now() - t0 < SETTLE_S);
+        for (int64_t i = 0; i < nb; i++) {
+            double t = now();
+            floor_run(fp);
+            ftimes[done + i] = (now() - t) * 1e3;
+        }
+#else
+        (void)fp;
 #endif
+        done += nb;
+    }
+    if (o->profile) {
+        ts_profile_stop();
+        size_t nk = ts_profile_read(r->prof, PROFILE_MAX);
+        r->nprof = nk < PROFILE_MAX ? nk : PROFILE_MAX;
+        r->prof_steps = (double)nrun;
     }
     cli_malloc_count_read(&tm, &all);
     pool_stats(dev, &st1);
     if (s)
         goto out;
-    double n = (double)o->steps;
     int ns = (int)o->steps;
-    if (counted) {
-        r->mallocs = (double)tm / n;
-        r->all_mallocs = (double)all / n;
+    if (counted) { /* over every step since the warm-up, settling ones too */
+        r->mallocs = (double)tm / (double)nrun;
+        r->all_mallocs = (double)all / (double)nrun;
     }
-    if (st1.valid & TS_STATS_POOL) {
-        r->raw_allocs = (double)(st1.n_raw_alloc - st0.n_raw_alloc) / n;
-        r->pool_allocs = (double)(st1.n_alloc - st0.n_alloc) / n;
+    if (st1.valid & TS_STATS_POOL) { /* over every step since the warm-up, settling ones too */
+        r->raw_allocs = (double)(st1.n_raw_alloc - st0.n_raw_alloc) / (double)nrun;
+        r->pool_allocs = (double)(st1.n_alloc - st0.n_alloc) / (double)nrun;
     } else {
         r->raw_allocs = r->pool_allocs = -1;
     }
@@ -357,6 +391,33 @@ out:
 }
 
 /* ---- the command ------------------------------------------------------------------------ */
+
+/* "unary relu float32", "conv2d float32", "fill". */
+static void kernel_name(const ts_profile_entry *e, char *buf, size_t n)
+{
+    const char *fn = ts_fn_name(e->op, e->fn);
+    snprintf(buf, n, "%s%s%s%s%s", ts_op_name(e->op), fn ? " " : "", fn ? fn : "",
+             e->dtype >= 0 ? " " : "", e->dtype >= 0 ? ts_dtype_name(e->dtype) : "");
+}
+
+static void print_profile(const result *r)
+{
+    double total = 0;
+    for (size_t j = 0; j < r->nprof; j++)
+        total += r->prof[j].seconds * 1e3 / r->prof_steps;
+    printf("  %s kernels, per step (mean of %.0f steps):\n  %9s %7s %10s  %s\n", r->device,
+           r->prof_steps, "ms/step", "share", "calls/step", "kernel");
+    for (size_t j = 0; j < r->nprof; j++) {
+        const ts_profile_entry *e = &r->prof[j];
+        double ms = e->seconds * 1e3 / r->prof_steps;
+        char k[64];
+        kernel_name(e, k, sizeof k);
+        printf("  %9.3f %6.1f%% %10.1f  %s\n", ms, total > 0 ? 100 * ms / total : 0,
+               (double)e->calls / r->prof_steps, k);
+    }
+    printf("  %9.3f in kernels; the median step's other %.3f ms is the core's own work\n",
+           total, r->med - total);
+}
 
 typedef struct names {
     char name[16][64];
@@ -393,6 +454,10 @@ static int parse(int argc, char **argv, bench_opts *o)
         }
         if (!strcmp(a, "--synthetic")) {
             o->synthetic = 1;
+            continue;
+        }
+        if (!strcmp(a, "--profile")) {
+            o->profile = 1;
             continue;
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -525,10 +590,23 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                    (double)o.batch * 1e3 / r->med, r->floor_ms, r->floor_min,
                    r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs, r->pool_allocs);
             if (r->mallocs >= 0)
-                printf("\"tessera_mallocs_per_step\": %.3f, \"all_mallocs_per_step\": %.3f}",
+                printf("\"tessera_mallocs_per_step\": %.3f, \"all_mallocs_per_step\": %.3f",
                        r->mallocs, r->all_mallocs);
             else
-                printf("\"tessera_mallocs_per_step\": null, \"all_mallocs_per_step\": null}");
+                printf("\"tessera_mallocs_per_step\": null, \"all_mallocs_per_step\": null");
+            if (o.profile) {
+                printf(", \"profile\": [");
+                for (size_t j = 0; j < r->nprof; j++) {
+                    const ts_profile_entry *e = &r->prof[j];
+                    char k[64];
+                    kernel_name(e, k, sizeof k);
+                    printf("%s{\"kernel\": \"%s\", \"calls_per_step\": %.2f, \"ms_per_step\": "
+                           "%.4f}", j ? ", " : "", k, (double)e->calls / r->prof_steps,
+                           e->seconds * 1e3 / r->prof_steps);
+                }
+                printf("]");
+            }
+            printf("}");
         }
         printf("\n]}\n");
     } else {
@@ -559,6 +637,8 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
         }
         printf("  mallocs/step: calls from libtessera and the plugin (all: every library); "
                "load average %.2f %.2f %.2f\n", load[0], load[1], load[2]);
+        for (int i = 0; o.profile && i < nres; i++)
+            print_profile(&res[i]);
     }
 out:
     floor_free(&fp);

@@ -93,6 +93,26 @@ ts_status ts_device_synchronize(ts_device *dev);
  * does not implement the op for the output's dtype. */
 ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call);
 
+/* ---- kernel profile ------------------------------------------------------------------------
+ * Process-wide. ts_profile_start zeroes the counts and starts timing every kernel call the
+ * core makes on any device (fills included): calls and wall-clock seconds around the plugin's
+ * run, per op, function (unary/binary/reduce) and output dtype. A plugin that runs kernels
+ * asynchronously (cuda) is timed for the launch only: synchronize before reading. Off, it
+ * costs one relaxed atomic load per call. */
+typedef struct ts_profile_entry {
+    int32_t op;     /* ts_op */
+    int32_t fn;     /* for TS_OP_UNARY / _BINARY / _BINARY_SCALAR / _REDUCE; else -1 */
+    int32_t dtype;  /* the output's; -1 for fills (raw bytes) */
+    uint64_t calls;
+    double seconds;
+} ts_profile_entry;
+
+void ts_profile_start(void);
+void ts_profile_stop(void);
+/* Copies up to max entries with at least one call into out (NULL: none), the most time
+ * first; returns how many there are. Counting may go on while reading. */
+size_t ts_profile_read(ts_profile_entry *out, size_t max);
+
 /* The core's reference host kernels (plain loops, single-threaded): what runs, for a plugin
  * declaring TS_PLUGIN_HOST_MEMORY, every op its supports() does not claim. Operands must be
  * host memory. ts_reference_supports says which op/dtype (output dtype) they implement;

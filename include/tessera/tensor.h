@@ -35,6 +35,9 @@ size_t ts_dtype_size(int32_t dtype);
 const char *ts_dtype_name(int32_t dtype);
 /* "add", "matmul", ... for a ts_op; "unknown". (transfer none, static) */
 const char *ts_op_name(int32_t op);
+/* The name of function fn of TS_OP_UNARY ("relu"), TS_OP_BINARY and TS_OP_BINARY_SCALAR
+ * ("mul") or TS_OP_REDUCE ("sum"); NULL for another op or an unknown fn. (static) */
+const char *ts_fn_name(int32_t op, int32_t fn);
 
 /* ---- lifetime ---------------------------------------------------------------------------- */
 

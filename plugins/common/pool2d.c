@@ -7,12 +7,132 @@
 #include "hostkern.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 int ts_hostkern_pool2d_supports(int32_t op, int32_t dtype)
 {
     return (op == TS_OP_MAXPOOL2D || op == TS_OP_AVGPOOL2D || op == TS_OP_MAXPOOL2D_BWD ||
             op == TS_OP_AVGPOOL2D_BWD) && (dtype == TS_F32 || dtype == TS_F64);
 }
+
+/* The max of a 2x2 window (a[0], a[1] / b[0], b[1]) in scan order, the first NaN winning,
+ * and its index within the plane (top left at base, rows W apart). */
+#define MAX4(T)                                                                             \
+    static inline void max4_##T(const T *a, const T *b, T *best, int64_t *arg, int64_t base, \
+                                int64_t W)                                                  \
+    {                                                                                       \
+        const T v[4] = {a[0], a[1], b[0], b[1]};                                            \
+        const int64_t off[4] = {0, 1, W, W + 1};                                            \
+        T m = v[0];                                                                         \
+        int k = 0;                                                                          \
+        for (int j = 1; j < 4; j++)                                                         \
+            if (v[j] > m || (isnan(v[j]) && !isnan(m)))                                     \
+                m = v[j], k = j;                                                            \
+        *best = m;                                                                          \
+        *arg = base + off[k];                                                               \
+    }
+MAX4(float)
+MAX4(double)
+
+#if defined(__GNUC__) && defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define TS_POOL_VECTOR 1
+#endif
+#endif
+
+#ifdef TS_POOL_VECTOR
+/* Four windows at a time, without branches: on real data each comparison is a coin flip,
+ * and the mispredicted branches of the scalar scan made max pooling the slowest kernel of
+ * a small CNN's step (3.3 ms of 20 at batch 100). GCC/Clang vector extensions, so any
+ * target with 16-byte vectors (SSE2, NEON) gets them. */
+typedef float ts_v4f __attribute__((vector_size(16)));
+typedef int32_t ts_v4i __attribute__((vector_size(16)));
+
+static inline ts_v4i blend(ts_v4i take, ts_v4i a, ts_v4i b)
+{
+    return (take & a) | (~take & b);
+}
+
+/* Lanes where v beats the running max m: greater, or the first NaN. */
+static inline ts_v4i beats(ts_v4f v, ts_v4f m)
+{
+    return (v > m) | ((v != v) & (m == m));
+}
+
+/* Windows q..q+3 from 8 floats of each input row (a: top, b: bottom). */
+static inline void max4x4(const float *a, const float *b, int32_t W, ts_v4f *m, ts_v4i *k)
+{
+    ts_v4f a0, a1, b0, b1;
+    memcpy(&a0, a, 16), memcpy(&a1, a + 4, 16), memcpy(&b0, b, 16), memcpy(&b1, b + 4, 16);
+    ts_v4f v0 = __builtin_shufflevector(a0, a1, 0, 2, 4, 6);
+    ts_v4f v1 = __builtin_shufflevector(a0, a1, 1, 3, 5, 7);
+    ts_v4f v2 = __builtin_shufflevector(b0, b1, 0, 2, 4, 6);
+    ts_v4f v3 = __builtin_shufflevector(b0, b1, 1, 3, 5, 7);
+    ts_v4i zero = {0, 0, 0, 0};
+    ts_v4i t = beats(v1, v0);
+    ts_v4f mm = (ts_v4f)blend(t, (ts_v4i)v1, (ts_v4i)v0);
+    ts_v4i kk = t & 1;
+    t = beats(v2, mm);
+    mm = (ts_v4f)blend(t, (ts_v4i)v2, (ts_v4i)mm);
+    kk = blend(t, zero + W, kk);
+    t = beats(v3, mm);
+    *m = (ts_v4f)blend(t, (ts_v4i)v3, (ts_v4i)mm);
+    *k = blend(t, zero + (W + 1), kk);
+}
+
+/* One output row of a 2x2 stride-2 max pool over dense input rows r0, r1 into dense yr and,
+ * unless NULL, ir (indices from base). The last < 4 windows go through a staged copy. */
+static void max2x2_float(const float *r0, const float *r1, int64_t Q, float *yr, int64_t *ir,
+                         int64_t base, int64_t W)
+{
+    if (W >= INT32_MAX) {
+        for (int64_t q = 0; q < Q; q++) {
+            int64_t arg;
+            max4_float(r0 + 2 * q, r1 + 2 * q, &yr[q], &arg, base + 2 * q, W);
+            if (ir)
+                ir[q] = arg;
+        }
+        return;
+    }
+    for (int64_t q = 0; q < Q; q += 4) {
+        int64_t n = Q - q < 4 ? Q - q : 4;
+        ts_v4f m;
+        ts_v4i k;
+        if (n == 4) {
+            max4x4(r0 + 2 * q, r1 + 2 * q, (int32_t)W, &m, &k);
+            memcpy(yr + q, &m, 16);
+        } else {
+            float a[8] = {0}, b[8] = {0};
+            memcpy(a, r0 + 2 * q, (size_t)(2 * n) * sizeof(float));
+            memcpy(b, r1 + 2 * q, (size_t)(2 * n) * sizeof(float));
+            max4x4(a, b, (int32_t)W, &m, &k);
+            memcpy(yr + q, &m, (size_t)n * sizeof(float));
+        }
+        for (int64_t j = 0; ir && j < n; j++)
+            ir[q + j] = base + 2 * (q + j) + k[j];
+    }
+}
+#endif
+
+/* The scalar row, for double (and float without vector extensions). */
+#define MAX2X2_SCALAR(T)                                                                    \
+    static void max2x2_scalar_##T(const T *r0, const T *r1, int64_t Q, T *yr, int64_t *ir,  \
+                                  int64_t base, int64_t W)                                  \
+    {                                                                                       \
+        for (int64_t q = 0; q < Q; q++) {                                                   \
+            int64_t arg;                                                                    \
+            max4_##T(r0 + 2 * q, r1 + 2 * q, &yr[q], &arg, base + 2 * q, W);                \
+            if (ir)                                                                         \
+                ir[q] = arg;                                                                \
+        }                                                                                   \
+    }
+#ifndef TS_POOL_VECTOR
+MAX2X2_SCALAR(float)
+#define max2x2_float max2x2_scalar_float
+#endif
+MAX2X2_SCALAR(double)
+#define max2x2_double max2x2_scalar_double
 
 /* x: (N, C, H, W) -> y: (N, C, P, Q), idx: (N, C, P, Q) TS_I64 or NULL. */
 #define POOL(T)                                                                             \
@@ -39,17 +159,20 @@ int ts_hostkern_pool2d_supports(int32_t op, int32_t dtype)
                     const T *r0 = xp + 2 * pp * x->strides[2], *r1 = r0 + x->strides[2];    \
                     T *yr = yd + yo + pp * y->strides[2];                                   \
                     int64_t *ir = id ? id + io + pp * ix->strides[2] : NULL;                \
-                    for (int64_t q = 0; q < Q; q++) {                                       \
-                        const T v[4] = {r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1]}; \
-                        T best = (T)-INFINITY;                                              \
-                        int k = 0;                                                          \
-                        for (int j = 0; j < 4; j++)                                         \
-                            if (v[j] > best || (isnan(v[j]) && !isnan(best)))               \
-                                best = v[j], k = j;                                         \
-                        yr[q * y->strides[3]] = best;                                       \
-                        if (ir)                                                             \
-                            ir[q * ix->strides[3]] = (2 * pp + k / 2) * W + 2 * q + k % 2;  \
-                    }                                                                       \
+                    int64_t base = 2 * pp * W;                                              \
+                    if (ir && y->strides[3] == 1 && ix->strides[3] == 1)                    \
+                        max2x2_##T(r0, r1, Q, yr, ir, base, W);                             \
+                    else if (!ir && y->strides[3] == 1)                                     \
+                        max2x2_##T(r0, r1, Q, yr, NULL, 0, 0);                              \
+                    else                                                                    \
+                        for (int64_t q = 0; q < Q; q++) {                                   \
+                            T best;                                                         \
+                            int64_t arg;                                                    \
+                            max4_##T(r0 + 2 * q, r1 + 2 * q, &best, &arg, base + 2 * q, W); \
+                            yr[q * y->strides[3]] = best;                                   \
+                            if (ir)                                                         \
+                                ir[q * ix->strides[3]] = arg;                               \
+                        }                                                                   \
                 }                                                                           \
                 continue;                                                                   \
             }                                                                               \
@@ -106,21 +229,25 @@ POOL(double)
         int64_t sh = gx->strides[2], sw = gx->strides[3];                                   \
         int64_t work = ix ? H * W + P * Q : H * W + P * Q * p->kernel_h * p->kernel_w;      \
         int par = planes * work > 32768;                                                    \
+        int dense = sw == 1 && (H == 1 || sh == W);                                         \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if(par)")           \
         for (int64_t nc = 0; nc < planes; nc++) {                                           \
             int64_t n = nc / C, c = nc % C;                                                 \
             T *xp = gxd + gx->offset + n * gx->strides[0] + c * gx->strides[1];             \
             const T *gp = gyd + gy->offset + n * gy->strides[0] + c * gy->strides[1];       \
             int64_t io = ix ? ix->offset + n * ix->strides[0] + c * ix->strides[1] : 0;     \
-            for (int64_t hh = 0; hh < H; hh++)                                              \
-                for (int64_t ww = 0; ww < W; ww++)                                          \
-                    xp[hh * sh + ww * sw] = 0;                                              \
+            if (dense) /* a plane index is then the offset itself: no division */          \
+                memset(xp, 0, (size_t)(H * W) * sizeof(T));                                 \
+            else                                                                            \
+                for (int64_t hh = 0; hh < H; hh++)                                          \
+                    for (int64_t ww = 0; ww < W; ww++)                                      \
+                        xp[hh * sh + ww * sw] = 0;                                          \
             for (int64_t pp = 0; pp < P; pp++)                                              \
                 for (int64_t q = 0; q < Q; q++) {                                           \
                     T g = gp[pp * gy->strides[2] + q * gy->strides[3]];                     \
                     if (id) {                                                               \
                         int64_t a = id[io + pp * ix->strides[2] + q * ix->strides[3]];      \
-                        xp[a / W * sh + a % W * sw] += g;                                   \
+                        xp[dense ? a : a / W * sh + a % W * sw] += g;                       \
                         continue;                                                           \
                     }                                                                       \
                     int64_t h0 = pp * p->stride_h - p->pad_h, h1 = h0 + p->kernel_h;        \

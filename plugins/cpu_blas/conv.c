@@ -9,7 +9,6 @@
 #include <limits.h>
 #include <string.h>
 
-#include <cblas.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -35,62 +34,133 @@ static void st_elem(char *base, int64_t off, size_t es, double v)
         ((double *)base)[off] = v;
 }
 
+/* Outputs o in [0, n_out) whose input o * stride + off lies in [0, n_in): [*lo, *hi). */
+static void valid_range(int64_t off, int64_t stride, int64_t n_out, int64_t n_in, int64_t *lo,
+                        int64_t *hi)
+{
+    int64_t l = off >= 0 ? 0 : (-off + stride - 1) / stride;
+    int64_t h = n_in - 1 - off >= 0 ? (n_in - 1 - off) / stride + 1 : 0;
+    if (l > n_out)
+        l = n_out;
+    if (h > n_out)
+        h = n_out;
+    *lo = l;
+    *hi = h < l ? l : h;
+}
+
+/* nbytes from s to d as constant-size moves the compiler inlines: the rows im2col copies are
+ * often 10 to 28 floats, where a memcpy call costs more than the copy. */
+static inline void copy_short(void *d, const void *s, size_t nbytes)
+{
+    char *dp = d;
+    const char *sp = s;
+    if (nbytes > 256) {
+        memcpy(dp, sp, nbytes);
+        return;
+    }
+    for (; nbytes >= 32; dp += 32, sp += 32, nbytes -= 32)
+        memcpy(dp, sp, 32);
+    if (nbytes >= 16)
+        memcpy(dp, sp, 16), dp += 16, sp += 16, nbytes -= 16;
+    if (nbytes >= 8)
+        memcpy(dp, sp, 8), dp += 8, sp += 8, nbytes -= 8;
+    if (nbytes >= 4)
+        memcpy(dp, sp, 4);
+}
+
+/* Where one (c, r, s) row of the columns reads image plane c: output rows [pa, pb) and
+ * columns [qa, qb) fall inside it, at input row pp * stride_h + hoff, column
+ * q * stride_w + woff. `block`: stride 1 both ways, dense rows, and Q == W, so output row
+ * pp + 1 starts where the input's row h + 1 does: [pa, pb) x [qa, qb) is one contiguous run
+ * of the plane (plus wrapped-around edge columns, which the callers zero). */
+typedef struct col_row {
+    int64_t pa, pb, qa, qb, hoff, woff;
+} col_row;
+
+static col_row col_row_of(const ts_conv2d_params *p, int64_t r, int64_t s, int64_t H,
+                          int64_t W, int64_t P, int64_t Q)
+{
+    col_row cr;
+    cr.hoff = r * p->dilation_h - p->pad_h;
+    cr.woff = s * p->dilation_w - p->pad_w;
+    valid_range(cr.hoff, p->stride_h, P, H, &cr.pa, &cr.pb);
+    valid_range(cr.woff, p->stride_w, Q, W, &cr.qa, &cr.qb);
+    return cr;
+}
+
+static int col_block(const ts_conv2d_params *p, int64_t sh, int64_t sw, int64_t W, int64_t Q)
+{
+    return p->stride_h == 1 && p->stride_w == 1 && sw == 1 && sh == W && Q == W;
+}
+
+enum { COL_TAB_SMALL = 64 }; /* (r, s) entries kept on the stack: kernels up to 8x8 */
+
+/* tab[r * S + s] = col_row_of(r, s): worked out once per call, not per image and channel.
+ * small holds COL_TAB_SMALL entries; larger kernels take pool scratch (*buf, freed by the
+ * caller). */
+static ts_status col_tab_make(ts_hostdev *hd, const char *name, const ts_conv2d_params *p,
+                              int64_t R, int64_t S, int64_t H, int64_t W, int64_t P, int64_t Q,
+                              col_row *small, col_row **tab, void **buf)
+{
+    *tab = small;
+    if (R * S > COL_TAB_SMALL) {
+        ts_status s = hd->host->pool->alloc(hd->pool, (size_t)(R * S) * sizeof(col_row), name,
+                                            buf);
+        if (s)
+            return s;
+        *tab = *buf;
+    }
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t s = 0; s < S; s++)
+            (*tab)[r * S + s] = col_row_of(p, r, s, H, W, P, Q);
+    return TS_OK;
+}
+
 /* col (C*R*S, P*Q) dense <- the receptive fields of image n of x (N, C, H, W). */
 #define IM2COL(T)                                                                           \
     static void im2col_##T(const ts_operand *x, int64_t n, const ts_conv2d_params *p,      \
-                           int64_t R, int64_t S, int64_t P, int64_t Q, T *col, int threads) \
+                           const col_row *tab, int64_t R, int64_t S, int64_t P, int64_t Q,  \
+                           T *col, int threads)                                             \
     {                                                                                       \
         const T *xd = (const T *)x->data;                                                   \
-        int64_t C = x->shape[1], H = x->shape[2], W = x->shape[3];                          \
+        int64_t C = x->shape[1], W = x->shape[3];                                           \
         int64_t xn = x->offset + n * x->strides[0], sc = x->strides[1];                     \
         int64_t sh = x->strides[2], sw = x->strides[3], rows = C * R * S;                   \
+        int block = col_block(p, sh, sw, W, Q);                                             \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if(rows * P * Q > 32768)") \
         for (int64_t row = 0; row < rows; row++) {                                          \
-            int64_t c = row / (R * S), r = row / S % R, s = row % S;                        \
+            int64_t c = row / (R * S);                                                      \
             T *dst = col + row * P * Q;                                                     \
-            for (int64_t pp = 0; pp < P; pp++) {                                            \
-                int64_t h = pp * p->stride_h - p->pad_h + r * p->dilation_h;                \
-                if (h < 0 || h >= H) {                                                      \
-                    for (int64_t q = 0; q < Q; q++)                                         \
-                        dst[pp * Q + q] = 0;                                                \
+            const T *plane = xd + xn + c * sc;                                              \
+            col_row cr = tab[row - c * R * S];                                              \
+            for (int64_t i = 0; i < cr.pa * Q; i++)                                         \
+                dst[i] = 0;                                                                 \
+            for (int64_t i = cr.pb * Q; i < P * Q; i++)                                     \
+                dst[i] = 0;                                                                 \
+            if (block && cr.pb > cr.pa && cr.qb > cr.qa)                                    \
+                memcpy(dst + cr.pa * Q + cr.qa,                                             \
+                       plane + (cr.pa + cr.hoff) * W + cr.woff + cr.qa,                     \
+                       (size_t)((cr.pb - cr.pa - 1) * Q + cr.qb - cr.qa) * sizeof(T));      \
+            for (int64_t pp = cr.pa; pp < cr.pb; pp++) {                                    \
+                T *d = dst + pp * Q;                                                        \
+                for (int64_t q = 0; q < cr.qa; q++)                                         \
+                    d[q] = 0;                                                               \
+                for (int64_t q = cr.qb; q < Q; q++)                                         \
+                    d[q] = 0;                                                               \
+                if (block)                                                                  \
                     continue;                                                               \
-                }                                                                           \
-                const T *src = xd + xn + c * sc + h * sh;                                   \
-                int64_t w0 = s * p->dilation_w - p->pad_w;                                  \
-                if (p->stride_w == 1 && sw == 1) {                                          \
-                    /* Dense rows: zeros, one copy of the columns inside, zeros. */         \
-                    int64_t qa = w0 < 0 ? -w0 : 0, qb = W - w0 < Q ? W - w0 : Q;            \
-                    if (qb < qa)                                                            \
-                        qb = qa;                                                            \
-                    for (int64_t q = 0; q < qa; q++)                                        \
-                        dst[pp * Q + q] = 0;                                                \
-                    if (qb > qa)                                                            \
-                        memcpy(dst + pp * Q + qa, src + w0 + qa, (size_t)(qb - qa) * sizeof(T)); \
-                    for (int64_t q = qb; q < Q; q++)                                        \
-                        dst[pp * Q + q] = 0;                                                \
-                    continue;                                                               \
-                }                                                                           \
-                for (int64_t q = 0; q < Q; q++) {                                           \
-                    int64_t w = q * p->stride_w + w0;                                       \
-                    dst[pp * Q + q] = w >= 0 && w < W ? src[w * sw] : (T)0;                 \
-                }                                                                           \
+                const T *src = plane + (pp * p->stride_h + cr.hoff) * sh;                   \
+                if (p->stride_w == 1 && sw == 1)                                            \
+                    copy_short(d + cr.qa, src + cr.qa + cr.woff,                            \
+                               (size_t)(cr.qb - cr.qa) * sizeof(T));                        \
+                else                                                                        \
+                    for (int64_t q = cr.qa; q < cr.qb; q++)                                 \
+                        d[q] = src[(q * p->stride_w + cr.woff) * sw];                       \
             }                                                                               \
         }                                                                                   \
     }
 IM2COL(float)
 IM2COL(double)
-
-static void gemm(size_t es, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                 const void *b, int64_t ldb, void *c, int64_t ldc)
-{
-    if (es == 4)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n,
-                    (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, 0.0f, c, (blasint)ldc);
-    else
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n,
-                    (blasint)k, 1.0, a, (blasint)lda, b, (blasint)ldb, 0.0, c, (blasint)ldc);
-}
-
 
 static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call);
 
@@ -142,7 +212,8 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
     int64_t Cg = C / G, Kg = K / G, CRS = Cg * R * S, PQ = P * Q, CRSall = C * R * S;
     if (CRSall > INT_MAX || PQ > INT_MAX || K > INT_MAX)
         return h->fail(h, TS_EINVAL, "conv2d: GEMM dims exceed BLAS's int range");
-    void *wbuf = NULL, *colbuf = NULL, *ybuf = NULL;
+    void *wbuf = NULL, *colbuf = NULL, *ybuf = NULL, *tabbuf = NULL;
+    col_row tabsmall[COL_TAB_SMALL], *tab = tabsmall;
 
     /* w as (K, Cg*R*S) row-major: in place when its (Cg, R, S) dims are dense. */
     const char *wmat;
@@ -174,8 +245,10 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
     int nt = ts_hostkern_overlaps(x, y) ? 1 : image_threads(hd, N, (double)Kg, (double)PQ,
                                                              (double)CRS);
     int inner = nt > 1 ? 1 : hd->threads;
-    if (!direct_x && (s = h->pool->alloc(hd->pool, (size_t)(nt * CRSall * PQ) * es, "conv2d",
-                                         &colbuf)))
+    if (!direct_x && ((s = col_tab_make(hd, "conv2d", p, R, S, H, W, P, Q, tabsmall, &tab,
+                                        &tabbuf)) ||
+                      (s = h->pool->alloc(hd->pool, (size_t)(nt * CRSall * PQ) * es, "conv2d",
+                                          &colbuf))))
         goto done;
     int direct_y = y->strides[3] == 1 && (P == 1 || y->strides[2] == Q) &&
                    (K == 1 || y->strides[1] >= PQ) && y->strides[1] <= INT_MAX;
@@ -195,9 +268,9 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
             ldx = C == 1 ? PQ : x->strides[1];
         } else {
             if (es == 4)
-                im2col_float(x, n, p, R, S, P, Q, (float *)col, inner);
+                im2col_float(x, n, p, tab, R, S, P, Q, (float *)col, inner);
             else
-                im2col_double(x, n, p, R, S, P, Q, (double *)col, inner);
+                im2col_double(x, n, p, tab, R, S, P, Q, (double *)col, inner);
             xmat = col;
             ldx = PQ;
         }
@@ -206,11 +279,18 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
         int64_t ldy = direct_y ? (K == 1 ? PQ : y->strides[1]) : PQ;
         /* Group g: y[n, g*Kg:(g+1)*Kg] (Kg, PQ) = w[g*Kg:...] (Kg, CRS) @ col[g*CRS:...] */
         for (int64_t g = 0; g < G; g++)
-            gemm(es, Kg, PQ, CRS, wmat + g * Kg * ldw * (int64_t)es, ldw,
-                 xmat + g * CRS * ldx * (int64_t)es, ldx, ymat + g * Kg * ldy * (int64_t)es,
-                 ldy);
+            ts_blas_gemm(inner, es, 0, 0, Kg, PQ, CRS, 1.0, wmat + g * Kg * ldw * (int64_t)es,
+                         ldw, xmat + g * CRS * ldx * (int64_t)es, ldx, 0.0,
+                         ymat + g * Kg * ldy * (int64_t)es, ldy);
         /* Bias and, for a scattered y, the copy out: one pass over the (K, P, Q) planes. */
-        if (bias || !direct_y) {
+        if (bias && direct_y && es == 4) { /* the common case: one vector loop per plane */
+            for (int64_t k = 0; k < K; k++) {
+                float b = ((const float *)bias->data)[bias->offset + k * bias->strides[0]];
+                float *yr = (float *)ymat + k * ldy;
+                for (int64_t i = 0; i < PQ; i++)
+                    yr[i] += b;
+            }
+        } else if (bias || !direct_y) {
             int64_t yn = y->offset + n * y->strides[0];
             _Pragma("omp parallel for num_threads(inner) schedule(static) if(K * PQ > 32768)")
             for (int64_t k = 0; k < K; k++) {
@@ -230,6 +310,7 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
         }
     }
 done:
+    h->pool->free(hd->pool, tabbuf);
     h->pool->free(hd->pool, ybuf);
     h->pool->free(hd->pool, colbuf);
     h->pool->free(hd->pool, wbuf);
@@ -241,54 +322,64 @@ done:
 
 /* Image n of x (N, C, H, W) <- col (C*R*S, P*Q) dense summed back onto the pixels each column
  * entry was gathered from: the adjoint of im2col. Overwrites the image (padding drops out).
- * One thread per channel, so no two threads touch the same pixel. */
+ * One thread per channel, so no two threads touch the same pixel. In the contiguous case
+ * (col_block) the wrapped-around edge entries of col are zeroed first, so that each (c, r, s)
+ * row adds back in one run. */
 #define COL2IM(T)                                                                           \
-    static void col2im_##T(const T *col, const ts_operand *x, int64_t n,                    \
-                           const ts_conv2d_params *p, int64_t R, int64_t S, int64_t P,      \
-                           int64_t Q, int threads)                                          \
+    static void col2im_##T(T *col, const ts_operand *x, int64_t n,                          \
+                           const ts_conv2d_params *p, const col_row *tab, int64_t R,        \
+                           int64_t S, int64_t P, int64_t Q, int threads)                    \
     {                                                                                       \
         T *xd = (T *)x->data;                                                               \
         int64_t C = x->shape[1], H = x->shape[2], W = x->shape[3];                          \
         int64_t xn = x->offset + n * x->strides[0], sc = x->strides[1];                     \
         int64_t sh = x->strides[2], sw = x->strides[3];                                     \
+        int block = col_block(p, sh, sw, W, Q);                                             \
         int par = C * R * S * P * Q > 32768;                                                \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if(par)")           \
         for (int64_t c = 0; c < C; c++) {                                                   \
             T *xp = xd + xn + c * sc;                                                       \
-            for (int64_t h = 0; h < H; h++)                                                 \
-                for (int64_t w = 0; w < W; w++)                                             \
-                    xp[h * sh + w * sw] = 0;                                                \
+            if (block || (sw == 1 && sh == W))                                              \
+                memset(xp, 0, (size_t)(H * W) * sizeof(T));                                 \
+            else                                                                            \
+                for (int64_t h = 0; h < H; h++)                                             \
+                    for (int64_t w = 0; w < W; w++)                                         \
+                        xp[h * sh + w * sw] = 0;                                            \
             for (int64_t r = 0; r < R; r++)                                                 \
                 for (int64_t s = 0; s < S; s++) {                                           \
-                    const T *src = col + ((c * R + r) * S + s) * P * Q;                     \
-                    for (int64_t pp = 0; pp < P; pp++) {                                    \
-                        int64_t h = pp * p->stride_h - p->pad_h + r * p->dilation_h;        \
-                        if (h < 0 || h >= H)                                                \
+                    T *src = col + ((c * R + r) * S + s) * P * Q;                           \
+                    col_row cr = tab[r * S + s];                                            \
+                    if (block) {                                                            \
+                        if (cr.pb <= cr.pa || cr.qb <= cr.qa)                               \
                             continue;                                                       \
-                        for (int64_t q = 0; q < Q; q++) {                                   \
-                            int64_t w = q * p->stride_w - p->pad_w + s * p->dilation_w;     \
-                            if (w >= 0 && w < W)                                            \
-                                xp[h * sh + w * sw] += src[pp * Q + q];                     \
+                        for (int64_t pp = cr.pa; pp < cr.pb; pp++) {                        \
+                            for (int64_t q = 0; q < cr.qa; q++)                             \
+                                src[pp * Q + q] = 0;                                        \
+                            for (int64_t q = cr.qb; q < Q; q++)                             \
+                                src[pp * Q + q] = 0;                                        \
                         }                                                                   \
+                        T *d = xp + (cr.pa + cr.hoff) * W + cr.woff + cr.qa;                \
+                        const T *a = src + cr.pa * Q + cr.qa;                               \
+                        int64_t len = (cr.pb - cr.pa - 1) * Q + cr.qb - cr.qa;              \
+                        for (int64_t i = 0; i < len; i++)                                   \
+                            d[i] += a[i];                                                   \
+                        continue;                                                           \
+                    }                                                                       \
+                    for (int64_t pp = cr.pa; pp < cr.pb; pp++) {                            \
+                        T *xrow = xp + (pp * p->stride_h + cr.hoff) * sh;                   \
+                        const T *a = src + pp * Q;                                          \
+                        if (p->stride_w == 1 && sw == 1)                                    \
+                            for (int64_t q = cr.qa; q < cr.qb; q++)                         \
+                                xrow[q + cr.woff] += a[q];                                  \
+                        else                                                                \
+                            for (int64_t q = cr.qa; q < cr.qb; q++)                         \
+                                xrow[(q * p->stride_w + cr.woff) * sw] += a[q];             \
                     }                                                                       \
                 }                                                                           \
         }                                                                                   \
     }
 COL2IM(float)
 COL2IM(double)
-
-/* c (m, n) = op(a) @ op(b) + beta * c, row-major; op transposes when ta / tb is set. */
-static void gemm_t(size_t es, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a,
-                   int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc)
-{
-    enum CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
-    if (es == 4)
-        cblas_sgemm(CblasRowMajor, oa, ob, (blasint)m, (blasint)n, (blasint)k, 1.0f, a,
-                    (blasint)lda, b, (blasint)ldb, (float)beta, c, (blasint)ldc);
-    else
-        cblas_dgemm(CblasRowMajor, oa, ob, (blasint)m, (blasint)n, (blasint)k, 1.0, a,
-                    (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
-}
 
 /* Image n of t (N, K, P, Q) as a (K, P*Q) matrix: its leading dimension when the (P, Q) planes
  * are dense and do not interleave, else 0. */
@@ -372,7 +463,8 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
         return TS_OK;
     }
 
-    void *wbuf = NULL, *colbuf = NULL, *gybuf = NULL, *partbuf = NULL;
+    void *wbuf = NULL, *colbuf = NULL, *gybuf = NULL, *partbuf = NULL, *tabbuf = NULL;
+    col_row tabsmall[COL_TAB_SMALL], *tab = tabsmall;
     /* Images spread over nt threads (see image_threads), each with its own scratch and, for
      * BWD_WEIGHT, its own partial sum of gw, added up at the end. */
     int nt = ts_hostkern_overlaps(gy, out) || ts_hostkern_overlaps(x, w) ? 1
@@ -405,8 +497,10 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
     int direct_x = R == 1 && S == 1 && p->stride_h == 1 && p->stride_w == 1 && p->pad_h == 0 &&
                    p->pad_w == 0 && x->strides[3] == 1 && (H == 1 || x->strides[2] == W) &&
                    (C == 1 || x->strides[1] >= H * W) && x->strides[1] <= INT_MAX;
-    if (!direct_x && (s = h->pool->alloc(hd->pool, (size_t)(nt * C * R * S * PQ) * es, name,
-                                         &colbuf)))
+    if (!direct_x && ((s = col_tab_make(hd, name, p, R, S, H, W, P, Q, tabsmall, &tab,
+                                        &tabbuf)) ||
+                      (s = h->pool->alloc(hd->pool, (size_t)(nt * C * R * S * PQ) * es, name,
+                                          &colbuf))))
         goto done;
     if (!is_data && nt > 1) {
         if ((s = h->pool->alloc(hd->pool, (size_t)(nt * K * CRS) * es, name, &partbuf)))
@@ -436,27 +530,29 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
         if (is_data) {
             /* Group g: col[g*CRS:...] (CRS, PQ) = w[g*Kg:...]^T (CRS, Kg) @ gy[g*Kg:...] */
             for (int64_t g = 0; g < G; g++)
-                gemm_t(es, 1, 0, CRS, PQ, Kg, wmat + g * Kg * ldw * (int64_t)es, ldw,
-                       gymat + g * Kg * ldg * (int64_t)es, ldg, 0.0,
-                       xmat + g * CRS * ldx * (int64_t)es, ldx);
+                ts_blas_gemm(inner, es, 1, 0, CRS, PQ, Kg, 1.0,
+                             wmat + g * Kg * ldw * (int64_t)es, ldw,
+                             gymat + g * Kg * ldg * (int64_t)es, ldg, 0.0,
+                             xmat + g * CRS * ldx * (int64_t)es, ldx);
             if (!direct_x) {
                 if (es == 4)
-                    col2im_float((const float *)col, x, n, p, R, S, P, Q, inner);
+                    col2im_float((float *)col, x, n, p, tab, R, S, P, Q, inner);
                 else
-                    col2im_double((const double *)col, x, n, p, R, S, P, Q, inner);
+                    col2im_double((double *)col, x, n, p, tab, R, S, P, Q, inner);
             }
         } else {
             if (!direct_x) {
                 if (es == 4)
-                    im2col_float(x, n, p, R, S, P, Q, (float *)col, inner);
+                    im2col_float(x, n, p, tab, R, S, P, Q, (float *)col, inner);
                 else
-                    im2col_double(x, n, p, R, S, P, Q, (double *)col, inner);
+                    im2col_double(x, n, p, tab, R, S, P, Q, (double *)col, inner);
             }
             /* Group g: gw[g*Kg:...] (Kg, CRS) (+)= gy[g*Kg:...] (Kg, PQ) @ col[g*CRS:...]^T */
             for (int64_t g = 0; g < G; g++)
-                gemm_t(es, 0, 1, Kg, CRS, PQ, gymat + g * Kg * ldg * (int64_t)es, ldg,
-                       xmat + g * CRS * ldx * (int64_t)es, ldx, beta,
-                       gwmat + g * Kg * ldgw * (int64_t)es, ldgw);
+                ts_blas_gemm(inner, es, 0, 1, Kg, CRS, PQ, 1.0,
+                             gymat + g * Kg * ldg * (int64_t)es, ldg,
+                             xmat + g * CRS * ldx * (int64_t)es, ldx, beta,
+                             gwmat + g * Kg * ldgw * (int64_t)es, ldgw);
         }
     }
     if (partbuf) { /* gw = the threads' partial sums, added in thread order */
@@ -473,6 +569,7 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
         ts_hostdev_copy_strided(w, &dw);
     }
 done:
+    h->pool->free(hd->pool, tabbuf);
     h->pool->free(hd->pool, partbuf);
     h->pool->free(hd->pool, colbuf);
     h->pool->free(hd->pool, gybuf);

@@ -5,11 +5,8 @@
 
 #include <stdlib.h>
 
-#include <cblas.h>
 
 #include "blas.h"
-
-/* openblas_set_num_threads is declared by OpenBLAS's cblas.h. */
 
 typedef struct blas_ctx {
     ts_hostdev hd; /* first: the hostdev vtable members take this ctx */
@@ -32,7 +29,9 @@ static ts_status blas_init(const ts_host *host, const ts_setting *settings, size
         free(c);
         return s;
     }
-    openblas_set_num_threads(c->hd.threads);
+    /* One thread pool: OpenBLAS stays single-threaded, the plugin's OpenMP threads split the
+     * large GEMMs (gemm.c). */
+    ts_blas_single_thread();
     *ctx = c;
     return TS_OK;
 }

@@ -65,18 +65,12 @@ static void copy_mat(const mat_view *v, void *dense, size_t es, int to_view)
     }
 }
 
-static void gemm(int32_t dtype, enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int64_t m,
-                 int64_t n, int64_t k, double alpha, const gemm_mat *a, const gemm_mat *b,
-                 double beta, char *c, int64_t ldc)
+static void gemm(const ts_hostdev *hd, int32_t dtype, enum CBLAS_TRANSPOSE ta,
+                 enum CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, double alpha,
+                 const gemm_mat *a, const gemm_mat *b, double beta, char *c, int64_t ldc)
 {
-    if (dtype == TS_F32)
-        cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, (float)alpha,
-                    (const float *)a->base, (blasint)a->ld, (const float *)b->base,
-                    (blasint)b->ld, (float)beta, (float *)c, (blasint)ldc);
-    else
-        cblas_dgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, alpha,
-                    (const double *)a->base, (blasint)a->ld, (const double *)b->base,
-                    (blasint)b->ld, beta, (double *)c, (blasint)ldc);
+    ts_blas_gemm(hd->threads, dtype == TS_F32 ? 4 : 8, ta == CblasTrans, tb == CblasTrans, m, n,
+                 k, alpha, a->base, a->ld, b->base, b->ld, beta, c, ldc);
 }
 
 static enum CBLAS_TRANSPOSE flip(enum CBLAS_TRANSPOSE t)
@@ -160,16 +154,16 @@ ts_status ts_blas_matmul(ts_hostdev *hd, const ts_kernel_call *call)
         }
         if (!alias && map_direct(&cv, &gc)) {
             if (gc.trans == CblasNoTrans)
-                gemm(dt, ga.trans, gb.trans, M, N, K, alpha, &ga, &gb, beta, gc.base, gc.ld);
+                gemm(hd, dt, ga.trans, gb.trans, M, N, K, alpha, &ga, &gb, beta, gc.base, gc.ld);
             else /* out is column-major: compute out^T (N, M) = b^T @ a^T in place */
-                gemm(dt, flip(gb.trans), flip(ga.trans), N, M, K, alpha, &gb, &ga, beta,
+                gemm(hd, dt, flip(gb.trans), flip(ga.trans), N, M, K, alpha, &gb, &ga, beta,
                      gc.base, gc.ld);
         } else {
             if (!cbuf && (s = h->pool->alloc(hd->pool, (size_t)(M * N) * es, "matmul", &cbuf)))
                 goto done;
             if (beta != 0.0)
                 copy_mat(&cv, cbuf, es, 0);
-            gemm(dt, ga.trans, gb.trans, M, N, K, alpha, &ga, &gb, beta, cbuf, N);
+            gemm(hd, dt, ga.trans, gb.trans, M, N, K, alpha, &ga, &gb, beta, cbuf, N);
             copy_mat(&cv, cbuf, es, 1);
         }
     next:

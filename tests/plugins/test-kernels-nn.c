@@ -343,11 +343,12 @@ static void pool_case(ts_device *dev, int32_t dt, int is_max, int64_t N, int64_t
     int64_t P = (H + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
     int64_t Q = (W + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
     kt_buf x = kt_make(dev, dt, 4, (int64_t[]){N, C, H, W}, lx, 31);
-    /* Values on a coarse grid so that windows often hold ties: first occurrence must win. */
+    /* Values on a coarse grid so that windows often hold ties: first occurrence must win.
+     * For max, a NaN every 7th element, so some windows hold one or two: the first wins. */
     int64_t idx[4];
     for (int64_t i = 0; i < kt_numel(&x.op); i++) {
         kt_unravel(&x.op, i, idx);
-        kt_set(&x.op, idx, floor(kt_get(&x.op, idx)));
+        kt_set(&x.op, idx, is_max && i % 7 == 3 ? NAN : floor(kt_get(&x.op, idx)));
     }
     kt_buf y = kt_make(dev, dt, 4, (int64_t[]){N, C, P, Q}, ly, 32);
     kt_buf ix = kt_make(dev, TS_I64, 4, (int64_t[]){N, C, P, Q}, ly, 33);
@@ -367,8 +368,9 @@ static void pool_case(ts_device *dev, int32_t dt, int is_max, int64_t N, int64_t
                 double v = kt_get(&x.op, (int64_t[]){n, c, hh, ww});
                 sum += v;
                 cnt++;
-                /* Row-major scan with strict > gives the first occurrence. */
-                if (arg < 0 || v > best) {
+                /* Row-major scan with strict > gives the first occurrence; the first NaN
+                 * beats everything. */
+                if (arg < 0 || v > best || (isnan(v) && !isnan(best))) {
                     best = v;
                     arg = hh * W + ww;
                 }
@@ -415,6 +417,10 @@ static void test_pool2d(void)
                     pool_case(dev, float_dtypes[d], 1, 2, 3, 7, 9, params[i], 0, l, l);
                     pool_case(dev, float_dtypes[d], 0, 2, 3, 7, 9, params[i], 0, l,
                               (l + 3) % KT_NLAYOUTS);
+                    /* Wider rows: 2x2 max pooling runs 4 windows at a time, then a tail. */
+                    pool_case(dev, float_dtypes[d], 1, 2, 3, 5, 23, params[i], 1, l, l);
+                    pool_case(dev, float_dtypes[d], 1, 1, 2, 4, 18, params[i], 0, l,
+                              (l + 1) % KT_NLAYOUTS);
                 }
             /* Large enough to run on several threads. */
             pool_case(dev, float_dtypes[d], 1, 2, 4, 32, 33, params[1], 1, KT_CONTIG, KT_STRIDED);
