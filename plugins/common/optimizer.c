@@ -10,21 +10,32 @@ int ts_hostkern_optimizer_supports(int32_t op, int32_t dtype)
     return (op == TS_OP_SGD_STEP || op == TS_OP_ADAM_STEP) && (dtype == TS_F32 || dtype == TS_F64);
 }
 
-#define SGD_LOOP(T, SQRT)                                                                   \
+/* The flags are loop-invariant selects, not branches, so that the loops vectorize; a select
+ * computes both sides and keeps one, so wd * p (NaN for an infinite p) is dropped unused
+ * exactly as a branch would skip it. */
+#define SGD_LOOP(T)                                                                         \
     do {                                                                                    \
         const T *g = (const T *)call->inputs[0].data + call->inputs[0].offset;             \
         T *p = (T *)call->outputs[0].data + call->outputs[0].offset;                       \
         T *buf = mom ? (T *)call->outputs[1].data + call->outputs[1].offset : NULL;        \
         const T lr = (T)P->lr, mu = (T)P->momentum, damp = (T)(1 - P->dampening),          \
                 wd = (T)P->weight_decay;                                                    \
-        _Pragma("omp parallel for num_threads(threads) if(n > 65536) schedule(static)")    \
-        for (int64_t i = 0; i < n; i++) {                                                   \
-            T d = wd != 0 ? g[i] + wd * p[i] : g[i];                                        \
-            if (buf) {                                                                      \
-                buf[i] = P->first_step ? d : mu * buf[i] + damp * d;                        \
-                d = P->nesterov ? d + mu * buf[i] : buf[i];                                 \
+        const int first = P->first_step != 0, nest = P->nesterov != 0, has_wd = wd != 0;   \
+        if (!buf) {                                                                         \
+            _Pragma("omp parallel for simd num_threads(threads) if(n > 65536) schedule(static)") \
+            for (int64_t i = 0; i < n; i++) {                                               \
+                T pi = p[i];                                                                \
+                p[i] = pi - lr * (g[i] + (has_wd ? wd * pi : (T)0));                        \
             }                                                                               \
-            p[i] -= lr * d;                                                                 \
+            break;                                                                          \
+        }                                                                                   \
+        _Pragma("omp parallel for simd num_threads(threads) if(n > 65536) schedule(static)") \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            T pi = p[i];                                                                    \
+            T d = g[i] + (has_wd ? wd * pi : (T)0);                                         \
+            T b = first ? d : mu * buf[i] + damp * d;                                       \
+            buf[i] = b;                                                                     \
+            p[i] = pi - lr * (nest ? d + mu * b : b);                                       \
         }                                                                                   \
     } while (0)
 
@@ -66,9 +77,9 @@ ts_status ts_hostkern_optimizer(ts_hostdev *hd, const ts_kernel_call *call)
         for (int d = 0; d < call->inputs[0].ndim; d++)
             n *= call->inputs[0].shape[d];
         if (call->inputs[0].dtype == TS_F32)
-            SGD_LOOP(float, sqrtf);
+            SGD_LOOP(float);
         else
-            SGD_LOOP(double, sqrt);
+            SGD_LOOP(double);
         return TS_OK;
     }
     if (call->op == TS_OP_ADAM_STEP) {
