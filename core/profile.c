@@ -1,4 +1,4 @@
-/* core/profile.c: the kernel profile (ts_profile_start / _stop / _read). While on, every
+/* core/profile.c: the kernel profile (ts_profile_enable / _reset / _read). While on, every
  * kernel the core sends to a device (and every fill) is timed with the monotonic clock around
  * the plugin's call, and counted per (op, function, dtype) in a fixed table of relaxed atomic
  * counters: no lock, no allocation, and one relaxed load per call while off. */
@@ -67,21 +67,19 @@ void ts__profile_end_call(uint64_t t0, const ts_kernel_call *call)
                         call->noutputs > 0 ? call->outputs[0].dtype : TS_F32);
 }
 
-TS_API void ts_profile_start(void)
+TS_API void ts_profile_reset(void)
 {
-    atomic_store(&on, 0);
     for (int o = 0; o < TS_OP_COUNT; o++)
         for (int f = 0; f < NFN; f++)
             for (int d = 0; d < NDT; d++) {
                 atomic_store_explicit(&table[o][f][d].calls, 0, memory_order_relaxed);
                 atomic_store_explicit(&table[o][f][d].ns, 0, memory_order_relaxed);
             }
-    atomic_store(&on, 1);
 }
 
-TS_API void ts_profile_stop(void)
+TS_API int ts_profile_enable(int enable)
 {
-    atomic_store(&on, 0);
+    return atomic_exchange(&on, enable != 0);
 }
 
 static int by_time(const void *a, const void *b)

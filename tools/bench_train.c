@@ -194,9 +194,9 @@ typedef struct result {
     double floor_ms, floor_min;
     double raw_allocs, pool_allocs; /* per step */
     double mallocs, all_mallocs;    /* per step; mallocs < 0: not counted */
-    ts_profile_entry prof[PROFILE_MAX]; /* with --profile: over prof_steps steps */
+    ts_profile_entry prof[PROFILE_MAX]; /* with --profile: over the prof_steps timed steps */
     size_t nprof;
-    double prof_steps;
+    double prof_steps, mean; /* mean: ms per timed step */
 } result;
 
 static int device_threads(ts_device *dev)
@@ -317,7 +317,7 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     pool_stats(dev, &st0);
     int counted = cli_malloc_count_setup(paths, 1);
     if (o->profile)
-        ts_profile_start();
+        ts_profile_reset();
     for (int64_t done = 0; done < o->steps && s == TS_OK;) {
         int64_t nb = o->steps - done < BLOCK ? o->steps - done : BLOCK;
         double t0 = now();
@@ -326,11 +326,13 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
             s = step(&ss, dev, it++, o->batch);
             nrun++;
         } while (s == TS_OK && now() - t0 < SETTLE_S);
+        ts_profile_enable(o->profile);
         for (int64_t i = 0; i < nb && s == TS_OK; i++, nrun++) {
             double t = now();
             s = step(&ss, dev, it++, o->batch);
             times[done + i] = (now() - t) * 1e3;
         }
+        ts_profile_enable(0);
         cli_malloc_count_enable(0);
 #ifdef TS_HAVE_CBLAS
         openblas_set_num_threads(r->threads);
@@ -348,11 +350,10 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
 #endif
         done += nb;
     }
-    if (o->profile) {
-        ts_profile_stop();
+    if (o->profile) { /* the timed steps only */
         size_t nk = ts_profile_read(r->prof, PROFILE_MAX);
         r->nprof = nk < PROFILE_MAX ? nk : PROFILE_MAX;
-        r->prof_steps = (double)nrun;
+        r->prof_steps = (double)o->steps;
     }
     cli_malloc_count_read(&tm, &all);
     pool_stats(dev, &st1);
@@ -369,6 +370,8 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     } else {
         r->raw_allocs = r->pool_allocs = -1;
     }
+    for (int i = 0; i < ns; i++)
+        r->mean += times[i] / ns;
     qsort(times, (size_t)ns, sizeof *times, cmp_double);
     r->med = quantile(times, ns, 0.5);
     r->p10 = quantile(times, ns, 0.1);
@@ -405,7 +408,7 @@ static void print_profile(const result *r)
     double total = 0;
     for (size_t j = 0; j < r->nprof; j++)
         total += r->prof[j].seconds * 1e3 / r->prof_steps;
-    printf("  %s kernels, per step (mean of %.0f steps):\n  %9s %7s %10s  %s\n", r->device,
+    printf("  %s kernels, per timed step (mean of %.0f):\n  %9s %7s %10s  %s\n", r->device,
            r->prof_steps, "ms/step", "share", "calls/step", "kernel");
     for (size_t j = 0; j < r->nprof; j++) {
         const ts_profile_entry *e = &r->prof[j];
@@ -415,8 +418,8 @@ static void print_profile(const result *r)
         printf("  %9.3f %6.1f%% %10.1f  %s\n", ms, total > 0 ? 100 * ms / total : 0,
                (double)e->calls / r->prof_steps, k);
     }
-    printf("  %9.3f in kernels; the median step's other %.3f ms is the core's own work\n",
-           total, r->med - total);
+    printf("  %9.3f in kernels, of a mean step of %.3f: %.3f outside them (the core's own work:"
+           " autograd, checks, the pool)\n", total, r->mean, r->mean - total);
 }
 
 typedef struct names {
@@ -604,7 +607,7 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                            "%.4f}", j ? ", " : "", k, (double)e->calls / r->prof_steps,
                            e->seconds * 1e3 / r->prof_steps);
                 }
-                printf("]");
+                printf("], \"ms_mean\": %.4f", r->mean);
             }
             printf("}");
         }

@@ -94,11 +94,12 @@ ts_status ts_device_synchronize(ts_device *dev);
 ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call);
 
 /* ---- kernel profile ------------------------------------------------------------------------
- * Process-wide. ts_profile_start zeroes the counts and starts timing every kernel call the
- * core makes on any device (fills included): calls and wall-clock seconds around the plugin's
- * run, per op, function (unary/binary/reduce) and output dtype. A plugin that runs kernels
- * asynchronously (cuda) is timed for the launch only: synchronize before reading. Off, it
- * costs one relaxed atomic load per call. */
+ * Process-wide. While enabled, every kernel call the core makes on any device (fills
+ * included) is counted, with the wall-clock seconds around the plugin's run, per op, function
+ * (unary/binary/reduce) and output dtype. Counts add up across enabled periods until
+ * ts_profile_reset. A plugin that runs kernels asynchronously (cuda) is timed for the launch
+ * only: synchronize before reading. Disabled (the default), it costs one relaxed atomic load
+ * per call. */
 typedef struct ts_profile_entry {
     int32_t op;     /* ts_op */
     int32_t fn;     /* for TS_OP_UNARY / _BINARY / _BINARY_SCALAR / _REDUCE; else -1 */
@@ -107,8 +108,10 @@ typedef struct ts_profile_entry {
     double seconds;
 } ts_profile_entry;
 
-void ts_profile_start(void);
-void ts_profile_stop(void);
+/* Turns counting on (nonzero) or off; returns whether it was on. */
+int ts_profile_enable(int enable);
+/* Zeroes every count. */
+void ts_profile_reset(void);
 /* Copies up to max entries with at least one call into out (NULL: none), the most time
  * first; returns how many there are. Counting may go on while reading. */
 size_t ts_profile_read(ts_profile_entry *out, size_t max);

@@ -373,6 +373,8 @@ static void test_reduce_large(void)
                     int r2[2] = {d == 0, d == 1};
                     kt_buf ob = kt_make(dev, dt, 2, os, (l + 1) % KT_NLAYOUTS, 74);
                     check_reduce(dev, &b.op, &ob, TS_REDUCE_SUM, 0, r2, "large rows");
+                    if (is_float(dt)) /* over dim 0 of a contiguous b: summed row by row */
+                        check_reduce(dev, &b.op, &ob, TS_REDUCE_MEAN, 0, r2, "large rows");
                     check_reduce(dev, &b.op, &ob, TS_REDUCE_MAX, 0, r2, "large rows");
                     kt_free(&ob);
                 }
