@@ -3,9 +3,10 @@
 # --init) of `tessera train` and `tessera bench train`, every misuse with its one clear error,
 # and `tessera bench train --json` as a quick smoke run on synthetic data: it parses, builds
 # the network asked for, runs on every cpu_* backend with --device all, and a steady-state
-# step makes no raw pool allocation and no host malloc from tessera's own code.
+# step makes no raw pool allocation and no host malloc from tessera's own code; --profile
+# reports each kernel's calls per step.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 9
+plan 10
 # LeakSanitizer's exit-time tracer crashes once oneDNN's primitives have run their threads
 # (see tests/plugins/test-onednn.c); --device all runs cpu_onednn.
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
@@ -171,5 +172,28 @@ if [ "$devs" = "$want" ]; then
     ok "--device all runs every cpu_* backend in one invocation"
 else
     fail "--device all runs every cpu_* backend in one invocation" "$out"
+fi
+# --profile: one forward conv per step for a one-conv CNN, counted per timed step; the text
+# form ends with the time outside kernels.
+out=$("$TESSERA" bench train --model cnn --channels 4 --synthetic --steps 4 --warmup 1 \
+    --batch-size 8 --profile --json --device cpu_blas 2>&1)
+calls=""
+i=0
+while [ $i -lt 30 ]; do
+    k=$(echo "$out" | "$JSON_CHECK" "results.[0].profile.[$i].kernel" 2>/dev/null)
+    [ -z "$k" ] && break
+    if [ "$k" = 'results.[0].profile.['$i'].kernel="conv2d float32"' ]; then
+        calls=$(echo "$out" | "$JSON_CHECK" "results.[0].profile.[$i].calls_per_step" 2>/dev/null |
+            sed 's/.*=//')
+    fi
+    i=$((i + 1))
+done
+text=$("$TESSERA" bench train --model cnn --channels 4 --synthetic --steps 2 --warmup 1 \
+    --batch-size 8 --profile --device cpu_blas 2>&1)
+if [ -n "$calls" ] && awk "BEGIN{exit !($calls == 1)}" && contains "$text" "in kernels, of a mean step" &&
+    contains "$text" "conv2d_backward_weight float32"; then
+    ok "--profile counts the kernels of the timed steps ($i kernels, conv2d $calls/step)"
+else
+    fail "--profile counts the kernels of the timed steps" "calls=$calls" "$out" "$text"
 fi
 finish

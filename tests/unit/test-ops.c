@@ -4,6 +4,7 @@
  * mismatched shapes, dtypes and devices (both sides named). The kernels themselves are
  * tested per plugin in tests/plugins/; this file tests what the core resolves. */
 #include <math.h>
+#include <string.h>
 
 #include "../tap.h"
 
@@ -587,6 +588,89 @@ static void test_conv_and_pool(void)
     tap_end();
 }
 
+/* The kernel profile counts exactly the kernels run while it is enabled, per op, function and
+ * dtype, the most time first; and ts_fn_name names the functions. */
+static const ts_profile_entry *find_entry(const ts_profile_entry *e, size_t n, int32_t op,
+                                          int32_t fn, int32_t dtype)
+{
+    for (size_t i = 0; i < n; i++)
+        if (e[i].op == op && e[i].fn == fn && e[i].dtype == dtype)
+            return &e[i];
+    return NULL;
+}
+
+static void test_profile(void)
+{
+    setup();
+    CHECK(!strcmp(ts_fn_name(TS_OP_UNARY, TS_UNARY_RELU), "relu"));
+    CHECK(!strcmp(ts_fn_name(TS_OP_BINARY_SCALAR, TS_BINARY_GT), "gt"));
+    CHECK(!strcmp(ts_fn_name(TS_OP_REDUCE, TS_REDUCE_ARGMIN), "argmin"));
+    CHECK(ts_fn_name(TS_OP_MATMUL, 0) == NULL);
+    CHECK(ts_fn_name(TS_OP_UNARY, TS_UNARY_COUNT) == NULL);
+    CHECK(ts_fn_name(TS_OP_BINARY, -1) == NULL);
+
+    ts_tensor *a = rnd(2, (int64_t[]){64, 32}, -1, 1), *b = rnd(2, (int64_t[]){32, 16}, -1, 1);
+    ts_tensor *t = NULL;
+    ts_profile_reset();
+    CHECK_INT_EQ(ts_profile_read(NULL, 0), 0);
+    /* Off by default: nothing counted. */
+    CHECK_OK(ts_relu(a, &t));
+    ts_tensor_unref(t);
+    CHECK_INT_EQ(ts_profile_read(NULL, 0), 0);
+
+    CHECK_INT_EQ(ts_profile_enable(1), 0);
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(ts_relu(a, &t));
+        ts_tensor_unref(t);
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(ts_add(a, a, &t));
+        ts_tensor_unref(t);
+    }
+    CHECK_OK(ts_matmul(a, b, &t));
+    ts_tensor_unref(t);
+    CHECK_OK(ts_sum(a, 1, (int[]){0}, 0, &t));
+    ts_tensor_unref(t);
+    CHECK_INT_EQ(ts_profile_enable(0), 1);
+    /* Off again: these are not counted. */
+    CHECK_OK(ts_relu(a, &t));
+    ts_tensor_unref(t);
+
+    ts_profile_entry e[64];
+    size_t n = ts_profile_read(e, 64);
+    CHECK(n >= 4 && n <= 64);
+    const ts_profile_entry *relu = find_entry(e, n, TS_OP_UNARY, TS_UNARY_RELU, TS_F64);
+    const ts_profile_entry *add = find_entry(e, n, TS_OP_BINARY, TS_BINARY_ADD, TS_F64);
+    const ts_profile_entry *mm = find_entry(e, n, TS_OP_MATMUL, -1, TS_F64);
+    const ts_profile_entry *sum = find_entry(e, n, TS_OP_REDUCE, TS_REDUCE_SUM, TS_F64);
+    CHECK(relu && add && mm && sum);
+    if (relu && add && mm && sum) {
+        CHECK_INT_EQ(relu->calls, 3);
+        CHECK_INT_EQ(add->calls, 2);
+        CHECK_INT_EQ(mm->calls, 1);
+        CHECK_INT_EQ(sum->calls, 1);
+        CHECK(relu->seconds > 0 && mm->seconds > 0 && mm->seconds < 10);
+    }
+    for (size_t i = 1; i < n; i++)
+        CHECK_MSG(e[i - 1].seconds >= e[i].seconds, "entry %zu out of order", i);
+    /* A short buffer still gets the total, and the first (the slowest) entries. */
+    ts_profile_entry one;
+    CHECK_INT_EQ(ts_profile_read(&one, 1), n);
+    CHECK(one.op == e[0].op && one.fn == e[0].fn && one.dtype == e[0].dtype);
+    /* Enabled periods add up until a reset. */
+    ts_profile_enable(1);
+    CHECK_OK(ts_relu(a, &t));
+    ts_tensor_unref(t);
+    ts_profile_enable(0);
+    n = ts_profile_read(e, 64);
+    relu = find_entry(e, n, TS_OP_UNARY, TS_UNARY_RELU, TS_F64);
+    CHECK(relu && relu->calls == 4);
+    ts_profile_reset();
+    CHECK_INT_EQ(ts_profile_read(e, 64), 0);
+    ts_tensor_unref(a), ts_tensor_unref(b);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -600,6 +684,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_softmax),
         TAP_TEST(test_embedding_and_index_add),
         TAP_TEST(test_conv_and_pool),
+        TAP_TEST(test_profile),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
