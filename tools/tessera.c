@@ -73,11 +73,6 @@ int main(int argc, char **argv)
 {
     cli_common common = {0};
     ts_set_log_handler(log_to_stderr, NULL);
-    /* OpenMP threads that spin between parallel regions (libgomp's default) take the cores
-     * OpenBLAS's own threads and the next region need: on a loaded 2-core machine a training
-     * step ran 2-10x slower (docs/performance.md). libgomp reads this when a plugin first
-     * loads it, which is after this point; the user's own setting wins. */
-    setenv("OMP_WAIT_POLICY", "passive", 0);
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "--config") == 0) {
