@@ -36,7 +36,7 @@ MAX4(float)
 MAX4(double)
 
 #if defined(__GNUC__) && defined(__has_builtin)
-#if __has_builtin(__builtin_shufflevector)
+#if __has_builtin(__builtin_shufflevector) && __has_builtin(__builtin_convertvector)
 #define TS_POOL_VECTOR 1
 #endif
 #endif
@@ -48,6 +48,7 @@ MAX4(double)
  * target with 16-byte vectors (SSE2, NEON) gets them. */
 typedef float ts_v4f __attribute__((vector_size(16)));
 typedef int32_t ts_v4i __attribute__((vector_size(16)));
+typedef int64_t ts_v4l __attribute__((vector_size(32)));
 
 static inline ts_v4i blend(ts_v4i take, ts_v4i a, ts_v4i b)
 {
@@ -82,11 +83,13 @@ static inline void max4x4(const float *a, const float *b, int32_t W, ts_v4f *m, 
 }
 
 /* One output row of a 2x2 stride-2 max pool over dense input rows r0, r1 into dense yr and,
- * unless NULL, ir (indices from base). The last < 4 windows go through a staged copy. */
+ * unless NULL, ir (indices from base). Rows of 4 windows or more end with a vector that
+ * overlaps the previous one (recomputing a window gives the same result); shorter rows, and
+ * planes too wide for 32-bit lane offsets, take the scalar scan. */
 static void max2x2_float(const float *r0, const float *r1, int64_t Q, float *yr, int64_t *ir,
                          int64_t base, int64_t W)
 {
-    if (W >= INT32_MAX) {
+    if (Q < 4 || W >= INT32_MAX / 4) {
         for (int64_t q = 0; q < Q; q++) {
             int64_t arg;
             max4_float(r0 + 2 * q, r1 + 2 * q, &yr[q], &arg, base + 2 * q, W);
@@ -95,22 +98,20 @@ static void max2x2_float(const float *r0, const float *r1, int64_t Q, float *yr,
         }
         return;
     }
-    for (int64_t q = 0; q < Q; q += 4) {
-        int64_t n = Q - q < 4 ? Q - q : 4;
+    const ts_v4i lane = {0, 2, 4, 6};
+    for (int64_t q = 0;; q += 4) {
+        if (q > Q - 4)
+            q = Q - 4;
         ts_v4f m;
         ts_v4i k;
-        if (n == 4) {
-            max4x4(r0 + 2 * q, r1 + 2 * q, (int32_t)W, &m, &k);
-            memcpy(yr + q, &m, 16);
-        } else {
-            float a[8] = {0}, b[8] = {0};
-            memcpy(a, r0 + 2 * q, (size_t)(2 * n) * sizeof(float));
-            memcpy(b, r1 + 2 * q, (size_t)(2 * n) * sizeof(float));
-            max4x4(a, b, (int32_t)W, &m, &k);
-            memcpy(yr + q, &m, (size_t)n * sizeof(float));
+        max4x4(r0 + 2 * q, r1 + 2 * q, (int32_t)W, &m, &k);
+        memcpy(yr + q, &m, 16);
+        if (ir) {
+            ts_v4l at = __builtin_convertvector(k + lane + (int32_t)(2 * q), ts_v4l) + base;
+            memcpy(ir + q, &at, 32);
         }
-        for (int64_t j = 0; ir && j < n; j++)
-            ir[q + j] = base + 2 * (q + j) + k[j];
+        if (q == Q - 4)
+            break;
     }
 }
 #endif
