@@ -50,6 +50,38 @@ static ts_status mask_scalar(int fn, const ts_tensor *x, double v, ts_tensor **o
     return s;
 }
 
+/* ReLU's gradient g * (x > 0): one TS_OP_RELU_BACKWARD pass where the device runs it (a
+ * select: 0 where x <= 0 even for an infinite g), else composed as g * cast(x > 0). */
+static ts_status relu_backward(ts_tensor *g, const ts_tensor *x, ts_tensor **out)
+{
+    ts_device *dev = x->storage->dev;
+    int same = g->storage->dev == dev && g->dtype == x->dtype && g->ndim == x->ndim;
+    for (int d = 0; same && d < x->ndim; d++)
+        same = g->shape[d] == x->shape[d];
+    if (!same || !ts__device_runs(dev, TS_OP_RELU_BACKWARD, x->dtype)) {
+        ts_tensor *m;
+        ts_status s = mask_scalar(TS_BINARY_GT, x, 0, &m);
+        if (s == TS_OK)
+            s = ts_mul(g, m, out);
+        ts_tensor_unref(m);
+        return s;
+    }
+    ts_tensor *o;
+    ts_status s = ts__new(dev, x->dtype, x->ndim, x->shape, &o);
+    if (s)
+        return s;
+    ts_operand in[2], op;
+    ts__operand(g, &in[0]);
+    ts__operand(x, &in[1]);
+    ts__operand(o, &op);
+    if ((s = ts__run(dev, TS_OP_RELU_BACKWARD, in, 2, &op, 1, NULL, 0))) {
+        ts_tensor_unref(o);
+        return s;
+    }
+    *out = o;
+    return TS_OK;
+}
+
 #define TRY(expr)                                                                           \
     do {                                                                                    \
         if ((s = (expr)))                                                                   \
@@ -275,8 +307,7 @@ static ts_status unary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
         s = ts_mul(g, t2, &gin[0]);
         break;
     case TS_UNARY_RELU:
-        TRY(mask_scalar(TS_BINARY_GT, x, 0, &t1));
-        s = ts_mul(g, t1, &gin[0]);
+        s = relu_backward(g, x, &gin[0]);
         break;
     case TS_UNARY_GELU: { /* Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 */
         ts_tensor *t3 = NULL;

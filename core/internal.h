@@ -70,6 +70,9 @@ ts_status ts__hostref_run(const ts_host *host, ts_pool *scratch, const ts_kernel
 /* ---- loader.c: runs a kernel on dev, on the reference kernels when dev has host memory and
  * does not implement the op itself (else exactly ts_device_run). */
 ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call);
+/* Whether ts__device_run runs op for dtype on dev: the plugin claims it, or the core's
+ * reference kernels stand in (host-memory plugins). */
+int ts__device_runs(ts_device *dev, int32_t op, int32_t dtype);
 
 /* ---- tensor.c ---------------------------------------------------------------------------- */
 

@@ -625,6 +625,12 @@ ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *
     return s;
 }
 
+int ts__device_runs(ts_device *dev, int32_t op, int32_t dtype)
+{
+    return dev && (ts_device_supports(dev, op, dtype) ||
+                   (dev->refpool && ts__hostref_supports(op, dtype)));
+}
+
 ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
 {
     if (!dev || !call)

@@ -763,6 +763,17 @@ static void build_cases(int32_t op, int32_t dt, caselist *l)
             }
         }
         break;
+    case TS_OP_RELU_BACKWARD: /* g and x of out's shape; random x has both signs */
+        if (!is_floatdt(dt))
+            break;
+        for (size_t si = 1; si < sizeof eshapes / sizeof eshapes[0]; si++) {
+            opspec o = spec(dt, eshapes[si].nd, eshapes[si].shape);
+            k = add(l, op, "relu_backward %s %dd", dn, o.ndim);
+            k->nin = 2;
+            k->nout = 1;
+            k->in[0] = k->in[1] = k->out[0] = o;
+        }
+        break;
     case TS_OP_BINARY:
     case TS_OP_BINARY_SCALAR:
     case TS_OP_WHERE:

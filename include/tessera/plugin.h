@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 #define TS_PLUGIN_ABI_MAJOR 1
-#define TS_PLUGIN_ABI_MINOR 2
+#define TS_PLUGIN_ABI_MINOR 3
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
@@ -295,6 +295,11 @@ typedef enum ts_op {
     /* One Adam/AdamW update, in place: in[0] grad; out[0] param, out[1] first moment,
      * out[2] second moment. All contiguous, same shape and float dtype. ts_adam_params. */
     TS_OP_ADAM_STEP = 24,
+    /* ABI 1.3. ReLU's gradient in one pass: in[0] g, in[1] x (the ReLU's input), both of the
+     * output's shape, any strides; out[0] = g where x > 0, else 0 (a NaN x gives 0, and so
+     * does x <= 0 whatever g is). Float dtypes, all the same. No params. The core composes it
+     * from TS_BINARY_SCALAR gt, a cast and TS_BINARY mul on a plugin that does not claim it. */
+    TS_OP_RELU_BACKWARD = 25,
     TS_OP_COUNT
 } ts_op;
 

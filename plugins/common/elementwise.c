@@ -678,6 +678,28 @@ static ts_status run_where(ts_hostdev *hd, const ts_kernel_call *call)
     return TS_OK;
 }
 
+/* ReLU's gradient, g where x > 0 (a select, not g * mask: 0 for x <= 0 even where g is
+ * infinite or NaN, and for a NaN x). One pass instead of gt, cast and mul. */
+EW_BINARY(relu_bwd_f32, float, float, y > 0 ? x : 0.0f)
+EW_BINARY(relu_bwd_f64, double, double, y > 0 ? x : 0.0)
+
+static ts_status run_relu_backward(ts_hostdev *hd, const ts_kernel_call *call)
+{
+    const void *prm;
+    ts_status s = ts_hostkern_ew_check(hd->host, 0, call, &prm);
+    if (s)
+        return s;
+    const ts_operand *out = &call->outputs[0];
+    if (out->dtype != TS_F32 && out->dtype != TS_F64)
+        return hd->host->fail(hd->host, TS_ENOTSUP, "relu_backward is not implemented for %s",
+                              dtype_name(out->dtype));
+    const ts_operand *ops[3] = {out, &call->inputs[0], &call->inputs[1]};
+    ew_iter it;
+    ew_iter_init(&it, ops, 3);
+    ew_iter_run(hd, &it, out->dtype == TS_F32 ? relu_bwd_f32 : relu_bwd_f64);
+    return TS_OK;
+}
+
 /* ---- entry points ---------------------------------------------------------------------- */
 
 int ts_hostkern_elementwise_supports(int32_t op, int32_t dtype)
@@ -694,6 +716,8 @@ int ts_hostkern_elementwise_supports(int32_t op, int32_t dtype)
         return 1;
     case TS_OP_UNARY:
         return dtype != TS_U8;
+    case TS_OP_RELU_BACKWARD:
+        return dtype == TS_F32 || dtype == TS_F64;
     default:
         return 0;
     }
@@ -715,6 +739,8 @@ ts_status ts_hostkern_elementwise(ts_hostdev *hd, const ts_kernel_call *call)
         return run_binary_scalar(hd, call);
     case TS_OP_WHERE:
         return run_where(hd, call);
+    case TS_OP_RELU_BACKWARD:
+        return run_relu_backward(hd, call);
     default:
         return TS_ENOTSUP;
     }

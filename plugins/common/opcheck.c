@@ -274,6 +274,14 @@ ts_status ts_hostkern_ew_check(const ts_host *h, int dev, const ts_kernel_call *
             (s = check_dtype(h, "where", "second input", &in[1], out->dtype)))
             return s;
         return check_dtype(h, "where", "third input", &in[2], out->dtype);
+    case TS_OP_RELU_BACKWARD:
+        if ((s = ts_hostkern_check_counts(h, dev, call, "relu_backward", 2, 1)) ||
+            (s = ts_hostkern_check_operand(h, dev, "relu_backward", "output", out, NULL)) ||
+            (s = ts_hostkern_check_operand(h, dev, "relu_backward", "gradient", &in[0], out)) ||
+            (s = ts_hostkern_check_operand(h, dev, "relu_backward", "input", &in[1], out)) ||
+            (s = check_dtype(h, "relu_backward", "gradient", &in[0], out->dtype)))
+            return s;
+        return check_dtype(h, "relu_backward", "input", &in[1], out->dtype);
     default:
         return TS_ENOTSUP;
     }

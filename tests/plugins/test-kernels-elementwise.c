@@ -773,6 +773,77 @@ static void test_binary_special(void)
     }
 }
 
+/* TS_OP_RELU_BACKWARD: g where x > 0, else 0, as a select (an infinite or NaN g where x <= 0
+ * gives 0, a NaN x gives 0), over every layout, broadcast g, in place, and its errors. */
+static double ref_relu_bwd(const double *x, const void *ctx)
+{
+    (void)ctx;
+    return x[1] > 0 ? x[0] : 0.0;
+}
+
+static void test_relu_backward(void)
+{
+    static const double gs[] = {INFINITY, NAN, 3, -INFINITY, 2, NAN, 5, 7, -1.5};
+    static const double xs[] = {-1, 0, -0.0, NAN, INFINITY, 1, -INFINITY, 1e-40, 1e-300};
+    int64_t n = 9;
+    FOR_EACH_PLUGIN(dev)
+    {
+        for (int i = 0; i < 2; i++) {
+            int32_t dt = all_dtypes[i];
+            CHECK(ts_device_supports(dev, TS_OP_RELU_BACKWARD, dt));
+            kt_buf g = kt_make(dev, dt, 1, &n, KT_CONTIG, 1);
+            kt_buf x = kt_make(dev, dt, 1, &n, KT_STRIDED, 2);
+            for (int64_t k = 0; k < n; k++) {
+                kt_set(&g.op, &k, gs[k]);
+                kt_set(&x.op, &k, xs[k]);
+            }
+            kt_buf o = kt_make(dev, dt, 1, &n, KT_OFFSET, 3);
+            ts_operand in[2] = {g.op, x.op};
+            run_check(dev, TS_OP_RELU_BACKWARD, NULL, 0, in, 2, &o, ref_relu_bwd, NULL, 0, 0,
+                      "relu_backward special");
+            /* float32 keeps 1e-40 as a denormal > 0 (g passes); 1e-300 rounds to 0. */
+            CHECK(kt_get(&o.op, (int64_t[]){7}) == 7);
+            CHECK(kt_get(&o.op, (int64_t[]){1}) == 0 && kt_get(&o.op, (int64_t[]){0}) == 0);
+            kt_free(&o);
+            kt_free(&g);
+            kt_free(&x);
+            for (int l = 0; l < KT_NLAYOUTS; l++) {
+                kt_buf g3 = kt_make(dev, dt, 3, shape3, l, 10 + l);
+                kt_buf x3 = kt_make(dev, dt, 3, shape3, (l + 1) % KT_NLAYOUTS, 20 + l);
+                kt_buf o3 = kt_make(dev, dt, 3, shape3, (l + 2) % KT_NLAYOUTS, 30 + l);
+                ts_operand in3[2] = {g3.op, x3.op};
+                run_check(dev, TS_OP_RELU_BACKWARD, NULL, 0, in3, 2, &o3, ref_relu_bwd, NULL, 0,
+                          0, "relu_backward layouts");
+                /* g broadcast from (1, 4, 5) */
+                kt_buf gb = kt_make(dev, dt, 3, (int64_t[]){1, 4, 5}, l, 40 + l);
+                ts_operand inb[2] = {kt_broadcast(&gb.op, 3, shape3), x3.op};
+                run_check(dev, TS_OP_RELU_BACKWARD, NULL, 0, inb, 2, &o3, ref_relu_bwd, NULL, 0,
+                          0, "relu_backward broadcast g");
+                /* in place over g */
+                run_check(dev, TS_OP_RELU_BACKWARD, NULL, 0, in3, 2, &g3, ref_relu_bwd, NULL, 0,
+                          0, "relu_backward in place");
+                kt_free(&gb);
+                kt_free(&o3);
+                kt_free(&x3);
+                kt_free(&g3);
+            }
+        }
+        CHECK(!ts_device_supports(dev, TS_OP_RELU_BACKWARD, TS_I32));
+        kt_buf a = kt_make(dev, TS_F32, 3, shape3, KT_CONTIG, 50);
+        kt_buf b = kt_make(dev, TS_F64, 3, shape3, KT_CONTIG, 51);
+        kt_buf o = kt_make(dev, TS_F32, 3, shape3, KT_CONTIG, 52);
+        ts_operand mixed[2] = {a.op, b.op};
+        CHECK_FAILS(kt_run(dev, TS_OP_RELU_BACKWARD, mixed, 2, &o.op, 1, NULL, 0), TS_EINVAL,
+                    "relu_backward: input is float64, expected float32");
+        CHECK_FAILS(kt_run(dev, TS_OP_RELU_BACKWARD, mixed, 1, &o.op, 1, NULL, 0), TS_EINVAL,
+                    "relu_backward");
+        kt_check_gaps(&o);
+        kt_free(&a);
+        kt_free(&b);
+        kt_free(&o);
+    }
+}
+
 static void test_int_division(void)
 {
     FOR_EACH_PLUGIN(dev)
@@ -894,6 +965,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_binary_broadcast),
         TAP_TEST(test_binary_scalar),
         TAP_TEST(test_binary_special),
+        TAP_TEST(test_relu_backward),
         TAP_TEST(test_where),
         TAP_TEST(test_in_place),
         TAP_TEST(test_scalar_and_empty),

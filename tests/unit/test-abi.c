@@ -17,7 +17,7 @@ static void test_layout_matches_version(void)
 {
     if (sizeof(void *) != 8)
         SKIP("layouts are recorded for LP64 only");
-    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 1 && TS_PLUGIN_ABI_MINOR == 2,
+    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 1 && TS_PLUGIN_ABI_MINOR == 3,
               "ABI is %d.%d: add its layout row to this test", TS_PLUGIN_ABI_MAJOR,
               TS_PLUGIN_ABI_MINOR);
     /* ABI 1.0; every row still holds later, except sizes of the tables that grew (noted). */
@@ -75,6 +75,7 @@ static void test_layout_matches_version(void)
                   "%s is %zu, ABI 1.2 says %zu: bump the ABI version and record the new layout",
                   v1_2[i].what, v1_2[i].actual, v1_2[i].expected);
     CHECK_INT_EQ(TS_PLUGIN_HOST_MEMORY, 1);
+    /* ABI 1.3: no layout change; TS_OP_RELU_BACKWARD appended to ts_op (test below). */
 }
 
 static void test_enums_are_append_only(void)
@@ -86,6 +87,8 @@ static void test_enums_are_append_only(void)
     CHECK_INT_EQ(TS_I64, 3);
     CHECK_INT_EQ(TS_U8, 4);
     CHECK_INT_EQ(TS_OP_COPY, 1);
+    CHECK_INT_EQ(TS_OP_ADAM_STEP, 24);
+    CHECK_INT_EQ(TS_OP_RELU_BACKWARD, 25); /* 1.3 */
     CHECK_INT_EQ(TS_ENOMEM, -2);
     CHECK_INT_EQ(TS_ENODEV, -8);
     CHECK_INT_EQ(TS_SETTING_BOOL, 4);

@@ -412,6 +412,25 @@ static void test_backward_rules(void)
     CHECK_FAILS(ts_tensor_set_requires_grad(i32, 1), TS_EDTYPE, "int32");
     ts_tensor_unref(d), ts_tensor_unref(i32), ts_tensor_unref(c);
     ts_tensor_unref(y), ts_tensor_unref(l), ts_tensor_unref(x);
+
+    /* ReLU's gradient is a select, as in PyTorch: where x <= 0 (or NaN) it is 0 even when the
+     * incoming gradient is infinite, which g * (x > 0) would turn into NaN. */
+    static const double rx[4] = {-1, 0, 2, NAN}, rw[4] = {INFINITY, -INFINITY, 3, 5};
+    ts_tensor *r, *w, *rl, *rs;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){4}, rx, &x));
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){4}, rw, &w));
+    CHECK_OK(ts_tensor_set_requires_grad(x, 1));
+    CHECK_OK(ts_relu(x, &r));
+    CHECK_OK(ts_mul(r, w, &rl));
+    CHECK_OK(ts_sum(rl, 0, NULL, 0, &rs));
+    CHECK_OK(ts_backward(rs, NULL, 0));
+    double rg[4];
+    CHECK_OK(ts_tensor_to_host(ts_tensor_grad(x), rg, sizeof rg));
+    CHECK_MSG(rg[0] == 0 && rg[1] == 0 && rg[2] == 3 && rg[3] == 0,
+              "relu gradient (%g, %g, %g, %g), expected (0, 0, 3, 0)", rg[0], rg[1], rg[2],
+              rg[3]);
+    ts_tensor_unref(r), ts_tensor_unref(w), ts_tensor_unref(rl), ts_tensor_unref(rs);
+    ts_tensor_unref(x);
     tap_end();
 }
 
