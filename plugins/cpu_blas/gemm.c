@@ -6,10 +6,10 @@
  * Why: Debian's default OpenBLAS runs its own pthread pool whose idle workers spin on
  * sched_yield for about 2^28 cycles (0.1 s) after every threaded call, and the plugin's
  * elementwise, im2col and pooling kernels run on OpenMP. Two pools on the same cores took a
- * third of a LeNet-5 step in sched_yield (perf; docs/performance.md). With one pool the
- * OpenMP threads that ran the last kernel run the next GEMM. Each band sums over k in the
- * order a single-threaded call would, so a GEMM's result does not depend on the thread count.
- * With an OpenMP build of OpenBLAS the same holds: it shares libgomp's pool anyway. */
+ * third of a LeNet-5 step in sched_yield (perf; docs/backends.md). With one pool the OpenMP
+ * threads that ran the last kernel run the next GEMM. Each band sums over k as the whole call
+ * would (for bench train's shapes, results at 1 and 2 threads were bitwise equal). An OpenMP
+ * build of OpenBLAS would share libgomp's pool anyway; held at one thread, it changes nothing. */
 #include "config.h"
 
 #include <cblas.h>
