@@ -494,6 +494,39 @@ static void test_pool2d_bwd_accumulate(void)
             double want = idx[2] * 4 + idx[3] == 5 ? sum[idx[1]] : 0.0;
             CHECK(kt_close(kt_get(&gx.op, idx), want, 1e-12, 1e-14));
         }
+        /* 2x2 stride 2 into a dense gx: plane 0's indices each inside their own window, as
+         * max pooling makes them; plane 1's first row of windows too, its second all at one
+         * pixel outside their windows (indices come from the caller and may point anywhere
+         * in the plane); on a 5x7 input with an odd row and column. */
+        {
+            ts_pool2d_params p2 = {2, 2, 2, 2, 0, 0, 0};
+            kt_buf gy2 = kt_make(dev, TS_F32, 4, (int64_t[]){1, 2, 2, 3}, KT_CONTIG, 4);
+            kt_buf ix2 = kt_make(dev, TS_I64, 4, (int64_t[]){1, 2, 2, 3}, KT_STRIDED, 5);
+            kt_buf gx2 = kt_make(dev, TS_F32, 4, (int64_t[]){1, 2, 5, 7}, KT_CONTIG, 6);
+            double want[2][35] = {{0}};
+            for (int64_t i = 0; i < 12; i++) {
+                int64_t idx[4];
+                kt_unravel(&ix2.op, i, idx);
+                int64_t pp = idx[2], q = idx[3], k = (pp * 3 + q) % 4;
+                int64_t a = idx[1] == 0 || pp == 0 ? (2 * pp + k / 2) * 7 + 2 * q + k % 2 : 12;
+                kt_set(&ix2.op, idx, (double)a);
+                want[idx[1]][a] += kt_get(&gy2.op, idx);
+            }
+            CHECK_OK(kt_run(dev, TS_OP_MAXPOOL2D_BWD, (ts_operand[]){gy2.op, ix2.op}, 2, &gx2.op,
+                            1, &p2, sizeof p2));
+            for (int64_t i = 0; i < 70; i++) {
+                int64_t idx[4];
+                kt_unravel(&gx2.op, i, idx);
+                double w = want[idx[1]][idx[2] * 7 + idx[3]];
+                CHECK_MSG(kt_close(kt_get(&gx2.op, idx), w, 1e-6, 1e-7),
+                          "maxpool2d_bwd 2x2 plane %lld at (%lld, %lld): got %g, want %g",
+                          (long long)idx[1], (long long)idx[2], (long long)idx[3],
+                          kt_get(&gx2.op, idx), w);
+            }
+            kt_free(&gx2);
+            kt_free(&ix2);
+            kt_free(&gy2);
+        }
         /* In place: gx is gy. */
         ts_pool2d_params one = {1, 1, 1, 1, 0, 0, 0};
         double *before = to_array(&gy.op);
