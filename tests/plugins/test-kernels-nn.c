@@ -73,8 +73,11 @@ static void matmul_case(ts_device *dev, int32_t dt, int64_t M, int64_t K, int64_
 static void test_matmul_shapes(void)
 {
     ts_device *dev = kt_load("cpu_blas");
-    static const int64_t shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {64, 33, 17}, {17, 64, 1},
-                                        {1, 40, 9}, {130, 70, 90}};
+    /* The last three are large enough for cpu_blas to split them over its threads: by rows
+     * (130 x 90), by columns (70 x 130), and with edges off the 16-aligned bands (33 x 301). */
+    static const int64_t shapes[][3] = {{1, 1, 1},     {3, 5, 7},      {64, 33, 17},
+                                        {17, 64, 1},   {1, 40, 9},     {130, 70, 90},
+                                        {70, 90, 130}, {33, 200, 301}};
     for (int d = 0; d < 2; d++) {
         CHECK(ts_device_supports(dev, TS_OP_MATMUL, float_dtypes[d]));
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -82,6 +85,8 @@ static void test_matmul_shapes(void)
                         KT_CONTIG, KT_CONTIG, 1.0, 0.0);
             matmul_case(dev, float_dtypes[d], shapes[s][0], shapes[s][1], shapes[s][2], KT_CONTIG,
                         KT_TRANSPOSED, KT_STRIDED, -0.5, 2.0);
+            matmul_case(dev, float_dtypes[d], shapes[s][0], shapes[s][1], shapes[s][2],
+                        KT_TRANSPOSED, KT_OFFSET, KT_CONTIG, 1.5, 0.0);
         }
     }
     CHECK(!ts_device_supports(dev, TS_OP_MATMUL, TS_I32));
