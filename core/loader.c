@@ -625,10 +625,17 @@ ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *
     return s;
 }
 
+/* Whether op runs on the core's reference kernels on dev: a host-memory plugin that does not
+ * claim it. */
+static int uses_reference(ts_device *dev, int32_t op, int32_t dtype)
+{
+    return dev->refpool && op > TS_OP_NONE && op < TS_OP_COUNT &&
+           !ts_device_supports(dev, op, dtype) && ts__hostref_supports(op, dtype);
+}
+
 int ts__device_runs(ts_device *dev, int32_t op, int32_t dtype)
 {
-    return dev && (ts_device_supports(dev, op, dtype) ||
-                   (dev->refpool && ts__hostref_supports(op, dtype)));
+    return dev && (ts_device_supports(dev, op, dtype) || uses_reference(dev, op, dtype));
 }
 
 ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
@@ -636,10 +643,8 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
     if (!dev || !call)
         return ts_device_run(dev, call);
     uint64_t t0 = ts__profile_begin();
-    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
     ts_status s;
-    if (dev->refpool && call->op > TS_OP_NONE && call->op < TS_OP_COUNT &&
-        !ts_device_supports(dev, call->op, dtype) && ts__hostref_supports(call->op, dtype))
+    if (uses_reference(dev, call->op, call->noutputs > 0 ? call->outputs[0].dtype : TS_F32))
         s = ts__hostref_run(&dev->host, dev->refpool, call);
     else
         s = ts_device_run(dev, call);

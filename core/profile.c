@@ -37,13 +37,17 @@ static int32_t call_fn(const ts_kernel_call *call)
     return -1;
 }
 
-uint64_t ts__profile_begin(void)
+/* Monotonic nanoseconds, plus 1 so that a start time is never 0 (0 means "not timed"). */
+static uint64_t stamp(void)
 {
-    if (!atomic_load_explicit(&on, memory_order_relaxed))
-        return 0;
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec + 1; /* never 0 */
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec + 1;
+}
+
+uint64_t ts__profile_begin(void)
+{
+    return atomic_load_explicit(&on, memory_order_relaxed) ? stamp() : 0;
 }
 
 void ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype)
@@ -52,9 +56,7 @@ void ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype)
         return;
     if (dtype < 0 || dtype >= NDT - 1)
         dtype = NDT - 1;
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    uint64_t now = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec + 1;
+    uint64_t now = stamp();
     slot *sl = &table[op][fn_slot(op, fn)][dtype];
     atomic_fetch_add_explicit(&sl->calls, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&sl->ns, now > t0 ? now - t0 : 0, memory_order_relaxed);

@@ -19,13 +19,6 @@ static const char usage[] =
     "  one forward of an MLP 784-256-128-10 at batch 100 with grad on vs off: graph nodes,\n"
     "  host bytes of bookkeeping per node, device bytes held for backward\n";
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static ts_status op_cost(ts_device *dev, int grad, double *ns)
 {
     ts_tensor *a, *b;
@@ -43,13 +36,13 @@ static ts_status op_cost(ts_device *dev, int grad, double *ns)
     const int iters = 200000;
     double best = 1e30;
     for (int rep = 0; rep < 5 && s == TS_OK; rep++) {
-        double t = now();
+        double t = cli_now();
         for (int i = 0; i < iters && s == TS_OK; i++) {
             ts_tensor *c;
             if ((s = ts_mul(a, b, &c)) == TS_OK)
                 ts_tensor_unref(c);
         }
-        t = (now() - t) / iters;
+        t = (cli_now() - t) / iters;
         best = t < best ? t : best;
     }
     if (!grad)

@@ -29,19 +29,6 @@ static const char usage[] =
  * machine inflates far less than wall time when the plugins run one thread each. */
 static clockid_t bench_clock = CLOCK_MONOTONIC;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(bench_clock, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 typedef struct work {
     const char *name;
     int kind; /* 0 conv, 1 matmul, 2 lenet5 step, 3 unary fn r on n elements, 4 softmax
@@ -90,11 +77,11 @@ static ts_status run_once(const work *w, ts_device *dev, ts_rng *rng, void **sta
             goto conv_out;
         ts_tensor_set_requires_grad(x, 1);
         ts_tensor_set_requires_grad(wt, 1);
-        double t = now();
+        double t = cli_seconds(bench_clock);
         if ((s = ts_conv2d(x, wt, NULL, &p, &y)) == TS_OK &&
             (s = ts_sum(y, 0, NULL, 0, &l)) == TS_OK && (s = ts_backward(l, NULL, 0)) == TS_OK)
             s = ts_device_synchronize(dev);
-        *secs = now() - t;
+        *secs = cli_seconds(bench_clock) - t;
     conv_out:
         ts_tensor_unref(x), ts_tensor_unref(wt), ts_tensor_unref(y), ts_tensor_unref(l);
         return s;
@@ -105,11 +92,11 @@ static ts_status run_once(const work *w, ts_device *dev, ts_rng *rng, void **sta
         if ((s = ts_tensor_randn(dev, TS_F32, 2, sh, 0, 1, rng, &a)) == TS_OK &&
             (s = ts_tensor_randn(dev, TS_F32, 2, sh, 0, 1, rng, &b)) == TS_OK &&
             (s = ts_tensor_empty(dev, TS_F32, 2, sh, &c)) == TS_OK) {
-            double t = now();
+            double t = cli_seconds(bench_clock);
             s = ts_matmul_out(a, b, c);
             if (s == TS_OK)
                 s = ts_device_synchronize(dev);
-            *secs = now() - t;
+            *secs = cli_seconds(bench_clock) - t;
         }
         ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(c);
         return s;
@@ -122,14 +109,14 @@ static ts_status run_once(const work *w, ts_device *dev, ts_rng *rng, void **sta
         double lo = w->kind == 3 && (w->r == TS_UNARY_SQRT || w->r == TS_UNARY_LOG) ? 0.5 : -4;
         if ((s = ts_tensor_rand(dev, TS_F32, nd, sh, lo, 4, rng, &x)) == TS_OK &&
             (w->kind == 4 || (s = ts_tensor_empty(dev, TS_F32, nd, sh, &y)) == TS_OK)) {
-            double t = now();
+            double t = cli_seconds(bench_clock);
             if (w->kind == 3)
                 s = ts_unary_out((int)w->r, x, y);
             else
                 s = w->r ? ts_log_softmax(x, 1, &y) : ts_softmax(x, 1, &y);
             if (s == TS_OK)
                 s = ts_device_synchronize(dev);
-            *secs = now() - t;
+            *secs = cli_seconds(bench_clock) - t;
         }
         ts_tensor_unref(x), ts_tensor_unref(y);
         return s;
@@ -160,13 +147,13 @@ static ts_status run_once(const work *w, ts_device *dev, ts_rng *rng, void **sta
             return s;
     }
     ts_tensor *logits = NULL, *loss = NULL;
-    double t = now();
+    double t = cli_seconds(bench_clock);
     if ((s = ts_module_forward(st->m, st->x, &logits)) == TS_OK &&
         (s = ts_cross_entropy(logits, st->y, TS_REDUCTION_MEAN, &loss)) == TS_OK &&
         (s = ts_backward(loss, NULL, 0)) == TS_OK && (s = ts_optim_step(st->o)) == TS_OK)
         s = ts_device_synchronize(dev);
     ts_optim_zero_grad(st->o);
-    *secs = now() - t;
+    *secs = cli_seconds(bench_clock) - t;
     ts_tensor_unref(logits), ts_tensor_unref(loss);
     return s;
 }
@@ -243,7 +230,7 @@ int cli_bench_compare(int argc, char **argv, const cli_common *common)
             if (s)
                 break;
             int n = reps < 64 ? reps : 64;
-            qsort(t, (size_t)n, sizeof *t, cmp_double);
+            qsort(t, (size_t)n, sizeof *t, cli_cmp_double);
             ms[k][d] = t[n / 2] * 1e3;
         }
     if (s) {

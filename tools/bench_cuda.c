@@ -25,12 +25,6 @@ static const char usage[] =
     "  --no-cpu        skip the CPU backends\n";
 
 #ifdef TS_HAVE_CUDA
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 #endif
 
 #ifdef TS_HAVE_CUDA
@@ -135,7 +129,7 @@ static ts_status train_rate(ts_device *dev, const char *model, int steps, double
         if (i == 2) { /* two warm-up steps fill the pool and caches */
             if ((s = ts_device_synchronize(dev)))
                 break;
-            t0 = now();
+            t0 = cli_now();
         }
         ts_tensor *logits = NULL, *loss = NULL;
         if ((s = ts_module_forward(m, x, &logits)) == TS_OK &&
@@ -147,7 +141,7 @@ static ts_status train_rate(ts_device *dev, const char *model, int steps, double
         ts_tensor_unref(loss);
     }
     if (!s && (s = ts_device_synchronize(dev)) == TS_OK)
-        *rate = steps / (now() - t0);
+        *rate = steps / (cli_now() - t0);
 out:
     ts_tensor_unref(x);
     ts_tensor_unref(y);
@@ -180,12 +174,12 @@ static int bench_matmul(ts_device *dev, int device_index, int64_t n)
     double flops = 2.0 * (double)n * (double)n * (double)n * reps;
     if ((s = ts_matmul_out(a, b, c)) || (s = ts_device_synchronize(dev)))
         goto fail;
-    double t0 = now();
+    double t0 = cli_now();
     for (int i = 0; i < reps && !s; i++)
         s = ts_matmul_out(a, b, c);
     if (s || (s = ts_device_synchronize(dev)))
         goto fail;
-    double tt = now() - t0;
+    double tt = cli_now() - t0;
     /* Raw cuBLAS on buffers of its own, same shapes, same run. */
     CUDA_OR_FAIL(cudaSetDevice(device_index));
     float *da, *db, *dc;
@@ -204,12 +198,12 @@ static int bench_matmul(ts_device *dev, int device_index, int64_t n)
     cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)n, (int)n, (int)n, &one, da, (int)n, db,
                 (int)n, &zero, dc, (int)n);
     CUDA_OR_FAIL(cudaDeviceSynchronize());
-    t0 = now();
+    t0 = cli_now();
     for (int i = 0; i < reps; i++)
         cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)n, (int)n, (int)n, &one, da, (int)n, db,
                     (int)n, &zero, dc, (int)n);
     CUDA_OR_FAIL(cudaDeviceSynchronize());
-    double tr = now() - t0;
+    double tr = cli_now() - t0;
     cublasDestroy(h);
     cudaFree(da);
     cudaFree(db);
@@ -238,12 +232,12 @@ static int bench_add(ts_device *dev, int device_index)
         (s = ts_device_synchronize(dev)))
         goto fail;
     int reps = 20;
-    double t0 = now();
+    double t0 = cli_now();
     for (int i = 0; i < reps && !s; i++)
         s = ts_add_out(a, b, c);
     if (s || (s = ts_device_synchronize(dev)))
         goto fail;
-    double tt = now() - t0;
+    double tt = cli_now() - t0;
     CUDA_OR_FAIL(cudaSetDevice(device_index));
     void *src, *dst;
     size_t bytes = (size_t)n * sizeof(float);
@@ -251,11 +245,11 @@ static int bench_add(ts_device *dev, int device_index)
     CUDA_OR_FAIL(cudaMalloc(&dst, bytes));
     CUDA_OR_FAIL(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
     CUDA_OR_FAIL(cudaDeviceSynchronize());
-    t0 = now();
+    t0 = cli_now();
     for (int i = 0; i < reps; i++)
         CUDA_OR_FAIL(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
     CUDA_OR_FAIL(cudaDeviceSynchronize());
-    double tr = now() - t0;
+    double tr = cli_now() - t0;
     cudaFree(src);
     cudaFree(dst);
     printf("add 64M f32              tessera %8.1f GB/s      cudaMemcpy D2D %8.1f GB/s     "
@@ -277,20 +271,20 @@ static int bench_alloc(ts_device *dev, int device_index)
     if ((s = ts_device_alloc(dev, sz, "bench", &p)))
         return cli_fail(s, "bench cuda: alloc");
     ts_device_free(dev, p);
-    double t0 = now();
+    double t0 = cli_now();
     for (int i = 0; i < reps; i++) {
         if ((s = ts_device_alloc(dev, sz, "bench", &p)))
             return cli_fail(s, "bench cuda: alloc");
         ts_device_free(dev, p);
     }
-    double tt = now() - t0;
+    double tt = cli_now() - t0;
     CUDA_OR_FAIL(cudaSetDevice(device_index));
-    t0 = now();
+    t0 = cli_now();
     for (int i = 0; i < reps / 10; i++) {
         CUDA_OR_FAIL(cudaMalloc(&p, sz));
         CUDA_OR_FAIL(cudaFree(p));
     }
-    double tr = now() - t0;
+    double tr = cli_now() - t0;
     printf("alloc+free 1 MiB         pool    %8.0f ns        cudaMalloc+cudaFree %8.0f ns\n",
            tt / reps * 1e9, tr / (reps / 10) * 1e9);
     return 0;

@@ -23,13 +23,6 @@ static const char usage[] =
     "  one add on 1-element tensors, with and without allocating the result (ns)\n"
     "Each figure is the best of --reps runs (default 5).\n";
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 typedef struct bench_ctx {
     ts_device *dev;
     int reps;
@@ -74,21 +67,21 @@ static ts_status bench_matmul(bench_ctx *b, int64_t n)
     int inner = n <= 128 ? 200 : n <= 512 ? 10 : 1;
     double best = 1e30, best_raw = 1e30;
     for (int r = 0; r < b->reps && s == TS_OK; r++) {
-        double t = now();
+        double t = cli_now();
         for (int i = 0; i < inner && s == TS_OK; i++)
             s = ts_matmul_out(x, y, z);
         ts_device_synchronize(b->dev);
-        t = (now() - t) / inner;
+        t = (cli_now() - t) / inner;
         best = t < best ? t : best;
 #ifdef TS_HAVE_CBLAS
         /* The floor: the same GEMM on the same host buffers, straight into OpenBLAS. */
         if (strncmp(ts_device_name(b->dev), "cpu_", 4) == 0) {
-            t = now();
+            t = cli_now();
             for (int i = 0; i < inner; i++)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n,
                             1.0f, ts_tensor_data(x), (int)n, ts_tensor_data(y), (int)n, 0.0f,
                             ts_tensor_data(z), (int)n);
-            t = (now() - t) / inner;
+            t = (cli_now() - t) / inner;
             best_raw = t < best_raw ? t : best_raw;
         }
 #endif
@@ -123,15 +116,15 @@ static ts_status bench_add(bench_ctx *b)
     double best = 1e30, best_copy = 1e30;
     int host = strncmp(ts_device_name(b->dev), "cpu_", 4) == 0;
     for (int r = 0; r < b->reps && s == TS_OK; r++) {
-        double t = now();
+        double t = cli_now();
         s = ts_add_out(x, y, z);
         ts_device_synchronize(b->dev);
-        t = now() - t;
+        t = cli_now() - t;
         best = t < best ? t : best;
         if (host) {
-            t = now();
+            t = cli_now();
             memcpy(ts_tensor_data(z), ts_tensor_data(x), bytes);
-            t = now() - t;
+            t = cli_now() - t;
             best_copy = t < best_copy ? t : best_copy;
         }
     }
@@ -157,17 +150,17 @@ static ts_status bench_small(bench_ctx *b)
     const int iters = 200000;
     double best_new = 1e30, best_out = 1e30;
     for (int rep = 0; rep < b->reps && s == TS_OK; rep++) {
-        double t = now();
+        double t = cli_now();
         for (int i = 0; i < iters && s == TS_OK; i++) {
             s = ts_add(x, y, &r);
             ts_tensor_unref(r);
         }
-        t = (now() - t) / iters;
+        t = (cli_now() - t) / iters;
         best_new = t < best_new ? t : best_new;
-        t = now();
+        t = cli_now();
         for (int i = 0; i < iters && s == TS_OK; i++)
             s = ts_add_out(x, y, z);
-        t = (now() - t) / iters;
+        t = (cli_now() - t) / iters;
         best_out = t < best_out ? t : best_out;
     }
     if (s == TS_OK) {

@@ -23,6 +23,7 @@
 #include <tessera/tessera.h>
 
 #include "bench_pool.h"
+#include "cli.h"
 
 /* The pool component; exported for tests and this benchmark, declared in core/internal.h. */
 extern const ts_pool_api ts__pool_api;
@@ -111,25 +112,6 @@ static uint64_t next_rand(uint64_t *s)
     *s ^= *s << 25;
     *s ^= *s >> 27;
     return *s * 0x2545F4914F6CDD1Dull;
-}
-
-static double now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
-}
-
-static const char *fmt_bytes(double v, char *buf, size_t len)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, units[u]);
-    return buf;
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -345,11 +327,11 @@ static int run(const sequence *q, uint64_t cache_limit, int use_vm, result *r)
     double t = 0;
     for (size_t i = 0; i < q->n; i++) {
         if (i == q->timed_from)
-            t = now_ns();
+            t = cli_now();
         free(live[q->ev[i].slot]);
         live[q->ev[i].slot] = q->ev[i].size ? malloc(q->ev[i].size) : NULL;
     }
-    r->ns_malloc = (now_ns() - t) / (double)q->timed_allocs;
+    r->ns_malloc = (cli_now() - t) * 1e9 / (double)q->timed_allocs;
     for (uint32_t i = 0; i < q->nslots; i++) {
         free(live[i]);
         live[i] = NULL;
@@ -370,7 +352,7 @@ static int run(const sequence *q, uint64_t cache_limit, int use_vm, result *r)
     for (size_t i = 0; i < q->n; i++) {
         if (i == q->timed_from) {
             r->raw_warmup = rc.n_alloc;
-            t = now_ns();
+            t = cli_now();
         }
         ts__pool_api.free(pool, live[q->ev[i].slot]);
         live[q->ev[i].slot] = NULL;
@@ -380,7 +362,7 @@ static int run(const sequence *q, uint64_t cache_limit, int use_vm, result *r)
                 goto fail;
         }
     }
-    r->ns_pool = (now_ns() - t) / (double)q->timed_allocs;
+    r->ns_pool = (cli_now() - t) * 1e9 / (double)q->timed_allocs;
     r->per1000 = 1000.0 * (double)(rc.n_alloc - r->raw_warmup) / (double)q->timed_allocs;
     ts_memory_stats s = {.struct_size = sizeof s};
     ts__pool_api.stats(pool, &s);
@@ -418,8 +400,8 @@ static void print_text(const sequence *q, const result *r)
     printf("  raw allocations %10.3f per 1000 pairs in steady state (%llu during warm-up)\n",
            r->per1000, (unsigned long long)r->raw_warmup);
     printf("  peak reserved   %s for a peak in use of %s (ratio %.3f; an ideal non-moving "
-           "allocator: %.3f)\n", fmt_bytes((double)r->peak_reserved, b1, sizeof b1),
-           fmt_bytes((double)r->peak_in_use, b2, sizeof b2), r->ratio, r->arena_ratio);
+           "allocator: %.3f)\n", cli_bytes(r->peak_reserved, b1, sizeof b1),
+           cli_bytes(r->peak_in_use, b2, sizeof b2), r->ratio, r->arena_ratio);
 }
 
 static void print_json(const sequence *q, const result *r)

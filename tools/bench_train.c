@@ -37,19 +37,6 @@ static const char usage[] =
     "the time per step in each kernel (op, function, dtype), the most first, and the time\n"
     "outside kernels (the core's own work: autograd, shape checks, the pool).\n";
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The q-quantile of sorted v[0..n) (nearest rank). */
 static double quantile(const double *v, int n, double q)
 {
@@ -320,30 +307,30 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
         ts_profile_reset();
     for (int64_t done = 0; done < o->steps && s == TS_OK;) {
         int64_t nb = o->steps - done < BLOCK ? o->steps - done : BLOCK;
-        double t0 = now();
+        double t0 = cli_now();
         cli_malloc_count_enable(1);
         do {
             s = step(&ss, dev, it++, o->batch);
             nrun++;
-        } while (s == TS_OK && now() - t0 < SETTLE_S);
+        } while (s == TS_OK && cli_now() - t0 < SETTLE_S);
         ts_profile_enable(o->profile);
         for (int64_t i = 0; i < nb && s == TS_OK; i++, nrun++) {
-            double t = now();
+            double t = cli_now();
             s = step(&ss, dev, it++, o->batch);
-            times[done + i] = (now() - t) * 1e3;
+            times[done + i] = (cli_now() - t) * 1e3;
         }
         ts_profile_enable(0);
         cli_malloc_count_enable(0);
 #ifdef TS_HAVE_CBLAS
         openblas_set_num_threads(r->threads);
-        t0 = now();
+        t0 = cli_now();
         do
             floor_run(fp);
-        while (now() - t0 < SETTLE_S);
+        while (cli_now() - t0 < SETTLE_S);
         for (int64_t i = 0; i < nb; i++) {
-            double t = now();
+            double t = cli_now();
             floor_run(fp);
-            ftimes[done + i] = (now() - t) * 1e3;
+            ftimes[done + i] = (cli_now() - t) * 1e3;
         }
 #else
         (void)fp;
@@ -372,14 +359,14 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     }
     for (int i = 0; i < ns; i++)
         r->mean += times[i] / ns;
-    qsort(times, (size_t)ns, sizeof *times, cmp_double);
+    qsort(times, (size_t)ns, sizeof *times, cli_cmp_double);
     r->med = quantile(times, ns, 0.5);
     r->p10 = quantile(times, ns, 0.1);
     r->p90 = quantile(times, ns, 0.9);
     r->min = times[0];
     r->max = times[ns - 1];
 #ifdef TS_HAVE_CBLAS
-    qsort(ftimes, (size_t)ns, sizeof *ftimes, cmp_double);
+    qsort(ftimes, (size_t)ns, sizeof *ftimes, cli_cmp_double);
     r->floor_ms = quantile(ftimes, ns, 0.5);
     r->floor_min = ftimes[0];
 #endif

@@ -2,6 +2,8 @@
 #ifndef TESSERA_TOOLS_CLI_H
 #define TESSERA_TOOLS_CLI_H
 
+#include <time.h>
+
 #include <tessera/tessera.h>
 
 /* Options every subcommand takes. */
@@ -16,6 +18,15 @@ int cli_fail(ts_status s, const char *what);
 
 /* Formats bytes as "1.50 GiB" into buf. */
 const char *cli_bytes(unsigned long long bytes, char *buf, size_t len);
+
+/* Seconds on clock (CLOCK_MONOTONIC for wall time, CLOCK_PROCESS_CPUTIME_ID for CPU time). */
+double cli_seconds(clockid_t clock);
+static inline double cli_now(void)
+{
+    return cli_seconds(CLOCK_MONOTONIC);
+}
+/* qsort comparator for doubles, ascending. */
+int cli_cmp_double(const void *a, const void *b);
 
 int cmd_info(int argc, char **argv, const cli_common *common);
 int cmd_train(int argc, char **argv, const cli_common *common);

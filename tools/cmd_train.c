@@ -46,13 +46,6 @@ typedef struct train_opts {
     cli_model arch; /* --model, --hidden, --channels, --init */
 } train_opts;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ---- models ------------------------------------------------------------------------------ */
 
 #define ADD(seq, name, call)                                                                \
@@ -477,7 +470,7 @@ static void progress(const trainer *t, int64_t batch, int64_t nbatches, double l
 static ts_status run_epoch(trainer *t, int *stop)
 {
     ts_tensor *x, *y;
-    double loss_sum = 0, t0 = now();
+    double loss_sum = 0, t0 = cli_now();
     int64_t seen = 0, correct = 0, nb = ts_loader_batches(t->loader), bi;
     uint64_t ep;
     ts_loader_position(t->loader, &ep, &bi);
@@ -512,7 +505,7 @@ static ts_status run_epoch(trainer *t, int *stop)
             else
                 printf("step %lld loss %.9g\n", (long long)t->step, lv);
         } else if (t->tty && !t->o.json && (bi % 10 == 0 || bi == nb)) {
-            progress(t, bi, nb, loss_sum / (double)seen, (double)seen / (now() - t0));
+            progress(t, bi, nb, loss_sum / (double)seen, (double)seen / (cli_now() - t0));
         }
         if (t->o.max_steps > 0 && t->step >= t->o.max_steps) {
             *stop = 1;
@@ -521,7 +514,7 @@ static ts_status run_epoch(trainer *t, int *stop)
     }
     if (s)
         return s;
-    double secs = now() - t0, test_acc = 0;
+    double secs = cli_now() - t0, test_acc = 0;
     if ((s = evaluate(t, &test_acc)))
         return s;
     ts_memory_stats st;
@@ -679,7 +672,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         cli_fail(s, "--device");
         goto out;
     }
-    double t0 = now();
+    double t0 = cli_now();
     if ((s = ts_fashion_mnist_load(t.o.data, 1, t.dev, &t.train_x, &t.train_y)) ||
         (s = ts_fashion_mnist_load(t.o.data, 0, t.dev, &t.test_x, &t.test_y))) {
         cli_fail(s, "cannot load the data");
@@ -726,7 +719,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
                "training images, data loaded in %.1f s\n",
                cli_model_describe(&t.o.arch, arch, sizeof arch), (long long)ts_module_num_params(t.model), ts_device_name(t.dev),
                t.o.optimizer, t.o.lr, (long long)t.o.batch,
-               (long long)ts_tensor_size(t.train_x, 0), now() - t0);
+               (long long)ts_tensor_size(t.train_x, 0), cli_now() - t0);
     int stop = 0;
     for (; t.epoch < (uint64_t)t.o.epochs && !stop; t.epoch++) {
         uint64_t ep;
