@@ -773,19 +773,9 @@ TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpo
     void *buf = NULL;
     cJSON *root = NULL;
     struct stat st;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        s = ts__fail(TS_EIO, "%s: cannot open the checkpoint: %s", path, strerror(errno));
+    FILE *f = NULL;
+    if ((s = ts__fopen_input(path, "checkpoint", &f, &st)))
         goto fail;
-    }
-    if (fstat(fileno(f), &st) != 0) {
-        s = ts__fail(TS_EIO, "%s: cannot stat the checkpoint: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        s = ts__fail(TS_EIO, "%s: not a regular file", path);
-        goto fail;
-    }
     uint64_t size = (uint64_t)st.st_size;
     if (size < 8) {
         CORRUPT("%s: the file is %" PRIu64 " bytes; a safetensors file starts with an 8-byte "

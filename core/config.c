@@ -399,10 +399,10 @@ TS_API ts_status ts_config_parse(const char *text, const char *name, const char 
 
 static ts_status load_file(const char *path, ts_config **out)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return ts__fail(TS_EIO, "cannot open configuration file '%s': %s", path,
-                        strerror(errno));
+    FILE *f;
+    ts_status os = ts__fopen_input(path, "configuration file", &f, NULL);
+    if (os)
+        return os;
     char *abs = realpath(path, NULL);
     char *dir = abs ? ts__strdup(abs) : NULL;
     if (dir) {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "internal.h"
@@ -219,11 +220,16 @@ static ts_status idx_read_host(const char *path, idx_host *h)
     memset(h, 0, sizeof *h);
     if (!path)
         return ts__fail(TS_EINVAL, "ts_idx_load: path is NULL");
+    int fd;
+    ts_status os = ts__open_input(path, "IDX file", &fd, NULL);
+    if (os)
+        return os;
     errno = 0;
-    gzFile gz = gzopen(path, "rb");
-    if (!gz)
-        return ts__fail(errno == ENOMEM ? TS_ENOMEM : TS_EIO, "IDX file '%s': cannot open: %s",
-                        path, errno ? strerror(errno) : "out of memory");
+    gzFile gz = gzdopen(fd, "rb");
+    if (!gz) {
+        close(fd);
+        return ts__fail(TS_ENOMEM, "IDX file '%s': cannot open: out of memory", path);
+    }
     gzbuffer(gz, 128 << 10);
     unsigned char *chunk = NULL;
     unsigned type = 0;

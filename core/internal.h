@@ -8,6 +8,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
 
 #include <tessera/fault.h>
 #include <tessera/tessera.h>
@@ -222,6 +224,18 @@ int ts__fault_hit(unsigned site);
 void *ts__malloc(size_t n);
 void *ts__calloc(size_t n, size_t size);
 void *ts__realloc(void *p, size_t n);
+
+/* ---- fileio.c ---------------------------------------------------------------------------- */
+/* Opens a user-named input file for reading (O_CLOEXEC). Refuses, with a message naming what
+ * ("configuration file", "checkpoint", ...) and the path, anything that is not a regular file:
+ * a directory, FIFO, device or socket is never opened for reading and never blocks. st_out
+ * (may be NULL) gets the descriptor's fstat. TS_EIO (TS_ENOMEM) on failure. */
+struct stat;
+ts_status ts__open_input(const char *path, const char *what, int *fd_out, struct stat *st_out);
+/* The same as a stdio stream ("rb"). (transfer full) on *out: fclose(). */
+ts_status ts__fopen_input(const char *path, const char *what, FILE **out, struct stat *st_out);
+/* "a directory", "a FIFO (named pipe)", ... for a stat mode. */
+const char *ts__file_kind(mode_t mode);
 
 /* ---- util ------------------------------------------------------------------------------ */
 /* getenv, but NULL in setuid/setgid programs (secure_getenv) where the platform has it. */
