@@ -2,7 +2,7 @@
 # tests/cli/test-info.sh: `tessera info` as a user runs it: text and JSON, fallback,
 # TESSERA_DEVICE, bad configs and misuse give a one-line error and a non-zero exit.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 12
+plan 14
 
 out=$("$TESSERA" info 2>&1)
 if [ $? -eq 0 ] && contains "$out" "cpu_blas: 1 device" && contains "$out" "tests/data/test.ini" \
@@ -77,6 +77,21 @@ fi
 out=$("$TESSERA" --config "$TMP/missing.ini" info 2>&1); rc=$?
 if [ $rc -eq 1 ] && contains "$out" "missing.ini"; then ok "a missing --config file is an error"
 else fail "a missing --config file is an error" "rc=$rc" "$out"; fi
+
+# Special files as --config: refused by name at once (a FIFO nobody writes must not hang).
+out=$(timeout 20 "$TESSERA" --config "$TMP" info 2>&1); rc=$?
+if [ $rc -eq 1 ] && contains "$out" "is a directory, not a regular file"; then
+    ok "a directory as --config is an error, not the built-in defaults"
+else
+    fail "a directory as --config is an error, not the built-in defaults" "rc=$rc" "$out"
+fi
+mkfifo "$TMP/fifo.ini"
+out=$(timeout 20 "$TESSERA" --config "$TMP/fifo.ini" info 2>&1); rc=$?
+if [ $rc -eq 1 ] && contains "$out" "fifo.ini" && contains "$out" "FIFO"; then
+    ok "a FIFO as --config is refused without blocking"
+else
+    fail "a FIFO as --config is refused without blocking" "rc=$rc" "$out"
+fi
 
 out=$("$TESSERA" info --frobnicate 2>&1); rc=$?
 if [ $rc -eq 2 ] && contains "$out" "--frobnicate"; then ok "misuse exits 2 with a one-line error"
