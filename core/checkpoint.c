@@ -454,6 +454,18 @@ static int io_fault(saver *sv)
     return sv->injected;
 }
 
+/* fsync and rename behind the hook: each disk step is one call, so none can be dropped
+ * without the fault walk noticing. */
+static int io_fsync(saver *sv, int fd)
+{
+    return io_fault(sv) ? -1 : fsync(fd);
+}
+
+static int io_rename(saver *sv, const char *from, const char *to)
+{
+    return io_fault(sv) ? -1 : rename(from, to);
+}
+
 static int write_all(saver *sv, int fd, const void *buf, size_t n)
 {
     const char *p = buf;
@@ -616,7 +628,7 @@ TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
             goto io_fail;
     }
     step = "syncing the temporary file";
-    if (io_fault(&sv) || fsync(fd) != 0)
+    if (io_fsync(&sv, fd) != 0)
         goto io_fail;
     step = "closing";
     int rc = close(fd);
@@ -627,12 +639,12 @@ TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
     if ((s = check_target(path, &old, &exists)))
         goto out;
     step = "renaming";
-    if (io_fault(&sv) || rename(sv.tmp, path) != 0)
+    if (io_rename(&sv, sv.tmp, path) != 0)
         goto io_fail;
     created = 0;
     /* Make the rename itself durable. Some filesystems cannot fsync a directory (EINVAL). */
     dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || io_fault(&sv) || (fsync(dfd) != 0 && errno != EINVAL)) {
+    if (dfd < 0 || (io_fsync(&sv, dfd) != 0 && (sv.injected || errno != EINVAL))) {
         s = ts__fail(TS_EIO, "%s: saved, but syncing the directory '%s' failed, so the rename "
                      "may not survive a crash: %s",
                      path, dir, io_error(&sv, errno));

@@ -5,9 +5,11 @@
  * intact and no temporary left. Loading refuses \u0000 in names, absurd shapes, never reads a
  * tensor nobody asks for, and the optimizer refuses missing state and bad hyper-parameters. */
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/inotify.h>
 #include <sys/resource.h>
@@ -128,6 +130,42 @@ static ts_checkpoint *make_ck(int64_t n, double v)
 static long my_tid(void)
 {
     return (long)syscall(SYS_gettid);
+}
+
+/* fsync and rename as libtessera calls them, interposed by this executable: while recording,
+ * each call is logged as "fsync tmp" (a temporary file), "fsync dir", "fsync other" or
+ * "rename", so a test sees the durability steps and their order. */
+static int recording, nrec;
+static char rec[32][32];
+
+static void record(const char *what)
+{
+    if (recording && nrec < 32)
+        snprintf(rec[nrec++], sizeof rec[0], "%s", what);
+}
+
+__attribute__((visibility("default"))) int fsync(int fd)
+{
+    int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    if (recording) {
+        char link[64], target[4096] = "";
+        struct stat st;
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t r = readlink(link, target, sizeof target - 1);
+        target[r > 0 ? r : 0] = 0;
+        record(fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) ? "fsync dir"
+               : strstr(target, ".tmp.")                   ? "fsync tmp"
+                                                           : "fsync other");
+    }
+    return real(fd);
+}
+
+__attribute__((visibility("default"))) int rename(const char *from, const char *to)
+{
+    int (*real)(const char *, const char *) =
+        (int (*)(const char *, const char *))dlsym(RTLD_NEXT, "rename");
+    record("rename");
+    return real(from, to);
 }
 
 /* ---- A: saving ----------------------------------------------------------------------- */
@@ -459,6 +497,28 @@ static void test_save_io_faults(void)
     tap_end();
 }
 
+/* The durability steps, seen from outside: the temporary file is fsynced before the rename,
+ * and the directory after it, exactly once each. */
+static void test_save_durability_calls(void)
+{
+    setup();
+    const char *dir = tap_tmpdir();
+    const char *path = path_in(dir, "d.st");
+    ts_checkpoint *ck = make_ck(100, 4);
+    for (int k = 0; k < 2; k++) { /* a new file, then over it */
+        nrec = 0;
+        recording = 1;
+        CHECK_OK(ts_checkpoint_save(ck, path));
+        recording = 0;
+        CHECK_MSG(nrec == 3 && !strcmp(rec[0], "fsync tmp") && !strcmp(rec[1], "rename") &&
+                      !strcmp(rec[2], "fsync dir"),
+                  "save %d made %d calls: %s, %s, %s", k, nrec, nrec > 0 ? rec[0] : "-",
+                  nrec > 1 ? rec[1] : "-", nrec > 2 ? rec[2] : "-");
+    }
+    ts_checkpoint_free(ck);
+    tap_end();
+}
+
 /* ---- B: hostile files ---------------------------------------------------------------- */
 
 #define A16 "\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}"
@@ -625,6 +685,78 @@ static void test_load_file_changes_after_load(void)
     tap_end();
 }
 
+/* A loaded checkpoint saved elsewhere without reading its tensors: the same bytes. */
+static void test_loaded_resave(void)
+{
+    setup();
+    const char *dir = tap_tmpdir();
+    const char *a = path_in(dir, "a.st"), *b = path_in(dir, "b.st");
+    ts_checkpoint *ck = make_ck(1000, 7);
+    ts_tensor *i64;
+    CHECK_OK(ts_tensor_arange(dev, TS_I64, 0, 33, 1, &i64));
+    CHECK_OK(ts_checkpoint_add(ck, "steps", i64));
+    ts_tensor_unref(i64);
+    CHECK_OK(ts_checkpoint_set_meta(ck, "k", "v"));
+    CHECK_OK(ts_checkpoint_save(ck, a));
+    ts_checkpoint_free(ck);
+    CHECK_OK(ts_checkpoint_load(a, dev, &ck));
+    CHECK_OK(ts_checkpoint_save(ck, b));
+    size_t n;
+    unsigned char *bytes = read_all(a, &n);
+    CHECK(same_file_bytes(b, bytes, n));
+    /* and with one tensor read (kept), the other not */
+    CHECK(ts_checkpoint_get(ck, "steps") != NULL);
+    CHECK_OK(ts_checkpoint_save(ck, b));
+    CHECK(same_file_bytes(b, bytes, n));
+    int32_t dtype = -1;
+    int ndim = -1;
+    int64_t shape[TS_MAX_DIMS] = {0};
+    CHECK_OK(ts_checkpoint_tensor_info(ck, "w", &dtype, &ndim, shape));
+    CHECK(dtype == TS_F32 && ndim == 1 && shape[0] == 1000);
+    CHECK_FAILS(ts_checkpoint_tensor_info(ck, "nope", &dtype, &ndim, shape), TS_EINVAL, "nope");
+    free(bytes);
+    ts_checkpoint_free(ck);
+    tap_end();
+}
+
+/* Several threads ask for the same unread tensor at once: all get the one kept tensor. */
+typedef struct getter {
+    ts_checkpoint *ck;
+    ts_tensor *got;
+} getter;
+
+static void *get_thread(void *arg)
+{
+    getter *g = arg;
+    g->got = ts_checkpoint_get(g->ck, "w");
+    return NULL;
+}
+
+static void test_concurrent_gets(void)
+{
+    setup();
+    const char *path = path_in(tap_tmpdir(), "c.st");
+    ts_checkpoint *ck = make_ck(4096, 3);
+    CHECK_OK(ts_checkpoint_save(ck, path));
+    ts_checkpoint_free(ck);
+    for (int round = 0; round < 20; round++) {
+        CHECK_OK(ts_checkpoint_load(path, dev, &ck));
+        pthread_t th[4];
+        getter g[4];
+        for (int i = 0; i < 4; i++) {
+            g[i] = (getter){ck, NULL};
+            CHECK(pthread_create(&th[i], NULL, get_thread, &g[i]) == 0);
+        }
+        for (int i = 0; i < 4; i++)
+            CHECK(pthread_join(th[i], NULL) == 0);
+        for (int i = 0; i < 4; i++)
+            CHECK(g[i].got != NULL && g[i].got == g[0].got);
+        CHECK(ts_checkpoint_get(ck, "w") == g[0].got);
+        ts_checkpoint_free(ck);
+    }
+    tap_end();
+}
+
 /* ---- B: optimizer state -------------------------------------------------------------- */
 
 #define NP 5
@@ -754,6 +886,31 @@ static void test_optim_missing_state(void)
         ts_checkpoint_free(ck);
         optfix_fini(&f);
     }
+    /* Half of Adam's pair is refused even before any step was counted. */
+    {
+        optfix f;
+        optfix_init(&f, 1, 1, 0);
+        ts_checkpoint *ck;
+        CHECK_OK(ts_checkpoint_new(&ck));
+        CHECK_OK(ts_optim_save_state(f.o, ck));
+        ts_checkpoint *cut = copy_without(ck, adam_meta, "optim.w.exp_avg_sq");
+        CHECK_OK(ts_checkpoint_set_meta(cut, "optim.steps", "0"));
+        ts_optim *o = fresh_optim(&f, 1);
+        CHECK_FAILS(ts_optim_load_state(o, cut), TS_ECORRUPT, "optim.w.exp_avg_sq", "missing");
+        check_untouched(o);
+        ts_optim_free(o);
+        /* a state tensor next to the "none" marker contradicts it */
+        ts_checkpoint_free(cut);
+        cut = copy_without(ck, adam_meta, NULL);
+        CHECK_OK(ts_checkpoint_set_meta(cut, "optim.w.state", "none"));
+        o = fresh_optim(&f, 1);
+        CHECK_FAILS(ts_optim_load_state(o, cut), TS_ECORRUPT, "optim.w.state");
+        check_untouched(o);
+        ts_optim_free(o);
+        ts_checkpoint_free(cut);
+        ts_checkpoint_free(ck);
+        optfix_fini(&f);
+    }
     /* A parameter that never had a gradient legitimately has no state; the save says so. */
     for (int kind = 0; kind < 2; kind++) {
         optfix f;
@@ -856,10 +1013,13 @@ int main(int argc, char **argv)
         TAP_TEST(test_save_keeps_mode),
         TAP_TEST(test_save_file_size_limit),
         TAP_TEST(test_save_io_faults),
+        TAP_TEST(test_save_durability_calls),
         TAP_TEST(test_load_nul_escapes),
         TAP_TEST(test_load_huge_shapes),
         TAP_TEST(test_load_unused_tensor_not_read),
         TAP_TEST(test_load_file_changes_after_load),
+        TAP_TEST(test_loaded_resave),
+        TAP_TEST(test_concurrent_gets),
         TAP_TEST(test_optim_missing_state),
         TAP_TEST(test_optim_bad_hyperparameters),
     };
