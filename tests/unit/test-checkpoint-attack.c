@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/inotify.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -168,6 +169,26 @@ __attribute__((visibility("default"))) int rename(const char *from, const char *
     return real(from, to);
 }
 
+/* getrandom, interposed too: while forced is set, each call yields the next of forced_vals
+ * (the last one repeating), so a test knows the temporary name a save will try and can
+ * plant a link at exactly that name. */
+static int forced, nforced_calls;
+static uint64_t forced_vals[2];
+
+__attribute__((visibility("default"))) ssize_t getrandom(void *buf, size_t n, unsigned flags)
+{
+    if (forced) {
+        uint64_t v = forced_vals[nforced_calls < 1 ? 0 : 1];
+        nforced_calls++;
+        memset(buf, 0, n);
+        memcpy(buf, &v, n < sizeof v ? n : sizeof v);
+        return (ssize_t)n;
+    }
+    ssize_t (*real)(void *, size_t, unsigned) =
+        (ssize_t(*)(void *, size_t, unsigned))dlsym(RTLD_NEXT, "getrandom");
+    return real(buf, n, flags);
+}
+
 /* ---- A: saving ----------------------------------------------------------------------- */
 
 /* A local user plants symlinks at every temporary name the save could predict (pid, tid,
@@ -214,6 +235,49 @@ static void test_save_planted_symlinks(void)
     ts_checkpoint *back;
     CHECK_OK(ts_checkpoint_load(path, dev, &back));
     CHECK(ts_checkpoint_get(back, "w") != NULL);
+    ts_checkpoint_free(back);
+    ts_checkpoint_free(ck);
+    tap_end();
+}
+
+/* Even a name guessed right cannot be used against the save: the temporary file is created
+ * exclusively, so a link planted at the very name is not followed; another name is drawn.
+ * If every name drawn is taken, the save fails cleanly. */
+static void test_save_guessed_name(void)
+{
+    setup();
+    const char *dir = tap_tmpdir();
+    const char *victim = path_in(dir, "victim");
+    const char precious[] = "precious\n";
+    write_bytes(victim, precious, sizeof precious - 1);
+    const char *path = path_in(dir, "g.st");
+    char planted[4096];
+    snprintf(planted, sizeof planted, "%s.tmp.%016llx", path, 0x1111111111111111ull);
+    CHECK(symlink(victim, planted) == 0);
+    ts_checkpoint *ck = make_ck(500, 1);
+    forced_vals[0] = 0x1111111111111111ull;
+    forced_vals[1] = 0x2222222222222222ull;
+    forced = 1;
+    nforced_calls = 0;
+    ts_status s = ts_checkpoint_save(ck, path);
+    forced = 0;
+    CHECK_MSG(s == TS_OK, "%s", ts_last_error());
+    CHECK_MSG(nforced_calls == 2, "%d names drawn", nforced_calls);
+    CHECK(same_file_bytes(victim, (const unsigned char *)precious, sizeof precious - 1));
+    struct stat st;
+    CHECK(lstat(planted, &st) == 0 && S_ISLNK(st.st_mode));
+    CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode));
+    /* Every draw lands on the planted name: refused after a bounded number of tries. */
+    forced_vals[1] = forced_vals[0];
+    forced = 1;
+    nforced_calls = 0;
+    CHECK_FAILS(ts_checkpoint_save(ck, path), TS_EIO, path, "File exists");
+    forced = 0;
+    CHECK(nforced_calls > 1 && nforced_calls <= 1000);
+    CHECK(same_file_bytes(victim, (const unsigned char *)precious, sizeof precious - 1));
+    CHECK(lstat(planted, &st) == 0 && S_ISLNK(st.st_mode));
+    ts_checkpoint *back;
+    CHECK_OK(ts_checkpoint_load(path, dev, &back));
     ts_checkpoint_free(back);
     ts_checkpoint_free(ck);
     tap_end();
@@ -1009,6 +1073,7 @@ int main(int argc, char **argv)
     static const tap_test tests[] = {
         TAP_TEST(test_save_planted_symlinks),
         TAP_TEST(test_save_temp_names_unpredictable),
+        TAP_TEST(test_save_guessed_name),
         TAP_TEST(test_save_special_targets),
         TAP_TEST(test_save_keeps_mode),
         TAP_TEST(test_save_file_size_limit),
