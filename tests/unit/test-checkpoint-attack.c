@@ -138,6 +138,9 @@ static long my_tid(void)
  * "rename", so a test sees the durability steps and their order. */
 static int recording, nrec;
 static char rec[32][32];
+/* When set, the fsync of a temporary file replaces this path with a FIFO first: something
+ * put at the target while the save is writing. */
+static const char *swap_to_fifo;
 
 static void record(const char *what)
 {
@@ -148,6 +151,11 @@ static void record(const char *what)
 __attribute__((visibility("default"))) int fsync(int fd)
 {
     int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    if (swap_to_fifo) {
+        unlink(swap_to_fifo);
+        mkfifo(swap_to_fifo, 0600);
+        swap_to_fifo = NULL;
+    }
     if (recording) {
         char link[64], target[4096] = "";
         struct stat st;
@@ -579,6 +587,13 @@ static void test_save_durability_calls(void)
                   "save %d made %d calls: %s, %s, %s", k, nrec, nrec > 0 ? rec[0] : "-",
                   nrec > 1 ? rec[1] : "-", nrec > 2 ? rec[2] : "-");
     }
+    /* A FIFO put at the target while the save writes is refused at the rename too. */
+    swap_to_fifo = path;
+    CHECK_FAILS(ts_checkpoint_save(ck, path), TS_EIO, path, "FIFO");
+    CHECK(swap_to_fifo == NULL);
+    struct stat st;
+    CHECK(lstat(path, &st) == 0 && S_ISFIFO(st.st_mode));
+    CHECK_INT_EQ(count_tmp(dir), 0);
     ts_checkpoint_free(ck);
     tap_end();
 }
