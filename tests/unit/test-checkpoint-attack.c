@@ -962,6 +962,16 @@ static void test_optim_missing_state(void)
         check_untouched(o);
         ts_optim_free(o);
         ts_checkpoint_free(bad);
+        /* and of the wrong dtype */
+        bad = copy_without(ck, keys, drops[kind][1]);
+        CHECK_OK(ts_tensor_zeros(dev, TS_F32, 1, (const int64_t[]){NP}, &wrong));
+        CHECK_OK(ts_checkpoint_add(bad, drops[kind][1], wrong));
+        ts_tensor_unref(wrong);
+        o = fresh_optim(&f, kind);
+        CHECK_FAILS(ts_optim_load_state(o, bad), TS_EDTYPE, drops[kind][1], "float32");
+        check_untouched(o);
+        ts_optim_free(o);
+        ts_checkpoint_free(bad);
         ts_checkpoint_free(ck);
         optfix_fini(&f);
     }
