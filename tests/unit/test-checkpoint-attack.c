@@ -475,24 +475,24 @@ static void test_save_file_size_limit(void)
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         struct rlimit rl = {64 * 1024, 64 * 1024};
+        int code = 0;
         if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
-            _exit(10);
-        ts_status s = ts_checkpoint_save(big, path);
-        if (s != TS_EIO)
-            _exit(11);
-        const char *msg = ts_last_error();
-        if (!strstr(msg, path) || !strstr(msg, "file size limit")) {
-            fprintf(stderr, "# message: %s\n", msg);
-            _exit(12);
+            code = 10;
+        else if (ts_checkpoint_save(big, path) != TS_EIO)
+            code = 11;
+        else if (!strstr(ts_last_error(), path) ||
+                 !strstr(ts_last_error(), "file size limit")) {
+            fprintf(stderr, "# message: %s\n", ts_last_error());
+            code = 12;
+        } else {
+            sigset_t now, pend;
+            sigprocmask(SIG_SETMASK, NULL, &now);
+            sigpending(&pend);
+            code = sigismember(&now, SIGXFSZ) ? 13 : sigismember(&pend, SIGXFSZ) ? 14 : 0;
         }
-        sigset_t now, pend;
-        sigprocmask(SIG_SETMASK, NULL, &now);
-        sigpending(&pend);
-        if (sigismember(&now, SIGXFSZ))
-            _exit(13);
-        if (sigismember(&pend, SIGXFSZ))
-            _exit(14);
-        _exit(0);
+        ts_checkpoint_free(small);
+        ts_checkpoint_free(big);
+        _exit(code);
     }
     int status;
     CHECK(waitpid(pid, &status, 0) == pid);
