@@ -1,16 +1,21 @@
 /* core/checkpoint.c: named tensors and string metadata saved in the safetensors format. Saves
- * go to a temporary file that is fsynced and renamed over the target; loads validate the whole
- * header (cJSON does the parsing) and the layout of the data region before reading a byte of
- * it, with bounded reads only. No global state: every call works on its own buffers. */
+ * go to a temporary file created exclusively under an unpredictable name (never through a
+ * link), fsynced and renamed over the target, whose mode and owner it takes. Loads validate the
+ * whole header (cJSON does the parsing) and the layout of the data region, then keep the file
+ * open and read a tensor's bytes only when it is asked for, with bounded reads only. No global
+ * state: every call works on its own buffers. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
+#include <sys/random.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -29,7 +34,14 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 typedef struct ck_entry {
     char *name;
-    ts_tensor *t; /* owned reference */
+    /* Owned reference. In a loaded checkpoint NULL until ts_checkpoint_get reads it (set once,
+     * atomically, so concurrent gets are safe); always set in a built one. */
+    ts_tensor *t;
+    int32_t dtype;
+    int ndim;
+    int64_t shape[TS_MAX_DIMS];
+    uint64_t nbytes;
+    uint64_t offset; /* loaded: where the bytes start, from the start of the file */
 } ck_entry;
 
 typedef struct ck_meta {
@@ -41,6 +53,10 @@ struct ts_checkpoint {
     size_t n, cap;
     ck_meta *m;
     size_t nm, capm;
+    /* A loaded checkpoint keeps its file open, to read tensors on demand: */
+    int fd;           /* -1 for a built one */
+    char *path;       /* for messages */
+    ts_device *dev;   /* where ts_checkpoint_get creates tensors (NULL: the default) */
 };
 
 static const struct {
@@ -76,6 +92,7 @@ TS_API ts_status ts_checkpoint_new(ts_checkpoint **out)
     *out = ts__calloc(1, sizeof **out);
     if (!*out)
         return ts__fail(TS_ENOMEM, "out of memory for a checkpoint");
+    (*out)->fd = -1;
     return TS_OK;
 }
 
@@ -93,6 +110,9 @@ TS_API void ts_checkpoint_free(ts_checkpoint *ck)
     }
     free(ck->e);
     free(ck->m);
+    if (ck->fd >= 0)
+        close(ck->fd);
+    free(ck->path);
     free(ck);
 }
 
@@ -123,9 +143,14 @@ static ts_status push_entry(ts_checkpoint *ck, char *name, ts_tensor *t)
         ck->e = e;
         ck->cap = cap;
     }
-    ck->e[ck->n].name = name;
-    ck->e[ck->n].t = ts_tensor_ref(t);
-    ck->n++;
+    ck_entry *e = &ck->e[ck->n++];
+    memset(e, 0, sizeof *e);
+    e->name = name;
+    e->t = ts_tensor_ref(t);
+    e->dtype = ts_tensor_dtype(t);
+    e->ndim = ts_tensor_ndim(t);
+    memcpy(e->shape, ts_tensor_shape(t), sizeof(int64_t) * (size_t)e->ndim);
+    e->nbytes = (uint64_t)ts_tensor_numel(t) * ts_dtype_size(e->dtype);
     return TS_OK;
 }
 
@@ -210,12 +235,86 @@ TS_API const char *ts_checkpoint_name(const ts_checkpoint *ck, size_t i)
     return ck && i < ck->n ? ck->e[i].name : NULL;
 }
 
+/* Reads entry e's bytes from the loaded file into buf (e->nbytes of them). */
+static ts_status read_bytes(const ts_checkpoint *ck, const ck_entry *e, void *buf)
+{
+    unsigned char *p = buf;
+    uint64_t done = 0;
+    while (done < e->nbytes) {
+        size_t want = e->nbytes - done > ((size_t)1 << 30) ? (size_t)1 << 30
+                                                          : (size_t)(e->nbytes - done);
+        ssize_t r = pread(ck->fd, p + done, want, (off_t)(e->offset + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return ts__fail(TS_EIO, "%s: reading tensor '%s': %s", ck->path, e->name,
+                            strerror(errno));
+        if (r == 0)
+            return ts__fail(TS_ECORRUPT, "%s: tensor '%s': the file ends inside its bytes (%" PRIu64
+                            " of %" PRIu64 " read): it was truncated after it was loaded",
+                            ck->path, e->name, done, e->nbytes);
+        done += (uint64_t)r;
+    }
+    return TS_OK;
+}
+
+/* Entry e as a new tensor on dev: its own reference if it has one, else read from the file.
+ * (transfer full) */
+static ts_status entry_tensor(const ts_checkpoint *ck, ck_entry *e, ts_device *dev,
+                              ts_tensor **out)
+{
+    ts_tensor *t = __atomic_load_n(&e->t, __ATOMIC_ACQUIRE);
+    if (t) {
+        *out = ts_tensor_ref(t);
+        return TS_OK;
+    }
+    void *buf = ts__malloc(e->nbytes ? (size_t)e->nbytes : 1);
+    if (!buf)
+        return ts__fail(TS_ENOMEM, "%s: out of memory for tensor '%s' (%" PRIu64 " bytes)",
+                        ck->path, e->name, e->nbytes);
+    ts_status s = read_bytes(ck, e, buf);
+    if (s == TS_OK && (s = ts_tensor_from_host(dev, e->dtype, e->ndim, e->shape, buf, out)))
+        ts__fail_prefix(s, "%s: tensor '%s': ", ck->path, e->name);
+    free(buf);
+    return s;
+}
+
 TS_API ts_tensor *ts_checkpoint_get(const ts_checkpoint *ck, const char *name)
 {
     if (!ck || !name)
         return NULL;
     ck_entry *e = find_entry(ck, name);
-    return e ? e->t : NULL;
+    if (!e)
+        return NULL;
+    ts_tensor *t = __atomic_load_n(&e->t, __ATOMIC_ACQUIRE), *expected = NULL;
+    if (t)
+        return t;
+    if (entry_tensor(ck, e, ck->dev, &t))
+        return NULL;
+    /* Two threads may read it at once: the first to publish wins, the other drops its copy. */
+    if (!__atomic_compare_exchange_n(&e->t, &expected, t, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        ts_tensor_unref(t);
+        t = expected;
+    }
+    return t;
+}
+
+TS_API ts_status ts_checkpoint_tensor_info(const ts_checkpoint *ck, const char *name,
+                                           int32_t *dtype, int *ndim, int64_t *shape)
+{
+    if (!ck || !name)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_tensor_info: NULL argument");
+    const ck_entry *e = find_entry(ck, name);
+    if (!e)
+        return ts__fail(TS_EINVAL, "the checkpoint has no tensor '%s'", name);
+    if (dtype)
+        *dtype = e->dtype;
+    if (ndim)
+        *ndim = e->ndim;
+    if (shape)
+        memcpy(shape, e->shape, sizeof(int64_t) * (size_t)e->ndim);
+    return TS_OK;
 }
 
 TS_API const char *ts_checkpoint_meta(const ts_checkpoint *ck, const char *key)
@@ -234,25 +333,31 @@ TS_API ts_status ts_checkpoint_restore(const ts_checkpoint *ck, const char *name
     if (!e)
         return ts__fail(TS_EINVAL, "ts_checkpoint_restore: the checkpoint has no tensor '%s'",
                         name);
-    char a[200], b[200];
-    ts_tensor_describe(e->t, a, sizeof a);
+    char a[200], b[200], sh[160];
+    snprintf(a, sizeof a, "%s%s", ts_dtype_name(e->dtype),
+             ts__shape_str(e->ndim, e->shape, sh, sizeof sh));
     ts_tensor_describe(dst, b, sizeof b);
-    if (ts_tensor_dtype(e->t) != ts_tensor_dtype(dst))
+    if (e->dtype != ts_tensor_dtype(dst))
         return ts__fail(TS_EDTYPE, "ts_checkpoint_restore: '%s' is %s in the checkpoint but the "
                                    "destination is %s",
                         name, a, b);
-    int nd = ts_tensor_ndim(e->t);
-    int same = nd == ts_tensor_ndim(dst);
-    for (int d = 0; same && d < nd; d++)
-        same = ts_tensor_shape(e->t)[d] == ts_tensor_shape(dst)[d];
+    int same = e->ndim == ts_tensor_ndim(dst);
+    for (int d = 0; same && d < e->ndim; d++)
+        same = e->shape[d] == ts_tensor_shape(dst)[d];
     if (!same)
         return ts__fail(TS_ESHAPE, "ts_checkpoint_restore: '%s' is %s in the checkpoint but the "
                                    "destination is %s",
                         name, a, b);
+    /* Not cached: a restored tensor costs memory only for the copy. */
+    ts_tensor *src = NULL;
+    ts_status s = entry_tensor(ck, e, ts_tensor_device(dst), &src);
+    if (s)
+        return s;
     /* Restoring parameters is not a differentiable op: no graph, and no in-place refusal. */
     ts_no_grad_enter();
-    ts_status s = ts_copy_(dst, e->t);
+    s = ts_copy_(dst, src);
     ts_no_grad_exit();
+    ts_tensor_unref(src);
     if (s)
         return ts__fail_prefix(s, "ts_checkpoint_restore: '%s': ", name);
     return TS_OK;
@@ -288,14 +393,14 @@ static ts_status build_header(const ts_checkpoint *ck, const char *path, char **
     }
     uint64_t at = 0;
     for (size_t i = 0; i < ck->n; i++) {
-        const ts_tensor *t = ck->e[i].t;
-        uint64_t nbytes = (uint64_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
-        cJSON *o = cJSON_AddObjectToObject(root, ck->e[i].name), *shape, *offs;
-        if (!o || !cJSON_AddStringToObject(o, "dtype", st_dtype_name(ts_tensor_dtype(t))) ||
+        const ck_entry *e = &ck->e[i];
+        uint64_t nbytes = e->nbytes;
+        cJSON *o = cJSON_AddObjectToObject(root, e->name), *shape, *offs;
+        if (!o || !cJSON_AddStringToObject(o, "dtype", st_dtype_name(e->dtype)) ||
             !(shape = cJSON_AddArrayToObject(o, "shape")))
             goto nomem;
-        for (int d = 0; d < ts_tensor_ndim(t); d++)
-            if (!add_u64(shape, (uint64_t)ts_tensor_shape(t)[d]))
+        for (int d = 0; d < e->ndim; d++)
+            if (!add_u64(shape, (uint64_t)e->shape[d]))
                 goto nomem;
         if (!(offs = cJSON_AddArrayToObject(o, "data_offsets")) || !add_u64(offs, at) ||
             !add_u64(offs, at + nbytes))
@@ -333,10 +438,40 @@ fail:
     return s;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
+/* What one save is doing, for TS_FAULT_IO and for its messages. */
+typedef struct saver {
+    const char *path;
+    char *tmp;      /* the temporary file's name */
+    int injected;   /* the last failure came from TS_FAULT_IO */
+} saver;
+
+/* The TS_FAULT_IO hook in front of each disk step: 1 (errno EIO) when it fires. */
+static int io_fault(saver *sv)
+{
+    sv->injected = ts__fault_hit(TS_FAULT_IO);
+    if (sv->injected)
+        errno = EIO;
+    return sv->injected;
+}
+
+/* fsync and rename behind the hook: each disk step is one call, so none can be dropped
+ * without the fault walk noticing. */
+static int io_fsync(saver *sv, int fd)
+{
+    return io_fault(sv) ? -1 : fsync(fd);
+}
+
+static int io_rename(saver *sv, const char *from, const char *to)
+{
+    return io_fault(sv) ? -1 : rename(from, to);
+}
+
+static int write_all(saver *sv, int fd, const void *buf, size_t n)
 {
     const char *p = buf;
     while (n) {
+        if (io_fault(sv))
+            return -1;
         ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR)
             continue;
@@ -370,82 +505,183 @@ static char *dir_of(const char *path)
     return d;
 }
 
+/* Creates the temporary file next to path, exclusively (O_EXCL | O_NOFOLLOW) under a name with
+ * 64 random bits, so nothing planted in the directory can be opened, followed or predicted.
+ * mode: the permission bits to create with (the umask applies). */
+static int create_tmp(saver *sv, mode_t mode)
+{
+    for (int tries = 0; tries < 64; tries++) {
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+            /* No entropy yet (early boot): O_EXCL keeps this safe, only less unpredictable. */
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            r ^= (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15u ^ (uint64_t)ts.tv_sec ^
+                 (uint64_t)(uintptr_t)&r ^ (uint64_t)tries << 56;
+        }
+        free(sv->tmp);
+        sv->tmp = ts__asprintf("%s.tmp.%016" PRIx64, sv->path, r);
+        if (!sv->tmp) {
+            errno = ENOMEM;
+            return -1;
+        }
+        int fd = open(sv->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+        if (fd >= 0 || errno != EEXIST)
+            return fd;
+    }
+    errno = EEXIST;
+    return -1;
+}
+
+/* The text for a failed step: strerror, or what fault injection did. */
+static const char *io_error(const saver *sv, int err)
+{
+    return sv->injected ? "injected I/O error (TS_FAULT_IO)" : strerror(err);
+}
+
+/* Refuses a target that exists and is not a regular file; *st gets what lstat saw, *exists
+ * whether there was anything. */
+static ts_status check_target(const char *path, struct stat *st, int *exists)
+{
+    *exists = 0;
+    if (lstat(path, st) != 0) {
+        if (errno == ENOENT)
+            return TS_OK;
+        return ts__fail(TS_EIO, "%s: cannot save the checkpoint: %s", path, strerror(errno));
+    }
+    *exists = 1;
+    if (S_ISLNK(st->st_mode))
+        return ts__fail(TS_EIO, "%s: cannot save the checkpoint: the path is a symbolic link, "
+                        "which a save never follows or replaces; save to the file it names "
+                        "instead",
+                        path);
+    if (!S_ISREG(st->st_mode))
+        return ts__fail(TS_EIO, "%s: cannot save the checkpoint: the path is %s; a save only "
+                        "creates a new file or replaces a regular one",
+                        path, ts__file_kind(st->st_mode));
+    return TS_OK;
+}
+
 TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
 {
     if (!ck || !path || !*path)
         return ts__fail(TS_EINVAL, "ts_checkpoint_save: NULL argument or empty path");
     ts_status s = TS_OK;
-    char *header = NULL, *tmp = NULL, *dir = NULL;
+    char *header = NULL, *dir = NULL;
     void *buf = NULL;
-    int fd = -1, dfd = -1, created = 0;
+    int fd = -1, dfd = -1, created = 0, exists = 0, err = 0;
     size_t hlen = 0, maxbytes = 0;
-    if ((s = build_header(ck, path, &header, &hlen)))
-        goto fail;
-    for (size_t i = 0; i < ck->n; i++) {
-        const ts_tensor *t = ck->e[i].t;
-        size_t nb = (size_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
-        maxbytes = nb > maxbytes ? nb : maxbytes;
-    }
-    /* The thread id keeps two threads saving the same path apart (pid alone would not). */
-#ifdef SYS_gettid
-    long tid = (long)syscall(SYS_gettid);
-#else
-    long tid = 0;
-#endif
-    tmp = ts__asprintf("%s.tmp.%ld.%ld", path, (long)getpid(), tid);
+    saver sv = {.path = path};
+    const char *step = "creating";
+    struct stat old;
+    /* Blocked, SIGXFSZ (the file size limit) cannot kill the process: write() fails with
+     * EFBIG instead, and the signal it leaves pending on this thread is taken back below. The
+     * mask is this thread's alone and is restored, so the process's dispositions stay as the
+     * caller set them. */
+    sigset_t xfsz, saved_mask, pending;
+    sigemptyset(&xfsz);
+    sigaddset(&xfsz, SIGXFSZ);
+    pthread_sigmask(SIG_BLOCK, &xfsz, &saved_mask);
+    sigemptyset(&pending);
+    sigpending(&pending);
+    int xfsz_was_pending = sigismember(&pending, SIGXFSZ);
+
+    if ((s = check_target(path, &old, &exists)) || (s = build_header(ck, path, &header, &hlen)))
+        goto out;
+    for (size_t i = 0; i < ck->n; i++)
+        maxbytes = ck->e[i].nbytes > maxbytes ? (size_t)ck->e[i].nbytes : maxbytes;
     dir = dir_of(path);
-    if (!tmp || !dir || (maxbytes && !(buf = ts__malloc(maxbytes)))) {
+    if (!dir || (maxbytes && !(buf = ts__malloc(maxbytes)))) {
         s = ts__fail(TS_ENOMEM, "%s: out of memory saving the checkpoint", path);
-        goto fail;
+        goto out;
     }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    /* A new file gets 0666 less the umask, like any file a program creates; a replaced one
+     * keeps its permission bits (set-id bits dropped) and, where allowed, its owner. */
+    fd = create_tmp(&sv, exists ? 0600 : 0666);
     if (fd < 0)
         goto io_fail;
     created = 1;
+    if (exists) {
+        step = "setting the owner and mode of";
+        if ((old.st_uid != geteuid() || old.st_gid != getegid()) &&
+            fchown(fd, old.st_uid, old.st_gid) != 0 && errno != EPERM)
+            goto io_fail;
+        if (fchmod(fd, old.st_mode & 0777) != 0)
+            goto io_fail;
+    }
+    step = "writing";
     unsigned char len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-    if (write_all(fd, len8, 8) || write_all(fd, header, hlen))
+    if (write_all(&sv, fd, len8, 8) || write_all(&sv, fd, header, hlen))
         goto io_fail;
     for (size_t i = 0; i < ck->n; i++) {
-        const ts_tensor *t = ck->e[i].t;
-        size_t nb = (size_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
-        if ((s = ts_tensor_to_host(t, buf, nb))) {
-            ts__fail_prefix(s, "%s: tensor '%s': ", path, ck->e[i].name);
-            goto fail;
+        ck_entry *e = &ck->e[i];
+        ts_tensor *t = __atomic_load_n(&e->t, __ATOMIC_ACQUIRE);
+        /* A loaded checkpoint's unread tensors go from file to file, never to a device. */
+        s = t ? ts_tensor_to_host(t, buf, (size_t)e->nbytes) : read_bytes(ck, e, buf);
+        if (s) {
+            ts__fail_prefix(s, "%s: tensor '%s': ", path, e->name);
+            goto out;
         }
-        if (write_all(fd, buf, nb))
+        if (write_all(&sv, fd, buf, (size_t)e->nbytes))
             goto io_fail;
     }
-    if (fsync(fd) != 0)
+    step = "syncing the temporary file";
+    if (io_fsync(&sv, fd) != 0)
         goto io_fail;
+    step = "closing";
     int rc = close(fd);
     fd = -1;
-    if (rc != 0 || rename(tmp, path) != 0)
+    if (rc != 0)
+        goto io_fail;
+    /* Narrow the window: something put at the target since the first look is refused too. */
+    if ((s = check_target(path, &old, &exists)))
+        goto out;
+    step = "renaming";
+    if (io_rename(&sv, sv.tmp, path) != 0)
         goto io_fail;
     created = 0;
     /* Make the rename itself durable. Some filesystems cannot fsync a directory (EINVAL). */
     dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL)) {
-        s = ts__fail(TS_EIO, "%s: saved, but syncing directory '%s' failed: %s", path, dir,
-                     strerror(errno));
-        goto fail;
+    if (dfd < 0 || (io_fsync(&sv, dfd) != 0 && (sv.injected || errno != EINVAL))) {
+        s = ts__fail(TS_EIO, "%s: saved, but syncing the directory '%s' failed, so the rename "
+                     "may not survive a crash: %s",
+                     path, dir, io_error(&sv, errno));
+        goto out;
     }
-    goto done;
+    goto out;
 io_fail:
-    s = ts__fail(TS_EIO, "%s: cannot save the checkpoint (writing '%s'): %s", path, tmp,
-                 strerror(errno));
-fail:
+    err = errno;
+    if (err == EFBIG && !sv.injected)
+        s = ts__fail(TS_EIO, "%s: cannot save the checkpoint: %s '%s' went past the file size "
+                     "limit (ulimit -f, RLIMIT_FSIZE): %s",
+                     path, step, sv.tmp, strerror(err));
+    else if (strcmp(step, "renaming") == 0)
+        s = ts__fail(TS_EIO, "%s: cannot save the checkpoint: renaming '%s' over it: %s", path,
+                     sv.tmp, io_error(&sv, err));
+    else
+        s = ts__fail(TS_EIO, "%s: cannot save the checkpoint (%s '%s'): %s", path, step,
+                     sv.tmp ? sv.tmp : path, io_error(&sv, err));
+out:
     if (fd >= 0)
         close(fd);
     if (created)
-        unlink(tmp);
-done:
+        unlink(sv.tmp);
     if (dfd >= 0)
         close(dfd);
+    /* Take back a SIGXFSZ this save raised, then unblock as before. */
+    sigemptyset(&pending);
+    sigpending(&pending);
+    if (!xfsz_was_pending && sigismember(&pending, SIGXFSZ)) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&xfsz, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);
     free(buf);
     free(dir);
-    free(tmp);
+    free(sv.tmp);
     free(header);
     return s;
 }
@@ -509,6 +745,28 @@ static int valid_utf8(const unsigned char *s, size_t n)
         i += k + 1;
     }
     return 1;
+}
+
+/* Whether the JSON text escapes a NUL (\u0000) inside a string. cJSON decodes it into the
+ * middle of a C string, which would then end early: "a\u0000b" would become the name "a". */
+static int has_nul_escape(const char *s, size_t n)
+{
+    int in_string = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!in_string) {
+            in_string = s[i] == '"';
+            continue;
+        }
+        if (s[i] == '"') {
+            in_string = 0;
+        } else if (s[i] == '\\' && i + 1 < n) {
+            if (s[i + 1] == 'u' && i + 5 < n && s[i + 2] == '0' && s[i + 3] == '0' &&
+                s[i + 4] == '0' && s[i + 5] == '0')
+                return 1;
+            i++; /* the escaped character: \\ and \" end nothing */
+        }
+    }
+    return 0;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -587,7 +845,7 @@ static ts_status parse_entry(const char *path, const cJSON *item, uint64_t data_
         return CORRUPT("%s: tensor '%s': shape has %d dims; tensors have at most %d", path, name,
                        nd, TS_MAX_DIMS);
     e->ndim = 0;
-    uint64_t numel = 1;
+    uint64_t numel = 1, nonzero = 1;
     for (const cJSON *c = shape->child; c; c = c->next) {
         uint64_t v = 0;
         int r = json_uint(c, &v);
@@ -598,9 +856,12 @@ static ts_status parse_entry(const char *path, const cJSON *item, uint64_t data_
             return CORRUPT("%s: tensor '%s': shape holds something other than a non-negative "
                            "integer",
                            path, name);
-        if (v && numel > (uint64_t)MAX_BYTES / v)
-            return CORRUPT("%s: tensor '%s': shape overflows: its element count is too large",
+        /* Zeros left out: (0, 2^40, 2^40) has no elements, but its strides would overflow. */
+        if (v && nonzero > (uint64_t)MAX_BYTES / v)
+            return CORRUPT("%s: tensor '%s': shape is too large: the product of its sizes "
+                           "(zeros left out) overflows",
                            path, name);
+        nonzero *= v ? v : 1;
         numel *= v;
         e->shape[e->ndim++] = (int64_t)v;
     }
@@ -747,13 +1008,21 @@ fail:
     return s;
 }
 
-/* Reads exactly n bytes; TS_ECORRUPT naming the file if it ends early (it shrank under us). */
-static ts_status read_exact(FILE *f, const char *path, void *buf, size_t n, const char *what)
+/* Reads exactly n bytes at offset; TS_ECORRUPT naming the file if it ends early. */
+static ts_status read_exact(int fd, const char *path, void *buf, size_t n, uint64_t offset,
+                            const char *what)
 {
-    if (n && fread(buf, 1, n, f) != n) {
-        if (ferror(f))
+    unsigned char *p = buf;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = pread(fd, p + done, n - done, (off_t)(offset + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
             return ts__fail(TS_EIO, "%s: reading %s: %s", path, what, strerror(errno));
-        return ts__fail(TS_ECORRUPT, "%s: truncated file: it ends inside %s", path, what);
+        if (r == 0)
+            return ts__fail(TS_ECORRUPT, "%s: truncated file: it ends inside %s", path, what);
+        done += (size_t)r;
     }
     return TS_OK;
 }
@@ -768,13 +1037,12 @@ TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpo
     ts_status s = TS_OK;
     ts_checkpoint *ck = NULL;
     ld_entry *es = NULL;
-    size_t count = 0, maxbytes = 0;
+    size_t count = 0;
     char *header = NULL;
-    void *buf = NULL;
     cJSON *root = NULL;
     struct stat st;
-    FILE *f = NULL;
-    if ((s = ts__fopen_input(path, "checkpoint", &f, &st)))
+    int fd = -1;
+    if ((s = ts__open_input(path, "checkpoint", &fd, &st)))
         goto fail;
     uint64_t size = (uint64_t)st.st_size;
     if (size < 8) {
@@ -784,7 +1052,7 @@ TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpo
         goto fail;
     }
     unsigned char len8[8];
-    if ((s = read_exact(f, path, len8, 8, "the header length")))
+    if ((s = read_exact(fd, path, len8, 8, 0, "the header length")))
         goto fail;
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++)
@@ -808,7 +1076,8 @@ TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpo
         s = ts__fail(TS_ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header", path, hlen);
         goto fail;
     }
-    if ((s = read_exact(f, path, header, hlen, "the header")))
+    ck->fd = -1;
+    if ((s = read_exact(fd, path, header, hlen, 8, "the header")))
         goto fail;
     header[hlen] = 0;
     if (memchr(header, 0, hlen)) {
@@ -817,6 +1086,12 @@ TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpo
     }
     if (!valid_utf8((const unsigned char *)header, hlen)) {
         CORRUPT("%s: the header is not valid UTF-8, so not JSON", path);
+        goto fail;
+    }
+    if (has_nul_escape(header, hlen)) {
+        CORRUPT("%s: the header escapes a NUL character (\\u0000) in a string: names, dtypes "
+                "and metadata may not contain NUL",
+                path);
         goto fail;
     }
     const char *end = NULL;
@@ -829,51 +1104,40 @@ TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpo
     uint64_t data_len = size - 8 - hlen;
     if ((s = parse_header(path, root, data_len, ck, &es, &count)))
         goto fail;
-    /* The header said everything; read the tensors in file order through one buffer. */
-    for (size_t i = 0; i < count; i++)
-        maxbytes = es[i].end - es[i].begin > maxbytes ? es[i].end - es[i].begin : maxbytes;
-    if (maxbytes && !(buf = ts__malloc(maxbytes))) {
-        s = ts__fail(TS_ENOMEM, "%s: out of memory for a %zu-byte tensor", path, maxbytes);
-        goto fail;
-    }
-    if (!(ck->e = ts__calloc(count ? count : 1, sizeof *ck->e))) {
+    /* The header said everything. No tensor is read here: ts_checkpoint_get and
+     * ts_checkpoint_restore read one when it is asked for, so a tensor nobody uses costs
+     * nothing however large the header says it is. */
+    if (!(ck->e = ts__calloc(count ? count : 1, sizeof *ck->e)) ||
+        !(ck->path = ts__strdup(path))) {
         s = ts__fail(TS_ENOMEM, "%s: out of memory for %zu tensors", path, count);
         goto fail;
     }
     ck->cap = count ? count : 1;
     for (size_t i = 0; i < count; i++) {
-        const ld_entry *e = &es[i];
-        size_t nb = (size_t)(e->end - e->begin);
-        if (fseeko(f, (off_t)(8 + hlen + e->begin), SEEK_SET) != 0) {
-            s = ts__fail(TS_EIO, "%s: seeking to tensor '%s': %s", path, e->name,
-                         strerror(errno));
-            goto fail;
-        }
-        if ((s = read_exact(f, path, buf, nb, "the data region")))
-            goto fail;
-        char *name = ts__strdup(e->name);
-        ts_tensor *t = NULL;
-        if (!name) {
+        const ld_entry *le = &es[i];
+        ck_entry *e = &ck->e[i];
+        if (!(e->name = ts__strdup(le->name))) {
             s = ts__fail(TS_ENOMEM, "%s: out of memory", path);
             goto fail;
         }
-        if ((s = ts_tensor_from_host(dev, e->dtype, e->ndim, e->shape, buf, &t))) {
-            free(name);
-            ts__fail_prefix(s, "%s: tensor '%s': ", path, e->name);
-            goto fail;
-        }
-        s = push_entry(ck, name, t); /* capacity reserved: cannot fail */
-        ts_tensor_unref(t);
+        ck->n++;
+        e->dtype = le->dtype;
+        e->ndim = le->ndim;
+        memcpy(e->shape, le->shape, sizeof e->shape);
+        e->nbytes = le->end - le->begin;
+        e->offset = 8 + hlen + le->begin;
     }
+    ck->fd = fd;
+    ck->dev = dev;
+    fd = -1;
     *out = ck;
     ck = NULL;
 fail:
-    if (f)
-        fclose(f);
+    if (fd >= 0)
+        close(fd);
     cJSON_Delete(root);
     ts_checkpoint_free(ck);
     free(es);
-    free(buf);
     free(header);
     return s;
 }

@@ -402,6 +402,12 @@ static void fmt_double(char *buf, size_t len, double v)
     snprintf(buf, len, "%.17g", v);
 }
 
+/* How many state tensors each parameter has once updated: SGD one if it has momentum. */
+static int state_count(int kind, const ts_sgd_options *sgd)
+{
+    return kind == O_SGD ? (sgd->momentum != 0) : 2;
+}
+
 TS_API ts_status ts_optim_save_state(const ts_optim *o, ts_checkpoint *ck)
 {
     if (!o || !ck)
@@ -427,8 +433,16 @@ TS_API ts_status ts_optim_save_state(const ts_optim *o, ts_checkpoint *ck)
     }
     if (s == TS_OK && o->kind == O_SGD)
         s = ts_checkpoint_set_meta(ck, "optim.nesterov", o->sgd.nesterov ? "1" : "0");
-    int kslot = o->kind == O_SGD ? 0 : 1;
-    for (size_t i = 0; i < o->n && s == TS_OK; i++)
+    int kslot = o->kind == O_SGD ? 0 : 1, nstate = state_count(o->kind, &o->sgd);
+    for (size_t i = 0; i < o->n && s == TS_OK; i++) {
+        /* A parameter without state (no gradient has reached it yet) says so, so that a load
+         * can tell it from a tensor missing from the file. */
+        if (nstate && !o->slots[i].state[0]) {
+            char key[160];
+            snprintf(key, sizeof key, "optim.%s.state", o->slots[i].name);
+            s = ts_checkpoint_set_meta(ck, key, "none");
+            continue;
+        }
         for (int k = 0; k < 2 && s == TS_OK; k++) {
             if (!o->slots[i].state[k])
                 continue;
@@ -436,19 +450,143 @@ TS_API ts_status ts_optim_save_state(const ts_optim *o, ts_checkpoint *ck)
             snprintf(name, sizeof name, "optim.%s.%s", o->slots[i].name, state_names[kslot][k]);
             s = ts_checkpoint_add(ck, name, o->slots[i].state[k]);
         }
+    }
     return s;
 }
 
-static ts_status meta_double(const ts_checkpoint *ck, const char *key, double *v)
+#define CORRUPT_META(key, text, why)                                                        \
+    ts__fail(TS_ECORRUPT, "optimizer state: metadata '%s' = '%s' %s", key, text, why)
+
+/* A metadata number as the save writes it (%.17g): digits, sign, point and exponent only, so
+ * no hex, "nan", "inf" or spaces; finite; within [lo, hi] (lo_open / hi_open: excluded). */
+static ts_status meta_double(const ts_checkpoint *ck, const char *key, double lo, int lo_open,
+                             double hi, int hi_open, const char *range, double *v)
 {
     const char *t = ts_checkpoint_meta(ck, key);
     char *end;
     if (!t)
         return ts__fail(TS_ECORRUPT, "optimizer state: metadata '%s' is missing", key);
+    if (!*t || strspn(t, "0123456789+-.eE") != strlen(t))
+        return CORRUPT_META(key, t, "is not a decimal number");
     *v = strtod(t, &end);
     if (end == t || *end)
-        return ts__fail(TS_ECORRUPT, "optimizer state: metadata '%s' = '%s' is not a number",
-                        key, t);
+        return CORRUPT_META(key, t, "is not a number");
+    if (!isfinite(*v) || *v < lo || (lo_open && *v == lo) || *v > hi || (hi_open && *v == hi))
+        return ts__fail(TS_ECORRUPT, "optimizer state: metadata '%s' = '%s' is out of range: "
+                        "need %s",
+                        key, t, range);
+    return TS_OK;
+}
+
+/* optim.steps: a decimal integer in [0, 2^53] (a count of updates, exact as a double). */
+static ts_status meta_steps(const ts_checkpoint *ck, int64_t *steps)
+{
+    const char *key = "optim.steps", *t = ts_checkpoint_meta(ck, key);
+    if (!t)
+        return ts__fail(TS_ECORRUPT, "optimizer state: metadata '%s' is missing", key);
+    size_t n = strlen(t);
+    if (n == 0 || strspn(t, "0123456789") != n)
+        return CORRUPT_META(key, t, "is not a non-negative decimal integer");
+    if (n > 16)
+        return CORRUPT_META(key, t, "is out of range: at most 2^53 steps");
+    int64_t v = 0;
+    for (size_t i = 0; i < n; i++)
+        v = v * 10 + (t[i] - '0');
+    if (v > (int64_t)1 << 53)
+        return CORRUPT_META(key, t, "is out of range: at most 2^53 steps");
+    *steps = v;
+    return TS_OK;
+}
+
+/* The hyper-parameters in ck, checked as the constructors check them, into *sgd / *adam. */
+static ts_status load_hyper(const ts_optim *o, const ts_checkpoint *ck, ts_sgd_options *sgd,
+                            ts_adam_options *adam)
+{
+    ts_status s;
+    const double big = INFINITY;
+    if (o->kind == O_SGD) {
+        double nest = 0;
+        *sgd = o->sgd;
+        if ((s = meta_double(ck, "optim.lr", 0, 0, big, 1, "a finite lr >= 0", &sgd->lr)) ||
+            (s = meta_double(ck, "optim.momentum", 0, 0, big, 1, "a finite momentum >= 0",
+                             &sgd->momentum)) ||
+            (s = meta_double(ck, "optim.dampening", 0, 0, 1, 0, "dampening in [0, 1]",
+                             &sgd->dampening)) ||
+            (s = meta_double(ck, "optim.weight_decay", 0, 0, big, 1,
+                             "a finite weight_decay >= 0", &sgd->weight_decay)) ||
+            (s = meta_double(ck, "optim.nesterov", 0, 0, 1, 0, "0 or 1", &nest)))
+            return s;
+        if (nest != 0 && nest != 1)
+            return CORRUPT_META("optim.nesterov", ts_checkpoint_meta(ck, "optim.nesterov"),
+                                "is out of range: need 0 or 1");
+        sgd->nesterov = nest != 0;
+        if (sgd->nesterov && (sgd->momentum <= 0 || sgd->dampening != 0))
+            return ts__fail(TS_ECORRUPT, "optimizer state: metadata 'optim.nesterov' = 1 needs "
+                            "momentum > 0 and dampening 0");
+        return TS_OK;
+    }
+    *adam = o->adam;
+    if ((s = meta_double(ck, "optim.lr", 0, 0, big, 1, "a finite lr >= 0", &adam->lr)) ||
+        (s = meta_double(ck, "optim.beta1", 0, 0, 1, 1, "beta1 in [0, 1)", &adam->beta1)) ||
+        (s = meta_double(ck, "optim.beta2", 0, 0, 1, 1, "beta2 in [0, 1)", &adam->beta2)) ||
+        (s = meta_double(ck, "optim.eps", 0, 1, big, 1, "a finite eps > 0", &adam->eps)) ||
+        (s = meta_double(ck, "optim.weight_decay", 0, 0, big, 1, "a finite weight_decay >= 0",
+                         &adam->weight_decay)))
+        return s;
+    return TS_OK;
+}
+
+/* Which of slot sl's state tensors ck holds (present[k]), checked against the parameter and
+ * against the "optim.<param>.state" = "none" marker the save writes for a parameter without
+ * state. Nothing is read. */
+static ts_status check_slot(const slot *sl, const ts_checkpoint *ck, int kslot, int nstate,
+                            int64_t steps, int present[2])
+{
+    char key[160];
+    snprintf(key, sizeof key, "optim.%s.state", sl->name);
+    const char *marker = ts_checkpoint_meta(ck, key);
+    if (marker && strcmp(marker, "none") != 0)
+        return ts__fail(TS_ECORRUPT, "optimizer state: metadata '%s' = '%s': the only value "
+                        "is 'none'", key, marker);
+    int n = 0;
+    for (int k = 0; k < nstate; k++) {
+        char name[160];
+        snprintf(name, sizeof name, "optim.%s.%s", sl->name, state_names[kslot][k]);
+        int32_t dtype;
+        int ndim;
+        int64_t shape[TS_MAX_DIMS];
+        present[k] = ts_checkpoint_tensor_info(ck, name, &dtype, &ndim, shape) == TS_OK;
+        if (!present[k])
+            continue;
+        n++;
+        char a[200], b[200], sh[160];
+        snprintf(a, sizeof a, "%s%s", ts_dtype_name(dtype), ts__shape_str(ndim, shape, sh,
+                                                                        sizeof sh));
+        ts_tensor_describe(sl->param, b, sizeof b);
+        int same = ndim == ts_tensor_ndim(sl->param);
+        for (int d = 0; same && d < ndim; d++)
+            same = shape[d] == ts_tensor_shape(sl->param)[d];
+        if (dtype != ts_tensor_dtype(sl->param) || !same)
+            return ts__fail(dtype != ts_tensor_dtype(sl->param) ? TS_EDTYPE : TS_ESHAPE,
+                            "optimizer state: tensor '%s' is %s but parameter '%s' is %s", name,
+                            a, sl->name, b);
+    }
+    for (int k = 0; k < nstate; k++) {
+        if (present[k] && !marker)
+            continue;
+        char name[160];
+        snprintf(name, sizeof name, "optim.%s.%s", sl->name, state_names[kslot][k]);
+        if (present[k])
+            return ts__fail(TS_ECORRUPT, "optimizer state: tensor '%s' is there but metadata "
+                            "'%s' says the parameter has no state", name, key);
+        /* A partial set, or none after steps were taken without the marker, is a file that
+         * lost tensors: continuing from zeros would silently change the training. */
+        if (n > 0 || (steps > 0 && !marker))
+            return ts__fail(TS_ECORRUPT, "optimizer state: tensor '%s' is missing (%lld steps "
+                            "were taken; a parameter no gradient reached is marked '%s' = "
+                            "'none')",
+                            name, (long long)steps, key);
+    }
     return TS_OK;
 }
 
@@ -460,47 +598,49 @@ TS_API ts_status ts_optim_load_state(ts_optim *o, const ts_checkpoint *ck)
     if (!kind || strcmp(kind, kind_names[o->kind]) != 0)
         return ts__fail(TS_EINVAL, "optimizer state is for '%s', this optimizer is '%s'",
                         kind ? kind : "(none)", kind_names[o->kind]);
-    double steps;
-    ts_status s = meta_double(ck, "optim.steps", &steps);
-    if (s)
+    /* Everything is checked first and the new state built aside, so a refused or failed load
+     * leaves the optimizer as it was. Hyper-parameters come back too: a resumed run continues
+     * exactly. */
+    int64_t steps = 0;
+    ts_sgd_options sgd;
+    ts_adam_options adam;
+    ts_status s;
+    if ((s = meta_steps(ck, &steps)) || (s = load_hyper(o, ck, &sgd, &adam)))
         return s;
-    /* Hyper-parameters come back too: a resumed run continues exactly. */
-    if (o->kind == O_SGD) {
-        double nest = 0;
-        if ((s = meta_double(ck, "optim.lr", &o->sgd.lr)) ||
-            (s = meta_double(ck, "optim.momentum", &o->sgd.momentum)) ||
-            (s = meta_double(ck, "optim.dampening", &o->sgd.dampening)) ||
-            (s = meta_double(ck, "optim.weight_decay", &o->sgd.weight_decay)) ||
-            (s = meta_double(ck, "optim.nesterov", &nest)))
-            return s;
-        o->sgd.nesterov = nest != 0;
-    } else if ((s = meta_double(ck, "optim.lr", &o->adam.lr)) ||
-               (s = meta_double(ck, "optim.beta1", &o->adam.beta1)) ||
-               (s = meta_double(ck, "optim.beta2", &o->adam.beta2)) ||
-               (s = meta_double(ck, "optim.eps", &o->adam.eps)) ||
-               (s = meta_double(ck, "optim.weight_decay", &o->adam.weight_decay))) {
-        return s;
-    }
-    int kslot = o->kind == O_SGD ? 0 : 1, nstate = o->kind == O_SGD ? 1 : 2;
-    for (size_t i = 0; i < o->n && s == TS_OK; i++)
+    int kslot = o->kind == O_SGD ? 0 : 1, nstate = state_count(o->kind, &sgd);
+    ts_tensor **fresh = ts__calloc(o->n ? 2 * o->n : 1, sizeof *fresh);
+    if (!fresh)
+        return ts__fail(TS_ENOMEM, "optimizer state: out of host memory");
+    for (size_t i = 0; i < o->n && s == TS_OK; i++) {
+        int present[2] = {0, 0};
+        s = check_slot(&o->slots[i], ck, kslot, nstate, steps, present);
         for (int k = 0; k < nstate && s == TS_OK; k++) {
+            if (!present[k])
+                continue;
+            const ts_tensor *p = o->slots[i].param;
             char name[160];
             snprintf(name, sizeof name, "optim.%s.%s", o->slots[i].name, state_names[kslot][k]);
-            if (!ts_checkpoint_get(ck, name)) {
-                /* Absent: this parameter had no update yet (or SGD without momentum). */
-                ts_tensor_unref(o->slots[i].state[k]);
-                o->slots[i].state[k] = NULL;
-                continue;
-            }
-            slot *sl = &o->slots[i];
-            if (!sl->state[k])
-                s = ts_tensor_zeros(ts_tensor_device(sl->param), ts_tensor_dtype(sl->param),
-                                    ts_tensor_ndim(sl->param), ts_tensor_shape(sl->param),
-                                    &sl->state[k]);
+            s = ts_tensor_empty(ts_tensor_device(p), ts_tensor_dtype(p), ts_tensor_ndim(p),
+                                ts_tensor_shape(p), &fresh[2 * i + k]);
             if (s == TS_OK)
-                s = ts_checkpoint_restore(ck, name, sl->state[k]);
+                s = ts_checkpoint_restore(ck, name, fresh[2 * i + k]);
         }
-    if (s == TS_OK)
-        o->steps = (int64_t)steps;
+    }
+    if (s == TS_OK) {
+        for (size_t i = 0; i < o->n; i++)
+            for (int k = 0; k < 2; k++) {
+                ts_tensor_unref(o->slots[i].state[k]);
+                o->slots[i].state[k] = fresh[2 * i + k];
+                fresh[2 * i + k] = NULL;
+            }
+        if (o->kind == O_SGD)
+            o->sgd = sgd;
+        else
+            o->adam = adam;
+        o->steps = steps;
+    }
+    for (size_t i = 0; i < 2 * o->n; i++)
+        ts_tensor_unref(fresh[i]);
+    free(fresh);
     return s;
 }

@@ -8,7 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "convert.h"
 #include "grad_fns.h"
+
+/* The bound on elements, and on the product of a shape's non-zero sizes: 2^59 - 1, so a byte
+ * count (x 8) and every stride fit in int64_t with room to spare. */
+#define TS_MAX_NUMEL (INT64_MAX / 16)
 
 /* ---- recycled structs ---------------------------------------------------------------- */
 
@@ -244,31 +249,11 @@ ts_status ts__run(ts_device *dev, int32_t op, const ts_operand *in, int nin,
     return ts__device_run(dev, &call);
 }
 
+/* Saturating, NaN to 0, truncating toward zero: the rule in convert.h, which plugins/common
+ * applies too, so ts_tensor_full and ts_fill_ store the same element for the same double. */
 void ts__scalar_bytes(int32_t dtype, double v, void *buf)
 {
-    switch (dtype) {
-    case TS_F32: {
-        float f = (float)v;
-        memcpy(buf, &f, 4);
-        break;
-    }
-    case TS_F64: memcpy(buf, &v, 8); break;
-    case TS_I32: {
-        int32_t i = (int32_t)v;
-        memcpy(buf, &i, 4);
-        break;
-    }
-    case TS_I64: {
-        int64_t i = (int64_t)v;
-        memcpy(buf, &i, 8);
-        break;
-    }
-    case TS_U8: {
-        uint8_t u = v != 0;
-        memcpy(buf, &u, 1);
-        break;
-    }
-    }
+    ts__convert_scalar(dtype, v, buf);
 }
 
 /* ---- creation ---------------------------------------------------------------------------- */
@@ -282,18 +267,26 @@ static ts_status check_shape(const char *what, int32_t dtype, int ndim, const in
         return ts__fail(TS_EINVAL, "%s: %d dims; tensors have 0 to %d", what, ndim, TS_MAX_DIMS);
     if (ndim > 0 && !shape)
         return ts__fail(TS_EINVAL, "%s: shape is NULL", what);
-    int64_t n = 1;
+    /* Bound the product of the non-zero sizes, not just numel: a zero in front of huge sizes
+     * makes numel 0, but the strides are still products of those sizes and would overflow. */
+    int64_t nonzero = 1;
+    int empty = 0;
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] < 0) {
-            char b[160];
+        char b[160];
+        if (shape[d] < 0)
             return ts__fail(TS_EINVAL, "%s: negative size in shape %s", what,
                             ts__shape_str(ndim, shape, b, sizeof b));
+        if (shape[d] == 0) {
+            empty = 1;
+            continue;
         }
-        if (shape[d] && n > INT64_MAX / 16 / shape[d])
-            return ts__fail(TS_EINVAL, "%s: shape too large", what);
-        n *= shape[d];
+        if (nonzero > TS_MAX_NUMEL / shape[d])
+            return ts__fail(TS_EINVAL, "%s: shape %s is too large: the product of its sizes "
+                            "(zeros left out) exceeds 2^59 elements",
+                            what, ts__shape_str(ndim, shape, b, sizeof b));
+        nonzero *= shape[d];
     }
-    *numel = n;
+    *numel = empty ? 0 : nonzero;
     return TS_OK;
 }
 
@@ -386,6 +379,9 @@ TS_API ts_status ts_tensor_arange(ts_device *dev, int32_t dtype, double start, d
     if (step == 0 || !isfinite(step) || !isfinite(start) || !isfinite(stop))
         return ts__fail(TS_EINVAL, "arange: start, stop and a non-zero step must be finite");
     double n = ceil((stop - start) / step);
+    if (!(n <= (double)TS_MAX_NUMEL))
+        return ts__fail(TS_EINVAL, "arange: [%g, %g) in steps of %g is %g elements, too large "
+                        "for a tensor", start, stop, step, n);
     int64_t shape[1] = {n > 0 ? (int64_t)n : 0};
     arange_ctx a = {start, step};
     return from_host_fn(dev, dtype, 1, shape, arange_at, &a, out);

@@ -2,12 +2,15 @@
  * length, a JSON header ({"name": {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}),
  * then the raw little-endian tensor bytes, so Python's safetensors and PyTorch read them.
  *
- * Saving is atomic: the bytes go to a temporary file in the same directory, which is fsynced
- * and renamed over the target (and the directory fsynced), so a crash during a save never
- * destroys the previous checkpoint. Loading validates everything before trusting it (header
- * size bounds, JSON, dtypes, shapes, offsets inside the file, no overlaps or holes) and
- * rejects corrupt or truncated files with TS_ECORRUPT naming the file and the defect, never
- * reading out of bounds. */
+ * Saving is atomic and safe in a directory others can write: the bytes go to a temporary file
+ * created exclusively (O_EXCL | O_NOFOLLOW) under an unpredictable name in the same directory,
+ * which is fsynced and renamed over the target (and the directory fsynced), so a crash during
+ * a save never destroys the previous checkpoint and no planted link is ever followed. A target
+ * that exists and is not a regular file (a symlink, FIFO, device, socket, directory) is
+ * refused. Loading validates everything before trusting it (header size bounds, JSON, dtypes,
+ * shapes, offsets inside the file, no overlaps or holes) and rejects corrupt or truncated
+ * files with TS_ECORRUPT naming the file and the defect, never reading out of bounds; it reads
+ * no tensor bytes: a tensor is read when it is asked for (docs/checkpoints.md). */
 #ifndef TESSERA_CHECKPOINT_H
 #define TESSERA_CHECKPOINT_H
 
@@ -31,23 +34,36 @@ ts_status ts_checkpoint_add(ts_checkpoint *ck, const char *name, ts_tensor *t);
 /* Sets a metadata string (replacing an earlier value of key). */
 ts_status ts_checkpoint_set_meta(ts_checkpoint *ck, const char *key, const char *value);
 
-/* Writes the checkpoint to path atomically (see above). TS_EIO naming the path and errno. */
+/* Writes the checkpoint to path atomically (see above). Replacing a file keeps its permission
+ * bits and, where the caller may set it, its owner; a new file is 0666 less the umask. A file
+ * size limit (RLIMIT_FSIZE) is an error, not a SIGXFSZ: the calling thread blocks SIGXFSZ
+ * during the save. TS_EIO naming the path, the step and errno; the old file is left as it
+ * was and no temporary file remains. */
 ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path);
 
-/* Reads and validates path; tensors are created on dev (NULL: the default device).
- * TS_EIO if it cannot be read, TS_ECORRUPT for any defect. (transfer full) */
+/* Opens and validates path, and keeps it open until ts_checkpoint_free: tensors are read from
+ * it when asked for, ts_checkpoint_get creating them on dev (NULL: the default device; dev
+ * must outlive the checkpoint). TS_EIO if it cannot be read, TS_ECORRUPT for any defect.
+ * (transfer full) */
 ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpoint **out);
 
 /* Number of tensors, and the i-th name (in file/insertion order). (transfer none) */
 size_t ts_checkpoint_count(const ts_checkpoint *ck);
 const char *ts_checkpoint_name(const ts_checkpoint *ck, size_t i);
-/* The tensor named name, or NULL. (transfer none) */
+/* The tensor named name, or NULL (absent, or it could not be read: ts_last_error() says).
+ * In a loaded checkpoint the first get reads the tensor from the file and keeps it until
+ * ts_checkpoint_free; concurrent gets are safe. (transfer none) */
 ts_tensor *ts_checkpoint_get(const ts_checkpoint *ck, const char *name);
+/* The dtype, ndim and shape (TS_MAX_DIMS entries) of the tensor named name, without reading
+ * it; any out-parameter may be NULL. TS_EINVAL if absent. */
+ts_status ts_checkpoint_tensor_info(const ts_checkpoint *ck, const char *name, int32_t *dtype,
+                                    int *ndim, int64_t *shape);
 /* A metadata value, or NULL. (transfer none) */
 const char *ts_checkpoint_meta(const ts_checkpoint *ck, const char *key);
 
 /* Copies the tensor named name into dst (any device). TS_EINVAL if absent; TS_ESHAPE /
- * TS_EDTYPE naming both shapes / dtypes when they differ. */
+ * TS_EDTYPE naming both shapes / dtypes when they differ (checked before anything is read).
+ * A loaded tensor not yet read is read for the copy and not kept. */
 ts_status ts_checkpoint_restore(const ts_checkpoint *ck, const char *name, ts_tensor *dst);
 
 #ifdef __cplusplus

@@ -24,7 +24,11 @@ typedef enum ts_fault_site {
     /* A call into a plugin that does work: a kernel (ts_device_run), a fill or a host<->device
      * copy: TS_EPLUGIN, as if the plugin had returned an error. */
     TS_FAULT_KERNEL = 1 << 2,
-    TS_FAULT_ALL = (1 << 3) - 1,
+    /* A step of ts_checkpoint_save that touches the disk: each write, the fsync of the
+     * temporary file, the rename over the target, the fsync of the directory. Fails with
+     * errno EIO, so the save returns TS_EIO ("injected I/O error"). */
+    TS_FAULT_IO = 1 << 3,
+    TS_FAULT_ALL = (1 << 4) - 1,
 } ts_fault_site;
 
 /* Starts counting the calls at sites (a mask of ts_fault_site) from zero; the n-th one

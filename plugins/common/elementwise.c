@@ -4,6 +4,7 @@
  * dropped, dims contiguous in every operand merged), so dense tensors become a single flat run
  * the compiler vectorises, then splits the elements evenly among hd->threads OpenMP threads. */
 #include "hostkern.h"
+#include "../../core/convert.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -148,29 +149,9 @@ static const char *name_or(const char *name)
 
 /* ---- scalar helpers -------------------------------------------------------------------- */
 
-/* Float -> int conversions saturate and send NaN to 0: C leaves out-of-range ones undefined. */
-static inline int32_t sat_i32(double v)
-{
-    if (v != v)
-        return 0;
-    if (v <= -2147483648.0)
-        return INT32_MIN;
-    if (v >= 2147483647.0)
-        return INT32_MAX;
-    return (int32_t)v;
-}
-
-static inline int64_t sat_i64(double v)
-{
-    if (v != v)
-        return 0;
-    if (v <= -9223372036854775808.0)
-        return INT64_MIN;
-    if (v >= 9223372036854775808.0)
-        return INT64_MAX;
-    return (int64_t)v;
-}
-
+/* Float -> int conversions saturate and send NaN to 0 (C leaves out-of-range ones undefined):
+ * the core's one rule, core/convert.h, so fills, scalar operands and casts agree with
+ * ts_tensor_full. */
 /* Signed overflow is undefined in C; integer arithmetic wraps (two's complement) through the
  * unsigned type instead, as in PyTorch and NumPy. */
 #define WRAP32(expr) ((int32_t)(uint32_t)(expr))
@@ -232,12 +213,12 @@ EW_UNARY(copy_u8, uint8_t, uint8_t, x)
 
 /* Casts between different dtypes, named cast_FROM_TO. */
 EW_UNARY(cast_f32_f64, double, float, (double)x)
-EW_UNARY(cast_f32_i32, int32_t, float, sat_i32(x))
-EW_UNARY(cast_f32_i64, int64_t, float, sat_i64(x))
+EW_UNARY(cast_f32_i32, int32_t, float, ts__sat_i32(x))
+EW_UNARY(cast_f32_i64, int64_t, float, ts__sat_i64(x))
 EW_UNARY(cast_f32_u8, uint8_t, float, (uint8_t)(x != 0))
 EW_UNARY(cast_f64_f32, float, double, (float)x)
-EW_UNARY(cast_f64_i32, int32_t, double, sat_i32(x))
-EW_UNARY(cast_f64_i64, int64_t, double, sat_i64(x))
+EW_UNARY(cast_f64_i32, int32_t, double, ts__sat_i32(x))
+EW_UNARY(cast_f64_i64, int64_t, double, ts__sat_i64(x))
 EW_UNARY(cast_f64_u8, uint8_t, double, (uint8_t)(x != 0))
 EW_UNARY(cast_i32_f32, float, int32_t, (float)x)
 EW_UNARY(cast_i32_f64, double, int32_t, (double)x)
@@ -529,23 +510,7 @@ static ts_status run_copy_cast(ts_hostdev *hd, const ts_kernel_call *call)
  * like TS_OP_CAST from float64. */
 static void scalar_to(int32_t dtype, double v, void *buf)
 {
-    switch (dtype) {
-    case TS_F32:
-        *(float *)buf = (float)v;
-        break;
-    case TS_F64:
-        *(double *)buf = v;
-        break;
-    case TS_I32:
-        *(int32_t *)buf = sat_i32(v);
-        break;
-    case TS_I64:
-        *(int64_t *)buf = sat_i64(v);
-        break;
-    case TS_U8:
-        *(uint8_t *)buf = (uint8_t)(v != 0);
-        break;
-    }
+    ts__convert_scalar(dtype, v, buf);
 }
 
 /* A stride-0 operand of ref's shape whose every element is the value at buf. */

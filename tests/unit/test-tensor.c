@@ -244,12 +244,160 @@ static void test_random_streams(void)
     tap_end();
 }
 
+/* ---- double -> integer element conversion ------------------------------------------------ */
+
+/* The one rule: truncation toward zero, saturating at the type's bounds, NaN to 0; uint8 is the
+ * mask dtype, so it stores v != 0 (NaN is != 0, so 1), as the float -> uint8 cast does. */
+static const double conv_in[] = {1e10,         -1e10,         NAN,      INFINITY,
+                                 -INFINITY,    2147483647.0,  2147483648.0, -2147483649.0,
+                                 2.5,          -2.5,          0.0,      -0.0,
+                                 0.999,        -0.999,        9.3e18,   -9.3e18,
+                                 9223372036854775807.0,      -2147483648.0};
+
+static int64_t conv_want(int32_t dtype, double v)
+{
+    if (dtype == TS_U8)
+        return v != 0;
+    double lo = dtype == TS_I32 ? -2147483648.0 : -9223372036854775808.0;
+    double hi = dtype == TS_I32 ? 2147483647.0 : 9223372036854775807.0;
+    if (isnan(v))
+        return 0;
+    if (v <= lo)
+        return dtype == TS_I32 ? INT32_MIN : INT64_MIN;
+    if (v >= hi)
+        return dtype == TS_I32 ? INT32_MAX : INT64_MAX;
+    return (int64_t)v;
+}
+
+static int64_t elem_at(int32_t dtype, const unsigned char *raw, int i)
+{
+    return dtype == TS_I32 ? ((const int32_t *)raw)[i]
+           : dtype == TS_I64 ? ((const int64_t *)raw)[i]
+                             : raw[i];
+}
+
+/* t's 3 elements all equal conv_want(dtype, v). */
+static void check_conv(const char *how, const char *devname, ts_tensor *t, double v)
+{
+    int32_t dtype = ts_tensor_dtype(t);
+    unsigned char raw[3 * 8];
+    CHECK_OK(ts_tensor_to_host(t, raw, 3 * ts_dtype_size(dtype)));
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(elem_at(dtype, raw, i) == conv_want(dtype, v),
+                  "%s on %s: %s from %.17g gave %lld, want %lld", how, devname,
+                  ts_dtype_name(dtype), v, (long long)elem_at(dtype, raw, i),
+                  (long long)conv_want(dtype, v));
+}
+
+static void conv_on(ts_device *d, const char *devname)
+{
+    static const int32_t dtypes[] = {TS_I32, TS_I64, TS_U8};
+    const int64_t shape[1] = {3};
+    for (size_t k = 0; k < 3; k++)
+        for (size_t i = 0; i < sizeof conv_in / sizeof conv_in[0]; i++) {
+            double v = conv_in[i];
+            int32_t dt = dtypes[k];
+            ts_tensor *t, *z, *o;
+            CHECK_OK(ts_tensor_full(d, dt, 1, shape, v, &t));
+            check_conv("ts_tensor_full", devname, t, v);
+            CHECK_OK(ts_fill_(t, 5));
+            CHECK_OK(ts_fill_(t, v));
+            check_conv("ts_fill_", devname, t, v);
+            ts_tensor_unref(t);
+            if (dt == TS_U8)
+                continue; /* masks have no arithmetic */
+            CHECK_OK(ts_tensor_zeros(d, dt, 1, shape, &z));
+            CHECK_OK(ts_add_scalar(z, v, &t));
+            check_conv("ts_add_scalar(0, v)", devname, t, v);
+            ts_tensor_unref(t);
+            CHECK_OK(ts_add_scalar_(z, v));
+            check_conv("ts_add_scalar_(0, v)", devname, z, v);
+            CHECK_OK(ts_tensor_ones(d, dt, 1, shape, &o));
+            CHECK_OK(ts_mul_scalar(o, v, &t));
+            check_conv("ts_mul_scalar(1, v)", devname, t, v);
+            ts_tensor_unref(t);
+            ts_tensor_unref(z);
+            ts_tensor_unref(o);
+        }
+}
+
+/* The same double gives the same integer from every path: creation (core), fill_ and scalar
+ * ops (plugins/common on cpu_blas and cpu_onednn), and the core's reference kernels. */
+static void test_int_conversion(void)
+{
+    setup();
+    conv_on(dev, "the default device");
+    static const char *const plugins[] = {"cpu_blas", "cpu_onednn"};
+    int ran = 0;
+    for (int p = 0; p < 2; p++) {
+        char *path;
+        if (ts_plugin_find(NULL, plugins[p], &path) != TS_OK)
+            continue;
+        free(path);
+        ts_device *d;
+        CHECK_OK(ts_device_load(NULL, plugins[p], &d));
+        conv_on(d, plugins[p]);
+        ts_device_unload(d);
+        ran++;
+    }
+    CHECK(ran >= 1);
+    /* The reference kernels' fill. */
+    static const int32_t dtypes[] = {TS_I32, TS_I64, TS_U8};
+    for (size_t k = 0; k < 3; k++)
+        for (size_t i = 0; i < sizeof conv_in / sizeof conv_in[0]; i++) {
+            unsigned char raw[3 * 8];
+            memset(raw, 0x5a, sizeof raw);
+            ts_operand out = {.data = raw, .offset = 0, .dtype = dtypes[k], .ndim = 1,
+                              .shape = {3}, .strides = {1}};
+            ts_fill_params prm = {conv_in[i]};
+            ts_kernel_call call = {.struct_size = sizeof call, .op = TS_OP_FILL, .ninputs = 0,
+                                   .noutputs = 1, .outputs = &out, .params = &prm,
+                                   .params_size = sizeof prm};
+            CHECK_OK(ts_reference_run(&call));
+            for (int e = 0; e < 3; e++)
+                CHECK_MSG(elem_at(dtypes[k], raw, e) == conv_want(dtypes[k], conv_in[i]),
+                          "reference fill: %s from %.17g gave %lld", ts_dtype_name(dtypes[k]),
+                          conv_in[i], (long long)elem_at(dtypes[k], raw, e));
+        }
+    tap_end();
+}
+
+/* Shapes whose element count is zero are still bounded: every size, and the product of the
+ * non-zero ones (else strides overflow). */
+static void test_huge_zero_shapes(void)
+{
+    setup();
+    static const int64_t bad[][3] = {{0, (int64_t)1 << 40, (int64_t)1 << 40},
+                                     {(int64_t)1 << 40, (int64_t)1 << 40, 0},
+                                     {(int64_t)1 << 40, 0, (int64_t)1 << 40},
+                                     {0, INT64_MAX, 1},
+                                     {0, (int64_t)1 << 62, 2}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ts_tensor *t = (ts_tensor *)1;
+        CHECK_FAILS(ts_tensor_empty(dev, TS_U8, 3, bad[i], &t), TS_EINVAL, "too large");
+        CHECK(t == NULL);
+        CHECK_FAILS(ts_tensor_zeros(dev, TS_F32, 3, bad[i], &t), TS_EINVAL, "too large");
+        CHECK_FAILS(ts_tensor_from_host(dev, TS_F32, 3, bad[i], "", &t), TS_EINVAL,
+                    "too large");
+    }
+    ts_tensor *t;
+    CHECK_OK(ts_tensor_empty(dev, TS_F64, 3, (const int64_t[]){0, (int64_t)1 << 20, 1 << 20},
+                             &t));
+    CHECK_INT_EQ(ts_tensor_numel(t), 0);
+    ts_tensor_unref(t);
+    /* arange with a count no tensor can hold. */
+    CHECK_FAILS(ts_tensor_arange(dev, TS_F32, 0, 1e300, 1, &t), TS_EINVAL, "arange");
+    CHECK_FAILS(ts_tensor_arange(dev, TS_F32, 0, 1e19, 1, &t), TS_EINVAL, "arange");
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
         TAP_TEST(test_creation),          TAP_TEST(test_creation_errors),
         TAP_TEST(test_clone_contiguous_to), TAP_TEST(test_metadata_and_version),
         TAP_TEST(test_philox_known_answers), TAP_TEST(test_random_streams),
+        TAP_TEST(test_int_conversion),    TAP_TEST(test_huge_zero_shapes),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
