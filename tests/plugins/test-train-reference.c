@@ -801,11 +801,41 @@ static void test_adam_step(void)
     ts_device_unload(rd);
 }
 
+/* The cuda plugin (or the plugin named by $TS_GPU_TEST_DEVICE, to check this harness on a
+ * host plugin), same bounds: the plugin keeps cuBLAS at full float32 (no TF32). SKIPs
+ * without a GPU. */
+static void test_gpu_steps(void)
+{
+    const char *name = getenv("TS_GPU_TEST_DEVICE");
+    name = name && *name ? name : "cuda";
+    char *path;
+    if (ts_plugin_find(NULL, name, &path) != TS_OK)
+        SKIP("the %s plugin is not built", name);
+    free(path);
+    ts_device *dev;
+    ts_status s = ts_device_load(NULL, name, &dev);
+    if (s == TS_ENODEV)
+        SKIP("no GPU: %s", ts_last_error());
+    CHECK_MSG(s == TS_OK, "loading %s: %s", name, ts_last_error());
+    ts_device *rd = ref_dev();
+    problem pb;
+    problem_make(&pb, SEED);
+    check_step(dev, rd, &pb, OPT_ADAM, 1);
+    problem_free(&pb);
+    problem_make(&pb, SEED);
+    for (int step = 1; step <= 4; step++)
+        check_step(dev, rd, &pb, OPT_SGD, step);
+    problem_free(&pb);
+    ts_device_unload(rd);
+    ts_device_unload(dev);
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
         TAP_TEST(test_sgd_steps),
         TAP_TEST(test_adam_step),
+        TAP_TEST(test_gpu_steps),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
