@@ -147,7 +147,11 @@ else
             n=$(echo "$out" | "$JSON_CHECK" "results.[$i].threads_created_per_step" 2>/dev/null |
                 sed 's/.*=//')
             seen="$seen $dev"
-            if [ -z "$n" ] || ! awk "BEGIN{exit !($n == 0)}"; then
+            case $n in # a number (not null, which awk would read as an unset variable, 0)
+            '' | *[!0-9.]*) n_ok=no ;;
+            *) n_ok=yes ;;
+            esac
+            if [ $n_ok = no ] || ! awk "BEGIN{exit !($n == 0)}"; then
                 bad="$bad
 $m on $dev: threads_created_per_step='$n'"
             fi
@@ -165,7 +169,7 @@ $m: no result: $out"
     out=$("$TESSERA" bench train --model mlp --hidden 64 --synthetic --steps 1 --warmup 0 \
         --batch-size 16 --json --device cpu_blas 2>&1)
     n=$(echo "$out" | "$JSON_CHECK" results.[0].threads_created_per_step 2>/dev/null | sed 's/.*=//')
-    if [ -n "$n" ] && awk "BEGIN{exit !($n > 0)}"; then
+    if echo "$n" | grep -Eq '^[0-9]+(\.[0-9]+)?$' && awk "BEGIN{exit !($n > 0)}"; then
         ok "the thread counter sees the first step's thread pools ($n per step)"
     else
         fail "the thread counter sees the first step's thread pools" "$out"
