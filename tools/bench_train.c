@@ -31,7 +31,8 @@ static const char usage[] =
     "not installed; the output says which). Model options as for `tessera train` (default\n"
     "lenet5, adam, lr 1e-3). Reports per device: ms per step (median, p10-p90), images/s, pool\n"
     "and raw pool allocations per step, host mallocs per step made by tessera's own code (and\n"
-    "by everything, OpenBLAS and OpenMP included), and the floor: the step's GEMMs (im2col\n"
+    "by everything, OpenBLAS and OpenMP included), threads created per step (by any library;\n"
+    "a steady step creates none), and the floor: the step's GEMMs (im2col\n"
     "GEMMs for convolutions) through cblas_sgemm with the device's thread count, and the ratio\n"
     "step / floor. --device all: every cpu_* plugin on the plugin search path. --profile: also\n"
     "the time per step in each kernel (op, function, dtype), the most first, and the time\n"
@@ -181,6 +182,7 @@ typedef struct result {
     double floor_ms, floor_min;
     double raw_allocs, pool_allocs; /* per step */
     double mallocs, all_mallocs;    /* per step; mallocs < 0: not counted */
+    double threads_created;         /* per step (any library); < 0: not counted */
     ts_profile_entry prof[PROFILE_MAX]; /* with --profile: over the prof_steps timed steps */
     size_t nprof;
     double prof_steps, mean; /* mean: ms per timed step */
@@ -262,7 +264,8 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     ts_status s = ts_device_get(name, &dev);
     if (s)
         return s;
-    *r = (result){.device = name, .threads = device_threads(dev), .mallocs = -1};
+    *r = (result){.device = name, .threads = device_threads(dev), .mallocs = -1,
+                  .threads_created = -1};
     if ((s = load_data(o, dev, &ss.x, &ss.y, synthetic)))
         goto out;
     ss.nbatches = ts_tensor_size(ss.x, 0) / o->batch;
@@ -297,16 +300,18 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
      * for a while after its last call (OpenBLAS's pthread workers for about 2^28 cycles,
      * libgomp's for GOMP_SPINCOUNT) and would otherwise be timed as part of this side. */
     ts_memory_stats st0, st1;
-    uint64_t tm = 0, all = 0;
+    uint64_t tm = 0, all = 0, created = 0;
     const char *paths[1] = {ts_device_path(dev)};
     double *ftimes = times + o->steps;
     int64_t it = o->warmup, nrun = 0;
     pool_stats(dev, &st0);
-    int counted = cli_malloc_count_setup(paths, 1);
+    int counted = cli_malloc_count_setup(paths, 1), threads_counted = 1;
     if (o->profile)
         ts_profile_reset();
     for (int64_t done = 0; done < o->steps && s == TS_OK;) {
         int64_t nb = o->steps - done < BLOCK ? o->steps - done : BLOCK;
+        uint64_t c0 = 0, c1 = 0;
+        threads_counted &= cli_thread_count_read(&c0);
         double t0 = cli_now();
         cli_malloc_count_enable(1);
         do {
@@ -321,6 +326,8 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
         }
         ts_profile_enable(0);
         cli_malloc_count_enable(0);
+        threads_counted &= cli_thread_count_read(&c1);
+        created += c1 - c0; /* the steps' only, not the floor's */
 #ifdef TS_HAVE_CBLAS
         openblas_set_num_threads(r->threads);
         t0 = cli_now();
@@ -351,6 +358,8 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
         r->mallocs = (double)tm / (double)nrun;
         r->all_mallocs = (double)all / (double)nrun;
     }
+    if (threads_counted) /* over every step since the warm-up, settling ones too */
+        r->threads_created = (double)created / (double)nrun;
     if (st1.valid & TS_STATS_POOL) { /* over every step since the warm-up, settling ones too */
         r->raw_allocs = (double)(st1.n_raw_alloc - st0.n_raw_alloc) / (double)nrun;
         r->pool_allocs = (double)(st1.n_alloc - st0.n_alloc) / (double)nrun;
@@ -584,6 +593,10 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                        r->mallocs, r->all_mallocs);
             else
                 printf("\"tessera_mallocs_per_step\": null, \"all_mallocs_per_step\": null");
+            if (r->threads_created >= 0)
+                printf(", \"threads_created_per_step\": %.3f", r->threads_created);
+            else
+                printf(", \"threads_created_per_step\": null");
             if (o.profile) {
                 printf(", \"profile\": [");
                 for (size_t j = 0; j < r->nprof; j++) {
@@ -609,24 +622,30 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                            "the data set is not installed or --synthetic was given)"
                          : "the Fashion-MNIST training set, in memory",
                fp.n, fp.flops * 1e-9);
-        printf("  %-12s %3s %9s %17s %9s %9s %10s %9s %9s %15s\n", "device", "thr", "ms/step",
-               "p10-p90", "images/s", "floor ms", "step/floor", "raw/step", "pool/step",
-               "mallocs/step");
+        printf("  %-12s %3s %9s %17s %9s %9s %10s %9s %9s %15s %12s\n", "device", "thr",
+               "ms/step", "p10-p90", "images/s", "floor ms", "step/floor", "raw/step",
+               "pool/step", "mallocs/step", "threads/step");
         for (int i = 0; i < nres; i++) {
             const result *r = &res[i];
-            char m[48], spread[40];
+            char m[48], spread[40], th[24];
             if (r->mallocs >= 0)
                 snprintf(m, sizeof m, "%.2f (all %.1f)", r->mallocs, r->all_mallocs);
             else
                 snprintf(m, sizeof m, "not counted");
             snprintf(spread, sizeof spread, "%.3f-%.3f", r->p10, r->p90);
-            printf("  %-12s %3d %9.3f %17s %9.0f %9.3f %9.2fx %9.2f %9.1f %15s\n", r->device,
-                   r->threads, r->med, spread, (double)o.batch * 1e3 / r->med, r->floor_ms,
-                   r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs, r->pool_allocs,
-                   m);
+            if (r->threads_created >= 0)
+                snprintf(th, sizeof th, "%.2f", r->threads_created);
+            else
+                snprintf(th, sizeof th, "not counted");
+            printf("  %-12s %3d %9.3f %17s %9.0f %9.3f %9.2fx %9.2f %9.1f %15s %12s\n",
+                   r->device, r->threads, r->med, spread, (double)o.batch * 1e3 / r->med,
+                   r->floor_ms, r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs,
+                   r->pool_allocs, m, th);
         }
         printf("  mallocs/step: calls from libtessera and the plugin (all: every library); "
-               "load average %.2f %.2f %.2f\n", load[0], load[1], load[2]);
+               "threads/step: threads created (pthread_create, by any library; 0 when every "
+               "kernel runs on the pools made at start-up); load average %.2f %.2f %.2f\n",
+               load[0], load[1], load[2]);
         for (int i = 0; o.profile && i < nres; i++)
             print_profile(&res[i]);
     }

@@ -74,6 +74,10 @@ int cli_bench_train(int argc, char **argv, const cli_common *common);
 int cli_malloc_count_setup(const char *const *plugin_paths, int npaths);
 void cli_malloc_count_enable(int on);
 void cli_malloc_count_read(uint64_t *tessera, uint64_t *all);
+/* tools/thread_count.c: *created = threads the process has created so far (every
+ * pthread_create, by any library). Returns 0 when counting is unavailable (sanitizer builds),
+ * 1 otherwise. */
+int cli_thread_count_read(uint64_t *created);
 int cli_bench_cuda(int argc, char **argv, const cli_common *common);
 
 #endif /* TESSERA_TOOLS_CLI_H */

@@ -182,6 +182,83 @@ static int thread_id(void)
 #endif
 }
 
+/* What every image of a forward convolution shares: the operands, the (K, CRS) filter matrix,
+ * the im2col table and each image thread's scratch. */
+typedef struct fwd_job {
+    const ts_conv2d_params *p;
+    const ts_operand *x, *y, *bias;
+    const col_row *tab;
+    const char *wmat;
+    char *colbuf, *ybuf; /* nt slices of (CRSall, PQ) and (K, PQ), or NULL */
+    int64_t ldw, C, K, G, R, S, P, Q;
+    size_t es;
+    int direct_x, direct_y;
+    int inner; /* threads for the image's own im2col, GEMMs and bias pass */
+} fwd_job;
+
+/* Image n, with image thread tid's scratch. */
+static void fwd_image(const fwd_job *j, int64_t n, int tid)
+{
+    const ts_conv2d_params *p = j->p;
+    const ts_operand *x = j->x, *y = j->y, *bias = j->bias;
+    const col_row *tab = j->tab;
+    const char *wmat = j->wmat;
+    char *colbuf = j->colbuf, *ybuf = j->ybuf;
+    int64_t ldw = j->ldw, C = j->C, K = j->K, G = j->G, R = j->R, S = j->S, P = j->P, Q = j->Q;
+    int64_t Kg = K / G, CRS = C / G * R * S, PQ = P * Q, CRSall = C * R * S;
+    size_t es = j->es;
+    int direct_x = j->direct_x, direct_y = j->direct_y, inner = j->inner;
+    char *col = colbuf ? (char *)colbuf + (size_t)(tid * CRSall * PQ) * es : NULL;
+    char *yb = ybuf ? (char *)ybuf + (size_t)(tid * K * PQ) * es : NULL;
+    const char *xmat;
+    int64_t ldx;
+    if (direct_x) {
+        xmat = (const char *)x->data + (x->offset + n * x->strides[0]) * (int64_t)es;
+        ldx = C == 1 ? PQ : x->strides[1];
+    } else {
+        if (es == 4)
+            im2col_float(x, n, p, tab, R, S, P, Q, (float *)col, inner);
+        else
+            im2col_double(x, n, p, tab, R, S, P, Q, (double *)col, inner);
+        xmat = col;
+        ldx = PQ;
+    }
+    char *ymat = direct_y ? (char *)y->data + (y->offset + n * y->strides[0]) * (int64_t)es
+                          : yb;
+    int64_t ldy = direct_y ? (K == 1 ? PQ : y->strides[1]) : PQ;
+    /* Group g: y[n, g*Kg:(g+1)*Kg] (Kg, PQ) = w[g*Kg:...] (Kg, CRS) @ col[g*CRS:...] */
+    for (int64_t g = 0; g < G; g++)
+        ts_blas_gemm(inner, es, 0, 0, Kg, PQ, CRS, 1.0, wmat + g * Kg * ldw * (int64_t)es,
+                     ldw, xmat + g * CRS * ldx * (int64_t)es, ldx, 0.0,
+                     ymat + g * Kg * ldy * (int64_t)es, ldy);
+    /* Bias and, for a scattered y, the copy out: one pass over the (K, P, Q) planes. */
+    if (bias && direct_y && es == 4) { /* the common case: one vector loop per plane */
+        for (int64_t k = 0; k < K; k++) {
+            float b = ((const float *)bias->data)[bias->offset + k * bias->strides[0]];
+            float *yr = (float *)ymat + k * ldy;
+            for (int64_t i = 0; i < PQ; i++)
+                yr[i] += b;
+        }
+    } else if (bias || !direct_y) {
+        int64_t yn = y->offset + n * y->strides[0];
+        _Pragma("omp parallel for num_threads(inner) schedule(static) if(K * PQ > 32768)")
+        for (int64_t k = 0; k < K; k++) {
+            double b = bias ? ld_elem(bias->data, bias->offset + k * bias->strides[0], es)
+                            : 0.0;
+            for (int64_t pp = 0; pp < P; pp++)
+                for (int64_t q = 0; q < Q; q++) {
+                    int64_t src = k * ldy + pp * Q + q;
+                    double v = ld_elem(ymat, src, es) + b;
+                    if (direct_y)
+                        st_elem(ymat, src, es, v);
+                    else
+                        st_elem(y->data, yn + k * y->strides[1] + pp * y->strides[2] +
+                                q * y->strides[3], es, v);
+                }
+        }
+    }
+}
+
 /* x: (N, C, H, W), w: (K, C/groups, R, S), bias: (K) optional, y: (N, K, P, Q). */
 ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
 {
@@ -256,58 +333,21 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
         (s = h->pool->alloc(hd->pool, (size_t)(nt * K * PQ) * es, "conv2d", &ybuf)))
         goto done;
 
-    _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")
-    for (int64_t n = 0; n < N; n++) {
-        int tid = nt > 1 ? thread_id() : 0;
-        char *col = colbuf ? (char *)colbuf + (size_t)(tid * CRSall * PQ) * es : NULL;
-        char *yb = ybuf ? (char *)ybuf + (size_t)(tid * K * PQ) * es : NULL;
-        const char *xmat;
-        int64_t ldx;
-        if (direct_x) {
-            xmat = (const char *)x->data + (x->offset + n * x->strides[0]) * (int64_t)es;
-            ldx = C == 1 ? PQ : x->strides[1];
-        } else {
-            if (es == 4)
-                im2col_float(x, n, p, tab, R, S, P, Q, (float *)col, inner);
-            else
-                im2col_double(x, n, p, tab, R, S, P, Q, (double *)col, inner);
-            xmat = col;
-            ldx = PQ;
-        }
-        char *ymat = direct_y ? (char *)y->data + (y->offset + n * y->strides[0]) * (int64_t)es
-                              : yb;
-        int64_t ldy = direct_y ? (K == 1 ? PQ : y->strides[1]) : PQ;
-        /* Group g: y[n, g*Kg:(g+1)*Kg] (Kg, PQ) = w[g*Kg:...] (Kg, CRS) @ col[g*CRS:...] */
-        for (int64_t g = 0; g < G; g++)
-            ts_blas_gemm(inner, es, 0, 0, Kg, PQ, CRS, 1.0, wmat + g * Kg * ldw * (int64_t)es,
-                         ldw, xmat + g * CRS * ldx * (int64_t)es, ldx, 0.0,
-                         ymat + g * Kg * ldy * (int64_t)es, ldy);
-        /* Bias and, for a scattered y, the copy out: one pass over the (K, P, Q) planes. */
-        if (bias && direct_y && es == 4) { /* the common case: one vector loop per plane */
-            for (int64_t k = 0; k < K; k++) {
-                float b = ((const float *)bias->data)[bias->offset + k * bias->strides[0]];
-                float *yr = (float *)ymat + k * ldy;
-                for (int64_t i = 0; i < PQ; i++)
-                    yr[i] += b;
-            }
-        } else if (bias || !direct_y) {
-            int64_t yn = y->offset + n * y->strides[0];
-            _Pragma("omp parallel for num_threads(inner) schedule(static) if(K * PQ > 32768)")
-            for (int64_t k = 0; k < K; k++) {
-                double b = bias ? ld_elem(bias->data, bias->offset + k * bias->strides[0], es)
-                                : 0.0;
-                for (int64_t pp = 0; pp < P; pp++)
-                    for (int64_t q = 0; q < Q; q++) {
-                        int64_t src = k * ldy + pp * Q + q;
-                        double v = ld_elem(ymat, src, es) + b;
-                        if (direct_y)
-                            st_elem(ymat, src, es, v);
-                        else
-                            st_elem(y->data, yn + k * y->strides[1] + pp * y->strides[2] +
-                                    q * y->strides[3], es, v);
-                    }
-            }
-        }
+    fwd_job job = {.p = p, .x = x, .y = y, .bias = bias, .tab = tab, .wmat = wmat,
+                   .colbuf = colbuf, .ybuf = ybuf, .ldw = ldw, .C = C, .K = K, .G = G, .R = R,
+                   .S = S, .P = P, .Q = Q, .es = es, .direct_x = direct_x,
+                   .direct_y = direct_y, .inner = inner};
+    /* One image at a time runs outside any parallel region, so that the GEMMs' and im2col's
+     * own regions are top-level ones on the plugin's one OpenMP pool: inside even an inactive
+     * team of one they would be nested, and libgomp starts fresh threads for every nested
+     * team (a thread per GEMM, 96 per training step of the default cnn). */
+    if (nt > 1) {
+        _Pragma("omp parallel for num_threads(nt) schedule(static)")
+        for (int64_t n = 0; n < N; n++)
+            fwd_image(&job, n, thread_id());
+    } else {
+        for (int64_t n = 0; n < N; n++)
+            fwd_image(&job, n, 0);
     }
 done:
     h->pool->free(hd->pool, tabbuf);
@@ -432,6 +472,75 @@ static void zero_operand(const ts_operand *t, size_t es)
     }
 }
 
+/* What every image of a backward convolution shares (BWD_DATA or BWD_WEIGHT). */
+typedef struct bwd_job {
+    const ts_conv2d_params *p;
+    const ts_operand *x, *gy; /* x is gx for BWD_DATA */
+    const col_row *tab;
+    char *wmat; /* w (BWD_DATA) or gw (BWD_WEIGHT) as (K, CRS) */
+    char *colbuf, *gybuf, *partbuf; /* nt slices of (C*R*S, PQ), (K, PQ), (K, CRS), or NULL */
+    int64_t ldw, ldgy, C, K, G, R, S, P, Q;
+    size_t es;
+    int is_data, direct_x;
+    int inner; /* threads for the image's own GEMMs, im2col and col2im */
+} bwd_job;
+
+/* Image n, with image thread tid's scratch. */
+static void bwd_image(const bwd_job *j, int64_t n, int tid)
+{
+    const ts_conv2d_params *p = j->p;
+    const ts_operand *x = j->x, *gy = j->gy;
+    const col_row *tab = j->tab;
+    char *wmat = j->wmat, *colbuf = j->colbuf, *gybuf = j->gybuf, *partbuf = j->partbuf;
+    int64_t ldw = j->ldw, ldgy = j->ldgy, C = j->C, K = j->K, G = j->G, R = j->R, S = j->S;
+    int64_t P = j->P, Q = j->Q, Kg = K / G, CRS = C / G * R * S, PQ = P * Q;
+    size_t es = j->es;
+    int is_data = j->is_data, direct_x = j->direct_x, inner = j->inner;
+    char *col = colbuf ? (char *)colbuf + (size_t)(tid * C * R * S * PQ) * es : NULL;
+    char *gyb = gybuf ? (char *)gybuf + (size_t)(tid * K * PQ) * es : NULL;
+    /* gw, or this thread's partial sum of it (K, CRS) */
+    char *gwmat = partbuf ? (char *)partbuf + (size_t)(tid * K * CRS) * es : wmat;
+    int64_t ldgw = partbuf ? CRS : ldw;
+    double beta = partbuf || n ? 1.0 : 0.0;
+    const char *gymat = (const char *)gy->data + (gy->offset + n * gy->strides[0]) *
+                                                     (int64_t)es;
+    if (gyb) {
+        pack_image(gy, n, gyb);
+        gymat = gyb;
+    }
+    int64_t ldg = gyb ? PQ : ldgy;
+    char *xmat = direct_x ? (char *)x->data + (x->offset + n * x->strides[0]) * (int64_t)es
+                          : col;
+    int64_t ldx = direct_x ? (C == 1 ? PQ : x->strides[1]) : PQ;
+    if (is_data) {
+        /* Group g: col[g*CRS:...] (CRS, PQ) = w[g*Kg:...]^T (CRS, Kg) @ gy[g*Kg:...] */
+        for (int64_t g = 0; g < G; g++)
+            ts_blas_gemm(inner, es, 1, 0, CRS, PQ, Kg, 1.0,
+                         wmat + g * Kg * ldw * (int64_t)es, ldw,
+                         gymat + g * Kg * ldg * (int64_t)es, ldg, 0.0,
+                         xmat + g * CRS * ldx * (int64_t)es, ldx);
+        if (!direct_x) {
+            if (es == 4)
+                col2im_float((float *)col, x, n, p, tab, R, S, P, Q, inner);
+            else
+                col2im_double((double *)col, x, n, p, tab, R, S, P, Q, inner);
+        }
+    } else {
+        if (!direct_x) {
+            if (es == 4)
+                im2col_float(x, n, p, tab, R, S, P, Q, (float *)col, inner);
+            else
+                im2col_double(x, n, p, tab, R, S, P, Q, (double *)col, inner);
+        }
+        /* Group g: gw[g*Kg:...] (Kg, CRS) (+)= gy[g*Kg:...] (Kg, PQ) @ col[g*CRS:...]^T */
+        for (int64_t g = 0; g < G; g++)
+            ts_blas_gemm(inner, es, 0, 1, Kg, CRS, PQ, 1.0,
+                         gymat + g * Kg * ldg * (int64_t)es, ldg,
+                         xmat + g * CRS * ldx * (int64_t)es, ldx, beta,
+                         gwmat + g * Kg * ldgw * (int64_t)es, ldgw);
+    }
+}
+
 /* BWD_DATA: gy (N, K, P, Q), w (K, C/G, R, S) -> gx (N, C, H, W).
  * BWD_WEIGHT: gy (N, K, P, Q), x (N, C, H, W) -> gw (K, C/G, R, S). */
 static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
@@ -508,52 +617,18 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
         memset(partbuf, 0, (size_t)(nt * K * CRS) * es);
     }
 
-    _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")
-    for (int64_t n = 0; n < N; n++) {
-        int tid = nt > 1 ? thread_id() : 0;
-        char *col = colbuf ? (char *)colbuf + (size_t)(tid * C * R * S * PQ) * es : NULL;
-        char *gyb = gybuf ? (char *)gybuf + (size_t)(tid * K * PQ) * es : NULL;
-        /* gw, or this thread's partial sum of it (K, CRS) */
-        char *gwmat = partbuf ? (char *)partbuf + (size_t)(tid * K * CRS) * es : wmat;
-        int64_t ldgw = partbuf ? CRS : ldw;
-        double beta = partbuf || n ? 1.0 : 0.0;
-        const char *gymat = (const char *)gy->data + (gy->offset + n * gy->strides[0]) *
-                                                         (int64_t)es;
-        if (gyb) {
-            pack_image(gy, n, gyb);
-            gymat = gyb;
-        }
-        int64_t ldg = gyb ? PQ : ldgy;
-        char *xmat = direct_x ? (char *)x->data + (x->offset + n * x->strides[0]) * (int64_t)es
-                              : col;
-        int64_t ldx = direct_x ? (C == 1 ? PQ : x->strides[1]) : PQ;
-        if (is_data) {
-            /* Group g: col[g*CRS:...] (CRS, PQ) = w[g*Kg:...]^T (CRS, Kg) @ gy[g*Kg:...] */
-            for (int64_t g = 0; g < G; g++)
-                ts_blas_gemm(inner, es, 1, 0, CRS, PQ, Kg, 1.0,
-                             wmat + g * Kg * ldw * (int64_t)es, ldw,
-                             gymat + g * Kg * ldg * (int64_t)es, ldg, 0.0,
-                             xmat + g * CRS * ldx * (int64_t)es, ldx);
-            if (!direct_x) {
-                if (es == 4)
-                    col2im_float((float *)col, x, n, p, tab, R, S, P, Q, inner);
-                else
-                    col2im_double((double *)col, x, n, p, tab, R, S, P, Q, inner);
-            }
-        } else {
-            if (!direct_x) {
-                if (es == 4)
-                    im2col_float(x, n, p, tab, R, S, P, Q, (float *)col, inner);
-                else
-                    im2col_double(x, n, p, tab, R, S, P, Q, (double *)col, inner);
-            }
-            /* Group g: gw[g*Kg:...] (Kg, CRS) (+)= gy[g*Kg:...] (Kg, PQ) @ col[g*CRS:...]^T */
-            for (int64_t g = 0; g < G; g++)
-                ts_blas_gemm(inner, es, 0, 1, Kg, CRS, PQ, 1.0,
-                             gymat + g * Kg * ldg * (int64_t)es, ldg,
-                             xmat + g * CRS * ldx * (int64_t)es, ldx, beta,
-                             gwmat + g * Kg * ldgw * (int64_t)es, ldgw);
-        }
+    bwd_job job = {.p = p, .x = x, .gy = gy, .tab = tab, .wmat = wmat, .colbuf = colbuf,
+                   .gybuf = gybuf, .partbuf = partbuf, .ldw = ldw, .ldgy = ldgy, .C = C, .K = K,
+                   .G = G, .R = R, .S = S, .P = P, .Q = Q, .es = es, .is_data = is_data,
+                   .direct_x = direct_x, .inner = inner};
+    /* Outside any parallel region when the images are not spread: see ts_blas_conv. */
+    if (nt > 1) {
+        _Pragma("omp parallel for num_threads(nt) schedule(static)")
+        for (int64_t n = 0; n < N; n++)
+            bwd_image(&job, n, thread_id());
+    } else {
+        for (int64_t n = 0; n < N; n++)
+            bwd_image(&job, n, 0);
     }
     if (partbuf) { /* gw = the threads' partial sums, added in thread order */
         for (int64_t k = 0; k < K; k++)

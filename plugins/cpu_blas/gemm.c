@@ -47,11 +47,14 @@ static void call(size_t es, int ta, int tb, int64_t m, int64_t n, int64_t k, dou
                     (double *)c, (blasint)ldc);
 }
 
-/* Threads worth using for an (m, n, k) GEMM split along a dimension of length len. */
+/* Threads worth using for an (m, n, k) GEMM split along a dimension of length len. Inside any
+ * parallel region, active or not (an `if(0)` team of one), 1: a region opened there would be
+ * nested, and libgomp starts a fresh team of threads for every nested region instead of
+ * using its pool. */
 static int band_threads(int threads, int64_t len, double macs)
 {
 #ifdef _OPENMP
-    if (threads <= 1 || omp_in_parallel())
+    if (threads <= 1 || omp_get_level() > 0)
         return 1;
     int64_t by_len = len / BAND_ALIGN;
     int64_t by_work = (int64_t)(macs / BAND_MIN_MACS);

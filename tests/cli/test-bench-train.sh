@@ -3,10 +3,10 @@
 # --init) of `tessera train` and `tessera bench train`, every misuse with its one clear error,
 # and `tessera bench train --json` as a quick smoke run on synthetic data: it parses, builds
 # the network asked for, runs on every cpu_* backend with --device all, and a steady-state
-# step makes no raw pool allocation and no host malloc from tessera's own code; --profile
-# reports each kernel's calls per step.
+# step makes no raw pool allocation and no host malloc from tessera's own code and creates no
+# thread on any cpu_* plugin; --profile reports each kernel's calls per step.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 10
+plan 12
 # LeakSanitizer's exit-time tracer crashes once oneDNN's primitives have run their threads
 # (see tests/plugins/test-onednn.c); --device all runs cpu_onednn.
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
@@ -126,6 +126,54 @@ else
             fail "steady-state steps allocate nothing ($m)" "$out"
         fi
     done
+fi
+
+# No thread is created in a steady step, for every model on every cpu_* plugin: each kernel
+# runs on the thread pools started by the first steps. A count, not a timing. (A parallel
+# region nested inside another, even inside an inactive team of one, gets a fresh team of
+# threads from libgomp every time: cpu_blas's convolutions did that for the default cnn,
+# 96 threads per step at batch 16.) Not counted in sanitizer builds, which own pthread_create.
+if [ "${TS_SANITIZERS:-no}" = yes ]; then
+    skip "steady-state steps create no thread" "sanitizer build: not counted"
+    skip "the thread counter sees the first step's thread pools" "sanitizer build: not counted"
+else
+    bad="" seen=""
+    for m in "--model mlp" "--model lenet5" "--model cnn" "--model cnn --channels 8 --hidden 32"; do
+        out=$("$TESSERA" bench train $m $QUICK --device all 2>&1)
+        i=0
+        while [ $i -lt 16 ]; do
+            dev=$(echo "$out" | "$JSON_CHECK" "results.[$i].device" 2>/dev/null | sed 's/.*=//; s/"//g')
+            [ -z "$dev" ] && break
+            n=$(echo "$out" | "$JSON_CHECK" "results.[$i].threads_created_per_step" 2>/dev/null |
+                sed 's/.*=//')
+            seen="$seen $dev"
+            case $n in # a number (not null, which awk would read as an unset variable, 0)
+            '' | *[!0-9.]*) n_ok=no ;;
+            *) n_ok=yes ;;
+            esac
+            if [ $n_ok = no ] || ! awk "BEGIN{exit !($n == 0)}"; then
+                bad="$bad
+$m on $dev: threads_created_per_step='$n'"
+            fi
+            i=$((i + 1))
+        done
+        [ $i -eq 0 ] && bad="$bad
+$m: no result: $out"
+    done
+    if [ -z "$bad" ]; then
+        ok "steady-state steps create no thread (mlp, lenet5, cnn 32,64, cnn 8 on:$(echo $seen | tr ' ' '\n' | sort -u | tr '\n' ' '))"
+    else
+        fail "steady-state steps create no thread" "$bad"
+    fi
+    # The counter is real: with no warm-up the first step starts the plugin's OpenMP team.
+    out=$("$TESSERA" bench train --model mlp --hidden 64 --synthetic --steps 1 --warmup 0 \
+        --batch-size 16 --json --device cpu_blas 2>&1)
+    n=$(echo "$out" | "$JSON_CHECK" results.[0].threads_created_per_step 2>/dev/null | sed 's/.*=//')
+    if echo "$n" | grep -Eq '^[0-9]+(\.[0-9]+)?$' && awk "BEGIN{exit !($n > 0)}"; then
+        ok "the thread counter sees the first step's thread pools ($n per step)"
+    else
+        fail "the thread counter sees the first step's thread pools" "$out"
+    fi
 fi
 
 # The counter is real: without warm-up the first step creates the optimizer state and

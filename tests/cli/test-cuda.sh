@@ -2,12 +2,15 @@
 # tests/cli/test-cuda.sh: the cuda plugin from the command line. Everywhere it is built: it
 # loads, and `tessera info` reports its devices or "0 devices (reason)". Without a GPU,
 # `tessera bench cuda` says "no GPU" and exits 1, and the GPU checks SKIP. On a GPU: a smoke
-# run of `tessera bench cuda`, and a seeded LeNet-5 run of 200 steps whose every loss agrees
-# with cpu_blas's to 1e-3 relative.
+# run of `tessera bench cuda`, and 20 LeNet-5 training steps on cuda with a finite loss each.
+# Whether cuda computes a training step correctly is tests/plugins/test-train-reference
+# (test_gpu_steps: the step against float64 reference kernels with bounds derived from
+# float32 rounding), not a comparison of two 200-step trajectories, which amplify one-ulp
+# differences exponentially and depend on the CPU the cpu_blas side ran on.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
 plan 4
 if [ ! -f "$TS_BUILDDIR/plugins/cuda/.libs/cuda.so" ]; then
-    for t in "cuda plugin loads" "bench cuda" "bench cuda smoke run" "cuda trains like cpu_blas"; do
+    for t in "cuda plugin loads" "bench cuda" "bench cuda smoke run" "cuda trains"; do
         skip "$t" "the cuda plugin is not built (no CUDA Toolkit at configure time)"
     done
     finish
@@ -26,7 +29,7 @@ if [ "$gpus" -eq 0 ]; then
     if [ $rc -eq 1 ] && contains "$out" "no GPU"; then ok "bench cuda says 'no GPU' without one"
     else fail "bench cuda says 'no GPU' without one" "rc=$rc" "$out"; fi
     skip "bench cuda smoke run" "no GPU"
-    skip "cuda trains like cpu_blas" "no GPU"
+    skip "cuda trains" "no GPU"
     finish
 fi
 skip "bench cuda says 'no GPU' without one" "this machine has $gpus GPU(s)"
@@ -38,21 +41,17 @@ else
 fi
 
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
-    skip "cuda trains like cpu_blas" "Fashion-MNIST is not installed (dataset-fashion-mnist)"
+    skip "cuda trains" "Fashion-MNIST is not installed (dataset-fashion-mnist)"
     finish
 fi
-ARGS="--model lenet5 --max-steps 200 --train-limit 12800 --seed 3 --log-steps"
-"$TESSERA" train $ARGS --device cpu_blas >"$TMP/cpu" 2>&1 &&
-    "$TESSERA" train $ARGS --device cuda >"$TMP/gpu" 2>&1
+ARGS="--model lenet5 --max-steps 20 --train-limit 2000 --seed 3 --log-steps"
+"$TESSERA" train $ARGS --device cuda >"$TMP/gpu" 2>&1
 rc=$?
-grep '^step' "$TMP/cpu" >"$TMP/c"
-grep '^step' "$TMP/gpu" >"$TMP/g"
-worst=$(paste -d' ' "$TMP/c" "$TMP/g" | awk '{r = $4 - $8; if (r < 0) r = -r; r /= $4;
-    if (r > m) m = r; n++} END {if (n != 200) print "missing"; else printf "%.3g\n", m}')
-if [ $rc -eq 0 ] && [ "$worst" != missing ] && grep -q "on 'cuda'" "$TMP/gpu" &&
-    awk "BEGIN{exit !($worst < 1e-3)}"; then
-    ok "cuda trains like cpu_blas: 200 steps, largest relative loss difference $worst"
+n=$(grep -c '^step' "$TMP/gpu")
+bad=$(grep '^step' "$TMP/gpu" | awk '{if (!($4 + 0 == $4 + 0) || $4 == "nan" || $4 == "inf" || $4 == "-nan") n++} END {print n + 0}')
+if [ $rc -eq 0 ] && [ "$n" -eq 20 ] && [ "$bad" -eq 0 ] && grep -q "on 'cuda'" "$TMP/gpu"; then
+    ok "cuda trains: 20 steps, every loss finite"
 else
-    fail "cuda trains like cpu_blas (200 steps, 1e-3)" "rc=$rc worst=$worst" "$(tail -3 "$TMP/cpu")" "$(tail -3 "$TMP/gpu")"
+    fail "cuda trains (20 steps, finite losses)" "rc=$rc steps=$n non-finite=$bad" "$(tail -3 "$TMP/gpu")"
 fi
 finish
