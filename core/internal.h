@@ -112,6 +112,9 @@ ts_status ts__tensor_wrap(ts_storage *st, int32_t dtype, int ndim, const int64_t
 /* A view of t with another layout: same storage, dtype. (transfer full) */
 ts_status ts__view(const ts_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
                    int64_t offset, ts_tensor **out);
+/* TS_EINVAL naming what unless every size is >= 0 and the product of the non-zero sizes is
+ * at most 2^59 (so strides and byte counts cannot overflow); *numel gets the element count. */
+ts_status ts__shape_bound(const char *what, int ndim, const int64_t *shape, int64_t *numel);
 /* Row-major strides for shape. */
 void ts__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 /* Normalises a possibly negative dim against ndim; -1 if out of range. */

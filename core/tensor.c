@@ -258,15 +258,8 @@ void ts__scalar_bytes(int32_t dtype, double v, void *buf)
 
 /* ---- creation ---------------------------------------------------------------------------- */
 
-static ts_status check_shape(const char *what, int32_t dtype, int ndim, const int64_t *shape,
-                             int64_t *numel)
+ts_status ts__shape_bound(const char *what, int ndim, const int64_t *shape, int64_t *numel)
 {
-    if (ts_dtype_size(dtype) == 0)
-        return ts__fail(TS_EDTYPE, "%s: unknown dtype %d", what, (int)dtype);
-    if (ndim < 0 || ndim > TS_MAX_DIMS)
-        return ts__fail(TS_EINVAL, "%s: %d dims; tensors have 0 to %d", what, ndim, TS_MAX_DIMS);
-    if (ndim > 0 && !shape)
-        return ts__fail(TS_EINVAL, "%s: shape is NULL", what);
     /* Bound the product of the non-zero sizes, not just numel: a zero in front of huge sizes
      * makes numel 0, but the strides are still products of those sizes and would overflow. */
     int64_t nonzero = 1;
@@ -288,6 +281,18 @@ static ts_status check_shape(const char *what, int32_t dtype, int ndim, const in
     }
     *numel = empty ? 0 : nonzero;
     return TS_OK;
+}
+
+static ts_status check_shape(const char *what, int32_t dtype, int ndim, const int64_t *shape,
+                             int64_t *numel)
+{
+    if (ts_dtype_size(dtype) == 0)
+        return ts__fail(TS_EDTYPE, "%s: unknown dtype %d", what, (int)dtype);
+    if (ndim < 0 || ndim > TS_MAX_DIMS)
+        return ts__fail(TS_EINVAL, "%s: %d dims; tensors have 0 to %d", what, ndim, TS_MAX_DIMS);
+    if (ndim > 0 && !shape)
+        return ts__fail(TS_EINVAL, "%s: shape is NULL", what);
+    return ts__shape_bound(what, ndim, shape, numel);
 }
 
 TS_API ts_status ts_tensor_empty(ts_device *dev, int32_t dtype, int ndim, const int64_t *shape,

@@ -49,12 +49,17 @@ static ts_status infer_shape(const char *what, const ts_tensor *t, int ndim, con
             if (infer >= 0)
                 return ts__fail(TS_EINVAL, "%s: only one size may be -1", what);
             infer = d;
+            shape[d] = 1; /* bounded below with the others */
         } else if (in[d] < 0) {
             return ts__fail(TS_EINVAL, "%s: negative size in %s", what,
                             ts__shape_str(ndim, in, b1, sizeof b1));
-        } else {
-            known *= in[d];
         }
+    }
+    ts_status s = ts__shape_bound(what, ndim, shape, &known);
+    if (s) {
+        ts__fail(s, "%s: shape %s is too large: the product of its sizes (zeros left out) "
+                 "exceeds 2^59 elements", what, ts__shape_str(ndim, in, b1, sizeof b1));
+        return s;
     }
     if (infer >= 0) {
         if (known == 0 || numel % known)
@@ -264,6 +269,10 @@ TS_API ts_status ts_tensor_expand(ts_tensor *t, int ndim, const int64_t *want, t
         shape[d] = w;
         strides[d] = sd >= 0 && have == w ? t->strides[sd] : 0;
     }
+    int64_t numel;
+    ts_status s = ts__shape_bound("expand", ndim, shape, &numel);
+    if (s)
+        return s;
     return recorded(ts__view(t, ndim, shape, strides, t->offset, out), TS__VIEW_EXPAND, t, out,
                     NULL, 0);
 }

@@ -178,6 +178,34 @@ static void test_view_errors(void)
 
 /* 10,000 rounds of create, view, view-of-view, release in every order (the seed documents'
  * crash and leak, as a test): counts return to the start and the data stays intact. */
+/* Shapes whose sizes multiply past int64: a view, reshape or expand must refuse them, never
+ * overflow (UBSan aborts on the signed overflow) or build strides that wrapped. */
+static void test_huge_view_shapes(void)
+{
+    setup();
+    const int64_t big = (int64_t)1 << 40;
+    ts_tensor *e, *v = (ts_tensor *)1;
+    CHECK_OK(ts_tensor_empty(NULL, TS_F32, 1, (const int64_t[]){0}, &e));
+    CHECK_FAILS(ts_tensor_view(e, 3, (const int64_t[]){big, big, 0}, &v), TS_EINVAL, "too large");
+    CHECK(v == NULL);
+    CHECK_FAILS(ts_tensor_view(e, 3, (const int64_t[]){0, big, big}, &v), TS_EINVAL, "too large");
+    CHECK_FAILS(ts_tensor_reshape(e, 3, (const int64_t[]){big, 0, big}, &v), TS_EINVAL,
+                "too large");
+    CHECK_FAILS(ts_tensor_view(e, 3, (const int64_t[]){big, big, -1}, &v), TS_EINVAL, "too large");
+    /* Within the bound an empty view is fine. */
+    CHECK_OK(ts_tensor_view(e, 3, (const int64_t[]){0, 1 << 20, 1 << 20}, &v));
+    CHECK_INT_EQ(ts_tensor_numel(v), 0);
+    ts_tensor_unref(v);
+    ts_tensor_unref(e);
+    ts_tensor *one;
+    CHECK_OK(ts_tensor_ones(NULL, TS_F32, 2, (const int64_t[]){1, 1}, &one));
+    v = (ts_tensor *)1;
+    CHECK_FAILS(ts_tensor_expand(one, 2, (const int64_t[]){big, big}, &v), TS_EINVAL, "too large");
+    CHECK(v == NULL);
+    ts_tensor_unref(one);
+    tap_end();
+}
+
 static void test_refcount_stress(void)
 {
     setup();
@@ -258,6 +286,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_view_values),
         TAP_TEST(test_reshape_copies_only_when_needed),
         TAP_TEST(test_view_errors),
+        TAP_TEST(test_huge_view_shapes),
         TAP_TEST(test_refcount_stress),
         TAP_TEST(test_batch_slicing_is_zero_copy),
         TAP_TEST(test_threads_share_views),
