@@ -66,15 +66,26 @@ static ts_status optim_new(int kind, const ts_named_tensor *params, size_t n, ts
     return TS_OK;
 }
 
+/* A hyper-parameter that may be 0 but not negative, NaN or infinite. */
+static int nonneg(double v)
+{
+    return v >= 0 && isfinite(v);
+}
+
 TS_API ts_status ts_optim_sgd(const ts_named_tensor *params, size_t n, const ts_sgd_options *opt,
                               ts_optim **out)
 {
+    if (out)
+        *out = NULL;
     if (!opt)
         return ts__fail(TS_EINVAL, "sgd: options are NULL");
-    if (!(opt->lr >= 0) || !(opt->momentum >= 0) || !(opt->weight_decay >= 0) ||
-        (opt->nesterov && (opt->momentum <= 0 || opt->dampening != 0)))
-        return ts__fail(TS_EINVAL, "sgd: lr, momentum and weight_decay must be >= 0; Nesterov "
-                        "needs momentum > 0 and dampening 0");
+    if (!nonneg(opt->lr) || !nonneg(opt->momentum) || !nonneg(opt->weight_decay) ||
+        !(opt->dampening >= 0 && opt->dampening <= 1))
+        return ts__fail(TS_EINVAL, "sgd: lr %g, momentum %g and weight_decay %g must be finite "
+                        "and >= 0, dampening %g in [0, 1]",
+                        opt->lr, opt->momentum, opt->weight_decay, opt->dampening);
+    if (opt->nesterov && (opt->momentum <= 0 || opt->dampening != 0))
+        return ts__fail(TS_EINVAL, "sgd: Nesterov needs momentum > 0 and dampening 0");
     ts_status s = optim_new(O_SGD, params, n, out);
     if (s == TS_OK)
         (*out)->sgd = *opt;
@@ -84,12 +95,16 @@ TS_API ts_status ts_optim_sgd(const ts_named_tensor *params, size_t n, const ts_
 static ts_status adam_new(int kind, const ts_named_tensor *params, size_t n,
                           const ts_adam_options *opt, ts_optim **out)
 {
+    if (out)
+        *out = NULL;
     if (!opt)
         return ts__fail(TS_EINVAL, "%s: options are NULL", kind_names[kind]);
-    if (!(opt->lr >= 0) || !(opt->beta1 >= 0 && opt->beta1 < 1) ||
-        !(opt->beta2 >= 0 && opt->beta2 < 1) || !(opt->eps > 0) || !(opt->weight_decay >= 0))
-        return ts__fail(TS_EINVAL, "%s: need lr >= 0, betas in [0, 1), eps > 0, weight_decay "
-                        ">= 0", kind_names[kind]);
+    if (!nonneg(opt->lr) || !(opt->beta1 >= 0 && opt->beta1 < 1) ||
+        !(opt->beta2 >= 0 && opt->beta2 < 1) || !(opt->eps > 0 && isfinite(opt->eps)) ||
+        !nonneg(opt->weight_decay))
+        return ts__fail(TS_EINVAL, "%s: need finite values: lr %g >= 0, betas %g, %g in [0, 1), "
+                        "eps %g > 0, weight_decay %g >= 0", kind_names[kind], opt->lr,
+                        opt->beta1, opt->beta2, opt->eps, opt->weight_decay);
     ts_status s = optim_new(kind, params, n, out);
     if (s == TS_OK)
         (*out)->adam = *opt;

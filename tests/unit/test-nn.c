@@ -285,6 +285,29 @@ static void test_optimizers_match_reference(void)
     ts_sgd_options bad = {0.1, 0, 0.5, 0, 1};
     ts_optim *o = (ts_optim *)1;
     CHECK_FAILS(ts_optim_sgd(NULL, 0, &bad, &o), TS_EINVAL, "Nesterov");
+    /* Hyper-parameters that train to NaN or silently do nothing are refused, each named. */
+    const double inf = 1.0 / 0.0, nan = 0.0 / 0.0;
+    const ts_sgd_options bad_sgd[] = {
+        {inf, 0, 0, 0, 0}, {nan, 0, 0, 0, 0},  {-0.1, 0, 0, 0, 0}, {0.1, inf, 0, 0, 0},
+        {0.1, -1, 0, 0, 0}, {0.1, 0.9, inf, 0, 0}, {0.1, 0.9, -0.5, 0, 0}, {0.1, 0.9, 1.5, 0, 0},
+        {0.1, 0, 0, inf, 0}, {0.1, 0, 0, nan, 0}, {0.1, 0, 0, -1, 0},
+    };
+    for (size_t k = 0; k < sizeof bad_sgd / sizeof *bad_sgd; k++) {
+        o = (ts_optim *)1;
+        CHECK_FAILS(ts_optim_sgd(NULL, 0, &bad_sgd[k], &o), TS_EINVAL, "sgd", "finite");
+        CHECK(o == NULL);
+    }
+    const ts_adam_options bad_adam[] = {
+        {inf, 0.9, 0.999, 1e-8, 0}, {nan, 0.9, 0.999, 1e-8, 0}, {0.1, 1, 0.999, 1e-8, 0},
+        {0.1, 0.9, nan, 1e-8, 0},   {0.1, 0.9, 0.999, inf, 0},  {0.1, 0.9, 0.999, 0, 0},
+        {0.1, 0.9, 0.999, 1e-8, inf}, {0.1, 0.9, 0.999, 1e-8, -1},
+    };
+    for (size_t k = 0; k < sizeof bad_adam / sizeof *bad_adam; k++) {
+        o = (ts_optim *)1;
+        CHECK_FAILS(ts_optim_adam(NULL, 0, &bad_adam[k], &o), TS_EINVAL, "adam", "finite");
+        CHECK(o == NULL);
+        CHECK_FAILS(ts_optim_adamw(NULL, 0, &bad_adam[k], &o), TS_EINVAL, "adamw", "finite");
+    }
     ts_tensor *c;
     CHECK_OK(ts_tensor_zeros(dev, TS_F32, 1, (const int64_t[]){2}, &c));
     ts_named_tensor np = {"c", c};
