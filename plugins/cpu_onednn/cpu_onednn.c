@@ -22,15 +22,50 @@
 
 #include "onednn.h"
 
-/* Primitives (main ones and reorders) created by every context of this plugin. Test-only
- * diagnostics: not part of the plugin ABI; tests dlsym cpu_onednn_primitive_count from the
- * loaded module to check that steady state creates none. */
-static unsigned long long n_primitives;
+/* Primitives (main ones and reorders) created and destroyed, and streams alive, over every
+ * context of this plugin. Test-only diagnostics: not part of the plugin ABI; tests dlsym them
+ * from the loaded module to check that steady state creates no primitive, that evicted
+ * entries are freed (live primitives stay within the cache) and that streams are reused. */
+static unsigned long long n_primitives, n_primitives_destroyed;
+static long long n_streams;
 
 __attribute__((visibility("default"))) unsigned long long cpu_onednn_primitive_count(void);
 unsigned long long cpu_onednn_primitive_count(void)
 {
     return __atomic_load_n(&n_primitives, __ATOMIC_RELAXED);
+}
+
+__attribute__((visibility("default"))) long long cpu_onednn_primitive_live(void);
+long long cpu_onednn_primitive_live(void)
+{
+    return (long long)(__atomic_load_n(&n_primitives, __ATOMIC_RELAXED) -
+                       __atomic_load_n(&n_primitives_destroyed, __ATOMIC_RELAXED));
+}
+
+__attribute__((visibility("default"))) long long cpu_onednn_stream_live(void);
+long long cpu_onednn_stream_live(void)
+{
+    return __atomic_load_n(&n_streams, __ATOMIC_RELAXED);
+}
+
+static void destroy_primitive(dnnl_primitive_t p)
+{
+    dnnl_primitive_destroy(p);
+    __atomic_add_fetch(&n_primitives_destroyed, 1, __ATOMIC_RELAXED);
+}
+
+static dnnl_status_t make_stream(dn_ctx *c, dnnl_stream_t *s)
+{
+    dnnl_status_t st = dnnl_stream_create(s, c->engine, dnnl_stream_default_flags);
+    if (st == dnnl_success)
+        __atomic_add_fetch(&n_streams, 1, __ATOMIC_RELAXED);
+    return st;
+}
+
+static void destroy_stream(dnnl_stream_t s)
+{
+    dnnl_stream_destroy(s);
+    __atomic_sub_fetch(&n_streams, 1, __ATOMIC_RELAXED);
 }
 
 static const ts_config_key keys[] = {
@@ -81,9 +116,9 @@ static void entry_destroy(dn_entry *e)
         return;
     for (int i = 0; i < e->nargs; i++)
         if (e->args[i].reorder)
-            dnnl_primitive_destroy(e->args[i].reorder);
+            destroy_primitive(e->args[i].reorder);
     if (e->prim)
-        dnnl_primitive_destroy(e->prim);
+        destroy_primitive(e->prim);
     if (e->pd)
         dnnl_primitive_desc_destroy(e->pd);
     if (e->hint_pd)
@@ -312,7 +347,7 @@ static dnnl_status_t stream_get(dn_ctx *c, dnnl_stream_t *s)
     pthread_mutex_lock(&c->lock);
     *s = c->nidle > 0 ? c->idle[--c->nidle] : NULL;
     pthread_mutex_unlock(&c->lock);
-    return *s ? dnnl_success : dnnl_stream_create(s, c->engine, dnnl_stream_default_flags);
+    return *s ? dnnl_success : make_stream(c, s);
 }
 
 static void stream_put(dn_ctx *c, dnnl_stream_t s)
@@ -326,7 +361,7 @@ static void stream_put(dn_ctx *c, dnnl_stream_t s)
     }
     pthread_mutex_unlock(&c->lock);
     if (s)
-        dnnl_stream_destroy(s);
+        destroy_stream(s);
 }
 
 ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *name)
@@ -422,7 +457,7 @@ static void dnnl_shutdown_ctx(void *ctx)
         entry_destroy(c->cache[i]);
     c->ncache = 0;
     for (int i = 0; i < c->nidle; i++)
-        dnnl_stream_destroy(c->idle[i]);
+        destroy_stream(c->idle[i]);
     c->nidle = 0;
     pthread_mutex_destroy(&c->lock);
     if (c->engine)
@@ -448,7 +483,7 @@ static ts_status dnnl_init_ctx(const ts_host *host, const ts_setting *settings, 
         goto fail;
     }
     /* One stream made here and kept idle: a failure shows at load, not at the first run. */
-    ds = dnnl_stream_create(&c->idle[0], c->engine, dnnl_stream_default_flags);
+    ds = make_stream(c, &c->idle[0]);
     if (ds != dnnl_success) {
         s = host->fail(host, TS_ENODEV, "dnnl_stream_create failed (dnnl_status %d)", (int)ds);
         goto fail;

@@ -5,7 +5,7 @@
 # checkpoint save) on cpu_blas, and short training runs on cpu_onednn (the installed default
 # device), all on a generated Fashion-MNIST-format set small enough for valgrind's pace (2048
 # training and 512 test images; the whole set takes many minutes under valgrind).
-# The cpu_onednn runs load conf/onednn-jit.supp, which hides only the vector-sized reads past
+# The cpu_onednn runs load conf/onednn-jit.supp, which hides only the 32-byte reads past
 # buffers that oneDNN's JIT-generated kernels make (first frame in no object file), and turn
 # the pool's caching off so that every block is its own allocation whose bounds valgrind sees:
 # a bad read or write in tessera's own code on that device is still an error.

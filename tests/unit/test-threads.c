@@ -5,6 +5,7 @@
  * same steps); four threads run many small matmuls on one device, each checked exactly against
  * its own inputs; four threads hammer the pool. Nothing may stay alive. Run under
  * ThreadSanitizer by `make check-tsan` in a --enable-tsan build (docs/reliability.md). */
+#include <dlfcn.h>
 #include <pthread.h>
 
 #include "../tap.h"
@@ -303,6 +304,23 @@ static void *mm_run(void *arg)
     return NULL;
 }
 
+typedef long long (*live_fn)(void);
+
+/* The plugin's test-only diagnostic NAME_SUFFIX (e.g. cpu_onednn_primitive_live), or NULL. */
+static live_fn diagnostic(ts_device *dev, const char *name, const char *suffix)
+{
+    void *h = dlopen(ts_device_path(dev), RTLD_NOW | RTLD_NOLOAD);
+    CHECK_MSG(h, "dlopen(%s, RTLD_NOLOAD): %s", ts_device_path(dev), dlerror());
+    char sym[96];
+    snprintf(sym, sizeof sym, "%s_%s", name, suffix);
+    void *p = dlsym(h, sym);
+    dlclose(h); /* the device keeps its own reference */
+    live_fn f = NULL;
+    if (p)
+        memcpy(&f, &p, sizeof f);
+    return f;
+}
+
 static void matmul_threads(const char *name)
 {
     tap_start();
@@ -319,6 +337,17 @@ static void matmul_threads(const char *name)
         CHECK_MSG(j[i].wrong == 0 && j[i].done == MM_ITERS,
                   "%s thread %d: %d of %d matmuls wrong; first: %s", name, i, j[i].wrong,
                   j[i].done, j[i].error);
+    /* cpu_onednn: entries evicted while other threads ran them are freed once released (the
+     * cache holds 256 one-primitive matmul entries), and executions return their streams
+     * (16 are kept idle). */
+    live_fn prims = diagnostic(dev, name, "primitive_live");
+    live_fn streams = diagnostic(dev, name, "stream_live");
+    if (prims)
+        CHECK_MSG(prims() <= 256, "%s: %lld primitives alive after the threads ended (the cache "
+                  "holds 256)", name, prims());
+    if (streams)
+        CHECK_MSG(streams() >= 1 && streams() <= 16, "%s: %lld streams alive (at most 16 idle)",
+                  name, streams());
     ts_device_unload(dev);
     tap_end();
 }
