@@ -678,8 +678,7 @@ done:
 
 static int run_case(checker *c, const kcase *k, layout l, char *why, size_t whylen)
 {
-    return run_case_seeded(c, k, l, c->seed ^ ((uint64_t)k->op << 32) ^ (uint64_t)l, why,
-                           whylen);
+    return run_case_seeded(c, k, l, c->seed ^ ((uint64_t)k->op << 32) ^ (uint64_t)l, why, whylen);
 }
 
 static opspec spec(int32_t dt, int nd, const int64_t *shape)
@@ -1283,9 +1282,9 @@ static void check_errors(checker *c)
 
 /* ---- concurrent run calls --------------------------------------------------------------- */
 
-#define TH_THREADS 4 /* threads running kernels at once */
-#define TH_PER_OP 6  /* cases per claimed (op, dtype), spread over its list */
-#define TH_REPS 8    /* runs of each case per thread, back to back, layouts in turn */
+#define TH_THREADS 4    /* threads running kernels at once */
+#define TH_PER_OP 6     /* cases per claimed (op, dtype), spread over its list */
+#define TH_REPS 8       /* runs of each case per thread, back to back, layouts in turn */
 #define TH_DEADLINE 120 /* seconds for all of it (well under a second for the shipped plugins) */
 
 /* Threads that have finished, for the deadline. */
@@ -1357,8 +1356,9 @@ static void check_threads(checker *c)
         }
     if (all.n == 0) {
         free(all.v);
-        report(c, -1, name, nbad ? "every claimed kernel failed its kernel check"
-                                 : "the plugin claims no kernel");
+        report(c, -1, name,
+               nbad ? "every claimed kernel failed its kernel check"
+                    : "the plugin claims no kernel");
         return;
     }
     th_job jobs[TH_THREADS];

@@ -335,16 +335,18 @@ static void matmul_threads(const char *name)
         CHECK(pthread_join(t[i], NULL) == 0);
     for (int i = 0; i < MM_THREADS; i++)
         CHECK_MSG(j[i].wrong == 0 && j[i].done == MM_ITERS,
-                  "%s thread %d: %d of %d matmuls wrong; first: %s", name, i, j[i].wrong,
-                  j[i].done, j[i].error);
+                  "%s thread %d: %d of %d matmuls wrong; first: %s", name, i, j[i].wrong, j[i].done,
+                  j[i].error);
     /* cpu_onednn: entries evicted while other threads ran them are freed once released (the
      * cache holds 256 one-primitive matmul entries), and executions return their streams
      * (16 are kept idle). */
     live_fn prims = diagnostic(dev, name, "primitive_live");
     live_fn streams = diagnostic(dev, name, "stream_live");
     if (prims)
-        CHECK_MSG(prims() <= 256, "%s: %lld primitives alive after the threads ended (the cache "
-                  "holds 256)", name, prims());
+        CHECK_MSG(prims() <= 256,
+                  "%s: %lld primitives alive after the threads ended (the cache "
+                  "holds 256)",
+                  name, prims());
     if (streams)
         CHECK_MSG(streams() >= 1 && streams() <= 16, "%s: %lld streams alive (at most 16 idle)",
                   name, streams());
@@ -352,21 +354,33 @@ static void matmul_threads(const char *name)
     tap_end();
 }
 
-#define PER_PLUGIN(fn)                                                                      \
-    static void test_##fn##_cpu_blas(void) { fn("cpu_blas"); }                              \
-    static void test_##fn##_cpu_onednn(void) { fn("cpu_onednn"); }                          \
-    static void test_##fn##_cuda(void) { fn("cuda"); }
+#define PER_PLUGIN(fn)                                                                             \
+    static void test_##fn##_cpu_blas(void)                                                         \
+    {                                                                                              \
+        fn("cpu_blas");                                                                            \
+    }                                                                                              \
+    static void test_##fn##_cpu_onednn(void)                                                       \
+    {                                                                                              \
+        fn("cpu_onednn");                                                                          \
+    }                                                                                              \
+    static void test_##fn##_cuda(void)                                                             \
+    {                                                                                              \
+        fn("cuda");                                                                                \
+    }
 PER_PLUGIN(matmul_threads)
 PER_PLUGIN(two_models_one_device)
 PER_PLUGIN(pool_hammer)
 
 int main(int argc, char **argv)
 {
-    static const tap_test tests[] = {
-        TAP_TEST(test_matmul_threads_cpu_blas),        TAP_TEST(test_matmul_threads_cpu_onednn),
-        TAP_TEST(test_matmul_threads_cuda),            TAP_TEST(test_two_models_one_device_cpu_blas),
-        TAP_TEST(test_two_models_one_device_cpu_onednn), TAP_TEST(test_two_models_one_device_cuda),
-        TAP_TEST(test_pool_hammer_cpu_blas),           TAP_TEST(test_pool_hammer_cpu_onednn),
-        TAP_TEST(test_pool_hammer_cuda)};
+    static const tap_test tests[] = {TAP_TEST(test_matmul_threads_cpu_blas),
+                                     TAP_TEST(test_matmul_threads_cpu_onednn),
+                                     TAP_TEST(test_matmul_threads_cuda),
+                                     TAP_TEST(test_two_models_one_device_cpu_blas),
+                                     TAP_TEST(test_two_models_one_device_cpu_onednn),
+                                     TAP_TEST(test_two_models_one_device_cuda),
+                                     TAP_TEST(test_pool_hammer_cpu_blas),
+                                     TAP_TEST(test_pool_hammer_cpu_onednn),
+                                     TAP_TEST(test_pool_hammer_cuda)};
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
