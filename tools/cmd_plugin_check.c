@@ -5,15 +5,21 @@
  * out-of-memory path), every kernel the plugin claims (supports) at several shapes and
  * layouts (transposed, strided, offset, broadcast) against the core's reference kernels
  * (ts_reference_run) on the same values, error paths (bad arguments give an error with a
- * message, not a crash), and a short training run. Buffers move through the plugin's own
+ * message, not a crash), concurrent run calls (several threads running the claimed kernels on
+ * their own buffers at once, each result checked: the threading contract of
+ * docs/writing-a-plugin.md), and a short training run. Buffers move through the plugin's own
  * copies, so device memory need not be host-addressable. Exit status 0 iff every check passed. */
 #include "config.h"
 
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -22,9 +28,9 @@ static const char usage[] =
     "\n"
     "Runs the plugin conformance suite: descriptor and ABI, device memory, the pool, every\n"
     "kernel the plugin claims (compared with tessera's reference kernels at several shapes\n"
-    "and layouts), error paths, and a short training run. Prints one line per check and a\n"
-    "summary; exits 1 if any check fails. The plugin is configured from its [plugin.NAME]\n"
-    "section like any device.\n"
+    "and layouts), error paths, the claimed kernels run from several threads at once, and a\n"
+    "short training run. Prints one line per check and a summary; exits 1 if any check\n"
+    "fails. The plugin is configured from its [plugin.NAME] section like any device.\n"
     "  --verbose   also print every kernel case\n"
     "  --quick     skip the large allocation and the training run\n";
 
@@ -33,6 +39,7 @@ typedef struct checker {
     int verbose, quick;
     int npass, nfail, nskip;
     uint64_t seed;
+    unsigned char kernel_failed[TS_OP_COUNT][TS_DTYPE_COUNT]; /* by check_kernels */
 } checker;
 
 static void report(checker *c, int ok, const char *name, const char *fmt, ...)
@@ -575,13 +582,15 @@ static int close_enough(double a, double b, int32_t dt)
     return fabs(a - b) <= tol * (1 + fabs(b));
 }
 
-/* Runs one case on the plugin and on the reference. 1 agree, 0 differ (why filled), -1 the
- * reference does not do this combination (skipped). */
-static int run_case(checker *c, const kcase *k, layout l, char *why, size_t whylen)
+/* Runs one case on the plugin and on the reference, with operand values drawn from seed.
+ * 1 agree, 0 differ (why filled), -1 the reference does not do this combination (skipped).
+ * Reads c only: several threads may run cases at once. */
+static int run_case_seeded(checker *c, const kcase *k, layout l, uint64_t seed, char *why,
+                           size_t whylen)
 {
     buf in[4], out[3];
     int nin = 0, nout = 0, r = 0;
-    uint64_t rng = c->seed ^ ((uint64_t)k->op << 32) ^ (uint64_t)l;
+    uint64_t rng = seed;
     ts_status s = TS_OK;
     for (; nin < k->nin && !s; nin++)
         s = make_buf(c, &k->in[nin], l, &rng, &in[nin]);
@@ -665,6 +674,11 @@ done:
     for (int i = 0; i < nout; i++)
         free_buf(c, &out[i]);
     return r;
+}
+
+static int run_case(checker *c, const kcase *k, layout l, char *why, size_t whylen)
+{
+    return run_case_seeded(c, k, l, c->seed ^ ((uint64_t)k->op << 32) ^ (uint64_t)l, why, whylen);
 }
 
 static opspec spec(int32_t dt, int nd, const int64_t *shape)
@@ -1105,6 +1119,7 @@ static void check_kernels(checker *c)
                     }
                 }
             free(l.v);
+            c->kernel_failed[op][dt] = failed > 0;
             if (failed)
                 report(c, 0, name, "%s", why);
             else if (passed == 0)
@@ -1265,6 +1280,145 @@ static void check_errors(checker *c)
                "documented error (index, target, integer division, conv params)");
 }
 
+/* ---- concurrent run calls --------------------------------------------------------------- */
+
+#define TH_THREADS 4    /* threads running kernels at once */
+#define TH_PER_OP 6     /* cases per claimed (op, dtype), spread over its list */
+#define TH_REPS 8       /* runs of each case per thread, back to back, layouts in turn */
+#define TH_DEADLINE 120 /* seconds for all of it (well under a second for the shipped plugins) */
+
+/* Threads that have finished, for the deadline. */
+typedef struct th_done {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int n;
+} th_done;
+
+typedef struct th_job {
+    checker *c;
+    th_done *done;
+    const kcase *cases;
+    int ncases;
+    unsigned id;
+    int runs, failed;
+    char why[600];
+} th_job;
+
+/* Every thread runs the same cases in the same order, so that they run the same kernel at
+ * the same time, each on its own buffers and its own values (its own seed): a plugin that
+ * keeps per-call state in shared memory (a static or per-context scratch buffer, a cached
+ * object whose fields a call sets) hands one thread's result to another. */
+static void *th_run(void *arg)
+{
+    th_job *j = arg;
+    for (int i = 0; i < j->ncases && !j->failed; i++)
+        for (int r = 0; r < TH_REPS && !j->failed; r++) {
+            uint64_t seed = j->c->seed ^ (0x9e3779b97f4a7c15ull * (j->id + 1)) ^
+                            ((uint64_t)(i * TH_REPS + r) << 40);
+            layout l = (layout)(r % L_NLAYOUTS);
+            char w[512] = "";
+            int res = run_case_seeded(j->c, &j->cases[i], l, seed, w, sizeof w);
+            if (res == 0) {
+                j->failed = 1;
+                snprintf(j->why, sizeof j->why, "thread %u: %s (%s layout)", j->id, w,
+                         layout_names[l]);
+            } else if (res > 0) {
+                j->runs++;
+            }
+        }
+    pthread_mutex_lock(&j->done->lock);
+    j->done->n++;
+    pthread_cond_signal(&j->done->cond);
+    pthread_mutex_unlock(&j->done->lock);
+    return NULL;
+}
+
+static void check_threads(checker *c)
+{
+    const char *name = "threads: concurrent run calls";
+    caselist all = {0};
+    int nops = 0, nbad = 0;
+    for (int32_t op = TS_OP_NONE + 1; op < TS_OP_COUNT; op++)
+        for (int32_t dt = 0; dt < TS_DTYPE_COUNT; dt++) {
+            if (!ts_device_supports(c->dev, op, dt))
+                continue;
+            if (c->kernel_failed[op][dt]) { /* wrong alone already: reported above */
+                nbad++;
+                continue;
+            }
+            caselist l = {0};
+            build_cases(op, dt, &l);
+            int take = l.n < TH_PER_OP ? l.n : TH_PER_OP;
+            for (int t = 0; t < take; t++)
+                *add(&all, op, "-") = l.v[(size_t)t * (size_t)l.n / (size_t)take];
+            nops += take > 0;
+            free(l.v);
+        }
+    if (all.n == 0) {
+        free(all.v);
+        report(c, -1, name,
+               nbad ? "every claimed kernel failed its kernel check"
+                    : "the plugin claims no kernel");
+        return;
+    }
+    th_job jobs[TH_THREADS];
+    pthread_t t[TH_THREADS];
+    th_done done = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    int started = 0, err_no = 0, timed_out = 0, ndone;
+    for (unsigned i = 0; i < TH_THREADS; i++) {
+        jobs[i] = (th_job){.c = c, .done = &done, .cases = all.v, .ncases = all.n, .id = i};
+        if ((err_no = pthread_create(&t[i], NULL, th_run, &jobs[i])) != 0)
+            break;
+        started++;
+    }
+    /* A plugin that deadlocks or spins under concurrent calls must not hang the suite. */
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += TH_DEADLINE;
+    pthread_mutex_lock(&done.lock);
+    while (done.n < started && !timed_out)
+        timed_out = pthread_cond_timedwait(&done.cond, &done.lock, &deadline) == ETIMEDOUT;
+    ndone = done.n;
+    pthread_mutex_unlock(&done.lock);
+    if (timed_out) {
+        /* The threads are stuck inside the plugin: nothing can be unloaded or freed safely. */
+        report(c, 0, name,
+               "%d of %d threads still running after %d s (one thread takes well under a "
+               "second): a deadlock or a corrupted state under concurrent run calls "
+               "(docs/writing-a-plugin.md, Threading)",
+               started - ndone, started, TH_DEADLINE);
+        printf("plugin-check %s: %d passed, %d failed, %d skipped\n", ts_device_name(c->dev),
+               c->npass, c->nfail, c->nskip);
+        fflush(stdout);
+        _exit(1);
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(t[i], NULL);
+    int ncases = all.n;
+    free(all.v);
+    if (started < TH_THREADS) {
+        report(c, 0, name, "could not start thread %d: %s", started, strerror(err_no));
+        return;
+    }
+    int runs = 0;
+    for (int i = 0; i < TH_THREADS; i++) {
+        if (jobs[i].failed) {
+            report(c, 0, name,
+                   "%s; while other threads ran the same kernel on other buffers (alone the "
+                   "case agrees, see the kernel checks): keep per-call state on the stack or in "
+                   "pool scratch and guard shared state (docs/writing-a-plugin.md, Threading)",
+                   jobs[i].why);
+            return;
+        }
+        runs += jobs[i].runs;
+    }
+    report(c, runs > 0 ? 1 : -1, name,
+           "%d threads ran %d cases of %d claimed kernels %d times each at once; all %d "
+           "results agree with the reference%s",
+           TH_THREADS, ncases, nops, TH_REPS, runs,
+           nbad ? " (kernels that failed their kernel check left out)" : "");
+}
+
 /* ---- a short training run -------------------------------------------------------------- */
 
 static void check_training(checker *c)
@@ -1375,6 +1529,7 @@ int cmd_plugin_check(int argc, char **argv, const cli_common *common)
     check_pool(&c);
     check_kernels(&c);
     check_errors(&c);
+    check_threads(&c);
     check_training(&c);
     check_no_leaks(&c);
     printf("plugin-check %s: %d passed, %d failed, %d skipped\n", ts_device_name(c.dev), c.npass,

@@ -276,7 +276,7 @@ ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call)
         else
             w = &od;
     }
-    dn_entry *e;
+    dn_entry *e = NULL;
     if ((s = conv_entry(c, op, name, p, x, w, y, bias, &e)))
         goto done;
     void *handles[4];
@@ -295,6 +295,7 @@ ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call)
     if (obuf)
         s = ts_hostdev_copy_strided(out, &od);
 done:
+    dn_entry_release(c, e);
     h->pool->free(c->hd.pool, obuf);
     return s;
 }

@@ -7,7 +7,10 @@
  * Threads: Debian's libdnnl runs on OpenMP and sizes its parallel regions from
  * omp_get_max_threads(); every execution sets the calling thread's OpenMP thread count to the
  * "threads" setting (hd->threads) and restores the previous value afterwards, so the setting
- * holds for oneDNN without changing what the rest of the process sees. */
+ * holds for oneDNN without changing what the rest of the process sees. run may be called from
+ * several host threads at once: the cache is locked, entries are reference counted so that an
+ * eviction never frees one that another thread is executing, and each execution makes its own
+ * memory objects and takes its own stream (onednn.h). */
 #include "config.h"
 
 #include <stdio.h>
@@ -19,15 +22,50 @@
 
 #include "onednn.h"
 
-/* Primitives (main ones and reorders) created by every context of this plugin. Test-only
- * diagnostics: not part of the plugin ABI; tests dlsym cpu_onednn_primitive_count from the
- * loaded module to check that steady state creates none. */
-static unsigned long long n_primitives;
+/* Primitives (main ones and reorders) created and destroyed, and streams alive, over every
+ * context of this plugin. Test-only diagnostics: not part of the plugin ABI; tests dlsym them
+ * from the loaded module to check that steady state creates no primitive, that evicted
+ * entries are freed (live primitives stay within the cache) and that streams are reused. */
+static unsigned long long n_primitives, n_primitives_destroyed;
+static long long n_streams;
 
 __attribute__((visibility("default"))) unsigned long long cpu_onednn_primitive_count(void);
 unsigned long long cpu_onednn_primitive_count(void)
 {
     return __atomic_load_n(&n_primitives, __ATOMIC_RELAXED);
+}
+
+__attribute__((visibility("default"))) long long cpu_onednn_primitive_live(void);
+long long cpu_onednn_primitive_live(void)
+{
+    return (long long)(__atomic_load_n(&n_primitives, __ATOMIC_RELAXED) -
+                       __atomic_load_n(&n_primitives_destroyed, __ATOMIC_RELAXED));
+}
+
+__attribute__((visibility("default"))) long long cpu_onednn_stream_live(void);
+long long cpu_onednn_stream_live(void)
+{
+    return __atomic_load_n(&n_streams, __ATOMIC_RELAXED);
+}
+
+static void destroy_primitive(dnnl_primitive_t p)
+{
+    dnnl_primitive_destroy(p);
+    __atomic_add_fetch(&n_primitives_destroyed, 1, __ATOMIC_RELAXED);
+}
+
+static dnnl_status_t make_stream(dn_ctx *c, dnnl_stream_t *s)
+{
+    dnnl_status_t st = dnnl_stream_create(s, c->engine, dnnl_stream_default_flags);
+    if (st == dnnl_success)
+        __atomic_add_fetch(&n_streams, 1, __ATOMIC_RELAXED);
+    return st;
+}
+
+static void destroy_stream(dnnl_stream_t s)
+{
+    dnnl_stream_destroy(s);
+    __atomic_sub_fetch(&n_streams, 1, __ATOMIC_RELAXED);
 }
 
 static const ts_config_key keys[] = {
@@ -76,19 +114,11 @@ static void entry_destroy(dn_entry *e)
 {
     if (!e)
         return;
-    for (int i = 0; i < e->nargs; i++) {
-        dn_arg *a = &e->args[i];
-        if (a->reorder)
-            dnnl_primitive_destroy(a->reorder);
-        if (a->prim_mem)
-            dnnl_memory_destroy(a->prim_mem);
-        if (a->user_mem)
-            dnnl_memory_destroy(a->user_mem);
-    }
-    if (e->scratch_mem)
-        dnnl_memory_destroy(e->scratch_mem);
+    for (int i = 0; i < e->nargs; i++)
+        if (e->args[i].reorder)
+            destroy_primitive(e->args[i].reorder);
     if (e->prim)
-        dnnl_primitive_destroy(e->prim);
+        destroy_primitive(e->prim);
     if (e->pd)
         dnnl_primitive_desc_destroy(e->pd);
     if (e->hint_pd)
@@ -96,19 +126,40 @@ static void entry_destroy(dn_entry *e)
     free(e);
 }
 
+/* The entry for key in the cache, referenced for the caller, or NULL. Under c->lock. */
+static dn_entry *find_locked(dn_ctx *c, const dn_key *key, uint64_t h)
+{
+    for (int i = 0; i < c->ncache; i++) {
+        dn_entry *e = c->cache[i];
+        if (e->hash == h && key_equal(&e->key, key)) {
+            e->last_use = ++c->tick;
+            e->refs++;
+            return e;
+        }
+    }
+    return NULL;
+}
+
 dn_entry *dn_cache_find(dn_ctx *c, const dn_key *key)
 {
     if (key->n < 0)
         return NULL;
     uint64_t h = key_hash(key);
-    for (int i = 0; i < c->ncache; i++) {
-        dn_entry *e = c->cache[i];
-        if (e->hash == h && key_equal(&e->key, key)) {
-            e->last_use = ++c->tick;
-            return e;
-        }
-    }
-    return NULL;
+    pthread_mutex_lock(&c->lock);
+    dn_entry *e = find_locked(c, key, h);
+    pthread_mutex_unlock(&c->lock);
+    return e;
+}
+
+void dn_entry_release(dn_ctx *c, dn_entry *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&c->lock);
+    int last = --e->refs == 0;
+    pthread_mutex_unlock(&c->lock);
+    if (last)
+        entry_destroy(e);
 }
 
 ts_status dn_fail(dn_ctx *c, dnnl_status_t st, const char *name, const char *what)
@@ -196,9 +247,7 @@ ts_status dn_cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec, con
         a->arg = spec->args[i];
         a->is_output = spec->outputs[i];
         const dnnl_memory_desc_t *um = &spec->user[i];
-        what = "dnnl_memory_create";
-        if ((st = dnnl_memory_create(&a->user_mem, um, c->engine, DNNL_MEMORY_NONE)))
-            goto dfail;
+        a->user_md = *um;
         const dnnl_memory_desc_t *pm = dnnl_primitive_desc_query_md(e->pd, spec->query[i],
                                                                     spec->qidx[i]);
         what = "querying a primitive's memory descriptor";
@@ -224,32 +273,44 @@ ts_status dn_cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec, con
         if (rs > e->scratch_bytes)
             e->scratch_bytes = rs;
         a->prim_bytes = dnnl_memory_desc_get_size(pm);
-        what = "dnnl_memory_create";
-        if ((st = dnnl_memory_create(&a->prim_mem, pm, c->engine, DNNL_MEMORY_NONE)))
-            goto dfail;
+        a->prim_md = *pm;
+        a->has_prim = 1;
     }
     if (e->scratch_bytes) {
-        dnnl_memory_desc_t flat;
         dnnl_dims_t dims = {(dnnl_dim_t)e->scratch_bytes};
-        what = "creating the scratchpad memory";
-        if ((st = dnnl_memory_desc_init_by_tag(&flat, 1, dims, dnnl_u8, dnnl_a)))
-            goto dfail;
-        if ((st = dnnl_memory_create(&e->scratch_mem, &flat, c->engine, DNNL_MEMORY_NONE)))
+        what = "creating the scratchpad memory descriptor";
+        if ((st = dnnl_memory_desc_init_by_tag(&e->scratch_md, 1, dims, dnnl_u8, dnnl_a)))
             goto dfail;
     }
     dnnl_primitive_attr_destroy(rattr);
     rattr = NULL;
 
+    /* Another thread may have cached the same key while this one created its primitives: use
+     * that entry (one per key) and drop this one. A full cache evicts its least recently used
+     * entry; a thread still running it keeps it alive until it releases it. */
+    dn_entry *victim = NULL, *dup;
+    pthread_mutex_lock(&c->lock);
+    if ((dup = find_locked(c, key, e->hash))) {
+        pthread_mutex_unlock(&c->lock);
+        entry_destroy(e);
+        *out = dup;
+        return TS_OK;
+    }
     if (c->ncache == DN_CACHE_SIZE) {
         int lru = 0;
         for (int i = 1; i < c->ncache; i++)
             if (c->cache[i]->last_use < c->cache[lru]->last_use)
                 lru = i;
-        entry_destroy(c->cache[lru]);
+        victim = c->cache[lru];
+        if (--victim->refs != 0)
+            victim = NULL; /* its last user destroys it */
         c->cache[lru] = c->cache[--c->ncache];
     }
+    e->refs = 2; /* the cache's and the caller's */
     c->cache[c->ncache++] = e;
     e->last_use = ++c->tick;
+    pthread_mutex_unlock(&c->lock);
+    entry_destroy(victim);
     *out = e;
     return TS_OK;
 dfail:
@@ -260,12 +321,47 @@ dfail:
     return s;
 }
 
-static dnnl_status_t run_reorder(dn_ctx *c, dnnl_primitive_t r, dnnl_memory_t from,
+static dnnl_status_t run_reorder(dnnl_stream_t stream, dnnl_primitive_t r, dnnl_memory_t from,
                                  dnnl_memory_t to, dnnl_memory_t scratch)
 {
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to},
                                {DNNL_ARG_SCRATCHPAD, scratch}};
-    return dnnl_primitive_execute(r, c->stream, scratch ? 3 : 2, args);
+    return dnnl_primitive_execute(r, stream, scratch ? 3 : 2, args);
+}
+
+/* A memory object of md over handle, for one execution. */
+static dnnl_status_t make_memory(dn_ctx *c, dnnl_memory_t *m, const dnnl_memory_desc_t *md,
+                                 void *handle)
+{
+    dnnl_status_t st = dnnl_memory_create(m, md, c->engine, DNNL_MEMORY_NONE);
+    if (st == dnnl_success && (st = dnnl_memory_set_data_handle(*m, handle)) != dnnl_success) {
+        dnnl_memory_destroy(*m);
+        *m = NULL;
+    }
+    return st;
+}
+
+/* A stream no other execution holds: an idle one, or a new one. */
+static dnnl_status_t stream_get(dn_ctx *c, dnnl_stream_t *s)
+{
+    pthread_mutex_lock(&c->lock);
+    *s = c->nidle > 0 ? c->idle[--c->nidle] : NULL;
+    pthread_mutex_unlock(&c->lock);
+    return *s ? dnnl_success : make_stream(c, s);
+}
+
+static void stream_put(dn_ctx *c, dnnl_stream_t s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&c->lock);
+    if (c->nidle < DN_MAX_IDLE_STREAMS) {
+        c->idle[c->nidle++] = s;
+        s = NULL;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (s)
+        destroy_stream(s);
 }
 
 ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *name)
@@ -273,64 +369,77 @@ ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *n
     const ts_host *h = c->hd.host;
     ts_pool *pool = c->hd.pool;
     void *bufs[DN_MAX_ARGS] = {NULL}, *scratch = NULL;
+    dnnl_memory_t user[DN_MAX_ARGS] = {NULL}, prim[DN_MAX_ARGS] = {NULL}, smem = NULL;
+    dnnl_stream_t stream = NULL;
     ts_status s = TS_OK;
     dnnl_status_t st = dnnl_success;
-    const char *what = "dnnl_memory_set_data_handle";
+    const char *what = "dnnl_stream_create";
 #ifdef _OPENMP
     int omp_before = omp_get_max_threads();
     if (c->hd.threads > 0)
         omp_set_num_threads(c->hd.threads);
 #endif
+    if ((st = stream_get(c, &stream)))
+        goto dfail;
+    what = "creating a memory object";
     if (e->scratch_bytes) {
         if ((s = h->pool->alloc(pool, e->scratch_bytes, name, &scratch)))
             goto done;
-        if ((st = dnnl_memory_set_data_handle(e->scratch_mem, scratch)))
+        if ((st = make_memory(c, &smem, &e->scratch_md, scratch)))
             goto dfail;
     }
     dnnl_exec_arg_t args[DN_MAX_ARGS + 1];
     int nargs = 0;
     for (int i = 0; i < e->nargs; i++) {
         dn_arg *a = &e->args[i];
-        if ((st = dnnl_memory_set_data_handle(a->user_mem, handles[i])))
+        if ((st = make_memory(c, &user[i], &a->user_md, handles[i])))
             goto dfail;
-        dnnl_memory_t m = a->user_mem;
-        if (a->prim_mem) {
+        dnnl_memory_t m = user[i];
+        if (a->has_prim) {
             if ((s = h->pool->alloc(pool, a->prim_bytes ? a->prim_bytes : 1, name, &bufs[i])))
                 goto done;
-            if ((st = dnnl_memory_set_data_handle(a->prim_mem, bufs[i])))
+            if ((st = make_memory(c, &prim[i], &a->prim_md, bufs[i])))
                 goto dfail;
-            m = a->prim_mem;
+            m = prim[i];
             what = "reordering an input";
-            if (!a->is_output &&
-                (st = run_reorder(c, a->reorder, a->user_mem, a->prim_mem, e->scratch_mem)))
+            if (!a->is_output && (st = run_reorder(stream, a->reorder, user[i], prim[i], smem)))
                 goto dfail;
-            what = "dnnl_memory_set_data_handle";
+            what = "creating a memory object";
         }
         args[nargs++] = (dnnl_exec_arg_t){a->arg, m};
     }
-    if (e->scratch_mem)
-        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, e->scratch_mem};
+    if (smem)
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, smem};
     what = "dnnl_primitive_execute";
-    if ((st = dnnl_primitive_execute(e->prim, c->stream, nargs, args)))
+    if ((st = dnnl_primitive_execute(e->prim, stream, nargs, args)))
         goto dfail;
     what = "reordering an output";
     for (int i = 0; i < e->nargs; i++) {
         dn_arg *a = &e->args[i];
-        if (a->is_output && a->prim_mem &&
-            (st = run_reorder(c, a->reorder, a->prim_mem, a->user_mem, e->scratch_mem)))
+        if (a->is_output && a->has_prim &&
+            (st = run_reorder(stream, a->reorder, prim[i], user[i], smem)))
             goto dfail;
     }
     what = "dnnl_stream_wait";
-    if ((st = dnnl_stream_wait(c->stream)))
+    if ((st = dnnl_stream_wait(stream)))
         goto dfail;
     goto done;
 dfail:
-    dnnl_stream_wait(c->stream);
+    if (stream)
+        dnnl_stream_wait(stream);
     s = dn_fail(c, st, name, what);
 done:
-    for (int i = 0; i < e->nargs; i++)
+    for (int i = 0; i < e->nargs; i++) {
+        if (user[i])
+            dnnl_memory_destroy(user[i]);
+        if (prim[i])
+            dnnl_memory_destroy(prim[i]);
         h->pool->free(pool, bufs[i]);
+    }
+    if (smem)
+        dnnl_memory_destroy(smem);
     h->pool->free(pool, scratch);
+    stream_put(c, stream);
 #ifdef _OPENMP
     omp_set_num_threads(omp_before);
 #endif
@@ -343,11 +452,14 @@ done:
 static void dnnl_shutdown_ctx(void *ctx)
 {
     dn_ctx *c = ctx;
+    /* shutdown is never concurrent with run: every entry holds only the cache's reference. */
     for (int i = 0; i < c->ncache; i++)
         entry_destroy(c->cache[i]);
     c->ncache = 0;
-    if (c->stream)
-        dnnl_stream_destroy(c->stream);
+    for (int i = 0; i < c->nidle; i++)
+        destroy_stream(c->idle[i]);
+    c->nidle = 0;
+    pthread_mutex_destroy(&c->lock);
     if (c->engine)
         dnnl_engine_destroy(c->engine);
     ts_hostdev_fini(&c->hd);
@@ -360,6 +472,7 @@ static ts_status dnnl_init_ctx(const ts_host *host, const ts_setting *settings, 
     dn_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return host->fail(host, TS_ENOMEM, "out of memory creating the plugin context");
+    pthread_mutex_init(&c->lock, NULL);
     ts_status s = ts_hostdev_init(&c->hd, host, "cpu_onednn", settings, nsettings);
     if (s)
         goto fail;
@@ -369,11 +482,13 @@ static ts_status dnnl_init_ctx(const ts_host *host, const ts_setting *settings, 
                        (int)ds);
         goto fail;
     }
-    ds = dnnl_stream_create(&c->stream, c->engine, dnnl_stream_default_flags);
+    /* One stream made here and kept idle: a failure shows at load, not at the first run. */
+    ds = make_stream(c, &c->idle[0]);
     if (ds != dnnl_success) {
         s = host->fail(host, TS_ENODEV, "dnnl_stream_create failed (dnnl_status %d)", (int)ds);
         goto fail;
     }
+    c->nidle = 1;
     *ctx = c;
     return TS_OK;
 fail:

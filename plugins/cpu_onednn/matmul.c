@@ -134,6 +134,7 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
 
     ts_status s = TS_OK;
     void *abuf = NULL, *bbuf = NULL, *cbuf = NULL;
+    dn_entry *e = NULL;
     ts_operand Ad = *A, Bd = *B, Cd = *C;
     if (needs_pack(A) && (s = pack(c, A, &Ad, &abuf)))
         goto done;
@@ -180,7 +181,6 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
     }
     dn_key_push_double(&key, alpha);
     dn_key_push_double(&key, beta);
-    dn_entry *e;
     if ((s = matmul_entry(c, &key, nd, ad, as, bd, bs, cd, cs, alpha, beta, &e)))
         goto done;
 
@@ -209,6 +209,7 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
     if (cbuf)
         s = ts_hostdev_copy_strided(C, &Cd);
 done:
+    dn_entry_release(c, e);
     h->pool->free(c->hd.pool, cbuf);
     h->pool->free(c->hd.pool, bbuf);
     h->pool->free(c->hd.pool, abuf);

@@ -8,9 +8,13 @@
  * An entry holds the main primitive and, for each user operand whose layout differs from the
  * one the primitive wants (oneDNN's blocked formats for convolutions), a reorder between the
  * user's strided memory and a scratch buffer drawn from the plugin's pool per execution. The
- * scratchpad is user-managed (dnnl_scratchpad_mode_user), also from the pool per execution. */
+ * scratchpad is user-managed (dnnl_scratchpad_mode_user), also from the pool per execution:
+ * in oneDNN's default (library) mode a primitive owns one scratchpad and two threads executing
+ * it at once would share it. */
 #ifndef TESSERA_PLUGINS_CPU_ONEDNN_H
 #define TESSERA_PLUGINS_CPU_ONEDNN_H
+
+#include <pthread.h>
 
 #include <dnnl.h>
 
@@ -26,42 +30,59 @@ typedef struct dn_key {
     int64_t v[DN_KEY_MAX];
 } dn_key;
 
-/* One user operand of a cached primitive. */
+/* One user operand of a cached primitive. Only descriptions: the dnnl_memory objects that
+ * carry the data handles are made per execution (see dn_execute), so that threads running
+ * the same entry at once never share one. */
 typedef struct dn_arg {
     int arg;                  /* DNNL_ARG_SRC, ... */
     int is_output;
-    dnnl_memory_t user_mem;   /* the user's strided layout; handle set per execution */
-    dnnl_memory_t prim_mem;   /* the primitive's layout when it differs, else NULL */
+    dnnl_memory_desc_t user_md; /* the user's strided layout */
+    dnnl_memory_desc_t prim_md; /* the primitive's layout when it differs (has_prim) */
+    int has_prim;
     dnnl_primitive_t reorder; /* user -> prim (input) or prim -> user (output), or NULL */
-    size_t prim_bytes;        /* size of prim_mem's buffer */
+    size_t prim_bytes;        /* size of a prim_md buffer */
 } dn_arg;
 
+/* A cached primitive. Immutable once in the cache but for last_use and refs (both under
+ * dn_ctx.lock); oneDNN primitives are safe to execute from several threads at once when each
+ * execution brings its own memory objects and scratchpad, which dn_execute does. */
 typedef struct dn_entry {
     dn_key key;
     uint64_t hash, last_use;
+    int refs; /* the cache's (while in it) plus one per caller between find/create and release */
     dnnl_primitive_desc_t pd, hint_pd; /* hint_pd: the forward pd a backward pd refers to */
     dnnl_primitive_t prim;
     int nargs;
     dn_arg args[DN_MAX_ARGS];
-    dnnl_memory_t scratch_mem; /* user scratchpad, shared by prim and reorders; or NULL */
-    size_t scratch_bytes;
+    dnnl_memory_desc_t scratch_md; /* user scratchpad, shared by prim and reorders */
+    size_t scratch_bytes;          /* 0: none */
 } dn_entry;
 
+#define DN_MAX_IDLE_STREAMS 16 /* streams kept for reuse; more threads make and destroy theirs */
+
+/* The plugin context. run may be called from several threads at once (docs/writing-a-plugin.md):
+ * lock guards the cache (its array, tick and every entry's refs and last_use) and the idle
+ * streams; nothing is executed or created under it. */
 typedef struct dn_ctx {
     ts_hostdev hd; /* first: the hostdev vtable members take this ctx */
     dnnl_engine_t engine;
-    dnnl_stream_t stream;
+    pthread_mutex_t lock;
     dn_entry *cache[DN_CACHE_SIZE];
     int ncache;
     uint64_t tick;
+    dnnl_stream_t idle[DN_MAX_IDLE_STREAMS]; /* streams no execution holds */
+    int nidle;
 } dn_ctx;
 
 /* Key building: dn_key_push appends one word (silently marks the key unusable when full). */
 void dn_key_push(dn_key *k, int64_t v);
 void dn_key_push_double(dn_key *k, double v);
 
-/* The cached entry for key, or NULL. Counts as a use. */
+/* The cached entry for key, or NULL. Counts as a use. The caller holds a reference on the
+ * entry (eviction by another thread does not free it) until dn_entry_release. */
 dn_entry *dn_cache_find(dn_ctx *c, const dn_key *key);
+/* Drops the caller's reference from dn_cache_find or dn_cache_create; NULL is a no-op. */
+void dn_entry_release(dn_ctx *c, dn_entry *e);
 
 /* A user operand as a oneDNN memory descriptor of ndim dims / strides (elements; size-1
  * dims get a plain stride). */
@@ -85,12 +106,16 @@ typedef struct dn_spec {
 } dn_spec;
 
 /* Creates the primitive(s) for spec and caches them under key; fails through host->fail
- * (name prefixes the message). */
+ * (name prefixes the message). The creation runs outside the lock: when another thread cached
+ * the same key meanwhile, *out is that entry and the new one is dropped. *out is referenced
+ * as by dn_cache_find. */
 ts_status dn_cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec, const char *name,
                           dn_entry **out);
 
 /* Runs e on the user buffers handles[i] (pointers to the operands' first elements),
- * reordering through pool scratch where needed, and waits for it. */
+ * reordering through pool scratch where needed, and waits for it. Every execution has its own
+ * memory objects, scratch buffers, scratchpad and stream: safe to call from several threads
+ * at once, on the same entry too. */
 ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *name);
 
 /* Fails through host->fail with the dnnl status. */

@@ -94,15 +94,25 @@ void cuda_scratch_free(cuda_ctx *c, void *p)
 
 /* ---- range-check flag ------------------------------------------------------------------ */
 
-ts_status cuda_flag_reset(cuda_ctx *c)
+ts_status cuda_flag_begin(cuda_ctx *c)
 {
+    pthread_mutex_lock(&c->flag_lock);
     /* 0x7f in every byte: a position no tensor reaches, so "no bad element". */
-    CU_CHECK(c, cudaMemsetAsync(c->d_flag, 0x7f, sizeof *c->d_flag, c->stream));
+    cudaError_t e = cudaMemsetAsync(c->d_flag, 0x7f, sizeof *c->d_flag, c->stream);
+    if (e != cudaSuccess) {
+        pthread_mutex_unlock(&c->flag_lock);
+        return cuda_fail_cu(c, "cudaMemsetAsync(range-check flag)", e);
+    }
     return TS_OK;
 }
 
-ts_status cuda_flag_read(cuda_ctx *c, int64_t *pos)
+ts_status cuda_flag_end(cuda_ctx *c, ts_status status, int64_t *pos)
 {
+    *pos = -1;
+    if (status != TS_OK) {
+        pthread_mutex_unlock(&c->flag_lock);
+        return status;
+    }
     pthread_mutex_lock(&c->stage_lock);
     cudaError_t e = cudaMemcpyAsync(c->h_flag, c->d_flag, sizeof *c->d_flag,
                                     cudaMemcpyDeviceToHost, c->stream);
@@ -110,6 +120,7 @@ ts_status cuda_flag_read(cuda_ctx *c, int64_t *pos)
         e = cudaStreamSynchronize(c->stream);
     unsigned long long v = *c->h_flag;
     pthread_mutex_unlock(&c->stage_lock);
+    pthread_mutex_unlock(&c->flag_lock);
     if (e != cudaSuccess)
         return cuda_fail_cu(c, "cudaMemcpyAsync(range-check flag) / cudaStreamSynchronize", e);
     *pos = v == 0x7f7f7f7f7f7f7f7full ? -1 : (int64_t)v;
@@ -143,6 +154,7 @@ static void cuda_shutdown(void *ctx)
     if (c->stream)
         cudaStreamDestroy(c->stream);
     pthread_mutex_destroy(&c->stage_lock);
+    pthread_mutex_destroy(&c->flag_lock);
     free(c);
 }
 
@@ -173,6 +185,7 @@ static ts_status cuda_init(const ts_host *host, const ts_setting *settings, size
     c->host = host;
     c->device = device;
     pthread_mutex_init(&c->stage_lock, NULL);
+    pthread_mutex_init(&c->flag_lock, NULL);
     ts_status s;
     size_t free_b = 0, total_b = 0;
     const char *what = "cudaSetDevice";

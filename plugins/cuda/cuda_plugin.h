@@ -38,6 +38,7 @@ typedef struct cuda_ctx {
     unsigned long long *h_flag;   /* pinned host word it is copied back into */
     ts_pool *pool;
     pthread_mutex_t stage_lock;   /* the staging ring and h_flag */
+    pthread_mutex_t flag_lock;    /* d_flag, from cuda_flag_begin to cuda_flag_end */
     cuda_stage stage[CUDA_NSTAGE];
     int stage_next;
 } cuda_ctx;
@@ -66,14 +67,15 @@ ts_status cuda_fail_blas(cuda_ctx *c, const char *call, cublasStatus_t e);
 ts_status cuda_scratch(cuda_ctx *c, size_t nbytes, const char *tag, void **p);
 void cuda_scratch_free(cuda_ctx *c, void *p);
 
-/* Runs the range check a launcher queued on c->d_flag. One flag per instance: two threads
- * running index-checked ops on the same instance at once would share it (the core calls a
- * device's kernels from one thread at a time; give each thread its own instance otherwise). */
-/* Runs the range check a launcher queued on c->d_flag (reset by cuda_flag_reset) and returns
- * the first bad position, or -1 if none. Synchronizes the stream (the only kernel path that
- * does: the result decides the call's status). */
-ts_status cuda_flag_reset(cuda_ctx *c);
-ts_status cuda_flag_read(cuda_ctx *c, int64_t *pos);
+/* Range checks on device data: cuda_flag_begin takes the instance's flag (c->d_flag: one per
+ * instance, so a second thread running an index-checked op waits here rather than resetting or
+ * reading the flag under the first one's kernel) and resets it; the caller queues its check
+ * kernel on c->d_flag; cuda_flag_end (after begin succeeded, whatever happened in between)
+ * reads it back when status is TS_OK, synchronizing the stream (the only kernel path that
+ * does: the result decides the call's status), releases the flag and returns status or the
+ * read's failure. *pos: the first bad position, or -1 if none. */
+ts_status cuda_flag_begin(cuda_ctx *c);
+ts_status cuda_flag_end(cuda_ctx *c, ts_status status, int64_t *pos);
 
 /* A strided copy of src into dst (same shape and dtype) on the stream. */
 ts_status cuda_copy_strided(cuda_ctx *c, const ts_operand *dst, const ts_operand *src);

@@ -213,10 +213,12 @@ static ts_status binary_common(cuda_ctx *c, const char *what, int32_t fn, const 
             const ts_operand *ops[1] = {y};
             cu_ew_arg a;
             ew_plan(&a, ops, 1);
-            if ((s = cuda_flag_reset(c)))
+            if ((s = cuda_flag_begin(c)))
                 return s;
-            LAUNCH(c, cu_ew_find_bad_int(c->stream, &a, dt, kind, c->d_flag));
-            if ((s = cuda_flag_read(c, &bad)))
+            cudaError_t e = cu_ew_find_bad_int(c->stream, &a, dt, kind, c->d_flag);
+            if (e != cudaSuccess)
+                s = cuda_fail_cu(c, "cu_ew_find_bad_int", e);
+            if ((s = cuda_flag_end(c, s, &bad)))
                 return s;
         }
         if (bad >= 0)
@@ -383,11 +385,13 @@ static ts_status run_softmax(cuda_ctx *c, const ts_kernel_call *call)
 static ts_status check_range(cuda_ctx *c, const cu_idx_view *v, int64_t hi, int64_t *bad_pos,
                              int64_t *bad_val)
 {
-    ts_status s = cuda_flag_reset(c);
+    ts_status s = cuda_flag_begin(c);
     if (s)
         return s;
-    LAUNCH(c, cu_find_out_of_range(c->stream, v, hi, c->d_flag));
-    if ((s = cuda_flag_read(c, bad_pos)))
+    cudaError_t e = cu_find_out_of_range(c->stream, v, hi, c->d_flag);
+    if (e != cudaSuccess)
+        s = cuda_fail_cu(c, "cu_find_out_of_range", e);
+    if ((s = cuda_flag_end(c, s, bad_pos)))
         return s;
     *bad_val = 0;
     if (*bad_pos < 0)

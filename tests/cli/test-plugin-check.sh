@@ -4,8 +4,11 @@
 # with the reason on a FAIL line, and every shipped plugin exports nothing but its entry point.
 # The badkernel fixture fails exactly four checks: its COPY ignores strides, it has no pool
 # (so no statistics, malloc's 16-byte alignment, and no message for an impossible request).
+# The sharedscratch fixture's COPY is right alone but stages every call through one static
+# buffer: the concurrency check (several threads running kernels at once) must fail it, and
+# every shipped plugin must pass that check.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 7
+plan 8
 
 # check_plugin NAME: plugin-check passes it, or SKIP if it is not built.
 check_plugin() {
@@ -21,7 +24,7 @@ check_plugin() {
     out=$(ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}$lsan" "$TESSERA" plugin-check "$1" 2>&1)
     rc=$?
     if [ $rc -eq 0 ] && contains "$out" "plugin-check $1:" && contains "$out" " 0 failed" &&
-        ! contains "$out" "FAIL"; then
+        contains "$out" "PASS  threads: concurrent run calls" && ! contains "$out" "FAIL"; then
         ok "plugin-check $1: $(echo "$out" | tail -1)"
     else
         fail "plugin-check $1" "rc=$rc" "$(echo "$out" | grep -v '^PASS' | head -20)"
@@ -47,6 +50,17 @@ if [ $rc -eq 1 ] && contains "$out" "FAIL  kernel: copy float32" &&
     ok "a wrong kernel and a plugin without pool figures fail, named on FAIL lines"
 else
     fail "a wrong kernel and a plugin without pool figures fail, named on FAIL lines" "rc=$rc" "$out"
+fi
+
+out=$(ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1" \
+    "$TESSERA" plugin-check --quick "$FIXTURES/sharedscratch.so" 2>&1)
+rc=$?
+if [ $rc -eq 1 ] && contains "$out" "PASS  kernel: copy float32" &&
+    contains "$out" "FAIL  threads: concurrent run calls: thread" &&
+    contains "$out" "the reference says" && contains "$out" "writing-a-plugin.md"; then
+    ok "a plugin sharing scratch state between calls fails the concurrency check, not the kernel check"
+else
+    fail "a plugin sharing scratch state between calls fails the concurrency check" "rc=$rc" "$out"
 fi
 
 out=$("$TESSERA" plugin-check "$FIXTURES/badabi.so" 2>&1)

@@ -1,7 +1,11 @@
-/* tests/unit/test-threads.c: two threads train two models on the same device at once, so
- * they share its pool, its plugin and the core's registries. Each model must end exactly as
- * it does when trained alone (same seed, same steps), and nothing may stay alive. Run under
+/* tests/unit/test-threads.c: the threading contract of docs/writing-a-plugin.md, on every
+ * shipped plugin that loads here (cpu_blas, cpu_onednn, cuda where a GPU answers): two threads
+ * train two models on the same device at once, so they share its pool, its plugin and the
+ * core's registries, and each model must end exactly as it does when trained alone (same seed,
+ * same steps); four threads run many small matmuls on one device, each checked exactly against
+ * its own inputs; four threads hammer the pool. Nothing may stay alive. Run under
  * ThreadSanitizer by `make check-tsan` in a --enable-tsan build (docs/reliability.md). */
+#include <dlfcn.h>
 #include <pthread.h>
 
 #include "../tap.h"
@@ -100,9 +104,27 @@ out:
     return NULL;
 }
 
-static void test_two_models_one_device(void)
+/* The plugin name, loaded for the running test (tap_start first); SKIPs it when the plugin is
+ * not built or has no usable device here (cuda without a GPU). Unload with ts_device_unload
+ * before tap_end. */
+static ts_device *load(const char *name)
 {
-    ts_device *dev = tap_start();
+    char *path;
+    if (ts_plugin_find(NULL, name, &path) != TS_OK)
+        SKIP("plugin %s is not built", name);
+    free(path);
+    ts_device *dev;
+    ts_status s = ts_device_load(NULL, name, &dev);
+    if (s == TS_ENODEV)
+        SKIP("plugin %s has no device here: %s", name, ts_last_error());
+    CHECK_MSG(s == TS_OK, "loading %s: %s", name, ts_last_error());
+    return dev;
+}
+
+static void two_models_one_device(const char *name)
+{
+    tap_start();
+    ts_device *dev = load(name);
     job alone[2] = {{dev, 11, 0, "", 0, 0}, {dev, 12, 0, "", 0, 0}};
     for (int i = 0; i < 2; i++) {
         train(&alone[i]);
@@ -127,6 +149,7 @@ static void test_two_models_one_device(void)
     ts_memory_stats st;
     CHECK_OK(ts_device_memory_stats(dev, &st));
     CHECK(!(st.valid & TS_STATS_POOL) || st.n_alloc > 0);
+    ts_device_unload(dev);
     tap_end();
 }
 
@@ -186,9 +209,10 @@ static void *hammer_run(void *arg)
     return NULL;
 }
 
-static void test_pool_hammer(void)
+static void pool_hammer(const char *name)
 {
-    ts_device *dev = tap_start();
+    tap_start();
+    ts_device *dev = load(name);
     hammer h[4];
     pthread_t t[4];
     for (unsigned i = 0; i < 4; i++) {
@@ -199,12 +223,164 @@ static void test_pool_hammer(void)
         CHECK(pthread_join(t[i], NULL) == 0);
     for (int i = 0; i < 4; i++)
         CHECK_MSG(!h[i].bad, "thread %d: %s", i, h[i].error);
+    ts_device_unload(dev);
     tap_end();
 }
 
+/* Four threads run MM_ITERS matmuls each on one device, every one on fresh inputs of small
+ * integers (so every product and sum is exact in float32, whatever the summation order) and
+ * checked element by element against a product computed here from the same inputs: a result
+ * computed on another thread's operands, or written into another thread's output, is caught
+ * whatever its value. Even iterations use one shape shared by all threads (one cached
+ * primitive executed by all of them at once); odd ones draw from MM_SHAPES shapes, more than
+ * a primitive cache of 256 holds, so entries are created, looked up and evicted concurrently
+ * while other threads run them. */
+#define MM_THREADS 4
+#define MM_ITERS 5000
+#define MM_DIM 16
+#define MM_SHAPES 320 /* (M, N) in [1, 20] x [1, 16], K = 7 */
+#define MM_BUF 512    /* floats: the largest operand is 20 x 16 */
+
+typedef struct mm_job {
+    ts_device *dev;
+    unsigned id;
+    int wrong, done;
+    char error[512];
+} mm_job;
+
+static void *mm_run(void *arg)
+{
+    mm_job *j = arg;
+    float a[MM_BUF], b[MM_BUF], c[MM_BUF];
+    uint64_t r = 0x9e3779b97f4a7c15ull * (j->id + 1);
+    ts_tensor *ta = NULL, *tb = NULL, *tc = NULL;
+    for (int it = 0; it < MM_ITERS; it++) {
+        int64_t M = MM_DIM, K = MM_DIM, N = MM_DIM;
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        if (it % 4 == 3) {
+            int shape = (int)(r % MM_SHAPES);
+            M = 1 + shape / 16;
+            N = 1 + shape % 16;
+            K = 7;
+        }
+        for (int64_t i = 0; i < M * K; i++)
+            a[i] = (float)((int)((r >> (i % 40)) % 9) - 4 + (int)j->id);
+        for (int64_t i = 0; i < K * N; i++)
+            b[i] = (float)((int)((r >> ((i + 17) % 40)) % 7) - 3 - (int)(it % 5));
+        int64_t as[] = {M, K}, bs[] = {K, N};
+        ts_status s;
+        if ((s = ts_tensor_from_host(j->dev, TS_F32, 2, as, a, &ta)) ||
+            (s = ts_tensor_from_host(j->dev, TS_F32, 2, bs, b, &tb)) ||
+            (s = ts_matmul(ta, tb, &tc)) ||
+            (s = ts_tensor_to_host(tc, c, (size_t)(M * N) * sizeof c[0]))) {
+            snprintf(j->error, sizeof j->error, "iteration %d: %s: %s", it, ts_status_name(s),
+                     ts_last_error());
+            j->wrong++;
+        } else {
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = 0; n < N; n++) {
+                    double want = 0;
+                    for (int64_t k = 0; k < K; k++)
+                        want += (double)a[m * K + k] * b[k * N + n];
+                    if (c[m * N + n] != (float)want) {
+                        if (!j->wrong)
+                            snprintf(j->error, sizeof j->error,
+                                     "iteration %d (%lldx%lld @ %lldx%lld): [%lld,%lld] = %g, "
+                                     "expected %g",
+                                     it, (long long)M, (long long)K, (long long)K, (long long)N,
+                                     (long long)m, (long long)n, (double)c[m * N + n], want);
+                        j->wrong++;
+                        m = M; /* count a wrong product once */
+                        break;
+                    }
+                }
+        }
+        ts_tensor_unref(ta);
+        ts_tensor_unref(tb);
+        ts_tensor_unref(tc);
+        ta = tb = tc = NULL;
+        j->done++;
+    }
+    return NULL;
+}
+
+typedef long long (*live_fn)(void);
+
+/* The plugin's test-only diagnostic NAME_SUFFIX (e.g. cpu_onednn_primitive_live), or NULL. */
+static live_fn diagnostic(ts_device *dev, const char *name, const char *suffix)
+{
+    void *h = dlopen(ts_device_path(dev), RTLD_NOW | RTLD_NOLOAD);
+    CHECK_MSG(h, "dlopen(%s, RTLD_NOLOAD): %s", ts_device_path(dev), dlerror());
+    char sym[96];
+    snprintf(sym, sizeof sym, "%s_%s", name, suffix);
+    void *p = dlsym(h, sym);
+    dlclose(h); /* the device keeps its own reference */
+    live_fn f = NULL;
+    if (p)
+        memcpy(&f, &p, sizeof f);
+    return f;
+}
+
+static void matmul_threads(const char *name)
+{
+    tap_start();
+    ts_device *dev = load(name);
+    mm_job j[MM_THREADS];
+    pthread_t t[MM_THREADS];
+    for (unsigned i = 0; i < MM_THREADS; i++) {
+        j[i] = (mm_job){dev, i, 0, 0, ""};
+        CHECK(pthread_create(&t[i], NULL, mm_run, &j[i]) == 0);
+    }
+    for (int i = 0; i < MM_THREADS; i++)
+        CHECK(pthread_join(t[i], NULL) == 0);
+    for (int i = 0; i < MM_THREADS; i++)
+        CHECK_MSG(j[i].wrong == 0 && j[i].done == MM_ITERS,
+                  "%s thread %d: %d of %d matmuls wrong; first: %s", name, i, j[i].wrong, j[i].done,
+                  j[i].error);
+    /* cpu_onednn: entries evicted while other threads ran them are freed once released (the
+     * cache holds 256 one-primitive matmul entries), and executions return their streams
+     * (16 are kept idle). */
+    live_fn prims = diagnostic(dev, name, "primitive_live");
+    live_fn streams = diagnostic(dev, name, "stream_live");
+    if (prims)
+        CHECK_MSG(prims() <= 256,
+                  "%s: %lld primitives alive after the threads ended (the cache "
+                  "holds 256)",
+                  name, prims());
+    if (streams)
+        CHECK_MSG(streams() >= 1 && streams() <= 16, "%s: %lld streams alive (at most 16 idle)",
+                  name, streams());
+    ts_device_unload(dev);
+    tap_end();
+}
+
+#define PER_PLUGIN(fn)                                                                             \
+    static void test_##fn##_cpu_blas(void)                                                         \
+    {                                                                                              \
+        fn("cpu_blas");                                                                            \
+    }                                                                                              \
+    static void test_##fn##_cpu_onednn(void)                                                       \
+    {                                                                                              \
+        fn("cpu_onednn");                                                                          \
+    }                                                                                              \
+    static void test_##fn##_cuda(void)                                                             \
+    {                                                                                              \
+        fn("cuda");                                                                                \
+    }
+PER_PLUGIN(matmul_threads)
+PER_PLUGIN(two_models_one_device)
+PER_PLUGIN(pool_hammer)
+
 int main(int argc, char **argv)
 {
-    static const tap_test tests[] = {TAP_TEST(test_two_models_one_device),
-                                     TAP_TEST(test_pool_hammer)};
+    static const tap_test tests[] = {TAP_TEST(test_matmul_threads_cpu_blas),
+                                     TAP_TEST(test_matmul_threads_cpu_onednn),
+                                     TAP_TEST(test_matmul_threads_cuda),
+                                     TAP_TEST(test_two_models_one_device_cpu_blas),
+                                     TAP_TEST(test_two_models_one_device_cpu_onednn),
+                                     TAP_TEST(test_two_models_one_device_cuda),
+                                     TAP_TEST(test_pool_hammer_cpu_blas),
+                                     TAP_TEST(test_pool_hammer_cpu_onednn),
+                                     TAP_TEST(test_pool_hammer_cuda)};
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
