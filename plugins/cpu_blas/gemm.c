@@ -11,6 +11,7 @@
  * would (for bench train's shapes, results at 1 and 2 threads were bitwise equal). An OpenMP
  * build of OpenBLAS would share libgomp's pool anyway; held at one thread, it changes nothing. */
 #include "config.h"
+#include <pthread.h>
 
 #include <cblas.h>
 #ifdef _OPENMP
@@ -26,10 +27,17 @@
  * kernels' widest unroll), so each band's edge handling matches a whole-matrix call. */
 #define BAND_ALIGN 16
 
+/* openblas_set_num_threads is not safe to call from two threads at once (it resizes
+ * OpenBLAS's thread pool); run calls come from any host thread, so the check and the set are
+ * one locked step. Uncontended, the lock costs a few nanoseconds per GEMM. */
+static pthread_mutex_t single_lock = PTHREAD_MUTEX_INITIALIZER;
+
 void ts_blas_single_thread(void)
 {
+    pthread_mutex_lock(&single_lock);
     if (openblas_get_num_threads() != 1)
         openblas_set_num_threads(1);
+    pthread_mutex_unlock(&single_lock);
 }
 
 static void call(size_t es, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
