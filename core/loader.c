@@ -5,6 +5,9 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,34 +272,198 @@ static const struct {
 #undef R
 };
 
-/* Plugin files and their directories must not be writable by others unless the config says
- * so: anyone who can write there can run code in this process. */
-static ts_status check_permissions(const ts_config *cfg, const char *path)
+/* Whether [core] allow_insecure_plugin_path is set. */
+static int insecure_allowed(const ts_config *cfg)
 {
     const char *allow = ts_config_get(cfg, "core", "allow_insecure_plugin_path");
-    if (allow && (strcmp(allow, "true") == 0 || strcmp(allow, "yes") == 0 ||
-                  strcmp(allow, "on") == 0 || strcmp(allow, "1") == 0))
-        return TS_OK;
-    char *dir = ts__strdup(path);
+    return allow && (strcmp(allow, "true") == 0 || strcmp(allow, "yes") == 0 ||
+                     strcmp(allow, "on") == 0 || strcmp(allow, "1") == 0);
+}
+
+static ts_status refuse(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static ts_status refuse(const char *path, const char *fmt, ...)
+{
+    char why[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    ts_status s = ts__fail(TS_EPLUGIN,
+                           "refusing to load '%s': %s; anyone who can change it can run code "
+                           "in this process. Fix the ownership or permissions, or set [core] "
+                           "allow_insecure_plugin_path = true",
+                           path, why);
+    ts__log(TS_LOG_WARN, "%s", ts_last_error());
+    return s;
+}
+
+/* Who may own a plugin file or a directory above it: root or the user running this. */
+static int trusted_owner(uid_t uid)
+{
+    return uid == 0 || uid == geteuid();
+}
+
+/* The trust rule for plugin files, in the manner of OpenSSH's StrictModes, on the resolved
+ * path real (no symbolic link left in it): the file is a regular file owned by root or the
+ * effective user and writable by neither group nor others; every directory from its own up to
+ * '/' is owned by root or the effective user and writable by neither group nor others, unless
+ * it is sticky (as /tmp is), since then no one else can rename or remove an entry of ours.
+ * *st gets the file's lstat, for the descriptor check after the open. */
+static ts_status check_chain(const char *path, const char *real, struct stat *st)
+{
+    if (lstat(real, st) != 0)
+        return ts__fail(TS_EPLUGIN, "plugin '%s': cannot stat '%s': %s", path, real,
+                        strerror(errno));
+    if (!S_ISREG(st->st_mode))
+        return ts__fail(TS_EPLUGIN, "plugin '%s': '%s' is %s, not a regular file", path, real,
+                        ts__file_kind(st->st_mode));
+    if (!trusted_owner(st->st_uid))
+        return refuse(path, "the file '%s' is owned by uid %ld, neither root nor this user",
+                      real, (long)st->st_uid);
+    if (st->st_mode & (S_IWGRP | S_IWOTH))
+        return refuse(path, "the file '%s' is writable by %s", real,
+                      st->st_mode & S_IWOTH ? "every user" : "its group");
+    char *dir = ts__strdup(real);
     if (!dir)
-        return ts__fail(TS_ENOMEM, "out of memory");
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = 0;
-    const char *checks[2] = {path, slash ? (dir[0] ? dir : "/") : "."};
+        return ts__fail(TS_ENOMEM, "out of host memory");
     ts_status s = TS_OK;
-    for (int i = 0; i < 2 && s == TS_OK; i++) {
-        struct stat st;
-        if (stat(checks[i], &st) == 0 && (st.st_mode & S_IWOTH)) {
-            s = ts__fail(TS_EPLUGIN,
-                         "refusing to load '%s': %s '%s' is writable by every user; fix its "
-                         "permissions or set [core] allow_insecure_plugin_path = true",
-                         path, i == 0 ? "the file" : "its directory", checks[i]);
-            ts__log(TS_LOG_WARN, "%s", ts_last_error());
+    for (;;) {
+        char *slash = strrchr(dir, '/');
+        if (!slash)
+            break; /* realpath gives absolute paths; nothing above a relative one to check */
+        slash == dir ? (void)(slash[1] = 0) : (void)(*slash = 0);
+        struct stat ds;
+        if (stat(dir, &ds) != 0) {
+            s = ts__fail(TS_EPLUGIN, "plugin '%s': cannot stat directory '%s': %s", path, dir,
+                         strerror(errno));
+            break;
         }
+        if (!trusted_owner(ds.st_uid)) {
+            s = refuse(path, "its directory '%s' is owned by uid %ld, neither root nor this "
+                       "user", dir, (long)ds.st_uid);
+            break;
+        }
+        if ((ds.st_mode & (S_IWGRP | S_IWOTH)) && !(ds.st_mode & S_ISVTX)) {
+            s = refuse(path, "its directory '%s' is writable by %s and not sticky", dir,
+                       ds.st_mode & S_IWOTH ? "every user" : "its group");
+            break;
+        }
+        if (strcmp(dir, "/") == 0)
+            break;
     }
     free(dir);
     return s;
+}
+
+/* Opens the plugin file for dlopen: resolves path, checks the trust rule (unless the config
+ * allows insecure paths), opens the file once without following links or blocking, and checks
+ * that the descriptor is the file that was checked. *fd_out is then loaded through
+ * /proc/self/fd, so nothing can be swapped in between the check and the load. */
+static ts_status open_plugin(const ts_config *cfg, const char *path, int *fd_out)
+{
+    *fd_out = -1;
+    char *real = realpath(path, NULL);
+    if (!real)
+        return ts__fail(TS_EPLUGIN, "plugin '%s': cannot resolve the path: %s", path,
+                        strerror(errno));
+    int insecure = insecure_allowed(cfg);
+    struct stat want, got;
+    ts_status s = TS_OK;
+    if (insecure) {
+        if (stat(real, &want) != 0)
+            s = ts__fail(TS_EPLUGIN, "plugin '%s': cannot stat '%s': %s", path, real,
+                         strerror(errno));
+        else if (!S_ISREG(want.st_mode))
+            s = ts__fail(TS_EPLUGIN, "plugin '%s': '%s' is %s, not a regular file", path, real,
+                         ts__file_kind(want.st_mode));
+    } else {
+        s = check_chain(path, real, &want);
+    }
+    if (s) {
+        free(real);
+        return s;
+    }
+    int fd = open(real, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        s = ts__fail(TS_EPLUGIN, "plugin '%s': cannot open '%s': %s", path, real,
+                     strerror(errno));
+    } else if (fstat(fd, &got) != 0) {
+        s = ts__fail(TS_EPLUGIN, "plugin '%s': cannot stat '%s': %s", path, real,
+                     strerror(errno));
+    } else if (got.st_dev != want.st_dev || got.st_ino != want.st_ino ||
+               !S_ISREG(got.st_mode) ||
+               (!insecure && (!trusted_owner(got.st_uid) ||
+                              (got.st_mode & (S_IWGRP | S_IWOTH))))) {
+        s = refuse(path, "'%s' changed between its check and its open", real);
+    }
+    free(real);
+    if (s) {
+        if (fd >= 0)
+            close(fd);
+        return s;
+    }
+    *fd_out = fd;
+    return TS_OK;
+}
+
+/* The name each plugin file was dlopen'ed by. A plugin is loaded through /proc/self/fd/N of
+ * the descriptor open_plugin checked; ld.so then knows the object by that name for good (it is
+ * RTLD_NODELETE, and ld.so also adds the name of every later dlopen that finds the same file).
+ * So a descriptor that named a loaded object stays open for the life of the process: were its
+ * number reused for another file, dlopen of that name would return the old object. The same
+ * file (device and inode) loaded again is opened by its first name and the new descriptor
+ * closed: one descriptor per distinct plugin file, never one per load. */
+typedef struct fd_name {
+    dev_t dev;
+    ino_t ino;
+    int fd;
+} fd_name;
+static fd_name *fd_names;
+static size_t n_fd_names, cap_fd_names;
+static pthread_mutex_t fd_names_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The name to dlopen for the checked descriptor fd: /proc/self/fd/N of the descriptor that
+ * first loaded the same file, or of fd itself (written into buf). Without /proc (or out of
+ * memory for the table) the resolved path, checked just before. Holds fd_names_lock until
+ * loaded_done. */
+static const char *loaded_name(int fd, const char *path, char *buf, size_t len)
+{
+    pthread_mutex_lock(&fd_names_lock);
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return path;
+    int use = fd;
+    for (size_t i = 0; i < n_fd_names; i++)
+        if (fd_names[i].dev == st.st_dev && fd_names[i].ino == st.st_ino)
+            use = fd_names[i].fd;
+    snprintf(buf, len, "/proc/self/fd/%d", use);
+    if (access(buf, F_OK) != 0)
+        return path;
+    if (use == fd && n_fd_names == cap_fd_names) {
+        size_t cap = cap_fd_names ? 2 * cap_fd_names : 8;
+        fd_name *p = ts__realloc(fd_names, cap * sizeof *p);
+        if (!p)
+            return path;
+        fd_names = p;
+        cap_fd_names = cap;
+    }
+    return buf;
+}
+
+/* After the dlopen: keeps fd as a name when it is a new one that ld.so now holds, else closes
+ * it (the mapping stays). Releases fd_names_lock. */
+static void loaded_done(int fd, int named)
+{
+    struct stat st;
+    int fresh = named && fstat(fd, &st) == 0;
+    for (size_t i = 0; fresh && i < n_fd_names; i++)
+        if (fd_names[i].fd == fd || (fd_names[i].dev == st.st_dev && fd_names[i].ino == st.st_ino))
+            fresh = 0;
+    if (fresh)
+        fd_names[n_fd_names++] = (fd_name){st.st_dev, st.st_ino, fd};
+    else
+        close(fd);
+    pthread_mutex_unlock(&fd_names_lock);
 }
 
 TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, ts_device **out)
@@ -314,14 +481,18 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
         return ts__fail(TS_ENOMEM, "out of memory loading plugin '%s'", name_or_path);
     }
     dev->path = path;
-    if ((s = check_permissions(cfg, path)))
+    int fd;
+    if ((s = open_plugin(cfg, path, &fd)))
         goto fail;
+    char fdpath[64];
+    const char *load = loaded_name(fd, path, fdpath, sizeof fdpath);
     dlerror();
     /* RTLD_NODELETE: ts_device_unload shuts the plugin down and dlcloses it, but its code
      * stays mapped. A plugin's libraries may leave threads behind that no API stops (libgomp's
      * pool spins in its own code for a while after each parallel region); unmapping that code
      * under them crashed `tessera train` at exit under valgrind (docs/reliability.md). */
-    dev->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    dev->handle = dlopen(load, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    loaded_done(fd, load == fdpath && dev->handle);
     if (!dev->handle) {
         const char *e = dlerror();
         s = ts__fail(TS_EPLUGIN, "plugin '%s': cannot load %s: %s", name_or_path, path,
