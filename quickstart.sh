@@ -9,6 +9,9 @@
 # Environment: CONFIGURE_FLAGS (extra ./configure flags), BUILD_DIR (default _build),
 # JOBS (make -j, default nproc), EXTRA_PACKAGES (more Debian packages to install).
 set -eu
+# Plugins load only from files and directories no other user can write (docs/configuration.md):
+# a build under a group-writable umask (002) would make the build tree's own plugins untrusted.
+umask 022
 
 cd "$(dirname "$0")"
 mode=${1:-train}
