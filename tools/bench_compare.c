@@ -189,8 +189,13 @@ int cli_bench_compare(int argc, char **argv, const cli_common *common)
             bench_clock = CLOCK_PROCESS_CPUTIME_ID;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc && atoi(argv[i + 1]) > 0)
-            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps")) {
+            int64_t n;
+            if (cli_parse_i64("bench compare", "--reps", i + 1 < argc ? argv[i + 1] : NULL, 1,
+                              1000000, &n))
+                return 2;
+            reps = (int)n, i++;
+        }
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
             return fputs(usage, stdout), 0;
         else

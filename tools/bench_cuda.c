@@ -295,10 +295,13 @@ int cli_bench_cuda(int argc, char **argv, const cli_common *common)
 {
     int steps = 50, cpu_steps = 3, cpu = 1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--steps") && i + 1 < argc && atoi(argv[i + 1]) > 0)
-            steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--cpu-steps") && i + 1 < argc && atoi(argv[i + 1]) > 0)
-            cpu_steps = atoi(argv[++i]);
+        int64_t n;
+        if (!strcmp(argv[i], "--steps") || !strcmp(argv[i], "--cpu-steps")) {
+            if (cli_parse_i64("bench cuda", argv[i], i + 1 < argc ? argv[i + 1] : NULL, 1,
+                              1000000, &n))
+                return 2;
+            *(!strcmp(argv[i], "--steps") ? &steps : &cpu_steps) = (int)n, i++;
+        }
         else if (!strcmp(argv[i], "--no-cpu"))
             cpu = 0;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {

@@ -182,10 +182,12 @@ int cli_bench_ops(int argc, char **argv, const cli_common *common)
             b.json = 1;
         } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
             device = argv[++i];
-        } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
-            b.reps = atoi(argv[++i]);
-            if (b.reps < 1)
-                return cli_usage_error("bench ops", "--reps needs a positive number");
+        } else if (strcmp(argv[i], "--reps") == 0) {
+            int64_t n;
+            if (cli_parse_i64("bench ops", "--reps", i + 1 < argc ? argv[i + 1] : NULL, 1,
+                              1000000, &n))
+                return 2;
+            b.reps = (int)n, i++;
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             fputs(usage, stdout);
             return 0;

@@ -118,6 +118,8 @@ static int parse_u64(const char *s, uint64_t *out)
 {
     char *end;
     errno = 0;
+    if (*s < '0' || *s > '9') /* strtoull would take a space, '+' or '-' (wrapping) */
+        return 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end || v == 0)
         return 0;

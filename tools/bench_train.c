@@ -470,7 +470,6 @@ static int parse(int argc, char **argv, bench_opts *o)
         if (!v)
             return cli_usage_error("bench train", "%s needs a value", a);
         i++;
-        char *end = NULL;
         if (!strcmp(a, "--optimizer")) {
             if (strcmp(v, "sgd") && strcmp(v, "adam") && strcmp(v, "adamw"))
                 return cli_usage_error("bench train", "unknown optimizer '%s' (sgd, adam or "
@@ -481,16 +480,13 @@ static int parse(int argc, char **argv, bench_opts *o)
         } else if (!strcmp(a, "--data")) {
             o->data = v;
         } else if (!strcmp(a, "--lr")) {
-            o->lr = strtod(v, &end);
-            if (*end || !(o->lr > 0))
-                return cli_usage_error("bench train", "--lr '%s': expected a number > 0", v);
+            if (cli_parse_double("bench train", a, v, 0, 1, 1e6, &o->lr))
+                return 2;
         } else {
-            long long n = strtoll(v, &end, 10);
-            int64_t lo = !strcmp(a, "--warmup") ? 0 : 1,
-                    hi = !strcmp(a, "--batch-size") ? 60000 : 100000;
-            if (end == v || *end || n < lo || n > hi)
-                return cli_usage_error("bench train", "%s '%s': expected a whole number "
-                                       "%lld..%lld", a, v, (long long)lo, (long long)hi);
+            int64_t n, lo = !strcmp(a, "--warmup") ? 0 : 1,
+                       hi = !strcmp(a, "--batch-size") ? 60000 : 100000;
+            if (cli_parse_i64("bench train", a, v, lo, hi, &n))
+                return 2;
             *(!strcmp(a, "--batch-size") ? &o->batch : !strcmp(a, "--steps") ? &o->steps
                                                                                : &o->warmup) = n;
         }

@@ -15,6 +15,14 @@ typedef struct cli_common {
 /* Prints "tessera: error: ..." and returns 2 (misuse) or 1 (failure). */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cli_fail(ts_status s, const char *what);
+/* Strict numeric option values (tools/cli_args.c): all of v a number, no overflow, finite, in
+ * range; else a usage error naming opt, v and the range, and the return value is 2. 0 when
+ * *out was set. min_open: the value must be > min, not >= min. */
+int cli_parse_i64(const char *cmd, const char *opt, const char *v, int64_t min, int64_t max,
+                  int64_t *out);
+int cli_parse_u64(const char *cmd, const char *opt, const char *v, uint64_t max, uint64_t *out);
+int cli_parse_double(const char *cmd, const char *opt, const char *v, double min, int min_open,
+                     double max, double *out);
 
 /* Formats bytes as "1.50 GiB" into buf. */
 const char *cli_bytes(unsigned long long bytes, char *buf, size_t len);

@@ -31,11 +31,21 @@ static const char usage[] =
     "  --init KIND     weight initialisation (default kaiming: PyTorch's Kaiming-uniform);\n"
     "                  normal:STD draws N(0, STD) with zero biases\n"
     "  --save CKPT     write a checkpoint (safetensors) after every epoch and at the end\n"
-    "  --resume CKPT   continue exactly where CKPT stopped (same model, optimizer, order)\n"
+    "  --resume CKPT   continue exactly where CKPT stopped (same model, optimizer, order;\n"
+    "                  the optimizer settings are the checkpoint's)\n"
     "  --max-steps N   stop after N optimizer steps in all (then evaluate and save)\n"
     "  --train-limit N train on the first N training images only\n"
     "  --log-steps     print every step's loss (one line each; JSON lines with --json)\n"
-    "  --json          one JSON object per epoch instead of the progress bar and summary\n";
+    "  --json          one JSON object per epoch instead of the progress bar and summary\n"
+    "A loss that becomes NaN or infinite stops training with exit status 1.\n";
+
+/* Documented ranges of the numeric options (usage text and docs/training.md). */
+#define MAX_EPOCHS 1000000
+#define MAX_BATCH ((int64_t)1 << 20)
+#define MAX_STEPS ((int64_t)1 << 53)
+#define MAX_LIMIT ((int64_t)1 << 31)
+#define MAX_LR 1e6
+#define MAX_WEIGHT_DECAY 1e3
 
 typedef struct train_opts {
     const char *model, *optimizer, *device, *data, *save, *resume;
@@ -43,6 +53,8 @@ typedef struct train_opts {
     double lr, momentum, weight_decay;
     uint64_t seed;
     int json, log_steps;
+    /* given on the command line (checked against a resumed checkpoint) */
+    int set_optimizer, set_lr, set_momentum, set_weight_decay, set_epochs;
     cli_model arch; /* --model, --hidden, --channels, --init */
 } train_opts;
 
@@ -281,6 +293,7 @@ typedef struct trainer {
     int64_t step;      /* optimizer steps taken */
     uint64_t epoch;    /* the epoch in progress (0-based) */
     int tty;
+    int diverged; /* run_epoch stopped on a non-finite loss and said so */
 } trainer;
 
 static void meta_u64(ts_checkpoint *ck, const char *key, uint64_t v)
@@ -324,19 +337,58 @@ static ts_status save(trainer *t, const char *path)
     return s;
 }
 
-static ts_status meta_num(const ts_checkpoint *ck, const char *path, const char *key,
-                          uint64_t *v)
+/* A train.* value of a checkpoint: decimal digits only, at most max. */
+static int meta_num(const ts_checkpoint *ck, const char *path, const char *key, uint64_t max,
+                    uint64_t *v)
 {
     const char *txt = ts_checkpoint_meta(ck, key);
+    if (!txt || !*txt) {
+        fprintf(stderr, "tessera: error: %s: not a tessera training checkpoint (no '%s')\n",
+                path, key);
+        return 1;
+    }
+    uint64_t n = 0;
+    for (const char *p = txt; *p; p++) {
+        if (*p < '0' || *p > '9' || n > (UINT64_MAX - (uint64_t)(*p - '0')) / 10) {
+            fprintf(stderr, "tessera: error: %s: metadata '%s' = '%s' is not a whole number "
+                            "0..%llu: the checkpoint is damaged or was not written by tessera\n",
+                    path, key, txt, (unsigned long long)max);
+            return 1;
+        }
+        n = n * 10 + (uint64_t)(*p - '0');
+    }
+    if (n > max) {
+        fprintf(stderr, "tessera: error: %s: metadata '%s' = '%s' is out of range (0..%llu): "
+                        "the checkpoint is damaged or was not written by tessera\n",
+                path, key, txt, (unsigned long long)max);
+        return 1;
+    }
+    *v = n;
+    return 0;
+}
+
+/* An optimizer hyper-parameter given on the command line must equal the checkpoint's: the
+ * optimizer state comes from the checkpoint, so a different value would be silently ignored.
+ * Not given: the checkpoint's value is used (and printed in the banner). */
+static int hyper(trainer *t, const ts_checkpoint *ck, const char *key, const char *flag,
+                 int given, double *val)
+{
+    const char *txt = ts_checkpoint_meta(ck, key);
+    if (!txt)
+        return 0; /* not this optimizer's (momentum of adam); ts_optim_load_state checks */
     char *end;
-    if (!txt || !*txt)
-        return fprintf(stderr, "tessera: error: %s: not a tessera training checkpoint (no "
-                               "'%s')\n", path, key), TS_ECORRUPT;
-    *v = strtoull(txt, &end, 10);
-    if (*end)
-        return fprintf(stderr, "tessera: error: %s: metadata '%s' = '%s' is not a number\n", path,
-                       key, txt), TS_ECORRUPT;
-    return TS_OK;
+    double saved = strtod(txt, &end);
+    if (*end || !isfinite(saved))
+        return 0; /* ts_optim_load_state refuses it with the reason */
+    if (given && saved != *val) {
+        fprintf(stderr, "tessera: error: %s was trained with %s %.17g, not %.17g; the optimizer "
+                        "state comes from the checkpoint: resume without %s (or with %s %.17g), "
+                        "or start a new run\n",
+                t->o.resume, flag, saved, *val, flag, flag, saved);
+        return 2;
+    }
+    *val = saved;
+    return 0;
 }
 
 static int resume(trainer *t)
@@ -361,14 +413,15 @@ static int resume(trainer *t)
                 t->o.resume, saved, arch, saved);
         goto out;
     }
-    if (meta_num(ck, t->o.resume, "train.seed", &seed) ||
-        meta_num(ck, t->o.resume, "train.batch_size", &batch_size) ||
-        meta_num(ck, t->o.resume, "train.train_limit", &limit) ||
-        meta_num(ck, t->o.resume, "train.step", &step) ||
-        meta_num(ck, t->o.resume, "train.epoch", &epoch) ||
-        meta_num(ck, t->o.resume, "train.batch", &batch) ||
-        meta_num(ck, t->o.resume, "train.rng_seed", &rseed) ||
-        meta_num(ck, t->o.resume, "train.rng_offset", &roff))
+    const char *path = t->o.resume;
+    if (meta_num(ck, path, "train.seed", UINT64_MAX, &seed) ||
+        meta_num(ck, path, "train.batch_size", MAX_BATCH, &batch_size) ||
+        meta_num(ck, path, "train.train_limit", MAX_LIMIT, &limit) ||
+        meta_num(ck, path, "train.step", MAX_STEPS, &step) ||
+        meta_num(ck, path, "train.epoch", MAX_EPOCHS, &epoch) ||
+        meta_num(ck, path, "train.batch", MAX_LIMIT, &batch) ||
+        meta_num(ck, path, "train.rng_seed", UINT64_MAX, &rseed) ||
+        meta_num(ck, path, "train.rng_offset", UINT64_MAX, &roff))
         goto out;
     if (seed != t->o.seed || (int64_t)batch_size != t->o.batch ||
         (int64_t)limit != t->o.train_limit) {
@@ -376,6 +429,49 @@ static int resume(trainer *t)
                         "--train-limit %llu; resume with the same values\n",
                 t->o.resume, (unsigned long long)seed, (unsigned long long)batch_size,
                 (unsigned long long)limit);
+        goto out;
+    }
+    /* Every step is one batch, so the position and the step count must agree. */
+    uint64_t nb = (uint64_t)ts_loader_batches(t->loader);
+    if (batch > nb || step != epoch * nb + batch) {
+        fprintf(stderr, "tessera: error: %s: inconsistent position: step %llu at epoch %llu, "
+                        "batch %llu, with %llu batches per epoch; the checkpoint is damaged\n",
+                path, (unsigned long long)step, (unsigned long long)epoch,
+                (unsigned long long)batch, (unsigned long long)nb);
+        goto out;
+    }
+    if (batch == nb) { /* written at the end of an epoch: the next one starts at its beginning */
+        epoch++;
+        batch = 0;
+    }
+    /* The optimizer and its hyper-parameters are the checkpoint's. */
+    const char *kind = ts_checkpoint_meta(ck, "optim.kind");
+    if (kind && strcmp(kind, t->o.optimizer) != 0) {
+        if (t->o.set_optimizer) {
+            fprintf(stderr, "tessera: error: %s was trained with --optimizer %s, not %s; resume "
+                            "without --optimizer (or with --optimizer %s)\n",
+                    path, kind, t->o.optimizer, kind);
+            rc = 2;
+            goto out;
+        }
+        if (strcmp(kind, "sgd") && strcmp(kind, "adam") && strcmp(kind, "adamw")) {
+            fprintf(stderr, "tessera: error: %s: unknown optimizer '%s' in the checkpoint\n",
+                    path, kind);
+            goto out;
+        }
+        t->o.optimizer = !strcmp(kind, "sgd") ? "sgd" : !strcmp(kind, "adam") ? "adam" : "adamw";
+    }
+    if ((rc = hyper(t, ck, "optim.lr", "--lr", t->o.set_lr, &t->o.lr)) ||
+        (rc = hyper(t, ck, "optim.momentum", "--momentum", t->o.set_momentum, &t->o.momentum)) ||
+        (rc = hyper(t, ck, "optim.weight_decay", "--weight-decay", t->o.set_weight_decay,
+                    &t->o.weight_decay)))
+        goto out;
+    rc = 1;
+    ts_optim_free(t->opt);
+    t->opt = NULL;
+    if ((s = cli_make_optim(t->o.optimizer, t->o.lr, t->o.momentum, t->o.weight_decay,
+                            t->params, t->nparams, &t->opt))) {
+        rc = cli_fail(s, "--resume");
         goto out;
     }
     for (size_t i = 0; i < t->nparams; i++)
@@ -401,6 +497,36 @@ static int resume(trainer *t)
 out:
     ts_checkpoint_free(ck);
     return rc;
+}
+
+/* After a resume: what is left to train. 0: train; else the exit status, having said why
+ * nothing will be trained (the checkpoint is left as it is). */
+static int resume_left(const trainer *t)
+{
+    const char *p = t->o.resume;
+    if (t->o.max_steps > 0 && t->step > t->o.max_steps) {
+        fprintf(stderr, "tessera: error: %s is at step %lld, past --max-steps %lld: nothing to "
+                        "train; the checkpoint is left as it was (pass a larger --max-steps to "
+                        "continue)\n",
+                p, (long long)t->step, (long long)t->o.max_steps);
+        return 1;
+    }
+    if (t->epoch > (uint64_t)t->o.epochs) {
+        fprintf(stderr, "tessera: error: %s has finished %llu epochs, more than --epochs %lld: "
+                        "nothing to train; the checkpoint is left as it was (pass --epochs "
+                        "above %llu to continue)\n",
+                p, (unsigned long long)t->epoch, (long long)t->o.epochs,
+                (unsigned long long)t->epoch);
+        return 1;
+    }
+    if ((t->o.max_steps > 0 && t->step == t->o.max_steps) || t->epoch == (uint64_t)t->o.epochs) {
+        fprintf(stderr, "tessera: %s is at step %lld, epoch %llu of %lld: the run is complete, "
+                        "nothing to train; the checkpoint is left as it was (pass a larger "
+                        "--epochs or --max-steps to continue)\n",
+                p, (long long)t->step, (unsigned long long)t->epoch, (long long)t->o.epochs);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- training and evaluation --------------------------------------------------------------- */
@@ -497,6 +623,16 @@ static ts_status run_epoch(trainer *t, int *stop)
             return s;
         t->step++;
         bi++;
+        if (!isfinite(lv)) {
+            fprintf(stderr, "tessera: error: the loss became %s at step %lld (epoch %llu, batch "
+                            "%lld): training diverged and is stopped; %s (try a smaller --lr)\n",
+                    isnan(lv) ? "NaN" : "infinite", (long long)t->step,
+                    (unsigned long long)t->epoch + 1, (long long)bi,
+                    t->o.save ? "the last checkpoint saved is left as it was"
+                              : "nothing was saved");
+            t->diverged = 1;
+            return TS_ESTATE;
+        }
         seen += bs;
         loss_sum += lv * (double)bs;
         if (t->o.log_steps) {
@@ -545,33 +681,14 @@ static ts_status run_epoch(trainer *t, int *stop)
 
 /* ---- the command ------------------------------------------------------------------------- */
 
-static long long strtoll_10(const char *s, char **end)
-{
-    return strtoll(s, end, 10);
-}
-
-static unsigned long long strtoull_10(const char *s, char **end)
-{
-    return strtoull(s, end, 10);
-}
-
-
 static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
 {
     *o = (train_opts){.model = "lenet5", .optimizer = "adam", .epochs = 1, .batch = 64,
-                      .lr = -1, .seed = 1, .json = common->json};
+                      .seed = 1, .json = common->json};
     cli_model_init(&o->arch);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
-#define TAKE(field, conv)                                                                   \
-    do {                                                                                    \
-        if (!v)                                                                             \
-            return cli_usage_error("train", "%s needs a value", a);                        \
-        o->field = conv(v, &end);                                                           \
-        i++;                                                                                \
-    } while (0)
-        int took = cli_model_option(&o->arch, "train", a, v);
+        int bad = 0, took = cli_model_option(&o->arch, "train", a, v);
         if (took < 0)
             return 2;
         if (took) {
@@ -579,7 +696,7 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
         } else if (!strcmp(a, "--optimizer")) {
             if (!v)
                 return cli_usage_error("train", "--optimizer needs sgd, adam or adamw");
-            o->optimizer = v, i++;
+            o->optimizer = v, o->set_optimizer = 1, i++;
         } else if (!strcmp(a, "--device") || !strcmp(a, "--data") || !strcmp(a, "--save") ||
                    !strcmp(a, "--resume")) {
             if (!v)
@@ -589,21 +706,25 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
                                                                           : &o->resume) = v;
             i++;
         } else if (!strcmp(a, "--epochs")) {
-            TAKE(epochs, strtoll_10);
+            bad = cli_parse_i64("train", a, v, 1, MAX_EPOCHS, &o->epochs), i++;
+            o->set_epochs = 1;
         } else if (!strcmp(a, "--batch-size")) {
-            TAKE(batch, strtoll_10);
+            bad = cli_parse_i64("train", a, v, 1, MAX_BATCH, &o->batch), i++;
         } else if (!strcmp(a, "--max-steps")) {
-            TAKE(max_steps, strtoll_10);
+            bad = cli_parse_i64("train", a, v, 0, MAX_STEPS, &o->max_steps), i++;
         } else if (!strcmp(a, "--train-limit")) {
-            TAKE(train_limit, strtoll_10);
+            bad = cli_parse_i64("train", a, v, 0, MAX_LIMIT, &o->train_limit), i++;
         } else if (!strcmp(a, "--seed")) {
-            TAKE(seed, strtoull_10);
+            bad = cli_parse_u64("train", a, v, UINT64_MAX, &o->seed), i++;
         } else if (!strcmp(a, "--lr")) {
-            TAKE(lr, strtod);
+            bad = cli_parse_double("train", a, v, 0, 1, MAX_LR, &o->lr), i++;
+            o->set_lr = 1;
         } else if (!strcmp(a, "--momentum")) {
-            TAKE(momentum, strtod);
+            bad = cli_parse_double("train", a, v, 0, 0, 0.999999, &o->momentum), i++;
+            o->set_momentum = 1;
         } else if (!strcmp(a, "--weight-decay")) {
-            TAKE(weight_decay, strtod);
+            bad = cli_parse_double("train", a, v, 0, 0, MAX_WEIGHT_DECAY, &o->weight_decay), i++;
+            o->set_weight_decay = 1;
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
         } else if (!strcmp(a, "--log-steps")) {
@@ -618,9 +739,8 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
         } else {
             return cli_usage_error("train", "unexpected argument '%s'", a);
         }
-        if (end && *end)
-            return cli_usage_error("train", "%s: '%s' is not a number", a, v);
-#undef TAKE
+        if (bad)
+            return 2;
     }
     if (cli_model_check(&o->arch, "train"))
         return 2;
@@ -629,13 +749,11 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
         strcmp(o->optimizer, "adamw"))
         return cli_usage_error("train", "unknown optimizer '%s' (sgd, adam or adamw)",
                                o->optimizer);
-    if (o->epochs < 1 || o->batch < 1 || o->max_steps < 0 || o->train_limit < 0)
-        return cli_usage_error("train", "--epochs and --batch-size must be >= 1, --max-steps "
-                               "and --train-limit >= 0");
-    if (o->lr < 0)
+    if (o->set_momentum && o->momentum != 0 && strcmp(o->optimizer, "sgd") != 0)
+        return cli_usage_error("train", "--momentum applies to --optimizer sgd, not %s",
+                               o->optimizer);
+    if (!o->set_lr)
         o->lr = strcmp(o->optimizer, "sgd") == 0 ? 0.05 : 1e-3;
-    if (!(o->lr > 0) || !(o->momentum >= 0) || !(o->weight_decay >= 0))
-        return cli_usage_error("train", "--lr must be > 0, --momentum and --weight-decay >= 0");
     return 0;
 }
 
@@ -711,8 +829,18 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         cli_fail(s, "cannot set up training");
         goto out;
     }
-    if (t.o.resume && resume(&t))
-        goto out;
+    if (t.o.resume) {
+        if ((rc = resume(&t)))
+            goto out;
+        rc = resume_left(&t);
+        if (rc) {
+            rc = rc < 0 ? 0 : rc;
+            goto out;
+        }
+        rc = 1;
+        fprintf(stderr, "tessera: resumed from %s at epoch %llu, step %lld\n", t.o.resume,
+                (unsigned long long)t.epoch + 1, (long long)t.step);
+    }
     char arch[256];
     if (!t.o.json)
         printf("tessera train: %s (%lld parameters) on '%s', %s lr %g, batch %lld, %lld "
@@ -730,11 +858,15 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         if (s == TS_OK)
             s = run_epoch(&t, &stop);
         if (s) {
-            cli_fail(s, "training failed");
+            if (!t.diverged)
+                cli_fail(s, "training failed");
             goto out;
         }
-        /* The next epoch starts on the next loop; save the position as its beginning. */
-        if (!stop && (s = ts_loader_start_epoch(t.loader, t.epoch + 1))) {
+        /* An epoch that ran to its end (whether or not --max-steps stopped there) is done:
+         * save the position as the next one's beginning, so a resume never replays it. */
+        ts_loader_position(t.loader, &ep, &bi);
+        if (bi >= ts_loader_batches(t.loader) &&
+            (s = ts_loader_start_epoch(t.loader, t.epoch + 1))) {
             cli_fail(s, "training failed");
             goto out;
         }

@@ -1,0 +1,81 @@
+/* tools/cli_args.c: strict parsing of numeric command-line values, shared by every command.
+ * A value is accepted only when all of it is a number (no empty text, no leading space or sign
+ * trickery, no trailing characters), it did not overflow, it is finite, and it lies in the
+ * range the option documents; otherwise the command exits 2 with a message that names the
+ * option, the text and the accepted range. */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+/* Leading white space and a '+' are taken by strto*: refuse them, as a typo is more likely
+ * than an intent. An empty value is refused too. */
+static int plain_start(const char *v, int allow_minus)
+{
+    if (!v || !*v)
+        return 0;
+    if (*v == '-')
+        return allow_minus && v[1] >= '0' && v[1] <= '9';
+    return (*v >= '0' && *v <= '9') || *v == '.';
+}
+
+int cli_parse_i64(const char *cmd, const char *opt, const char *v, int64_t min, int64_t max,
+                  int64_t *out)
+{
+    if (!v)
+        return cli_usage_error(cmd, "%s needs a value (a whole number %lld..%lld)", opt,
+                               (long long)min, (long long)max);
+    char *end;
+    errno = 0;
+    long long n = plain_start(v, min < 0) ? strtoll(v, &end, 10) : 0;
+    if (!plain_start(v, min < 0) || *end)
+        return cli_usage_error(cmd, "%s '%s' is not a whole number (expected %lld..%lld)", opt,
+                               v, (long long)min, (long long)max);
+    if (errno == ERANGE || n < min || n > max)
+        return cli_usage_error(cmd, "%s '%s' is out of range: expected %lld..%lld", opt, v,
+                               (long long)min, (long long)max);
+    *out = n;
+    return 0;
+}
+
+int cli_parse_u64(const char *cmd, const char *opt, const char *v, uint64_t max, uint64_t *out)
+{
+    if (!v)
+        return cli_usage_error(cmd, "%s needs a value (a whole number 0..%llu)", opt,
+                               (unsigned long long)max);
+    char *end;
+    errno = 0;
+    unsigned long long n = plain_start(v, 0) ? strtoull(v, &end, 10) : 0;
+    if (!plain_start(v, 0) || *end)
+        return cli_usage_error(cmd, "%s '%s' is not a whole number (expected 0..%llu)", opt, v,
+                               (unsigned long long)max);
+    if (errno == ERANGE || n > max)
+        return cli_usage_error(cmd, "%s '%s' is out of range: expected 0..%llu", opt, v,
+                               (unsigned long long)max);
+    *out = n;
+    return 0;
+}
+
+int cli_parse_double(const char *cmd, const char *opt, const char *v, double min, int min_open,
+                     double max, double *out)
+{
+    const char *range_lo = min_open ? ">" : ">=";
+    if (!v)
+        return cli_usage_error(cmd, "%s needs a value (a finite number %s %g, at most %g)", opt,
+                               range_lo, min, max);
+    char *end;
+    errno = 0;
+    double d = plain_start(v, min < 0) ? strtod(v, &end) : 0;
+    if (!plain_start(v, min < 0) || *end)
+        return cli_usage_error(cmd, "%s '%s' is not a number (expected a finite number %s %g, "
+                               "at most %g)", opt, v, range_lo, min, max);
+    if (errno == ERANGE || !isfinite(d) || d < min || (min_open && d == min) || d > max)
+        return cli_usage_error(cmd, "%s '%s' is out of range: expected a finite number %s %g, "
+                               "at most %g", opt, v, range_lo, min, max);
+    *out = d;
+    return 0;
+}
