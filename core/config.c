@@ -136,8 +136,12 @@ static int parse_setting(const ts_config_key *k, const char *text, ts_setting *s
     case TS_SETTING_FRACTION: {
         errno = 0;
         double v = strtod(text, &end);
-        if (!*text || *end || errno || !isfinite(v) || v <= 0.0 || v > 1.0) {
-            snprintf(expected, elen, "a fraction in (0, 1], e.g. 0.5");
+        /* At least 1e-6: a smaller share of a device's bytes can round to a limit of 0 bytes,
+         * and a 0-byte limit would mean no limit at all. */
+        int digit = (*text >= '0' && *text <= '9') || *text == '.';
+        if (!digit || *end || errno || !isfinite(v) || v < 1e-6 || v > 1.0) {
+            snprintf(expected, elen, "a fraction in (0, 1], at least 1e-06 (a smaller one could "
+                     "round the limit to 0 bytes, which would mean no limit), e.g. 0.5");
             return 0;
         }
         s->v.fraction = v;
@@ -610,4 +614,83 @@ fail_count:
     free(list);
     ts__settings_free(s, count);
     return st;
+}
+
+/* ---- sections for plugins that are not there ------------------------------------------- */
+
+typedef struct known_plugins {
+    char names[64][64];
+    size_t n;
+} known_plugins;
+
+static void collect_plugin(const char *name, const char *path, void *user)
+{
+    (void)path;
+    known_plugins *k = user;
+    if (k->n < sizeof k->names / sizeof k->names[0])
+        snprintf(k->names[k->n++], sizeof k->names[0], "%s", name);
+}
+
+/* Levenshtein distance of two short names, capped at 9. */
+static int name_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63)
+        return 9;
+    int row[64];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb] < 9 ? row[lb] : 9;
+}
+
+void ts__config_check_plugin_sections(const ts_config *cfg)
+{
+    if (!cfg)
+        return;
+    known_plugins k = {.n = 0};
+    ts_plugin_scan(cfg, collect_plugin, &k);
+    for (size_t i = 0; i < cfg->n; i++) {
+        const entry *e = &cfg->e[i];
+        if (strncmp(e->section, "plugin.", 7) != 0)
+            continue;
+        int seen = 0; /* report each section once, at its first key */
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = strcmp(cfg->e[j].section, e->section) == 0;
+        const char *name = e->section + 7;
+        int found = 0, best = 9;
+        const char *closest = NULL;
+        for (size_t j = 0; j < k.n && !found; j++) {
+            found = strcmp(k.names[j], name) == 0;
+            int d = name_distance(name, k.names[j]);
+            if (d < best)
+                best = d, closest = k.names[j];
+        }
+        if (seen || found)
+            continue;
+        char list[1024] = "";
+        for (size_t j = 0; j < k.n; j++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", j ? ", " : "",
+                     k.names[j]);
+        if (closest && best <= 2)
+            ts__log(TS_LOG_WARN, "%s:%d: [plugin.%s] names no plugin on the search path: did "
+                    "you mean [plugin.%s]? Its settings are unused (plugins found: %s)",
+                    cfg->source, e->line, name, closest, list);
+        else
+            ts__log(TS_LOG_INFO, "%s:%d: [plugin.%s] names no plugin on the search path; its "
+                    "settings are unused until it is installed (plugins found: %s)",
+                    cfg->source, e->line, name, k.n ? list : "none");
+    }
 }

@@ -53,6 +53,10 @@ int ts__log_level_parse(const char *name);
 ts_status ts__config_plugin_settings(const ts_config *cfg, const char *name,
                                      const ts_config_key *keys, ts_setting **out, size_t *n);
 void ts__settings_free(ts_setting *s, size_t n);
+/* Logs each [plugin.NAME] section of cfg whose NAME is no plugin on the search path: a warning
+ * naming the closest plugin found when NAME is within two edits of one (a misspelling), else an
+ * info message (a plugin not installed here). */
+void ts__config_check_plugin_sections(const ts_config *cfg);
 /* The directory of the config file, or NULL for defaults/in-memory text. (transfer none) */
 const char *ts__config_dir(const ts_config *cfg);
 

@@ -68,6 +68,7 @@ TS_API ts_status ts_init(const char *config_path)
     if ((s = ts_config_load(config_path, &config)))
         goto out;
     ts_set_log_level(ts__log_level_parse(ts_config_get(config, "core", "log_level")));
+    ts__config_check_plugin_sections(config);
     const char *envdev = ts__getenv("TESSERA_DEVICE");
     int from_file = !(envdev && *envdev);
     const char *want = from_file ? ts_config_get(config, "core", "device") : envdev;

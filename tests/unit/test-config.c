@@ -74,7 +74,7 @@ static void test_unknown_key_and_section(void)
 
 static void test_bad_values(void)
 {
-    const char *fractions[] = {"0", "1.5", "-0.1", "abc", "nan", "inf", "0.5x", ""};
+    const char *fractions[] = {"0", "1.5", "-0.1", "abc", "nan", "inf", "0.5x", "", "1e-12", "9e-7", "+0.5"};
     for (size_t i = 0; i < sizeof fractions / sizeof *fractions; i++) {
         char text[128];
         snprintf(text, sizeof text, "[plugin.cpu_blas]\n\nmemory_fraction = %s\n", fractions[i]);
@@ -188,6 +188,41 @@ static void test_lookup_order(void)
     ts_config_free(cfg);
 }
 
+static char logged[4096];
+
+static void capture_log(int level, const char *msg, void *user)
+{
+    (void)user;
+    if (level <= TS_LOG_WARN)
+        snprintf(logged + strlen(logged), sizeof logged - strlen(logged), "%s\n", msg);
+}
+
+/* A section for a plugin that is not on the search path: a misspelling of one that is gets a
+ * warning naming the closest; a plugin simply not installed here (a GPU plugin on a CPU box)
+ * gets no warning; a section for a plugin that is there gets none. */
+static void test_unknown_plugin_sections(void)
+{
+    const char *ini = tap_write_file(tap_tmpdir(), "sections.ini",
+                                     "[core]\ndevice = cpu_blas\n"
+                                     "[plugin.cpu_blas]\nthreads = 1\n"
+                                     "[plugin.cpu_blass]\nthreads = 1\ncache_limit = 1M\n"
+                                     "[plugin.vendorgpu]\nthreads = 1\n");
+    ts_set_log_handler(capture_log, NULL);
+    logged[0] = 0;
+    CHECK_OK(ts_init(ini));
+    ts_shutdown();
+    ts_set_log_handler(NULL, NULL);
+    CHECK_STR_CONTAINS(logged, "sections.ini:6: [plugin.cpu_blass] names no plugin");
+    CHECK_STR_CONTAINS(logged, "did you mean [plugin.cpu_blas]?");
+    /* once per section, and nothing about the others */
+    const char *first = strstr(logged, "[plugin.cpu_blass]");
+    CHECK(first && !strstr(first + 1, "[plugin.cpu_blass]"));
+    CHECK_MSG(!strstr(logged, "vendorgpu"), "a plugin not installed here was warned about: %s",
+              logged);
+    CHECK_MSG(!strstr(logged, "[plugin.cpu_blas] "), "the real plugin was warned about: %s",
+              logged);
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -195,6 +230,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_unknown_key_and_section), TAP_TEST(test_bad_values),
         TAP_TEST(test_syntax_errors), TAP_TEST(test_sizes),
         TAP_TEST(test_files),         TAP_TEST(test_lookup_order),
+        TAP_TEST(test_unknown_plugin_sections),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
