@@ -115,10 +115,21 @@ static void idx_convert(unsigned type, const unsigned char *src, size_t n, unsig
     }
 }
 
+/* An IDX file being read: zlib's stream, and the CRC-32 and count of the bytes it gave, which
+ * must match the gzip trailer at the very end of the file (zlib ignores bytes after a gzip
+ * stream; tessera does not). */
+typedef struct idx_in {
+    gzFile gz;
+    int fd;
+    uLong crc;
+    uint64_t total;
+} idx_in;
+
 /* Reads up to len bytes; *got receives how many (fewer only at the end of the file). A
  * damaged or cut-short gzip stream is TS_ECORRUPT; a failing read() TS_EIO. */
-static ts_status idx_read_bytes(gzFile gz, const char *path, void *buf, size_t len, size_t *got)
+static ts_status idx_read_bytes(idx_in *in, const char *path, void *buf, size_t len, size_t *got)
 {
+    gzFile gz = in->gz;
     *got = 0;
     while (*got < len) {
         size_t want = len - *got;
@@ -146,18 +157,42 @@ static ts_status idx_read_bytes(gzFile gz, const char *path, void *buf, size_t l
                                 msg && *msg ? msg : "gzread failed");
             return TS_OK; /* the end of the file */
         }
+        in->crc = crc32(in->crc, (const unsigned char *)buf + *got, (unsigned)r);
+        in->total += (uint64_t)r;
         *got += (size_t)r;
     }
     return TS_OK;
 }
 
+/* After the whole stream was read: a gzip file must end with its one member's trailer, the
+ * CRC-32 and the length (mod 2^32) of everything read. Anything else after the end of that
+ * member (garbage, padding, a second member) is TS_ECORRUPT. A plain file has no trailer. */
+static ts_status idx_check_end(idx_in *in, const char *path)
+{
+    if (gzdirect(in->gz))
+        return TS_OK;
+    struct stat st;
+    unsigned char t[8];
+    if (fstat(in->fd, &st) != 0 || st.st_size < 8 ||
+        pread(in->fd, t, 8, st.st_size - 8) != 8)
+        return ts__fail(TS_EIO, "IDX file '%s': cannot read the gzip trailer: %s", path,
+                        strerror(errno));
+    uint32_t crc = (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16 | (uint32_t)t[3] << 24;
+    uint32_t size = (uint32_t)t[4] | (uint32_t)t[5] << 8 | (uint32_t)t[6] << 16 | (uint32_t)t[7] << 24;
+    if (crc != (uint32_t)in->crc || size != (uint32_t)in->total)
+        return ts__fail(TS_ECORRUPT, "IDX file '%s': bytes after the end of the gzip stream (the "
+                        "file does not end with the trailer of its one gzip member: trailing "
+                        "garbage, or a second member)", path);
+    return TS_OK;
+}
+
 /* Parses and validates the header after the 4 magic bytes. */
-static ts_status idx_header(gzFile gz, const char *path, idx_host *h, unsigned *type,
+static ts_status idx_header(idx_in *in, const char *path, idx_host *h, unsigned *type,
                             size_t *file_es)
 {
     unsigned char head[4 + 4 * 255];
     size_t got;
-    ts_status s = idx_read_bytes(gz, path, head, 4, &got);
+    ts_status s = idx_read_bytes(in, path, head, 4, &got);
     if (s)
         return s;
     if (got == 0)
@@ -180,7 +215,7 @@ static ts_status idx_header(gzFile gz, const char *path, idx_host *h, unsigned *
     if (ndim < 1 || ndim > TS_MAX_DIMS)
         return ts__fail(TS_ECORRUPT, "IDX file '%s': %d dims; an IDX tensor has 1 to %d", path,
                         ndim, TS_MAX_DIMS);
-    if ((s = idx_read_bytes(gz, path, head + 4, 4 * (size_t)ndim, &got)))
+    if ((s = idx_read_bytes(in, path, head + 4, 4 * (size_t)ndim, &got)))
         return s;
     if (got < 4 * (size_t)ndim)
         return ts__fail(TS_ECORRUPT,
@@ -231,10 +266,11 @@ static ts_status idx_read_host(const char *path, idx_host *h)
         return ts__fail(TS_ENOMEM, "IDX file '%s': cannot open: out of memory", path);
     }
     gzbuffer(gz, 128 << 10);
+    idx_in in = {.gz = gz, .fd = fd, .crc = crc32(0L, Z_NULL, 0)};
     unsigned char *chunk = NULL;
     unsigned type = 0;
     size_t file_es = 0;
-    ts_status s = idx_header(gz, path, h, &type, &file_es);
+    ts_status s = idx_header(&in, path, h, &type, &file_es);
     if (s)
         goto fail;
     uint64_t want = (uint64_t)h->numel * file_es; /* bytes of data the header declares */
@@ -249,7 +285,7 @@ static ts_status idx_read_host(const char *path, idx_host *h)
     uint64_t have = 0; /* data bytes read and converted */
     while (have < want) {
         size_t len = want - have < IDX_CHUNK ? (size_t)(want - have) : IDX_CHUNK, got;
-        if ((s = idx_read_bytes(gz, path, chunk, len, &got)))
+        if ((s = idx_read_bytes(&in, path, chunk, len, &got)))
             goto fail;
         size_t n = got / file_es; /* whole elements */
         size_t end = (size_t)(have / file_es + n) * out_es;
@@ -275,7 +311,7 @@ static ts_status idx_read_host(const char *path, idx_host *h)
         }
     }
     size_t extra;
-    if ((s = idx_read_bytes(gz, path, chunk, IDX_CHUNK, &extra)))
+    if ((s = idx_read_bytes(&in, path, chunk, IDX_CHUNK, &extra)))
         goto fail;
     if (extra) {
         s = ts__fail(TS_ECORRUPT,
@@ -284,6 +320,8 @@ static ts_status idx_read_host(const char *path, idx_host *h)
                      path, extra, extra == IDX_CHUNK ? " or more" : "", (unsigned long long)want);
         goto fail;
     }
+    if ((s = idx_check_end(&in, path)))
+        goto fail;
     free(chunk);
     gzclose_r(gz);
     return TS_OK;
@@ -384,6 +422,11 @@ TS_API ts_status ts_fashion_mnist_load(const char *dir, int train, ts_device *de
         goto fail;
     }
     int64_t n = im.shape[0];
+    if (n == 0) {
+        s = ts__fail(TS_ECORRUPT, "Fashion-MNIST: '%s' holds 0 images: nothing to %s on; %s",
+                     ipath, train ? "train" : "test", FMNIST_PACKAGE);
+        goto fail;
+    }
     if (lb.shape[0] != n) {
         s = ts__fail(TS_ECORRUPT, "Fashion-MNIST: %lld images in '%s' but %lld labels in '%s'",
                      (long long)n, ipath, (long long)lb.shape[0], lpath);
@@ -501,6 +544,16 @@ TS_API ts_status ts_loader_new(ts_tensor *data, ts_tensor *labels, int64_t batch
     l->drop_last = drop_last != 0;
     l->seed = seed;
     l->nbatches = drop_last ? l->n / batch_size : l->n / batch_size + (l->n % batch_size != 0);
+    if (l->nbatches == 0) {
+        ts_status s = l->n == 0
+                          ? ts__fail(TS_EINVAL, "ts_loader_new: the data has 0 samples: an epoch "
+                                     "would take no step")
+                          : ts__fail(TS_EINVAL, "ts_loader_new: no batch: %lld samples, batch "
+                                     "size %lld and drop_last leave no whole batch",
+                                     (long long)l->n, (long long)batch_size);
+        ts_loader_free(l);
+        return s;
+    }
     l->cap = batch_size < l->n ? batch_size : l->n;
     ts_status s = TS_OK;
     if (l->shuffle && l->cap > 0) {

@@ -291,6 +291,32 @@ static void test_idx_hostile(void)
     /* Its last 8 bytes (the CRC and length) cut off: the data is all there, the file is not. */
     got = read_all(deflated, &gzn);
     check_corrupt(write_plain("deflated-cut.gz", got, gzn - 8), "truncated gzip stream");
+    /* Bytes after the end of the gzip stream (zlib's gzread ignores them): garbage, zeros, a
+     * second member holding part of the data. Every one is an error naming the file. */
+    got = read_all(deflated, &gzn);
+    memcpy(g, got, gzn);
+    memcpy(g + gzn, "GARBAGE", 7);
+    check_corrupt(write_plain("deflated-garbage.gz", g, gzn + 7), "after the end of the gzip");
+    memset(g + gzn, 0, 4);
+    check_corrupt(write_plain("deflated-zeros.gz", g, gzn + 4), "after the end of the gzip");
+    /* Eight trailing bytes that end with the right length: the CRC still gives them away. */
+    uint32_t total = (uint32_t)(n + 8000);
+    unsigned char fake[8] = {0xde, 0xad, 0xbe, 0xef, (unsigned char)total,
+                             (unsigned char)(total >> 8), (unsigned char)(total >> 16),
+                             (unsigned char)(total >> 24)};
+    memcpy(g + gzn, fake, 8);
+    check_corrupt(write_plain("deflated-fake-trailer.gz", g, gzn + 8), "after the end of the gzip");
+    {
+        size_t half = (n + 8000) / 2, n1, n2;
+        unsigned char *two = malloc(32768);
+        CHECK(two);
+        got = read_all(write_gzip("m1.gz", bigf, half, "wb"), &n1);
+        memcpy(two, got, n1);
+        got = read_all(write_gzip("m2.gz", bigf + half, n + 8000 - half, "wb"), &n2);
+        memcpy(two + n1, got, n2);
+        check_corrupt(write_plain("two-members.gz", two, n1 + n2), "after the end of the gzip");
+        free(two);
+    }
     free(g);
     free(bigf);
 
@@ -359,6 +385,11 @@ static void test_fmnist_fake(void)
                 "4 labels");
     write_fake_fmnist(5, 5, 10);
     CHECK_FAILS(ts_fashion_mnist_load(tap_tmpdir(), 1, dev, &x, &y), TS_ECORRUPT, "label 10");
+    CHECK(x == NULL && y == NULL);
+    /* A set of zero images is valid IDX but nothing to train or test on. */
+    write_fake_fmnist(0, 0, 0);
+    CHECK_FAILS(ts_fashion_mnist_load(tap_tmpdir(), 1, dev, &x, &y), TS_ECORRUPT, "0 images",
+                "train-images-idx3-ubyte");
     CHECK(x == NULL && y == NULL);
     tap_end();
 }
@@ -540,9 +571,20 @@ static void test_loader_views(void)
     CHECK_INT_EQ(run_epoch(l, ids, lens), 1);
     CHECK_INT_EQ(lens[0], 10);
     ts_loader_free(l);
-    CHECK_OK(ts_loader_new(x, y, 64, 1, 0, 1, &l));
-    CHECK_INT_EQ(run_epoch(l, ids, lens), 0);
-    ts_loader_free(l);
+    /* With drop_last a batch larger than the set leaves no batch at all: an error, not an
+     * epoch of zero steps. So is a set of zero samples. */
+    l = (ts_loader *)1;
+    CHECK_FAILS(ts_loader_new(x, y, 64, 1, 0, 1, &l), TS_EINVAL, "no batch", "10 samples",
+                "batch size 64");
+    CHECK(l == NULL);
+    {
+        ts_tensor *ex, *ey;
+        CHECK_OK(ts_tensor_empty(dev, TS_F32, 2, (const int64_t[]){0, 3}, &ex));
+        CHECK_OK(ts_tensor_empty(dev, TS_I64, 1, (const int64_t[]){0}, &ey));
+        CHECK_FAILS(ts_loader_new(ex, ey, 4, 1, 0, 0, &l), TS_EINVAL, "0 samples");
+        ts_tensor_unref(ex);
+        ts_tensor_unref(ey);
+    }
 
     /* Data that requires grad: batches still record nothing. */
     CHECK_OK(ts_tensor_set_requires_grad(x, 1));
