@@ -16,11 +16,11 @@ OPTIMIZERS="sgd sgd-momentum adam adamw"
 STOPS="5 8 11"
 BENCH_CASES="train:--lr:inf train:--steps:1e3 ops:--reps:-1 compare:--reps:+3 pool:--pairs:+5
 cuda:--steps:0"
-plan $((4 * 3 + 7 + NCASES + 6))
+plan $((4 * 3 + 7 + 4 + NCASES + 6))
 
 if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
     i=0
-    while [ $i -lt $((4 * 3 + 7 + NCASES + 6)) ]; do
+    while [ $i -lt $((4 * 3 + 7 + 4 + NCASES + 6)) ]; do
         skip "resume" "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)"
         i=$((i + 1))
     done
@@ -117,6 +117,46 @@ if [ $rc -eq 1 ] && contains "$out" "the loss became" && contains "$out" "diverg
 else
     fail "a non-finite loss stops training with an error and keeps the last checkpoint" "rc=$rc" \
         "$(echo "$out" | tail -3)"
+fi
+
+# Checkpoint metadata edited in place (same length, so the header stays valid). A checkpoint
+# that an older tessera wrote at an epoch's end records (epoch e, batch = batches per epoch):
+# resuming it must still start the next epoch, not replay this one.
+edit() { perl -0777 -pi -e "s/$2/$3/" "$1"; }
+"$TESSERA" train $COMMON --optimizer sgd --max-steps 8 --save "$TMP/legacy.st" >/dev/null 2>&1
+edit "$TMP/legacy.st" '"train.epoch":"1","train.batch":"0"' '"train.epoch":"0","train.batch":"8"'
+edited=$(grep -c '"train.epoch":"0","train.batch":"8"' "$TMP/legacy.st")
+"$TESSERA" train $COMMON --resume "$TMP/legacy.st" --save "$TMP/legacy.st" >"$TMP/l.out" 2>&1
+if [ "$edited" = 1 ] && cmp -s "$TMP/legacy.st" "$TMP/keep.st"; then
+    ok "a checkpoint saved at (epoch, batches per epoch) resumes at the next epoch"
+else
+    fail "a checkpoint saved at (epoch, batches per epoch) resumes at the next epoch" \
+        "edited: $edited" "$(losses "$TMP/l.out" | head -3)"
+fi
+cp "$TMP/keep.st" "$TMP/bad.st"
+edit "$TMP/bad.st" '"train.step":"16"' '"train.step":"15"'
+out=$("$TESSERA" train $COMMON --epochs 3 --resume "$TMP/bad.st" 2>&1); rc=$?
+if [ $rc -eq 1 ] && contains "$out" "inconsistent position: step 15 at epoch 2, batch 0"; then
+    ok "a step that disagrees with the epoch and batch is refused"
+else
+    fail "a step that disagrees with the epoch and batch is refused" "rc=$rc" "$out"
+fi
+cp "$TMP/keep.st" "$TMP/bad.st"
+edit "$TMP/bad.st" '"train.step":"16"' '"train.step":"-1"'
+out=$("$TESSERA" train $COMMON --epochs 3 --resume "$TMP/bad.st" 2>&1); rc=$?
+if [ $rc -eq 1 ] && contains "$out" "'train.step' = '-1' is not a whole number"; then
+    ok "a negative step in the checkpoint is refused"
+else
+    fail "a negative step in the checkpoint is refused" "rc=$rc" "$out"
+fi
+
+cp "$TMP/keep.st" "$TMP/bad.st"
+edit "$TMP/bad.st" '"train.batch":"0"' '"train.batch":"x"'
+out=$("$TESSERA" train $COMMON --epochs 3 --resume "$TMP/bad.st" 2>&1); rc=$?
+if [ $rc -eq 1 ] && contains "$out" "'train.batch' = 'x' is not a whole number"; then
+    ok "a batch that is not a number is refused"
+else
+    fail "a batch that is not a number is refused" "rc=$rc" "$out"
 fi
 
 # Strict numbers: each bad value exits 2 naming the option.
