@@ -123,6 +123,10 @@ static ts_device *load(const char *name)
 
 static void two_models_one_device(const char *name)
 {
+    /* oneDNN's convolutions run on its own threads, after which LeakSanitizer's exit-time
+     * tracer crashes (tests/plugins/test-onednn.c); tap_end still checks tessera's objects. */
+    if (strcmp(name, "cpu_onednn") == 0)
+        setenv("TS_NO_LSAN_CHECK", "1", 1);
     tap_start();
     ts_device *dev = load(name);
     job alone[2] = {{dev, 11, 0, "", 0, 0}, {dev, 12, 0, "", 0, 0}};
