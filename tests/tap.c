@@ -6,6 +6,7 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -95,6 +96,69 @@ const char *tap_write_file(const char *dir, const char *name, const char *text)
     fputs(text, f);
     fclose(f);
     return pathbuf;
+}
+
+const char *tap_path_in(const char *dir, const char *name)
+{
+    static char bufs[64][4096];
+    static int k;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s/%s", dir, name); /* dir may be one of bufs */
+    char *b = bufs[k++ % 64];
+    memcpy(b, tmp, sizeof tmp);
+    return b;
+}
+
+void tap_write_bytes(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    CHECK_MSG(f, "fopen %s: %s", path, strerror(errno));
+    CHECK(n == 0 || fwrite(data, 1, n, f) == n);
+    CHECK(fclose(f) == 0);
+}
+
+unsigned char *tap_read_all(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    CHECK_MSG(f, "fopen %s: %s", path, strerror(errno));
+    CHECK(fseek(f, 0, SEEK_END) == 0);
+    long size = ftell(f);
+    CHECK(size >= 0);
+    rewind(f);
+    unsigned char *b = malloc((size_t)size + 1);
+    CHECK(b);
+    CHECK(size == 0 || fread(b, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    *n = (size_t)size;
+    return b;
+}
+
+int tap_count_entries(const char *dir, const char *needle)
+{
+    DIR *d = opendir(dir);
+    CHECK_MSG(d, "opendir %s: %s", dir, strerror(errno));
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strstr(e->d_name, needle) != NULL;
+    closedir(d);
+    return n;
+}
+
+const char *tap_write_safetensors(const char *dir, const char *name, uint64_t hlen,
+                                  const char *header, size_t data_len)
+{
+    const char *path = tap_path_in(dir, name);
+    size_t h = strlen(header);
+    unsigned char *b = malloc(8 + h + data_len + 1);
+    CHECK(b);
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)(hlen >> (8 * i));
+    memcpy(b + 8, header, h);
+    memset(b + 8 + h, 0x11, data_len);
+    tap_write_bytes(path, b, 8 + h + data_len);
+    free(b);
+    return path;
 }
 
 static int run_one(const tap_test *t, int num, int timeout, char *why, size_t whylen)

@@ -54,6 +54,19 @@ const char *tap_tmpdir(void);
 /* Writes text to dir/name and returns the path. (transfer none until next call) */
 const char *tap_write_file(const char *dir, const char *name, const char *text);
 
+/* dir/name in one of 64 rotating buffers (dir may be an earlier result). (transfer none) */
+const char *tap_path_in(const char *dir, const char *name);
+/* Writes n bytes to path, or fails the test. */
+void tap_write_bytes(const char *path, const void *data, size_t n);
+/* The whole file, malloc'd (one spare byte); *n its size. (transfer full) */
+unsigned char *tap_read_all(const char *path, size_t *n);
+/* How many entries of dir have needle in their name. */
+int tap_count_entries(const char *dir, const char *needle);
+/* dir/name as a safetensors file: hlen as the 8-byte header length (the true one is
+ * strlen(header)), the header text, then data_len bytes of 0x11. (transfer none) */
+const char *tap_write_safetensors(const char *dir, const char *name, uint64_t hlen,
+                                  const char *header, size_t data_len);
+
 #define CHECK(cond)                                                                         \
     do {                                                                                    \
         if (!(cond))                                                                        \

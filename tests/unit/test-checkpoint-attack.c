@@ -36,45 +36,10 @@ static void setup(void)
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
-static const char *path_in(const char *dir, const char *name)
-{
-    static char bufs[64][4096];
-    static int k;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s/%s", dir, name);
-    char *b = bufs[k++ % 64];
-    memcpy(b, tmp, sizeof tmp);
-    return b;
-}
-
-static void write_bytes(const char *path, const void *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    CHECK_MSG(f, "fopen %s: %s", path, strerror(errno));
-    CHECK(n == 0 || fwrite(data, 1, n, f) == n);
-    CHECK(fclose(f) == 0);
-}
-
-static unsigned char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    CHECK_MSG(f, "fopen %s: %s", path, strerror(errno));
-    CHECK(fseek(f, 0, SEEK_END) == 0);
-    long size = ftell(f);
-    CHECK(size >= 0);
-    rewind(f);
-    unsigned char *b = malloc((size_t)size + 1);
-    CHECK(b);
-    CHECK(size == 0 || fread(b, 1, (size_t)size, f) == (size_t)size);
-    fclose(f);
-    *n = (size_t)size;
-    return b;
-}
-
 static int same_file_bytes(const char *path, const unsigned char *want, size_t n)
 {
     size_t m;
-    unsigned char *got = read_all(path, &m);
+    unsigned char *got = tap_read_all(path, &m);
     int same = m == n && memcmp(got, want, n) == 0;
     free(got);
     return same;
@@ -82,31 +47,14 @@ static int same_file_bytes(const char *path, const unsigned char *want, size_t n
 
 static int count_tmp(const char *dir)
 {
-    DIR *d = opendir(dir);
-    CHECK(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += strstr(e->d_name, ".tmp") != NULL;
-    closedir(d);
-    return n;
+    return tap_count_entries(dir, ".tmp");
 }
 
 /* A file with header text and data_len bytes of 0x11. */
 static const char *write_ckpt(const char *dir, const char *name, const char *header,
                               size_t data_len)
 {
-    const char *path = path_in(dir, name);
-    size_t h = strlen(header);
-    unsigned char *b = malloc(8 + h + data_len + 1);
-    CHECK(b);
-    for (int i = 0; i < 8; i++)
-        b[i] = (unsigned char)((uint64_t)h >> (8 * i));
-    memcpy(b + 8, header, h);
-    memset(b + 8 + h, 0x11, data_len);
-    write_bytes(path, b, 8 + h + data_len);
-    free(b);
-    return path;
+    return tap_write_safetensors(dir, name, strlen(header), header, data_len);
 }
 
 #define LOAD_FAILS(path, code, ...)                                                         \
@@ -205,10 +153,10 @@ static void test_save_planted_symlinks(void)
 {
     setup();
     const char *dir = tap_tmpdir();
-    const char *victim = path_in(dir, "victim");
+    const char *victim = tap_path_in(dir, "victim");
     const char precious[] = "root-owned precious bytes\n";
-    write_bytes(victim, precious, sizeof precious - 1);
-    const char *path = path_in(dir, "ck.st");
+    tap_write_bytes(victim, precious, sizeof precious - 1);
+    const char *path = tap_path_in(dir, "ck.st");
     long pid = (long)getpid(), tid = my_tid();
     int planted = 0;
     for (long dp = -2; dp <= 2; dp++)
@@ -255,10 +203,10 @@ static void test_save_guessed_name(void)
 {
     setup();
     const char *dir = tap_tmpdir();
-    const char *victim = path_in(dir, "victim");
+    const char *victim = tap_path_in(dir, "victim");
     const char precious[] = "precious\n";
-    write_bytes(victim, precious, sizeof precious - 1);
-    const char *path = path_in(dir, "g.st");
+    tap_write_bytes(victim, precious, sizeof precious - 1);
+    const char *path = tap_path_in(dir, "g.st");
     char planted[4096];
     snprintf(planted, sizeof planted, "%s.tmp.%016llx", path, 0x1111111111111111ull);
     CHECK(symlink(victim, planted) == 0);
@@ -297,7 +245,7 @@ static void test_save_temp_names_unpredictable(void)
 {
     setup();
     const char *dir = tap_tmpdir();
-    const char *path = path_in(dir, "ck.st");
+    const char *path = tap_path_in(dir, "ck.st");
     ts_checkpoint *ck = make_ck(16, 1);
     int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     CHECK(fd >= 0);
@@ -365,31 +313,31 @@ static void test_save_special_targets(void)
     const char *dir = tap_tmpdir();
     ts_checkpoint *ck = make_ck(8, 3);
 
-    const char *fifo = path_in(dir, "fifo");
+    const char *fifo = tap_path_in(dir, "fifo");
     CHECK(mkfifo(fifo, 0600) == 0);
     check_refused(ck, dir, fifo, "FIFO");
 
-    const char *sdir = path_in(dir, "adir");
+    const char *sdir = tap_path_in(dir, "adir");
     CHECK(mkdir(sdir, 0700) == 0);
     check_refused(ck, dir, sdir, "directory");
 
     /* A symlink to a regular file: refused (a root save must not be steered by a link). */
-    const char *real = path_in(dir, "real.st");
+    const char *real = tap_path_in(dir, "real.st");
     CHECK_OK(ts_checkpoint_save(ck, real));
     size_t nreal;
-    unsigned char *real_bytes = read_all(real, &nreal);
-    const char *link = path_in(dir, "link.st");
+    unsigned char *real_bytes = tap_read_all(real, &nreal);
+    const char *link = tap_path_in(dir, "link.st");
     CHECK(symlink(real, link) == 0);
     ts_checkpoint *other = make_ck(4, 9);
     check_refused(other, dir, link, "symbolic link");
     CHECK(same_file_bytes(real, real_bytes, nreal));
     /* A dangling symlink too. */
-    const char *dangling = path_in(dir, "dangling.st");
-    CHECK(symlink(path_in(dir, "nowhere"), dangling) == 0);
+    const char *dangling = tap_path_in(dir, "dangling.st");
+    CHECK(symlink(tap_path_in(dir, "nowhere"), dangling) == 0);
     check_refused(other, dir, dangling, "symbolic link");
-    CHECK(access(path_in(dir, "nowhere"), F_OK) != 0);
+    CHECK(access(tap_path_in(dir, "nowhere"), F_OK) != 0);
 
-    const char *sock = path_in(dir, "sock");
+    const char *sock = tap_path_in(dir, "sock");
     int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
     CHECK(sfd >= 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -400,10 +348,10 @@ static void test_save_special_targets(void)
     close(sfd);
 
     if (geteuid() == 0) { /* only root can make device nodes */
-        const char *cdev = path_in(dir, "null");
+        const char *cdev = tap_path_in(dir, "null");
         CHECK(mknod(cdev, S_IFCHR | 0666, makedev(1, 3)) == 0);
         check_refused(ck, dir, cdev, "character device");
-        const char *bdev = path_in(dir, "blk");
+        const char *bdev = tap_path_in(dir, "blk");
         CHECK(mknod(bdev, S_IFBLK | 0600, makedev(7, 0)) == 0);
         check_refused(ck, dir, bdev, "block device");
     }
@@ -420,7 +368,7 @@ static void test_save_keeps_mode(void)
     setup();
     const char *dir = tap_tmpdir();
     ts_checkpoint *ck = make_ck(8, 3);
-    const char *path = path_in(dir, "m.st");
+    const char *path = tap_path_in(dir, "m.st");
     mode_t old_umask = umask(022);
     CHECK_OK(ts_checkpoint_save(ck, path));
     struct stat st;
@@ -434,7 +382,7 @@ static void test_save_keeps_mode(void)
         CHECK_MSG((st.st_mode & 07777) == modes[i], "mode %o came back %o", (unsigned)modes[i],
                   (unsigned)(st.st_mode & 07777));
     }
-    const char *fresh = path_in(dir, "fresh.st");
+    const char *fresh = tap_path_in(dir, "fresh.st");
     umask(077);
     CHECK_OK(ts_checkpoint_save(ck, fresh));
     CHECK(stat(fresh, &st) == 0);
@@ -460,11 +408,11 @@ static void test_save_file_size_limit(void)
 {
     setup();
     const char *dir = tap_tmpdir();
-    const char *path = path_in(dir, "big.st");
+    const char *path = tap_path_in(dir, "big.st");
     ts_checkpoint *small = make_ck(4, 1.5);
     CHECK_OK(ts_checkpoint_save(small, path));
     size_t n_old;
-    unsigned char *old = read_all(path, &n_old);
+    unsigned char *old = tap_read_all(path, &n_old);
     ts_checkpoint *big = make_ck(64 * 1024, 2.5); /* 256 KiB */
     fflush(NULL);
     pid_t pid = fork();
@@ -516,16 +464,16 @@ static void test_save_io_faults(void)
 {
     setup();
     const char *dir = tap_tmpdir();
-    const char *path = path_in(dir, "f.st");
+    const char *path = tap_path_in(dir, "f.st");
     ts_checkpoint *oldck = make_ck(4, 1.5), *newck = make_ck(3000, -2);
-    const char *np = path_in(dir, "new.st");
+    const char *np = tap_path_in(dir, "new.st");
     CHECK_OK(ts_checkpoint_save(newck, np));
     size_t n_new;
-    unsigned char *new_bytes = read_all(np, &n_new);
+    unsigned char *new_bytes = tap_read_all(np, &n_new);
     CHECK(unlink(np) == 0);
     CHECK_OK(ts_checkpoint_save(oldck, path));
     size_t n_old;
-    unsigned char *old_bytes = read_all(path, &n_old);
+    unsigned char *old_bytes = tap_read_all(path, &n_old);
     ts_fault_arm(TS_FAULT_IO, 0);
     CHECK_OK(ts_checkpoint_save(newck, path));
     uint64_t steps = ts_fault_count();
@@ -575,7 +523,7 @@ static void test_save_durability_calls(void)
 {
     setup();
     const char *dir = tap_tmpdir();
-    const char *path = path_in(dir, "d.st");
+    const char *path = tap_path_in(dir, "d.st");
     ts_checkpoint *ck = make_ck(100, 4);
     for (int k = 0; k < 2; k++) { /* a new file, then over it */
         nrec = 0;
@@ -690,7 +638,7 @@ static void test_load_unused_tensor_not_read(void)
 {
     setup();
     const char *dir = tap_tmpdir();
-    const char *path = path_in(dir, "sparse.st");
+    const char *path = tap_path_in(dir, "sparse.st");
     const uint64_t huge = (uint64_t)2 << 30;
     char header[512];
     snprintf(header, sizeof header,
@@ -746,7 +694,7 @@ static void test_load_file_changes_after_load(void)
 {
     setup();
     const char *dir = tap_tmpdir();
-    const char *path = path_in(dir, "shrink.st");
+    const char *path = tap_path_in(dir, "shrink.st");
     ts_checkpoint *ck = make_ck(1000, 7);
     CHECK_OK(ts_checkpoint_save(ck, path));
     ts_checkpoint_free(ck);
@@ -769,7 +717,7 @@ static void test_loaded_resave(void)
 {
     setup();
     const char *dir = tap_tmpdir();
-    const char *a = path_in(dir, "a.st"), *b = path_in(dir, "b.st");
+    const char *a = tap_path_in(dir, "a.st"), *b = tap_path_in(dir, "b.st");
     ts_checkpoint *ck = make_ck(1000, 7);
     ts_tensor *i64;
     CHECK_OK(ts_tensor_arange(dev, TS_I64, 0, 33, 1, &i64));
@@ -781,7 +729,7 @@ static void test_loaded_resave(void)
     CHECK_OK(ts_checkpoint_load(a, dev, &ck));
     CHECK_OK(ts_checkpoint_save(ck, b));
     size_t n;
-    unsigned char *bytes = read_all(a, &n);
+    unsigned char *bytes = tap_read_all(a, &n);
     CHECK(same_file_bytes(b, bytes, n));
     /* and with one tensor read (kept), the other not */
     CHECK(ts_checkpoint_get(ck, "steps") != NULL);
@@ -814,7 +762,7 @@ static void *get_thread(void *arg)
 static void test_concurrent_gets(void)
 {
     setup();
-    const char *path = path_in(tap_tmpdir(), "c.st");
+    const char *path = tap_path_in(tap_tmpdir(), "c.st");
     ts_checkpoint *ck = make_ck(4096, 3);
     CHECK_OK(ts_checkpoint_save(ck, path));
     ts_checkpoint_free(ck);

@@ -36,58 +36,11 @@ static void setup(void)
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
-/* dir/name in a static buffer, one of a ring of 64: valid for the next 63 calls. */
-static const char *path_in(const char *dir, const char *name)
-{
-    static char bufs[64][4096];
-    static int k;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s/%s", dir, name); /* dir may be one of bufs */
-    char *b = bufs[k++ % 64];
-    memcpy(b, tmp, sizeof tmp);
-    return b;
-}
-
-static void write_bytes(const char *path, const void *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    CHECK_MSG(f, "fopen %s: %s", path, strerror(errno));
-    CHECK(n == 0 || fwrite(data, 1, n, f) == n);
-    CHECK(fclose(f) == 0);
-}
-
-/* The whole file, malloc'd; *n its size. */
-static unsigned char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    CHECK_MSG(f, "fopen %s: %s", path, strerror(errno));
-    CHECK(fseek(f, 0, SEEK_END) == 0);
-    long size = ftell(f);
-    CHECK(size >= 0);
-    rewind(f);
-    unsigned char *b = malloc((size_t)size + 1);
-    CHECK(b);
-    CHECK(fread(b, 1, (size_t)size, f) == (size_t)size);
-    fclose(f);
-    *n = (size_t)size;
-    return b;
-}
-
 /* A file with the given header length field, header text and data_len bytes of data. */
 static const char *write_raw(const char *dir, const char *name, uint64_t hlen,
                              const char *header, size_t data_len)
 {
-    const char *path = path_in(dir, name);
-    size_t h = strlen(header);
-    unsigned char *b = malloc(8 + h + data_len + 1);
-    CHECK(b);
-    for (int i = 0; i < 8; i++)
-        b[i] = (unsigned char)(hlen >> (8 * i));
-    memcpy(b + 8, header, h);
-    memset(b + 8 + h, 0x11, data_len);
-    write_bytes(path, b, 8 + h + data_len);
-    free(b);
-    return path;
+    return tap_write_safetensors(dir, name, hlen, header, data_len);
 }
 
 /* A well-formed file: the header's true length. */
@@ -100,14 +53,7 @@ static const char *write_ckpt(const char *dir, const char *name, const char *hea
 /* Files in dir whose name contains ".tmp.". */
 static int count_tmp(const char *dir)
 {
-    DIR *d = opendir(dir);
-    CHECK(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += strstr(e->d_name, ".tmp.") != NULL;
-    closedir(d);
-    return n;
+    return tap_count_entries(dir, ".tmp.");
 }
 
 static void remove_tmp(const char *dir)
@@ -192,7 +138,7 @@ static void test_round_trip(void)
 {
     setup();
     const char *dir = tap_tmpdir();
-    const char *path = path_in(dir, "model.ckpt");
+    const char *path = tap_path_in(dir, "model.ckpt");
     ts_tensor *t[NSAMPLE];
     ts_checkpoint *ck = sample(t), *back;
     CHECK_OK(ts_checkpoint_set_meta(ck, "epoch", "8")); /* replaces */
@@ -217,10 +163,10 @@ static void test_round_trip(void)
     CHECK_INT_EQ(ts_tensor_numel(ts_checkpoint_get(back, "empty")), 0);
 
     /* Save what was loaded: the same bytes again. */
-    const char *path2 = path_in(dir, "again.ckpt");
+    const char *path2 = tap_path_in(dir, "again.ckpt");
     CHECK_OK(ts_checkpoint_save(back, path2));
     size_t n1, n2;
-    unsigned char *a = read_all(path, &n1), *b = read_all(path2, &n2);
+    unsigned char *a = tap_read_all(path, &n1), *b = tap_read_all(path2, &n2);
     CHECK(n1 == n2 && memcmp(a, b, n1) == 0);
     free(a);
     free(b);
@@ -267,7 +213,7 @@ static void test_builder_errors(void)
 static void test_restore(void)
 {
     setup();
-    const char *path = path_in(tap_tmpdir(), "model.ckpt");
+    const char *path = tap_path_in(tap_tmpdir(), "model.ckpt");
     ts_tensor *t[NSAMPLE];
     ts_checkpoint *ck = sample(t), *back;
     CHECK_OK(ts_checkpoint_save(ck, path));
@@ -325,12 +271,12 @@ static void test_restore(void)
 static void test_safetensors_layout(void)
 {
     setup();
-    const char *path = path_in(tap_tmpdir(), "model.safetensors");
+    const char *path = tap_path_in(tap_tmpdir(), "model.safetensors");
     ts_tensor *t[NSAMPLE];
     ts_checkpoint *ck = sample(t);
     CHECK_OK(ts_checkpoint_save(ck, path));
     size_t n;
-    unsigned char *b = read_all(path, &n);
+    unsigned char *b = tap_read_all(path, &n);
     CHECK(n >= 8);
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++)
@@ -417,11 +363,11 @@ static void test_corrupt_files(void)
     CHECK_INT_EQ(ts_checkpoint_count(ok), 1);
     ts_checkpoint_free(ok);
 
-    p = path_in(dir, "empty.ckpt");
-    write_bytes(p, "", 0);
+    p = tap_path_in(dir, "empty.ckpt");
+    tap_write_bytes(p, "", 0);
     LOAD_FAILS(p, TS_ECORRUPT, "empty.ckpt", "0 bytes", "empty");
-    p = path_in(dir, "seven.ckpt");
-    write_bytes(p, "\x10\0\0\0\0\0\0", 7);
+    p = tap_path_in(dir, "seven.ckpt");
+    tap_write_bytes(p, "\x10\0\0\0\0\0\0", 7);
     LOAD_FAILS(p, TS_ECORRUPT, "seven.ckpt", "7 bytes");
     LOAD_FAILS(write_raw(dir, "long.ckpt", 1000, "{" A24 "}", 24), TS_ECORRUPT, "long.ckpt",
                "header length 1000", "larger than the file");
@@ -441,8 +387,8 @@ static void test_corrupt_files(void)
     LOAD_FAILS(write_ckpt(dir, "array.ckpt", "[1, 2]", 0), TS_ECORRUPT, "array.ckpt",
                "not a JSON object");
     LOAD_FAILS(write_ckpt(dir, "string.ckpt", "\"{}\"", 0), TS_ECORRUPT, "not a JSON object");
-    p = path_in(dir, "nul.ckpt");
-    write_bytes(p, "\x04\0\0\0\0\0\0\0{}\0 ", 12);
+    p = tap_path_in(dir, "nul.ckpt");
+    tap_write_bytes(p, "\x04\0\0\0\0\0\0\0{}\0 ", 12);
     LOAD_FAILS(p, TS_ECORRUPT, "NUL");
     LOAD_FAILS(write_ckpt(dir, "utf8.ckpt", "{\"\xff\xfe\":{}}", 0), TS_ECORRUPT, "UTF-8");
 
@@ -569,19 +515,19 @@ static void test_corrupt_files(void)
     /* A valid file cut in the middle of its data. */
     ts_tensor *t[NSAMPLE];
     ts_checkpoint *ck = sample(t);
-    const char *good = path_in(dir, "good.ckpt");
+    const char *good = tap_path_in(dir, "good.ckpt");
     CHECK_OK(ts_checkpoint_save(ck, good));
     size_t n;
-    unsigned char *b = read_all(good, &n);
-    p = path_in(dir, "truncated.ckpt");
-    write_bytes(p, b, n - 20);
+    unsigned char *b = tap_read_all(good, &n);
+    p = tap_path_in(dir, "truncated.ckpt");
+    tap_write_bytes(p, b, n - 20);
     LOAD_FAILS(p, TS_ECORRUPT, "truncated.ckpt", "truncated");
     free(b);
     ts_checkpoint_free(ck);
     unref_all(t, NSAMPLE);
 
     /* Cannot be read at all: TS_EIO. */
-    LOAD_FAILS(path_in(dir, "absent.ckpt"), TS_EIO, "absent.ckpt", "No such file");
+    LOAD_FAILS(tap_path_in(dir, "absent.ckpt"), TS_EIO, "absent.ckpt", "No such file");
     LOAD_FAILS(dir, TS_EIO, "not a regular file");
     tap_end();
 }
@@ -600,13 +546,13 @@ static void test_every_truncation(void)
     CHECK_OK(ts_checkpoint_add(ck, "w", t[0]));
     CHECK_OK(ts_checkpoint_add(ck, "step", t[1]));
     CHECK_OK(ts_checkpoint_set_meta(ck, "epoch", "1"));
-    const char *good = path_in(dir, "good.ckpt");
+    const char *good = tap_path_in(dir, "good.ckpt");
     CHECK_OK(ts_checkpoint_save(ck, good));
     size_t n;
-    unsigned char *b = read_all(good, &n);
-    const char *p = path_in(dir, "prefix.ckpt");
+    unsigned char *b = tap_read_all(good, &n);
+    const char *p = tap_path_in(dir, "prefix.ckpt");
     for (size_t len = 0; len < n; len++) {
-        write_bytes(p, b, len);
+        tap_write_bytes(p, b, len);
         ts_checkpoint *out = (ts_checkpoint *)1;
         ts_status s = ts_checkpoint_load(p, dev, &out);
         CHECK_MSG(s == TS_ECORRUPT && out == NULL, "prefix of %zu of %zu bytes: %s: %s", len, n,
@@ -618,7 +564,7 @@ static void test_every_truncation(void)
     for (size_t i = 0; i < n; i++) {
         for (int bit = 0; bit < 8; bit += 3) {
             b[i] ^= (unsigned char)(1u << bit);
-            write_bytes(p, b, n);
+            tap_write_bytes(p, b, n);
             b[i] ^= (unsigned char)(1u << bit);
             ts_checkpoint *out = NULL;
             ts_status s = ts_checkpoint_load(p, dev, &out);
@@ -650,16 +596,16 @@ static void test_save_failures(void)
     CHECK_OK(ts_checkpoint_add(old_ck, "w", small));
     CHECK_OK(ts_checkpoint_new(&new_ck));
     CHECK_OK(ts_checkpoint_add(new_ck, "w", big));
-    const char *path = path_in(dir, "model.ckpt");
+    const char *path = tap_path_in(dir, "model.ckpt");
     CHECK_OK(ts_checkpoint_save(old_ck, path));
     size_t n_old;
-    unsigned char *old_bytes = read_all(path, &n_old);
+    unsigned char *old_bytes = tap_read_all(path, &n_old);
 
     /* A directory that does not exist, and a "directory" that is a file. */
-    const char *nodir = path_in(dir, "no/such/dir/model.ckpt");
+    const char *nodir = tap_path_in(dir, "no/such/dir/model.ckpt");
     CHECK_FAILS(ts_checkpoint_save(new_ck, nodir), TS_EIO, "no/such/dir/model.ckpt",
                 "No such file or directory");
-    const char *notdir = path_in(dir, "model.ckpt/inner.ckpt");
+    const char *notdir = tap_path_in(dir, "model.ckpt/inner.ckpt");
     CHECK_FAILS(ts_checkpoint_save(new_ck, notdir), TS_EIO, "model.ckpt/inner.ckpt",
                 "Not a directory");
 
@@ -675,27 +621,27 @@ static void test_save_failures(void)
     CHECK(setrlimit(RLIMIT_FSIZE, &saved) == 0);
     CHECK_INT_EQ(count_tmp(dir), 0);
     size_t n;
-    unsigned char *now = read_all(path, &n);
+    unsigned char *now = tap_read_all(path, &n);
     CHECK(n == n_old && memcmp(now, old_bytes, n) == 0);
     free(now);
 
     /* A directory in the way of the rename. */
-    const char *isdir = path_in(dir, "adir");
+    const char *isdir = tap_path_in(dir, "adir");
     CHECK(mkdir(isdir, 0755) == 0);
-    CHECK(mkdir(path_in(dir, "adir/x"), 0755) == 0);
+    CHECK(mkdir(tap_path_in(dir, "adir/x"), 0755) == 0);
     CHECK_FAILS(ts_checkpoint_save(new_ck, isdir), TS_EIO, "adir");
     CHECK_INT_EQ(count_tmp(dir), 0);
 
     /* A read-only directory (not for root, who may write anyway). */
     if (geteuid() != 0) {
-        const char *ro = path_in(dir, "ro");
+        const char *ro = tap_path_in(dir, "ro");
         CHECK(mkdir(ro, 0755) == 0);
-        const char *rpath = path_in(ro, "model.ckpt");
+        const char *rpath = tap_path_in(ro, "model.ckpt");
         CHECK_OK(ts_checkpoint_save(old_ck, rpath));
         CHECK(chmod(ro, 0555) == 0);
         CHECK_FAILS(ts_checkpoint_save(new_ck, rpath), TS_EIO, "Permission denied");
         CHECK(chmod(ro, 0755) == 0);
-        now = read_all(rpath, &n);
+        now = tap_read_all(rpath, &n);
         CHECK(n == n_old && memcmp(now, old_bytes, n) == 0);
         free(now);
         CHECK_INT_EQ(count_tmp(ro), 0);

@@ -101,20 +101,6 @@ out:
     return s;
 }
 
-static unsigned char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    CHECK_MSG(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)len + 1);
-    CHECK(b && fread(b, 1, (size_t)len, f) == (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
-
 /* Exactly one file in dir: no temporary left behind by a failed save. */
 static void only_checkpoint_in(const char *dir)
 {
@@ -192,7 +178,7 @@ static void walk(unsigned site)
                       ts_autograd_live_nodes()};
     for (uint64_t n = 1; n <= count; n++) {
         size_t good_len, want_n;
-        unsigned char *good = read_all(m.path, &good_len);
+        unsigned char *good = tap_read_all(m.path, &good_len);
         float *want = params_now(&m, &want_n);
         /* what the file holds: the parameters as the last good step saved them */
         checkpoint_matches(&m, want, want_n);
@@ -220,7 +206,7 @@ static void walk(unsigned site)
         /* The good checkpoint is still there, whole; unless the save's last step failed,
          * the fsync of the directory after the rename, when the new one is there, whole. */
         size_t len;
-        unsigned char *now = read_all(m.path, &len);
+        unsigned char *now = tap_read_all(m.path, &len);
         if (site == TS_FAULT_IO && strstr(ts_last_error(), "syncing the directory")) {
             CHECK_MSG(n == count, "the directory fsync is I/O call %llu of %llu",
                       (unsigned long long)n, (unsigned long long)count);
