@@ -133,31 +133,19 @@ else
     fail "a checkpoint saved at (epoch, batches per epoch) resumes at the next epoch" \
         "edited: $edited" "$(losses "$TMP/l.out" | head -3)"
 fi
-cp "$TMP/keep.st" "$TMP/bad.st"
-edit "$TMP/bad.st" '"train.step":"16"' '"train.step":"15"'
-out=$("$TESSERA" train $COMMON --epochs 3 --resume "$TMP/bad.st" 2>&1); rc=$?
-if [ $rc -eq 1 ] && contains "$out" "inconsistent position: step 15 at epoch 2, batch 0"; then
-    ok "a step that disagrees with the epoch and batch is refused"
-else
-    fail "a step that disagrees with the epoch and batch is refused" "rc=$rc" "$out"
-fi
-cp "$TMP/keep.st" "$TMP/bad.st"
-edit "$TMP/bad.st" '"train.step":"16"' '"train.step":"-1"'
-out=$("$TESSERA" train $COMMON --epochs 3 --resume "$TMP/bad.st" 2>&1); rc=$?
-if [ $rc -eq 1 ] && contains "$out" "'train.step' = '-1' is not a whole number"; then
-    ok "a negative step in the checkpoint is refused"
-else
-    fail "a negative step in the checkpoint is refused" "rc=$rc" "$out"
-fi
-
-cp "$TMP/keep.st" "$TMP/bad.st"
-edit "$TMP/bad.st" '"train.batch":"0"' '"train.batch":"x"'
-out=$("$TESSERA" train $COMMON --epochs 3 --resume "$TMP/bad.st" 2>&1); rc=$?
-if [ $rc -eq 1 ] && contains "$out" "'train.batch' = 'x' is not a whole number"; then
-    ok "a batch that is not a number is refused"
-else
-    fail "a batch that is not a number is refused" "rc=$rc" "$out"
-fi
+# tampered NAME FROM TO NEEDLE: keep.st with FROM replaced by TO is refused, saying NEEDLE.
+tampered() {
+    cp "$TMP/keep.st" "$TMP/bad.st"
+    edit "$TMP/bad.st" "$2" "$3"
+    out=$("$TESSERA" train $COMMON --epochs 3 --resume "$TMP/bad.st" 2>&1); rc=$?
+    if [ $rc -eq 1 ] && contains "$out" "$4"; then ok "$1"; else fail "$1" "rc=$rc" "$out"; fi
+}
+tampered "a step that disagrees with the epoch and batch is refused" \
+    '"train.step":"16"' '"train.step":"15"' "inconsistent position: step 15 at epoch 2, batch 0"
+tampered "a negative step in the checkpoint is refused" \
+    '"train.step":"16"' '"train.step":"-1"' "'train.step' = '-1' is not a whole number"
+tampered "a batch that is not a number is refused" \
+    '"train.batch":"0"' '"train.batch":"x"' "'train.batch' = 'x' is not a whole number"
 
 # Strict numbers: each bad value exits 2 naming the option.
 for case in $BAD_VALUES; do
