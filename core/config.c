@@ -14,6 +14,7 @@
 #include <ini.h>
 
 #include "internal.h"
+#include "memtrace.h"
 
 #define DEFAULTS_NAME "(built-in defaults)"
 
@@ -27,6 +28,12 @@ struct ts_config {
     char *dir;    /* directory of the file, for relative plugin paths; NULL if none */
     entry *e;
     size_t n, cap;
+    /* every [plugin.NAME] section header, keys or not: NAME and its first line */
+    struct plugin_section {
+        char *name;
+        int line;
+    } *sec;
+    size_t nsec, seccap;
 };
 
 /* [core] keys and their defaults. */
@@ -85,6 +92,10 @@ TS_API ts_status ts_parse_size(const char *text, unsigned long long *bytes)
     v *= mult;
     if (!(v >= 0) || v > (long double)ULLONG_MAX)
         goto bad;
+    /* 0 is a size; a positive one under a byte would silently become 0. */
+    if (v > 0 && v < 1)
+        return ts__fail(TS_EINVAL, "'%s' is less than one byte: write 0 for none, or at least "
+                                   "1 byte", text);
     *bytes = (unsigned long long)v;
     return TS_OK;
 bad:
@@ -127,7 +138,12 @@ static int parse_setting(const ts_config_key *k, const char *text, ts_setting *s
     case TS_SETTING_SIZE: {
         unsigned long long b;
         if (ts_parse_size(text, &b) != TS_OK) {
-            snprintf(expected, elen, "a size in bytes with an optional K/M/G/T suffix, e.g. 512M");
+            if (strstr(ts_last_error(), "less than one byte"))
+                snprintf(expected, elen, "0 or at least 1 byte (this is less than one byte, "
+                         "which would round to 0)");
+            else
+                snprintf(expected, elen, "a size in bytes with an optional K/M/G/T suffix, "
+                         "e.g. 512M");
             return 0;
         }
         s->v.size = b;
@@ -248,6 +264,31 @@ static int section_ok(parse_state *ps, const char *section)
                    section);
 }
 
+/* Remembers [plugin.NAME] at the current line, once per NAME, for
+ * ts__config_check_plugin_sections (which also reports sections with no key). */
+static void note_plugin_section(parse_state *ps, const char *name)
+{
+    ts_config *cfg = ps->cfg;
+    for (size_t i = 0; i < cfg->nsec; i++)
+        if (strcmp(cfg->sec[i].name, name) == 0)
+            return;
+    if (cfg->nsec == cfg->seccap) {
+        size_t cap = cfg->seccap ? cfg->seccap * 2 : 8;
+        struct plugin_section *p = ts__realloc(cfg->sec, cap * sizeof *p);
+        if (!p) {
+            fail_at(ps, TS_ENOMEM, "out of memory reading the configuration");
+            return;
+        }
+        cfg->sec = p;
+        cfg->seccap = cap;
+    }
+    if (!(cfg->sec[cfg->nsec].name = ts__strdup(name))) {
+        fail_at(ps, TS_ENOMEM, "out of memory reading the configuration");
+        return;
+    }
+    cfg->sec[cfg->nsec++].line = ps->line;
+}
+
 /* inih only reports sections that hold keys; an empty misspelt section must fail too. */
 static void check_section_line(parse_state *ps, const char *str)
 {
@@ -265,7 +306,8 @@ static void check_section_line(parse_state *ps, const char *str)
     while (end > b && isspace((unsigned char)end[-1]))
         end--;
     snprintf(name, sizeof name, "%.*s", (int)(end - b), b);
-    section_ok(ps, name);
+    if (section_ok(ps, name) && strncmp(name, "plugin.", 7) == 0)
+        note_plugin_section(ps, name + 7);
 }
 
 static const entry *find_entry(const ts_config *cfg, const char *section, const char *key)
@@ -480,6 +522,9 @@ TS_API void ts_config_free(ts_config *cfg)
         free(cfg->e[i].value);
     }
     free(cfg->e);
+    for (size_t i = 0; i < cfg->nsec; i++)
+        free(cfg->sec[i].name);
+    free(cfg->sec);
     free(cfg->source);
     free(cfg->dir);
     free(cfg);
@@ -616,6 +661,49 @@ fail_count:
     return st;
 }
 
+/* ---- memory_fraction as bytes ------------------------------------------------------------ */
+
+ts_status ts__config_check_reserve(const ts_config *cfg, const char *name, const ts_setting *s,
+                                   size_t n, uint64_t total_bytes)
+{
+    const ts_setting *frac = ts_setting_find(s, n, "memory_fraction");
+    if (!frac || frac->kind != TS_SETTING_FRACTION || total_bytes == 0)
+        return TS_OK;
+    /* As the plugins turn it into bytes (plugins/common/hostdev.c, plugins/cuda). */
+    uint64_t limit = (uint64_t)((double)total_bytes * frac->v.fraction);
+    if (limit >= TS_MIN_RESERVE_BYTES)
+        return TS_OK;
+    char where[600], lim[32], tot[32], least[64] = "";
+    char section[160];
+    snprintf(section, sizeof section, "plugin.%s", name);
+    const entry *e = cfg ? find_entry(cfg, section, "memory_fraction") : NULL;
+    if (e)
+        snprintf(where, sizeof where, "%s:%d: [%s] memory_fraction = %s", cfg->source, e->line,
+                 section, e->value);
+    else
+        snprintf(where, sizeof where, "%s: [%s] memory_fraction (default %s)",
+                 ts_config_source(cfg), section, frac->text);
+    ts__fmt_bytes(lim, limit);
+    ts__fmt_bytes(tot, total_bytes);
+    if (total_bytes < TS_MIN_RESERVE_BYTES)
+        return ts__fail(TS_ECONFIG, "%s gives a pool limit of %llu bytes (%s): this device has "
+                        "only %s in all, under the 1 MiB minimum of a pool; no fraction can "
+                        "give a usable pool here", where, (unsigned long long)limit, lim, tot);
+    /* The smallest fraction with a 1 MiB limit, rounded up to two significant digits, and
+     * checked as the parser and the plugin will see it. */
+    double f = (double)TS_MIN_RESERVE_BYTES / (double)total_bytes;
+    double step = pow(10.0, floor(log10(f)) - 1.0), m = ceil(f / step) * step;
+    for (int i = 0; i < 100; i++, m += step) {
+        snprintf(least, sizeof least, "%.3g", m < 1e-6 ? 1e-6 : m);
+        if ((uint64_t)((double)total_bytes * strtod(least, NULL)) >= TS_MIN_RESERVE_BYTES)
+            break;
+    }
+    return ts__fail(TS_ECONFIG, "%s gives a pool limit of %llu bytes (%s) on this device (%s in "
+                    "all), under the 1 MiB minimum of a pool (a limit that rounds to 0 bytes "
+                    "would mean no limit at all); the smallest accepted on this device is %s",
+                    where, (unsigned long long)limit, lim, tot, least);
+}
+
 /* ---- sections for plugins that are not there ------------------------------------------- */
 
 typedef struct known_plugins {
@@ -656,41 +744,75 @@ static int name_distance(const char *a, const char *b)
     return row[lb] < 9 ? row[lb] : 9;
 }
 
+/* The plugin found on cfg's search path closest to name (ties: the first in sorted order), and
+ * its distance; NULL (distance 9) when none is found. */
+static const char *closest_plugin(const known_plugins *k, const char *name, int *distance)
+{
+    const char *closest = NULL;
+    int best = 9;
+    for (size_t j = 0; j < k->n; j++) {
+        int d = name_distance(name, k->names[j]);
+        if (d < best)
+            best = d, closest = k->names[j];
+    }
+    *distance = best;
+    return closest;
+}
+
+/* A likely misspelling: within two edits, and fewer edits than the name has characters. */
+static int misspelling(const char *name, int distance)
+{
+    return distance <= 2 && (size_t)distance < strlen(name);
+}
+
+int ts__config_plugin_guess(const ts_config *cfg, const char *name, char *out, size_t len)
+{
+    known_plugins k = {.n = 0};
+    ts_plugin_scan(cfg, collect_plugin, &k);
+    int d;
+    const char *c = closest_plugin(&k, name, &d);
+    if (!c || d == 0 || !misspelling(name, d))
+        return 0;
+    snprintf(out, len, "%s", c);
+    return 1;
+}
+
+/* The plugins tessera itself ships (plugins/): a section for one this installation lacks (not
+ * built here, as cuda on a machine without the CUDA toolkit) is expected, not a mistake. */
+static const char *const shipped_plugins[] = {"cpu_blas", "cpu_onednn", "cuda"};
+
 void ts__config_check_plugin_sections(const ts_config *cfg)
 {
-    if (!cfg)
+    if (!cfg || cfg->nsec == 0)
         return;
     known_plugins k = {.n = 0};
     ts_plugin_scan(cfg, collect_plugin, &k);
-    for (size_t i = 0; i < cfg->n; i++) {
-        const entry *e = &cfg->e[i];
-        if (strncmp(e->section, "plugin.", 7) != 0)
-            continue;
-        int seen = 0; /* report each section once, at its first key */
-        for (size_t j = 0; j < i && !seen; j++)
-            seen = strcmp(cfg->e[j].section, e->section) == 0;
-        const char *name = e->section + 7;
-        int found = 0, best = 9;
-        const char *closest = NULL;
-        for (size_t j = 0; j < k.n && !found; j++) {
+    char list[1024] = "";
+    for (size_t j = 0; j < k.n; j++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", j ? ", " : "",
+                 k.names[j]);
+    for (size_t i = 0; i < cfg->nsec; i++) {
+        const char *name = cfg->sec[i].name;
+        int line = cfg->sec[i].line, found = 0, shipped = 0, best;
+        for (size_t j = 0; j < k.n && !found; j++)
             found = strcmp(k.names[j], name) == 0;
-            int d = name_distance(name, k.names[j]);
-            if (d < best)
-                best = d, closest = k.names[j];
-        }
-        if (seen || found)
+        if (found) /* there, whether or not it loads: its load reports its own problems */
             continue;
-        char list[1024] = "";
-        for (size_t j = 0; j < k.n; j++)
-            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", j ? ", " : "",
-                     k.names[j]);
-        if (closest && best <= 2)
+        for (size_t j = 0; j < sizeof shipped_plugins / sizeof *shipped_plugins; j++)
+            shipped |= strcmp(shipped_plugins[j], name) == 0;
+        const char *closest = closest_plugin(&k, name, &best);
+        if (shipped)
+            ts__log(TS_LOG_INFO, "%s:%d: [plugin.%s]: tessera's %s plugin is not on the search "
+                    "path here (not built or not installed); its settings are unused (plugins "
+                    "found: %s)", cfg->source, line, name, name, k.n ? list : "none");
+        else if (closest && misspelling(name, best))
             ts__log(TS_LOG_WARN, "%s:%d: [plugin.%s] names no plugin on the search path: did "
                     "you mean [plugin.%s]? Its settings are unused (plugins found: %s)",
-                    cfg->source, e->line, name, closest, list);
+                    cfg->source, line, name, closest, list);
         else
-            ts__log(TS_LOG_INFO, "%s:%d: [plugin.%s] names no plugin on the search path; its "
-                    "settings are unused until it is installed (plugins found: %s)",
-                    cfg->source, e->line, name, k.n ? list : "none");
+            ts__log(TS_LOG_WARN, "%s:%d: [plugin.%s] names no plugin on the search path; its "
+                    "settings are unused until that plugin is installed (plugins found: %s; "
+                    "closest: %s)", cfg->source, line, name, k.n ? list : "none",
+                    closest ? closest : "none");
     }
 }

@@ -1,7 +1,8 @@
-/* core/data.c: datasets. The IDX reader (gzip or plain through zlib, every header field and
- * the data length validated, bounded chunked reads, big-endian to host conversion), the
- * Fashion-MNIST loader, and the mini-batch loader: zero-copy views in order, or one
- * index_select per batch into reused buffers along a Philox permutation of (seed, epoch).
+/* core/data.c: datasets. The IDX reader (one gzip member through zlib's inflate, or plain;
+ * every header field and the data length validated, nothing after the gzip member, bounded
+ * chunked reads, big-endian to host conversion), the Fashion-MNIST loader, and the mini-batch
+ * loader: zero-copy views in order, or one index_select per batch into reused buffers along a
+ * Philox permutation of (seed, epoch).
  * docs/data.md describes the design and the measured figures. */
 #include <errno.h>
 #include <stdatomic.h>
@@ -21,7 +22,7 @@ void ts__philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_in[2], uint3
 /* A decoded tensor larger than this is refused as corrupt: no real IDX file comes close, and a
  * hostile header must not make us reserve terabytes. */
 #define IDX_MAX_BYTES ((uint64_t)4 << 30)
-/* Bytes read from the file per gzread call (a multiple of every element size). */
+/* Bytes read from the file, and decoded, per call (a multiple of every element size). */
 #define IDX_CHUNK ((size_t)256 << 10)
 /* The first output allocation; it doubles as data really arrives, up to the declared size, so
  * a short file that claims gigabytes costs little memory before it is found truncated. */
@@ -115,74 +116,146 @@ static void idx_convert(unsigned type, const unsigned char *src, size_t n, unsig
     }
 }
 
-/* An IDX file being read: zlib's stream, and the CRC-32 and count of the bytes it gave, which
- * must match the gzip trailer at the very end of the file (zlib ignores bytes after a gzip
- * stream; tessera does not). */
+/* An IDX file being read: plain, or one gzip member decoded with zlib's inflate. inflate is
+ * used rather than gzread because gzread reads past the end of a member: it decodes a second
+ * member as more data and silently drops whatever garbage follows, where tessera wants to know
+ * exactly where the gzip stream ended and refuse any byte after it. */
 typedef struct idx_in {
-    gzFile gz;
     int fd;
-    uLong crc;
-    uint64_t total;
+    int gzip;          /* the file starts with the gzip magic 1f 8b */
+    int zinit;         /* z holds inflate state (inflateEnd on close) */
+    int ended;         /* gzip: inflate reached the end of the member (its CRC and length OK) */
+    int eof;           /* read() returned 0 */
+    z_stream z;
+    unsigned char *in; /* IDX_CHUNK bytes read from the file */
+    size_t pos, len;   /* plain: in[pos, len) not yet handed out */
 } idx_in;
 
-/* Reads up to len bytes; *got receives how many (fewer only at the end of the file). A
- * damaged or cut-short gzip stream is TS_ECORRUPT; a failing read() TS_EIO. */
-static ts_status idx_read_bytes(idx_in *in, const char *path, void *buf, size_t len, size_t *got)
+/* Fills in->in from the file; 0 bytes at the end of the file. */
+static ts_status idx_fill(idx_in *in, const char *path)
 {
-    gzFile gz = in->gz;
-    *got = 0;
-    while (*got < len) {
-        size_t want = len - *got;
-        if (want > IDX_CHUNK)
-            want = IDX_CHUNK;
-        int r = gzread(gz, (unsigned char *)buf + *got, (unsigned)want);
-        if (r < 0 || (r == 0 && *got < len)) {
-            int err;
-            const char *msg = gzerror(gz, &err);
-            size_t plen = strlen(path); /* zlib writes "path: what"; we name the path already */
-            if (msg && strncmp(msg, path, plen) == 0 && strncmp(msg + plen, ": ", 2) == 0)
-                msg += plen + 2;
-            if (err == Z_ERRNO)
-                return ts__fail(TS_EIO, "IDX file '%s': cannot read: %s", path, strerror(errno));
-            if (err == Z_DATA_ERROR || err == Z_STREAM_ERROR || err == Z_NEED_DICT)
-                return ts__fail(TS_ECORRUPT, "IDX file '%s': corrupt gzip stream: %s", path,
-                                msg && *msg ? msg : "invalid data");
-            if (err == Z_BUF_ERROR)
-                return ts__fail(TS_ECORRUPT, "IDX file '%s': truncated gzip stream: %s", path,
-                                msg && *msg ? msg : "unexpected end of file");
-            if (err == Z_MEM_ERROR)
-                return ts__fail(TS_ENOMEM, "IDX file '%s': out of memory decompressing", path);
-            if (r < 0)
-                return ts__fail(TS_EIO, "IDX file '%s': cannot read: %s", path,
-                                msg && *msg ? msg : "gzread failed");
-            return TS_OK; /* the end of the file */
-        }
-        in->crc = crc32(in->crc, (const unsigned char *)buf + *got, (unsigned)r);
-        in->total += (uint64_t)r;
-        *got += (size_t)r;
+    ssize_t r;
+    do
+        r = read(in->fd, in->in, IDX_CHUNK);
+    while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return ts__fail(TS_EIO, "IDX file '%s': cannot read: %s", path, strerror(errno));
+    in->eof = r == 0;
+    in->pos = 0;
+    in->len = (size_t)r;
+    in->z.next_in = in->in;
+    in->z.avail_in = (uInt)r;
+    return TS_OK;
+}
+
+/* Opens the stream over fd (owned by in from here: idx_close closes it). */
+static ts_status idx_open(idx_in *in, int fd, const char *path)
+{
+    memset(in, 0, sizeof *in);
+    in->fd = fd;
+    in->in = ts__malloc(IDX_CHUNK);
+    if (!in->in)
+        return ts__fail(TS_ENOMEM, "IDX file '%s': out of host memory", path);
+    ts_status s = idx_fill(in, path);
+    if (s)
+        return s;
+    /* An IDX file starts 00 00, so the gzip magic cannot be mistaken for one. */
+    in->gzip = in->len >= 2 && in->in[0] == 0x1f && in->in[1] == 0x8b;
+    if (in->gzip) {
+        int r = inflateInit2(&in->z, 15 + 16); /* a gzip wrapper only */
+        if (r != Z_OK)
+            return ts__fail(r == Z_MEM_ERROR ? TS_ENOMEM : TS_EIO,
+                            "IDX file '%s': cannot start zlib: %s", path,
+                            in->z.msg ? in->z.msg : zError(r));
+        in->zinit = 1;
+        in->z.next_in = in->in;
+        in->z.avail_in = (uInt)in->len;
     }
     return TS_OK;
 }
 
-/* After the whole stream was read: a gzip file must end with its one member's trailer, the
- * CRC-32 and the length (mod 2^32) of everything read. Anything else after the end of that
- * member (garbage, padding, a second member) is TS_ECORRUPT. A plain file has no trailer. */
+static void idx_close(idx_in *in)
+{
+    if (in->zinit)
+        inflateEnd(&in->z);
+    free(in->in);
+    in->in = NULL;
+    if (in->fd >= 0)
+        close(in->fd);
+    in->fd = -1;
+}
+
+/* Reads up to len bytes; *got receives how many (fewer only at the end of the file, or of the
+ * gzip member). A damaged or cut-short gzip stream is TS_ECORRUPT; a failing read() TS_EIO. */
+static ts_status idx_read_bytes(idx_in *in, const char *path, void *buf, size_t len, size_t *got)
+{
+    unsigned char *out = buf;
+    ts_status s;
+    *got = 0;
+    if (!in->gzip) {
+        while (*got < len) {
+            if (in->pos == in->len) {
+                if (in->eof)
+                    return TS_OK;
+                if ((s = idx_fill(in, path)))
+                    return s;
+                continue;
+            }
+            size_t n = in->len - in->pos < len - *got ? in->len - in->pos : len - *got;
+            memcpy(out + *got, in->in + in->pos, n);
+            in->pos += n;
+            *got += n;
+        }
+        return TS_OK;
+    }
+    while (*got < len && !in->ended) {
+        if (in->z.avail_in == 0 && !in->eof && (s = idx_fill(in, path)))
+            return s;
+        size_t want = len - *got < IDX_CHUNK ? len - *got : IDX_CHUNK;
+        in->z.next_out = out + *got;
+        in->z.avail_out = (uInt)want;
+        int r = inflate(&in->z, Z_NO_FLUSH);
+        *got += want - in->z.avail_out;
+        switch (r) {
+        case Z_STREAM_END:
+            in->ended = 1;
+            break;
+        case Z_OK:
+            break;
+        case Z_BUF_ERROR: /* no progress possible: the input is used up */
+            if (in->z.avail_in == 0 && in->eof)
+                return ts__fail(TS_ECORRUPT, "IDX file '%s': truncated gzip stream: unexpected "
+                                "end of file", path);
+            break;
+        case Z_MEM_ERROR:
+            return ts__fail(TS_ENOMEM, "IDX file '%s': out of memory decompressing", path);
+        default: /* Z_DATA_ERROR, Z_NEED_DICT, Z_STREAM_ERROR */
+            return ts__fail(TS_ECORRUPT, "IDX file '%s': corrupt gzip stream: %s", path,
+                            in->z.msg ? in->z.msg : "invalid data");
+        }
+    }
+    return TS_OK;
+}
+
+/* After the whole stream was read: nothing may follow the end of the gzip member (garbage,
+ * padding, a second member), though zlib's own gzread would skip or decode it. A plain file
+ * has already been read to its end. */
 static ts_status idx_check_end(idx_in *in, const char *path)
 {
-    if (gzdirect(in->gz))
+    if (!in->gzip)
         return TS_OK;
-    struct stat st;
-    unsigned char t[8];
-    if (fstat(in->fd, &st) != 0 || st.st_size < 8 ||
-        pread(in->fd, t, 8, st.st_size - 8) != 8)
-        return ts__fail(TS_EIO, "IDX file '%s': cannot read the gzip trailer: %s", path,
-                        strerror(errno));
-    uint32_t crc = (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16 | (uint32_t)t[3] << 24;
-    uint32_t size = (uint32_t)t[4] | (uint32_t)t[5] << 8 | (uint32_t)t[6] << 16 | (uint32_t)t[7] << 24;
-    if (crc != (uint32_t)in->crc || size != (uint32_t)in->total)
-        return ts__fail(TS_ECORRUPT, "IDX file '%s': bytes after the end of the gzip stream (the "
-                        "file does not end with the trailer of its one gzip member: trailing "
-                        "garbage, or a second member)", path);
+    TS_ASSERT(in->ended);
+    uint64_t after = in->z.avail_in;
+    while (!in->eof && after == 0) {
+        ts_status s = idx_fill(in, path);
+        if (s)
+            return s;
+        after = in->len;
+    }
+    if (after)
+        return ts__fail(TS_ECORRUPT, "IDX file '%s': bytes after the end of the gzip stream "
+                        "(trailing garbage, padding or a second gzip member; an IDX .gz file is "
+                        "one gzip member): remove them, or recompress the data with gzip", path);
     return TS_OK;
 }
 
@@ -259,19 +332,12 @@ static ts_status idx_read_host(const char *path, idx_host *h)
     ts_status os = ts__open_input(path, "IDX file", &fd, NULL);
     if (os)
         return os;
-    errno = 0;
-    gzFile gz = gzdopen(fd, "rb");
-    if (!gz) {
-        close(fd);
-        return ts__fail(TS_ENOMEM, "IDX file '%s': cannot open: out of memory", path);
-    }
-    gzbuffer(gz, 128 << 10);
-    idx_in in = {.gz = gz, .fd = fd, .crc = crc32(0L, Z_NULL, 0)};
+    idx_in in;
     unsigned char *chunk = NULL;
     unsigned type = 0;
     size_t file_es = 0;
-    ts_status s = idx_header(&in, path, h, &type, &file_es);
-    if (s)
+    ts_status s = idx_open(&in, fd, path);
+    if (s || (s = idx_header(&in, path, h, &type, &file_es)))
         goto fail;
     uint64_t want = (uint64_t)h->numel * file_es; /* bytes of data the header declares */
     size_t cap = h->nbytes < IDX_FIRST_CAP ? h->nbytes : IDX_FIRST_CAP;
@@ -303,6 +369,9 @@ static ts_status idx_read_host(const char *path, idx_host *h)
         idx_convert(type, chunk, n, h->data + (size_t)(have / file_es) * out_es);
         have += got;
         if (got < len) {
+            /* A member that ends early with more after it: say so (a second member, say). */
+            if (in.gzip && in.ended && (s = idx_check_end(&in, path)))
+                goto fail;
             s = ts__fail(TS_ECORRUPT,
                          "IDX file '%s': truncated data: %llu of the %llu bytes "
                          "the header declares",
@@ -323,13 +392,13 @@ static ts_status idx_read_host(const char *path, idx_host *h)
     if ((s = idx_check_end(&in, path)))
         goto fail;
     free(chunk);
-    gzclose_r(gz);
+    idx_close(&in);
     return TS_OK;
 fail:
     free(chunk);
     free(h->data);
     h->data = NULL;
-    gzclose_r(gz);
+    idx_close(&in);
     return s;
 }
 
@@ -423,8 +492,9 @@ TS_API ts_status ts_fashion_mnist_load(const char *dir, int train, ts_device *de
     }
     int64_t n = im.shape[0];
     if (n == 0) {
-        s = ts__fail(TS_ECORRUPT, "Fashion-MNIST: '%s' holds 0 images: nothing to %s on; %s",
-                     ipath, train ? "train" : "test", FMNIST_PACKAGE);
+        s = ts__fail(TS_ECORRUPT, "Fashion-MNIST: '%s' holds 0 images: nothing to %s on; "
+                     "point at a directory with the real set (the Debian package "
+                     "dataset-fashion-mnist installs it)", ipath, train ? "train" : "test");
         goto fail;
     }
     if (lb.shape[0] != n) {

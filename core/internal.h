@@ -53,10 +53,20 @@ int ts__log_level_parse(const char *name);
 ts_status ts__config_plugin_settings(const ts_config *cfg, const char *name,
                                      const ts_config_key *keys, ts_setting **out, size_t *n);
 void ts__settings_free(ts_setting *s, size_t n);
-/* Logs each [plugin.NAME] section of cfg whose NAME is no plugin on the search path: a warning
- * naming the closest plugin found when NAME is within two edits of one (a misspelling), else an
- * info message (a plugin not installed here). */
+/* Logs each [plugin.NAME] section of cfg (with keys or not) whose NAME is no plugin on the
+ * search path: a warning naming the plugins found and the closest ("did you mean" when NAME is
+ * within two edits of one); info only for a plugin tessera ships that this build lacks. */
 void ts__config_check_plugin_sections(const ts_config *cfg);
+/* 1 and the closest plugin name found on cfg's search path in out when name is a likely
+ * misspelling of one (within two edits); 0 otherwise. */
+int ts__config_plugin_guess(const ts_config *cfg, const char *name, char *out, size_t len);
+/* The smallest pool limit memory_fraction may give (1 MiB). */
+#define TS_MIN_RESERVE_BYTES ((uint64_t)1 << 20)
+/* TS_ECONFIG, naming the file and line, when the memory_fraction in settings s gives a pool
+ * limit under TS_MIN_RESERVE_BYTES of a device of total_bytes; TS_OK otherwise (and when
+ * total_bytes is 0, unknown). The message gives the limit and the smallest fraction accepted. */
+ts_status ts__config_check_reserve(const ts_config *cfg, const char *name, const ts_setting *s,
+                                   size_t n, uint64_t total_bytes);
 /* The directory of the config file, or NULL for defaults/in-memory text. (transfer none) */
 const char *ts__config_dir(const ts_config *cfg);
 

@@ -466,6 +466,32 @@ static void loaded_done(int fd, int named)
     pthread_mutex_unlock(&fd_names_lock);
 }
 
+/* memory_fraction as the bytes it gives on this device must make a usable pool: checked once
+ * the plugin can say how much memory its device has (ts__config_check_reserve). */
+static ts_status check_reserve(const ts_config *cfg, ts_device *dev)
+{
+    /* The plugin's own answer, quietly: figures ts_device_info_get would drop (with its
+     * warning, when the user asks) are no basis for the check. */
+    ts_device_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    if (dev->vt.device_info(dev->ctx, &info) != TS_OK || !(info.valid & TS_DEVINFO_TOTAL) ||
+        info.total_bytes > DEVINFO_MAX_BYTES ||
+        ((info.valid & TS_DEVINFO_FREE) && info.free_bytes > info.total_bytes)) {
+        ts_clear_error();
+        return TS_OK;
+    }
+    ts_status s = ts__config_check_reserve(cfg, dev->name, dev->settings, dev->nsettings,
+                                           info.total_bytes);
+    if (s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ts_last_error());
+        ts_device_unload(dev);
+        return ts__fail(s, "%s", msg);
+    }
+    return TS_OK;
+}
+
 TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, ts_device **out)
 {
     if (!out || !name_or_path)
@@ -581,6 +607,8 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
                      ts_status_name(s));
         goto fail;
     }
+    if ((s = check_reserve(cfg, dev)))
+        return s; /* dev is unloaded */
     *out = dev;
     return TS_OK;
 fail:

@@ -29,6 +29,21 @@ static char *resolve(const char *value, int from_file)
     return ts__strdup(value);
 }
 
+/* A device name that is no plugin on the search path but close to one: the message says
+ * which one was probably meant. Returns s. */
+static ts_status guess_device(const char *want, ts_status s)
+{
+    char *path = NULL, msg[1024], guess[64];
+    if (strchr(want, '/'))
+        return s;
+    snprintf(msg, sizeof msg, "%s", ts_last_error());
+    ts_status found = ts_plugin_find(config, want, &path);
+    free(path);
+    if (found != TS_OK && ts__config_plugin_guess(config, want, guess, sizeof guess))
+        return ts__fail(s, "%s; did you mean '%s'?", msg, guess);
+    return ts__fail(s, "%s", msg);
+}
+
 /* Loads (or finds loaded) the device named by value; lock held. */
 static ts_status get_locked(const char *value, int from_file, ts_device **out)
 {
@@ -49,9 +64,12 @@ static ts_status get_locked(const char *value, int from_file, ts_device **out)
     }
     ts_device *dev;
     ts_status s = ts_device_load(config, want, &dev);
-    free(want);
-    if (s)
+    if (s) {
+        s = guess_device(want, s);
+        free(want);
         return s;
+    }
+    free(want);
     devices[ndevices++] = dev;
     *out = dev;
     return TS_OK;

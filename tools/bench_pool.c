@@ -114,19 +114,6 @@ static uint64_t next_rand(uint64_t *s)
     return *s * 0x2545F4914F6CDD1Dull;
 }
 
-static int parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    if (*s < '0' || *s > '9') /* strtoull would take a space, '+' or '-' (wrapping) */
-        return 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || v == 0)
-        return 0;
-    *out = v;
-    return 1;
-}
-
 /* ---- the sequences ------------------------------------------------------------------------ */
 
 static int push(sequence *q, uint32_t slot, size_t size)
@@ -421,7 +408,9 @@ static void print_json(const sequence *q, const result *r)
 
 #define USAGE                                                                              \
     "usage: tessera bench pool [--mix training|random|all] [--pairs N] [--working-set N] "     \
-    "[--step N | --no-repeat] [--seed N] [--cache-limit BYTES] [--no-expandable] [--json]\n"
+    "[--step N | --no-repeat] [--seed N] [--cache-limit BYTES] [--no-expandable] [--json]\n" \
+    "  --pairs 1..10^7 (default 200000), --working-set 1..10^6 (default 64), --step, --seed\n" \
+    "  and --cache-limit 1..2^64-1\n"
 
 int cli_bench_pool(int argc, char **argv)
 {
@@ -451,16 +440,16 @@ int cli_bench_pool(int argc, char **argv)
                     !strcmp(argv[i + 1], "all"))) {
             i++;
             mixes = !strcmp(argv[i], "training") ? 1 : !strcmp(argv[i], "random") ? 2 : 3;
-        } else if (dst && i + 1 < argc && parse_u64(argv[i + 1], dst)) {
+        } else if (dst) {
+            /* Bounded so that the sequences fit in memory (--pairs, --working-set). */
+            uint64_t max = dst == &pairs ? 10000000 : dst == &wset ? 1000000 : UINT64_MAX;
+            if (cli_parse_u64("bench pool", a, i + 1 < argc ? argv[i + 1] : NULL, 1, max, dst))
+                return 2;
             i++;
         } else {
             fprintf(stderr, "tessera: error: bench pool: bad option '%s'\n%s", a, USAGE);
             return 2;
         }
-    }
-    if (wset > UINT32_MAX) {
-        fprintf(stderr, "tessera: error: bench pool: --working-set is at most %u\n", UINT32_MAX);
-        return 2;
     }
 
     if (json)

@@ -20,9 +20,14 @@ int cli_fail(ts_status s, const char *what);
  * *out was set. min_open: the value must be > min, not >= min. */
 int cli_parse_i64(const char *cmd, const char *opt, const char *v, int64_t min, int64_t max,
                   int64_t *out);
-int cli_parse_u64(const char *cmd, const char *opt, const char *v, uint64_t max, uint64_t *out);
+int cli_parse_u64(const char *cmd, const char *opt, const char *v, uint64_t min, uint64_t max,
+                  uint64_t *out);
 int cli_parse_double(const char *cmd, const char *opt, const char *v, double min, int min_open,
                      double max, double *out);
+
+/* The same rule without a message: 0 (*out set), 1 not a number, 2 out of range. */
+int cli_strict_i64(const char *v, int64_t min, int64_t max, int64_t *out);
+int cli_strict_double(const char *v, double min, int min_open, double max, double *out);
 
 /* Formats bytes as "1.50 GiB" into buf. */
 const char *cli_bytes(unsigned long long bytes, char *buf, size_t len);

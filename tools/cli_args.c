@@ -23,39 +23,67 @@ static int plain_start(const char *v, int allow_minus)
     return (*v >= '0' && *v <= '9') || *v == '.';
 }
 
+int cli_strict_i64(const char *v, int64_t min, int64_t max, int64_t *out)
+{
+    char *end;
+    if (!plain_start(v, min < 0))
+        return 1;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (*end)
+        return 1;
+    if (errno == ERANGE || n < min || n > max)
+        return 2;
+    *out = n;
+    return 0;
+}
+
+int cli_strict_double(const char *v, double min, int min_open, double max, double *out)
+{
+    char *end;
+    /* strtod takes hexadecimal (0x1p-3) too: decimal only, as documented. */
+    if (!plain_start(v, min < 0) || strpbrk(v, "xX"))
+        return 1;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (*end)
+        return 1;
+    if (errno == ERANGE || !isfinite(d) || d < min || (min_open && d == min) || d > max)
+        return 2;
+    *out = d;
+    return 0;
+}
+
 int cli_parse_i64(const char *cmd, const char *opt, const char *v, int64_t min, int64_t max,
                   int64_t *out)
 {
     if (!v)
         return cli_usage_error(cmd, "%s needs a value (a whole number %lld..%lld)", opt,
                                (long long)min, (long long)max);
-    char *end;
-    errno = 0;
-    long long n = plain_start(v, min < 0) ? strtoll(v, &end, 10) : 0;
-    if (!plain_start(v, min < 0) || *end)
+    int r = cli_strict_i64(v, min, max, out);
+    if (r == 1)
         return cli_usage_error(cmd, "%s '%s' is not a whole number (expected %lld..%lld)", opt,
                                v, (long long)min, (long long)max);
-    if (errno == ERANGE || n < min || n > max)
+    if (r == 2)
         return cli_usage_error(cmd, "%s '%s' is out of range: expected %lld..%lld", opt, v,
                                (long long)min, (long long)max);
-    *out = n;
     return 0;
 }
-
-int cli_parse_u64(const char *cmd, const char *opt, const char *v, uint64_t max, uint64_t *out)
+int cli_parse_u64(const char *cmd, const char *opt, const char *v, uint64_t min, uint64_t max,
+                  uint64_t *out)
 {
     if (!v)
-        return cli_usage_error(cmd, "%s needs a value (a whole number 0..%llu)", opt,
-                               (unsigned long long)max);
+        return cli_usage_error(cmd, "%s needs a value (a whole number %llu..%llu)", opt,
+                               (unsigned long long)min, (unsigned long long)max);
     char *end;
     errno = 0;
     unsigned long long n = plain_start(v, 0) ? strtoull(v, &end, 10) : 0;
     if (!plain_start(v, 0) || *end)
-        return cli_usage_error(cmd, "%s '%s' is not a whole number (expected 0..%llu)", opt, v,
-                               (unsigned long long)max);
-    if (errno == ERANGE || n > max)
-        return cli_usage_error(cmd, "%s '%s' is out of range: expected 0..%llu", opt, v,
-                               (unsigned long long)max);
+        return cli_usage_error(cmd, "%s '%s' is not a whole number (expected %llu..%llu)", opt,
+                               v, (unsigned long long)min, (unsigned long long)max);
+    if (errno == ERANGE || n < min || n > max)
+        return cli_usage_error(cmd, "%s '%s' is out of range: expected %llu..%llu", opt, v,
+                               (unsigned long long)min, (unsigned long long)max);
     *out = n;
     return 0;
 }
@@ -67,15 +95,12 @@ int cli_parse_double(const char *cmd, const char *opt, const char *v, double min
     if (!v)
         return cli_usage_error(cmd, "%s needs a value (a finite number %s %g, at most %g)", opt,
                                range_lo, min, max);
-    char *end;
-    errno = 0;
-    double d = plain_start(v, min < 0) ? strtod(v, &end) : 0;
-    if (!plain_start(v, min < 0) || *end)
+    int r = cli_strict_double(v, min, min_open, max, out);
+    if (r == 1)
         return cli_usage_error(cmd, "%s '%s' is not a number (expected a finite number %s %g, "
                                "at most %g)", opt, v, range_lo, min, max);
-    if (errno == ERANGE || !isfinite(d) || d < min || (min_open && d == min) || d > max)
+    if (r == 2)
         return cli_usage_error(cmd, "%s '%s' is out of range: expected a finite number %s %g, "
                                "at most %g", opt, v, range_lo, min, max);
-    *out = d;
     return 0;
 }

@@ -73,7 +73,8 @@ void cli_model_init(cli_model *m)
                      .init = TS_INIT_KAIMING_UNIFORM};
 }
 
-/* "500" or "256,128" into out (at most CLI_MAX_LAYERS entries, each 1..max). */
+/* "500" or "256,128" into out (at most CLI_MAX_LAYERS entries, each 1..max, each as strict
+ * as any other number: no space, sign or trailing text). */
 static int parse_list(const char *cmd, const char *opt, const char *val, int64_t max,
                       int64_t *out, int *n)
 {
@@ -82,20 +83,27 @@ static int parse_list(const char *cmd, const char *opt, const char *val, int64_t
     if (!*p)
         return cli_usage_error(cmd, "%s needs a comma-separated list of sizes", opt), -2;
     for (;;) {
-        char *end;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || (*end && *end != ','))
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char item[32];
+        if (len >= sizeof item)
             return cli_usage_error(cmd, "%s '%s': expected sizes like 256,128", opt, val), -2;
-        if (v < 1 || v > max)
-            return cli_usage_error(cmd, "%s '%s': each size must be 1..%lld", opt, val,
-                                   (long long)max), -2;
+        memcpy(item, p, len);
+        item[len] = '\0';
         if (*n == CLI_MAX_LAYERS)
             return cli_usage_error(cmd, "%s '%s': at most %d layers", opt, val,
                                    CLI_MAX_LAYERS), -2;
-        out[(*n)++] = v;
-        if (!*end)
+        int r = cli_strict_i64(item, 1, max, &out[*n]);
+        if (r == 1)
+            return cli_usage_error(cmd, "%s '%s': expected sizes like 256,128 ('%s' is not a "
+                                   "whole number)", opt, val, item), -2;
+        if (r == 2)
+            return cli_usage_error(cmd, "%s '%s': each size must be 1..%lld", opt, val,
+                                   (long long)max), -2;
+        (*n)++;
+        if (!comma)
             return 1;
-        p = end + 1;
+        p = comma + 1;
     }
 }
 
@@ -127,11 +135,10 @@ int cli_model_option(cli_model *m, const char *cmd, const char *opt, const char 
     } else if (!strcmp(val, "xavier")) {
         m->init = TS_INIT_XAVIER_UNIFORM;
     } else if (!strncmp(val, "normal:", 7)) {
-        char *end;
-        double sd = strtod(val + 7, &end);
-        if (end == val + 7 || *end || !(sd > 0) || sd > 1e6)
+        double sd;
+        if (cli_strict_double(val + 7, 0, 1, 1e6, &sd))
             return cli_usage_error(cmd, "--init '%s': the standard deviation must be a number "
-                                   "> 0, like normal:0.01", val), -2;
+                                   "> 0 and at most 1e6, like normal:0.01", val), -2;
         m->init = TS_INIT_NORMAL;
         m->init_std = sd;
     } else {
@@ -294,6 +301,7 @@ typedef struct trainer {
     uint64_t epoch;    /* the epoch in progress (0-based) */
     int tty;
     int diverged; /* run_epoch stopped on a non-finite loss and said so */
+    int64_t saved_step; /* the step of this run's last --save, or -1 */
 } trainer;
 
 static void meta_u64(ts_checkpoint *ck, const char *key, uint64_t v)
@@ -332,6 +340,8 @@ static ts_status save(trainer *t, const char *path)
         meta_u64(ck, "train.rng_seed", t->rng.seed);
         meta_u64(ck, "train.rng_offset", t->rng.offset);
         s = ts_checkpoint_save(ck, path);
+        if (s == TS_OK)
+            t->saved_step = t->step;
     }
     ts_checkpoint_free(ck);
     return s;
@@ -342,13 +352,13 @@ static int meta_num(const ts_checkpoint *ck, const char *path, const char *key, 
                     uint64_t *v)
 {
     const char *txt = ts_checkpoint_meta(ck, key);
-    if (!txt || !*txt) {
+    if (!txt) {
         fprintf(stderr, "tessera: error: %s: not a tessera training checkpoint (no '%s')\n",
                 path, key);
         return 1;
     }
     uint64_t n = 0;
-    for (const char *p = txt; *p; p++) {
+    for (const char *p = txt; *p || p == txt; p++) {
         if (*p < '0' || *p > '9' || n > (UINT64_MAX - (uint64_t)(*p - '0')) / 10) {
             fprintf(stderr, "tessera: error: %s: metadata '%s' = '%s' is not a whole number "
                             "0..%llu: the checkpoint is damaged or was not written by tessera\n",
@@ -367,6 +377,17 @@ static int meta_num(const ts_checkpoint *ck, const char *path, const char *key, 
     return 0;
 }
 
+/* v in the fewest significant digits that read back as v (0.1, not 0.10000000000000001). */
+static const char *shortest(double v, char *buf, size_t len)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    return buf;
+}
+
 /* An optimizer hyper-parameter given on the command line must equal the checkpoint's: the
  * optimizer state comes from the checkpoint, so a different value would be silently ignored.
  * Not given: the checkpoint's value is used (and printed in the banner). */
@@ -381,10 +402,12 @@ static int hyper(trainer *t, const ts_checkpoint *ck, const char *key, const cha
     if (*end || !isfinite(saved))
         return 0; /* ts_optim_load_state refuses it with the reason */
     if (given && saved != *val) {
-        fprintf(stderr, "tessera: error: %s was trained with %s %.17g, not %.17g; the optimizer "
-                        "state comes from the checkpoint: resume without %s (or with %s %.17g), "
+        char a[32], b[32];
+        fprintf(stderr, "tessera: error: %s was trained with %s %s, not %s; the optimizer "
+                        "state comes from the checkpoint: resume without %s (or with %s %s), "
                         "or start a new run\n",
-                t->o.resume, flag, saved, *val, flag, flag, saved);
+                t->o.resume, flag, shortest(saved, a, sizeof a), shortest(*val, b, sizeof b),
+                flag, flag, a);
         return 2;
     }
     *val = saved;
@@ -414,6 +437,13 @@ static int resume(trainer *t)
         goto out;
     }
     const char *path = t->o.resume;
+    const char *format = ts_checkpoint_meta(ck, "train.format");
+    if (format && strcmp(format, "tessera-train-1") != 0) { /* absent: an older tessera's */
+        fprintf(stderr, "tessera: error: %s: metadata 'train.format' = '%s': this tessera reads "
+                        "'tessera-train-1' only (a newer tessera wrote it, or it is damaged)\n",
+                path, format);
+        goto out;
+    }
     if (meta_num(ck, path, "train.seed", UINT64_MAX, &seed) ||
         meta_num(ck, path, "train.batch_size", MAX_BATCH, &batch_size) ||
         meta_num(ck, path, "train.train_limit", MAX_LIMIT, &limit) ||
@@ -460,6 +490,13 @@ static int resume(trainer *t)
             goto out;
         }
         t->o.optimizer = !strcmp(kind, "sgd") ? "sgd" : !strcmp(kind, "adam") ? "adam" : "adamw";
+    }
+    if (t->o.set_momentum && t->o.momentum != 0 && strcmp(t->o.optimizer, "sgd") != 0) {
+        fprintf(stderr, "tessera: error: %s was trained with --optimizer %s, which takes no "
+                        "--momentum; resume without --momentum\n",
+                path, t->o.optimizer);
+        rc = 2;
+        goto out;
     }
     if ((rc = hyper(t, ck, "optim.lr", "--lr", t->o.set_lr, &t->o.lr)) ||
         (rc = hyper(t, ck, "optim.momentum", "--momentum", t->o.set_momentum, &t->o.momentum)) ||
@@ -519,11 +556,18 @@ static int resume_left(const trainer *t)
                 (unsigned long long)t->epoch);
         return 1;
     }
-    if ((t->o.max_steps > 0 && t->step == t->o.max_steps) || t->epoch == (uint64_t)t->o.epochs) {
-        fprintf(stderr, "tessera: %s is at step %lld, epoch %llu of %lld: the run is complete, "
-                        "nothing to train; the checkpoint is left as it was (pass a larger "
-                        "--epochs or --max-steps to continue)\n",
-                p, (long long)t->step, (unsigned long long)t->epoch, (long long)t->o.epochs);
+    if (t->o.max_steps > 0 && t->step == t->o.max_steps) {
+        fprintf(stderr, "tessera: %s is at step %lld and --max-steps %lld is reached: the run is "
+                        "complete, nothing to train; the checkpoint is left as it was (pass a "
+                        "larger --max-steps to continue)\n",
+                p, (long long)t->step, (long long)t->o.max_steps);
+        return -1;
+    }
+    if (t->epoch == (uint64_t)t->o.epochs) {
+        fprintf(stderr, "tessera: %s has finished its %lld epochs (step %lld): the run is "
+                        "complete, nothing to train; the checkpoint is left as it was (pass a "
+                        "larger --epochs to continue)\n",
+                p, (long long)t->o.epochs, (long long)t->step);
         return -1;
     }
     return 0;
@@ -625,11 +669,16 @@ static ts_status run_epoch(trainer *t, int *stop)
         bi++;
         if (!isfinite(lv)) {
             fprintf(stderr, "tessera: error: the loss became %s at step %lld (epoch %llu, batch "
-                            "%lld): training diverged and is stopped; %s (try a smaller --lr)\n",
+                            "%lld): training diverged and is stopped (try a smaller --lr); ",
                     isnan(lv) ? "NaN" : "infinite", (long long)t->step,
-                    (unsigned long long)t->epoch + 1, (long long)bi,
-                    t->o.save ? "the last checkpoint saved is left as it was"
-                              : "nothing was saved");
+                    (unsigned long long)t->epoch + 1, (long long)bi);
+            if (t->saved_step >= 0)
+                fprintf(stderr, "%s is left as saved at step %lld\n", t->o.save,
+                        (long long)t->saved_step);
+            else if (t->o.save)
+                fprintf(stderr, "nothing was saved: %s was not written\n", t->o.save);
+            else
+                fprintf(stderr, "nothing was saved\n");
             t->diverged = 1;
             return TS_ESTATE;
         }
@@ -715,7 +764,7 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
         } else if (!strcmp(a, "--train-limit")) {
             bad = cli_parse_i64("train", a, v, 0, MAX_LIMIT, &o->train_limit), i++;
         } else if (!strcmp(a, "--seed")) {
-            bad = cli_parse_u64("train", a, v, UINT64_MAX, &o->seed), i++;
+            bad = cli_parse_u64("train", a, v, 0, UINT64_MAX, &o->seed), i++;
         } else if (!strcmp(a, "--lr")) {
             bad = cli_parse_double("train", a, v, 0, 1, MAX_LR, &o->lr), i++;
             o->set_lr = 1;
@@ -749,7 +798,9 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
         strcmp(o->optimizer, "adamw"))
         return cli_usage_error("train", "unknown optimizer '%s' (sgd, adam or adamw)",
                                o->optimizer);
-    if (o->set_momentum && o->momentum != 0 && strcmp(o->optimizer, "sgd") != 0)
+    /* On --resume without --optimizer the optimizer is the checkpoint's: resume() checks. */
+    if (o->set_momentum && o->momentum != 0 && strcmp(o->optimizer, "sgd") != 0 &&
+        !(o->resume && !o->set_optimizer))
         return cli_usage_error("train", "--momentum applies to --optimizer sgd, not %s",
                                o->optimizer);
     if (!o->set_lr)
@@ -772,7 +823,7 @@ static void trainer_free(trainer *t)
 
 int cmd_train(int argc, char **argv, const cli_common *common)
 {
-    trainer t = {0};
+    trainer t = {.saved_step = -1};
     const char *config = common->config;
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--config"))
@@ -841,13 +892,20 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         fprintf(stderr, "tessera: resumed from %s at epoch %llu, step %lld\n", t.o.resume,
                 (unsigned long long)t.epoch + 1, (long long)t.step);
     }
-    char arch[256];
-    if (!t.o.json)
-        printf("tessera train: %s (%lld parameters) on '%s', %s lr %g, batch %lld, %lld "
+    char arch[256], hyper_txt[96];
+    if (!strcmp(t.o.optimizer, "sgd"))
+        snprintf(hyper_txt, sizeof hyper_txt, "lr %g momentum %g weight decay %g", t.o.lr,
+                 t.o.momentum, t.o.weight_decay);
+    else
+        snprintf(hyper_txt, sizeof hyper_txt, "lr %g weight decay %g", t.o.lr,
+                 t.o.weight_decay);
+    if (!t.o.json) /* the values in use: on --resume, the checkpoint's */
+        printf("tessera train: %s (%lld parameters) on '%s', %s %s, batch %lld, %lld "
                "training images, data loaded in %.1f s\n",
-               cli_model_describe(&t.o.arch, arch, sizeof arch), (long long)ts_module_num_params(t.model), ts_device_name(t.dev),
-               t.o.optimizer, t.o.lr, (long long)t.o.batch,
-               (long long)ts_tensor_size(t.train_x, 0), cli_now() - t0);
+               cli_model_describe(&t.o.arch, arch, sizeof arch),
+               (long long)ts_module_num_params(t.model), ts_device_name(t.dev), t.o.optimizer,
+               hyper_txt, (long long)t.o.batch, (long long)ts_tensor_size(t.train_x, 0),
+               cli_now() - t0);
     int stop = 0;
     for (; t.epoch < (uint64_t)t.o.epochs && !stop; t.epoch++) {
         uint64_t ep;

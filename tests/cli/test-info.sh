@@ -2,7 +2,7 @@
 # tests/cli/test-info.sh: `tessera info` as a user runs it: text and JSON, fallback,
 # TESSERA_DEVICE, bad configs and misuse give a one-line error and a non-zero exit.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 14
+plan 15
 
 out=$("$TESSERA" info 2>&1)
 if [ $? -eq 0 ] && contains "$out" "cpu_blas: 1 device" && contains "$out" "tests/data/test.ini" \
@@ -44,6 +44,17 @@ if [ $? -eq 0 ] && contains "$out" "falling back to 'cpu_blas'" && contains "$ou
     ok "info falls back with a warning"
 else
     fail "info falls back with a warning" "$out"
+fi
+
+# A misspelt [plugin.NAME] section (empty, too) is one warning naming the closest plugin; the
+# installed file's [plugin.cuda] says nothing where cuda is not built.
+printf '[core]\ndevice = cpu_blas\n[plugin.cpu_blass]\n[plugin.cuda]\ndevice_index = 0\n' >"$TMP/sec.ini"
+"$TESSERA" --config "$TMP/sec.ini" info >/dev/null 2>"$TMP/sec.err"; rc=$?
+n=$(grep -c 'sec.ini:3: \[plugin.cpu_blass\].*did you mean \[plugin.cpu_blas\]' "$TMP/sec.err")
+if [ $rc -eq 0 ] && [ "$n" -eq 1 ] && ! grep -q 'plugin.cuda' "$TMP/sec.err"; then
+    ok "info warns once about a misspelt plugin section"
+else
+    fail "info warns once about a misspelt plugin section" "rc=$rc, $n warnings" "$(cat "$TMP/sec.err")"
 fi
 
 # TESSERA_DEVICE overrides [core] device.

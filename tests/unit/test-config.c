@@ -2,6 +2,8 @@
  * line, key and the expected form; good input and defaults come back as written. */
 #include "config.h"
 
+#include <math.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../tap.h"
@@ -121,6 +123,20 @@ static void test_sizes(void)
     }
     unsigned long long v;
     CHECK_FAILS(ts_parse_size("1Z", &v), TS_EINVAL, "'1Z'", "512M");
+    /* 0 is a size (cache nothing), but a non-zero size under one byte must not become 0. */
+    const char *sub[] = {"0.5", "0.1B", "1e-30K", "0.0000000001G"};
+    for (size_t i = 0; i < sizeof sub / sizeof *sub; i++) {
+        v = 7;
+        CHECK_FAILS(ts_parse_size(sub[i], &v), TS_EINVAL, sub[i], "less than one byte");
+        CHECK_MSG(v == 7, "%s: *bytes changed on failure", sub[i]);
+        char text[128];
+        snprintf(text, sizeof text, "[plugin.cpu_blas]\ncache_limit = %s\n", sub[i]);
+        BAD(text, "t.ini:2:", "cache_limit", "less than one byte");
+    }
+    CHECK_OK(ts_parse_size("0.0", &v));
+    CHECK(v == 0);
+    CHECK_OK(ts_parse_size("1.5", &v)); /* a fraction of a byte above 1 rounds down */
+    CHECK(v == 1);
     CHECK_FAILS(ts_parse_size(NULL, &v), TS_EINVAL, "NULL");
 }
 
@@ -188,6 +204,86 @@ static void test_lookup_order(void)
     ts_config_free(cfg);
 }
 
+/* memory_fraction is a share of the device's memory: one whose byte limit on this device is
+ * under 1 MiB is refused when the plugin loads (the pool would be useless, and a limit that
+ * rounds to 0 bytes would mean no limit at all), with the limit it gives and the smallest
+ * fraction accepted here; that fraction itself loads. */
+static void test_fraction_byte_limit(void)
+{
+    const uint64_t mib = 1u << 20;
+    ts_config *cfg;
+    ts_device *dev = NULL;
+    CHECK_OK(ts_config_defaults(&cfg));
+    CHECK_OK(ts_device_load(cfg, "cpu_blas", &dev));
+    ts_device_info info;
+    CHECK_OK(ts_device_info_get(dev, &info));
+    ts_device_unload(dev);
+    ts_config_free(cfg);
+    if (!(info.valid & TS_DEVINFO_TOTAL) || info.total_bytes < 4 * mib) {
+        SKIP("cpu_blas reports no usable memory total");
+        return;
+    }
+    double total = (double)info.total_bytes;
+    /* Just under the minimum, far under it, and as small as the parser allows. */
+    const double tiny[] = {(double)(mib - 64 * 1024) / total, 1000.0 / total, 1e-6};
+    for (size_t i = 0; i < sizeof tiny / sizeof *tiny; i++) {
+        if (tiny[i] < 1e-6 || tiny[i] * total >= (double)mib)
+            continue;
+        char text[200], want[64];
+        snprintf(text, sizeof text, "[core]\ndevice = cpu_blas\n[plugin.cpu_blas]\n"
+                 "memory_fraction = %.9g\n", tiny[i]);
+        cfg = parse_ok(text);
+        snprintf(want, sizeof want, "memory_fraction = %.9g", tiny[i]);
+        dev = (ts_device *)1;
+        CHECK_FAILS(ts_device_load(cfg, "cpu_blas", &dev), TS_ECONFIG, "t.ini:4:",
+                    "[plugin.cpu_blas]", want, "1 MiB", "smallest");
+        CHECK(dev == NULL);
+        char limit[64];
+        char written[32];
+        snprintf(written, sizeof written, "%.9g", tiny[i]);
+        snprintf(limit, sizeof limit, " %llu bytes",
+                 (unsigned long long)(total * strtod(written, NULL)));
+        CHECK_STR_CONTAINS(ts_last_error(), limit);
+        /* The smallest fraction the message offers is accepted. */
+        const char *at = strstr(ts_last_error(), "on this device is ");
+        CHECK(at != NULL);
+        double least = at ? strtod(at + 18, NULL) : 0;
+        CHECK_MSG(least > tiny[i] && least <= 2.0 * (double)mib / total,
+                  "smallest fraction %g (from: %s)", least, ts_last_error());
+        ts_config_free(cfg);
+        snprintf(text, sizeof text, "[plugin.cpu_blas]\nmemory_fraction = %.17g\n", least);
+        cfg = parse_ok(text);
+        CHECK_OK(ts_device_load(cfg, "cpu_blas", &dev));
+        ts_memory_stats st;
+        CHECK_OK(ts_device_memory_stats(dev, &st));
+        CHECK_MSG(st.reserve_limit >= mib, "reserve_limit %llu", (unsigned long long)st.reserve_limit);
+        ts_device_unload(dev);
+        ts_config_free(cfg);
+    }
+    /* The boundary: the smallest fraction whose limit is exactly 1 MiB loads; the double just
+     * below it (a limit of 1 MiB - 1 byte) is refused. */
+    double f = (double)mib / total;
+    while ((uint64_t)(total * f) < mib)
+        f = nextafter(f, 1.0);
+    while ((uint64_t)(total * nextafter(f, 0.0)) >= mib)
+        f = nextafter(f, 0.0);
+    if ((uint64_t)(total * f) != mib || (uint64_t)(total * nextafter(f, 0.0)) != mib - 1) {
+        SKIP("no fraction gives exactly 1 MiB on a device of %.0f bytes", total);
+        return;
+    }
+    char text[200];
+    snprintf(text, sizeof text, "[plugin.cpu_blas]\nmemory_fraction = %.17g\n", f);
+    cfg = parse_ok(text);
+    CHECK_OK(ts_device_load(cfg, "cpu_blas", &dev));
+    ts_device_unload(dev);
+    ts_config_free(cfg);
+    snprintf(text, sizeof text, "[plugin.cpu_blas]\nmemory_fraction = %.17g\n",
+             nextafter(f, 0.0));
+    cfg = parse_ok(text);
+    CHECK_FAILS(ts_device_load(cfg, "cpu_blas", &dev), TS_ECONFIG, " 1048575 bytes");
+    ts_config_free(cfg);
+}
+
 static char logged[4096];
 
 static void capture_log(int level, const char *msg, void *user)
@@ -197,16 +293,29 @@ static void capture_log(int level, const char *msg, void *user)
         snprintf(logged + strlen(logged), sizeof logged - strlen(logged), "%s\n", msg);
 }
 
-/* A section for a plugin that is not on the search path: a misspelling of one that is gets a
- * warning naming the closest; a plugin simply not installed here (a GPU plugin on a CPU box)
- * gets no warning; a section for a plugin that is there gets none. */
+/* A section for a plugin that is not on the search path gets one warning, at its line, naming
+ * the plugins found and the closest one ("did you mean"), empty sections included; a section
+ * for a plugin whose file is there but does not load (broken.so) gets none, nor does one for a
+ * plugin tessera ships that this build lacks (the installed file's [plugin.cuda] on a machine
+ * without CUDA: info level only), nor one for a plugin that is there. */
 static void test_unknown_plugin_sections(void)
 {
-    const char *ini = tap_write_file(tap_tmpdir(), "sections.ini",
-                                     "[core]\ndevice = cpu_blas\n"
-                                     "[plugin.cpu_blas]\nthreads = 1\n"
-                                     "[plugin.cpu_blass]\nthreads = 1\ncache_limit = 1M\n"
-                                     "[plugin.vendorgpu]\nthreads = 1\n");
+    char dir[4200], text[8192];
+    snprintf(dir, sizeof dir, "%s/plugins", tap_tmpdir());
+    CHECK(mkdir(dir, 0755) == 0);
+    tap_write_file(dir, "broken.so", "not an ELF file\n");
+    snprintf(text, sizeof text,
+             "[core]\ndevice = cpu_blas\nplugin_path = %s\n" /* 1-3 */
+             "[plugin.cpu_blas]\nthreads = 1\n"               /* 4-5 */
+             "[plugin.cpu_blass]\nthreads = 1\ncache_limit = 1M\n" /* 6-8 */
+             "[plugin.vendorgpu]\nthreads = 1\n"              /* 9-10 */
+             "[plugin.cpu_onednnn]\n"                         /* 11: empty */
+             "[plugin.broken]\nthreads = 2\n"                 /* 12-13 */
+             "[plugin.cuda]\ndevice_index = 0\n"              /* 14-15 */
+             "[plugin.cpu_blass]\n"                           /* 16: the same one again */
+             "[plugin.cpublass]\n",                           /* 17: two edits away */
+             dir);
+    const char *ini = tap_write_file(tap_tmpdir(), "sections.ini", text);
     ts_set_log_handler(capture_log, NULL);
     logged[0] = 0;
     CHECK_OK(ts_init(ini));
@@ -214,13 +323,56 @@ static void test_unknown_plugin_sections(void)
     ts_set_log_handler(NULL, NULL);
     CHECK_STR_CONTAINS(logged, "sections.ini:6: [plugin.cpu_blass] names no plugin");
     CHECK_STR_CONTAINS(logged, "did you mean [plugin.cpu_blas]?");
+    CHECK_STR_CONTAINS(logged, "sections.ini:9: [plugin.vendorgpu] names no plugin");
+    CHECK_STR_CONTAINS(logged, "sections.ini:11: [plugin.cpu_onednnn] names no plugin");
+    CHECK_STR_CONTAINS(logged, "did you mean [plugin.cpu_onednn]?");
+    CHECK_STR_CONTAINS(logged, "sections.ini:17: [plugin.cpublass] names no plugin on the search "
+                       "path: did you mean [plugin.cpu_blas]?");
+    /* Each warning lists the plugins found, the broken one included. */
+    const char *v = strstr(logged, "[plugin.vendorgpu]");
+    const char *eol = v ? strchr(v, '\n') : NULL;
+    CHECK_MSG(v && eol, "%s", logged);
+    if (v && eol) {
+        char line[1024];
+        snprintf(line, sizeof line, "%.*s", (int)(eol - v), v);
+        CHECK_STR_CONTAINS(line, "plugins found: ");
+        CHECK_STR_CONTAINS(line, "cpu_blas");
+        CHECK_STR_CONTAINS(line, "broken");
+        CHECK_STR_CONTAINS(line, "closest: "); /* no "did you mean": far from every name */
+        CHECK(!strstr(line, "did you mean"));
+    }
     /* once per section, and nothing about the others */
     const char *first = strstr(logged, "[plugin.cpu_blass]");
-    CHECK(first && !strstr(first + 1, "[plugin.cpu_blass]"));
-    CHECK_MSG(!strstr(logged, "vendorgpu"), "a plugin not installed here was warned about: %s",
-              logged);
+    CHECK_MSG(first && !strstr(first + 1, "[plugin.cpu_blass]"), "%s", logged);
+    CHECK_MSG(!strstr(logged, "[plugin.broken]"), "a plugin that is there but does not load was "
+              "warned about: %s", logged);
+    CHECK_MSG(!strstr(logged, "[plugin.cuda]"), "a plugin tessera ships but this build lacks "
+              "was warned about: %s", logged);
     CHECK_MSG(!strstr(logged, "[plugin.cpu_blas] "), "the real plugin was warned about: %s",
               logged);
+}
+
+/* A misspelt device is an error (or, with a fallback, a warning) that names the closest
+ * plugin found. */
+static void test_misspelt_device(void)
+{
+    const char *ini = tap_write_file(tap_tmpdir(), "device.ini",
+                                     "[core]\ndevice = cpu_blass\nfallback =\n");
+    CHECK_FAILS(ts_init(ini), TS_EPLUGIN, "'cpu_blass' not found", "did you mean 'cpu_blas'?");
+    ini = tap_write_file(tap_tmpdir(), "device2.ini", "[core]\ndevice = cpu_blass\n");
+    ts_set_log_handler(capture_log, NULL);
+    logged[0] = 0;
+    CHECK_OK(ts_init(ini));
+    ts_shutdown();
+    ts_set_log_handler(NULL, NULL);
+    CHECK_STR_CONTAINS(logged, "did you mean 'cpu_blas'?");
+    CHECK_STR_CONTAINS(logged, "falling back to 'cpu_blas'");
+    ini = tap_write_file(tap_tmpdir(), "device4.ini", "[core]\ndevice = cpu_blsa\nfallback =\n");
+    CHECK_FAILS(ts_init(ini), TS_EPLUGIN, "'cpu_blsa' not found", "did you mean 'cpu_blas'?");
+    /* Far from every plugin: no guess. */
+    ini = tap_write_file(tap_tmpdir(), "device3.ini", "[core]\ndevice = zzzzzzzzzz\nfallback =\n");
+    CHECK_FAILS(ts_init(ini), TS_EPLUGIN, "'zzzzzzzzzz' not found");
+    CHECK_MSG(!strstr(ts_last_error(), "did you mean"), "%s", ts_last_error());
 }
 
 int main(int argc, char **argv)
@@ -230,7 +382,8 @@ int main(int argc, char **argv)
         TAP_TEST(test_unknown_key_and_section), TAP_TEST(test_bad_values),
         TAP_TEST(test_syntax_errors), TAP_TEST(test_sizes),
         TAP_TEST(test_files),         TAP_TEST(test_lookup_order),
-        TAP_TEST(test_unknown_plugin_sections),
+        TAP_TEST(test_unknown_plugin_sections), TAP_TEST(test_fraction_byte_limit),
+        TAP_TEST(test_misspelt_device),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

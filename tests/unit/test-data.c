@@ -306,6 +306,37 @@ static void test_idx_hostile(void)
                              (unsigned char)(total >> 24)};
     memcpy(g + gzn, fake, 8);
     check_corrupt(write_plain("deflated-fake-trailer.gz", g, gzn + 8), "after the end of the gzip");
+    /* Garbage followed by a copy of the member's own trailer, and an empty second member
+     * followed by that trailer: the file's last eight bytes match what was decoded, but the
+     * stream ended before them. */
+    memcpy(g + gzn, "GARBAGE", 7);
+    memcpy(g + gzn + 7, got + gzn - 8, 8);
+    check_corrupt(write_plain("deflated-garbage-trailer.gz", g, gzn + 15),
+                  "after the end of the gzip");
+    {
+        size_t ne;
+        unsigned char e[64]; /* read_all's buffer is reused below */
+        const unsigned char *ep = read_all(write_gzip("empty-member.gz", "", 0, "wb"), &ne);
+        CHECK(ne > 8 && ne < sizeof e);
+        memcpy(e, ep, ne);
+        got = read_all(deflated, &gzn);
+        memcpy(g, got, gzn);
+        memcpy(g + gzn, e, ne);
+        memcpy(g + gzn + ne, got + gzn - 8, 8);
+        check_corrupt(write_plain("deflated-empty-member.gz", g, gzn + ne + 8),
+                      "after the end of the gzip");
+        check_corrupt(write_plain("deflated-then-empty.gz", g, gzn + ne),
+                      "after the end of the gzip");
+    }
+    /* One trailing byte of every value: none is taken for the end of the file. */
+    got = read_all(deflated, &gzn);
+    memcpy(g, got, gzn);
+    for (int b = 0; b < 256; b += 51) {
+        g[gzn] = (unsigned char)b;
+        char name[64];
+        snprintf(name, sizeof name, "deflated-byte%d.gz", b);
+        check_corrupt(write_plain(name, g, gzn + 1), "after the end of the gzip");
+    }
     {
         size_t half = (n + 8000) / 2, n1, n2;
         unsigned char *two = malloc(32768);
