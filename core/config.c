@@ -54,6 +54,9 @@ static const ts_config_key common_keys[] = {
     {"cache_limit", TS_SETTING_SIZE, "512M", 0, 0, "most bytes kept in the pool's free lists"},
     {"caching", TS_SETTING_BOOL, "true", 0, 0,
      "false returns every free to the raw allocator (for sanitizers)"},
+    {"expandable_segments", TS_SETTING_BOOL, "true", 0, 0,
+     "blocks over 1 MiB share one address range that grows and shrinks at its end (plugins "
+     "with address-space slots)"},
 };
 #define NCOMMON (sizeof common_keys / sizeof common_keys[0])
 
@@ -669,7 +672,7 @@ ts_status ts__config_check_reserve(const ts_config *cfg, const char *name, const
     const ts_setting *frac = ts_setting_find(s, n, "memory_fraction");
     if (!frac || frac->kind != TS_SETTING_FRACTION || total_bytes == 0)
         return TS_OK;
-    /* As the plugins turn it into bytes (plugins/common/hostdev.c, plugins/cuda). */
+    /* As the loader turns it into the pool's reserve limit (reserve_limit in loader.c). */
     uint64_t limit = (uint64_t)((double)total_bytes * frac->v.fraction);
     if (limit >= TS_MIN_RESERVE_BYTES)
         return TS_OK;

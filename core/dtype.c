@@ -1,22 +1,15 @@
 /* core/dtype.c: names and sizes of dtypes and ops. */
 #include "internal.h"
 
+/* The public names of plugin.h's inline helpers, so that both sides agree by construction. */
 TS_API size_t ts_dtype_size(int32_t dtype)
 {
-    switch (dtype) {
-    case TS_F32: return 4;
-    case TS_F64: return 8;
-    case TS_I32: return 4;
-    case TS_I64: return 8;
-    case TS_U8: return 1;
-    default: return 0;
-    }
+    return ts_plugin_dtype_size(dtype);
 }
 
 TS_API const char *ts_dtype_name(int32_t dtype)
 {
-    static const char *const names[] = {"float32", "float64", "int32", "int64", "uint8"};
-    return dtype >= 0 && dtype < TS_DTYPE_COUNT ? names[dtype] : "unknown";
+    return ts_plugin_dtype_name(dtype);
 }
 
 TS_API const char *ts_op_name(int32_t op)

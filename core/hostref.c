@@ -9,27 +9,24 @@
 #include "internal.h"
 #include "../plugins/common/refkern.h"
 
-/* Kernel scratch (pooling backward) comes from a pool that caches nothing, so no memory is
- * held between calls and leak checks see every block. */
-static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
+/* ts_reference_run has no device: its scratch is plain aligned host memory. */
+static ts_status ref_scratch_alloc(const ts_host *self, size_t nbytes, const char *tag,
+                                   void **ptr)
 {
-    (void)user;
-    return posix_memalign(ptr, 64, nbytes ? nbytes : 64) == 0 ? TS_OK : TS_ENOMEM;
+    (void)self;
+    (void)tag;
+    if (posix_memalign(ptr, 64, nbytes ? nbytes : 64) != 0) {
+        *ptr = NULL;
+        return ts__fail(TS_ENOMEM, "reference kernel: out of memory for %zu bytes of scratch",
+                        nbytes);
+    }
+    return TS_OK;
 }
 
-static void raw_free(void *user, void *ptr, size_t nbytes)
+static void ref_scratch_free(const ts_host *self, void *ptr)
 {
-    (void)user;
-    (void)nbytes;
+    (void)self;
     free(ptr);
-}
-
-ts_status ts__hostref_pool(ts_pool **out)
-{
-    ts_pool_options opts = {.struct_size = sizeof opts, .name = "reference kernels",
-                            .alignment = 64, .caching = 0};
-    ts_raw_allocator raw = {.alloc = raw_alloc, .free = raw_free};
-    return ts__pool_api.create(&opts, &raw, out);
 }
 
 int ts__hostref_supports(int32_t op, int32_t dtype)
@@ -37,9 +34,9 @@ int ts__hostref_supports(int32_t op, int32_t dtype)
     return ts_refkern_supports(op, dtype);
 }
 
-ts_status ts__hostref_run(const ts_host *host, ts_pool *scratch, const ts_kernel_call *call)
+ts_status ts__hostref_run(const ts_host *host, const ts_kernel_call *call)
 {
-    ts_hostdev hd = {.host = host, .name = "reference", .pool = scratch, .threads = 1};
+    ts_hostdev hd = {.host = host, .name = "reference", .threads = 1};
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
     if (!ts_refkern_supports(call->op, dtype))
         return ts__fail(TS_ENOTSUP, "the reference kernels do not implement %s for %s",
@@ -85,14 +82,9 @@ TS_API ts_status ts_reference_run(const ts_kernel_call *call)
         .struct_size = sizeof(ts_host),
         .fail = ref_fail,
         .log = ref_log,
-        .pool = &ts__pool_api,
         .host_memory = ts__host_memory,
+        .scratch_alloc = ref_scratch_alloc,
+        .scratch_free = ref_scratch_free,
     };
-    ts_pool *scratch;
-    ts_status s = ts__hostref_pool(&scratch);
-    if (s)
-        return s;
-    s = ts__hostref_run(&host, scratch, call);
-    ts__pool_api.destroy(scratch);
-    return s;
+    return ts__hostref_run(&host, call);
 }

@@ -14,6 +14,8 @@
 #include <tessera/fault.h>
 #include <tessera/tessera.h>
 
+#include "pool.h"
+
 #define TS_API __attribute__((visibility("default")))
 
 /* Broken internal invariant: abort with file:line in every build. Never for user input. */
@@ -77,12 +79,11 @@ ts_status ts__host_memory(uint64_t *total, uint64_t *available);
 extern const ts_pool_api ts__pool_api;
 
 /* ---- hostref.c ------------------------------------------------------------------------- */
-/* A non-caching host pool for reference-kernel scratch. (transfer full) */
-ts_status ts__hostref_pool(ts_pool **out);
 /* Non-zero if the reference host kernels implement op for dtype. */
 int ts__hostref_supports(int32_t op, int32_t dtype);
-/* Runs a kernel on host operands with the reference kernels; errors through host->fail. */
-ts_status ts__hostref_run(const ts_host *host, ts_pool *scratch, const ts_kernel_call *call);
+/* Runs a kernel on host operands with the reference kernels; scratch and errors through
+ * host (a device's table: scratch from its pool). */
+ts_status ts__hostref_run(const ts_host *host, const ts_kernel_call *call);
 /* ---- loader.c: runs a kernel on dev, on the reference kernels when dev has host memory and
  * does not implement the op itself (else exactly ts_device_run). */
 ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call);

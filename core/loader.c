@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "pool.h"
 
 struct ts_device {
     char *name;             /* the descriptor's name */
@@ -26,7 +27,7 @@ struct ts_device {
     ts_setting *settings;
     size_t nsettings;
     ts_host host;           /* this device's host table; host_private points back here */
-    ts_pool *refpool;       /* TS_PLUGIN_HOST_MEMORY plugins: scratch of the reference kernels */
+    ts_pool *pool;          /* the host's caching pool over the plugin's raw memory */
 };
 
 /* Larger device memory than this in ts_device_info is a plugin bug (64 PiB). */
@@ -258,17 +259,128 @@ static void host_log(const ts_host *self, int level, const char *fmt, ...)
     ts__log(level, "plugin '%s': %s", dev->name, msg);
 }
 
+static ts_status host_scratch_alloc(const ts_host *self, size_t nbytes, const char *tag,
+                                    void **ptr)
+{
+    const ts_device *dev = self->host_private;
+    if (!ptr)
+        return ts__fail(TS_EINVAL, "plugin '%s': scratch_alloc: ptr is NULL", dev->name);
+    *ptr = NULL;
+    if (!dev->pool)
+        return ts__fail(TS_EINVAL, "plugin '%s': scratch_alloc called before init returned",
+                        dev->name);
+    return ts__pool_api.alloc(dev->pool, nbytes, tag ? tag : "kernel scratch", ptr);
+}
+
+static void host_scratch_free(const ts_host *self, void *ptr)
+{
+    const ts_device *dev = self->host_private;
+    if (dev->pool)
+        ts__pool_api.free(dev->pool, ptr);
+}
+
+/* ---- the pool over the plugin's raw memory ---------------------------------------------- */
+
+static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
+{
+    ts_device *dev = user;
+    return dev->vt.mem_alloc(dev->ctx, nbytes, ptr);
+}
+
+static void raw_free(void *user, void *ptr, size_t nbytes)
+{
+    ts_device *dev = user;
+    dev->vt.mem_free(dev->ctx, ptr, nbytes);
+}
+
+static ts_status vm_reserve(void *user, size_t nbytes, void **base)
+{
+    ts_device *dev = user;
+    return dev->vt.vm_reserve(dev->ctx, nbytes, base);
+}
+
+static void vm_release(void *user, void *base, size_t nbytes)
+{
+    ts_device *dev = user;
+    dev->vt.vm_release(dev->ctx, base, nbytes);
+}
+
+static ts_status vm_commit(void *user, void *addr, size_t nbytes)
+{
+    ts_device *dev = user;
+    return dev->vt.vm_commit(dev->ctx, addr, nbytes);
+}
+
+static void vm_decommit(void *user, void *addr, size_t nbytes)
+{
+    ts_device *dev = user;
+    dev->vt.vm_decommit(dev->ctx, addr, nbytes);
+}
+
+/* memory_fraction of total as the pool's reserve limit; 0 (none) when total is unknown. */
+static uint64_t reserve_limit(const ts_setting *frac, uint64_t total)
+{
+    return total && frac ? (uint64_t)((double)total * frac->v.fraction) : 0;
+}
+
+/* Builds dev's pool from its settings once init has run: the reserve limit from
+ * memory_fraction and the device's total memory, cache_limit, caching, and the expandable
+ * segment when the plugin has address-space slots. memory_fraction must give a usable pool
+ * (ts__config_check_reserve). */
+static ts_status build_pool(const ts_config *cfg, ts_device *dev)
+{
+    /* The plugin's own answer, quietly: figures ts_device_info_get would drop (with its
+     * warning, when the user asks) are no basis for a limit. */
+    ts_device_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    uint64_t total = 0;
+    if (dev->vt.device_info(dev->ctx, &info) == TS_OK && (info.valid & TS_DEVINFO_TOTAL) &&
+        info.total_bytes > 0 && info.total_bytes <= DEVINFO_MAX_BYTES &&
+        !((info.valid & TS_DEVINFO_FREE) && info.free_bytes > info.total_bytes))
+        total = info.total_bytes;
+    ts_clear_error();
+    ts_status s = ts__config_check_reserve(cfg, dev->name, dev->settings, dev->nsettings, total);
+    if (s)
+        return s;
+    const ts_setting *frac = ts_setting_find(dev->settings, dev->nsettings, "memory_fraction");
+    const ts_setting *cache = ts_setting_find(dev->settings, dev->nsettings, "cache_limit");
+    const ts_setting *caching = ts_setting_find(dev->settings, dev->nsettings, "caching");
+    const ts_setting *exp = ts_setting_find(dev->settings, dev->nsettings, "expandable_segments");
+    ts_pool_options opts = {
+        .struct_size = sizeof opts,
+        .name = dev->name,
+        .alignment = dev->vt.alignment,
+        .reserve_limit = reserve_limit(frac, total),
+        .cache_limit = cache ? cache->v.size : (uint64_t)512 << 20,
+        .caching = caching ? caching->v.boolean : 1,
+    };
+    ts_raw_vm vm = {.struct_size = sizeof vm, .user = dev, .reserve = vm_reserve,
+                    .release = vm_release, .commit = vm_commit, .decommit = vm_decommit};
+    if ((!exp || exp->v.boolean) && dev->vt.vm_granularity && total &&
+        (vm.granularity = dev->vt.vm_granularity(dev->ctx)) != 0) {
+        vm.max_reserve = opts.reserve_limit ? opts.reserve_limit : total;
+        opts.vm = &vm;
+    }
+    ts_raw_allocator raw = {.user = dev, .alloc = raw_alloc, .free = raw_free};
+    if ((s = ts__pool_api.create(&opts, &raw, &dev->pool)) != TS_OK) {
+        char msg[900];
+        snprintf(msg, sizeof msg, "%s", ts_last_error());
+        return ts__fail(s, "plugin '%s' (%s): %s", dev->name, dev->path, msg);
+    }
+    return TS_OK;
+}
+
 /* ---- loading -------------------------------------------------------------------------- */
 
-/* Members every 1.x plugin must fill; a NULL one is named in the refusal. */
+/* Members every 2.x plugin must fill; a NULL one is named in the refusal. */
 static const struct {
     const char *name;
     size_t offset;
 } required[] = {
 #define R(m) {#m, offsetof(ts_plugin_desc, m)}
-    R(init), R(shutdown), R(device_info), R(alloc), R(free), R(copy_h2d), R(copy_d2h),
-    R(copy_d2d), R(fill), R(synchronize), R(memory_stats), R(reset_peak), R(empty_cache),
-    R(set_limits),
+    R(init), R(shutdown), R(device_info), R(mem_alloc), R(mem_free), R(copy_h2d), R(copy_d2h),
+    R(copy_d2d), R(fill), R(synchronize),
 #undef R
 };
 
@@ -466,32 +578,6 @@ static void loaded_done(int fd, int named)
     pthread_mutex_unlock(&fd_names_lock);
 }
 
-/* memory_fraction as the bytes it gives on this device must make a usable pool: checked once
- * the plugin can say how much memory its device has (ts__config_check_reserve). */
-static ts_status check_reserve(const ts_config *cfg, ts_device *dev)
-{
-    /* The plugin's own answer, quietly: figures ts_device_info_get would drop (with its
-     * warning, when the user asks) are no basis for the check. */
-    ts_device_info info;
-    memset(&info, 0, sizeof info);
-    info.struct_size = sizeof info;
-    if (dev->vt.device_info(dev->ctx, &info) != TS_OK || !(info.valid & TS_DEVINFO_TOTAL) ||
-        info.total_bytes > DEVINFO_MAX_BYTES ||
-        ((info.valid & TS_DEVINFO_FREE) && info.free_bytes > info.total_bytes)) {
-        ts_clear_error();
-        return TS_OK;
-    }
-    ts_status s = ts__config_check_reserve(cfg, dev->name, dev->settings, dev->nsettings,
-                                           info.total_bytes);
-    if (s) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", ts_last_error());
-        ts_device_unload(dev);
-        return ts__fail(s, "%s", msg);
-    }
-    return TS_OK;
-}
-
 TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, ts_device **out)
 {
     if (!out || !name_or_path)
@@ -543,12 +629,15 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
     if (d->abi_major != TS_PLUGIN_ABI_MAJOR) {
         s = ts__fail(TS_EPLUGIN,
                      "plugin '%s' (%s) was built for plugin ABI %u.%u, but this tessera speaks "
-                     "ABI %d.%d; rebuild the plugin against this tessera's headers",
+                     "ABI %d.%d; rebuild the plugin against this tessera's headers%s",
                      name_or_path, path, (unsigned)d->abi_major, (unsigned)d->abi_minor,
-                     TS_PLUGIN_ABI_MAJOR, TS_PLUGIN_ABI_MINOR);
+                     TS_PLUGIN_ABI_MAJOR, TS_PLUGIN_ABI_MINOR,
+                     d->abi_major < 2 ? " (ABI 2 moved the caching pool into the host: a "
+                     "plugin supplies mem_alloc/mem_free instead of a pool; see 'Porting from "
+                     "ABI 1' in writing-a-plugin.md)" : "");
         goto fail;
     }
-    size_t min_size = offsetof(ts_plugin_desc, set_limits) + sizeof d->set_limits;
+    size_t min_size = offsetof(ts_plugin_desc, synchronize) + sizeof d->synchronize;
     if (d->struct_size < min_size) {
         s = ts__fail(TS_EPLUGIN,
                      "plugin '%s' (%s): descriptor is %u bytes, smaller than the %zu bytes of "
@@ -561,6 +650,21 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
     if (!dev->vt.name || !valid_name(dev->vt.name)) {
         s = ts__fail(TS_EPLUGIN, "plugin at %s has an invalid name '%s' (lower-case letters, "
                      "digits and '_')", path, dev->vt.name ? dev->vt.name : "(null)");
+        goto fail;
+    }
+    uint32_t al = dev->vt.alignment;
+    if (al < 16 || al > ((uint32_t)1 << 20) || (al & (al - 1))) {
+        s = ts__fail(TS_EPLUGIN, "plugin '%s' (%s) declares an alignment of %u bytes: it must "
+                     "be a power of two from 16 to 1 MiB (64 for CPU memory, 256 for CUDA)",
+                     dev->vt.name, path, (unsigned)al);
+        goto fail;
+    }
+    int nvm = !!dev->vt.vm_granularity + !!dev->vt.vm_reserve + !!dev->vt.vm_release +
+              !!dev->vt.vm_commit + !!dev->vt.vm_decommit;
+    if (nvm != 0 && nvm != 5) {
+        s = ts__fail(TS_EPLUGIN, "plugin '%s' (%s) fills %d of the five vm_* members of its "
+                     "descriptor: fill all five (an expandable segment) or none", dev->vt.name,
+                     path, nvm);
         goto fail;
     }
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
@@ -593,12 +697,11 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
         .struct_size = sizeof(ts_host),
         .fail = host_fail,
         .log = host_log,
-        .pool = &ts__pool_api,
         .host_memory = ts__host_memory,
+        .scratch_alloc = host_scratch_alloc,
+        .scratch_free = host_scratch_free,
         .host_private = dev,
     };
-    if ((dev->vt.flags & TS_PLUGIN_HOST_MEMORY) && (s = ts__hostref_pool(&dev->refpool)))
-        goto fail;
     ts_clear_error();
     s = dev->vt.init(&dev->host, dev->settings, dev->nsettings, &dev->ctx);
     if (s) {
@@ -607,12 +710,19 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
                      ts_status_name(s));
         goto fail;
     }
-    if ((s = check_reserve(cfg, dev)))
-        return s; /* dev is unloaded */
+    if ((s = build_pool(cfg, dev)))
+        goto fail_unload;
     *out = dev;
     return TS_OK;
 fail:
     dev->ctx = NULL;
+fail_unload:
+    if (s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ts_last_error());
+        ts_device_unload(dev);
+        return ts__fail(s, "%s", msg);
+    }
     ts_device_unload(dev);
     return s;
 }
@@ -621,6 +731,10 @@ TS_API void ts_device_unload(ts_device *dev)
 {
     if (!dev)
         return;
+    /* The pool first: its segments go back through the plugin's mem_free / vm_release, which
+     * need the instance alive. */
+    ts__pool_api.destroy(dev->pool);
+    dev->pool = NULL;
     if (dev->ctx)
         dev->vt.shutdown(dev->ctx);
     /* Under AddressSanitizer the object stays mapped: LeakSanitizer would otherwise report
@@ -630,7 +744,6 @@ TS_API void ts_device_unload(ts_device *dev)
     if (dev->handle)
         dlclose(dev->handle);
 #endif
-    ts__pool_api.destroy(dev->refpool);
     ts__settings_free(dev->settings, dev->nsettings);
     free(dev->name);
     free(dev->path);
@@ -703,20 +816,20 @@ TS_API ts_status ts_device_memory_stats(ts_device *dev, ts_memory_stats *stats)
         return ts__fail(TS_EINVAL, "ts_device_memory_stats: NULL argument");
     memset(stats, 0, sizeof *stats);
     stats->struct_size = sizeof *stats;
-    dev->vt.memory_stats(dev->ctx, stats);
+    ts__pool_api.stats(dev->pool, stats);
     return TS_OK;
 }
 
 TS_API void ts_device_reset_peak(ts_device *dev)
 {
     if (dev)
-        dev->vt.reset_peak(dev->ctx);
+        ts__pool_api.reset_peak(dev->pool);
 }
 
 TS_API void ts_device_empty_cache(ts_device *dev)
 {
     if (dev)
-        dev->vt.empty_cache(dev->ctx);
+        ts__pool_api.empty_cache(dev->pool);
 }
 
 TS_API ts_status ts_device_set_limits(ts_device *dev, uint64_t reserve_limit,
@@ -724,7 +837,7 @@ TS_API ts_status ts_device_set_limits(ts_device *dev, uint64_t reserve_limit,
 {
     if (!dev)
         return ts__fail(TS_EINVAL, "ts_device_set_limits: device is NULL");
-    return dev->vt.set_limits(dev->ctx, reserve_limit, cache_limit);
+    return ts__pool_api.set_limits(dev->pool, reserve_limit, cache_limit);
 }
 
 /* What a plugin's failing call looks like, for TS_FAULT_KERNEL (tessera/fault.h). */
@@ -740,13 +853,13 @@ TS_API ts_status ts_device_alloc(ts_device *dev, size_t nbytes, const char *tag,
     *ptr = NULL;
     if (!dev)
         return ts__fail(TS_EINVAL, "ts_device_alloc: device is NULL");
-    return dev->vt.alloc(dev->ctx, nbytes, tag, ptr);
+    return ts__pool_api.alloc(dev->pool, nbytes, tag, ptr);
 }
 
 TS_API void ts_device_free(ts_device *dev, void *ptr)
 {
     if (dev && ptr)
-        dev->vt.free(dev->ctx, ptr);
+        ts__pool_api.free(dev->pool, ptr);
 }
 
 TS_API ts_status ts_device_copy_from_host(ts_device *dev, void *dst, const void *src,
@@ -796,19 +909,50 @@ TS_API ts_status ts_device_synchronize(ts_device *dev)
     return dev->vt.synchronize(dev->ctx);
 }
 
+/* "float32 <- float32, int64": the output's dtype, then the inputs'. */
+static const char *call_dtypes(const ts_kernel_call *call, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < call->noutputs && i < 4 && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : "",
+                              ts_dtype_name(call->outputs[i].dtype));
+    if (n < len)
+        n += (size_t)snprintf(buf + n, len - n, " <-");
+    for (int i = 0; i < call->ninputs && i < 4 && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : " ",
+                              ts_dtype_name(call->inputs[i].dtype));
+    return buf;
+}
+
 TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
 {
     if (!dev || !call)
         return ts__fail(TS_EINVAL, "ts_device_run: NULL argument");
     if (call->op <= TS_OP_NONE || call->op >= TS_OP_COUNT)
         return ts__fail(TS_EINVAL, "ts_device_run: unknown op %d", (int)call->op);
+    if (call->ninputs < 0 || call->noutputs < 0 || (call->ninputs && !call->inputs) ||
+        (call->noutputs && !call->outputs))
+        return ts__fail(TS_EINVAL, "ts_device_run: inconsistent operand counts or arrays");
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    char dts[128];
     if (!dev->vt.run || !dev->vt.supports || !dev->vt.supports(dev->ctx, call->op, dtype))
-        return ts__fail(TS_ENOTSUP, "plugin '%s' does not implement %s for %s", dev->name,
-                        ts_op_name(call->op), ts_dtype_name(dtype));
+        return ts__fail(TS_ENOTSUP, "plugin '%s' does not implement %s for %s (%s)", dev->name,
+                        ts_op_name(call->op), ts_dtype_name(dtype),
+                        call_dtypes(call, dts, sizeof dts));
     if (ts__fault_hit(TS_FAULT_KERNEL))
         return injected(dev, ts_op_name(call->op));
-    return dev->vt.run(dev->ctx, call);
+    ts_clear_error();
+    ts_status s = dev->vt.run(dev->ctx, call);
+    if (s == TS_ENOTSUP && !ts_last_error()[0])
+        ts__fail(TS_ENOTSUP, "plugin '%s' declined %s (%s), which it claims for %s; %s",
+                 dev->name, ts_op_name(call->op), call_dtypes(call, dts, sizeof dts),
+                 ts_dtype_name(dtype),
+                 (dev->vt.flags & TS_PLUGIN_HOST_MEMORY)
+                     ? "the reference kernels have no such kernel either"
+                     : "it has no host memory the reference kernels could run on: implement "
+                       "the case or use another device");
+    return s;
 }
 
 ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *pattern,
@@ -824,11 +968,17 @@ ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *
     return s;
 }
 
+/* Whether the core's reference kernels may stand in for dev: its memory is host memory. */
+static int host_memory(const ts_device *dev)
+{
+    return (dev->vt.flags & TS_PLUGIN_HOST_MEMORY) != 0;
+}
+
 /* Whether op runs on the core's reference kernels on dev: a host-memory plugin that does not
  * claim it. */
 static int uses_reference(ts_device *dev, int32_t op, int32_t dtype)
 {
-    return dev->refpool && op > TS_OP_NONE && op < TS_OP_COUNT &&
+    return host_memory(dev) && op > TS_OP_NONE && op < TS_OP_COUNT &&
            !ts_device_supports(dev, op, dtype) && ts__hostref_supports(op, dtype);
 }
 
@@ -843,10 +993,19 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
         return ts_device_run(dev, call);
     uint64_t t0 = ts__profile_begin();
     ts_status s;
-    if (uses_reference(dev, call->op, call->noutputs > 0 ? call->outputs[0].dtype : TS_F32))
-        s = ts__hostref_run(&dev->host, dev->refpool, call);
-    else
+    int32_t dtype = call->noutputs > 0 && call->outputs ? call->outputs[0].dtype : TS_F32;
+    if (uses_reference(dev, call->op, dtype)) {
+        s = ts__hostref_run(&dev->host, call);
+    } else {
         s = ts_device_run(dev, call);
+        /* A claimed op the plugin declined for this call: the reference kernels stand in on
+         * host memory. */
+        if (s == TS_ENOTSUP && host_memory(dev) && ts_device_supports(dev, call->op, dtype) &&
+            ts__hostref_supports(call->op, dtype)) {
+            ts_clear_error();
+            s = ts__hostref_run(&dev->host, call);
+        }
+    }
     ts__profile_end_call(t0, call);
     return s;
 }

@@ -68,6 +68,7 @@ struct segment {
     segment *prev, *next;   /* every segment of the pool */
     segment *wprev, *wnext; /* segments that are one whole free block */
     int whole;
+    int shared;             /* may hold several blocks (split); counted in shared_bytes */
     int expandable;         /* the vm range: size is the committed prefix of span */
     size_t span;            /* bytes of address space reserved (expandable only) */
     block *last;            /* the block at the highest address */
@@ -106,6 +107,7 @@ struct ts_pool {
     size_t n_spare;
     chunk *chunks;
     ts_memory_stats st; /* counters; cached and largest_free are computed by stats() */
+    uint64_t shared_bytes; /* bytes of shared segments: at most cache_limit (see grow) */
     ts_pool *reg_prev, *reg_next;
 };
 
@@ -200,23 +202,38 @@ static void bins_remove(ts_pool *p, block *b)
         whole_unlink(p, b->seg);
 }
 
-/* Whether free block b may serve a request of s bytes: a huge block is never carved up for a
- * much smaller request (it would pin the whole segment); such requests get their own. */
-static int fits(const block *b, size_t s)
+/* Whether segment sg, now holding one block, may become shared (hold several): only while
+ * the bytes of shared segments stay within cache_limit. That is what makes cache_limit hard:
+ * the free space inside segments that still hold live blocks cannot be given back, so it is
+ * bounded by the shared segments' total; every other cached byte lies in a wholly free
+ * segment, which release_whole returns. */
+static int can_share(const ts_pool *p, const segment *sg)
 {
-    return b->size >= s && (b->size < HUGE_BLOCK || b->seg->expandable ||
-                            s >= b->size - (b->size >> HUGE_SLACK_SHIFT));
+    return sg->shared || p->shared_bytes + sg->size <= p->st.cache_limit;
+}
+
+/* Whether free block b may serve a request of s bytes: a huge block is never carved up for a
+ * much smaller request (it would pin the whole segment); such requests get their own. A block
+ * of a segment that may not be shared serves only a near fit (it is handed out whole). */
+static int fits(const ts_pool *p, const block *b, size_t s)
+{
+    if (b->size < s)
+        return 0;
+    if (!can_share(p, b->seg) && b->size - s > (s >> HUGE_SLACK_SHIFT))
+        return 0;
+    return b->size < HUGE_BLOCK || b->seg->expandable ||
+           s >= b->size - (b->size >> HUGE_SLACK_SHIFT);
 }
 
 /* Best fit among the first SCAN_MAX blocks of s's own class, else of the next non-empty
  * class whose blocks fit (all of them are larger than s). */
-static block *bins_find(bins *bn, size_t s)
+static block *bins_find(const ts_pool *p, bins *bn, size_t s)
 {
     unsigned c = size_class(s);
     block *best = NULL;
     int n = 0;
     for (block *b = bn->head[c]; b && n < SCAN_MAX; b = b->fnext, n++) {
-        if (fits(b, s) && (!best || b->size < best->size)) {
+        if (fits(p, b, s) && (!best || b->size < best->size)) {
             best = b;
             if (b->size == s)
                 break;
@@ -233,7 +250,7 @@ static block *bins_find(bins *bn, size_t s)
         i = (i / 64) * 64 + (unsigned)__builtin_ctzll(m);
         n = 0;
         for (block *b = bn->head[i]; b && n < SCAN_MAX; b = b->fnext, n++)
-            if (fits(b, s) && (!best || b->size < best->size))
+            if (fits(p, b, s) && (!best || b->size < best->size))
                 best = b;
         if (best)
             return best;
@@ -390,7 +407,8 @@ static grow_result arena_reserve(ts_pool *p, ts_status *err)
         return GROW_NO_VM;
     }
     *sg = (segment){.base = (uintptr_t)base, .size = 0, .kind = KIND_LARGE,
-                    .birth = p->births++, .next = p->segs, .expandable = 1, .span = span};
+                    .birth = p->births++, .next = p->segs, .shared = 1, .expandable = 1,
+                    .span = span};
     if (p->segs)
         p->segs->prev = sg;
     p->segs = sg;
@@ -417,6 +435,8 @@ static grow_result arena_grow(ts_pool *p, size_t s, block **out, ts_status *err,
         return p->st.reserve_limit ? GROW_LIMIT : GROW_NO_VM;
     if (limit && p->st.reserved + more > limit)
         return GROW_LIMIT;
+    if (p->shared_bytes + more > p->st.cache_limit)
+        return GROW_NO_VM; /* the range is shared: past the budget, blocks get segments */
     if (more) {
         ts_clear_error();
         ts_status st = p->vm.commit(p->vm.user, (void *)(sg->base + sg->size), more);
@@ -426,6 +446,7 @@ static grow_result arena_grow(ts_pool *p, size_t s, block **out, ts_status *err,
         }
         p->st.n_raw_alloc++;
         p->st.reserved += more;
+        p->shared_bytes += more;
         if (p->st.reserved > p->st.peak_reserved)
             p->st.peak_reserved = p->st.reserved;
     }
@@ -471,6 +492,7 @@ static void arena_trim(ts_pool *p, int all)
     p->vm.decommit(p->vm.user, (void *)(sg->base + keep), cut);
     p->st.n_raw_free++;
     p->st.reserved -= cut;
+    p->shared_bytes -= cut;
     sg->size = keep;
     t->size -= cut;
     if (t->size) {
@@ -499,6 +521,8 @@ static grow_result grow(ts_pool *p, size_t s, int kind, block **out, ts_status *
                                         : round_up(s, SEGMENT_ROUND);
     if (p->caching && kind == KIND_LARGE && want < LARGE_SEGMENT_MIN)
         want = LARGE_SEGMENT_MIN;
+    if (want > s && p->shared_bytes + want > p->st.cache_limit)
+        want = s; /* no room to share a segment: the block gets one of its own size */
     if (limit && p->st.reserved + want > limit && kind != KIND_SMALL &&
         p->st.reserved + s <= limit)
         want = s; /* the rounding alone would cross the limit */
@@ -537,7 +561,9 @@ static grow_result grow(ts_pool *p, size_t s, int kind, block **out, ts_status *
     if (p->st.reserved > p->st.peak_reserved)
         p->st.peak_reserved = p->st.reserved;
     *sg = (segment){.base = (uintptr_t)mem, .size = want, .kind = kind,
-                    .birth = p->births++, .next = p->segs};
+                    .birth = p->births++, .next = p->segs, .shared = want > s};
+    if (sg->shared)
+        p->shared_bytes += want;
     if (p->segs)
         p->segs->prev = sg;
     p->segs = sg;
@@ -570,6 +596,8 @@ static void release_segment(ts_pool *p, block *b)
     }
     p->st.n_raw_free++;
     p->st.reserved -= sg->size;
+    if (sg->shared)
+        p->shared_bytes -= sg->size;
     spare_put(p, b);
     free(sg);
 }
@@ -600,6 +628,13 @@ static void split(ts_pool *p, block *b, size_t s)
                                                : p->align;
     if (rest < keep)
         return;
+    segment *sg = b->seg;
+    if (!sg->shared) {
+        if (!can_share(p, sg))
+            return; /* handed out whole (fits allowed it: a near fit) */
+        sg->shared = 1;
+        p->shared_bytes += sg->size;
+    }
     block *r = spare_take(p);
     r->addr = b->addr + s;
     r->size = rest;
@@ -870,7 +905,7 @@ static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **p
         goto out;
     }
     if (p->caching)
-        b = bins_find(&p->bins[kind], s);
+        b = bins_find(p, &p->bins[kind], s);
     if (b) {
         p->st.cache_hits++;
         bins_remove(p, b);
@@ -903,6 +938,10 @@ static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **p
     p->st.live_blocks++;
     p->st.n_alloc++;
     *ptr = (void *)b->addr;
+    /* A new shared segment's free part can push the cache past its limit: whole free
+     * segments go first. */
+    if (p->st.reserved - p->st.in_use > p->st.cache_limit)
+        release_whole(p, 0);
 out:
     if (hooks) {
         if ((hooks & TS__MEM_TRACE) && st == TS_ENOMEM)

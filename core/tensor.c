@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "convert.h"
 #include "grad_fns.h"
 
 /* The bound on elements, and on the product of a shape's non-zero sizes: 2^59 - 1, so a byte
@@ -249,11 +248,12 @@ ts_status ts__run(ts_device *dev, int32_t op, const ts_operand *in, int nin,
     return ts__device_run(dev, &call);
 }
 
-/* Saturating, NaN to 0, truncating toward zero: the rule in convert.h, which plugins/common
- * applies too, so ts_tensor_full and ts_fill_ store the same element for the same double. */
+/* Saturating, NaN to 0, truncating toward zero: plugin.h's ts_plugin_store_scalar, which the
+ * host kernels apply too, so ts_tensor_full and ts_fill_ store the same element for the same
+ * double. */
 void ts__scalar_bytes(int32_t dtype, double v, void *buf)
 {
-    ts__convert_scalar(dtype, v, buf);
+    ts_plugin_store_scalar(dtype, v, buf);
 }
 
 /* ---- creation ---------------------------------------------------------------------------- */

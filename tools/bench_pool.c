@@ -22,6 +22,7 @@
 
 #include <tessera/tessera.h>
 
+#include "../core/pool.h"
 #include "bench_pool.h"
 #include "cli.h"
 

@@ -306,10 +306,32 @@ static void check_pool(checker *c)
 {
     ts_device *dev = c->dev;
     ts_memory_stats st0 = stats(c);
-    if (!(st0.valid & TS_STATS_POOL)) {
-        report(c, 0, "pool: statistics", "memory_stats() does not set TS_STATS_POOL: create a "
-               "pool with host->pool->create and forward memory_stats to it");
-        return;
+    /* The limits are the host's: memory_fraction of the device's total caps reserved bytes
+     * whatever the plugin does. A request one byte past the configured limit fails with the
+     * pool's message before the plugin's mem_alloc is ever called. */
+    ts_device_info info;
+    size_t nset;
+    const ts_setting *set0 = ts_device_settings(dev, &nset);
+    const ts_setting *frac = ts_setting_find(set0, nset, "memory_fraction");
+    if (ts_device_info_get(dev, &info) == TS_OK && (info.valid & TS_DEVINFO_TOTAL) && frac) {
+        uint64_t want = (uint64_t)((double)info.total_bytes * frac->v.fraction);
+        void *q = (void *)1;
+        ts_clear_error();
+        ts_status s = ts_device_alloc(dev, (size_t)want + 1, "plugin-check", &q);
+        ts_memory_stats sl = stats(c);
+        char lim[32];
+        report(c, st0.reserve_limit == want && s == TS_ENOMEM && q == NULL &&
+                      strstr(ts_last_error(), "memory_fraction") &&
+                      sl.n_raw_alloc == st0.n_raw_alloc && sl.reserved == st0.reserved,
+               "pool: memory_fraction caps reserved bytes",
+               "limit %s (memory_fraction %g of %llu bytes), a request 1 byte past it: %s: %s",
+               cli_bytes(st0.reserve_limit, lim, sizeof lim), frac->v.fraction,
+               (unsigned long long)info.total_bytes, ts_status_name(s), err());
+        if (s == TS_OK)
+            ts_device_free(dev, q);
+    } else {
+        report(c, -1, "pool: memory_fraction caps reserved bytes",
+               "the plugin reports no total memory: the pool has no reserve limit");
     }
     void *p[3] = {NULL, NULL, NULL};
     static const size_t sz[3] = {1000, 70000, 5 << 20};

@@ -1,8 +1,13 @@
 /* tessera/plugin.h: the whole device-plugin ABI. A plugin is a shared object exporting one
  * symbol, tessera_plugin_entry, that returns a descriptor: plain data and function pointers,
  * no tessera objects, no refcounts. Everything a plugin needs from the host (errors, logging,
- * the caching pool component, host memory figures) comes through the ts_host table it is
- * handed at init, so a plugin never links against libtessera. Includes only status.h.
+ * kernel scratch memory, host memory figures) comes through the ts_host table it is handed at
+ * init, so a plugin never links against libtessera. Includes only status.h.
+ *
+ * ABI 2: a plugin supplies raw memory (whole segments from its device, optionally address
+ * space it can map piece by piece) and its device's memory figures; the host builds the
+ * caching pool on them for each device instance and owns its statistics, limits
+ * (memory_fraction, cache_limit: hard for every plugin) and cache.
  *
  * Versioning rules (docs/writing-a-plugin.md has the full contract):
  *  - abi_major changes when anything existing changes meaning or layout; the host refuses a
@@ -22,14 +27,14 @@
 extern "C" {
 #endif
 
-#define TS_PLUGIN_ABI_MAJOR 1
-#define TS_PLUGIN_ABI_MINOR 3
+#define TS_PLUGIN_ABI_MAJOR 2
+#define TS_PLUGIN_ABI_MINOR 0
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
 
 /* True if the table t (whose struct_size field says how many bytes the other side filled)
- * contains the member m. Use it before reading any member added after abi 1.0. */
+ * contains the member m. Use it before reading any member added after abi 2.0. */
 #define TS_HAS_MEMBER(t, type, m) \
     ((t)->struct_size >= offsetof(type, m) + sizeof(((type *)0)->m))
 
@@ -48,6 +53,90 @@ typedef enum ts_dtype {
     TS_U8 = 4, /* booleans and masks */
     TS_DTYPE_COUNT
 } ts_dtype;
+
+/* Helpers every side of the ABI needs, inline so a plugin needs nothing but this header (the
+ * core uses the same ones). TS_PLUGIN_INLINE also compiles them for CUDA device code. */
+#if defined(__CUDACC__)
+#define TS_PLUGIN_INLINE static inline __host__ __device__
+#else
+#define TS_PLUGIN_INLINE static inline
+#endif
+
+/* Bytes per element; 0 for an unknown dtype. */
+TS_PLUGIN_INLINE size_t ts_plugin_dtype_size(int32_t dtype)
+{
+    return dtype == TS_F32 || dtype == TS_I32 ? 4
+           : dtype == TS_F64 || dtype == TS_I64 ? 8
+           : dtype == TS_U8                     ? 1
+                                                : 0;
+}
+
+/* "float32", "float64", "int32", "int64", "uint8"; "unknown" otherwise. */
+TS_PLUGIN_INLINE const char *ts_plugin_dtype_name(int32_t dtype)
+{
+    return dtype == TS_F32   ? "float32"
+           : dtype == TS_F64 ? "float64"
+           : dtype == TS_I32 ? "int32"
+           : dtype == TS_I64 ? "int64"
+           : dtype == TS_U8  ? "uint8"
+                             : "unknown";
+}
+
+TS_PLUGIN_INLINE int ts_plugin_dtype_is_float(int32_t dtype)
+{
+    return dtype == TS_F32 || dtype == TS_F64;
+}
+
+/* The one rule by which a double becomes an integer element (fills, scalar operands, casts
+ * from float): truncation toward zero like a C cast, but defined everywhere: values beyond
+ * the type's range saturate to its bounds and NaN becomes 0. uint8 is the mask dtype: it
+ * stores v != 0 (so NaN stores 1). */
+TS_PLUGIN_INLINE int32_t ts_plugin_sat_i32(double v)
+{
+    return v != v                ? 0
+           : v <= -2147483648.0  ? INT32_MIN
+           : v >= 2147483647.0   ? INT32_MAX
+                                 : (int32_t)v;
+}
+
+TS_PLUGIN_INLINE int64_t ts_plugin_sat_i64(double v)
+{
+    /* 2^63 is the first double past INT64_MAX */
+    return v != v                         ? 0
+           : v <= -9223372036854775808.0  ? INT64_MIN
+           : v >= 9223372036854775808.0   ? INT64_MAX
+                                          : (int64_t)v;
+}
+
+TS_PLUGIN_INLINE uint8_t ts_plugin_mask_u8(double v)
+{
+    return (uint8_t)(v != 0);
+}
+
+/* Writes v converted to dtype by that rule at buf, which may be unaligned. */
+TS_PLUGIN_INLINE void ts_plugin_store_scalar(int32_t dtype, double v, void *buf)
+{
+    unsigned char *b = (unsigned char *)buf;
+    union {
+        float f;
+        double d;
+        int32_t i32;
+        int64_t i64;
+        uint8_t u8;
+        unsigned char bytes[8];
+    } u;
+    size_t n = ts_plugin_dtype_size(dtype);
+    switch (dtype) {
+    case TS_F32: u.f = (float)v; break;
+    case TS_F64: u.d = v; break;
+    case TS_I32: u.i32 = ts_plugin_sat_i32(v); break;
+    case TS_I64: u.i64 = ts_plugin_sat_i64(v); break;
+    case TS_U8: u.u8 = ts_plugin_mask_u8(v); break;
+    default: return;
+    }
+    for (size_t k = 0; k < n; k++)
+        b[k] = u.bytes[k];
+}
 
 /* Log levels, most severe first. */
 typedef enum ts_log_level {
@@ -98,7 +187,12 @@ typedef struct ts_setting {
  *                   the device's total memory.
  *   cache_limit     (size, default 512M): most bytes kept in the pool's free lists.
  *   caching         (bool, default true): false sends every free straight back to the raw
- *                   allocator, so sanitizers see each block. */
+ *                   allocator, so sanitizers see each block.
+ *   expandable_segments (bool, default true): blocks over 1 MiB share one address range
+ *                   that grows and shrinks at its end; used only when the plugin implements
+ *                   the vm_* slots and its vm_granularity answers non-zero.
+ * The host applies all four itself, to the pool it builds for the plugin; a plugin reads them
+ * only if it wants to (none of ours does). */
 
 /* ---------------------------------------------------------------------------------------- */
 /* Memory figures.                                                                           */
@@ -138,72 +232,6 @@ typedef struct ts_memory_stats {
     uint64_t cache_hits, cache_misses;
     uint64_t n_oom;         /* requests that failed with TS_ENOMEM */
 } ts_memory_stats;
-
-/* ---------------------------------------------------------------------------------------- */
-/* The caching pool component, written once in the host and instantiated by each plugin     */
-/* over its own raw allocator (malloc for CPUs, cudaMalloc for CUDA, ...).                   */
-
-typedef struct ts_raw_allocator {
-    void *user; /* handed back to both calls */
-    /* Obtain nbytes (a multiple of the pool's alignment) aligned to that alignment. Return
-     * TS_ENOMEM on failure; the pool then frees its cache and tries once more. */
-    ts_status (*alloc)(void *user, size_t nbytes, void **ptr);
-    /* Give back a block obtained from alloc, with the size it was obtained with. */
-    void (*free)(void *user, void *ptr, size_t nbytes);
-} ts_raw_allocator;
-
-/* Optional (ABI 1.1): a raw allocator that can reserve address space and back pieces of it
- * with memory. Given one, the pool keeps every block over 1 MiB in a single range that grows
- * and shrinks at its end (an "expandable segment"): free neighbours always merge, so there is
- * no fragmentation between separate raw allocations. Host memory: mmap; CUDA: the driver's
- * cuMemAddressReserve/cuMemCreate/cuMemMap. */
-typedef struct ts_raw_vm {
-    uint32_t struct_size; /* sizeof(ts_raw_vm) */
-    void *user;           /* handed back to every call */
-    size_t granularity;   /* power of two >= the pool's alignment: commit sizes and offsets */
-    uint64_t max_reserve; /* address space to reserve when the pool has no reserve_limit */
-    /* Reserve nbytes of address space, no memory; the base is aligned to granularity. */
-    ts_status (*reserve)(void *user, size_t nbytes, void **base);
-    /* Give back a whole reservation (committed parts included). */
-    void (*release)(void *user, void *base, size_t nbytes);
-    /* Back [addr, addr + nbytes) of a reservation with memory; TS_ENOMEM when there is none. */
-    ts_status (*commit)(void *user, void *addr, size_t nbytes);
-    /* Return the memory behind [addr, addr + nbytes); the addresses stay reserved. */
-    void (*decommit)(void *user, void *addr, size_t nbytes);
-} ts_raw_vm;
-
-typedef struct ts_pool_options {
-    uint32_t struct_size;   /* sizeof(ts_pool_options) */
-    const char *name;       /* used in messages and statistics: the plugin's name */
-    size_t alignment;       /* power of two: every block is aligned to it (64 CPU, 256 CUDA) */
-    uint64_t reserve_limit; /* most bytes reserved from the raw allocator; 0 = no limit */
-    uint64_t cache_limit;   /* most bytes kept in free lists */
-    int32_t caching;        /* 0: frees go straight back to the raw allocator */
-    const ts_raw_vm *vm;    /* ABI 1.1, optional (NULL): an expandable segment; copied */
-} ts_pool_options;
-
-typedef struct ts_pool ts_pool;
-
-/* All calls are thread safe. */
-typedef struct ts_pool_api {
-    uint32_t struct_size;
-    /* Creates a pool; the raw allocator table is copied. (transfer full) on *out. */
-    ts_status (*create)(const ts_pool_options *opts, const ts_raw_allocator *raw, ts_pool **out);
-    /* Returns every cached block to the raw allocator and frees the pool. Blocks still live
-     * are reported as leaks (log) and returned too. NULL is a no-op. */
-    void (*destroy)(ts_pool *pool);
-    /* A block of at least nbytes (0 gives a valid unique block). tag: a static string naming
-     * the caller (an op name) for leak reports; may be NULL. TS_ENOMEM with a message giving
-     * the request, in use, reserved, cached and the limits when it cannot be met. */
-    ts_status (*alloc)(ts_pool *pool, size_t nbytes, const char *tag, void **ptr);
-    /* Returns a block to the pool. NULL is a no-op. */
-    void (*free)(ts_pool *pool, void *ptr);
-    void (*stats)(ts_pool *pool, ts_memory_stats *out);
-    void (*reset_peak)(ts_pool *pool);
-    /* Returns every cached (free) block to the raw allocator. */
-    void (*empty_cache)(ts_pool *pool);
-    ts_status (*set_limits)(ts_pool *pool, uint64_t reserve_limit, uint64_t cache_limit);
-} ts_pool_api;
 
 /* ---------------------------------------------------------------------------------------- */
 /* Kernels: one entry point, an op code, strided operands.                                   */
@@ -295,7 +323,7 @@ typedef enum ts_op {
     /* One Adam/AdamW update, in place: in[0] grad; out[0] param, out[1] first moment,
      * out[2] second moment. All contiguous, same shape and float dtype. ts_adam_params. */
     TS_OP_ADAM_STEP = 24,
-    /* ABI 1.3. ReLU's gradient in one pass: in[0] g, in[1] x (the ReLU's input), both of the
+    /* ReLU's gradient in one pass: in[0] g, in[1] x (the ReLU's input), both of the
      * output's shape, any strides; out[0] = g where x > 0, else 0 (a NaN x gives 0, and so
      * does x <= 0 whatever g is). Float dtypes, all the same. No params. The core composes it
      * from TS_BINARY_SCALAR gt, a cast and TS_BINARY mul on a plugin that does not claim it. */
@@ -440,10 +468,15 @@ typedef struct ts_host {
         __attribute__((format(printf, 3, 4)))
 #endif
         ;
-    /* The pool component. */
-    const ts_pool_api *pool;
     /* Host RAM: total (capped by the cgroup memory limit when one is set) and available. */
     ts_status (*host_memory)(uint64_t *total, uint64_t *available);
+    /* Kernel scratch: a block of this device's memory from the host's pool for this instance,
+     * counted against its limits like any tensor (TS_ENOMEM with the pool's message past
+     * them). Valid once init has returned (not during init), from any thread. tag names the
+     * kernel in leak reports. Give every block back with scratch_free before run returns. */
+    ts_status (*scratch_alloc)(const struct ts_host *self, size_t nbytes, const char *tag,
+                               void **ptr);
+    void (*scratch_free)(const struct ts_host *self, void *ptr);
     void *host_private; /* the host's own; plugins leave it alone */
 } ts_host;
 
@@ -474,6 +507,11 @@ typedef struct ts_plugin_desc {
     const char *version;  /* the plugin's own version */
     const char *description;
     const ts_config_key *config_keys; /* (optional) array ended by a NULL name */
+    uint64_t flags;       /* TS_PLUGIN_* bits; 0 = none */
+    /* Alignment of every segment mem_alloc returns and of every block the pool hands out: a
+     * power of two in [16, 1 MiB] (64 for CPUs: AVX-512 loads; 256 for CUDA). */
+    uint32_t alignment;
+    uint32_t reserved0;   /* 0 */
 
     /* Starts one instance driving the device its settings select. On failure, returns a
      * status with a message through host->fail; TS_ENODEV means "loads fine but has no usable
@@ -481,15 +519,21 @@ typedef struct ts_plugin_desc {
      * call. May be called again after shutdown. */
     ts_status (*init)(const ts_host *host, const ts_setting *settings, size_t nsettings,
                       void **ctx);
-    /* Frees everything init made. The host has freed every block first. */
+    /* Frees everything init made. The host has destroyed the instance's pool first: every
+     * segment went back through mem_free / vm_release. */
     void (*shutdown)(void *ctx);
-    /* Fills info (info->struct_size is set by the host). */
+    /* Fills info (info->struct_size is set by the host). The pool's reserve limit is
+     * memory_fraction of info->total_bytes (TS_DEVINFO_TOTAL); without a total, no limit. */
     ts_status (*device_info)(void *ctx, ts_device_info *info);
 
-    /* Device memory. alloc returns 64-byte (CPU) / 256-byte (GPU) aligned blocks; nbytes may be
-     * 0; tag names the caller for leak reports (may be NULL). */
-    ts_status (*alloc)(void *ctx, size_t nbytes, const char *tag, void **ptr);
-    void (*free)(void *ctx, void *ptr);
+    /* Raw device memory under the host's caching pool, called only when the pool's cache
+     * cannot serve (no call in a steady training step). mem_alloc obtains nbytes (a multiple
+     * of alignment, > 0) aligned to alignment; TS_ENOMEM when the device has no room (the
+     * pool then frees its cache and tries once more before failing with its figures).
+     * mem_free gives a segment back with the size it was obtained with. */
+    ts_status (*mem_alloc)(void *ctx, size_t nbytes, void **ptr);
+    void (*mem_free)(void *ctx, void *ptr, size_t nbytes);
+
     ts_status (*copy_h2d)(void *ctx, void *dst, const void *src, size_t nbytes);
     ts_status (*copy_d2h)(void *ctx, void *dst, const void *src, size_t nbytes);
     ts_status (*copy_d2d)(void *ctx, void *dst, const void *src, size_t nbytes);
@@ -500,24 +544,33 @@ typedef struct ts_plugin_desc {
     /* Waits for all queued work. */
     ts_status (*synchronize)(void *ctx);
 
-    /* The plugin's pool: required, since each plugin owns its pool. */
-    void (*memory_stats)(void *ctx, ts_memory_stats *stats);
-    void (*reset_peak)(void *ctx);
-    void (*empty_cache)(void *ctx);
-    ts_status (*set_limits)(void *ctx, uint64_t reserve_limit, uint64_t cache_limit);
-
-    /* Kernels. (optional) supports: non-zero if run implements op for dtype; NULL means
-     * "none". The host composes or reports what a plugin lacks. */
+    /* Kernels. (optional) supports: non-zero if run implements op for the output dtype
+     * (what a claim covers: docs/writing-a-plugin.md, "Claims"); NULL means "none". */
     int (*supports)(void *ctx, int32_t op, int32_t dtype);
-    /* (optional) Runs one kernel. */
+    /* (optional) Runs one kernel. May decline one call it claimed (an input dtype or a case
+     * it does not handle) by returning TS_ENOTSUP without calling host->fail: a
+     * TS_PLUGIN_HOST_MEMORY plugin's call then runs on the reference host kernels; any other
+     * plugin's fails with a message naming the op, the dtypes and the plugin. */
     ts_status (*run)(void *ctx, const ts_kernel_call *call);
 
-    /* ---- ABI 1.2 ---- */
-    /* TS_PLUGIN_* bits; 0 = none. Read only when the descriptor's struct_size covers it. */
-    uint64_t flags;
+    /* (optional, all five or none) Address space for an expandable segment: the pool keeps
+     * every block over 1 MiB in one reserved range whose backed part grows and shrinks at its
+     * end, so free neighbours always merge. Host memory: mmap; CUDA: cuMemAddressReserve /
+     * cuMemCreate / cuMemMap. vm_granularity: the commit unit, a power of two >= 512 and >=
+     * alignment, or 0 when this instance cannot (then the pool uses mem_alloc only). */
+    size_t (*vm_granularity)(void *ctx);
+    /* Reserve nbytes (a multiple of the granularity) of address space, no memory; the base
+     * is aligned to the granularity. */
+    ts_status (*vm_reserve)(void *ctx, size_t nbytes, void **base);
+    /* Give back a whole reservation (backed parts included). */
+    void (*vm_release)(void *ctx, void *base, size_t nbytes);
+    /* Back [addr, addr + nbytes) of a reservation with memory; TS_ENOMEM when there is none. */
+    ts_status (*vm_commit)(void *ctx, void *addr, size_t nbytes);
+    /* Return the memory behind [addr, addr + nbytes); the addresses stay reserved. */
+    void (*vm_decommit)(void *ctx, void *addr, size_t nbytes);
 } ts_plugin_desc;
 
-/* Bits of ts_plugin_desc.flags (ABI 1.2). */
+/* Bits of ts_plugin_desc.flags. */
 /* The pointers alloc returns are ordinary host addresses the host's CPU may read and write
  * directly (copy_h2d/d2h are plain memory copies). The core then runs its reference host
  * kernels for every op/dtype that supports() does not claim, so a plugin may implement as few

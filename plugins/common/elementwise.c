@@ -4,7 +4,6 @@
  * dropped, dims contiguous in every operand merged), so dense tensors become a single flat run
  * the compiler vectorises, then splits the elements evenly among hd->threads OpenMP threads. */
 #include "hostkern.h"
-#include "../../core/convert.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -150,7 +149,7 @@ static const char *name_or(const char *name)
 /* ---- scalar helpers -------------------------------------------------------------------- */
 
 /* Float -> int conversions saturate and send NaN to 0 (C leaves out-of-range ones undefined):
- * the core's one rule, core/convert.h, so fills, scalar operands and casts agree with
+ * the one rule, plugin.h's ts_plugin_sat_*, so fills, scalar operands and casts agree with
  * ts_tensor_full. */
 /* Signed overflow is undefined in C; integer arithmetic wraps (two's complement) through the
  * unsigned type instead, as in PyTorch and NumPy. */
@@ -213,12 +212,12 @@ EW_UNARY(copy_u8, uint8_t, uint8_t, x)
 
 /* Casts between different dtypes, named cast_FROM_TO. */
 EW_UNARY(cast_f32_f64, double, float, (double)x)
-EW_UNARY(cast_f32_i32, int32_t, float, ts__sat_i32(x))
-EW_UNARY(cast_f32_i64, int64_t, float, ts__sat_i64(x))
+EW_UNARY(cast_f32_i32, int32_t, float, ts_plugin_sat_i32(x))
+EW_UNARY(cast_f32_i64, int64_t, float, ts_plugin_sat_i64(x))
 EW_UNARY(cast_f32_u8, uint8_t, float, (uint8_t)(x != 0))
 EW_UNARY(cast_f64_f32, float, double, (float)x)
-EW_UNARY(cast_f64_i32, int32_t, double, ts__sat_i32(x))
-EW_UNARY(cast_f64_i64, int64_t, double, ts__sat_i64(x))
+EW_UNARY(cast_f64_i32, int32_t, double, ts_plugin_sat_i32(x))
+EW_UNARY(cast_f64_i64, int64_t, double, ts_plugin_sat_i64(x))
 EW_UNARY(cast_f64_u8, uint8_t, double, (uint8_t)(x != 0))
 EW_UNARY(cast_i32_f32, float, int32_t, (float)x)
 EW_UNARY(cast_i32_f64, double, int32_t, (double)x)
@@ -395,7 +394,7 @@ static void ew_iter_init(ew_iter *it, const ts_operand *const *ops, int nops)
         nd++;
     }
     for (int k = 0; k < nops; k++) {
-        it->es[k] = ts_hostdev_dtype_size(ops[k]->dtype);
+        it->es[k] = ts_plugin_dtype_size(ops[k]->dtype);
         it->base[k] = (char *)ops[k]->data + ops[k]->offset * (int64_t)it->es[k];
     }
     if (nd == 0) { /* a scalar, or only size-1 dims */
@@ -510,7 +509,7 @@ static ts_status run_copy_cast(ts_hostdev *hd, const ts_kernel_call *call)
  * like TS_OP_CAST from float64. */
 static void scalar_to(int32_t dtype, double v, void *buf)
 {
-    ts__convert_scalar(dtype, v, buf);
+    ts_plugin_store_scalar(dtype, v, buf);
 }
 
 /* A stride-0 operand of ref's shape whose every element is the value at buf. */

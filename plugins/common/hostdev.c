@@ -11,9 +11,9 @@
 /* Commits go in steps of this: a step's pages are mapped and faulted in at once. */
 #define VM_GRANULARITY ((size_t)2 << 20)
 
-static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
+ts_status ts_hostdev_mem_alloc(void *ctx, size_t nbytes, void **ptr)
 {
-    (void)user;
+    (void)ctx;
     void *p = NULL;
     if (posix_memalign(&p, TS_HOSTDEV_ALIGN, nbytes ? nbytes : TS_HOSTDEV_ALIGN) != 0)
         return TS_ENOMEM;
@@ -25,9 +25,9 @@ static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
     return TS_OK;
 }
 
-static void raw_free(void *user, void *ptr, size_t nbytes)
+void ts_hostdev_mem_free(void *ctx, void *ptr, size_t nbytes)
 {
-    (void)user;
+    (void)ctx;
     (void)nbytes;
     free(ptr);
 }
@@ -35,9 +35,15 @@ static void raw_free(void *user, void *ptr, size_t nbytes)
 /* The expandable segment's address space: mapped PROT_NONE without a commit charge, then
  * mapped over read-write (charged, pages faulted in like raw_alloc's memset) piece by piece
  * from its start, and mapped back to PROT_NONE when the pool trims its end. */
-static ts_status vm_reserve(void *user, size_t nbytes, void **base)
+size_t ts_hostdev_vm_granularity(void *ctx)
 {
-    ts_hostdev *hd = user;
+    (void)ctx;
+    return VM_GRANULARITY;
+}
+
+ts_status ts_hostdev_vm_reserve(void *ctx, size_t nbytes, void **base)
+{
+    ts_hostdev *hd = ctx;
     void *p = mmap(NULL, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return hd->host->fail(hd->host, TS_ENOMEM, "plugin '%s': reserving %zu bytes of "
@@ -46,15 +52,15 @@ static ts_status vm_reserve(void *user, size_t nbytes, void **base)
     return TS_OK;
 }
 
-static void vm_release(void *user, void *base, size_t nbytes)
+void ts_hostdev_vm_release(void *ctx, void *base, size_t nbytes)
 {
-    (void)user;
+    (void)ctx;
     munmap(base, nbytes);
 }
 
-static ts_status vm_commit(void *user, void *addr, size_t nbytes)
+ts_status ts_hostdev_vm_commit(void *ctx, void *addr, size_t nbytes)
 {
-    ts_hostdev *hd = user;
+    ts_hostdev *hd = ctx;
     void *p = mmap(addr, nbytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED)
@@ -63,9 +69,9 @@ static ts_status vm_commit(void *user, void *addr, size_t nbytes)
     return TS_OK;
 }
 
-static void vm_decommit(void *user, void *addr, size_t nbytes)
+void ts_hostdev_vm_decommit(void *ctx, void *addr, size_t nbytes)
 {
-    (void)user;
+    (void)ctx;
     /* A fresh PROT_NONE mapping drops the pages and the commit charge; should the kernel
      * refuse (it does not), the pages are at least given back. */
     if (mmap(addr, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
@@ -73,45 +79,15 @@ static void vm_decommit(void *user, void *addr, size_t nbytes)
         madvise(addr, nbytes, MADV_DONTNEED);
 }
 
-ts_status ts_hostdev_init(ts_hostdev *hd, const ts_host *host, const char *name,
-                          const ts_setting *settings, size_t nsettings)
+void ts_hostdev_init(ts_hostdev *hd, const ts_host *host, const char *name,
+                     const ts_setting *settings, size_t nsettings)
 {
     memset(hd, 0, sizeof *hd);
     hd->host = host;
     hd->name = name;
-    uint64_t avail;
-    ts_status s = host->host_memory(&hd->total_bytes, &avail);
-    if (s)
-        return s;
-    const ts_setting *frac = ts_setting_find(settings, nsettings, "memory_fraction");
-    const ts_setting *cache = ts_setting_find(settings, nsettings, "cache_limit");
-    const ts_setting *caching = ts_setting_find(settings, nsettings, "caching");
     const ts_setting *threads = ts_setting_find(settings, nsettings, "threads");
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     hd->threads = threads && threads->v.i > 0 ? (int)threads->v.i : (ncpu > 0 ? (int)ncpu : 1);
-    ts_pool_options opts = {
-        .struct_size = sizeof opts,
-        .name = name,
-        .alignment = TS_HOSTDEV_ALIGN,
-        .reserve_limit = (uint64_t)((double)hd->total_bytes * (frac ? frac->v.fraction : 0.5)),
-        .cache_limit = cache ? cache->v.size : (512u << 20),
-        .caching = caching ? caching->v.boolean : 1,
-    };
-    ts_raw_vm vm = {.struct_size = sizeof vm, .user = hd, .granularity = VM_GRANULARITY,
-                    .max_reserve = hd->total_bytes, .reserve = vm_reserve,
-                    .release = vm_release, .commit = vm_commit, .decommit = vm_decommit};
-    const ts_setting *exp = ts_setting_find(settings, nsettings, "expandable_segments");
-    if (!exp || exp->v.boolean)
-        opts.vm = &vm;
-    ts_raw_allocator raw = {.user = hd, .alloc = raw_alloc, .free = raw_free};
-    return host->pool->create(&opts, &raw, &hd->pool);
-}
-
-void ts_hostdev_fini(ts_hostdev *hd)
-{
-    if (hd->host && hd->pool)
-        hd->host->pool->destroy(hd->pool);
-    hd->pool = NULL;
 }
 
 ts_status ts_hostdev_device_info(void *ctx, ts_device_info *info)
@@ -128,18 +104,6 @@ ts_status ts_hostdev_device_info(void *ctx, ts_device_info *info)
     info->free_bytes = avail;
     info->valid = TS_DEVINFO_TOTAL | TS_DEVINFO_FREE;
     return TS_OK;
-}
-
-ts_status ts_hostdev_alloc(void *ctx, size_t nbytes, const char *tag, void **ptr)
-{
-    ts_hostdev *hd = ctx;
-    return hd->host->pool->alloc(hd->pool, nbytes, tag, ptr);
-}
-
-void ts_hostdev_free(void *ctx, void *ptr)
-{
-    ts_hostdev *hd = ctx;
-    hd->host->pool->free(hd->pool, ptr);
 }
 
 ts_status ts_hostdev_copy(void *ctx, void *dst, const void *src, size_t nbytes)
@@ -185,45 +149,9 @@ ts_status ts_hostdev_synchronize(void *ctx)
     return TS_OK;
 }
 
-void ts_hostdev_memory_stats(void *ctx, ts_memory_stats *stats)
-{
-    ts_hostdev *hd = ctx;
-    hd->host->pool->stats(hd->pool, stats);
-}
-
-void ts_hostdev_reset_peak(void *ctx)
-{
-    ts_hostdev *hd = ctx;
-    hd->host->pool->reset_peak(hd->pool);
-}
-
-void ts_hostdev_empty_cache(void *ctx)
-{
-    ts_hostdev *hd = ctx;
-    hd->host->pool->empty_cache(hd->pool);
-}
-
-ts_status ts_hostdev_set_limits(void *ctx, uint64_t reserve_limit, uint64_t cache_limit)
-{
-    ts_hostdev *hd = ctx;
-    return hd->host->pool->set_limits(hd->pool, reserve_limit, cache_limit);
-}
-
-size_t ts_hostdev_dtype_size(int32_t dtype)
-{
-    switch (dtype) {
-    case TS_F32: return 4;
-    case TS_F64: return 8;
-    case TS_I32: return 4;
-    case TS_I64: return 8;
-    case TS_U8: return 1;
-    default: return 0;
-    }
-}
-
 ts_status ts_hostdev_copy_strided(const ts_operand *dst, const ts_operand *src)
 {
-    size_t es = ts_hostdev_dtype_size(dst->dtype);
+    size_t es = ts_plugin_dtype_size(dst->dtype);
     if (!es || dst->dtype != src->dtype || dst->ndim != src->ndim)
         return TS_EINVAL;
     int nd = dst->ndim;

@@ -280,7 +280,7 @@ static ts_status unalias(ts_hostdev *hd, const ts_operand *in, const ts_operand 
         copy->strides[d] = acc;
         acc *= in->shape[d];
     }
-    ts_status s = hd->host->pool->alloc(hd->pool, (size_t)acc * ts_hostdev_dtype_size(in->dtype),
+    ts_status s = hd->host->scratch_alloc(hd->host, (size_t)acc * ts_plugin_dtype_size(in->dtype),
                                         tag, buf);
     if (s)
         return s;
@@ -337,8 +337,8 @@ static ts_status pool2d_bwd(ts_hostdev *hd, const ts_kernel_call *call)
     else
         pool_bwd_double(&gyc, ix ? &ixc : NULL, gx, p, hd->threads);
 done:
-    h->pool->free(hd->pool, ixbuf);
-    h->pool->free(hd->pool, gybuf);
+    h->scratch_free(h, ixbuf);
+    h->scratch_free(h, gybuf);
     return s;
 }
 

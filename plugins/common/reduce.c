@@ -327,8 +327,8 @@ static ts_status run_reduce(ts_hostdev *hd, const ts_kernel_call *call)
     const char *what = reduce_names[fn];
 
     rd_plan p = {.fn = fn, .dtype = in->dtype, .nout = 1, .nslice = 1};
-    p.in_es = ts_hostdev_dtype_size(in->dtype);
-    size_t out_es = ts_hostdev_dtype_size(out->dtype);
+    p.in_es = ts_plugin_dtype_size(in->dtype);
+    size_t out_es = ts_plugin_dtype_size(out->dtype);
     p.in = (const char *)in->data + in->offset * (int64_t)p.in_es;
     p.out = (char *)out->data + out->offset * (int64_t)out_es;
     for (int d = 0; d < in->ndim; d++) {
@@ -423,7 +423,7 @@ static ts_status run_softmax(ts_hostdev *hd, const ts_kernel_call *call)
     int64_t sx = in->ndim ? in->strides[dim] : 0, sy = in->ndim ? out->strides[dim] : 0;
     if (nslices == 0 || len == 0)
         return TS_OK;
-    size_t es = ts_hostdev_dtype_size(in->dtype);
+    size_t es = ts_plugin_dtype_size(in->dtype);
     const char *xbase = (const char *)in->data + in->offset * (int64_t)es;
     char *ybase = (char *)out->data + out->offset * (int64_t)es;
     int32_t dtype = in->dtype;

@@ -104,7 +104,7 @@ static ts_status col_tab_make(ts_hostdev *hd, const char *name, const ts_conv2d_
 {
     *tab = small;
     if (R * S > COL_TAB_SMALL) {
-        ts_status s = hd->host->pool->alloc(hd->pool, (size_t)(R * S) * sizeof(col_row), name,
+        ts_status s = hd->host->scratch_alloc(hd->host, (size_t)(R * S) * sizeof(col_row), name,
                                             buf);
         if (s)
             return s;
@@ -300,7 +300,7 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
         wmat = (const char *)w->data + w->offset * (int64_t)es;
         ldw = K == 1 ? CRS : w->strides[0];
     } else {
-        if ((s = h->pool->alloc(hd->pool, (size_t)(K * CRS) * es, "conv2d", &wbuf)))
+        if ((s = h->scratch_alloc(h, (size_t)(K * CRS) * es, "conv2d", &wbuf)))
             goto done;
         for (int64_t k = 0; k < K; k++)
             for (int64_t j = 0; j < CRS; j++) {
@@ -324,13 +324,13 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
     int inner = nt > 1 ? 1 : hd->threads;
     if (!direct_x && ((s = col_tab_make(hd, "conv2d", p, R, S, H, W, P, Q, tabsmall, &tab,
                                         &tabbuf)) ||
-                      (s = h->pool->alloc(hd->pool, (size_t)(nt * CRSall * PQ) * es, "conv2d",
+                      (s = h->scratch_alloc(h, (size_t)(nt * CRSall * PQ) * es, "conv2d",
                                           &colbuf))))
         goto done;
     int direct_y = y->strides[3] == 1 && (P == 1 || y->strides[2] == Q) &&
                    (K == 1 || y->strides[1] >= PQ) && y->strides[1] <= INT_MAX;
     if (!direct_y &&
-        (s = h->pool->alloc(hd->pool, (size_t)(nt * K * PQ) * es, "conv2d", &ybuf)))
+        (s = h->scratch_alloc(h, (size_t)(nt * K * PQ) * es, "conv2d", &ybuf)))
         goto done;
 
     fwd_job job = {.p = p, .x = x, .y = y, .bias = bias, .tab = tab, .wmat = wmat,
@@ -350,10 +350,10 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
             fwd_image(&job, n, 0);
     }
 done:
-    h->pool->free(hd->pool, tabbuf);
-    h->pool->free(hd->pool, ybuf);
-    h->pool->free(hd->pool, colbuf);
-    h->pool->free(hd->pool, wbuf);
+    h->scratch_free(h, tabbuf);
+    h->scratch_free(h, ybuf);
+    h->scratch_free(h, colbuf);
+    h->scratch_free(h, wbuf);
     return s;
 }
 
@@ -588,7 +588,7 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
         ldw = 0;
     char *wmat = (char *)w->data + w->offset * (int64_t)es;
     if (!ldw) {
-        if ((s = h->pool->alloc(hd->pool, (size_t)(K * CRS) * es, name, &wbuf)))
+        if ((s = h->scratch_alloc(h, (size_t)(K * CRS) * es, name, &wbuf)))
             goto done;
         ts_operand dw = ts_hostkern_dense_like(w, wbuf);
         if (is_data)
@@ -600,7 +600,7 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
     int64_t ldgy = planes_ld(gy);
     if (is_data && ts_hostkern_overlaps(gy, out))
         ldgy = 0;
-    if (!ldgy && (s = h->pool->alloc(hd->pool, (size_t)(nt * K * PQ) * es, name, &gybuf)))
+    if (!ldgy && (s = h->scratch_alloc(h, (size_t)(nt * K * PQ) * es, name, &gybuf)))
         goto done;
     /* x / gx[n] as (C, H*W) itself for a 1x1 stride-1 unpadded conv of dense planes. */
     int direct_x = R == 1 && S == 1 && p->stride_h == 1 && p->stride_w == 1 && p->pad_h == 0 &&
@@ -608,11 +608,11 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
                    (C == 1 || x->strides[1] >= H * W) && x->strides[1] <= INT_MAX;
     if (!direct_x && ((s = col_tab_make(hd, name, p, R, S, H, W, P, Q, tabsmall, &tab,
                                         &tabbuf)) ||
-                      (s = h->pool->alloc(hd->pool, (size_t)(nt * C * R * S * PQ) * es, name,
+                      (s = h->scratch_alloc(h, (size_t)(nt * C * R * S * PQ) * es, name,
                                           &colbuf))))
         goto done;
     if (!is_data && nt > 1) {
-        if ((s = h->pool->alloc(hd->pool, (size_t)(nt * K * CRS) * es, name, &partbuf)))
+        if ((s = h->scratch_alloc(h, (size_t)(nt * K * CRS) * es, name, &partbuf)))
             goto done;
         memset(partbuf, 0, (size_t)(nt * K * CRS) * es);
     }
@@ -644,10 +644,10 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
         ts_hostdev_copy_strided(w, &dw);
     }
 done:
-    h->pool->free(hd->pool, tabbuf);
-    h->pool->free(hd->pool, partbuf);
-    h->pool->free(hd->pool, colbuf);
-    h->pool->free(hd->pool, gybuf);
-    h->pool->free(hd->pool, wbuf);
+    h->scratch_free(h, tabbuf);
+    h->scratch_free(h, partbuf);
+    h->scratch_free(h, colbuf);
+    h->scratch_free(h, gybuf);
+    h->scratch_free(h, wbuf);
     return s;
 }

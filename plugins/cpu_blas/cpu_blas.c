@@ -1,5 +1,5 @@
-/* plugins/cpu_blas/cpu_blas.c: the default backend: host memory from the shared pool
- * component, kernels on the CPU with OpenBLAS for the GEMMs. This file holds the descriptor
+/* plugins/cpu_blas/cpu_blas.c: the default backend: host memory (the host's pool over
+ * kernels/host's raw memory), kernels on the CPU with OpenBLAS for the GEMMs. This file holds the descriptor
  * and the kernel dispatch; kernels live one file per family. */
 #include "config.h"
 
@@ -23,12 +23,7 @@ static ts_status blas_init(const ts_host *host, const ts_setting *settings, size
     blas_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return host->fail(host, TS_ENOMEM, "out of memory creating the plugin context");
-    ts_status s = ts_hostdev_init(&c->hd, host, "cpu_blas", settings, nsettings);
-    if (s) {
-        ts_hostdev_fini(&c->hd);
-        free(c);
-        return s;
-    }
+    ts_hostdev_init(&c->hd, host, "cpu_blas", settings, nsettings);
     /* One thread pool: OpenBLAS stays single-threaded, the plugin's OpenMP threads split the
      * large GEMMs (gemm.c). */
     ts_blas_single_thread();
@@ -38,9 +33,7 @@ static ts_status blas_init(const ts_host *host, const ts_setting *settings, size
 
 static void blas_shutdown(void *ctx)
 {
-    blas_ctx *c = ctx;
-    ts_hostdev_fini(&c->hd);
-    free(c);
+    free(ctx);
 }
 
 static int blas_supports(void *ctx, int32_t op, int32_t dtype)
@@ -74,20 +67,10 @@ static const ts_plugin_desc desc = {
     .version = PACKAGE_VERSION,
     .description = "CPU kernels with OpenBLAS GEMMs",
     .config_keys = keys,
+    TS_HOSTDEV_DESC_MEMBERS,
     .init = blas_init,
     .shutdown = blas_shutdown,
     .device_info = ts_hostdev_device_info,
-    .alloc = ts_hostdev_alloc,
-    .free = ts_hostdev_free,
-    .copy_h2d = ts_hostdev_copy,
-    .copy_d2h = ts_hostdev_copy,
-    .copy_d2d = ts_hostdev_copy,
-    .fill = ts_hostdev_fill,
-    .synchronize = ts_hostdev_synchronize,
-    .memory_stats = ts_hostdev_memory_stats,
-    .reset_peak = ts_hostdev_reset_peak,
-    .empty_cache = ts_hostdev_empty_cache,
-    .set_limits = ts_hostdev_set_limits,
     .supports = blas_supports,
     .run = blas_run,
 };

@@ -141,13 +141,13 @@ ts_status ts_blas_matmul(ts_hostdev *hd, const ts_kernel_call *call)
         mat_view bv = {(char *)B->data + bo * (int64_t)es, K, N, brs, bcs};
         gemm_mat ga, gb, gc;
         if (!map_direct(&av, &ga)) {
-            if (!abuf && (s = h->pool->alloc(hd->pool, (size_t)(M * K) * es, "matmul", &abuf)))
+            if (!abuf && (s = h->scratch_alloc(h, (size_t)(M * K) * es, "matmul", &abuf)))
                 goto done;
             copy_mat(&av, abuf, es, 0);
             ga = (gemm_mat){abuf, K, CblasNoTrans};
         }
         if (!map_direct(&bv, &gb)) {
-            if (!bbuf && (s = h->pool->alloc(hd->pool, (size_t)(K * N) * es, "matmul", &bbuf)))
+            if (!bbuf && (s = h->scratch_alloc(h, (size_t)(K * N) * es, "matmul", &bbuf)))
                 goto done;
             copy_mat(&bv, bbuf, es, 0);
             gb = (gemm_mat){bbuf, N, CblasNoTrans};
@@ -159,7 +159,7 @@ ts_status ts_blas_matmul(ts_hostdev *hd, const ts_kernel_call *call)
                 gemm(hd, dt, flip(gb.trans), flip(ga.trans), N, M, K, alpha, &gb, &ga, beta,
                      gc.base, gc.ld);
         } else {
-            if (!cbuf && (s = h->pool->alloc(hd->pool, (size_t)(M * N) * es, "matmul", &cbuf)))
+            if (!cbuf && (s = h->scratch_alloc(h, (size_t)(M * N) * es, "matmul", &cbuf)))
                 goto done;
             if (beta != 0.0)
                 copy_mat(&cv, cbuf, es, 0);
@@ -174,8 +174,8 @@ ts_status ts_blas_matmul(ts_hostdev *hd, const ts_kernel_call *call)
         }
     }
 done:
-    h->pool->free(hd->pool, cbuf);
-    h->pool->free(hd->pool, bbuf);
-    h->pool->free(hd->pool, abuf);
+    h->scratch_free(h, cbuf);
+    h->scratch_free(h, bbuf);
+    h->scratch_free(h, abuf);
     return s;
 }

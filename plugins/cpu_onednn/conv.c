@@ -266,7 +266,7 @@ ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call)
         int64_t n = 1;
         for (int k = 0; k < out->ndim; k++)
             n *= out->shape[k];
-        if ((s = h->pool->alloc(c->hd.pool, (size_t)n * 4, name, &obuf)))
+        if ((s = h->scratch_alloc(h, (size_t)n * 4, name, &obuf)))
             return s;
         od = ts_hostkern_dense_like(out, obuf);
         if (fwd)
@@ -296,6 +296,6 @@ ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call)
         s = ts_hostdev_copy_strided(out, &od);
 done:
     dn_entry_release(c, e);
-    h->pool->free(c->hd.pool, obuf);
+    h->scratch_free(h, obuf);
     return s;
 }

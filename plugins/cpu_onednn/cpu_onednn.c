@@ -367,7 +367,6 @@ static void stream_put(dn_ctx *c, dnnl_stream_t s)
 ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *name)
 {
     const ts_host *h = c->hd.host;
-    ts_pool *pool = c->hd.pool;
     void *bufs[DN_MAX_ARGS] = {NULL}, *scratch = NULL;
     dnnl_memory_t user[DN_MAX_ARGS] = {NULL}, prim[DN_MAX_ARGS] = {NULL}, smem = NULL;
     dnnl_stream_t stream = NULL;
@@ -383,7 +382,7 @@ ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *n
         goto dfail;
     what = "creating a memory object";
     if (e->scratch_bytes) {
-        if ((s = h->pool->alloc(pool, e->scratch_bytes, name, &scratch)))
+        if ((s = h->scratch_alloc(h, e->scratch_bytes, name, &scratch)))
             goto done;
         if ((st = make_memory(c, &smem, &e->scratch_md, scratch)))
             goto dfail;
@@ -396,7 +395,7 @@ ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *n
             goto dfail;
         dnnl_memory_t m = user[i];
         if (a->has_prim) {
-            if ((s = h->pool->alloc(pool, a->prim_bytes ? a->prim_bytes : 1, name, &bufs[i])))
+            if ((s = h->scratch_alloc(h, a->prim_bytes ? a->prim_bytes : 1, name, &bufs[i])))
                 goto done;
             if ((st = make_memory(c, &prim[i], &a->prim_md, bufs[i])))
                 goto dfail;
@@ -434,11 +433,11 @@ done:
             dnnl_memory_destroy(user[i]);
         if (prim[i])
             dnnl_memory_destroy(prim[i]);
-        h->pool->free(pool, bufs[i]);
+        h->scratch_free(h, bufs[i]);
     }
     if (smem)
         dnnl_memory_destroy(smem);
-    h->pool->free(pool, scratch);
+    h->scratch_free(h, scratch);
     stream_put(c, stream);
 #ifdef _OPENMP
     omp_set_num_threads(omp_before);
@@ -462,7 +461,6 @@ static void dnnl_shutdown_ctx(void *ctx)
     pthread_mutex_destroy(&c->lock);
     if (c->engine)
         dnnl_engine_destroy(c->engine);
-    ts_hostdev_fini(&c->hd);
     free(c);
 }
 
@@ -473,9 +471,8 @@ static ts_status dnnl_init_ctx(const ts_host *host, const ts_setting *settings, 
     if (!c)
         return host->fail(host, TS_ENOMEM, "out of memory creating the plugin context");
     pthread_mutex_init(&c->lock, NULL);
-    ts_status s = ts_hostdev_init(&c->hd, host, "cpu_onednn", settings, nsettings);
-    if (s)
-        goto fail;
+    ts_status s;
+    ts_hostdev_init(&c->hd, host, "cpu_onednn", settings, nsettings);
     dnnl_status_t ds = dnnl_engine_create(&c->engine, dnnl_cpu, 0);
     if (ds != dnnl_success) {
         s = host->fail(host, TS_ENODEV, "dnnl_engine_create(cpu) failed (dnnl_status %d)",
@@ -540,20 +537,10 @@ static const ts_plugin_desc desc = {
     .version = PACKAGE_VERSION,
     .description = "CPU kernels with oneDNN primitives",
     .config_keys = keys,
+    TS_HOSTDEV_DESC_MEMBERS,
     .init = dnnl_init_ctx,
     .shutdown = dnnl_shutdown_ctx,
     .device_info = dnnl_device_info,
-    .alloc = ts_hostdev_alloc,
-    .free = ts_hostdev_free,
-    .copy_h2d = ts_hostdev_copy,
-    .copy_d2h = ts_hostdev_copy,
-    .copy_d2d = ts_hostdev_copy,
-    .fill = ts_hostdev_fill,
-    .synchronize = ts_hostdev_synchronize,
-    .memory_stats = ts_hostdev_memory_stats,
-    .reset_peak = ts_hostdev_reset_peak,
-    .empty_cache = ts_hostdev_empty_cache,
-    .set_limits = ts_hostdev_set_limits,
     .supports = dnnl_supports,
     .run = dnnl_run,
 };

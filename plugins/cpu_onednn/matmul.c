@@ -35,7 +35,7 @@ static ts_status pack(dn_ctx *c, const ts_operand *o, ts_operand *dense, void **
 {
     const ts_host *h = c->hd.host;
     int64_t n = numel(o);
-    ts_status s = h->pool->alloc(c->hd.pool, (size_t)(n ? n : 1) * 4, "matmul", buf);
+    ts_status s = h->scratch_alloc(h, (size_t)(n ? n : 1) * 4, "matmul", buf);
     if (s)
         return s;
     *dense = ts_hostkern_dense_like(o, *buf);
@@ -142,7 +142,7 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
         goto done;
     if (ts_hostkern_overlaps(C, A) || ts_hostkern_overlaps(C, B)) {
         int64_t n = numel(C);
-        if ((s = h->pool->alloc(c->hd.pool, (size_t)n * 4, "matmul", &cbuf)))
+        if ((s = h->scratch_alloc(h, (size_t)n * 4, "matmul", &cbuf)))
             goto done;
         Cd = ts_hostkern_dense_like(C, cbuf);
         if (beta != 0.0 && (s = ts_hostdev_copy_strided(&Cd, C)))
@@ -210,8 +210,8 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
         s = ts_hostdev_copy_strided(C, &Cd);
 done:
     dn_entry_release(c, e);
-    h->pool->free(c->hd.pool, cbuf);
-    h->pool->free(c->hd.pool, bbuf);
-    h->pool->free(c->hd.pool, abuf);
+    h->scratch_free(h, cbuf);
+    h->scratch_free(h, bbuf);
+    h->scratch_free(h, abuf);
     return s;
 }

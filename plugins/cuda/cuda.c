@@ -1,5 +1,5 @@
-/* plugins/cuda/cuda.c: the GPU backend's descriptor, device selection and memory: the shared
- * pool component over cudaMalloc (256-byte blocks), host <-> device copies through a ring of
+/* plugins/cuda/cuda.c: the GPU backend's descriptor, device selection and memory: cudaMalloc
+ * segments (256-byte aligned) under the host's caching pool, host <-> device copies through a ring of
  * pinned staging buffers, everything queued on one stream per device. It loads on machines
  * without a GPU and reports zero devices with the CUDA error, so that the configured fallback
  * takes over. The kernels are in ops.c / gemm.c (C side) and *.cu (device code).
@@ -52,16 +52,16 @@ size_t cuda_dtype_size(int32_t dtype)
     }
 }
 
-/* ---- the pool's raw allocator ---------------------------------------------------------- */
+/* ---- raw memory under the host's pool --------------------------------------------------- */
 
-static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
+static ts_status cuda_mem_alloc(void *ctx, size_t nbytes, void **ptr)
 {
-    cuda_ctx *c = user;
+    cuda_ctx *c = ctx;
     if (cudaSetDevice(c->device) != cudaSuccess) {
         cudaGetLastError();
         return TS_ENOMEM;
     }
-    cudaError_t e = cudaMalloc(ptr, nbytes ? nbytes : CUDA_ALIGN);
+    cudaError_t e = cudaMalloc(ptr, nbytes);
     if (e != cudaSuccess) {
         cudaGetLastError(); /* an allocation failure is not sticky: clear it */
         *ptr = NULL;
@@ -70,10 +70,10 @@ static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
     return TS_OK;
 }
 
-static void raw_free(void *user, void *ptr, size_t nbytes)
+static void cuda_mem_free(void *ctx, void *ptr, size_t nbytes)
 {
     (void)nbytes;
-    cuda_ctx *c = user;
+    cuda_ctx *c = ctx;
     cudaError_t e;
     if ((e = cudaSetDevice(c->device)) != cudaSuccess ||
         (c->stream && (e = cudaStreamSynchronize(c->stream)) != cudaSuccess) ||
@@ -84,12 +84,12 @@ static void raw_free(void *user, void *ptr, size_t nbytes)
 
 ts_status cuda_scratch(cuda_ctx *c, size_t nbytes, const char *tag, void **p)
 {
-    return c->host->pool->alloc(c->pool, nbytes, tag, p);
+    return c->host->scratch_alloc(c->host, nbytes, tag, p);
 }
 
 void cuda_scratch_free(cuda_ctx *c, void *p)
 {
-    c->host->pool->free(c->pool, p);
+    c->host->scratch_free(c->host, p);
 }
 
 /* ---- range-check flag ------------------------------------------------------------------ */
@@ -135,8 +135,6 @@ static void cuda_shutdown(void *ctx)
     cudaSetDevice(c->device);
     if (c->stream)
         cudaStreamSynchronize(c->stream);
-    if (c->pool)
-        c->host->pool->destroy(c->pool);
     for (int i = 0; i < CUDA_NSTAGE; i++) {
         if (c->stage[i].ev)
             cudaEventDestroy(c->stage[i].ev);
@@ -220,20 +218,6 @@ static ts_status cuda_init(const ts_host *host, const ts_setting *settings, size
                        device, what, cublasGetStatusString(b), cublasGetStatusName(b));
         goto fail;
     }
-    const ts_setting *frac = ts_setting_find(settings, nsettings, "memory_fraction");
-    const ts_setting *cache = ts_setting_find(settings, nsettings, "cache_limit");
-    const ts_setting *caching = ts_setting_find(settings, nsettings, "caching");
-    ts_pool_options opts = {
-        .struct_size = sizeof opts,
-        .name = "cuda",
-        .alignment = CUDA_ALIGN,
-        .reserve_limit = (uint64_t)((double)total_b * (frac ? frac->v.fraction : 0.8)),
-        .cache_limit = cache ? cache->v.size : (4ull << 30),
-        .caching = caching ? caching->v.boolean : 1,
-    };
-    ts_raw_allocator raw = {.user = c, .alloc = raw_alloc, .free = raw_free};
-    if ((s = host->pool->create(&opts, &raw, &c->pool)))
-        goto fail;
     *ctx = c;
     return TS_OK;
 fail:
@@ -256,18 +240,6 @@ static ts_status cuda_device_info(void *ctx, ts_device_info *info)
     info->free_bytes = free_b;
     info->valid = TS_DEVINFO_TOTAL | TS_DEVINFO_FREE;
     return TS_OK;
-}
-
-static ts_status cuda_alloc(void *ctx, size_t nbytes, const char *tag, void **ptr)
-{
-    cuda_ctx *c = ctx;
-    return c->host->pool->alloc(c->pool, nbytes, tag, ptr);
-}
-
-static void cuda_free(void *ctx, void *ptr)
-{
-    cuda_ctx *c = ctx;
-    c->host->pool->free(c->pool, ptr);
 }
 
 /* ---- copies ---------------------------------------------------------------------------- */
@@ -435,30 +407,6 @@ static ts_status cuda_sync(void *ctx)
     return TS_OK;
 }
 
-static void cuda_stats(void *ctx, ts_memory_stats *s)
-{
-    cuda_ctx *c = ctx;
-    c->host->pool->stats(c->pool, s);
-}
-
-static void cuda_reset_peak(void *ctx)
-{
-    cuda_ctx *c = ctx;
-    c->host->pool->reset_peak(c->pool);
-}
-
-static void cuda_empty_cache(void *ctx)
-{
-    cuda_ctx *c = ctx;
-    c->host->pool->empty_cache(c->pool); /* raw_free waits for the stream */
-}
-
-static ts_status cuda_set_limits(void *ctx, uint64_t reserve_limit, uint64_t cache_limit)
-{
-    cuda_ctx *c = ctx;
-    return c->host->pool->set_limits(c->pool, reserve_limit, cache_limit);
-}
-
 /* ---- kernels --------------------------------------------------------------------------- */
 
 static int cuda_supports(void *ctx, int32_t op, int32_t dtype)
@@ -491,20 +439,17 @@ static const ts_plugin_desc desc = {
     .version = PACKAGE_VERSION,
     .description = "NVIDIA GPUs through the CUDA runtime and cuBLAS",
     .config_keys = keys,
+    .alignment = CUDA_ALIGN,
     .init = cuda_init,
     .shutdown = cuda_shutdown,
     .device_info = cuda_device_info,
-    .alloc = cuda_alloc,
-    .free = cuda_free,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
     .copy_h2d = cuda_h2d,
     .copy_d2h = cuda_d2h,
     .copy_d2d = cuda_d2d,
     .fill = cuda_fill,
     .synchronize = cuda_sync,
-    .memory_stats = cuda_stats,
-    .reset_peak = cuda_reset_peak,
-    .empty_cache = cuda_empty_cache,
-    .set_limits = cuda_set_limits,
     .supports = cuda_supports,
     .run = cuda_run,
 };

@@ -36,7 +36,6 @@ typedef struct cuda_ctx {
     void *blas_ws;                /* raw cudaMalloc: outside the pool's statistics */
     unsigned long long *d_flag;   /* device word for range checks (raw cudaMalloc) */
     unsigned long long *h_flag;   /* pinned host word it is copied back into */
-    ts_pool *pool;
     pthread_mutex_t stage_lock;   /* the staging ring and h_flag */
     pthread_mutex_t flag_lock;    /* d_flag, from cuda_flag_begin to cuda_flag_end */
     cuda_stage stage[CUDA_NSTAGE];

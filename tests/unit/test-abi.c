@@ -3,6 +3,8 @@
  * bumping TS_PLUGIN_ABI_MINOR (append) or _MAJOR (anything else) fails this test; a bump must
  * add the new version's row, so the change is deliberate and reviewed. */
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "../tap.h"
 
@@ -13,23 +15,46 @@ typedef struct layout {
 
 #define L(expr, value) {#expr, expr, value}
 
+static void check_rows(const char *version, const layout *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        CHECK_MSG(rows[i].actual == rows[i].expected,
+                  "%s is %zu, ABI %s says %zu: bump the ABI version and record the new layout",
+                  rows[i].what, rows[i].actual, version, rows[i].expected);
+}
+
 static void test_layout_matches_version(void)
 {
     if (sizeof(void *) != 8)
         SKIP("layouts are recorded for LP64 only");
-    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 1 && TS_PLUGIN_ABI_MINOR == 3,
+    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 0,
               "ABI is %d.%d: add its layout row to this test", TS_PLUGIN_ABI_MAJOR,
               TS_PLUGIN_ABI_MINOR);
-    /* ABI 1.0; every row still holds later, except sizes of the tables that grew (noted). */
-    static const layout v1_0[] = {
-        L(offsetof(ts_plugin_desc, init), 40),
-        L(offsetof(ts_plugin_desc, set_limits), 144),
-        L(offsetof(ts_plugin_desc, supports), 152),
-        L(offsetof(ts_plugin_desc, run), 160),
-        L(sizeof(ts_host), 48),
+    /* ABI 2.0: the host owns the pool. The descriptor lost alloc, free, memory_stats,
+     * reset_peak, empty_cache and set_limits, gained alignment, mem_alloc/mem_free (raw
+     * segments) and the optional vm_* address-space slots at its end; flags moved up front.
+     * ts_host lost the pool component table and gained scratch_alloc/scratch_free. The
+     * tables 1.x already had (operands, calls, statistics, device figures, settings) kept their
+     * layouts. */
+    static const layout v2_0[] = {
+        L(offsetof(ts_plugin_desc, config_keys), 32),
+        L(offsetof(ts_plugin_desc, flags), 40),
+        L(offsetof(ts_plugin_desc, alignment), 48),
+        L(offsetof(ts_plugin_desc, init), 56),
+        L(offsetof(ts_plugin_desc, mem_alloc), 80),
+        L(offsetof(ts_plugin_desc, mem_free), 88),
+        L(offsetof(ts_plugin_desc, synchronize), 128),
+        L(offsetof(ts_plugin_desc, supports), 136),
+        L(offsetof(ts_plugin_desc, run), 144),
+        L(offsetof(ts_plugin_desc, vm_granularity), 152),
+        L(offsetof(ts_plugin_desc, vm_decommit), 184),
+        L(sizeof(ts_plugin_desc), 192),
+        L(sizeof(ts_host), 56),
         L(offsetof(ts_host, fail), 8),
-        L(offsetof(ts_host, pool), 24),
-        L(offsetof(ts_host, host_private), 40),
+        L(offsetof(ts_host, host_memory), 24),
+        L(offsetof(ts_host, scratch_alloc), 32),
+        L(offsetof(ts_host, scratch_free), 40),
+        L(offsetof(ts_host, host_private), 48),
         L(sizeof(ts_operand), 152),
         L(offsetof(ts_operand, shape), 24),
         L(offsetof(ts_operand, strides), 88),
@@ -39,43 +64,40 @@ static void test_layout_matches_version(void)
         L(offsetof(ts_memory_stats, n_oom), 136),
         L(sizeof(ts_device_info), 160),
         L(offsetof(ts_device_info, total_bytes), 144),
-        L(sizeof(ts_pool_api), 72),
-        L(offsetof(ts_pool_api, set_limits), 64),
-        L(offsetof(ts_pool_options, caching), 40), /* 1.0 ended here: sizeof was 48 */
-        L(sizeof(ts_raw_allocator), 24),
         L(sizeof(ts_setting), 32),
         L(offsetof(ts_setting, v), 24),
         L(sizeof(ts_config_key), 48),
     };
-    for (size_t i = 0; i < sizeof v1_0 / sizeof v1_0[0]; i++)
-        CHECK_MSG(v1_0[i].actual == v1_0[i].expected,
-                  "%s is %zu, ABI 1.0 says %zu: bump the ABI version and record the new layout",
-                  v1_0[i].what, v1_0[i].actual, v1_0[i].expected);
-    /* ABI 1.1: appended ts_pool_options.vm and the ts_raw_vm table (expandable segments). */
-    static const layout v1_1[] = {
-        L(sizeof(ts_pool_options), 56),
-        L(offsetof(ts_pool_options, vm), 48),
-        L(sizeof(ts_raw_vm), 64),
-        L(offsetof(ts_raw_vm, granularity), 16),
-        L(offsetof(ts_raw_vm, reserve), 32),
-        L(offsetof(ts_raw_vm, decommit), 56),
-    };
-    for (size_t i = 0; i < sizeof v1_1 / sizeof v1_1[0]; i++)
-        CHECK_MSG(v1_1[i].actual == v1_1[i].expected,
-                  "%s is %zu, ABI 1.1 says %zu: bump the ABI version and record the new layout",
-                  v1_1[i].what, v1_1[i].actual, v1_1[i].expected);
-    /* ABI 1.2: ts_plugin_desc gained flags (TS_PLUGIN_HOST_MEMORY) at its end, right where
-     * the 1.0/1.1 descriptor (168 bytes) stopped, so an older plugin's struct_size excludes it. */
-    static const layout v1_2[] = {
-        L(offsetof(ts_plugin_desc, flags), 168),
-        L(sizeof(ts_plugin_desc), 176),
-    };
-    for (size_t i = 0; i < sizeof v1_2 / sizeof v1_2[0]; i++)
-        CHECK_MSG(v1_2[i].actual == v1_2[i].expected,
-                  "%s is %zu, ABI 1.2 says %zu: bump the ABI version and record the new layout",
-                  v1_2[i].what, v1_2[i].actual, v1_2[i].expected);
+    check_rows("2.0", v2_0, sizeof v2_0 / sizeof v2_0[0]);
     CHECK_INT_EQ(TS_PLUGIN_HOST_MEMORY, 1);
-    /* ABI 1.3: no layout change; TS_OP_RELU_BACKWARD appended to ts_op (test below). */
+}
+
+/* The inline helpers of plugin.h are what the core's public functions answer. */
+static void test_inline_helpers(void)
+{
+    for (int32_t d = -1; d <= TS_DTYPE_COUNT; d++) {
+        CHECK_INT_EQ(ts_plugin_dtype_size(d), ts_dtype_size(d));
+        CHECK(strcmp(ts_plugin_dtype_name(d), ts_dtype_name(d)) == 0);
+    }
+    CHECK(ts_plugin_dtype_is_float(TS_F32) && ts_plugin_dtype_is_float(TS_F64));
+    CHECK(!ts_plugin_dtype_is_float(TS_I32) && !ts_plugin_dtype_is_float(TS_U8));
+    CHECK_INT_EQ(ts_plugin_sat_i32(3e9), INT32_MAX);
+    CHECK_INT_EQ(ts_plugin_sat_i32(-3e9), INT32_MIN);
+    CHECK_INT_EQ(ts_plugin_sat_i32(0.0 / 0.0), 0);
+    CHECK_INT_EQ(ts_plugin_sat_i32(-2.9), -2);
+    CHECK(ts_plugin_sat_i64(1e19) == INT64_MAX && ts_plugin_sat_i64(-1e19) == INT64_MIN);
+    CHECK(ts_plugin_sat_i64(9223372036854775807.0) == INT64_MAX); /* rounds to 2^63 */
+    CHECK_INT_EQ(ts_plugin_mask_u8(0.0 / 0.0), 1);
+    CHECK_INT_EQ(ts_plugin_mask_u8(-0.0), 0);
+    unsigned char buf[9] = {0};
+    ts_plugin_store_scalar(TS_I32, 1e10, buf + 1); /* unaligned */
+    int32_t i32;
+    memcpy(&i32, buf + 1, 4);
+    CHECK_INT_EQ(i32, INT32_MAX);
+    ts_plugin_store_scalar(TS_F64, 0.5, buf + 1);
+    double f64;
+    memcpy(&f64, buf + 1, 8);
+    CHECK(f64 == 0.5);
 }
 
 static void test_enums_are_append_only(void)
@@ -88,7 +110,7 @@ static void test_enums_are_append_only(void)
     CHECK_INT_EQ(TS_U8, 4);
     CHECK_INT_EQ(TS_OP_COPY, 1);
     CHECK_INT_EQ(TS_OP_ADAM_STEP, 24);
-    CHECK_INT_EQ(TS_OP_RELU_BACKWARD, 25); /* 1.3 */
+    CHECK_INT_EQ(TS_OP_RELU_BACKWARD, 25);
     CHECK_INT_EQ(TS_ENOMEM, -2);
     CHECK_INT_EQ(TS_ENODEV, -8);
     CHECK_INT_EQ(TS_SETTING_BOOL, 4);
@@ -99,6 +121,7 @@ int main(int argc, char **argv)
     static const tap_test tests[] = {
         TAP_TEST(test_layout_matches_version),
         TAP_TEST(test_enums_are_append_only),
+        TAP_TEST(test_inline_helpers),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

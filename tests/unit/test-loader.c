@@ -62,12 +62,17 @@ static void test_abi_mismatch(void)
     char have[64];
     snprintf(have, sizeof have, "speaks ABI %d.%d", TS_PLUGIN_ABI_MAJOR, TS_PLUGIN_ABI_MINOR);
     CHECK_FAILS(ts_device_load(NULL, fx("badabi"), &dev), TS_EPLUGIN, want, have, "rebuild");
+    /* A 1.x plugin: both versions, what to do, and where the porting notes are. */
+    CHECK_FAILS(ts_device_load(NULL, fx("abi1"), &dev), TS_EPLUGIN, "built for plugin ABI 1.3",
+                have, "rebuild the plugin against this tessera's headers", "mem_alloc",
+                "Porting from ABI 1");
+    CHECK(dev == NULL);
 }
 
 static void test_missing_required_member(void)
 {
     ts_device *dev;
-    CHECK_FAILS(ts_device_load(NULL, fx("missingslot"), &dev), TS_EPLUGIN, "'alloc'",
+    CHECK_FAILS(ts_device_load(NULL, fx("missingslot"), &dev), TS_EPLUGIN, "'mem_alloc'",
                 "missingslot");
 }
 
@@ -84,8 +89,8 @@ static void test_older_minor_loads(void)
     ts_device_unload(dev);
 }
 
-/* TS_PLUGIN_HOST_MEMORY (ABI 1.2): the core composes every op a plugin does not claim on its
- * reference host kernels; without the flag (or with it beyond a 1.0 struct_size) it does not. */
+/* TS_PLUGIN_HOST_MEMORY: the core composes every op a plugin does not claim on its reference
+ * host kernels; without the flag it does not. */
 static void test_host_memory_composes(void)
 {
     ts_device *dev, *old;
@@ -118,11 +123,105 @@ static void test_host_memory_composes(void)
     ts_tensor_unref(tr);
     ts_device_unload(dev);
 
-    CHECK_OK(ts_device_load(NULL, fx("oldminor"), &old)); /* flags set past its struct_size */
+    CHECK_OK(ts_device_load(NULL, fx("oldminor"), &old)); /* no TS_PLUGIN_HOST_MEMORY */
     CHECK_OK(ts_tensor_from_host(old, TS_F32, 2, sa, a, &ta));
     CHECK_FAILS(ts_relu(ta, &tr), TS_ENOTSUP, "'oldminor' does not implement");
     ts_tensor_unref(ta);
     ts_device_unload(old);
+}
+
+/* A plugin that ignores memory_fraction and cache_limit is held to them: the host owns the
+ * pool over its raw allocator. greedy reports 64 MiB; a quarter of it is the reserve limit. */
+static void test_limits_hold_for_any_plugin(void)
+{
+    ts_device *dev;
+    ts_config *cfg = cfg_text("[plugin.greedy]\nmemory_fraction = 0.25\ncache_limit = 1M\n", NULL);
+    CHECK_OK(ts_device_load(cfg, fx("greedy"), &dev));
+    ts_memory_stats st;
+    CHECK_OK(ts_device_memory_stats(dev, &st));
+    CHECK(st.valid & TS_STATS_POOL);
+    CHECK_INT_EQ(st.reserve_limit, 16u << 20);
+    CHECK_INT_EQ(st.cache_limit, 1u << 20);
+    void *a = NULL, *b = (void *)1;
+    CHECK_OK(ts_device_alloc(dev, 10u << 20, "test", &a));
+    CHECK_FAILS(ts_device_alloc(dev, 10u << 20, "test", &b), TS_ENOMEM, "pool 'greedy'",
+                "memory_fraction");
+    CHECK(b == NULL);
+    CHECK_OK(ts_device_memory_stats(dev, &st));
+    CHECK(st.reserved <= 16u << 20 && st.peak_reserved <= 16u << 20);
+    /* Kernel scratch comes from the same pool: a fill whose scratch does not fit fails with
+     * the pool's message, one that fits leaves no block behind. */
+    int64_t big = (12 << 20) / 4, small = 1000;
+    ts_tensor *t;
+    CHECK_OK(ts_tensor_empty(dev, TS_F32, 1, &small, &t));
+    uint64_t live = ts_memory_live_count();
+    CHECK_OK(ts_fill_(t, 2.5));
+    float back[1000];
+    CHECK_OK(ts_tensor_to_host(t, back, sizeof back));
+    CHECK(back[0] == 2.5f && back[999] == 2.5f);
+    CHECK_INT_EQ(ts_memory_live_count(), live);
+    ts_tensor_unref(t);
+    ts_device_free(dev, a);
+    CHECK_OK(ts_tensor_empty(dev, TS_F32, 1, &big, &t));
+    CHECK_FAILS(ts_fill_(t, 1.0), TS_ENOMEM, "pool 'greedy'", "memory_fraction");
+    ts_tensor_unref(t);
+    /* cache_limit is hard: after every free the cached bytes are within it. */
+    void *p[64] = {0};
+    uint64_t seed = 12345, worst = 0;
+    for (int round = 0; round < 2000; round++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int i = (int)(seed >> 58);
+        if (p[i]) {
+            ts_device_free(dev, p[i]);
+            p[i] = NULL;
+        } else {
+            size_t sizes[] = {100, 5000, 70000, 300000, 900000, 1500000, 3000000};
+            size_t n = sizes[(seed >> 40) % 7];
+            if (ts_device_alloc(dev, n, "test", &p[i]) != TS_OK)
+                p[i] = NULL; /* the reserve limit may refuse; that is not this check */
+            ts_clear_error();
+        }
+        CHECK_OK(ts_device_memory_stats(dev, &st));
+        if (st.cached > worst)
+            worst = st.cached;
+    }
+    printf("# worst cached %llu\n", (unsigned long long)worst);
+    CHECK_MSG(worst <= st.cache_limit, "cached reached %llu bytes under a cache_limit of %llu",
+              (unsigned long long)worst, (unsigned long long)st.cache_limit);
+    for (int i = 0; i < 64; i++)
+        ts_device_free(dev, p[i]);
+    ts_device_unload(dev);
+    ts_config_free(cfg);
+}
+
+/* run may decline one call of an op it claims: on host memory the reference kernels stand
+ * in; elsewhere the call fails naming the op, its dtypes and the plugin. */
+static void test_declined_calls(void)
+{
+    ts_device *dev;
+    float a[4] = {1, 2, 3, 4}, b[4] = {10, 20, 30, 40}, c[4];
+    int64_t n = 4;
+    ts_tensor *ta, *tb, *tc;
+    CHECK_OK(ts_device_load(NULL, fx("decline"), &dev));
+    CHECK(ts_device_supports(dev, TS_OP_BINARY, TS_F32));
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n, a, &ta));
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n, b, &tb));
+    CHECK_OK(ts_add(ta, tb, &tc));
+    CHECK_OK(ts_tensor_to_host(tc, c, sizeof c));
+    CHECK(c[0] == 11 && c[3] == 44);
+    ts_tensor_unref(tc);
+    ts_tensor_unref(ta);
+    ts_tensor_unref(tb);
+    ts_device_unload(dev);
+
+    CHECK_OK(ts_device_load(NULL, fx("declinedev"), &dev));
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n, a, &ta));
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n, b, &tb));
+    CHECK_FAILS(ts_add(ta, tb, &tc), TS_ENOTSUP, "plugin 'declinedev' declined binary",
+                "float32 <- float32, float32", "no host memory");
+    ts_tensor_unref(ta);
+    ts_tensor_unref(tb);
+    ts_device_unload(dev);
 }
 
 static void test_init_failures(void)
@@ -157,7 +256,7 @@ static void test_plugin_settings(void)
     ts_config_free(cfg);
     cfg = cfg_text("[plugin.withkeys]\ngizmos = 1\n", NULL);
     CHECK_FAILS(ts_device_load(cfg, fx("withkeys"), &dev), TS_ECONFIG, "test.ini:2:",
-                "unknown key 'gizmos'", "memory_fraction, cache_limit, caching, widgets, mode");
+                "unknown key 'gizmos'", "memory_fraction, cache_limit, caching, expandable_segments, widgets, mode");
     ts_config_free(cfg);
 }
 
@@ -327,6 +426,8 @@ int main(int argc, char **argv)
         TAP_TEST(test_missing_required_member),
         TAP_TEST(test_older_minor_loads),
         TAP_TEST(test_host_memory_composes),
+        TAP_TEST(test_limits_hold_for_any_plugin),
+        TAP_TEST(test_declined_calls),
         TAP_TEST(test_init_failures),
         TAP_TEST(test_plugin_settings),
         TAP_TEST(test_cpu_blas_memory),
