@@ -150,11 +150,6 @@ void ts__node_unref(ts_node *n)
 
 /* ---- per-tensor state ------------------------------------------------------------------ */
 
-static int is_float(int32_t dtype)
-{
-    return dtype == TS_F32 || dtype == TS_F64;
-}
-
 TS_API ts_status ts_tensor_set_requires_grad(ts_tensor *t, int requires_grad)
 {
     if (!t)
@@ -163,7 +158,7 @@ TS_API ts_status ts_tensor_set_requires_grad(ts_tensor *t, int requires_grad)
         return ts__fail(TS_ESTATE, "set_requires_grad: the tensor was made by '%s' and is not "
                         "a leaf; use ts_tensor_detach to get one",
                         t->grad_fn->name);
-    if (requires_grad && !is_float(t->dtype))
+    if (requires_grad && !ts_plugin_dtype_is_float(t->dtype))
         return ts__fail(TS_EDTYPE, "set_requires_grad: %s tensors have no gradient; only "
                         "float32 and float64", ts_dtype_name(t->dtype));
     t->requires_grad = requires_grad != 0;
@@ -275,7 +270,7 @@ ts_status ts__record(const char *name, ts_backward_fn bw, ts_tensor *out, int ni
 {
     if (node)
         *node = NULL;
-    if (!ts__grad_needed(nin, in) || !is_float(out->dtype))
+    if (!ts__grad_needed(nin, in) || !ts_plugin_dtype_is_float(out->dtype))
         return TS_OK;
     TS_ASSERT(nin <= TS_NODE_MAX_IN && nsave <= TS_NODE_MAX_SAVED);
     TS_ASSERT(params_size <= sizeof(((ts_node *)0)->p));
@@ -684,7 +679,7 @@ TS_API ts_status ts_grad_checkpoint(ts_segment_fn fn, void *user, int nin, ts_te
         int any = 0;
         for (int i = 0; i < nin; i++)
             any |= inputs[i]->requires_grad;
-        if (!any && is_float(o->dtype)) {
+        if (!any && ts_plugin_dtype_is_float(o->dtype)) {
             /* No input requires grad: the node has no edges but still recomputes the
              * segment so captured weights get their gradients. */
             n = node_new();

@@ -1,13 +1,13 @@
 /* core/hostref.c: composing what a plugin does not implement. For a plugin that declares
  * TS_PLUGIN_HOST_MEMORY (its blocks are plain host memory), every op/dtype its supports()
- * does not claim runs on the reference host kernels (plugins/common/refkern.c, compiled into
+ * does not claim runs on the reference host kernels (kernels/host/refkern.c, compiled into
  * libtessera single-threaded). ts_reference_run gives the same kernels to conformance checks. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
-#include "../plugins/common/refkern.h"
+#include "refkern.h" /* kernels/host */
 
 /* ts_reference_run has no device: its scratch is plain aligned host memory. */
 static ts_status ref_scratch_alloc(const ts_host *self, size_t nbytes, const char *tag,
@@ -31,17 +31,17 @@ static void ref_scratch_free(const ts_host *self, void *ptr)
 
 int ts__hostref_supports(int32_t op, int32_t dtype)
 {
-    return ts_refkern_supports(op, dtype);
+    return hk_ref_supports(op, dtype);
 }
 
 ts_status ts__hostref_run(const ts_host *host, const ts_kernel_call *call)
 {
-    ts_hostdev hd = {.host = host, .name = "reference", .threads = 1};
+    hk_dev hd = {.host = host, .name = "reference", .threads = 1};
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
-    if (!ts_refkern_supports(call->op, dtype))
+    if (!hk_ref_supports(call->op, dtype))
         return ts__fail(TS_ENOTSUP, "the reference kernels do not implement %s for %s",
                         ts_op_name(call->op), ts_dtype_name(dtype));
-    return ts_refkern_run(&hd, call);
+    return hk_ref_run(&hd, call);
 }
 
 static ts_status ref_fail(const ts_host *self, ts_status code, const char *fmt, ...)
@@ -68,7 +68,7 @@ static void ref_log(const ts_host *self, int level, const char *fmt, ...)
 
 TS_API int ts_reference_supports(int op, int dtype)
 {
-    return ts_refkern_supports(op, dtype);
+    return hk_ref_supports(op, dtype);
 }
 
 TS_API ts_status ts_reference_run(const ts_kernel_call *call)

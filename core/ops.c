@@ -84,11 +84,6 @@ ts_status ts__new(ts_device *dev, int32_t dtype, int nd, const int64_t *shape, t
     return ts_tensor_empty(dev, dtype, nd, shape, out);
 }
 
-static int is_float(int32_t dtype)
-{
-    return dtype == TS_F32 || dtype == TS_F64;
-}
-
 static int is_comparison(int fn)
 {
     return fn >= TS_BINARY_EQ && fn <= TS_BINARY_GE;
@@ -534,7 +529,7 @@ static ts_status reduce(const char *name, int fn, const ts_tensor *x, int ndims,
     *out = NULL;
     if (!x)
         return ts__fail(TS_EINVAL, "%s: tensor is NULL", name);
-    if (fn == TS_REDUCE_MEAN && !is_float(x->dtype))
+    if (fn == TS_REDUCE_MEAN && !ts_plugin_dtype_is_float(x->dtype))
         return ts__fail(TS_EDTYPE, "%s: %s tensor; cast to float first", name,
                         ts_dtype_name(x->dtype));
     if (x->dtype == TS_U8)

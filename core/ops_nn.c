@@ -4,14 +4,9 @@
 
 #include "grad_fns.h"
 
-static int is_float(int32_t dtype)
-{
-    return dtype == TS_F32 || dtype == TS_F64;
-}
-
 static ts_status need_float(const char *op, const ts_tensor *t)
 {
-    if (!is_float(t->dtype))
+    if (!ts_plugin_dtype_is_float(t->dtype))
         return ts__fail(TS_EDTYPE, "%s: %s tensor; this op needs float32 or float64", op,
                         ts_dtype_name(t->dtype));
     return TS_OK;

@@ -75,7 +75,7 @@ static void raw_free(void *user, void *ptr, size_t nbytes)
     free(ptr);
 }
 
-/* The expandable segment over mmap, as the CPU plugins have it (plugins/common/hostdev.c). */
+/* The expandable segment over mmap, as the CPU plugins have it (kernels/host/hostdev.c). */
 static ts_status vm_reserve(void *user, size_t nbytes, void **base)
 {
     (void)user;

@@ -3,12 +3,12 @@
 #ifndef TESSERA_PLUGINS_CPU_BLAS_H
 #define TESSERA_PLUGINS_CPU_BLAS_H
 
-#include "../common/hostkern.h"
+#include "hostkern.h" /* kernels/host */
 
 int ts_blas_matmul_supports(int32_t op, int32_t dtype);
-ts_status ts_blas_matmul(ts_hostdev *hd, const ts_kernel_call *call);
+ts_status ts_blas_matmul(hk_dev *hd, const ts_kernel_call *call);
 int ts_blas_conv_supports(int32_t op, int32_t dtype);
-ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call);
+ts_status ts_blas_conv(hk_dev *hd, const ts_kernel_call *call);
 
 /* gemm.c: c (m, n) = alpha * op(a) @ op(b) + beta * c, row-major, es 4 (sgemm) or 8 (dgemm),
  * op transposing when ta / tb is set. Split over up to `threads` OpenMP threads when large

@@ -98,7 +98,7 @@ enum { COL_TAB_SMALL = 64 }; /* (r, s) entries kept on the stack: kernels up to 
 /* tab[r * S + s] = col_row_of(r, s): worked out once per call, not per image and channel.
  * small holds COL_TAB_SMALL entries; larger kernels take pool scratch (*buf, freed by the
  * caller). */
-static ts_status col_tab_make(ts_hostdev *hd, const char *name, const ts_conv2d_params *p,
+static ts_status col_tab_make(hk_dev *hd, const char *name, const ts_conv2d_params *p,
                               int64_t R, int64_t S, int64_t H, int64_t W, int64_t P, int64_t Q,
                               col_row *small, col_row **tab, void **buf)
 {
@@ -162,13 +162,13 @@ static ts_status col_tab_make(ts_hostdev *hd, const char *name, const ts_conv2d_
 IM2COL(float)
 IM2COL(double)
 
-static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call);
+static ts_status conv_bwd(hk_dev *hd, const ts_kernel_call *call);
 
 /* Threads to spread the images over, each running its own im2col and GEMMs single-threaded:
  * when each (image, group) GEMM of m*n*k multiply-adds is below OpenBLAS's own threshold for
  * threading (65536 * GEMM_MULTITHREAD_THRESHOLD 4), one image at a time would use one core.
  * Else 1: image after image, with OpenBLAS threading each GEMM. */
-static int image_threads(const ts_hostdev *hd, int64_t N, double m, double n, double k)
+static int image_threads(const hk_dev *hd, int64_t N, double m, double n, double k)
 {
     return hd->threads > 1 && N > 1 && m * n * k < 262144.0 ? hd->threads : 1;
 }
@@ -260,7 +260,7 @@ static void fwd_image(const fwd_job *j, int64_t n, int tid)
 }
 
 /* x: (N, C, H, W), w: (K, C/groups, R, S), bias: (K) optional, y: (N, K, P, Q). */
-ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
+ts_status ts_blas_conv(hk_dev *hd, const ts_kernel_call *call)
 {
     const ts_host *h = hd->host;
     if (call->op == TS_OP_CONV2D_BWD_DATA || call->op == TS_OP_CONV2D_BWD_WEIGHT)
@@ -276,8 +276,8 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
     const ts_operand *x = &call->inputs[0], *w = &call->inputs[1], *y = &call->outputs[0];
     const ts_operand *bias = call->ninputs == 3 ? &call->inputs[2] : NULL;
     int32_t dt = y->dtype;
-    ts_conv_dims d;
-    ts_status s = ts_hostkern_conv_check(h, "conv2d", p, x, w, y, bias, "y", &d);
+    hk_conv_dims d;
+    ts_status s = hk_conv_check(h, "conv2d", p, x, w, y, bias, "y", &d);
     if (s)
         return s;
     int64_t N = d.N, C = d.C, H = d.H, W = d.W, K = d.K, R = d.R, S = d.S, P = d.P, Q = d.Q;
@@ -319,7 +319,7 @@ ts_status ts_blas_conv(ts_hostdev *hd, const ts_kernel_call *call)
                    p->pad_w == 0 && x->strides[3] == 1 && (H == 1 || x->strides[2] == W) &&
                    (C == 1 || x->strides[1] >= H * W) && x->strides[1] <= INT_MAX;
     /* Scratch per image thread: columns (CRSall, PQ) and, for a scattered y, (K, PQ). */
-    int nt = ts_hostkern_overlaps(x, y) ? 1 : image_threads(hd, N, (double)Kg, (double)PQ,
+    int nt = hk_overlaps(x, y) ? 1 : image_threads(hd, N, (double)Kg, (double)PQ,
                                                              (double)CRS);
     int inner = nt > 1 ? 1 : hd->threads;
     if (!direct_x && ((s = col_tab_make(hd, "conv2d", p, R, S, H, W, P, Q, tabsmall, &tab,
@@ -449,8 +449,8 @@ static void pack_image(const ts_operand *t, int64_t n, void *buf)
     ts_operand src = *t, dst;
     src.offset += n * t->strides[0];
     src.shape[0] = 1;
-    dst = ts_hostkern_dense_like(&src, buf);
-    ts_hostdev_copy_strided(&dst, &src);
+    dst = hk_dense_like(&src, buf);
+    hk_dev_copy_strided(&dst, &src);
 }
 
 /* Out-of-place zeroing of a whole operand through its strides. */
@@ -543,7 +543,7 @@ static void bwd_image(const bwd_job *j, int64_t n, int tid)
 
 /* BWD_DATA: gy (N, K, P, Q), w (K, C/G, R, S) -> gx (N, C, H, W).
  * BWD_WEIGHT: gy (N, K, P, Q), x (N, C, H, W) -> gw (K, C/G, R, S). */
-static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
+static ts_status conv_bwd(hk_dev *hd, const ts_kernel_call *call)
 {
     const ts_host *h = hd->host;
     int is_data = call->op == TS_OP_CONV2D_BWD_DATA;
@@ -557,8 +557,8 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
     const ts_operand *gy = &call->inputs[0], *out = &call->outputs[0];
     const ts_operand *x = is_data ? out : &call->inputs[1]; /* x or gx */
     const ts_operand *w = is_data ? &call->inputs[1] : out; /* w or gw */
-    ts_conv_dims d;
-    ts_status s = ts_hostkern_conv_check(h, name, p, x, w, gy, NULL, "gy", &d);
+    hk_conv_dims d;
+    ts_status s = hk_conv_check(h, name, p, x, w, gy, NULL, "gy", &d);
     if (s)
         return s;
     int64_t N = d.N, C = d.C, H = d.H, W = d.W, K = d.K, R = d.R, S = d.S, P = d.P, Q = d.Q;
@@ -576,29 +576,29 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
     col_row tabsmall[COL_TAB_SMALL], *tab = tabsmall;
     /* Images spread over nt threads (see image_threads), each with its own scratch and, for
      * BWD_WEIGHT, its own partial sum of gw, added up at the end. */
-    int nt = ts_hostkern_overlaps(gy, out) || ts_hostkern_overlaps(x, w) ? 1
+    int nt = hk_overlaps(gy, out) || hk_overlaps(x, w) ? 1
              : is_data ? image_threads(hd, N, (double)CRS, (double)PQ, (double)Kg)
                        : image_threads(hd, N, (double)Kg, (double)CRS, (double)PQ);
     int inner = nt > 1 ? 1 : hd->threads;
     /* w / gw as (K, CRS) row-major: in place when dense and clear of the output written image
      * after image (w of gx; gw of gy and x), else through scratch. */
     int64_t ldw = filter_ld(w);
-    if (is_data ? ts_hostkern_overlaps(w, out)
-                : ts_hostkern_overlaps(w, gy) || ts_hostkern_overlaps(w, x))
+    if (is_data ? hk_overlaps(w, out)
+                : hk_overlaps(w, gy) || hk_overlaps(w, x))
         ldw = 0;
     char *wmat = (char *)w->data + w->offset * (int64_t)es;
     if (!ldw) {
         if ((s = h->scratch_alloc(h, (size_t)(K * CRS) * es, name, &wbuf)))
             goto done;
-        ts_operand dw = ts_hostkern_dense_like(w, wbuf);
+        ts_operand dw = hk_dense_like(w, wbuf);
         if (is_data)
-            ts_hostdev_copy_strided(&dw, w);
+            hk_dev_copy_strided(&dw, w);
         wmat = wbuf;
         ldw = CRS;
     }
     /* gy[n] as (K, PQ): in place when dense and not about to be overwritten by gx. */
     int64_t ldgy = planes_ld(gy);
-    if (is_data && ts_hostkern_overlaps(gy, out))
+    if (is_data && hk_overlaps(gy, out))
         ldgy = 0;
     if (!ldgy && (s = h->scratch_alloc(h, (size_t)(nt * K * PQ) * es, name, &gybuf)))
         goto done;
@@ -640,8 +640,8 @@ static ts_status conv_bwd(ts_hostdev *hd, const ts_kernel_call *call)
             }
     }
     if (!is_data && wbuf) {
-        ts_operand dw = ts_hostkern_dense_like(w, wbuf);
-        ts_hostdev_copy_strided(w, &dw);
+        ts_operand dw = hk_dense_like(w, wbuf);
+        hk_dev_copy_strided(w, &dw);
     }
 done:
     h->scratch_free(h, tabbuf);

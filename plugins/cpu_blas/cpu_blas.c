@@ -9,11 +9,11 @@
 #include "blas.h"
 
 typedef struct blas_ctx {
-    ts_hostdev hd; /* first: the hostdev vtable members take this ctx */
+    hk_dev hd; /* first: the hostdev vtable members take this ctx */
 } blas_ctx;
 
 static const ts_config_key keys[] = {
-    TS_HOSTDEV_KEYS,
+    HK_KEYS,
     {NULL, 0, NULL, 0, 0, NULL},
 };
 
@@ -23,7 +23,7 @@ static ts_status blas_init(const ts_host *host, const ts_setting *settings, size
     blas_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return host->fail(host, TS_ENOMEM, "out of memory creating the plugin context");
-    ts_hostdev_init(&c->hd, host, "cpu_blas", settings, nsettings);
+    hk_dev_init(&c->hd, host, "cpu_blas", settings, nsettings);
     /* One thread pool: OpenBLAS stays single-threaded, the plugin's OpenMP threads split the
      * large GEMMs (gemm.c). */
     ts_blas_single_thread();
@@ -39,7 +39,7 @@ static void blas_shutdown(void *ctx)
 static int blas_supports(void *ctx, int32_t op, int32_t dtype)
 {
     (void)ctx;
-    return ts_hostkern_supports(op, dtype) || ts_blas_matmul_supports(op, dtype) ||
+    return hk_supports(op, dtype) || ts_blas_matmul_supports(op, dtype) ||
            ts_blas_conv_supports(op, dtype);
 }
 
@@ -53,10 +53,10 @@ static ts_status blas_run(void *ctx, const ts_kernel_call *call)
         return ts_blas_conv(&c->hd, call);
     /* A family that claims the op writes its own, more precise message ("unary exp is not
      * implemented for int32"); only an op no family claims gets the generic one. */
-    if (!ts_hostkern_supports(call->op, dtype))
+    if (!hk_supports(call->op, dtype))
         return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented for dtype %d",
                                 (int)call->op, (int)dtype);
-    return ts_hostkern_run(&c->hd, call);
+    return hk_run(&c->hd, call);
 }
 
 static const ts_plugin_desc desc = {
@@ -67,10 +67,10 @@ static const ts_plugin_desc desc = {
     .version = PACKAGE_VERSION,
     .description = "CPU kernels with OpenBLAS GEMMs",
     .config_keys = keys,
-    TS_HOSTDEV_DESC_MEMBERS,
+    HK_DESC_MEMBERS,
     .init = blas_init,
     .shutdown = blas_shutdown,
-    .device_info = ts_hostdev_device_info,
+    .device_info = hk_dev_device_info,
     .supports = blas_supports,
     .run = blas_run,
 };

@@ -65,7 +65,7 @@ static void copy_mat(const mat_view *v, void *dense, size_t es, int to_view)
     }
 }
 
-static void gemm(const ts_hostdev *hd, int32_t dtype, enum CBLAS_TRANSPOSE ta,
+static void gemm(const hk_dev *hd, int32_t dtype, enum CBLAS_TRANSPOSE ta,
                  enum CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, double alpha,
                  const gemm_mat *a, const gemm_mat *b, double beta, char *c, int64_t ldc)
 {
@@ -84,13 +84,13 @@ int ts_blas_matmul_supports(int32_t op, int32_t dtype)
 }
 
 /* a: (B..., M, K), b: (B..., K, N), out: (B..., M, N); out = alpha * a @ b + beta * out. */
-ts_status ts_blas_matmul(ts_hostdev *hd, const ts_kernel_call *call)
+ts_status ts_blas_matmul(hk_dev *hd, const ts_kernel_call *call)
 {
     const ts_host *h = hd->host;
     if (call->op != TS_OP_MATMUL)
         return TS_ENOTSUP;
-    ts_matmul_dims md;
-    ts_status chk = ts_hostkern_matmul_check(h, call, &md);
+    hk_matmul_dims md;
+    ts_status chk = hk_matmul_check(h, call, &md);
     if (chk)
         return chk;
     const ts_operand *A = &call->inputs[0], *B = &call->inputs[1], *C = &call->outputs[0];
@@ -113,7 +113,7 @@ ts_status ts_blas_matmul(ts_hostdev *hd, const ts_kernel_call *call)
     int64_t ars = A->strides[nd - 2], acs = A->strides[nd - 1];
     int64_t brs = B->strides[nd - 2], bcs = B->strides[nd - 1];
     int64_t crs = C->strides[nd - 2], ccs = C->strides[nd - 1];
-    int alias = ts_hostkern_overlaps(C, A) || ts_hostkern_overlaps(C, B);
+    int alias = hk_overlaps(C, A) || hk_overlaps(C, B);
     void *abuf = NULL, *bbuf = NULL, *cbuf = NULL;
     ts_status s = TS_OK;
     int64_t idx[TS_MAX_DIMS] = {0};

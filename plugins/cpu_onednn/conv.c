@@ -17,9 +17,9 @@ int dn_conv_supports(int32_t op, int32_t dtype)
 /* Checks as cpu_blas does (one shared check), then refuses what oneDNN does not run here. */
 static ts_status conv_check(const ts_host *h, const char *name, const ts_conv2d_params *p,
                             const ts_operand *x, const ts_operand *w, const ts_operand *y,
-                            const ts_operand *bias, const char *yname, ts_conv_dims *d)
+                            const ts_operand *bias, const char *yname, hk_conv_dims *d)
 {
-    ts_status s = ts_hostkern_conv_check(h, name, p, x, w, y, bias, yname, d);
+    ts_status s = hk_conv_check(h, name, p, x, w, y, bias, yname, d);
     if (s == TS_OK && y->dtype != TS_F32)
         return h->fail(h, TS_ENOTSUP, "%s: cpu_onednn runs float32 only", name);
     return s;
@@ -241,7 +241,7 @@ ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call)
         x = op == TS_OP_CONV2D_BWD_DATA ? out : &call->inputs[1];
         w = op == TS_OP_CONV2D_BWD_DATA ? &call->inputs[1] : out;
     }
-    ts_conv_dims d = {0};
+    hk_conv_dims d = {0};
     ts_status s = conv_check(h, name, p, x, w, y, bias, fwd ? "y" : "gy", &d);
     if (s)
         return s;
@@ -261,14 +261,14 @@ ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call)
     ts_operand od = *out;
     int alias = 0;
     for (int i = 0; i < call->ninputs; i++)
-        alias |= ts_hostkern_overlaps(out, &call->inputs[i]);
+        alias |= hk_overlaps(out, &call->inputs[i]);
     if (alias) {
         int64_t n = 1;
         for (int k = 0; k < out->ndim; k++)
             n *= out->shape[k];
         if ((s = h->scratch_alloc(h, (size_t)n * 4, name, &obuf)))
             return s;
-        od = ts_hostkern_dense_like(out, obuf);
+        od = hk_dense_like(out, obuf);
         if (fwd)
             y = &od;
         else if (op == TS_OP_CONV2D_BWD_DATA)
@@ -293,7 +293,7 @@ ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call)
     if ((s = dn_execute(c, e, handles, name)))
         goto done;
     if (obuf)
-        s = ts_hostdev_copy_strided(out, &od);
+        s = hk_dev_copy_strided(out, &od);
 done:
     dn_entry_release(c, e);
     h->scratch_free(h, obuf);

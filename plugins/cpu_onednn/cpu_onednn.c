@@ -69,7 +69,7 @@ static void destroy_stream(dnnl_stream_t s)
 }
 
 static const ts_config_key keys[] = {
-    TS_HOSTDEV_KEYS,
+    HK_KEYS,
     {NULL, 0, NULL, 0, 0, NULL},
 };
 
@@ -472,7 +472,7 @@ static ts_status dnnl_init_ctx(const ts_host *host, const ts_setting *settings, 
         return host->fail(host, TS_ENOMEM, "out of memory creating the plugin context");
     pthread_mutex_init(&c->lock, NULL);
     ts_status s;
-    ts_hostdev_init(&c->hd, host, "cpu_onednn", settings, nsettings);
+    hk_dev_init(&c->hd, host, "cpu_onednn", settings, nsettings);
     dnnl_status_t ds = dnnl_engine_create(&c->engine, dnnl_cpu, 0);
     if (ds != dnnl_success) {
         s = host->fail(host, TS_ENODEV, "dnnl_engine_create(cpu) failed (dnnl_status %d)",
@@ -495,7 +495,7 @@ fail:
 
 static ts_status dnnl_device_info(void *ctx, ts_device_info *info)
 {
-    ts_status s = ts_hostdev_device_info(ctx, info);
+    ts_status s = hk_dev_device_info(ctx, info);
     if (s == TS_OK) {
         const dnnl_version_t *v = dnnl_version();
         dn_ctx *c = ctx;
@@ -509,7 +509,7 @@ static int dnnl_supports(void *ctx, int32_t op, int32_t dtype)
 {
     (void)ctx;
     return dn_matmul_supports(op, dtype) || dn_conv_supports(op, dtype) ||
-           ts_hostkern_supports(op, dtype);
+           hk_supports(op, dtype);
 }
 
 static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
@@ -523,10 +523,10 @@ static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
     if (dn_eltwise_wants(call))
         return dn_eltwise(c, call);
     /* A family that claims the op writes its own, more precise message. */
-    if (!ts_hostkern_supports(call->op, dtype))
+    if (!hk_supports(call->op, dtype))
         return c->hd.host->fail(c->hd.host, TS_ENOTSUP, "op %d is not implemented for dtype %d",
                                 (int)call->op, (int)dtype);
-    return ts_hostkern_run(&c->hd, call);
+    return hk_run(&c->hd, call);
 }
 
 static const ts_plugin_desc desc = {
@@ -537,7 +537,7 @@ static const ts_plugin_desc desc = {
     .version = PACKAGE_VERSION,
     .description = "CPU kernels with oneDNN primitives",
     .config_keys = keys,
-    TS_HOSTDEV_DESC_MEMBERS,
+    HK_DESC_MEMBERS,
     .init = dnnl_init_ctx,
     .shutdown = dnnl_shutdown_ctx,
     .device_info = dnnl_device_info,

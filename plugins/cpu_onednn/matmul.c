@@ -38,8 +38,8 @@ static ts_status pack(dn_ctx *c, const ts_operand *o, ts_operand *dense, void **
     ts_status s = h->scratch_alloc(h, (size_t)(n ? n : 1) * 4, "matmul", buf);
     if (s)
         return s;
-    *dense = ts_hostkern_dense_like(o, *buf);
-    return ts_hostdev_copy_strided(dense, o);
+    *dense = hk_dense_like(o, *buf);
+    return hk_dev_copy_strided(dense, o);
 }
 
 static ts_status matmul_entry(dn_ctx *c, const dn_key *key, int nd, const int64_t *ad,
@@ -95,8 +95,8 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
     const ts_host *h = c->hd.host;
     if (call->op != TS_OP_MATMUL)
         return TS_ENOTSUP;
-    ts_matmul_dims md;
-    ts_status chk = ts_hostkern_matmul_check(h, call, &md);
+    hk_matmul_dims md;
+    ts_status chk = hk_matmul_check(h, call, &md);
     if (chk)
         return chk;
     const ts_operand *A = &call->inputs[0], *B = &call->inputs[1], *C = &call->outputs[0];
@@ -140,12 +140,12 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
         goto done;
     if (needs_pack(B) && (s = pack(c, B, &Bd, &bbuf)))
         goto done;
-    if (ts_hostkern_overlaps(C, A) || ts_hostkern_overlaps(C, B)) {
+    if (hk_overlaps(C, A) || hk_overlaps(C, B)) {
         int64_t n = numel(C);
         if ((s = h->scratch_alloc(h, (size_t)n * 4, "matmul", &cbuf)))
             goto done;
-        Cd = ts_hostkern_dense_like(C, cbuf);
-        if (beta != 0.0 && (s = ts_hostdev_copy_strided(&Cd, C)))
+        Cd = hk_dense_like(C, cbuf);
+        if (beta != 0.0 && (s = hk_dev_copy_strided(&Cd, C)))
             goto done;
     }
 
@@ -207,7 +207,7 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
             break;
     }
     if (cbuf)
-        s = ts_hostdev_copy_strided(C, &Cd);
+        s = hk_dev_copy_strided(C, &Cd);
 done:
     dn_entry_release(c, e);
     h->scratch_free(h, cbuf);

@@ -18,7 +18,7 @@
 
 #include <dnnl.h>
 
-#include "../common/hostkern.h"
+#include "hostkern.h" /* kernels/host */
 
 #define DN_CACHE_SIZE 256 /* most cached entries; the least recently used goes first */
 #define DN_KEY_MAX 96     /* int64 words in a key */
@@ -64,7 +64,7 @@ typedef struct dn_entry {
  * lock guards the cache (its array, tick and every entry's refs and last_use) and the idle
  * streams; nothing is executed or created under it. */
 typedef struct dn_ctx {
-    ts_hostdev hd; /* first: the hostdev vtable members take this ctx */
+    hk_dev hd; /* first: the hostdev vtable members take this ctx */
     dnnl_engine_t engine;
     pthread_mutex_t lock;
     dn_entry *cache[DN_CACHE_SIZE];

@@ -33,28 +33,10 @@ static inline cudaError_t cu_launched(void)
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
          i += (int64_t)blockDim.x * gridDim.x)
 
-/* Float -> int conversions saturate and send NaN to 0, like the host kernels. */
-__host__ __device__ __forceinline__ int32_t cu_sat_i32(double v)
-{
-    if (v != v)
-        return 0;
-    if (v <= -2147483648.0)
-        return INT32_MIN;
-    if (v >= 2147483647.0)
-        return INT32_MAX;
-    return (int32_t)v;
-}
-
-__host__ __device__ __forceinline__ int64_t cu_sat_i64(double v)
-{
-    if (v != v)
-        return 0;
-    if (v <= -9223372036854775808.0)
-        return INT64_MIN;
-    if (v >= 9223372036854775808.0)
-        return INT64_MAX;
-    return (int64_t)v;
-}
+/* Float -> int conversions: plugin.h's ts_plugin_sat_i32/_i64 (the one rule, compiled for
+ * the device too through TS_PLUGIN_INLINE). */
+#define cu_sat_i32 ts_plugin_sat_i32
+#define cu_sat_i64 ts_plugin_sat_i64
 
 /* Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
  * sh: 32 doubles of shared memory. */

@@ -40,18 +40,6 @@ ts_status cuda_fail_blas(cuda_ctx *c, const char *call, cublasStatus_t e)
                          cublasGetStatusString(e), cublasGetStatusName(e));
 }
 
-size_t cuda_dtype_size(int32_t dtype)
-{
-    switch (dtype) {
-    case TS_F32:
-    case TS_I32: return 4;
-    case TS_F64:
-    case TS_I64: return 8;
-    case TS_U8: return 1;
-    default: return 0;
-    }
-}
-
 /* ---- raw memory under the host's pool --------------------------------------------------- */
 
 static ts_status cuda_mem_alloc(void *ctx, size_t nbytes, void **ptr)

@@ -10,7 +10,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "../common/hostkern.h"
+#include "hostkern.h" /* kernels/host */
 #include "kernels.h"
 
 #define CUDA_ALIGN 256
@@ -89,11 +89,10 @@ int cuda_gemm_supports(int32_t op, int32_t dtype);
 ts_status cuda_gemm_run(cuda_ctx *c, const ts_kernel_call *call);
 
 /* Bytes per element; 0 for an unknown dtype. */
-size_t cuda_dtype_size(int32_t dtype);
 /* Device pointer to op's element 0. */
 static inline char *cuda_elem0(const ts_operand *op)
 {
-    return (char *)op->data + op->offset * (int64_t)cuda_dtype_size(op->dtype);
+    return (char *)op->data + op->offset * (int64_t)ts_plugin_dtype_size(op->dtype);
 }
 
 #endif /* TESSERA_PLUGINS_CUDA_PLUGIN_H */

@@ -2,7 +2,7 @@
  * stride-0 operands and a by-value scalar), where, and the pattern fill, as grid-stride
  * kernels over the collapsed iteration space of cu_ew_arg. One kernel per dtype (or dtype
  * pair for casts); the function code is a uniform switch inside, which keeps the number of
- * instantiations, and so nvcc's time, small. The arithmetic follows plugins/common/
+ * instantiations, and so nvcc's time, small. The arithmetic follows kernels/host/
  * elementwise.c: saturating float -> int casts, wrapping integer arithmetic, truncating
  * integer division, NaN-propagating maximum/minimum, erfc-based GELU. */
 #include "common.cuh"

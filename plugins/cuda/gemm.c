@@ -105,17 +105,17 @@ static ts_status pack(cuda_ctx *c, const ts_operand *op, const char *tag, void *
     int64_t n = 1;
     for (int d = 0; d < op->ndim; d++)
         n *= op->shape[d];
-    ts_status s = cuda_scratch(c, (size_t)n * cuda_dtype_size(op->dtype), tag, buf);
+    ts_status s = cuda_scratch(c, (size_t)n * ts_plugin_dtype_size(op->dtype), tag, buf);
     if (s)
         return s;
-    *dense = ts_hostkern_dense_like(op, *buf);
+    *dense = hk_dense_like(op, *buf);
     return copy_in ? cuda_copy_strided(c, dense, op) : TS_OK;
 }
 
 static ts_status run_matmul(cuda_ctx *c, const ts_kernel_call *call)
 {
-    ts_matmul_dims md;
-    ts_status s = ts_hostkern_matmul_check(c->host, call, &md);
+    hk_matmul_dims md;
+    ts_status s = hk_matmul_check(c->host, call, &md);
     if (s)
         return s;
     double alpha = 1.0, beta = 0.0;
@@ -138,12 +138,12 @@ static ts_status run_matmul(cuda_ctx *c, const ts_kernel_call *call)
     if (K == 0)
         return cuda_scale_inplace(c, Cout, beta); /* an empty sum: out = beta * out */
     int32_t dt = Cout->dtype;
-    size_t es = cuda_dtype_size(dt);
+    size_t es = ts_plugin_dtype_size(dt);
     ts_operand A = *Ain, B = *Bin, C = *Cout;
     void *abuf = NULL, *bbuf = NULL, *cbuf = NULL;
     colmat ma, mb, mc;
     /* C decides the form: column-major C = A B, row-major C^T = B^T A^T. */
-    int c_ok = !ts_hostkern_overlaps(Cout, Ain) && !ts_hostkern_overlaps(Cout, Bin) &&
+    int c_ok = !hk_overlaps(Cout, Ain) && !hk_overlaps(Cout, Bin) &&
                map_colmajor(M, N, C.strides[nd - 2], C.strides[nd - 1], &mc);
     if (!c_ok) {
         if ((s = pack(c, Cout, "matmul", &cbuf, &C, beta != 0.0)))
@@ -267,12 +267,12 @@ static ts_status conv_fwd(cuda_ctx *c, const ts_kernel_call *call)
     const ts_conv2d_params *p = call->params;
     const ts_operand *x = &call->inputs[0], *w = &call->inputs[1], *y = &call->outputs[0];
     const ts_operand *bias = call->ninputs == 3 ? &call->inputs[2] : NULL;
-    ts_conv_dims d;
-    ts_status s = ts_hostkern_conv_check(c->host, "conv2d", p, x, w, y, bias, "y", &d);
+    hk_conv_dims d;
+    ts_status s = hk_conv_check(c->host, "conv2d", p, x, w, y, bias, "y", &d);
     if (s)
         return s;
     int32_t dt = y->dtype;
-    size_t es = cuda_dtype_size(dt);
+    size_t es = ts_plugin_dtype_size(dt);
     int64_t N = d.N, C = d.C, K = d.K, P = d.P, Q = d.Q, G = d.G, PQ = P * Q;
     int64_t Cg = C / G, Kg = K / G, CRS = Cg * d.R * d.S, CRSall = C * d.R * d.S;
     if (N == 0 || K == 0 || PQ == 0)
@@ -346,12 +346,12 @@ static ts_status conv_bwd(cuda_ctx *c, const ts_kernel_call *call)
     const ts_operand *gy = &call->inputs[0], *out = &call->outputs[0];
     const ts_operand *x = is_data ? out : &call->inputs[1]; /* x or gx */
     const ts_operand *w = is_data ? &call->inputs[1] : out; /* w or gw */
-    ts_conv_dims d;
-    ts_status s = ts_hostkern_conv_check(c->host, name, p, x, w, gy, NULL, "gy", &d);
+    hk_conv_dims d;
+    ts_status s = hk_conv_check(c->host, name, p, x, w, gy, NULL, "gy", &d);
     if (s)
         return s;
     int32_t dt = out->dtype;
-    size_t es = cuda_dtype_size(dt);
+    size_t es = ts_plugin_dtype_size(dt);
     int64_t N = d.N, C = d.C, K = d.K, P = d.P, Q = d.Q, G = d.G, PQ = P * Q;
     int64_t Cg = C / G, Kg = K / G, CRS = Cg * d.R * d.S, CRSall = C * d.R * d.S;
     int64_t outn = 1;
@@ -365,7 +365,7 @@ static ts_status conv_bwd(cuda_ctx *c, const ts_kernel_call *call)
     ts_operand dense;
     cu_t4 tx = t4(x);
     if (is_data) {
-        int64_t ldw = ts_hostkern_overlaps(w, out) ? 0 : filter_ld(w);
+        int64_t ldw = hk_overlaps(w, out) ? 0 : filter_ld(w);
         const char *wmat = cuda_elem0(w);
         if (!ldw) {
             if ((s = pack(c, w, name, &wbuf, &dense, 1)))
@@ -374,7 +374,7 @@ static ts_status conv_bwd(cuda_ctx *c, const ts_kernel_call *call)
             ldw = CRS;
         }
         /* gy whole: gx is written chunk by chunk, so an overlapping gy is copied first. */
-        int64_t ldg = ts_hostkern_overlaps(gy, out) ? 0 : planes_ld(gy);
+        int64_t ldg = hk_overlaps(gy, out) ? 0 : planes_ld(gy);
         const char *gymat = cuda_elem0(gy);
         int64_t gys = gy->strides[0];
         if (!ldg) {
@@ -408,7 +408,7 @@ static ts_status conv_bwd(cuda_ctx *c, const ts_kernel_call *call)
     }
     /* Weight gradient. */
     {
-        int64_t ldw = ts_hostkern_overlaps(w, gy) || ts_hostkern_overlaps(w, x) ? 0 : filter_ld(w);
+        int64_t ldw = hk_overlaps(w, gy) || hk_overlaps(w, x) ? 0 : filter_ld(w);
         char *wmat = cuda_elem0(w);
         if (!ldw) {
             if ((s = pack(c, w, name, &wbuf, &dense, 0)))
@@ -437,7 +437,7 @@ static ts_status conv_bwd(cuda_ctx *c, const ts_kernel_call *call)
             v.shape[1] = cnt;
             v.strides[0] = gy->strides[1];
             v.strides[1] = gy->strides[0];
-            g2 = ts_hostkern_dense_like(&v, gybuf);
+            g2 = hk_dense_like(&v, gybuf);
             if ((s = cuda_copy_strided(c, &g2, &v)))
                 break;
             /* gw[g] (Kg, CRS) (+)= gy[g] (Kg, L) @ col[g]^T (L, CRS), as column-major

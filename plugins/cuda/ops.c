@@ -1,7 +1,7 @@
 /* plugins/cuda/ops.c: validation, planning and launch of every op except matmul and the
  * convolutions (gemm.c): elementwise (collapsed iteration spaces, stride-0 broadcasting, a
  * by-value scalar), reductions, softmax, index_select / index_add, cross entropy, pooling and
- * the fused optimizer steps. The argument checks are the host kernels' own (plugins/common/
+ * the fused optimizer steps. The argument checks are the host kernels' own (kernels/host/
  * opcheck.c, with dev = 1) so that every backend reports bad calls alike; indices are
  * range-checked on the device before anything is written (one stream synchronization, since
  * the result decides the status). */
@@ -12,8 +12,6 @@
 
 #include "cuda_plugin.h"
 
-static const char *const dtype_names[TS_DTYPE_COUNT] = {"float32", "float64", "int32", "int64",
-                                                        "uint8"};
 static const char *const unary_names[TS_UNARY_COUNT] = {
     [TS_UNARY_NEG] = "neg",   [TS_UNARY_ABS] = "abs",         [TS_UNARY_EXP] = "exp",
     [TS_UNARY_LOG] = "log",   [TS_UNARY_SQRT] = "sqrt",       [TS_UNARY_RSQRT] = "rsqrt",
@@ -30,7 +28,7 @@ static const char *const reduce_names[TS_REDUCE_COUNT] = {
 
 static const char *dtype_name(int32_t dtype)
 {
-    return dtype >= 0 && dtype < TS_DTYPE_COUNT ? dtype_names[dtype] : "unknown dtype";
+    return ts_plugin_dtype_name(dtype);
 }
 
 static const char *name_or(const char *name)
@@ -38,14 +36,9 @@ static const char *name_or(const char *name)
     return name ? name : "?";
 }
 
-static int is_float(int32_t dt)
-{
-    return dt == TS_F32 || dt == TS_F64;
-}
-
 static int is_numeric(int32_t dt)
 {
-    return is_float(dt) || dt == TS_I32 || dt == TS_I64;
+    return ts_plugin_dtype_is_float(dt) || dt == TS_I32 || dt == TS_I64;
 }
 
 static int64_t numel(const ts_operand *op)
@@ -143,14 +136,14 @@ ts_status cuda_scale_inplace(cuda_ctx *c, const ts_operand *t, double beta)
 static ts_status run_copy_cast(cuda_ctx *c, const ts_kernel_call *call)
 {
     const void *prm;
-    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
+    ts_status s = hk_ew_check(c->host, 1, call, &prm);
     return s ? s : cuda_copy_strided(c, &call->outputs[0], &call->inputs[0]);
 }
 
 static ts_status run_fill(cuda_ctx *c, const ts_kernel_call *call)
 {
     const void *prm;
-    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
+    ts_status s = hk_ew_check(c->host, 1, call, &prm);
     if (s)
         return s;
     const ts_fill_params *p = prm;
@@ -164,7 +157,7 @@ static ts_status run_fill(cuda_ctx *c, const ts_kernel_call *call)
 static ts_status run_unary(cuda_ctx *c, const ts_kernel_call *call)
 {
     const void *prm;
-    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
+    ts_status s = hk_ew_check(c->host, 1, call, &prm);
     if (s)
         return s;
     const ts_operand *out = &call->outputs[0], *in = &call->inputs[0];
@@ -172,7 +165,7 @@ static ts_status run_unary(cuda_ctx *c, const ts_kernel_call *call)
     if (p->fn < 0 || p->fn >= TS_UNARY_COUNT)
         return FAIL(c, TS_EINVAL, "unary: unknown function %d", (int)p->fn);
     int int_ok = p->fn == TS_UNARY_NEG || p->fn == TS_UNARY_ABS || p->fn == TS_UNARY_RELU;
-    if (out->dtype == TS_U8 || (!is_float(out->dtype) && !int_ok))
+    if (out->dtype == TS_U8 || (!ts_plugin_dtype_is_float(out->dtype) && !int_ok))
         return FAIL(c, TS_ENOTSUP, "unary %s is not implemented for %s",
                     name_or(unary_names[p->fn]), dtype_name(out->dtype));
     const ts_operand *ops[2] = {out, in};
@@ -192,7 +185,7 @@ static int is_compare(int32_t fn)
 static ts_status binary_common(cuda_ctx *c, const char *what, int32_t fn, const ts_operand *out,
                                const ts_operand *x, const ts_operand *y, int pos, double scalar)
 {
-    ts_status s = ts_hostkern_binary_dtype_check(c->host, what, fn, out, pos == 1 ? y : x,
+    ts_status s = hk_binary_dtype_check(c->host, what, fn, out, pos == 1 ? y : x,
                                                  pos == 0 ? y : NULL);
     if (s)
         return s;
@@ -245,7 +238,7 @@ static ts_status binary_common(cuda_ctx *c, const char *what, int32_t fn, const 
 static ts_status run_binary(cuda_ctx *c, const ts_kernel_call *call)
 {
     const void *prm;
-    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
+    ts_status s = hk_ew_check(c->host, 1, call, &prm);
     if (s)
         return s;
     const ts_binary_params *p = prm;
@@ -256,7 +249,7 @@ static ts_status run_binary(cuda_ctx *c, const ts_kernel_call *call)
 static ts_status run_binary_scalar(cuda_ctx *c, const ts_kernel_call *call)
 {
     const void *prm;
-    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
+    ts_status s = hk_ew_check(c->host, 1, call, &prm);
     if (s)
         return s;
     const ts_operand *out = &call->outputs[0], *in = &call->inputs[0];
@@ -268,7 +261,7 @@ static ts_status run_binary_scalar(cuda_ctx *c, const ts_kernel_call *call)
 static ts_status run_where(cuda_ctx *c, const ts_kernel_call *call)
 {
     const void *prm;
-    ts_status s = ts_hostkern_ew_check(c->host, 1, call, &prm);
+    ts_status s = hk_ew_check(c->host, 1, call, &prm);
     if (s)
         return s;
     const ts_operand *out = &call->outputs[0];
@@ -284,7 +277,7 @@ static ts_status run_where(cuda_ctx *c, const ts_kernel_call *call)
 static ts_status run_reduce(cuda_ctx *c, const ts_kernel_call *call)
 {
     int dim;
-    ts_status s = ts_hostkern_reduce_check(c->host, 1, call, &dim);
+    ts_status s = hk_reduce_check(c->host, 1, call, &dim);
     if (s)
         return s;
     const ts_reduce_params *prm = call->params;
@@ -352,7 +345,7 @@ static ts_status run_softmax(cuda_ctx *c, const ts_kernel_call *call)
 {
     int log_form = call->op == TS_OP_LOG_SOFTMAX;
     int dim;
-    ts_status s = ts_hostkern_softmax_check(c->host, 1, call, &dim);
+    ts_status s = hk_softmax_check(c->host, 1, call, &dim);
     if (s)
         return s;
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
@@ -419,7 +412,7 @@ static ts_status run_index(cuda_ctx *c, const ts_kernel_call *call)
     int add = call->op == TS_OP_INDEX_ADD;
     const char *name = add ? "index_add" : "index_select";
     int dim;
-    ts_status s = ts_hostkern_index_check(c->host, 1, call, &dim);
+    ts_status s = hk_index_check(c->host, 1, call, &dim);
     if (s)
         return s;
     const ts_operand *src = &call->inputs[0], *ix = &call->inputs[1], *dst = &call->outputs[0];
@@ -462,18 +455,18 @@ static ts_status run_xent(cuda_ctx *c, const ts_kernel_call *call)
 {
     int bwd = call->op == TS_OP_CROSS_ENTROPY_BWD;
     const char *name = bwd ? "cross_entropy_bwd" : "cross_entropy";
-    ts_status s = ts_hostkern_check_counts(c->host, 1, call, name, bwd ? 3 : 2, 1);
+    ts_status s = hk_check_counts(c->host, 1, call, name, bwd ? 3 : 2, 1);
     if (s)
         return s;
     const ts_operand *x = &call->inputs[0], *t = &call->inputs[1], *out = &call->outputs[0];
     const ts_operand *gl = bwd ? &call->inputs[2] : NULL;
-    if ((s = ts_hostkern_check_operand(c->host, 1, name, "logits", x, NULL)) ||
-        (s = ts_hostkern_check_operand(c->host, 1, name, "targets", t, NULL)) ||
-        (s = ts_hostkern_check_operand(c->host, 1, name, "output", out, NULL)) ||
-        (gl && (s = ts_hostkern_check_operand(c->host, 1, name, "gloss", gl, NULL))))
+    if ((s = hk_check_operand(c->host, 1, name, "logits", x, NULL)) ||
+        (s = hk_check_operand(c->host, 1, name, "targets", t, NULL)) ||
+        (s = hk_check_operand(c->host, 1, name, "output", out, NULL)) ||
+        (gl && (s = hk_check_operand(c->host, 1, name, "gloss", gl, NULL))))
         return s;
     int32_t dt = x->dtype;
-    if (!is_float(dt) || out->dtype != dt || (gl && gl->dtype != dt) ||
+    if (!ts_plugin_dtype_is_float(dt) || out->dtype != dt || (gl && gl->dtype != dt) ||
         (t->dtype != TS_I64 && t->dtype != TS_I32))
         return FAIL(c, TS_EINVAL,
                     "%s: logits%s and %s need the same float dtype, targets TS_I64 or TS_I32",
@@ -537,19 +530,19 @@ static ts_status unalias(cuda_ctx *c, const ts_operand *in, const ts_operand *ou
                          const char *tag, ts_operand *copy, void **buf)
 {
     *copy = *in;
-    if (!ts_hostkern_overlaps(in, out))
+    if (!hk_overlaps(in, out))
         return TS_OK;
-    ts_status s = cuda_scratch(c, (size_t)numel(in) * cuda_dtype_size(in->dtype), tag, buf);
+    ts_status s = cuda_scratch(c, (size_t)numel(in) * ts_plugin_dtype_size(in->dtype), tag, buf);
     if (s)
         return s;
-    *copy = ts_hostkern_dense_like(in, *buf);
+    *copy = hk_dense_like(in, *buf);
     return cuda_copy_strided(c, copy, in);
 }
 
 static ts_status run_pool(cuda_ctx *c, const ts_kernel_call *call)
 {
     int is_max = call->op == TS_OP_MAXPOOL2D;
-    ts_status s = ts_hostkern_pool2d_check(c->host, 1, call);
+    ts_status s = hk_pool2d_check(c->host, 1, call);
     if (s)
         return s;
     const ts_pool2d_params *p = call->params;
@@ -566,7 +559,7 @@ static ts_status run_pool_bwd(cuda_ctx *c, const ts_kernel_call *call)
 {
     int is_max = call->op == TS_OP_MAXPOOL2D_BWD;
     const char *name = is_max ? "maxpool2d_bwd" : "avgpool2d_bwd";
-    ts_status s = ts_hostkern_pool2d_check(c->host, 1, call);
+    ts_status s = hk_pool2d_check(c->host, 1, call);
     if (s)
         return s;
     const ts_pool2d_params *p = call->params;
@@ -629,7 +622,7 @@ done:
 
 static ts_status run_optim(cuda_ctx *c, const ts_kernel_call *call)
 {
-    ts_status s = ts_hostkern_optimizer_check(c->host, 1, call);
+    ts_status s = hk_optimizer_check(c->host, 1, call);
     if (s)
         return s;
     if (call->op == TS_OP_SGD_STEP) {
@@ -677,7 +670,7 @@ int cuda_ops_supports(int32_t op, int32_t dtype)
     case TS_OP_AVGPOOL2D_BWD:
     case TS_OP_SGD_STEP:
     case TS_OP_ADAM_STEP:
-        return is_float(dtype);
+        return ts_plugin_dtype_is_float(dtype);
     default:
         return 0;
     }

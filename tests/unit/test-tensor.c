@@ -322,7 +322,7 @@ static void conv_on(ts_device *d, const char *devname)
 }
 
 /* The same double gives the same integer from every path: creation (core), fill_ and scalar
- * ops (plugins/common on cpu_blas and cpu_onednn), and the core's reference kernels. */
+ * ops (kernels/host on cpu_blas and cpu_onednn), and the core's reference kernels. */
 static void test_int_conversion(void)
 {
     setup();

@@ -1,4 +1,4 @@
-/* plugins/common/refkern.c: the reference host kernels: every shared host kernel (hostkern.h)
+/* kernels/host/refkern.c: the reference host kernels: every shared host kernel (hostkern.h)
  * plus matmul and the three convolutions as plain loops accumulating in double. No BLAS, no
  * threads, no scratch memory: slow, short and easy to trust. libtessera runs them for plugins
  * whose memory is host-addressable (TS_PLUGIN_HOST_MEMORY) and that do not implement an op,
@@ -23,26 +23,21 @@ static void st(const ts_operand *o, int64_t off, double v)
         ((double *)(void *)p)[off] = v;
 }
 
-static int is_float(int32_t dtype)
-{
-    return dtype == TS_F32 || dtype == TS_F64;
-}
-
 static int ref_matmul_conv_supports(int32_t op, int32_t dtype)
 {
-    return is_float(dtype) && (op == TS_OP_MATMUL || op == TS_OP_CONV2D ||
+    return ts_plugin_dtype_is_float(dtype) && (op == TS_OP_MATMUL || op == TS_OP_CONV2D ||
                                op == TS_OP_CONV2D_BWD_DATA || op == TS_OP_CONV2D_BWD_WEIGHT);
 }
 
-int ts_refkern_supports(int32_t op, int32_t dtype)
+int hk_ref_supports(int32_t op, int32_t dtype)
 {
-    return ref_matmul_conv_supports(op, dtype) || ts_hostkern_supports(op, dtype);
+    return ref_matmul_conv_supports(op, dtype) || hk_supports(op, dtype);
 }
 
-static ts_status ref_matmul(ts_hostdev *hd, const ts_kernel_call *call)
+static ts_status ref_matmul(hk_dev *hd, const ts_kernel_call *call)
 {
-    ts_matmul_dims md;
-    ts_status s = ts_hostkern_matmul_check(hd->host, call, &md);
+    hk_matmul_dims md;
+    ts_status s = hk_matmul_check(hd->host, call, &md);
     if (s)
         return s;
     const ts_operand *A = &call->inputs[0], *B = &call->inputs[1], *C = &call->outputs[0];
@@ -86,7 +81,7 @@ static int64_t off4(const ts_operand *o, int64_t a, int64_t b, int64_t c, int64_
            d * o->strides[3];
 }
 
-static ts_status ref_conv(ts_hostdev *hd, const ts_kernel_call *call)
+static ts_status ref_conv(hk_dev *hd, const ts_kernel_call *call)
 {
     const ts_host *h = hd->host;
     int op = call->op;
@@ -101,18 +96,18 @@ static ts_status ref_conv(ts_hostdev *hd, const ts_kernel_call *call)
     const ts_conv2d_params *p = call->params;
     /* Name the operands by their role in the forward: x (N,C,H,W), w (K,C/G,R,S), y. */
     const ts_operand *x, *w, *y, *bias = NULL;
-    ts_conv_dims d;
+    hk_conv_dims d;
     ts_status s;
     if (fwd) {
         x = &call->inputs[0], w = &call->inputs[1], y = &call->outputs[0];
         bias = call->ninputs == 3 ? &call->inputs[2] : NULL;
-        s = ts_hostkern_conv_check(h, "conv2d", p, x, w, y, bias, "y", &d);
+        s = hk_conv_check(h, "conv2d", p, x, w, y, bias, "y", &d);
     } else if (op == TS_OP_CONV2D_BWD_DATA) {
         y = &call->inputs[0], w = &call->inputs[1], x = &call->outputs[0];
-        s = ts_hostkern_conv_check(h, "conv2d_bwd_data", p, x, w, y, NULL, "gy", &d);
+        s = hk_conv_check(h, "conv2d_bwd_data", p, x, w, y, NULL, "gy", &d);
     } else {
         y = &call->inputs[0], x = &call->inputs[1], w = &call->outputs[0];
-        s = ts_hostkern_conv_check(h, "conv2d_bwd_weight", p, x, w, y, NULL, "gy", &d);
+        s = hk_conv_check(h, "conv2d_bwd_weight", p, x, w, y, NULL, "gy", &d);
     }
     if (s)
         return s;
@@ -164,10 +159,10 @@ static ts_status ref_conv(ts_hostdev *hd, const ts_kernel_call *call)
     return TS_OK;
 }
 
-ts_status ts_refkern_run(ts_hostdev *hd, const ts_kernel_call *call)
+ts_status hk_ref_run(hk_dev *hd, const ts_kernel_call *call)
 {
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
     if (ref_matmul_conv_supports(call->op, dtype))
         return call->op == TS_OP_MATMUL ? ref_matmul(hd, call) : ref_conv(hd, call);
-    return ts_hostkern_run(hd, call);
+    return hk_run(hd, call);
 }

@@ -1,4 +1,4 @@
-/* plugins/common/pool2d.c: TS_OP_MAXPOOL2D (optionally with the TS_I64 argmax of each window
+/* kernels/host/pool2d.c: TS_OP_MAXPOOL2D (optionally with the TS_I64 argmax of each window
  * within its H*W plane) and TS_OP_AVGPOOL2D on F32/F64, direct loops over any strides, one
  * OpenMP task per (n, c) plane. Padding counts as -inf for max; for avg it is a zero that
  * count_include_pad decides whether to count. Their gradients (MAXPOOL2D_BWD, AVGPOOL2D_BWD)
@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-int ts_hostkern_pool2d_supports(int32_t op, int32_t dtype)
+int hk_pool2d_supports(int32_t op, int32_t dtype)
 {
     return (op == TS_OP_MAXPOOL2D || op == TS_OP_AVGPOOL2D || op == TS_OP_MAXPOOL2D_BWD ||
             op == TS_OP_AVGPOOL2D_BWD) && (dtype == TS_F32 || dtype == TS_F64);
@@ -146,6 +146,7 @@ MAX2X2_SCALAR(double)
         T *yd = (T *)y->data;                                                               \
         int64_t *id = ix ? (int64_t *)ix->data : NULL;                                      \
         int par = planes * P * Q * p->kernel_h * p->kernel_w > 32768;                       \
+        (void)par;                                                                          \
         int fast2x2 = is_max && p->kernel_h == 2 && p->kernel_w == 2 && p->stride_h == 2 &&  \
                       p->stride_w == 2 && p->pad_h == 0 && p->pad_w == 0 &&                 \
                       x->strides[3] == 1;                                                   \
@@ -230,6 +231,7 @@ POOL(double)
         int64_t sh = gx->strides[2], sw = gx->strides[3];                                   \
         int64_t work = ix ? H * W + P * Q : H * W + P * Q * p->kernel_h * p->kernel_w;      \
         int par = planes * work > 32768;                                                    \
+        (void)par;                                                                          \
         int dense = sw == 1 && (H == 1 || sh == W);                                         \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if(par)")           \
         for (int64_t nc = 0; nc < planes; nc++) {                                           \
@@ -269,11 +271,11 @@ POOL_BWD(double)
 
 /* in, when it shares memory with out, copied into dense pool scratch (*buf, freed by the
  * caller); else in itself. */
-static ts_status unalias(ts_hostdev *hd, const ts_operand *in, const ts_operand *out,
+static ts_status unalias(hk_dev *hd, const ts_operand *in, const ts_operand *out,
                          const char *tag, ts_operand *copy, void **buf)
 {
     *copy = *in;
-    if (!ts_hostkern_overlaps(in, out))
+    if (!hk_overlaps(in, out))
         return TS_OK;
     int64_t acc = 1;
     for (int d = in->ndim - 1; d >= 0; d--) {
@@ -286,16 +288,16 @@ static ts_status unalias(ts_hostdev *hd, const ts_operand *in, const ts_operand 
         return s;
     copy->data = *buf;
     copy->offset = 0;
-    return ts_hostdev_copy_strided(copy, in);
+    return hk_dev_copy_strided(copy, in);
 }
 
 /* gy (N, C, P, Q) [, idx (N, C, P, Q) TS_I64] -> gx (N, C, H, W). */
-static ts_status pool2d_bwd(ts_hostdev *hd, const ts_kernel_call *call)
+static ts_status pool2d_bwd(hk_dev *hd, const ts_kernel_call *call)
 {
     const ts_host *h = hd->host;
     int is_max = call->op == TS_OP_MAXPOOL2D_BWD;
     const char *name = is_max ? "maxpool2d_bwd" : "avgpool2d_bwd";
-    ts_status s = ts_hostkern_pool2d_check(h, 0, call);
+    ts_status s = hk_pool2d_check(h, 0, call);
     if (s)
         return s;
     const ts_pool2d_params *p = call->params;
@@ -342,7 +344,7 @@ done:
     return s;
 }
 
-ts_status ts_hostkern_pool2d(ts_hostdev *hd, const ts_kernel_call *call)
+ts_status hk_pool2d(hk_dev *hd, const ts_kernel_call *call)
 {
     const ts_host *h = hd->host;
     if (call->op == TS_OP_MAXPOOL2D_BWD || call->op == TS_OP_AVGPOOL2D_BWD)
@@ -350,7 +352,7 @@ ts_status ts_hostkern_pool2d(ts_hostdev *hd, const ts_kernel_call *call)
     if (call->op != TS_OP_MAXPOOL2D && call->op != TS_OP_AVGPOOL2D)
         return TS_ENOTSUP;
     int is_max = call->op == TS_OP_MAXPOOL2D;
-    ts_status s = ts_hostkern_pool2d_check(h, 0, call);
+    ts_status s = hk_pool2d_check(h, 0, call);
     if (s)
         return s;
     const ts_pool2d_params *p = call->params;

@@ -1,64 +1,69 @@
-/* plugins/common/hostkern.h: kernels on host memory shared by the CPU plugins, one file per
- * family. Each family function handles the ops of its family and returns TS_ENOTSUP (with no
- * message) for anything else; ts_hostkern_run tries them in turn. Operands may have any
+/* kernels/host/hostkern.h: the host-kernel library: kernels on host memory, one file per
+ * family, written against the plugin ABI only. Built in two flavours from the same sources
+ * (Makefile.am): threaded (OpenMP) into the CPU plugins, and the reference flavour (one
+ * thread) into libtessera for the reference kernels (refkern.h); the operand checks
+ * (opcheck.c) once, for both and for the cuda plugin. Names are hk_ (hidden in every binary
+ * that links them: -fvisibility=hidden); nothing here is public API.
+ * Each family Each family function handles the ops of its family and returns TS_ENOTSUP (with no
+ * message) for anything else; hk_run tries them in turn. Operands may have any
  * strides (0 for broadcast dims); dtypes per op as plugin.h documents. Large loops run on
  * hd->threads OpenMP threads. Errors go through hd->host->fail. */
-#ifndef TESSERA_PLUGINS_HOSTKERN_H
-#define TESSERA_PLUGINS_HOSTKERN_H
+#ifndef TESSERA_KERNELS_HOST_HOSTKERN_H
+#define TESSERA_KERNELS_HOST_HOSTKERN_H
 
 #include "hostdev.h"
 
 /* Non-zero if the shared host kernels implement op for the output dtype. */
-int ts_hostkern_supports(int32_t op, int32_t dtype);
+int hk_supports(int32_t op, int32_t dtype);
 
 /* Runs op if the shared host kernels implement it; TS_ENOTSUP (no message) otherwise. */
-ts_status ts_hostkern_run(ts_hostdev *hd, const ts_kernel_call *call);
+ts_status hk_run(hk_dev *hd, const ts_kernel_call *call);
 
-/* Families (elementwise.c, reduce.c, index.c, pool2d.c, loss.c). Same contract as ts_hostkern_run. */
-int ts_hostkern_elementwise_supports(int32_t op, int32_t dtype);
-ts_status ts_hostkern_elementwise(ts_hostdev *hd, const ts_kernel_call *call);
-int ts_hostkern_reduce_supports(int32_t op, int32_t dtype);
-ts_status ts_hostkern_reduce(ts_hostdev *hd, const ts_kernel_call *call);
-int ts_hostkern_index_supports(int32_t op, int32_t dtype);
-ts_status ts_hostkern_index(ts_hostdev *hd, const ts_kernel_call *call);
-int ts_hostkern_pool2d_supports(int32_t op, int32_t dtype);
-ts_status ts_hostkern_pool2d(ts_hostdev *hd, const ts_kernel_call *call);
-int ts_hostkern_loss_supports(int32_t op, int32_t dtype);
-ts_status ts_hostkern_loss(ts_hostdev *hd, const ts_kernel_call *call);
-int ts_hostkern_optimizer_supports(int32_t op, int32_t dtype);
-ts_status ts_hostkern_optimizer(ts_hostdev *hd, const ts_kernel_call *call);
+/* Families (elementwise.c, reduce.c, index.c, pool2d.c, loss.c). Same contract as hk_run. */
+int hk_elementwise_supports(int32_t op, int32_t dtype);
+ts_status hk_elementwise(hk_dev *hd, const ts_kernel_call *call);
+int hk_reduce_supports(int32_t op, int32_t dtype);
+ts_status hk_reduce(hk_dev *hd, const ts_kernel_call *call);
+int hk_index_supports(int32_t op, int32_t dtype);
+ts_status hk_index(hk_dev *hd, const ts_kernel_call *call);
+int hk_pool2d_supports(int32_t op, int32_t dtype);
+ts_status hk_pool2d(hk_dev *hd, const ts_kernel_call *call);
+int hk_loss_supports(int32_t op, int32_t dtype);
+ts_status hk_loss(hk_dev *hd, const ts_kernel_call *call);
+int hk_optimizer_supports(int32_t op, int32_t dtype);
+ts_status hk_optimizer(hk_dev *hd, const ts_kernel_call *call);
 
 /* Non-zero if the elements of a and b may share a byte (their address ranges intersect; an
  * empty operand overlaps nothing). Used to route an output that aliases an input through
  * scratch. */
-int ts_hostkern_overlaps(const ts_operand *a, const ts_operand *b);
+int hk_overlaps(const ts_operand *a, const ts_operand *b);
 /* A dense row-major operand with op's dtype and shape over buf. */
-ts_operand ts_hostkern_dense_like(const ts_operand *op, void *buf);
+ts_operand hk_dense_like(const ts_operand *op, void *buf);
 
 /* Shapes shared by the forward and backward convolutions. */
-typedef struct ts_conv_dims {
+typedef struct hk_conv_dims {
     int64_t N, C, H, W; /* x / gx */
     int64_t K, R, S;    /* w / gw: (K, C/G, R, S) */
     int64_t P, Q;       /* y / gy: (N, K, P, Q) */
     int64_t G;
-} ts_conv_dims;
+} hk_conv_dims;
 
 /* Checks the params, dtypes and shapes of x (N, C, H, W), w (K, C/groups, R, S), y (N, K, P, Q)
  * and bias (K) or NULL; for the backward ops x, w and y are gx or x, gw or w, and gy (yname
  * says which). Fills d. */
-ts_status ts_hostkern_conv_check(const ts_host *h, const char *name, const ts_conv2d_params *p,
+ts_status hk_conv_check(const ts_host *h, const char *name, const ts_conv2d_params *p,
                             const ts_operand *x, const ts_operand *w, const ts_operand *y,
-                            const ts_operand *bias, const char *yname, ts_conv_dims *d);
+                            const ts_operand *bias, const char *yname, hk_conv_dims *d);
 
 /* Shapes of a matmul: A (batch..., M, K) @ B (batch..., K, N) -> C (batch..., M, N). */
-typedef struct ts_matmul_dims {
+typedef struct hk_matmul_dims {
     int nd;
     int64_t M, K, N, nbatch;
-} ts_matmul_dims;
+} hk_matmul_dims;
 
 /* Checks a TS_OP_MATMUL call's operand counts, dtypes and shapes (with messages) and fills md. */
-ts_status ts_hostkern_matmul_check(const ts_host *h, const ts_kernel_call *call,
-                                   ts_matmul_dims *md);
+ts_status hk_matmul_check(const ts_host *h, const ts_kernel_call *call,
+                                   hk_matmul_dims *md);
 
 /* Operand validation shared by the host kernels and the cuda plugin, so that both report a bad
  * call with the same words: everything an op checks before it computes (counts, params,
@@ -66,34 +71,34 @@ ts_status ts_hostkern_matmul_check(const ts_host *h, const ts_kernel_call *call,
  * operands must also have a non-negative offset and a data pointer (unless empty), and a few
  * checks the host kernels leave to their own code or word differently are made its way. */
 /* nin inputs and nout outputs, both arrays present. */
-ts_status ts_hostkern_check_counts(const ts_host *h, int dev, const ts_kernel_call *call,
+ts_status hk_check_counts(const ts_host *h, int dev, const ts_kernel_call *call,
                                    const char *what, int nin, int nout);
 /* A known dtype, 0..TS_MAX_DIMS dims, no negative size or stride; with ref, ref's shape. */
-ts_status ts_hostkern_check_operand(const ts_host *h, int dev, const char *what,
+ts_status hk_check_operand(const ts_host *h, int dev, const char *what,
                                     const char *role, const ts_operand *op,
                                     const ts_operand *ref);
 /* A dim in [-ndim, ndim) as an index; a 0-d tensor accepts 0 and -1. -1 if out of range. */
-int ts_hostkern_norm_dim(int32_t dim, int ndim);
+int hk_norm_dim(int32_t dim, int ndim);
 /* copy, cast, fill, unary, binary, binary_scalar, where; *params: the op's params (NULL for
  * copy, cast and where). TS_ENOTSUP (no message) for any other op. */
-ts_status ts_hostkern_ew_check(const ts_host *h, int dev, const ts_kernel_call *call,
+ts_status hk_ew_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                const void **params);
 /* Binary fn and dtypes: b (NULL for a scalar) like a; out like a, or uint8 for comparisons. */
-ts_status ts_hostkern_binary_dtype_check(const ts_host *h, const char *what, int32_t fn,
+ts_status hk_binary_dtype_check(const ts_host *h, const char *what, int32_t fn,
                                          const ts_operand *out, const ts_operand *a,
                                          const ts_operand *b);
 /* TS_OP_REDUCE: *dim the reduced dim of argmax / argmin, else -1. */
-ts_status ts_hostkern_reduce_check(const ts_host *h, int dev, const ts_kernel_call *call,
+ts_status hk_reduce_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                    int *dim);
 /* TS_OP_SOFTMAX / TS_OP_LOG_SOFTMAX: *dim the normalized dim. */
-ts_status ts_hostkern_softmax_check(const ts_host *h, int dev, const ts_kernel_call *call,
+ts_status hk_softmax_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                     int *dim);
 /* TS_OP_INDEX_SELECT / TS_OP_INDEX_ADD (not the index values): *dim the normalized dim. */
-ts_status ts_hostkern_index_check(const ts_host *h, int dev, const ts_kernel_call *call,
+ts_status hk_index_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                   int *dim);
 /* The four pooling ops (not the indices' values of the backward max pool). */
-ts_status ts_hostkern_pool2d_check(const ts_host *h, int dev, const ts_kernel_call *call);
+ts_status hk_pool2d_check(const ts_host *h, int dev, const ts_kernel_call *call);
 /* TS_OP_SGD_STEP / TS_OP_ADAM_STEP. */
-ts_status ts_hostkern_optimizer_check(const ts_host *h, int dev, const ts_kernel_call *call);
+ts_status hk_optimizer_check(const ts_host *h, int dev, const ts_kernel_call *call);
 
-#endif /* TESSERA_PLUGINS_HOSTKERN_H */
+#endif /* TESSERA_KERNELS_HOST_HOSTKERN_H */

@@ -1,4 +1,4 @@
-/* plugins/common/loss.c: the fused cross-entropy loss TS_OP_CROSS_ENTROPY and its gradient
+/* kernels/host/loss.c: the fused cross-entropy loss TS_OP_CROSS_ENTROPY and its gradient
  * TS_OP_CROSS_ENTROPY_BWD on F32/F64 logits with TS_I64 or TS_I32 targets. Each row goes
  * through log-sum-exp with its max subtracted, in double whatever the dtype, so logits in the
  * thousands stay finite; rows are independent and run on OpenMP threads. */
@@ -6,7 +6,7 @@
 
 #include <math.h>
 
-int ts_hostkern_loss_supports(int32_t op, int32_t dtype)
+int hk_loss_supports(int32_t op, int32_t dtype)
 {
     return (op == TS_OP_CROSS_ENTROPY || op == TS_OP_CROSS_ENTROPY_BWD) &&
            (dtype == TS_F32 || dtype == TS_F64);
@@ -34,7 +34,7 @@ static int64_t target_at(const ts_operand *t, int64_t i)
 }
 
 /* logits: (N, C), targets: (N) TS_I64/TS_I32, [gloss: (N)] -> loss: (N) or glogits: (N, C). */
-ts_status ts_hostkern_loss(ts_hostdev *hd, const ts_kernel_call *call)
+ts_status hk_loss(hk_dev *hd, const ts_kernel_call *call)
 {
     const ts_host *h = hd->host;
     if (call->op != TS_OP_CROSS_ENTROPY && call->op != TS_OP_CROSS_ENTROPY_BWD)

@@ -1,4 +1,4 @@
-/* plugins/common/reduce.c: reductions (sum, mean, max, min, argmax, argmin) and softmax /
+/* kernels/host/reduce.c: reductions (sum, mean, max, min, argmax, argmin) and softmax /
  * log-softmax on host memory, any strides. A reduction walks the reduced dims of one output
  * element's slice as strided runs; threads take whole output elements, or, when there are fewer
  * outputs than threads, ranges of one slice whose partial results are combined in order. */
@@ -17,17 +17,12 @@ static const char *const reduce_names[TS_REDUCE_COUNT] = {
     [TS_REDUCE_SUM] = "sum", [TS_REDUCE_MEAN] = "mean",     [TS_REDUCE_MAX] = "max",
     [TS_REDUCE_MIN] = "min", [TS_REDUCE_ARGMAX] = "argmax", [TS_REDUCE_ARGMIN] = "argmin"};
 
-static int is_float(int32_t dtype)
-{
-    return dtype == TS_F32 || dtype == TS_F64;
-}
-
 static int is_numeric(int32_t dtype)
 {
     return dtype == TS_F32 || dtype == TS_F64 || dtype == TS_I32 || dtype == TS_I64;
 }
 
-static int threads_for(const ts_hostdev *hd, int64_t work)
+static int threads_for(const hk_dev *hd, int64_t work)
 {
     int nt = hd->threads > 1 && work >= RD_PAR_MIN ? hd->threads : 1;
     return nt < RD_MAX_PARTS ? nt : RD_MAX_PARTS;
@@ -173,7 +168,7 @@ static void rd_part_merge(const rd_plan *p, rd_part *a, const rd_part *b)
         return;
     int maxish = p->fn == TS_REDUCE_MAX || p->fn == TS_REDUCE_ARGMAX;
     int better;
-    if (is_float(p->dtype))
+    if (ts_plugin_dtype_is_float(p->dtype))
         better = maxish ? F_MAX_BETTER(b->fbest, a->fbest) : F_MIN_BETTER(b->fbest, a->fbest);
     else
         better = maxish ? b->ibest > a->ibest : b->ibest < a->ibest;
@@ -242,7 +237,7 @@ enum { RD_COLS = 256 }; /* accumulators per block, on the stack */
 
 static int rd_by_rows(const rd_plan *p)
 {
-    return (p->fn == TS_REDUCE_SUM || p->fn == TS_REDUCE_MEAN) && is_float(p->dtype) &&
+    return (p->fn == TS_REDUCE_SUM || p->fn == TS_REDUCE_MEAN) && ts_plugin_dtype_is_float(p->dtype) &&
            p->nkeep == 1 && p->keep_in[0] == 1 && p->nred == 1 && p->nout >= 8;
 }
 
@@ -254,10 +249,11 @@ static int rd_by_rows(const rd_plan *p)
                 acc[j] += (double)x[j];                                                            \
     } while (0)
 
-static void rd_execute_rows(const ts_hostdev *hd, const rd_plan *p, size_t out_es)
+static void rd_execute_rows(const hk_dev *hd, const rd_plan *p, size_t out_es)
 {
     int64_t nblocks = (p->nout + RD_COLS - 1) / RD_COLS;
     int nt = threads_for(hd, p->nout * p->nslice);
+    (void)nt; /* the reference flavour has no parallel regions */
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && nblocks > 1)
     for (int64_t b = 0; b < nblocks; b++) {
         int64_t j0 = b * RD_COLS, nj = p->nout - j0 < RD_COLS ? p->nout - j0 : RD_COLS;
@@ -275,13 +271,14 @@ static void rd_execute_rows(const ts_hostdev *hd, const rd_plan *p, size_t out_e
     }
 }
 
-static void rd_execute(const ts_hostdev *hd, const rd_plan *p, size_t out_es)
+static void rd_execute(const hk_dev *hd, const rd_plan *p, size_t out_es)
 {
     if (rd_by_rows(p)) {
         rd_execute_rows(hd, p, out_es);
         return;
     }
     int nt = threads_for(hd, p->nout * p->nslice);
+    (void)nt; /* the reference flavour has no parallel regions */
     if (nt == 1 || p->nout >= nt) {
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
         for (int64_t j = 0; j < p->nout; j++) {
@@ -314,10 +311,10 @@ static void rd_execute(const ts_hostdev *hd, const rd_plan *p, size_t out_es)
 
 /* in: (d0, ..., dk); out: the same dims with 1 where reduced. ARGMAX/ARGMIN: only params.dim
  * reduced, out TS_I64. */
-static ts_status run_reduce(ts_hostdev *hd, const ts_kernel_call *call)
+static ts_status run_reduce(hk_dev *hd, const ts_kernel_call *call)
 {
     int dim;
-    ts_status s = ts_hostkern_reduce_check(hd->host, 0, call, &dim);
+    ts_status s = hk_reduce_check(hd->host, 0, call, &dim);
     if (s)
         return s;
     const ts_reduce_params *prm = call->params;
@@ -400,11 +397,11 @@ static ts_status run_reduce(ts_hostdev *hd, const ts_kernel_call *call)
     } while (0)
 
 /* in, out: the same shape, any strides; along params.dim. */
-static ts_status run_softmax(ts_hostdev *hd, const ts_kernel_call *call)
+static ts_status run_softmax(hk_dev *hd, const ts_kernel_call *call)
 {
     int log_form = call->op == TS_OP_LOG_SOFTMAX;
     int dim;
-    ts_status s = ts_hostkern_softmax_check(hd->host, 0, call, &dim);
+    ts_status s = hk_softmax_check(hd->host, 0, call, &dim);
     if (s)
         return s;
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
@@ -428,6 +425,7 @@ static ts_status run_softmax(ts_hostdev *hd, const ts_kernel_call *call)
     char *ybase = (char *)out->data + out->offset * (int64_t)es;
     int32_t dtype = in->dtype;
     int nt = threads_for(hd, nslices * len * 8); /* exp makes each element costly */
+    (void)nt;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && nslices > 1)
     for (int64_t j = 0; j < nslices; j++) {
         int64_t rem = j, xo = 0, yo = 0;
@@ -449,20 +447,20 @@ static ts_status run_softmax(ts_hostdev *hd, const ts_kernel_call *call)
 
 /* ---- entry points ---------------------------------------------------------------------- */
 
-int ts_hostkern_reduce_supports(int32_t op, int32_t dtype)
+int hk_reduce_supports(int32_t op, int32_t dtype)
 {
     switch (op) {
     case TS_OP_REDUCE:
         return is_numeric(dtype); /* int64 output: also argmax / argmin */
     case TS_OP_SOFTMAX:
     case TS_OP_LOG_SOFTMAX:
-        return is_float(dtype);
+        return ts_plugin_dtype_is_float(dtype);
     default:
         return 0;
     }
 }
 
-ts_status ts_hostkern_reduce(ts_hostdev *hd, const ts_kernel_call *call)
+ts_status hk_reduce(hk_dev *hd, const ts_kernel_call *call)
 {
     switch (call->op) {
     case TS_OP_REDUCE:

@@ -1,10 +1,10 @@
-/* plugins/common/index.c: TS_OP_INDEX_SELECT (gather along a dim) and TS_OP_INDEX_ADD
+/* kernels/host/index.c: TS_OP_INDEX_SELECT (gather along a dim) and TS_OP_INDEX_ADD
  * (scatter-add along a dim) for every dtype, with TS_I64 or TS_I32 indices, each range-checked
  * before any element moves. Work is split over the dims other than the indexed one, so one
  * thread owns each output element and duplicate indices of INDEX_ADD accumulate in order. */
 #include "hostkern.h"
 
-int ts_hostkern_index_supports(int32_t op, int32_t dtype)
+int hk_index_supports(int32_t op, int32_t dtype)
 {
     return (op == TS_OP_INDEX_SELECT || op == TS_OP_INDEX_ADD) && dtype >= 0 &&
            dtype < TS_DTYPE_COUNT;
@@ -37,6 +37,7 @@ typedef struct walk {
         int64_t dls = lastd >= 0 ? k->dst->strides[lastd] : 0;                              \
         int64_t sls = lastd >= 0 ? k->src->strides[lastd] : 0;                              \
         int par = items > 1 && items * k->n * k->chunk > 32768;                             \
+        (void)par;                                                                          \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if(par)")           \
         for (int64_t it = 0; it < items; it++) {                                            \
             int64_t rest = it / nchunks, t0 = it % nchunks * k->chunk;                      \
@@ -72,7 +73,7 @@ WALK(uint8_t, walk_u8)
 
 /* select: in[0] data (..., D, ...), in[1] idx (n) -> out (..., n, ...);
  * add: out (..., D, ...) += in[0] (..., n, ...) at idx (n). */
-ts_status ts_hostkern_index(ts_hostdev *hd, const ts_kernel_call *call)
+ts_status hk_index(hk_dev *hd, const ts_kernel_call *call)
 {
     const ts_host *h = hd->host;
     if (call->op != TS_OP_INDEX_SELECT && call->op != TS_OP_INDEX_ADD)
@@ -80,7 +81,7 @@ ts_status ts_hostkern_index(ts_hostdev *hd, const ts_kernel_call *call)
     int add = call->op == TS_OP_INDEX_ADD;
     const char *name = add ? "index_add" : "index_select";
     int dim;
-    ts_status s = ts_hostkern_index_check(h, 0, call, &dim);
+    ts_status s = hk_index_check(h, 0, call, &dim);
     if (s)
         return s;
     const ts_operand *src = &call->inputs[0], *ix = &call->inputs[1], *dst = &call->outputs[0];

@@ -1,4 +1,4 @@
-/* plugins/common/hostdev.c: host-memory device plumbing shared by the CPU plugins. */
+/* kernels/host/hostdev.c: host-memory device plumbing shared by the CPU plugins. */
 #include "hostdev.h"
 
 #include <errno.h>
@@ -11,11 +11,11 @@
 /* Commits go in steps of this: a step's pages are mapped and faulted in at once. */
 #define VM_GRANULARITY ((size_t)2 << 20)
 
-ts_status ts_hostdev_mem_alloc(void *ctx, size_t nbytes, void **ptr)
+ts_status hk_dev_mem_alloc(void *ctx, size_t nbytes, void **ptr)
 {
     (void)ctx;
     void *p = NULL;
-    if (posix_memalign(&p, TS_HOSTDEV_ALIGN, nbytes ? nbytes : TS_HOSTDEV_ALIGN) != 0)
+    if (posix_memalign(&p, HK_ALIGN, nbytes ? nbytes : HK_ALIGN) != 0)
         return TS_ENOMEM;
     /* Touch every page now: reserved memory is then resident, so the process's RSS follows
      * the pool's reserved figure instead of creeping up as blocks land on fresh pages. Raw
@@ -25,7 +25,7 @@ ts_status ts_hostdev_mem_alloc(void *ctx, size_t nbytes, void **ptr)
     return TS_OK;
 }
 
-void ts_hostdev_mem_free(void *ctx, void *ptr, size_t nbytes)
+void hk_dev_mem_free(void *ctx, void *ptr, size_t nbytes)
 {
     (void)ctx;
     (void)nbytes;
@@ -35,15 +35,15 @@ void ts_hostdev_mem_free(void *ctx, void *ptr, size_t nbytes)
 /* The expandable segment's address space: mapped PROT_NONE without a commit charge, then
  * mapped over read-write (charged, pages faulted in like raw_alloc's memset) piece by piece
  * from its start, and mapped back to PROT_NONE when the pool trims its end. */
-size_t ts_hostdev_vm_granularity(void *ctx)
+size_t hk_dev_vm_granularity(void *ctx)
 {
     (void)ctx;
     return VM_GRANULARITY;
 }
 
-ts_status ts_hostdev_vm_reserve(void *ctx, size_t nbytes, void **base)
+ts_status hk_dev_vm_reserve(void *ctx, size_t nbytes, void **base)
 {
-    ts_hostdev *hd = ctx;
+    hk_dev *hd = ctx;
     void *p = mmap(NULL, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return hd->host->fail(hd->host, TS_ENOMEM, "plugin '%s': reserving %zu bytes of "
@@ -52,15 +52,15 @@ ts_status ts_hostdev_vm_reserve(void *ctx, size_t nbytes, void **base)
     return TS_OK;
 }
 
-void ts_hostdev_vm_release(void *ctx, void *base, size_t nbytes)
+void hk_dev_vm_release(void *ctx, void *base, size_t nbytes)
 {
     (void)ctx;
     munmap(base, nbytes);
 }
 
-ts_status ts_hostdev_vm_commit(void *ctx, void *addr, size_t nbytes)
+ts_status hk_dev_vm_commit(void *ctx, void *addr, size_t nbytes)
 {
-    ts_hostdev *hd = ctx;
+    hk_dev *hd = ctx;
     void *p = mmap(addr, nbytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED)
@@ -69,7 +69,7 @@ ts_status ts_hostdev_vm_commit(void *ctx, void *addr, size_t nbytes)
     return TS_OK;
 }
 
-void ts_hostdev_vm_decommit(void *ctx, void *addr, size_t nbytes)
+void hk_dev_vm_decommit(void *ctx, void *addr, size_t nbytes)
 {
     (void)ctx;
     /* A fresh PROT_NONE mapping drops the pages and the commit charge; should the kernel
@@ -79,7 +79,7 @@ void ts_hostdev_vm_decommit(void *ctx, void *addr, size_t nbytes)
         madvise(addr, nbytes, MADV_DONTNEED);
 }
 
-void ts_hostdev_init(ts_hostdev *hd, const ts_host *host, const char *name,
+void hk_dev_init(hk_dev *hd, const ts_host *host, const char *name,
                      const ts_setting *settings, size_t nsettings)
 {
     memset(hd, 0, sizeof *hd);
@@ -90,9 +90,9 @@ void ts_hostdev_init(ts_hostdev *hd, const ts_host *host, const char *name,
     hd->threads = threads && threads->v.i > 0 ? (int)threads->v.i : (ncpu > 0 ? (int)ncpu : 1);
 }
 
-ts_status ts_hostdev_device_info(void *ctx, ts_device_info *info)
+ts_status hk_dev_device_info(void *ctx, ts_device_info *info)
 {
-    ts_hostdev *hd = ctx;
+    hk_dev *hd = ctx;
     uint64_t total, avail;
     ts_status s = hd->host->host_memory(&total, &avail);
     if (s)
@@ -106,17 +106,17 @@ ts_status ts_hostdev_device_info(void *ctx, ts_device_info *info)
     return TS_OK;
 }
 
-ts_status ts_hostdev_copy(void *ctx, void *dst, const void *src, size_t nbytes)
+ts_status hk_dev_copy(void *ctx, void *dst, const void *src, size_t nbytes)
 {
     (void)ctx;
     memmove(dst, src, nbytes);
     return TS_OK;
 }
 
-ts_status ts_hostdev_fill(void *ctx, void *dst, size_t nbytes, const void *pattern,
+ts_status hk_dev_fill(void *ctx, void *dst, size_t nbytes, const void *pattern,
                           size_t pattern_size)
 {
-    ts_hostdev *hd = ctx;
+    hk_dev *hd = ctx;
     if (pattern_size == 0 || pattern_size > 8 || nbytes % pattern_size)
         return hd->host->fail(hd->host, TS_EINVAL,
                               "fill: pattern of %zu bytes does not tile %zu bytes", pattern_size,
@@ -143,13 +143,13 @@ ts_status ts_hostdev_fill(void *ctx, void *dst, size_t nbytes, const void *patte
     return TS_OK;
 }
 
-ts_status ts_hostdev_synchronize(void *ctx)
+ts_status hk_dev_synchronize(void *ctx)
 {
     (void)ctx; /* host kernels are synchronous */
     return TS_OK;
 }
 
-ts_status ts_hostdev_copy_strided(const ts_operand *dst, const ts_operand *src)
+ts_status hk_dev_copy_strided(const ts_operand *dst, const ts_operand *src)
 {
     size_t es = ts_plugin_dtype_size(dst->dtype);
     if (!es || dst->dtype != src->dtype || dst->ndim != src->ndim)

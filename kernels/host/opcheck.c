@@ -1,4 +1,4 @@
-/* plugins/common/opcheck.c: argument checks and operand helpers shared by every plugin's
+/* kernels/host/opcheck.c: argument checks and operand helpers shared by every plugin's
  * kernels, host or not: convolution and matmul shape checks, the overlap test, dense
  * operands, and each op family's validation (counts, params, operands, dtypes, shapes) that
  * the host kernels and the cuda plugin both call. Uses nothing but the plugin ABI (no host
@@ -17,9 +17,9 @@ static int64_t elem_size(int32_t dtype)
     }
 }
 
-ts_status ts_hostkern_conv_check(const ts_host *h, const char *name, const ts_conv2d_params *p,
+ts_status hk_conv_check(const ts_host *h, const char *name, const ts_conv2d_params *p,
                             const ts_operand *x, const ts_operand *w, const ts_operand *y,
-                            const ts_operand *bias, const char *yname, ts_conv_dims *d)
+                            const ts_operand *bias, const char *yname, hk_conv_dims *d)
 {
     int32_t dt = y->dtype;
     if (x->dtype != dt || w->dtype != dt || (bias && bias->dtype != dt))
@@ -52,12 +52,12 @@ ts_status ts_hostkern_conv_check(const ts_host *h, const char *name, const ts_co
                        (long long)y->shape[1], (long long)y->shape[2], (long long)y->shape[3],
                        (long long)N, (long long)K, (long long)P, (long long)Q,
                        bias && bias->shape[0] != K ? "; bias length differs from K" : "");
-    *d = (ts_conv_dims){N, C, H, W, K, R, S, P, Q, G};
+    *d = (hk_conv_dims){N, C, H, W, K, R, S, P, Q, G};
     return TS_OK;
 }
 
-ts_status ts_hostkern_matmul_check(const ts_host *h, const ts_kernel_call *call,
-                                   ts_matmul_dims *md)
+ts_status hk_matmul_check(const ts_host *h, const ts_kernel_call *call,
+                                   hk_matmul_dims *md)
 {
     if (call->ninputs != 2 || call->noutputs != 1)
         return h->fail(h, TS_EINVAL, "matmul: expects 2 inputs and 1 output, got %d and %d",
@@ -82,7 +82,7 @@ ts_status ts_hostkern_matmul_check(const ts_host *h, const ts_kernel_call *call,
                        "(..., %lld, %lld) do not match", (long long)M, (long long)K,
                        (long long)B->shape[nd - 2], (long long)N,
                        (long long)C->shape[nd - 2], (long long)C->shape[nd - 1]);
-    *md = (ts_matmul_dims){nd, M, K, N, nbatch};
+    *md = (hk_matmul_dims){nd, M, K, N, nbatch};
     return TS_OK;
 }
 
@@ -104,13 +104,13 @@ static int byte_span(const ts_operand *o, intptr_t *lo, intptr_t *hi)
     return 1;
 }
 
-int ts_hostkern_overlaps(const ts_operand *a, const ts_operand *b)
+int hk_overlaps(const ts_operand *a, const ts_operand *b)
 {
     intptr_t alo, ahi, blo, bhi;
     return byte_span(a, &alo, &ahi) && byte_span(b, &blo, &bhi) && alo < bhi && blo < ahi;
 }
 
-ts_operand ts_hostkern_dense_like(const ts_operand *op, void *buf)
+ts_operand hk_dense_like(const ts_operand *op, void *buf)
 {
     ts_operand d = *op;
     d.data = buf;
@@ -125,28 +125,21 @@ ts_operand ts_hostkern_dense_like(const ts_operand *op, void *buf)
 
 /* ---- per-op operand validation shared by the host kernels and the cuda plugin ------------ */
 
-static const char *const dtype_names[TS_DTYPE_COUNT] = {"float32", "float64", "int32", "int64",
-                                                        "uint8"};
 static const char *const reduce_names[TS_REDUCE_COUNT] = {
     [TS_REDUCE_SUM] = "sum", [TS_REDUCE_MEAN] = "mean",     [TS_REDUCE_MAX] = "max",
     [TS_REDUCE_MIN] = "min", [TS_REDUCE_ARGMAX] = "argmax", [TS_REDUCE_ARGMIN] = "argmin"};
 
 static const char *dtype_name(int32_t dtype)
 {
-    return dtype >= 0 && dtype < TS_DTYPE_COUNT ? dtype_names[dtype] : "unknown dtype";
-}
-
-static int is_float(int32_t dt)
-{
-    return dt == TS_F32 || dt == TS_F64;
+    return ts_plugin_dtype_name(dtype);
 }
 
 static int is_numeric(int32_t dt)
 {
-    return is_float(dt) || dt == TS_I32 || dt == TS_I64;
+    return ts_plugin_dtype_is_float(dt) || dt == TS_I32 || dt == TS_I64;
 }
 
-int ts_hostkern_norm_dim(int32_t dim, int ndim)
+int hk_norm_dim(int32_t dim, int ndim)
 {
     int n = ndim > 0 ? ndim : 1;
     if (dim < -n || dim >= n)
@@ -156,7 +149,7 @@ int ts_hostkern_norm_dim(int32_t dim, int ndim)
 
 /* nin inputs and nout outputs, both arrays present; dev words the message as the cuda plugin
  * always has. */
-ts_status ts_hostkern_check_counts(const ts_host *h, int dev, const ts_kernel_call *call,
+ts_status hk_check_counts(const ts_host *h, int dev, const ts_kernel_call *call,
                                    const char *what, int nin, int nout)
 {
     if (call->ninputs != nin || call->noutputs != nout) {
@@ -173,7 +166,7 @@ ts_status ts_hostkern_check_counts(const ts_host *h, int dev, const ts_kernel_ca
 
 /* dtype known, 0..TS_MAX_DIMS dims, no negative size or stride; with ref, ref's shape. dev:
  * also a non-negative offset and a data pointer unless the operand is empty. */
-ts_status ts_hostkern_check_operand(const ts_host *h, int dev, const char *what,
+ts_status hk_check_operand(const ts_host *h, int dev, const char *what,
                                     const char *role, const ts_operand *op,
                                     const ts_operand *ref)
 {
@@ -223,7 +216,7 @@ static ts_status get_params(const ts_host *h, const ts_kernel_call *call, const 
     return TS_OK;
 }
 
-ts_status ts_hostkern_ew_check(const ts_host *h, int dev, const ts_kernel_call *call,
+ts_status hk_ew_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                const void **params)
 {
     const ts_operand *in = call->inputs, *out = call->outputs;
@@ -233,52 +226,52 @@ ts_status ts_hostkern_ew_check(const ts_host *h, int dev, const ts_kernel_call *
     case TS_OP_COPY:
     case TS_OP_CAST: {
         const char *what = call->op == TS_OP_COPY ? "copy" : "cast";
-        if ((s = ts_hostkern_check_counts(h, dev, call, what, 1, 1)) ||
-            (s = ts_hostkern_check_operand(h, dev, what, "output", out, NULL)) ||
-            (s = ts_hostkern_check_operand(h, dev, what, "input", &in[0], out)))
+        if ((s = hk_check_counts(h, dev, call, what, 1, 1)) ||
+            (s = hk_check_operand(h, dev, what, "output", out, NULL)) ||
+            (s = hk_check_operand(h, dev, what, "input", &in[0], out)))
             return s;
         return call->op == TS_OP_COPY ? check_dtype(h, what, "input", &in[0], out->dtype) : TS_OK;
     }
     case TS_OP_FILL:
-        if ((s = ts_hostkern_check_counts(h, dev, call, "fill", 0, 1)) ||
-            (s = ts_hostkern_check_operand(h, dev, "fill", "output", out, NULL)))
+        if ((s = hk_check_counts(h, dev, call, "fill", 0, 1)) ||
+            (s = hk_check_operand(h, dev, "fill", "output", out, NULL)))
             return s;
         return get_params(h, call, "fill", sizeof(ts_fill_params), params);
     case TS_OP_UNARY:
-        if ((s = ts_hostkern_check_counts(h, dev, call, "unary", 1, 1)) ||
-            (s = ts_hostkern_check_operand(h, dev, "unary", "output", out, NULL)) ||
-            (s = ts_hostkern_check_operand(h, dev, "unary", "input", &in[0], out)) ||
+        if ((s = hk_check_counts(h, dev, call, "unary", 1, 1)) ||
+            (s = hk_check_operand(h, dev, "unary", "output", out, NULL)) ||
+            (s = hk_check_operand(h, dev, "unary", "input", &in[0], out)) ||
             (s = check_dtype(h, "unary", "input", &in[0], out->dtype)))
             return s;
         return get_params(h, call, "unary", sizeof(ts_unary_params), params);
     case TS_OP_BINARY:
-        if ((s = ts_hostkern_check_counts(h, dev, call, "binary", 2, 1)) ||
-            (s = ts_hostkern_check_operand(h, dev, "binary", "output", out, NULL)) ||
-            (s = ts_hostkern_check_operand(h, dev, "binary", "first input", &in[0], out)) ||
-            (s = ts_hostkern_check_operand(h, dev, "binary", "second input", &in[1], out)))
+        if ((s = hk_check_counts(h, dev, call, "binary", 2, 1)) ||
+            (s = hk_check_operand(h, dev, "binary", "output", out, NULL)) ||
+            (s = hk_check_operand(h, dev, "binary", "first input", &in[0], out)) ||
+            (s = hk_check_operand(h, dev, "binary", "second input", &in[1], out)))
             return s;
         return get_params(h, call, "binary", sizeof(ts_binary_params), params);
     case TS_OP_BINARY_SCALAR:
-        if ((s = ts_hostkern_check_counts(h, dev, call, "binary_scalar", 1, 1)) ||
-            (s = ts_hostkern_check_operand(h, dev, "binary_scalar", "output", out, NULL)) ||
-            (s = ts_hostkern_check_operand(h, dev, "binary_scalar", "input", &in[0], out)))
+        if ((s = hk_check_counts(h, dev, call, "binary_scalar", 1, 1)) ||
+            (s = hk_check_operand(h, dev, "binary_scalar", "output", out, NULL)) ||
+            (s = hk_check_operand(h, dev, "binary_scalar", "input", &in[0], out)))
             return s;
         return get_params(h, call, "binary_scalar", sizeof(ts_scalar_params), params);
     case TS_OP_WHERE:
-        if ((s = ts_hostkern_check_counts(h, dev, call, "where", 3, 1)) ||
-            (s = ts_hostkern_check_operand(h, dev, "where", "output", out, NULL)) ||
-            (s = ts_hostkern_check_operand(h, dev, "where", "mask", &in[0], out)) ||
-            (s = ts_hostkern_check_operand(h, dev, "where", "second input", &in[1], out)) ||
-            (s = ts_hostkern_check_operand(h, dev, "where", "third input", &in[2], out)) ||
+        if ((s = hk_check_counts(h, dev, call, "where", 3, 1)) ||
+            (s = hk_check_operand(h, dev, "where", "output", out, NULL)) ||
+            (s = hk_check_operand(h, dev, "where", "mask", &in[0], out)) ||
+            (s = hk_check_operand(h, dev, "where", "second input", &in[1], out)) ||
+            (s = hk_check_operand(h, dev, "where", "third input", &in[2], out)) ||
             (s = check_dtype(h, "where", "mask", &in[0], TS_U8)) ||
             (s = check_dtype(h, "where", "second input", &in[1], out->dtype)))
             return s;
         return check_dtype(h, "where", "third input", &in[2], out->dtype);
     case TS_OP_RELU_BACKWARD:
-        if ((s = ts_hostkern_check_counts(h, dev, call, "relu_backward", 2, 1)) ||
-            (s = ts_hostkern_check_operand(h, dev, "relu_backward", "output", out, NULL)) ||
-            (s = ts_hostkern_check_operand(h, dev, "relu_backward", "gradient", &in[0], out)) ||
-            (s = ts_hostkern_check_operand(h, dev, "relu_backward", "input", &in[1], out)) ||
+        if ((s = hk_check_counts(h, dev, call, "relu_backward", 2, 1)) ||
+            (s = hk_check_operand(h, dev, "relu_backward", "output", out, NULL)) ||
+            (s = hk_check_operand(h, dev, "relu_backward", "gradient", &in[0], out)) ||
+            (s = hk_check_operand(h, dev, "relu_backward", "input", &in[1], out)) ||
             (s = check_dtype(h, "relu_backward", "gradient", &in[0], out->dtype)))
             return s;
         return check_dtype(h, "relu_backward", "input", &in[1], out->dtype);
@@ -287,7 +280,7 @@ ts_status ts_hostkern_ew_check(const ts_host *h, int dev, const ts_kernel_call *
     }
 }
 
-ts_status ts_hostkern_binary_dtype_check(const ts_host *h, const char *what, int32_t fn,
+ts_status hk_binary_dtype_check(const ts_host *h, const char *what, int32_t fn,
                                          const ts_operand *out, const ts_operand *a,
                                          const ts_operand *b)
 {
@@ -310,16 +303,16 @@ static ts_status check_1in1out(const ts_host *h, int dev, const ts_kernel_call *
     if (!call->params || call->params_size < params_need)
         return h->fail(h, TS_EINVAL, "%s: params missing or too small (%u < %zu)", what,
                        (unsigned)call->params_size, params_need);
-    ts_status s = ts_hostkern_check_operand(h, dev, what, "input", &call->inputs[0], NULL);
+    ts_status s = hk_check_operand(h, dev, what, "input", &call->inputs[0], NULL);
     if (!s)
-        s = ts_hostkern_check_operand(h, dev, what, "output", &call->outputs[0], NULL);
+        s = hk_check_operand(h, dev, what, "output", &call->outputs[0], NULL);
     if (!s && call->inputs[0].ndim != call->outputs[0].ndim)
         return h->fail(h, TS_ESHAPE, "%s: input has %d dims, output %d (keepdim)", what,
                        (int)call->inputs[0].ndim, (int)call->outputs[0].ndim);
     return s;
 }
 
-ts_status ts_hostkern_reduce_check(const ts_host *h, int dev, const ts_kernel_call *call,
+ts_status hk_reduce_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                    int *dim)
 {
     ts_status s = check_1in1out(h, dev, call, "reduce", sizeof(ts_reduce_params));
@@ -334,7 +327,7 @@ ts_status ts_hostkern_reduce_check(const ts_host *h, int dev, const ts_kernel_ca
     if (!reduce_names[fn]) /* appended to the enum after this file was written */
         return h->fail(h, TS_ENOTSUP, "reduce function %d is not implemented", (int)fn);
     const char *what = reduce_names[fn];
-    if (!is_numeric(in->dtype) || (fn == TS_REDUCE_MEAN && !is_float(in->dtype)))
+    if (!is_numeric(in->dtype) || (fn == TS_REDUCE_MEAN && !ts_plugin_dtype_is_float(in->dtype)))
         return h->fail(h, TS_ENOTSUP, "reduce %s is not implemented for %s", what,
                        dtype_name(in->dtype));
     int32_t want = arg ? TS_I64 : in->dtype;
@@ -342,7 +335,7 @@ ts_status ts_hostkern_reduce_check(const ts_host *h, int dev, const ts_kernel_ca
         return h->fail(h, TS_EINVAL, "reduce %s: output is %s, expected %s", what,
                        dtype_name(out->dtype), dtype_name(want));
     *dim = -1;
-    if (arg && (*dim = ts_hostkern_norm_dim(prm->dim, in->ndim)) < 0)
+    if (arg && (*dim = hk_norm_dim(prm->dim, in->ndim)) < 0)
         return h->fail(h, TS_EINVAL, "reduce %s: dim %d out of range for %d dims", what,
                        (int)prm->dim, (int)in->ndim);
     for (int d = 0; d < in->ndim; d++) {
@@ -356,7 +349,7 @@ ts_status ts_hostkern_reduce_check(const ts_host *h, int dev, const ts_kernel_ca
     return TS_OK;
 }
 
-ts_status ts_hostkern_softmax_check(const ts_host *h, int dev, const ts_kernel_call *call,
+ts_status hk_softmax_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                     int *dim)
 {
     const char *what = call->op == TS_OP_LOG_SOFTMAX ? "log_softmax" : "softmax";
@@ -364,8 +357,8 @@ ts_status ts_hostkern_softmax_check(const ts_host *h, int dev, const ts_kernel_c
     if (s)
         return s;
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
-    if (!is_float(out->dtype) || in->dtype != out->dtype)
-        return h->fail(h, is_float(in->dtype) ? TS_EINVAL : TS_ENOTSUP,
+    if (!ts_plugin_dtype_is_float(out->dtype) || in->dtype != out->dtype)
+        return h->fail(h, ts_plugin_dtype_is_float(in->dtype) ? TS_EINVAL : TS_ENOTSUP,
                        "%s: input %s, output %s (float32 or float64, the same)", what,
                        dtype_name(in->dtype), dtype_name(out->dtype));
     for (int d = 0; d < in->ndim; d++)
@@ -373,19 +366,19 @@ ts_status ts_hostkern_softmax_check(const ts_host *h, int dev, const ts_kernel_c
             return h->fail(h, TS_ESHAPE, "%s: output size %lld at dim %d, input %lld", what,
                            (long long)out->shape[d], d, (long long)in->shape[d]);
     const ts_dim_params *prm = call->params;
-    if ((*dim = ts_hostkern_norm_dim(prm->dim, in->ndim)) < 0)
+    if ((*dim = hk_norm_dim(prm->dim, in->ndim)) < 0)
         return h->fail(h, TS_EINVAL, "%s: dim %d out of range for %d dims", what,
                        (int)prm->dim, (int)in->ndim);
     return TS_OK;
 }
 
-ts_status ts_hostkern_index_check(const ts_host *h, int dev, const ts_kernel_call *call,
+ts_status hk_index_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                   int *dim)
 {
     int add = call->op == TS_OP_INDEX_ADD;
     const char *name = add ? "index_add" : "index_select";
     ts_status s;
-    if (dev && (s = ts_hostkern_check_counts(h, dev, call, name, 2, 1)))
+    if (dev && (s = hk_check_counts(h, dev, call, name, 2, 1)))
         return s;
     if (!dev && (call->ninputs != 2 || call->noutputs != 1))
         return h->fail(h, TS_EINVAL, "%s: expects 2 inputs and 1 output, got %d and %d", name,
@@ -393,9 +386,9 @@ ts_status ts_hostkern_index_check(const ts_host *h, int dev, const ts_kernel_cal
     if (!call->params || call->params_size < sizeof(ts_dim_params))
         return h->fail(h, TS_EINVAL, "%s: missing ts_dim_params", name);
     const ts_operand *src = &call->inputs[0], *ix = &call->inputs[1], *dst = &call->outputs[0];
-    if (dev && ((s = ts_hostkern_check_operand(h, dev, name, "source", src, NULL)) ||
-                (s = ts_hostkern_check_operand(h, dev, name, "index", ix, NULL)) ||
-                (s = ts_hostkern_check_operand(h, dev, name, "output", dst, NULL))))
+    if (dev && ((s = hk_check_operand(h, dev, name, "source", src, NULL)) ||
+                (s = hk_check_operand(h, dev, name, "index", ix, NULL)) ||
+                (s = hk_check_operand(h, dev, name, "output", dst, NULL))))
         return s;
     if (src->dtype != dst->dtype)
         return h->fail(h, TS_EINVAL, "%s: data and output dtypes differ (%d, %d)", name,
@@ -429,14 +422,14 @@ static ts_status pool_check(const ts_host *h, int dev, const char *name,
                             const ts_operand *ix, const char *yname)
 {
     ts_status s;
-    if (dev && ((s = ts_hostkern_check_operand(h, dev, name, "x", x, NULL)) ||
-                (s = ts_hostkern_check_operand(h, dev, name, yname, y, NULL)) ||
-                (ix && (s = ts_hostkern_check_operand(h, dev, name, "indices", ix, NULL)))))
+    if (dev && ((s = hk_check_operand(h, dev, name, "x", x, NULL)) ||
+                (s = hk_check_operand(h, dev, name, yname, y, NULL)) ||
+                (ix && (s = hk_check_operand(h, dev, name, "indices", ix, NULL)))))
         return s;
     if (x->dtype != y->dtype || (ix && ix->dtype != TS_I64))
         return h->fail(h, TS_EINVAL, "%s: x and %s need the same dtype, indices TS_I64", name,
                        yname);
-    if (dev && !is_float(x->dtype))
+    if (dev && !ts_plugin_dtype_is_float(x->dtype))
         return h->fail(h, TS_ENOTSUP, "%s is not implemented for %s", name, dtype_name(x->dtype));
     if (x->ndim != 4 || y->ndim != 4 || (ix && ix->ndim != 4))
         return h->fail(h, TS_ESHAPE, "%s: operands must be 4-D (N, C, H, W)", name);
@@ -466,7 +459,7 @@ static ts_status pool_check(const ts_host *h, int dev, const char *name,
     return TS_OK;
 }
 
-ts_status ts_hostkern_pool2d_check(const ts_host *h, int dev, const ts_kernel_call *call)
+ts_status hk_pool2d_check(const ts_host *h, int dev, const ts_kernel_call *call)
 {
     int bwd = call->op == TS_OP_MAXPOOL2D_BWD || call->op == TS_OP_AVGPOOL2D_BWD;
     int is_max = call->op == TS_OP_MAXPOOL2D || call->op == TS_OP_MAXPOOL2D_BWD;
@@ -503,7 +496,7 @@ static int dense_like(const ts_operand *a, const ts_operand *b)
     return 1;
 }
 
-ts_status ts_hostkern_optimizer_check(const ts_host *h, int dev, const ts_kernel_call *call)
+ts_status hk_optimizer_check(const ts_host *h, int dev, const ts_kernel_call *call)
 {
     if (call->op == TS_OP_SGD_STEP) {
         const ts_sgd_params *P = call->params;
@@ -512,7 +505,7 @@ ts_status ts_hostkern_optimizer_check(const ts_host *h, int dev, const ts_kernel
         int mom = P->momentum != 0;
         if (mom && call->noutputs < 2)
             return h->fail(h, TS_EINVAL, "sgd_step: momentum needs a buffer");
-        if (dev && !is_float(call->inputs[0].dtype))
+        if (dev && !ts_plugin_dtype_is_float(call->inputs[0].dtype))
             return h->fail(h, TS_ENOTSUP, "sgd_step is not implemented for %s",
                            dtype_name(call->inputs[0].dtype));
         for (int i = 0; i < 1 + mom; i++)
@@ -525,7 +518,7 @@ ts_status ts_hostkern_optimizer_check(const ts_host *h, int dev, const ts_kernel
         P->step < 1)
         return h->fail(h, TS_EINVAL, "adam_step: expected the grad, the parameter, two "
                        "moments and params with step >= 1");
-    if (dev && !is_float(call->inputs[0].dtype))
+    if (dev && !ts_plugin_dtype_is_float(call->inputs[0].dtype))
         return h->fail(h, TS_ENOTSUP, "adam_step is not implemented for %s",
                        dtype_name(call->inputs[0].dtype));
     for (int i = 0; i < 3; i++)

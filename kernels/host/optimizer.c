@@ -1,11 +1,11 @@
-/* plugins/common/optimizer.c: fused optimizer updates on host memory, one pass over each
+/* kernels/host/optimizer.c: fused optimizer updates on host memory, one pass over each
  * parameter (read grad, update state and parameter in place), threaded when large. The
  * arithmetic follows ts_sgd_params / ts_adam_params in plugin.h, in the parameter's dtype. */
 #include <math.h>
 
 #include "hostkern.h"
 
-int ts_hostkern_optimizer_supports(int32_t op, int32_t dtype)
+int hk_optimizer_supports(int32_t op, int32_t dtype)
 {
     return (op == TS_OP_SGD_STEP || op == TS_OP_ADAM_STEP) && (dtype == TS_F32 || dtype == TS_F64);
 }
@@ -63,12 +63,12 @@ int ts_hostkern_optimizer_supports(int32_t op, int32_t dtype)
         }                                                                                   \
     } while (0)
 
-ts_status ts_hostkern_optimizer(ts_hostdev *hd, const ts_kernel_call *call)
+ts_status hk_optimizer(hk_dev *hd, const ts_kernel_call *call)
 {
     const ts_host *h = hd->host;
     int threads = hd->threads;
     if (call->op == TS_OP_SGD_STEP) {
-        ts_status s = ts_hostkern_optimizer_check(h, 0, call);
+        ts_status s = hk_optimizer_check(h, 0, call);
         if (s)
             return s;
         const ts_sgd_params *P = call->params;
@@ -83,7 +83,7 @@ ts_status ts_hostkern_optimizer(ts_hostdev *hd, const ts_kernel_call *call)
         return TS_OK;
     }
     if (call->op == TS_OP_ADAM_STEP) {
-        ts_status s = ts_hostkern_optimizer_check(h, 0, call);
+        ts_status s = hk_optimizer_check(h, 0, call);
         if (s)
             return s;
         const ts_adam_params *P = call->params;

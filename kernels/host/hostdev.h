@@ -1,0 +1,56 @@
+/* kernels/host/hostdev.h: what every host-memory plugin (cpu_blas, cpu_onednn) shares:
+ * raw memory for the host's pool (aligned, pre-faulted host memory and an mmap'ed address
+ * range for the expandable segment), device figures of the (cgroup-capped) RAM, copies, fill
+ * and the strided copy kernel. Compiled into each plugin, hidden;
+ * it uses nothing but the plugin ABI, like a third-party plugin would. A plugin's context
+ * struct starts with a hk_dev so these functions can sit in its vtable directly. */
+#ifndef TESSERA_PLUGINS_HOSTDEV_H
+#define TESSERA_PLUGINS_HOSTDEV_H
+
+#include <tessera/plugin.h>
+
+#define HK_ALIGN 64 /* AVX-512 loads */
+
+typedef struct hk_dev {
+    const ts_host *host;
+    const char *name;
+    int threads; /* resolved thread count (the "threads" setting, 0 = all cores) */
+} hk_dev;
+
+/* Sets up hd: reads the threads setting. */
+void hk_dev_init(hk_dev *hd, const ts_host *host, const char *name,
+                     const ts_setting *settings, size_t nsettings);
+
+/* Descriptor members for any ctx whose struct starts with a hk_dev. */
+ts_status hk_dev_device_info(void *ctx, ts_device_info *info);
+ts_status hk_dev_mem_alloc(void *ctx, size_t nbytes, void **ptr);
+void hk_dev_mem_free(void *ctx, void *ptr, size_t nbytes);
+ts_status hk_dev_copy(void *ctx, void *dst, const void *src, size_t nbytes);
+ts_status hk_dev_fill(void *ctx, void *dst, size_t nbytes, const void *pattern,
+                          size_t pattern_size);
+ts_status hk_dev_synchronize(void *ctx);
+size_t hk_dev_vm_granularity(void *ctx);
+ts_status hk_dev_vm_reserve(void *ctx, size_t nbytes, void **base);
+void hk_dev_vm_release(void *ctx, void *base, size_t nbytes);
+ts_status hk_dev_vm_commit(void *ctx, void *addr, size_t nbytes);
+void hk_dev_vm_decommit(void *ctx, void *addr, size_t nbytes);
+
+/* The descriptor members above but device_info, for a designated initializer. */
+#define HK_DESC_MEMBERS                                                             \
+    .flags = TS_PLUGIN_HOST_MEMORY, .alignment = HK_ALIGN,                          \
+    .mem_alloc = hk_dev_mem_alloc,                                                      \
+    .mem_free = hk_dev_mem_free, .copy_h2d = hk_dev_copy, .copy_d2h = hk_dev_copy, \
+    .copy_d2d = hk_dev_copy, .fill = hk_dev_fill,                                   \
+    .synchronize = hk_dev_synchronize, .vm_granularity = hk_dev_vm_granularity,     \
+    .vm_reserve = hk_dev_vm_reserve, .vm_release = hk_dev_vm_release,               \
+    .vm_commit = hk_dev_vm_commit, .vm_decommit = hk_dev_vm_decommit
+
+/* TS_OP_COPY on host memory: any strides, any dtype. */
+ts_status hk_dev_copy_strided(const ts_operand *dst, const ts_operand *src);
+
+
+/* The keys both CPU plugins declare. */
+#define HK_KEYS                                                                     \
+    {"threads", TS_SETTING_INT, "0", 0, 4096, "worker threads; 0 = all cores"}
+
+#endif /* TESSERA_PLUGINS_HOSTDEV_H */

@@ -1,0 +1,33 @@
+/* kernels/host/hostkern.c: dispatch of the shared host kernels to their families. */
+#include "hostkern.h"
+
+typedef struct family {
+    int (*supports)(int32_t op, int32_t dtype);
+    ts_status (*run)(hk_dev *hd, const ts_kernel_call *call);
+} family;
+
+static const family families[] = {
+    {hk_elementwise_supports, hk_elementwise},
+    {hk_reduce_supports, hk_reduce},
+    {hk_index_supports, hk_index},
+    {hk_pool2d_supports, hk_pool2d},
+    {hk_loss_supports, hk_loss},
+    {hk_optimizer_supports, hk_optimizer},
+};
+
+int hk_supports(int32_t op, int32_t dtype)
+{
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (families[i].supports(op, dtype))
+            return 1;
+    return 0;
+}
+
+ts_status hk_run(hk_dev *hd, const ts_kernel_call *call)
+{
+    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (families[i].supports(call->op, dtype))
+            return families[i].run(hd, call);
+    return TS_ENOTSUP;
+}
