@@ -49,6 +49,9 @@ void tap_end_at(const char *file, int line);
 
 /* Directory of test data in the source tree ($TS_SRCDIR/tests/data). (transfer none) */
 const char *tap_srcdir(void);
+/* What to load for plugin name: the test build of cpu_onednn (its diagnostics exported,
+ * $TS_BUILDDIR/tests/plugins/hooks) when it is built, else name itself. */
+const char *tap_plugin_under_test(const char *name);
 /* A fresh empty directory for this test, removed at exit. (transfer none) */
 const char *tap_tmpdir(void);
 /* Writes text to dir/name and returns the path. (transfer none until next call) */

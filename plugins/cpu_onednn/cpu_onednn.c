@@ -29,20 +29,28 @@
 static unsigned long long n_primitives, n_primitives_destroyed;
 static long long n_streams;
 
-__attribute__((visibility("default"))) unsigned long long cpu_onednn_primitive_count(void);
+/* Exported only from the test build of the plugin (tests/plugins/hooks/cpu_onednn.so, compiled
+ * with TS_ONEDNN_TEST_HOOKS): the installed plugin exports its entry point and nothing else. */
+#ifdef TS_ONEDNN_TEST_HOOKS
+#define DN_TEST_HOOK __attribute__((visibility("default")))
+#else
+#define DN_TEST_HOOK
+#endif
+
+DN_TEST_HOOK unsigned long long cpu_onednn_primitive_count(void);
 unsigned long long cpu_onednn_primitive_count(void)
 {
     return __atomic_load_n(&n_primitives, __ATOMIC_RELAXED);
 }
 
-__attribute__((visibility("default"))) long long cpu_onednn_primitive_live(void);
+DN_TEST_HOOK long long cpu_onednn_primitive_live(void);
 long long cpu_onednn_primitive_live(void)
 {
     return (long long)(__atomic_load_n(&n_primitives, __ATOMIC_RELAXED) -
                        __atomic_load_n(&n_primitives_destroyed, __ATOMIC_RELAXED));
 }
 
-__attribute__((visibility("default"))) long long cpu_onednn_stream_live(void);
+DN_TEST_HOOK long long cpu_onednn_stream_live(void);
 long long cpu_onednn_stream_live(void)
 {
     return __atomic_load_n(&n_streams, __ATOMIC_RELAXED);

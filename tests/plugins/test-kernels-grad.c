@@ -82,14 +82,6 @@ static void check_fd(ts_device *dev, int32_t op, const ts_operand *in, int nin,
     free(gya);
 }
 
-static int has_plugin(const char *name)
-{
-    for (const char *const *pn = kt_plugins(); *pn; pn++)
-        if (strcmp(*pn, name) == 0)
-            return 1;
-    return 0;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* conv2d backward                                                                           */
 

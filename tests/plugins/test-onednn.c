@@ -25,7 +25,7 @@ static ts_device *load_onednn(void)
 {
     if (!has_plugin("cpu_onednn"))
         SKIP("cpu_onednn is not built");
-    return kt_load("cpu_onednn");
+    return kt_load(tap_plugin_under_test("cpu_onednn")); /* the test build: hooks exported */
 }
 
 /* cpu_blas for the cross-check, or NULL when it is not built. */
