@@ -48,6 +48,13 @@ int cli_bench_compare(int argc, char **argv, const cli_common *common);
 /* The models of `tessera train`: "mlp", "lenet5", "cnn" (TS_EINVAL for another name), with
  * their default widths and initialisation. */
 ts_status cli_build_model(const char *name, ts_device *dev, ts_rng *rng, ts_module **out);
+/* Correct predictions of logits (B, 10) against labels (B), added to *correct: the
+ * evaluation's kernels (argmax, eq, cast, sum). */
+ts_status cli_count_correct(ts_tensor *logits, ts_tensor *labels, int64_t *correct);
+/* `tessera plugin-check --coverage`: prints what the built-in models need that target does not
+ * claim; the exit status (0, 1 when something is missing on a device without host memory, 2
+ * when no device can run the models). */
+int cli_plugin_coverage(ts_device *target);
 
 /* A configurable model (`--model`, `--hidden`, `--channels`, `--init`), shared by `tessera
  * train` and `tessera bench train`. */

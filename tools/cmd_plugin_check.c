@@ -28,7 +28,7 @@
 #include "cli.h"
 
 static const char usage[] =
-    "usage: tessera plugin-check [--config FILE] [--verbose] [--quick] NAME|PATH.so\n"
+    "usage: tessera plugin-check [--config FILE] [--verbose] [--quick] [--coverage] NAME|PATH.so\n"
     "\n"
     "Runs the plugin conformance suite: descriptor and ABI, device memory, the pool, every\n"
     "kernel the plugin claims (compared with tessera's reference kernels at several shapes\n"
@@ -36,7 +36,9 @@ static const char usage[] =
     "short training run. Prints one line per check and a summary; exits 1 if any check\n"
     "fails. The plugin is configured from its [plugin.NAME] section like any device.\n"
     "  --verbose   also print every kernel case\n"
-    "  --quick     skip the large allocation and the training run\n";
+    "  --quick     skip the large allocation and the training run\n"
+    "  --coverage  instead of the checks: every (op, dtype) the built-in models need for\n"
+    "              training and evaluation that the plugin does not claim, at once\n";
 
 typedef struct checker {
     ts_device *dev;
@@ -1606,6 +1608,7 @@ int cmd_plugin_check(int argc, char **argv, const cli_common *common)
 {
     checker c = {.seed = 0x7e55e7a};
     const char *target = NULL, *config = common->config;
+    int coverage = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(usage, stdout);
@@ -1614,6 +1617,8 @@ int cmd_plugin_check(int argc, char **argv, const cli_common *common)
             c.verbose = 1;
         } else if (!strcmp(argv[i], "--quick")) {
             c.quick = 1;
+        } else if (!strcmp(argv[i], "--coverage")) {
+            coverage = 1;
         } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
             config = argv[++i];
         } else if (argv[i][0] == '-') {
@@ -1635,6 +1640,11 @@ int cmd_plugin_check(int argc, char **argv, const cli_common *common)
         printf("plugin-check %s: 0 passed, 1 failed, 0 skipped\n", target);
         ts_shutdown();
         return 1;
+    }
+    if (coverage) {
+        int rc = cli_plugin_coverage(c.dev);
+        ts_shutdown();
+        return rc;
     }
     report(&c, 1, "load", "%s (%s %s)", ts_device_path(c.dev), ts_device_name(c.dev),
            ts_device_desc(c.dev)->version ? ts_device_desc(c.dev)->version : "");

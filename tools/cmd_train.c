@@ -576,7 +576,7 @@ static int resume_left(const trainer *t)
 /* ---- training and evaluation --------------------------------------------------------------- */
 
 /* Correct predictions of logits (B, 10) against labels (B), added to *correct. */
-static ts_status count_correct(ts_tensor *logits, ts_tensor *labels, int64_t *correct)
+ts_status cli_count_correct(ts_tensor *logits, ts_tensor *labels, int64_t *correct)
 {
     ts_tensor *pred = NULL, *eq = NULL, *n = NULL, *n64 = NULL;
     int64_t c = 0;
@@ -610,7 +610,7 @@ static ts_status evaluate(trainer *t, double *acc)
         if ((s = ts_tensor_narrow(t->test_x, 0, b, len, &x)) == TS_OK &&
             (s = ts_tensor_narrow(t->test_y, 0, b, len, &y)) == TS_OK &&
             (s = ts_module_forward(t->model, x, &logits)) == TS_OK)
-            s = count_correct(logits, y, &correct);
+            s = cli_count_correct(logits, y, &correct);
         ts_tensor_unref(x);
         ts_tensor_unref(y);
         ts_tensor_unref(logits);
@@ -654,7 +654,7 @@ static ts_status run_epoch(trainer *t, int *stop)
             (s = ts_cast(loss, TS_F64, &d)) == TS_OK && (s = ts_tensor_to_host(d, &lv, sizeof lv)) == TS_OK) {
             ts_optim_zero_grad(t->opt);
             ts_no_grad_enter();
-            s = count_correct(logits, y, &correct);
+            s = cli_count_correct(logits, y, &correct);
             ts_no_grad_exit();
         }
         int64_t bs = ts_tensor_size(x, 0);

@@ -11,7 +11,7 @@
 # buffer: the concurrency check (several threads running kernels at once) must fail it, and
 # every shipped plugin must pass that check.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 11
+plan 13
 
 # check_plugin NAME: plugin-check passes it, or SKIP if it is not built.
 check_plugin() {
@@ -95,6 +95,33 @@ if [ $rc -eq 1 ] && contains "$out" "FAIL  exports: only the entry point: 1 more
     ok "a plugin exporting more than its entry point fails, the symbol named"
 else
     fail "a plugin exporting more than its entry point fails, the symbol named" "rc=$rc" "$out"
+fi
+
+# --coverage: what the built-in models need, recorded on a device that runs everything, against
+# the plugin's claims. cpu_blas claims everything; declinedev (float32 unary and binary, no host
+# memory) misses the rest, evaluation's int64, uint8 and float64 kernels among them.
+if [ -f "$TS_BUILDDIR/plugins/cpu_blas/.libs/cpu_blas.so" ]; then
+    out=$("$TESSERA" plugin-check --coverage cpu_blas 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ] && contains "$out" "0 missing, 0 optional not claimed" && ! contains "$out" "MISSING"; then
+        ok "plugin-check --coverage cpu_blas: $(echo "$out" | tail -1)"
+    else
+        fail "plugin-check --coverage cpu_blas" "rc=$rc" "$out"
+    fi
+    out=$("$TESSERA" plugin-check --coverage "$FIXTURES/declinedev.so" 2>&1)
+    rc=$?
+    if [ $rc -eq 1 ] && contains "$out" "MISSING   reduce argmax -> int64" &&
+        contains "$out" "MISSING   binary eq -> uint8" && contains "$out" "MISSING   cast -> float64" &&
+        contains "$out" "MISSING   conv2d -> float32" && contains "$out" "MISSING   matmul -> float32" &&
+        contains "$out" "optional  adam_step -> float32" &&
+        ! contains "$out" "binary add -> float32" && ! contains "$out" "unary relu -> float32"; then
+        ok "plugin-check --coverage lists every unclaimed op the models need at once, and only those"
+    else
+        fail "plugin-check --coverage lists every unclaimed op the models need" "rc=$rc" "$out"
+    fi
+else
+    skip "plugin-check --coverage cpu_blas" "cpu_blas is not built"
+    skip "plugin-check --coverage lists every unclaimed op" "cpu_blas is not built"
 fi
 
 out=$("$TESSERA" plugin-check "$FIXTURES/badabi.so" 2>&1)
