@@ -13,9 +13,9 @@
 #include <zlib.h>
 
 #include "internal.h"
+#include "philox.h"
 
 /* Exposed by core/random.c. */
-void ts__philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_in[2], uint32_t out[4]);
 
 /* ---- the IDX reader --------------------------------------------------------------------- */
 
