@@ -1061,9 +1061,9 @@ static ts_status pool_set_limits(ts_pool *p, uint64_t reserve_limit, uint64_t ca
     return TS_OK;
 }
 
-/* TS_API so that tests/unit/test-pool can drive the component directly; not in any installed
- * header (plugins receive it through ts_host.pool). */
-TS_API const ts_pool_api ts__pool_api = {
+/* Internal: the loader builds each device's pool with it; tests/unit/test-pool links the core
+ * statically (core/libtscore.la) to drive it directly. libtessera does not export it. */
+const ts_pool_api ts__pool_api = {
     .struct_size = sizeof(ts_pool_api),
     .create = pool_create,
     .destroy = pool_destroy,

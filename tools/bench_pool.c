@@ -22,12 +22,8 @@
 
 #include <tessera/tessera.h>
 
-#include "../core/pool.h"
 #include "bench_pool.h"
 #include "cli.h"
-
-/* The pool component; exported for tests and this benchmark, declared in core/internal.h. */
-extern const ts_pool_api ts__pool_api;
 
 #define NSHAPES 48
 #define MIN_BYTES 64.0
@@ -54,57 +50,6 @@ typedef struct result {
     double ns_malloc, ns_pool, per1000, ratio, arena_ratio;
     uint64_t raw_warmup, peak_reserved, peak_in_use;
 } result;
-
-typedef struct raw_counter {
-    uint64_t n_alloc;
-} raw_counter;
-
-static ts_status raw_alloc(void *user, size_t nbytes, void **ptr)
-{
-    raw_counter *c = user;
-    if (posix_memalign(ptr, 64, nbytes) != 0)
-        return TS_ENOMEM;
-    c->n_alloc++;
-    return TS_OK;
-}
-
-static void raw_free(void *user, void *ptr, size_t nbytes)
-{
-    (void)user;
-    (void)nbytes;
-    free(ptr);
-}
-
-/* The expandable segment over mmap, as the CPU plugins have it (kernels/host/hostdev.c). */
-static ts_status vm_reserve(void *user, size_t nbytes, void **base)
-{
-    (void)user;
-    void *p = mmap(NULL, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    *base = p == MAP_FAILED ? NULL : p;
-    return p == MAP_FAILED ? TS_ENOMEM : TS_OK;
-}
-
-static void vm_release(void *user, void *base, size_t nbytes)
-{
-    (void)user;
-    munmap(base, nbytes);
-}
-
-static ts_status vm_commit(void *user, void *addr, size_t nbytes)
-{
-    raw_counter *c = user;
-    if (mmap(addr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
-             0) == MAP_FAILED)
-        return TS_ENOMEM;
-    c->n_alloc++;
-    return TS_OK;
-}
-
-static void vm_decommit(void *user, void *addr, size_t nbytes)
-{
-    (void)user;
-    mmap(addr, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-}
 
 /* xorshift64*: the same sequence on every machine. */
 static uint64_t next_rand(uint64_t *s)
@@ -307,7 +252,51 @@ static double arena_ratio(const sequence *q)
 
 /* ---- the runs ------------------------------------------------------------------------------- */
 
-static int run(const sequence *q, uint64_t cache_limit, int use_vm, result *r)
+/* An instance of plugin name (a host-memory plugin: cpu_blas by default) whose pool is the one
+ * benchmarked: the host's pool over the plugin's raw memory, as every tensor gets it, with no
+ * reserve limit but the device's, the given cache limit and expandable segments or not. The
+ * plugin is found through the user's configuration and loaded by path under a configuration
+ * of the run's own. */
+static ts_status bench_device(const char *config, const char *name, uint64_t cache_limit,
+                              int use_vm, ts_device **out, ts_config **cfg_out)
+{
+    ts_config *base = NULL, *cfg = NULL;
+    char *path = NULL, text[256];
+    ts_status s = config ? ts_config_load(config, &base) : ts_config_defaults(&base);
+    if (!s)
+        s = ts_plugin_find(base, name, &path);
+    if (!s) {
+        snprintf(text, sizeof text, "[plugin.%s]\nmemory_fraction = 1\nexpandable_segments = %s\n",
+                 name, use_vm ? "true" : "false");
+        s = ts_config_parse(text, "bench pool", NULL, &cfg);
+    }
+    if (!s)
+        s = ts_device_load(cfg, path, out);
+    if (!s) {
+        ts_memory_stats st;
+        ts_device_memory_stats(*out, &st);
+        if ((s = ts_device_set_limits(*out, st.reserve_limit, cache_limit))) {
+            ts_device_unload(*out);
+            *out = NULL;
+        }
+    }
+    free(path);
+    ts_config_free(base);
+    if (s)
+        ts_config_free(cfg);
+    else
+        *cfg_out = cfg;
+    return s;
+}
+
+static uint64_t raw_calls(ts_device *dev)
+{
+    ts_memory_stats st;
+    ts_device_memory_stats(dev, &st);
+    return st.n_raw_alloc;
+}
+
+static int run(const sequence *q, ts_device *dev, result *r)
 {
     void **live = calloc(q->nslots, sizeof *live);
     if (!live) {
@@ -327,50 +316,41 @@ static int run(const sequence *q, uint64_t cache_limit, int use_vm, result *r)
         live[i] = NULL;
     }
 
-    raw_counter rc = {0};
-    ts_raw_allocator raw = {.user = &rc, .alloc = raw_alloc, .free = raw_free};
-    ts_raw_vm vm = {.struct_size = sizeof vm, .user = &rc, .granularity = (size_t)2 << 20,
-                    .max_reserve = (uint64_t)64 << 30, .reserve = vm_reserve,
-                    .release = vm_release, .commit = vm_commit, .decommit = vm_decommit};
-    ts_pool_options o = {.struct_size = sizeof o, .name = "bench", .alignment = 64,
-                         .reserve_limit = 0, .cache_limit = cache_limit, .caching = 1,
-                         .vm = use_vm ? &vm : NULL};
-    ts_pool *pool = NULL;
-    ts_status st = ts__pool_api.create(&o, &raw, &pool);
-    if (st != TS_OK)
-        goto fail;
+    ts_status st = TS_OK;
+    ts_device_empty_cache(dev);
+    ts_device_reset_peak(dev);
+    uint64_t raw0 = raw_calls(dev), raw_timed = raw0;
     for (size_t i = 0; i < q->n; i++) {
         if (i == q->timed_from) {
-            r->raw_warmup = rc.n_alloc;
+            raw_timed = raw_calls(dev);
+            r->raw_warmup = raw_timed - raw0;
             t = cli_now();
         }
-        ts__pool_api.free(pool, live[q->ev[i].slot]);
+        ts_device_free(dev, live[q->ev[i].slot]);
         live[q->ev[i].slot] = NULL;
-        if (q->ev[i].size) {
-            st = ts__pool_api.alloc(pool, q->ev[i].size, "bench", &live[q->ev[i].slot]);
-            if (st != TS_OK)
-                goto fail;
-        }
+        if (q->ev[i].size &&
+            (st = ts_device_alloc(dev, q->ev[i].size, "bench", &live[q->ev[i].slot])) != TS_OK)
+            break;
     }
-    r->ns_pool = (cli_now() - t) * 1e9 / (double)q->timed_allocs;
-    r->per1000 = 1000.0 * (double)(rc.n_alloc - r->raw_warmup) / (double)q->timed_allocs;
+    if (st == TS_OK) {
+        r->ns_pool = (cli_now() - t) * 1e9 / (double)q->timed_allocs;
+        r->per1000 = 1000.0 * (double)(raw_calls(dev) - raw_timed) / (double)q->timed_allocs;
+    }
     ts_memory_stats s = {.struct_size = sizeof s};
-    ts__pool_api.stats(pool, &s);
+    ts_device_memory_stats(dev, &s);
     for (uint32_t i = 0; i < q->nslots; i++)
-        ts__pool_api.free(pool, live[i]);
-    ts__pool_api.destroy(pool);
+        ts_device_free(dev, live[i]);
+    ts_device_empty_cache(dev);
     free(live);
+    if (st != TS_OK) {
+        fprintf(stderr, "tessera: error: bench pool: %s\n", ts_last_error());
+        return 0;
+    }
     r->peak_reserved = s.peak_reserved;
     r->peak_in_use = s.peak_in_use;
     r->ratio = s.peak_in_use ? (double)s.peak_reserved / (double)s.peak_in_use : 0;
     r->arena_ratio = arena_ratio(q);
     return 1;
-
-fail:
-    fprintf(stderr, "tessera: error: bench pool: %s\n", ts_last_error());
-    ts__pool_api.destroy(pool); /* reports and returns what is still live */
-    free(live);
-    return 0;
 }
 
 static void print_text(const sequence *q, const result *r)
@@ -409,12 +389,15 @@ static void print_json(const sequence *q, const result *r)
 
 #define USAGE                                                                              \
     "usage: tessera bench pool [--mix training|random|all] [--pairs N] [--working-set N] "     \
-    "[--step N | --no-repeat] [--seed N] [--cache-limit BYTES] [--no-expandable] [--json]\n" \
+    "[--step N | --no-repeat] [--seed N] [--cache-limit BYTES] [--no-expandable] [--device NAME]\n" \
+    "       [--json]\n" \
     "  --pairs 1..10^7 (default 200000), --working-set 1..10^6 (default 64), --step, --seed\n" \
-    "  and --cache-limit 1..2^64-1\n"
+    "  and --cache-limit 1..2^64-1; --device: the host-memory plugin whose pool is measured\n" \
+    "  (default cpu_blas)\n"
 
-int cli_bench_pool(int argc, char **argv)
+int cli_bench_pool(int argc, char **argv, const cli_common *common)
 {
+    const char *device = "cpu_blas";
     uint64_t pairs = 200000, wset = 64, step = 1000, seed = 1;
     uint64_t cache_limit = UINT64_MAX; /* the steady state is the point; see docs/memory.md */
     int json = 0, mixes = 3;           /* bit 0: training, bit 1: random */
@@ -434,6 +417,8 @@ int cli_bench_pool(int argc, char **argv)
             json = 1;
         } else if (!strcmp(a, "--no-expandable")) {
             use_vm = 0;
+        } else if (!strcmp(a, "--device") && i + 1 < argc) {
+            device = argv[++i];
         } else if (!strcmp(a, "--no-repeat")) {
             step = 0;
         } else if (!strcmp(a, "--mix") && i + 1 < argc &&
@@ -461,6 +446,15 @@ int cli_bench_pool(int argc, char **argv)
         printf("%llu", (unsigned long long)cache_limit);
     else if (json)
         printf("null");
+    ts_device *dev = NULL;
+    ts_config *dcfg = NULL;
+    ts_status ds = bench_device(common ? common->config : NULL, device, cache_limit, use_vm,
+                                &dev, &dcfg);
+    if (ds) {
+        if (json)
+            printf("}\n");
+        return cli_fail(ds, "bench pool");
+    }
     int rc = 0;
     for (int m = 0; m < 2 && !rc; m++) {
         if (!(mixes & (1 << m)))
@@ -472,7 +466,7 @@ int cli_bench_pool(int argc, char **argv)
         if (!ok)
             fprintf(stderr, "tessera: error: bench pool: out of memory for the sequence\n");
         count_allocs(&q);
-        if (ok && run(&q, cache_limit, use_vm, &r)) {
+        if (ok && run(&q, dev, &r)) {
             if (json) {
                 printf(", ");
                 print_json(&q, &r);
@@ -486,5 +480,7 @@ int cli_bench_pool(int argc, char **argv)
     }
     if (json)
         printf("}\n");
+    ts_device_unload(dev);
+    ts_config_free(dcfg);
     return rc;
 }

@@ -118,7 +118,7 @@ int main(int argc, char **argv)
         return cmd_plugin_check(argc - i, argv + i, &common);
     if (strcmp(cmd, "bench") == 0) {
         if (i + 1 < argc && strcmp(argv[i + 1], "pool") == 0)
-            return cli_bench_pool(argc - i - 1, argv + i + 1);
+            return cli_bench_pool(argc - i - 1, argv + i + 1, &common);
         if (i + 1 < argc && strcmp(argv[i + 1], "ops") == 0)
             return cli_bench_ops(argc - i - 1, argv + i + 1, &common);
         if (i + 1 < argc && strcmp(argv[i + 1], "autograd") == 0)

@@ -1,0 +1,37 @@
+#!/bin/sh
+# tests/cli/test-exports.sh: libtessera exports its public API and nothing else: every
+# defined dynamic symbol is a ts_ name declared in an installed header (no ts__ internal, no
+# symbol of a library it links), as test-plugin-check.sh checks the plugins' exports.
+. "${TS_SRCDIR:-.}/tests/cli/lib.sh"
+plan 2
+
+lib="$TS_BUILDDIR/core/.libs/libtessera.so"
+if ! command -v nm >/dev/null 2>&1 || [ ! -f "$lib" ]; then
+    skip "libtessera exports only declared ts_ names" "nm or the shared library is missing"
+    skip "libtessera exports no internal symbol" "nm or the shared library is missing"
+    finish
+    exit 0
+fi
+syms=$(nm -D --defined-only "$lib" | awk '{print $NF}' |
+    grep -v -e '^_init$' -e '^_fini$' -e '^_edata$' -e '^_end$' -e '^__bss_start$')
+bad=""
+n=0
+for s in $syms; do
+    n=$((n + 1))
+    case "$s" in
+    ts__*) bad="$bad $s(internal)" ;;
+    ts_*) grep -qw "$s" "$TS_SRCDIR"/include/tessera/*.h || bad="$bad $s(undeclared)" ;;
+    *) bad="$bad $s(foreign)" ;;
+    esac
+done
+if [ "$n" -gt 100 ] && [ -z "$bad" ]; then
+    ok "libtessera exports only declared ts_ names ($n symbols)"
+else
+    fail "libtessera exports only declared ts_ names" "$n symbols" "$bad"
+fi
+if echo "$syms" | grep -q -e '^ts__pool_api$' -e '^ts__philox4x32_10$'; then
+    fail "libtessera exports no internal symbol" "$(echo "$syms" | grep '^ts__')"
+else
+    ok "libtessera exports no internal symbol (the pool component, the Philox block)"
+fi
+finish
