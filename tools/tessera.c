@@ -1,4 +1,5 @@
-/* tools/tessera.c: the `tessera` command: global options, subcommand dispatch, and the log
+/* tools/tessera.c: the `tessera` command: global options, subcommands from a table (and the
+ * benchmarks from another; the usage text is generated from both), `help`, and the log
  * handler that turns the library's messages into stderr lines. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,28 +9,129 @@
 #include "bench_pool.h"
 #include "cli.h"
 
-static const char usage[] =
-    "usage: tessera [--config FILE] COMMAND [ARGS]\n"
-    "\n"
-    "commands:\n"
-    "  info [--json]     version, configuration, plugins found, devices and pools\n"
-    "  train [...]       train a model on Fashion-MNIST (tessera train --help)\n"
-    "  plugin-check NAME conformance suite of a plugin, by NAME or PATH.so\n"
-    "  bench pool [...]  caching pool vs malloc/free on a training-like size mix\n"
-    "  bench ops [...]   matmul vs cblas_sgemm, add vs memcpy, small-op overhead\n"
-    "  bench autograd    cost of recording the graph: time per op, memory per step\n"
-    "  bench compare     the same conv, matmul and training step on several backends\n"
-    "  bench train [...] training step time vs its GEMM floor, allocations per step\n"
-    "  bench cuda        the cuda plugin vs raw cuBLAS/CUDA, and GPU vs CPU training\n"
-    "  help [COMMAND]    this text, or a command's own --help\n"
-    "\n"
-    "options:\n"
-    "  --config FILE     configuration file (default: $TESSERA_CONFIG,\n"
-    "                    $XDG_CONFIG_HOME/tessera/tessera.ini, the installed one, built-in)\n"
-    "  --version         print the version\n"
-    "  -h, --help        print this help\n"
-    "\n"
-    "environment: TESSERA_CONFIG, TESSERA_DEVICE, TESSERA_PLUGIN_PATH\n";
+typedef int (*command_fn)(int argc, char **argv, const cli_common *common);
+
+/* A subcommand: its name, the arguments shown in the usage, one line of summary and the
+ * function that runs it (argv[0] is the name; "--help" prints its own usage). */
+typedef struct command {
+    const char *name, *args, *summary;
+    command_fn run;
+} command;
+
+static int cmd_bench(int argc, char **argv, const cli_common *common);
+static int cmd_help(int argc, char **argv, const cli_common *common);
+
+static const command benches[] = {
+    {"pool", "[...]", "caching pool vs malloc/free on a training-like size mix", cli_bench_pool},
+    {"ops", "[...]", "matmul vs cblas_sgemm, add vs memcpy, small-op overhead", cli_bench_ops},
+    {"autograd", "", "cost of recording the graph: time per op, memory per step",
+     cli_bench_autograd},
+    {"compare", "", "the same conv, matmul and training step on several backends",
+     cli_bench_compare},
+    {"train", "[...]", "training step time vs its GEMM floor, allocations per step",
+     cli_bench_train},
+    {"cuda", "", "the cuda plugin vs raw cuBLAS/CUDA, and GPU vs CPU training", cli_bench_cuda},
+};
+
+static const command commands[] = {
+    {"info", "[--json]", "version, configuration, plugins found, devices and pools", cmd_info},
+    {"train", "[...]", "train a model on Fashion-MNIST (tessera train --help)", cmd_train},
+    {"plugin-check", "NAME", "conformance suite of a plugin, by NAME or PATH.so",
+     cmd_plugin_check},
+    {"bench", "NAME [...]", "benchmarks (tessera bench --help): pool, ops, autograd, compare, "
+     "train, cuda", cmd_bench},
+    {"help", "[COMMAND]", "this text, or a command's own --help", cmd_help},
+};
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static const command *find(const command *table, size_t n, const char *name)
+{
+    for (size_t i = 0; name && i < n; i++)
+        if (strcmp(table[i].name, name) == 0)
+            return &table[i];
+    return NULL;
+}
+
+static void print_table(FILE *f, const char *prefix, const command *table, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s%s", prefix, table[i].name, table[i].args[0] ? " " : "",
+                 table[i].args);
+        fprintf(f, "  %-22s %s\n", left, table[i].summary);
+    }
+}
+
+static void print_usage(FILE *f)
+{
+    fputs("usage: tessera [--config FILE] COMMAND [ARGS]\n\ncommands:\n", f);
+    print_table(f, "", commands, COUNT(commands));
+    fputs("\nbenchmarks:\n", f);
+    print_table(f, "bench ", benches, COUNT(benches));
+    fputs("\noptions:\n"
+          "  --config FILE          configuration file (default: $TESSERA_CONFIG,\n"
+          "                         $XDG_CONFIG_HOME/tessera/tessera.ini, the installed one,\n"
+          "                         built-in)\n"
+          "  --version              print the version\n"
+          "  -h, --help             print this help\n"
+          "\n"
+          "environment: TESSERA_CONFIG, TESSERA_DEVICE, TESSERA_PLUGIN_PATH\n",
+          f);
+}
+
+static void print_bench_usage(FILE *f)
+{
+    fputs("usage: tessera bench NAME [ARGS]   (tessera bench NAME --help for its options)\n\n", f);
+    print_table(f, "", benches, COUNT(benches));
+}
+
+static int cmd_bench(int argc, char **argv, const cli_common *common)
+{
+    if (argc < 2)
+        return cli_usage_error("bench", "expected a benchmark name: pool, ops, autograd, "
+                               "compare, train or cuda");
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        print_bench_usage(stdout);
+        return 0;
+    }
+    const command *b = find(benches, COUNT(benches), argv[1]);
+    if (!b)
+        return cli_usage_error("bench", "unknown benchmark '%s' (pool, ops, autograd, compare, "
+                               "train or cuda)", argv[1]);
+    return b->run(argc - 1, argv + 1, common);
+}
+
+/* `tessera help [COMMAND [BENCHMARK]]`: a command's own --help. */
+static int cmd_help(int argc, char **argv, const cli_common *common)
+{
+    if (argc < 2) {
+        print_usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "--help") == 0) {
+        puts("usage: tessera help [COMMAND [BENCHMARK]]\n\nPrints a command's own help (tessera "
+             "help bench train: a benchmark's); without COMMAND, the list of commands.");
+        return 0;
+    }
+    const command *c = find(commands, COUNT(commands), argv[1]);
+    if (!c)
+        return cli_usage_error("help", "unknown command '%s'", argv[1]);
+    if (c->run == cmd_bench) {
+        if (argc < 3) {
+            print_bench_usage(stdout);
+            return 0;
+        }
+        const command *b = find(benches, COUNT(benches), argv[2]);
+        if (!b)
+            return cli_usage_error("help", "unknown benchmark '%s'", argv[2]);
+        char *a[] = {argv[2], "--help", NULL};
+        return b->run(2, a, common);
+    }
+    char *a[] = {argv[1], "--help", NULL};
+    return c->run(2, a, common);
+}
 
 static void log_to_stderr(int level, const char *msg, void *user)
 {
@@ -99,57 +201,18 @@ int main(int argc, char **argv)
                    TS_PLUGIN_ABI_MINOR);
             return 0;
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            fputs(usage, stdout);
+            print_usage(stdout);
             return 0;
         } else {
             return cli_usage_error(NULL, "unknown option '%s'", argv[i]);
         }
     }
     if (i == argc) {
-        fputs(usage, stderr);
+        print_usage(stderr);
         return 2;
     }
-    const char *cmd = argv[i];
-    if (strcmp(cmd, "info") == 0)
-        return cmd_info(argc - i, argv + i, &common);
-    if (strcmp(cmd, "train") == 0)
-        return cmd_train(argc - i, argv + i, &common);
-    if (strcmp(cmd, "plugin-check") == 0)
-        return cmd_plugin_check(argc - i, argv + i, &common);
-    if (strcmp(cmd, "bench") == 0) {
-        if (i + 1 < argc && strcmp(argv[i + 1], "pool") == 0)
-            return cli_bench_pool(argc - i - 1, argv + i + 1, &common);
-        if (i + 1 < argc && strcmp(argv[i + 1], "ops") == 0)
-            return cli_bench_ops(argc - i - 1, argv + i + 1, &common);
-        if (i + 1 < argc && strcmp(argv[i + 1], "autograd") == 0)
-            return cli_bench_autograd(argc - i - 1, argv + i + 1, &common);
-        if (i + 1 < argc && strcmp(argv[i + 1], "compare") == 0)
-            return cli_bench_compare(argc - i - 1, argv + i + 1, &common);
-        if (i + 1 < argc && strcmp(argv[i + 1], "train") == 0)
-            return cli_bench_train(argc - i - 1, argv + i + 1, &common);
-        if (i + 1 < argc && strcmp(argv[i + 1], "cuda") == 0)
-            return cli_bench_cuda(argc - i - 1, argv + i + 1, &common);
-        if (i + 1 < argc && (strcmp(argv[i + 1], "-h") == 0 || strcmp(argv[i + 1], "--help") == 0)) {
-            puts("usage: tessera bench pool|ops|autograd|compare|train|cuda [--json] ... (tessera bench NAME --help)");
-            return 0;
-        }
-        return cli_usage_error("bench", "expected a benchmark name: pool, ops, autograd, compare, train or cuda");
-    }
-    if (strcmp(cmd, "help") == 0) {
-        if (i + 1 < argc && strcmp(argv[i + 1], "info") == 0) {
-            char *a[] = {argv[i + 1], "--help", NULL};
-            return cmd_info(2, a, &common);
-        }
-        if (i + 1 < argc && strcmp(argv[i + 1], "train") == 0) {
-            char *a[] = {argv[i + 1], "--help", NULL};
-            return cmd_train(2, a, &common);
-        }
-        if (i + 1 < argc && strcmp(argv[i + 1], "plugin-check") == 0) {
-            char *a[] = {argv[i + 1], "--help", NULL};
-            return cmd_plugin_check(2, a, &common);
-        }
-        fputs(usage, stdout);
-        return 0;
-    }
-    return cli_usage_error(NULL, "unknown command '%s'", cmd);
+    const command *c = find(commands, COUNT(commands), argv[i]);
+    if (c)
+        return c->run(argc - i, argv + i, &common);
+    return cli_usage_error(NULL, "unknown command '%s'", argv[i]);
 }

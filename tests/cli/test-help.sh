@@ -1,0 +1,51 @@
+#!/bin/sh
+# tests/cli/test-help.sh: every command and benchmark the usage text lists has help that
+# `tessera help ...` prints (its own usage line, exit 0), the usage text is complete, and an
+# unknown command or benchmark exits 2 with a message.
+. "${TS_SRCDIR:-.}/tests/cli/lib.sh"
+plan 4
+
+usage=$("$TESSERA" help)
+cmds=$(echo "$usage" | sed -n '/^commands:/,/^$/p' | awk 'NF && $1 != "commands:" {print $1}')
+benches=$(echo "$usage" | sed -n '/^benchmarks:/,/^$/p' | awk '$1 == "bench" {print $2}')
+if [ "$(echo $cmds)" = "info train plugin-check bench help" ] &&
+    [ "$(echo $benches)" = "pool ops autograd compare train cuda" ]; then
+    ok "the usage lists every command and benchmark"
+else
+    fail "the usage lists every command and benchmark" "commands: $cmds" "benchmarks: $benches"
+fi
+
+bad=""
+for c in $cmds; do
+    out=$("$TESSERA" help "$c" 2>&1) || bad="$bad $c(rc)"
+    echo "$out" | grep -q "^usage: tessera $c" || bad="$bad $c(no usage line)"
+done
+if [ -z "$bad" ]; then
+    ok "tessera help COMMAND prints each command's own usage"
+else
+    fail "tessera help COMMAND prints each command's own usage" "$bad"
+fi
+
+bad=""
+for b in $benches; do
+    out=$("$TESSERA" help bench "$b" 2>&1) || bad="$bad $b(rc)"
+    echo "$out" | grep -q "^usage: tessera bench $b" || bad="$bad $b(no usage line)"
+    out2=$("$TESSERA" bench "$b" --help 2>&1) || bad="$bad $b(--help rc)"
+    [ "$out" = "$out2" ] || bad="$bad $b(help differs from --help)"
+done
+if [ -z "$bad" ] && "$TESSERA" help bench | grep -q "^usage: tessera bench NAME"; then
+    ok "tessera help bench [NAME] prints the benchmarks' usage and each one's own"
+else
+    fail "tessera help bench [NAME] prints each benchmark's usage" "$bad"
+fi
+
+out=$("$TESSERA" help nosuch 2>&1); rc1=$?
+out2=$("$TESSERA" bench nosuch 2>&1); rc2=$?
+out3=$("$TESSERA" nosuch 2>&1); rc3=$?
+if [ $rc1 -eq 2 ] && [ $rc2 -eq 2 ] && [ $rc3 -eq 2 ] && contains "$out" "unknown command 'nosuch'" &&
+    contains "$out2" "unknown benchmark 'nosuch'" && contains "$out3" "unknown command 'nosuch'"; then
+    ok "an unknown command or benchmark exits 2 and names it"
+else
+    fail "an unknown command or benchmark exits 2 and names it" "$rc1 $rc2 $rc3" "$out" "$out2" "$out3"
+fi
+finish
