@@ -165,10 +165,35 @@ TS_API ts_status ts_plugin_find(const ts_config *cfg, const char *name, char **p
         return ts__fail(TS_EINVAL, "ts_plugin_find: NULL argument");
     *path = NULL;
     if (strchr(name, '/')) {
-        if (access(name, F_OK) != 0)
-            return ts__fail(TS_EPLUGIN, "plugin '%s': no such file", name);
-        *path = ts__strdup(name);
-        return *path ? TS_OK : ts__fail(TS_ENOMEM, "out of memory");
+        /* A path: relative ones are relative to the working directory. The absolute form is
+         * what every later message (and ts_device_path) shows. */
+        char cwd[4096];
+        const char *rel = name;
+        while (rel[0] == '.' && rel[1] == '/')
+            rel += 2;
+        if (name[0] == '/')
+            *path = ts__strdup(name);
+        else if (getcwd(cwd, sizeof cwd))
+            *path = ts__asprintf("%s/%s", strcmp(cwd, "/") ? cwd : "", rel);
+        else
+            return ts__fail(TS_EPLUGIN, "plugin '%s': a relative path, and the working "
+                            "directory cannot be read (%s); give an absolute path", name,
+                            strerror(errno));
+        if (!*path)
+            return ts__fail(TS_ENOMEM, "out of memory");
+        if (access(*path, F_OK) != 0) {
+            int e = errno;
+            ts_status st = ts__fail(TS_EPLUGIN, "plugin '%s': %s: %s%s", name,
+                                    e == ENOENT ? "no such file" : strerror(e), *path,
+                                    name[0] == '/' ? ""
+                                                   : " (a relative path is resolved against "
+                                                     "the working directory; in the INI file, "
+                                                     "against the file's directory)");
+            free(*path);
+            *path = NULL;
+            return st;
+        }
+        return TS_OK;
     }
     if (!valid_name(name))
         return ts__fail(TS_EPLUGIN,

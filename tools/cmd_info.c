@@ -10,12 +10,16 @@
 #include "cli.h"
 
 static const char info_usage[] =
-    "usage: tessera info [--json] [--config FILE]\n"
+    "usage: tessera info [--json] [--config FILE] [--device NAME|PATH]\n"
     "\n"
     "Shows the version, the configuration file in use, the plugin search path, each plugin\n"
     "found (file, ABI version, loaded or the reason it failed), its devices and memory, the\n"
     "pool settings in force, and the default device (with its fallback, if used).\n"
-    "  --json    one JSON object on stdout\n";
+    "  --json    one JSON object on stdout\n"
+    "  --device  the device to describe as the one in use (as TESSERA_DEVICE does); a plugin\n"
+    "            selected by path is listed with the plugins found on the search path\n";
+
+static const char *str(const cJSON *o, const char *k);
 
 static void add_dir(const char *dir, void *user)
 {
@@ -125,7 +129,7 @@ static void print_text(const cJSON *root)
            *str(cfg, "fallback") ? str(cfg, "fallback") : "none");
     const cJSON *dd = cJSON_GetObjectItem(root, "default_device");
     if (cJSON_IsString(dd))
-        printf("in use:          %s\n", dd->valuestring);
+        printf("in use:          %s (%s)\n", dd->valuestring, str(root, "default_device_file"));
     else
         printf("in use:          none (%s)\n", str(root, "default_device_error"));
     printf("plugin path:\n");
@@ -142,8 +146,11 @@ static void print_text(const cJSON *root)
                    str(it, "error"), str(it, "file"));
             continue;
         }
-        printf("  %s: %d device%s: %s\n", str(it, "name"), (int)num(d, "count"),
-               num(d, "count") == 1 ? "" : "s", str(d, "name"));
+        printf("  %s: %d device%s: %s%s\n", str(it, "name"), (int)num(d, "count"),
+               num(d, "count") == 1 ? "" : "s", str(d, "name"),
+               cJSON_IsTrue(cJSON_GetObjectItem(it, "selected_by_path"))
+                   ? " (selected by path, not on the search path)"
+                   : "");
         printf("    file: %s (ABI %s, version %s)\n", str(it, "file"), str(it, "abi"),
                str(it, "version"));
         if (cJSON_GetObjectItem(d, "total_bytes"))
@@ -171,12 +178,14 @@ static void print_text(const cJSON *root)
 int cmd_info(int argc, char **argv, const cli_common *common)
 {
     int json = common->json;
-    const char *config_path = common->config;
+    const char *config_path = common->config, *device = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = 1;
         } else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
             config_path = argv[++i];
+        } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+            device = argv[++i];
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             fputs(info_usage, stdout);
             return 0;
@@ -196,6 +205,8 @@ int cmd_info(int argc, char **argv, const cli_common *common)
     cJSON_AddStringToObject(root, "plugin_abi", abi);
     cJSON *c = cJSON_AddObjectToObject(root, "config");
     cJSON_AddStringToObject(c, "file", ts_config_source(cfg));
+    if (device && setenv("TESSERA_DEVICE", device, 1) != 0)
+        return cli_fail(TS_ENOMEM, "info --device");
     const char *envdev = getenv("TESSERA_DEVICE");
     cJSON_AddStringToObject(c, "device",
                             envdev && *envdev ? envdev : ts_config_get(cfg, "core", "device"));
@@ -203,8 +214,12 @@ int cmd_info(int argc, char **argv, const cli_common *common)
     cJSON_AddStringToObject(c, "log_level", ts_config_get(cfg, "core", "log_level"));
 
     /* The device the runtime picks, fallback included, exactly as a program would get it. */
+    char *in_use_path = NULL, *in_use_name = NULL;
     if (ts_init(config_path) == TS_OK) {
         cJSON_AddStringToObject(root, "default_device", ts_device_name(ts_default_device()));
+        cJSON_AddStringToObject(root, "default_device_file", ts_device_path(ts_default_device()));
+        in_use_path = strdup(ts_device_path(ts_default_device()));
+        in_use_name = strdup(ts_device_name(ts_default_device()));
         ts_shutdown();
     } else {
         cJSON_AddNullToObject(root, "default_device");
@@ -215,6 +230,19 @@ int cmd_info(int argc, char **argv, const cli_common *common)
     ts_plugin_search_path(cfg, add_dir, sp);
     scan_ctx sc = {cfg, cJSON_AddArrayToObject(root, "plugins")};
     ts_plugin_scan(cfg, on_found, &sc);
+    /* The device in use, when it was selected by a path outside the search path (device =
+     * ./x.so, --device ./x.so): listed too, so that every plugin that can run is shown. */
+    int listed = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, sc.list)
+        listed |= in_use_path && strcmp(str(it, "file"), in_use_path) == 0;
+    if (in_use_path && !listed) {
+        probe(cfg, in_use_name, in_use_path, sc.list);
+        cJSON_AddBoolToObject(cJSON_GetArrayItem(sc.list, cJSON_GetArraySize(sc.list) - 1),
+                              "selected_by_path", 1);
+    }
+    free(in_use_path);
+    free(in_use_name);
 
     if (json) {
         char *out = cJSON_Print(root);

@@ -2,7 +2,7 @@
 # tests/cli/test-info.sh: `tessera info` as a user runs it: text and JSON, fallback,
 # TESSERA_DEVICE, bad configs and misuse give a one-line error and a non-zero exit.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 15
+plan 17
 
 out=$("$TESSERA" info 2>&1)
 if [ $? -eq 0 ] && contains "$out" "cpu_blas: 1 device" && contains "$out" "tests/data/test.ini" \
@@ -117,4 +117,22 @@ if "$TESSERA" info --help | grep -q "usage: tessera info" && "$TESSERA" --help |
 else
     fail "--help works for tessera and tessera info"
 fi
+# A plugin selected by path (outside the search path) is listed with the others, and a
+# relative path that names nothing fails with the absolute path it tried.
+out=$(cd "$FIXTURES" && "$TESSERA" info --device ./minimal.so 2>&1)
+if contains "$out" "in use:          minimal ($FIXTURES/minimal.so)" &&
+    contains "$out" "minimal: 1 device: minimal host device (selected by path, not on the search path)"; then
+    ok "info --device ./x.so lists the plugin selected by path"
+else
+    fail "info --device ./x.so lists the plugin selected by path" "$out"
+fi
+out=$(cd "$TMP" && "$TESSERA" train --device ./nope.so --max-steps 1 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && contains "$out" "plugin './nope.so': no such file: $(cd "$TMP" && pwd -P)/nope.so" &&
+    contains "$out" "resolved against the working directory"; then
+    ok "a relative plugin path that names nothing fails with the absolute path tried"
+else
+    fail "a relative plugin path that names nothing fails with the absolute path tried" "rc=$rc" "$out"
+fi
+
 finish
