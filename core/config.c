@@ -784,6 +784,16 @@ int ts__config_plugin_guess(const ts_config *cfg, const char *name, char *out, s
  * built here, as cuda on a machine without the CUDA toolkit) is expected, not a mistake. */
 static const char *const shipped_plugins[] = {"cpu_blas", "cpu_onednn", "cuda"};
 
+/* Whether the device the configuration (or TESSERA_DEVICE) selects is a path to NAME.so. */
+static int selected_by_path(const ts_config *cfg, const char *name)
+{
+    const char *env = ts__getenv("TESSERA_DEVICE");
+    const char *dev = env && *env ? env : ts_config_get(cfg, "core", "device");
+    const char *base = dev && strchr(dev, '/') ? strrchr(dev, '/') + 1 : NULL;
+    size_t n = strlen(name);
+    return base && strncmp(base, name, n) == 0 && strcmp(base + n, ".so") == 0;
+}
+
 void ts__config_check_plugin_sections(const ts_config *cfg)
 {
     if (!cfg || cfg->nsec == 0)
@@ -800,6 +810,8 @@ void ts__config_check_plugin_sections(const ts_config *cfg)
         for (size_t j = 0; j < k.n && !found; j++)
             found = strcmp(k.names[j], name) == 0;
         if (found) /* there, whether or not it loads: its load reports its own problems */
+            continue;
+        if (selected_by_path(cfg, name)) /* device = ./NAME.so: its settings are used */
             continue;
         for (size_t j = 0; j < sizeof shipped_plugins / sizeof *shipped_plugins; j++)
             shipped |= strcmp(shipped_plugins[j], name) == 0;

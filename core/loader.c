@@ -70,18 +70,25 @@ static void each_dir(const char *list, const char *base, const char *what,
     }
 }
 
-/* True when this libtessera is the one in the build tree (tests, running uninstalled). */
-static int running_uninstalled(void)
+/* The build tree this libtessera runs from, when it runs uninstalled (tests, quickstart's
+ * train): libtool leaves it at BUILD/core/.libs/libtessera.so*, which no installed copy is,
+ * so the layout says it, with no directory compiled in. Writes BUILD to out; 0 if installed. */
+static int build_tree(char *out, size_t len)
 {
     Dl_info info;
-    if (!dladdr((void *)running_uninstalled, &info) || !info.dli_fname)
+    if (!dladdr((void *)build_tree, &info) || !info.dli_fname)
         return 0;
     char *lib = realpath(info.dli_fname, NULL);
-    char *build = realpath(TS_BUILD_DIR, NULL);
-    int r = lib && build && strncmp(lib, build, strlen(build)) == 0 &&
-            lib[strlen(build)] == '/';
+    if (!lib)
+        return 0;
+    char *slash = strrchr(lib, '/');
+    static const char tail[] = "/core/.libs";
+    size_t n = slash ? (size_t)(slash - lib) : 0;
+    int r = n > sizeof tail - 1 && strncmp(lib + n - (sizeof tail - 1), tail, sizeof tail - 1) == 0 &&
+            strncmp(slash + 1, "libtessera.so", 13) == 0 && n - (sizeof tail - 1) < len;
+    if (r)
+        snprintf(out, len, "%.*s", (int)(n - (sizeof tail - 1)), lib);
     free(lib);
-    free(build);
     return r;
 }
 
@@ -90,10 +97,10 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static void build_tree_dirs(void (*fn)(const char *, void *), void *user)
+static void build_tree_dirs(const char *build, void (*fn)(const char *, void *), void *user)
 {
-    char base[4096];
-    snprintf(base, sizeof base, "%s/plugins", TS_BUILD_DIR);
+    char base[4200];
+    snprintf(base, sizeof base, "%s/plugins", build);
     DIR *d = opendir(base);
     if (!d)
         return;
@@ -107,7 +114,7 @@ static void build_tree_dirs(void (*fn)(const char *, void *), void *user)
     qsort(names, n, sizeof *names, cmp_str);
     for (size_t i = 0; i < n; i++) {
         /* Only plugin folders: plugins/NAME/.libs/NAME.so. */
-        char dir[4200], so[4400];
+        char dir[4600], so[4900];
         snprintf(dir, sizeof dir, "%s/%s/.libs", base, names[i]);
         snprintf(so, sizeof so, "%s/%s.so", dir, names[i]);
         if (access(so, F_OK) == 0)
@@ -122,8 +129,9 @@ TS_API void ts_plugin_search_path(const ts_config *cfg, void (*fn)(const char *d
     each_dir(ts_config_get(cfg, "core", "plugin_path"), ts__config_dir(cfg),
              "[core] plugin_path", fn, user);
     each_dir(ts__getenv("TESSERA_PLUGIN_PATH"), NULL, "TESSERA_PLUGIN_PATH", fn, user);
-    if (running_uninstalled())
-        build_tree_dirs(fn, user);
+    char build[4096];
+    if (build_tree(build, sizeof build))
+        build_tree_dirs(build, fn, user);
     const char *sys = ts__getenv("TESSERA_SYSTEM_PLUGIN_DIR");
     each_dir(sys ? sys : TS_PLUGIN_DIR, NULL, "TESSERA_SYSTEM_PLUGIN_DIR", fn, user);
 }

@@ -1,14 +1,17 @@
 #!/bin/sh
 # tests/cli/test-exports.sh: libtessera exports its public API and nothing else: every
 # defined dynamic symbol is a ts_ name declared in an installed header (no ts__ internal, no
-# symbol of a library it links), as test-plugin-check.sh checks the plugins' exports.
+# symbol of a library it links), as test-plugin-check.sh checks the plugins' exports; and it
+# carries neither the build directory nor the source directory (it finds the build tree's
+# plugins from where it runs, not from a compiled-in path).
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 2
+plan 3
 
 lib="$TS_BUILDDIR/core/.libs/libtessera.so"
 if ! command -v nm >/dev/null 2>&1 || [ ! -f "$lib" ]; then
     skip "libtessera exports only declared ts_ names" "nm or the shared library is missing"
     skip "libtessera exports no internal symbol" "nm or the shared library is missing"
+    skip "libtessera carries no build or source directory" "nm or the shared library is missing"
     finish
     exit 0
 fi
@@ -33,5 +36,15 @@ if echo "$syms" | grep -q -e '^ts__pool_api$' -e '^ts__philox4x32_10$'; then
     fail "libtessera exports no internal symbol" "$(echo "$syms" | grep '^ts__')"
 else
     ok "libtessera exports no internal symbol (the pool component, the Philox block)"
+fi
+build=$(cd "$TS_BUILDDIR" && pwd -P)
+src=$(cd "$TS_SRCDIR" && pwd -P)
+if ! command -v strings >/dev/null 2>&1; then
+    skip "libtessera carries no build or source directory" "strings is not installed"
+elif strings -a "$lib" | grep -q -e "$build" -e "$src/"; then
+    fail "libtessera carries no build or source directory" \
+        "$(strings -a "$lib" | grep -e "$build" -e "$src/" | head -5)"
+else
+    ok "libtessera carries no build or source directory ($build, $src)"
 fi
 finish

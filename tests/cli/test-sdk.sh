@@ -64,7 +64,9 @@ fi
 # By path: the installed template.ini says device = ./template.so (relative to the file).
 out=$(cd / && "$INSTALLED" --config "$TMP/mydev/template.ini" info 2>&1)
 rc=$?
-if [ $rc -eq 0 ] && echo "$out" | grep -q '^in use: *template$'; then
+if [ $rc -eq 0 ] && echo "$out" | grep -q "^in use: *template ($TMP/mydev/./template.so)$" &&
+    contains "$out" "(selected by path, not on the search path)" &&
+    ! contains "$out" "names no plugin on the search path"; then
     ok "template.ini selects the template by path"
 else
     fail "template.ini selects the template by path" "rc=$rc" "$out"
