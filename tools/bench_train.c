@@ -13,9 +13,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef TS_HAVE_CBLAS
-#include <cblas.h>
-#endif
 
 #include "cli.h"
 
@@ -146,18 +143,17 @@ static int floor_alloc(floor_plan *f)
     return 0;
 }
 
-#ifdef TS_HAVE_CBLAS
-static void floor_run(const floor_plan *f)
+/* The floor: every GEMM of the step through the benchmark module's OpenBLAS, on threads
+ * threads (the first call sets them). */
+static void floor_run(const floor_plan *f, int threads)
 {
     for (int i = 0; i < f->n; i++) {
         const gemm *g = &f->g[i];
-        cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans,
-                    g->tb ? CblasTrans : CblasNoTrans, (int)g->m, (int)g->n, (int)g->k, 1.0f,
-                    g->a, g->ta ? (int)g->m : (int)g->k, g->b, g->tb ? (int)g->k : (int)g->n,
-                    0.0f, g->c, (int)g->n);
+        cli_sgemm(g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, g->a,
+                  g->ta ? (int)g->m : (int)g->k, g->b, g->tb ? (int)g->k : (int)g->n, g->c,
+                  (int)g->n, i == 0 ? threads : 0);
     }
 }
-#endif
 
 /* ---- one device ---------------------------------------------------------------------- */
 
@@ -328,20 +324,15 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
         cli_malloc_count_enable(0);
         threads_counted &= cli_thread_count_read(&c1);
         created += c1 - c0; /* the steps' only, not the floor's */
-#ifdef TS_HAVE_CBLAS
-        openblas_set_num_threads(r->threads);
         t0 = cli_now();
         do
-            floor_run(fp);
+            floor_run(fp, r->threads);
         while (cli_now() - t0 < SETTLE_S);
         for (int64_t i = 0; i < nb; i++) {
             double t = cli_now();
-            floor_run(fp);
+            floor_run(fp, r->threads);
             ftimes[done + i] = (cli_now() - t) * 1e3;
         }
-#else
-        (void)fp;
-#endif
         done += nb;
     }
     if (o->profile) { /* the timed steps only */
@@ -374,11 +365,9 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     r->p90 = quantile(times, ns, 0.9);
     r->min = times[0];
     r->max = times[ns - 1];
-#ifdef TS_HAVE_CBLAS
     qsort(ftimes, (size_t)ns, sizeof *ftimes, cli_cmp_double);
     r->floor_ms = quantile(ftimes, ns, 0.5);
     r->floor_min = ftimes[0];
-#endif
 out:
     ts_optim_free(ss.opt);
     ts_module_free(ss.model);
@@ -515,11 +504,12 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
-#ifndef TS_HAVE_CBLAS
-    fprintf(stderr, "tessera: error: bench train: this build has no OpenBLAS (the floor is "
-                    "timed through cblas_sgemm); configure with OpenBLAS installed\n");
-    return 1;
-#endif
+    if (!cli_have_sgemm()) {
+        fprintf(stderr, "tessera: error: bench train: the floor is timed through cblas_sgemm, "
+                        "and the benchmark module (tessera-bench.so, with OpenBLAS) is not "
+                        "there: build tessera with OpenBLAS installed\n");
+        return 1;
+    }
     ts_status s = ts_init(common->config);
     if (s)
         return cli_fail(s, "cannot start tessera");

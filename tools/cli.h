@@ -10,6 +10,7 @@
 typedef struct cli_common {
     const char *config; /* --config FILE, or NULL */
     int json;           /* --json */
+    char **argv;        /* the command line as main got it (to re-execute) */
 } cli_common;
 
 /* Prints "tessera: error: ..." and returns 2 (misuse) or 1 (failure). */
@@ -87,17 +88,24 @@ int cli_bench_ops(int argc, char **argv, const cli_common *common);
 int cli_bench_autograd(int argc, char **argv, const cli_common *common);
 int cli_bench_train(int argc, char **argv, const cli_common *common);
 
-/* tools/malloc_count.c: host allocation counters: all calls, and those from the code of
- * libtessera or of the plugins at plugin_paths. Setup finds that code and zeroes the counters
- * (counting off); it returns 0 when counting is unavailable (sanitizer builds) or libtessera
- * was not found. Enable turns counting on (1) or off (0); read reads the counters. */
+/* tools/bench_hooks.c: the benchmark module's entry points (tools/benchmod/benchmod.h), found
+ * at run time. cli_bench_preload re-executes `tessera bench` with the module preloaded (once;
+ * returns when it cannot or need not). The counters: host allocations, all calls and those
+ * from the code of libtessera or of the plugins at plugin_paths; setup finds that code and
+ * zeroes the counters (counting off), returning 0 when counting is unavailable (no module,
+ * sanitizer builds); enable turns counting on (1) or off (0); read reads the counters. */
+void cli_bench_preload(char **argv);
 int cli_malloc_count_setup(const char *const *plugin_paths, int npaths);
 void cli_malloc_count_enable(int on);
 void cli_malloc_count_read(uint64_t *tessera, uint64_t *all);
-/* tools/thread_count.c: *created = threads the process has created so far (every
- * pthread_create, by any library). Returns 0 when counting is unavailable (sanitizer builds),
- * 1 otherwise. */
+/* *created = threads the process has created so far (every pthread_create, by any library).
+ * Returns 0 when counting is unavailable, 1 otherwise. */
 int cli_thread_count_read(uint64_t *created);
+/* The raw BLAS baseline: C = op(A) op(B), float32 row-major, on threads threads (0: as is).
+ * cli_sgemm returns 0 (nothing done) and cli_have_sgemm 0 without it. */
+int cli_sgemm(int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b,
+              int ldb, float *c, int ldc, int threads);
+int cli_have_sgemm(void);
 int cli_bench_cuda(int argc, char **argv, const cli_common *common);
 
 #endif /* TESSERA_TOOLS_CLI_H */

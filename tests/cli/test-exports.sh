@@ -3,15 +3,18 @@
 # defined dynamic symbol is a ts_ name declared in an installed header (no ts__ internal, no
 # symbol of a library it links), as test-plugin-check.sh checks the plugins' exports; and it
 # carries neither the build directory nor the source directory (it finds the build tree's
-# plugins from where it runs, not from a compiled-in path).
+# plugins from where it runs, not from a compiled-in path). The tessera executable links no
+# backend library and interposes no allocator: those live in the benchmark module that only
+# `tessera bench` preloads.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 3
+plan 4
 
 lib="$TS_BUILDDIR/core/.libs/libtessera.so"
 if ! command -v nm >/dev/null 2>&1 || [ ! -f "$lib" ]; then
     skip "libtessera exports only declared ts_ names" "nm or the shared library is missing"
     skip "libtessera exports no internal symbol" "nm or the shared library is missing"
     skip "libtessera carries no build or source directory" "nm or the shared library is missing"
+    skip "the tessera executable links no BLAS and exports no malloc" "nm is missing"
     finish
     exit 0
 fi
@@ -46,5 +49,16 @@ elif strings -a "$lib" | grep -q -e "$build" -e "$src/"; then
         "$(strings -a "$lib" | grep -e "$build" -e "$src/" | head -5)"
 else
     ok "libtessera carries no build or source directory ($build, $src)"
+fi
+exe="$TS_BUILDDIR/tools/.libs/tessera"
+[ -f "$exe" ] || exe="$TS_BUILDDIR/tools/.libs/lt-tessera"
+needed=$(readelf -d "$exe" 2>/dev/null | grep NEEDED)
+exported=$(nm -D --defined-only "$exe" 2>/dev/null | awk '{print $NF}' |
+    grep -x -e malloc -e calloc -e realloc -e posix_memalign -e aligned_alloc -e pthread_create)
+if [ -n "$needed" ] && ! echo "$needed" | grep -qi -e blas -e dnnl -e cuda && [ -z "$exported" ] &&
+    [ -f "$TS_BUILDDIR/tools/.libs/tessera-bench.so" ]; then
+    ok "the tessera executable links no BLAS and exports no malloc (the benchmark module does)"
+else
+    fail "the tessera executable links no BLAS and exports no malloc" "$needed" "$exported"
 fi
 finish

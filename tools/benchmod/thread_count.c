@@ -1,6 +1,6 @@
-/* tools/thread_count.c: counts thread creations for `tessera bench train`. The tessera
- * executable defines pthread_create, which every library in the process (libgomp, OpenBLAS,
- * oneDNN) then calls; it adds one to a counter and forwards to the C library's own
+/* tools/benchmod/thread_count.c: counts thread creations for `tessera bench train`. The
+ * benchmark module (preloaded into `tessera bench` only) defines pthread_create, which every
+ * library in the process (libgomp, OpenBLAS, oneDNN) then calls; it adds one to a counter and forwards to the C library's own
  * pthread_create (the next definition in lookup order). A thread made and joined inside one
  * step is counted too, which comparing /proc/self/task before and after would miss: libgomp
  * starts a fresh team for every nested parallel region and ends it with the region.
@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cli.h"
+#include "benchmod.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define TS_NO_THREAD_COUNT 1
@@ -35,7 +35,7 @@ typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *),
 
 static atomic_uint_fast64_t n_created;
 
-/* Visible to every library (the build hides symbols by default; Makefile.am exports it). */
+/* Visible to every library: the module is preloaded, so this comes before glibc's. */
 __attribute__((visibility("default"))) int pthread_create(pthread_t *t, const pthread_attr_t *a,
                                                           void *(*fn)(void *), void *arg)
 {
@@ -52,7 +52,7 @@ __attribute__((visibility("default"))) int pthread_create(pthread_t *t, const pt
     return f(t, a, fn, arg);
 }
 
-int cli_thread_count_read(uint64_t *created)
+TSB_EXPORT int tsb_thread_count_read(uint64_t *created)
 {
     *created = atomic_load(&n_created);
     return 1;
@@ -60,7 +60,7 @@ int cli_thread_count_read(uint64_t *created)
 
 #else
 
-int cli_thread_count_read(uint64_t *created)
+TSB_EXPORT int tsb_thread_count_read(uint64_t *created)
 {
     *created = 0;
     return 0;

@@ -1,6 +1,6 @@
-/* tools/malloc_count.c: counts host heap allocations for `tessera bench train`. The tessera
- * executable defines malloc, calloc, realloc, aligned_alloc and posix_memalign, which every
- * library in the process then calls; each forwards to glibc's own entry point (__libc_*) and,
+/* tools/benchmod/malloc_count.c: counts host heap allocations for `tessera bench train`. The
+ * benchmark module (preloaded into `tessera bench` only) defines malloc, calloc, realloc,
+ * aligned_alloc and posix_memalign, which every library in the process then calls; each forwards to glibc's own entry point (__libc_*) and,
  * while counting is on, adds one to "all" and, when the caller's return address lies in the
  * code of libtessera or of a loaded tessera plugin, one to "tessera". So OpenBLAS's, oneDNN's
  * and the OpenMP runtime's own allocations are counted apart from tessera's. Calls tessera
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "benchmod.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define TS_NO_MALLOC_COUNT 1
@@ -52,7 +52,7 @@ static void count(uintptr_t caller)
         }
 }
 
-/* Visible to every library (the build hides symbols by default; Makefile.am exports these). */
+/* Visible to every library: the module is preloaded, so these come before glibc's. */
 #define EXPORT __attribute__((visibility("default")))
 #define CALLER ((uintptr_t)__builtin_return_address(0))
 
@@ -128,7 +128,7 @@ static int add_object(struct dl_phdr_info *info, size_t size, void *user)
     return 0;
 }
 
-int cli_malloc_count_setup(const char *const *plugin_paths, int npaths)
+TSB_EXPORT int tsb_malloc_count_setup(const char *const *plugin_paths, int npaths)
 {
     atomic_store(&counting, 0);
     nranges = 0;
@@ -139,12 +139,12 @@ int cli_malloc_count_setup(const char *const *plugin_paths, int npaths)
     return nranges > 0;
 }
 
-void cli_malloc_count_enable(int on)
+TSB_EXPORT void tsb_malloc_count_enable(int on)
 {
     atomic_store(&counting, on);
 }
 
-void cli_malloc_count_read(uint64_t *tessera, uint64_t *all)
+TSB_EXPORT void tsb_malloc_count_read(uint64_t *tessera, uint64_t *all)
 {
     *tessera = atomic_load(&n_tessera);
     *all = atomic_load(&n_all);
@@ -152,18 +152,18 @@ void cli_malloc_count_read(uint64_t *tessera, uint64_t *all)
 
 #else
 
-int cli_malloc_count_setup(const char *const *plugin_paths, int npaths)
+TSB_EXPORT int tsb_malloc_count_setup(const char *const *plugin_paths, int npaths)
 {
     (void)plugin_paths, (void)npaths;
     return 0;
 }
 
-void cli_malloc_count_enable(int on)
+TSB_EXPORT void tsb_malloc_count_enable(int on)
 {
     (void)on;
 }
 
-void cli_malloc_count_read(uint64_t *tessera, uint64_t *all)
+TSB_EXPORT void tsb_malloc_count_read(uint64_t *tessera, uint64_t *all)
 {
     *tessera = *all = 0;
 }
