@@ -1,7 +1,7 @@
 /* tessera/memory.h: watching device memory across every caching pool in the process: the
  * registry of live pools, an event hook, a Chrome/Perfetto memory trace and the leak report.
- * The pools themselves are built by plugins through ts_pool_api (plugin.h); docs/memory.md
- * describes the design. Every hook here costs one relaxed atomic load per allocation while
+ * The pools themselves are built by the host, one per device instance, over each plugin's raw
+ * memory (plugin.h: mem_alloc, mem_free); docs/memory.md describes the design. Every hook here costs one relaxed atomic load per allocation while
  * it is off. */
 #ifndef TESSERA_MEMORY_H
 #define TESSERA_MEMORY_H

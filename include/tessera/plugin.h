@@ -544,8 +544,17 @@ typedef struct ts_plugin_desc {
     /* Waits for all queued work. */
     ts_status (*synchronize)(void *ctx);
 
-    /* Kernels. (optional) supports: non-zero if run implements op for the output dtype
-     * (what a claim covers: docs/writing-a-plugin.md, "Claims"); NULL means "none". */
+    /* Kernels. (optional) supports: non-zero if run implements op for the output dtype;
+     * NULL means "none". A claim covers every call of that op and output dtype, whatever
+     * the inputs and functions (docs/writing-a-plugin.md, "Claims", has the full table):
+     *   CAST d       conversion to d from every dtype (the one rule: ts_plugin_sat_*, mask);
+     *   UNARY d      all functions (integer dtypes: neg and abs);
+     *   BINARY(_SCALAR) d      add..minimum on d (integers wrap, a zero divisor is EINVAL);
+     *   BINARY(_SCALAR) uint8  the comparisons of every input dtype and uint8 arithmetic;
+     *   REDUCE d     sum, max, min (mean: float d only);
+     *   REDUCE int64 also argmax/argmin of every input dtype and int64 sums;
+     *   SOFTMAX, MATMUL, the conv, pooling and loss ops: float d;
+     *   SGD_STEP, ADAM_STEP, RELU_BACKWARD: optional (composed by the core when unclaimed). */
     int (*supports)(void *ctx, int32_t op, int32_t dtype);
     /* (optional) Runs one kernel. May decline one call it claimed (an input dtype or a case
      * it does not handle) by returning TS_ENOTSUP without calling host->fail: a
