@@ -45,44 +45,15 @@ const char *const *kt_plugins(void)
 
 int64_t kt_numel(const ts_operand *op)
 {
-    int64_t n = 1;
-    for (int d = 0; d < op->ndim; d++)
-        n *= op->shape[d];
-    return n;
+    return oph_numel(op);
 }
 
 kt_buf kt_make(ts_device *dev, int32_t dtype, int ndim, const int64_t *shape, kt_layout layout,
                uint64_t seed)
 {
     kt_buf b = {.dev = dev};
-    size_t es = ts_dtype_size(dtype);
-    CHECK(es > 0 && ndim >= 0 && ndim <= TS_MAX_DIMS);
-    b.op.dtype = dtype;
-    b.op.ndim = ndim;
-    int64_t numel = 1;
-    for (int d = 0; d < ndim; d++) {
-        b.op.shape[d] = shape[d];
-        numel *= shape[d];
-    }
-    int64_t span = numel;
-    int64_t mult = layout == KT_STRIDED ? 2 : 1;
-    /* Strides: row-major over (possibly swapped) dims, times mult per dim. */
-    int order[TS_MAX_DIMS];
-    for (int d = 0; d < ndim; d++)
-        order[d] = d;
-    if (layout == KT_TRANSPOSED && ndim >= 2) {
-        order[ndim - 2] = ndim - 1;
-        order[ndim - 1] = ndim - 2;
-    }
-    int64_t acc = 1;
-    for (int k = ndim - 1; k >= 0; k--) {
-        int d = order[k];
-        b.op.strides[d] = acc * mult;
-        acc *= shape[d] > 0 ? shape[d] * mult : mult;
-    }
-    span = acc;
-    b.op.offset = layout == KT_OFFSET ? 5 : 0;
-    b.nbytes = (size_t)(span + b.op.offset + 1) * es;
+    CHECK(ts_dtype_size(dtype) > 0 && ndim >= 0 && ndim <= TS_MAX_DIMS);
+    b.nbytes = oph_lay_out(&b.op, dtype, ndim, shape, (int)layout);
     CHECK_OK(ts_device_alloc(dev, b.nbytes, "kt", &b.base));
     memset(b.base, 0xA5, b.nbytes); /* garbage between strided elements */
     b.op.data = b.base;
@@ -125,45 +96,19 @@ void kt_fill_random(kt_buf *b, uint64_t seed)
 
 void kt_unravel(const ts_operand *op, int64_t linear, int64_t *idx)
 {
-    for (int d = op->ndim - 1; d >= 0; d--) {
-        int64_t s = op->shape[d] > 0 ? op->shape[d] : 1;
-        idx[d] = linear % s;
-        linear /= s;
-    }
-}
-
-static char *addr(const ts_operand *op, const int64_t *idx)
-{
-    int64_t off = op->offset;
-    for (int d = 0; d < op->ndim; d++)
-        off += idx[d] * op->strides[d];
-    return (char *)op->data + off * (int64_t)ts_dtype_size(op->dtype);
+    oph_unravel(op, linear, idx);
 }
 
 double kt_get(const ts_operand *op, const int64_t *idx)
 {
-    const char *p = addr(op, idx);
-    switch (op->dtype) {
-    case TS_F32: return *(const float *)p;
-    case TS_F64: return *(const double *)p;
-    case TS_I32: return *(const int32_t *)p;
-    case TS_I64: return (double)*(const int64_t *)p;
-    case TS_U8: return *(const uint8_t *)p;
-    }
-    tap_fail(__FILE__, __LINE__, "bad dtype %d", op->dtype);
+    CHECK_MSG(ts_dtype_size(op->dtype) > 0, "bad dtype %d", op->dtype);
+    return oph_get(op, op->data, idx);
 }
 
 void kt_set(const ts_operand *op, const int64_t *idx, double v)
 {
-    char *p = addr(op, idx);
-    switch (op->dtype) {
-    case TS_F32: *(float *)p = (float)v; return;
-    case TS_F64: *(double *)p = v; return;
-    case TS_I32: *(int32_t *)p = (int32_t)v; return;
-    case TS_I64: *(int64_t *)p = (int64_t)v; return;
-    case TS_U8: *(uint8_t *)p = (uint8_t)v; return;
-    }
-    tap_fail(__FILE__, __LINE__, "bad dtype %d", op->dtype);
+    CHECK_MSG(ts_dtype_size(op->dtype) > 0, "bad dtype %d", op->dtype);
+    oph_set(op, op->data, idx, v);
 }
 
 ts_operand kt_broadcast(const ts_operand *op, int ndim, const int64_t *shape)
@@ -204,11 +149,7 @@ ts_status kt_run(ts_device *dev, int32_t op, const ts_operand *in, int nin, cons
 
 int kt_close(double a, double b, double rtol, double atol)
 {
-    if (isnan(a) || isnan(b))
-        return isnan(a) && isnan(b);
-    if (isinf(a) || isinf(b))
-        return a == b;
-    return fabs(a - b) <= atol + rtol * fabs(b);
+    return oph_close(a, b, rtol, atol);
 }
 
 double kt_rtol(int32_t dtype)
@@ -218,23 +159,9 @@ double kt_rtol(int32_t dtype)
 
 void kt_check_gaps(const kt_buf *b)
 {
-    size_t es = ts_dtype_size(b->op.dtype);
-    unsigned char *mark = calloc(b->nbytes, 1);
-    CHECK(mark);
-    int64_t n = kt_numel(&b->op), idx[TS_MAX_DIMS];
-    for (int64_t i = 0; i < n; i++) {
-        kt_unravel(&b->op, i, idx);
-        int64_t off = b->op.offset;
-        for (int d = 0; d < b->op.ndim; d++)
-            off += idx[d] * b->op.strides[d];
-        CHECK(off >= 0 && (size_t)(off + 1) * es <= b->nbytes);
-        memset(mark + (size_t)off * es, 1, es);
-    }
-    const unsigned char *p = b->base;
-    for (size_t i = 0; i < b->nbytes; i++)
-        CHECK_MSG(mark[i] || p[i] == 0xA5, "byte %zu of %zu outside the elements was written", i,
-                  b->nbytes);
-    free(mark);
+    int64_t at = oph_gap_written(&b->op, b->base, b->nbytes, 0xA5);
+    CHECK_MSG(at < 0, "byte %lld of %zu outside the elements was written", (long long)at,
+              b->nbytes);
 }
 
 void kt_check_no_live_blocks(ts_device *dev)
@@ -247,8 +174,7 @@ void kt_check_no_live_blocks(ts_device *dev)
 
 const char *kt_layout_name(int layout)
 {
-    static const char *const names[] = {"contig", "transposed", "strided", "offset"};
-    return layout >= 0 && layout < KT_NLAYOUTS ? names[layout] : "unknown";
+    return layout >= 0 && layout < KT_NLAYOUTS ? oph_layout_name(layout) : "unknown";
 }
 
 kt_buf kt_mirror(ts_device *dev, const kt_buf *b)

@@ -1,16 +1,19 @@
 /* tests/plugins/kt.h: helpers for kernel tests that call a plugin directly (ts_device_run)
  * with hand-built strided operands on host-memory plugins, and check against float64
- * references computed in the test. Layouts make inputs and outputs non-contiguous. */
+ * references computed in the test. Layouts make inputs and outputs non-contiguous. The
+ * operands themselves come from the operand harness of `tessera plugin-check`
+ * (tools/operand.h), so both lay out, read and compare tensors the same way. */
 #ifndef TESSERA_TESTS_KT_H
 #define TESSERA_TESTS_KT_H
 
 #include "../tap.h"
+#include "../../tools/operand.h" /* the operand harness plugin-check uses too */
 
 typedef enum kt_layout {
-    KT_CONTIG = 0,     /* row-major, dense */
-    KT_TRANSPOSED = 1, /* the last two dims swapped in memory (column-major matrices) */
-    KT_STRIDED = 2,    /* every other element along each dim (a slice with step 2) */
-    KT_OFFSET = 3      /* dense, but starting 5 elements into the storage */
+    KT_CONTIG = OPH_CONTIG,         /* row-major, dense */
+    KT_TRANSPOSED = OPH_TRANSPOSED, /* the last two dims swapped in memory */
+    KT_STRIDED = OPH_STRIDED,       /* every other element along each dim (step 2) */
+    KT_OFFSET = OPH_OFFSET          /* dense, but starting 5 elements into the storage */
 } kt_layout;
 #define KT_NLAYOUTS 4
 
@@ -49,7 +52,7 @@ int kt_close(double a, double b, double rtol, double atol);
 void kt_check_gaps(const kt_buf *b);
 /* Fails unless the device's pool has no live block (kernel scratch included). */
 void kt_check_no_live_blocks(ts_device *dev);
-/* "contig", "transposed", "strided", "offset". (transfer none, static) */
+/* "contiguous", "transposed", "strided", "offset". (transfer none, static) */
 const char *kt_layout_name(int layout);
 /* A device that need not be host-addressable (cuda): b copied byte for byte (gaps included)
  * into a new allocation on dev, with the same layout. kt_free frees it. */
