@@ -84,7 +84,8 @@ static int build_tree(char *out, size_t len)
     char *slash = strrchr(lib, '/');
     static const char tail[] = "/core/.libs";
     size_t n = slash ? (size_t)(slash - lib) : 0;
-    int r = n > sizeof tail - 1 && strncmp(lib + n - (sizeof tail - 1), tail, sizeof tail - 1) == 0 &&
+    int r = n > sizeof tail - 1 &&
+            strncmp(lib + n - (sizeof tail - 1), tail, sizeof tail - 1) == 0 &&
             strncmp(slash + 1, "libtessera.so", 13) == 0 && n - (sizeof tail - 1) < len;
     if (r)
         snprintf(out, len, "%.*s", (int)(n - (sizeof tail - 1)), lib);

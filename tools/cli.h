@@ -84,6 +84,19 @@ ts_status cli_build_model_spec(const cli_model *m, ts_device *dev, ts_rng *rng,
 /* "sgd" (with momentum), "adam" or "adamw" over params. (transfer full) on *out */
 ts_status cli_make_optim(const char *name, double lr, double momentum, double weight_decay,
                          ts_named_tensor *params, size_t n, ts_optim **out);
+/* A model of `tessera train` with its optimizer over one fixed random batch of Fashion-MNIST's
+ * shape (images in [0, 1), labels 0..9 as int64): what plugin-check's training check and
+ * --coverage run. (transfer full) on f: free with cli_fixed_free. */
+typedef struct cli_fixed {
+    ts_module *model;
+    ts_tensor *x, *y;
+    ts_named_tensor *params;
+    size_t nparams;
+    ts_optim *opt;
+} cli_fixed;
+ts_status cli_fixed_setup(const char *model, const char *optim, double lr, ts_device *dev,
+                          uint64_t seed, int64_t batch, cli_fixed *f);
+void cli_fixed_free(cli_fixed *f);
 int cli_bench_ops(int argc, char **argv, const cli_common *common);
 int cli_bench_autograd(int argc, char **argv, const cli_common *common);
 int cli_bench_train(int argc, char **argv, const cli_common *common);

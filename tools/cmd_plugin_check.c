@@ -177,24 +177,24 @@ static void check_descriptor(checker *c)
         pc_report(c, 1, "exports: only the entry point", "%s", TS_PLUGIN_ENTRY_SYMBOL);
     else
         pc_report(c, 0, "exports: only the entry point",
-               "%d more symbol(s): %s%s; build with -fvisibility=hidden (TS_PLUGIN_DEFINE marks "
-               "the entry point visible) and link static libraries with "
-               "-Wl,--exclude-libs,ALL", nextra, extra, nextra > 8 ? ", ..." : "");
+                  "%d more symbol(s): %s%s; build with -fvisibility=hidden (TS_PLUGIN_DEFINE marks "
+                  "the entry point visible) and link static libraries with "
+                  "-Wl,--exclude-libs,ALL", nextra, extra, nextra > 8 ? ", ..." : "");
     pc_report(c, d->abi_major == TS_PLUGIN_ABI_MAJOR && d->abi_minor <= TS_PLUGIN_ABI_MINOR,
-           "abi: version", "plugin built for ABI %u.%u, host speaks %d.%d%s",
-           (unsigned)d->abi_major, (unsigned)d->abi_minor, TS_PLUGIN_ABI_MAJOR,
-           TS_PLUGIN_ABI_MINOR,
-           d->abi_minor > TS_PLUGIN_ABI_MINOR ? " (a newer minor than the host: rebuild against "
+              "abi: version", "plugin built for ABI %u.%u, host speaks %d.%d%s",
+              (unsigned)d->abi_major, (unsigned)d->abi_minor, TS_PLUGIN_ABI_MAJOR,
+              TS_PLUGIN_ABI_MINOR,
+              d->abi_minor > TS_PLUGIN_ABI_MINOR ? " (a newer minor than the host: rebuild against "
                                                 "these headers)" : "");
     /* struct_size must match the size of the ABI minor it claims (2.0: the whole table). */
     size_t want = sizeof(ts_plugin_desc);
     pc_report(c, d->abi_minor > TS_PLUGIN_ABI_MINOR || d->struct_size == want, "abi: struct_size",
-           "%u bytes for ABI %u.%u (expected %zu)", (unsigned)d->struct_size,
-           (unsigned)d->abi_major, (unsigned)d->abi_minor, want);
+              "%u bytes for ABI %u.%u (expected %zu)", (unsigned)d->struct_size,
+              (unsigned)d->abi_major, (unsigned)d->abi_minor, want);
     pc_report(c, valid_name(d->name), "descriptor: name", "'%s'", d->name ? d->name : "(null)");
     pc_report(c, d->version && *d->version && d->description && *d->description,
-           "descriptor: version and description", "'%s', '%s'", d->version ? d->version : "(null)",
-           d->description ? d->description : "(null)");
+              "descriptor: version and description", "'%s', '%s'",
+              d->version ? d->version : "(null)", d->description ? d->description : "(null)");
     int keys_ok = 1, nkeys = 0;
     const char *bad = "";
     for (const ts_config_key *k = d->config_keys; k && k->name; k++, nkeys++) {
@@ -208,19 +208,20 @@ static void check_descriptor(checker *c)
         pc_report(c, 1, "descriptor: config_keys", "%d declared", nkeys);
     else
         pc_report(c, 0, "descriptor: config_keys", "key '%s' is malformed (name [a-z0-9_]+, a "
-               "known kind, help text, min <= max)", bad);
+                  "known kind, help text, min <= max)", bad);
     uint64_t flags = TS_HAS_MEMBER(d, ts_plugin_desc, flags) ? d->flags : 0;
-    pc_report(c, (flags & ~(uint64_t)TS_PLUGIN_HOST_MEMORY) == 0, "descriptor: flags",
-           "0x%llx%s", (unsigned long long)flags,
-           flags & TS_PLUGIN_HOST_MEMORY ? " (host memory: the core composes unclaimed ops)" : "");
-    pc_report(c, d->alignment >= 16 && d->alignment <= (1u << 20) &&
-                  !(d->alignment & (d->alignment - 1)),
-           "descriptor: alignment", "%u bytes", (unsigned)d->alignment);
+    pc_report(c, (flags & ~(uint64_t)TS_PLUGIN_HOST_MEMORY) == 0, "descriptor: flags", "0x%llx%s",
+              (unsigned long long)flags,
+              flags & TS_PLUGIN_HOST_MEMORY ? " (host memory: the core composes unclaimed ops)"
+                                            : "");
+    pc_report(
+        c, d->alignment >= 16 && d->alignment <= (1u << 20) && !(d->alignment & (d->alignment - 1)),
+        "descriptor: alignment", "%u bytes", (unsigned)d->alignment);
     int has_supports = TS_HAS_MEMBER(d, ts_plugin_desc, supports) && d->supports;
     int has_run = TS_HAS_MEMBER(d, ts_plugin_desc, run) && d->run;
     pc_report(c, has_supports == has_run, "descriptor: supports and run",
-           has_supports == has_run ? "%s" : "one of them is NULL: set both or neither",
-           has_run ? "both set" : "neither set (no kernels of its own)");
+              has_supports == has_run ? "%s" : "one of them is NULL: set both or neither",
+              has_run ? "both set" : "neither set (no kernels of its own)");
     int sane = !ts_device_supports(c->dev, TS_OP_NONE, TS_F32) &&
                !ts_device_supports(c->dev, TS_OP_COUNT + 7, TS_F32) &&
                !ts_device_supports(c->dev, TS_OP_COPY, TS_DTYPE_COUNT + 3) &&
@@ -238,10 +239,11 @@ static void check_descriptor(checker *c)
     if (s)
         pc_report(c, 0, "device_info", "%s", pc_err());
     else
-        pc_report(c, ok, "device_info", "'%.60s', device %d of %d, valid 0x%x, total %llu, free %llu",
-               info.name[0] && memchr(info.name, 0, sizeof info.name) ? info.name : "(bad name)",
-               (int)info.index, (int)info.count, (unsigned)info.valid,
-               (unsigned long long)info.total_bytes, (unsigned long long)info.free_bytes);
+        pc_report(c, ok, "device_info",
+                  "'%.60s', device %d of %d, valid 0x%x, total %llu, free %llu",
+                  info.name[0] && memchr(info.name, 0, sizeof info.name) ? info.name : "(bad name)",
+                  (int)info.index, (int)info.count, (unsigned)info.valid,
+                  (unsigned long long)info.total_bytes, (unsigned long long)info.free_bytes);
 }
 
 /* ---- memory ---------------------------------------------------------------------------- */
@@ -261,7 +263,7 @@ static void check_memory(checker *c)
     if (s == TS_OK)
         s = ts_device_alloc(dev, 0, "plugin-check", &b);
     pc_report(c, s == TS_OK && a && b && a != b, "memory: zero-size blocks are valid and distinct",
-           "%s", s ? pc_err() : "");
+              "%s", s ? pc_err() : "");
     ts_device_free(dev, a);
     ts_device_free(dev, b);
 
@@ -283,7 +285,7 @@ static void check_memory(checker *c)
         pc_report(c, 0, "memory: 64-byte alignment", "alloc failed: %s", pc_err());
     else
         pc_report(c, aligned, "memory: 64-byte alignment", aligned ? "sizes 1 B to 3 MiB" :
-               "a block of %zu bytes is not 64-byte aligned", misaligned);
+                  "a block of %zu bytes is not 64-byte aligned", misaligned);
 
     /* Copies: host -> device -> device -> host, at odd sizes and offsets. */
     size_t n = (1 << 20) + 13;
@@ -316,7 +318,7 @@ static void check_memory(checker *c)
         int window = !s && memcmp(back + 1001, seven, 7) == 0 && memcmp(back, h, 1001) == 0 &&
                      memcmp(back + 1008, h + 1008, 2048 - 1008) == 0;
         pc_report(c, !s && same && window, "memory: host->device->device->host copies",
-               s ? "%s" : same ? (window ? "" : "a partial copy wrote outside its bytes")
+                  s ? "%s" : same ? (window ? "" : "a partial copy wrote outside its bytes")
                                : "the bytes came back different", s ? pc_err() : "");
 
         /* fill with 1-, 2-, 4- and 8-byte patterns on a window, checking the neighbours. */
@@ -341,7 +343,7 @@ static void check_memory(checker *c)
             }
         }
         pc_report(c, !s && fills, "memory: fill with 1, 2, 4 and 8-byte patterns", "%s",
-               s ? pc_err() : why);
+                  s ? pc_err() : why);
     }
     ts_device_free(dev, d1);
     ts_device_free(dev, d2);
@@ -353,7 +355,7 @@ static void check_memory(checker *c)
     ts_clear_error();
     s = ts_device_alloc(dev, (size_t)1 << 62, "plugin-check", &p);
     pc_report(c, s == TS_ENOMEM && ts_last_error()[0], "memory: an impossible allocation (4 EiB) "
-           "fails with TS_ENOMEM and a message", "%s: %s", ts_status_name(s), pc_err());
+              "fails with TS_ENOMEM and a message", "%s: %s", ts_status_name(s), pc_err());
     if (s == TS_OK)
         ts_device_free(dev, p);
 
@@ -378,8 +380,10 @@ static void check_memory(checker *c)
         ts_device_free(dev, p);
     }
     char bb[32];
-    pc_report(c, !s && ok, "memory: a large allocation", "%s, first and last 4 KiB written and read "
-           "back%s%s", cli_bytes(big, bb, sizeof bb), s ? ": " : "", s ? pc_err() : "");
+    pc_report(c, !s && ok, "memory: a large allocation",
+              "%s, first and last 4 KiB written and read "
+              "back%s%s",
+              cli_bytes(big, bb, sizeof bb), s ? ": " : "", s ? pc_err() : "");
 }
 
 /* ---- pool ------------------------------------------------------------------------------ */
@@ -405,15 +409,15 @@ static void check_pool(checker *c)
         pc_report(c, st0.reserve_limit == want && s == TS_ENOMEM && q == NULL &&
                       strstr(ts_last_error(), "memory_fraction") &&
                       sl.n_raw_alloc == st0.n_raw_alloc && sl.reserved <= st0.reserved,
-               "pool: memory_fraction caps reserved bytes",
-               "limit %s (memory_fraction %g of %llu bytes), a request 1 byte past it: %s: %s",
-               cli_bytes(st0.reserve_limit, lim, sizeof lim), frac->v.fraction,
-               (unsigned long long)info.total_bytes, ts_status_name(s), pc_err());
+                  "pool: memory_fraction caps reserved bytes",
+                  "limit %s (memory_fraction %g of %llu bytes), a request 1 byte past it: %s: %s",
+                  cli_bytes(st0.reserve_limit, lim, sizeof lim), frac->v.fraction,
+                  (unsigned long long)info.total_bytes, ts_status_name(s), pc_err());
         if (s == TS_OK)
             ts_device_free(dev, q);
     } else {
         pc_report(c, -1, "pool: memory_fraction caps reserved bytes",
-               "the plugin reports no total memory: the pool has no reserve limit");
+                  "the plugin reports no total memory: the pool has no reserve limit");
     }
     void *p[3] = {NULL, NULL, NULL};
     static const size_t sz[3] = {1000, 70000, 5 << 20};
@@ -430,25 +434,25 @@ static void check_pool(checker *c)
         pc_report(c, 0, "pool: statistics follow allocations", "%s", pc_err());
     else
         pc_report(c, ok, "pool: statistics follow allocations", "live %llu, in use %llu, "
-               "requested %llu, reserved %llu", (unsigned long long)st1.live_blocks,
-               (unsigned long long)st1.in_use, (unsigned long long)st1.requested,
-               (unsigned long long)st1.reserved);
+                  "requested %llu, reserved %llu", (unsigned long long)st1.live_blocks,
+                  (unsigned long long)st1.in_use, (unsigned long long)st1.requested,
+                  (unsigned long long)st1.reserved);
     for (int i = 0; i < 3; i++)
         ts_device_free(dev, p[i]);
     ts_memory_stats st2 = stats(c);
     pc_report(c, st2.live_blocks == st0.live_blocks && st2.in_use == st0.in_use &&
                   st2.n_free == st0.n_free + 3,
-           "pool: statistics follow frees", "live %llu, in use %llu",
-           (unsigned long long)st2.live_blocks, (unsigned long long)st2.in_use);
+              "pool: statistics follow frees", "live %llu, in use %llu",
+              (unsigned long long)st2.live_blocks, (unsigned long long)st2.in_use);
     ts_device_reset_peak(dev);
     ts_memory_stats st3 = stats(c);
     pc_report(c, st3.peak_in_use == st3.in_use, "pool: reset_peak", "peak %llu, in use %llu",
-           (unsigned long long)st3.peak_in_use, (unsigned long long)st3.in_use);
+              (unsigned long long)st3.peak_in_use, (unsigned long long)st3.in_use);
     ts_device_empty_cache(dev);
     ts_memory_stats st4 = stats(c);
     pc_report(c, st4.cached == 0 && st4.reserved <= st2.reserved, "pool: empty_cache",
-           "cached %llu, reserved %llu", (unsigned long long)st4.cached,
-           (unsigned long long)st4.reserved);
+              "cached %llu, reserved %llu", (unsigned long long)st4.cached,
+              (unsigned long long)st4.reserved);
 
     /* A reserve limit just above what is reserved now: a 64 MiB request must fail cleanly. */
     uint64_t limit = st4.reserved + (1 << 20);
@@ -463,8 +467,8 @@ static void check_pool(checker *c)
     ts_memory_stats st5 = stats(c);
     pc_report(c, s == TS_ENOMEM && ts_last_error()[0] && st5.n_oom == st4.n_oom + 1 &&
                   st5.reserve_limit == limit && st5.live_blocks == st4.live_blocks,
-           "pool: a request over the reserve limit fails with TS_ENOMEM", "%s: %s",
-           ts_status_name(s), pc_err());
+              "pool: a request over the reserve limit fails with TS_ENOMEM", "%s: %s",
+              ts_status_name(s), pc_err());
     if (s == TS_OK)
         ts_device_free(dev, q);
     s = ts_device_set_limits(dev, st4.reserve_limit, st4.cache_limit);
@@ -488,7 +492,7 @@ static void check_pool(checker *c)
         }
         ts_memory_stats b = stats(c);
         pc_report(c, !s && b.cache_hits > a.cache_hits, "pool: the cache serves a repeated size",
-               "%s", s ? pc_err() : "");
+                  "%s", s ? pc_err() : "");
     }
 }
 
@@ -498,39 +502,18 @@ static void check_training(checker *c)
         pc_report(c, -1, "training: an MLP learns a fixed batch", "--quick");
         return;
     }
-    ts_device *dev = c->dev;
-    ts_rng rng;
-    ts_rng_init(&rng, 7);
-    ts_module *model = NULL;
-    ts_tensor *x = NULL, *y = NULL, *yf = NULL;
-    ts_named_tensor *params = NULL;
-    ts_optim *opt = NULL;
+    cli_fixed f;
     double first = NAN, last = NAN;
     int steps = 30;
-    int64_t xs[4] = {32, 1, 28, 28}, ys[1] = {32};
-    ts_status s = cli_build_model("mlp", dev, &rng, &model);
-    if (!s)
-        s = ts_tensor_rand(dev, TS_F32, 4, xs, 0, 1, &rng, &x);
-    if (!s)
-        s = ts_tensor_rand(dev, TS_F32, 1, ys, 0, 10, &rng, &yf);
-    if (!s)
-        s = ts_cast(yf, TS_I64, &y);
-    size_t np = s ? 0 : ts_module_parameters(model, NULL, 0);
-    if (!s && !(params = calloc(np + 1, sizeof *params)))
-        s = pc_nomem();
-    if (!s) {
-        ts_module_parameters(model, params, np);
-        ts_sgd_options so = {0.05, 0.9, 0, 0, 0};
-        s = ts_optim_sgd(params, np, &so, &opt);
-    }
+    ts_status s = cli_fixed_setup("mlp", "sgd", 0.05, c->dev, 7, 32, &f);
     for (int i = 0; i < steps && !s; i++) {
         ts_tensor *logits = NULL, *loss = NULL, *d = NULL;
         double lv = NAN;
-        if (!(s = ts_module_forward(model, x, &logits)) &&
-            !(s = ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) &&
-            !(s = ts_backward(loss, NULL, 0)) && !(s = ts_optim_step(opt)) &&
+        if (!(s = ts_module_forward(f.model, f.x, &logits)) &&
+            !(s = ts_cross_entropy(logits, f.y, TS_REDUCTION_MEAN, &loss)) &&
+            !(s = ts_backward(loss, NULL, 0)) && !(s = ts_optim_step(f.opt)) &&
             !(s = ts_cast(loss, TS_F64, &d)) && !(s = ts_tensor_to_host(d, &lv, sizeof lv)))
-            ts_optim_zero_grad(opt);
+            ts_optim_zero_grad(f.opt);
         ts_tensor_unref(logits);
         ts_tensor_unref(loss);
         ts_tensor_unref(d);
@@ -538,25 +521,22 @@ static void check_training(checker *c)
             first = lv;
         last = lv;
     }
-    ts_optim_free(opt);
-    free(params);
-    ts_module_free(model);
-    ts_tensor_unref(x);
-    ts_tensor_unref(y);
-    ts_tensor_unref(yf);
+    cli_fixed_free(&f); /* safe after a failed setup too: it left f empty */
     if (s)
         pc_report(c, 0, "training: an MLP learns a fixed batch", "%s", pc_err());
     else
-        pc_report(c, isfinite(last) && last < 0.5 * first, "training: an MLP learns a fixed batch",
-               "loss %.4f -> %.4f in %d SGD steps (784-256-128-10, batch 32)", first, last, steps);
+        pc_report(c, isfinite(last) && last < 0.5 * first,
+                  "training: an MLP learns a fixed batch",
+                  "loss %.4f -> %.4f in %d SGD steps (784-256-128-10, batch 32)", first, last,
+                  steps);
 }
 
 static void check_no_leaks(checker *c)
 {
     ts_memory_stats st = stats(c);
     pc_report(c, !(st.valid & TS_STATS_POOL) || st.live_blocks == 0, "pool: no block left live",
-           "%llu live blocks, %llu bytes in use after every check freed its memory",
-           (unsigned long long)st.live_blocks, (unsigned long long)st.in_use);
+              "%llu live blocks, %llu bytes in use after every check freed its memory",
+              (unsigned long long)st.live_blocks, (unsigned long long)st.in_use);
 }
 
 /* The suites, in the order they run: each prints one line per check. */
@@ -617,7 +597,7 @@ int cmd_plugin_check(int argc, char **argv, const cli_common *common)
         return rc;
     }
     pc_report(&c, 1, "load", "%s (%s %s)", ts_device_path(c.dev), ts_device_name(c.dev),
-           ts_device_desc(c.dev)->version ? ts_device_desc(c.dev)->version : "");
+              ts_device_desc(c.dev)->version ? ts_device_desc(c.dev)->version : "");
     for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++)
         suites[i].run(&c);
     printf("plugin-check %s: %d passed, %d failed, %d skipped\n", ts_device_name(c.dev), c.npass,

@@ -285,6 +285,44 @@ ts_status cli_make_optim(const char *name, double lr, double momentum, double we
                                  : ts_optim_adamw(params, n, &ao, out);
 }
 
+ts_status cli_fixed_setup(const char *model, const char *optim, double lr, ts_device *dev,
+                          uint64_t seed, int64_t batch, cli_fixed *f)
+{
+    memset(f, 0, sizeof *f);
+    ts_rng rng;
+    ts_rng_init(&rng, seed);
+    ts_tensor *yf = NULL;
+    int64_t xs[4] = {batch, 1, 28, 28}, ys[1] = {batch};
+    ts_status s = cli_build_model(model, dev, &rng, &f->model);
+    if (!s)
+        s = ts_tensor_rand(dev, TS_F32, 4, xs, 0, 1, &rng, &f->x);
+    if (!s)
+        s = ts_tensor_rand(dev, TS_F32, 1, ys, 0, 10, &rng, &yf);
+    if (!s)
+        s = ts_cast(yf, TS_I64, &f->y);
+    ts_tensor_unref(yf);
+    f->nparams = s ? 0 : ts_module_parameters(f->model, NULL, 0);
+    if (!s && !(f->params = calloc(f->nparams + 1, sizeof *f->params)))
+        s = TS_ENOMEM;
+    if (!s) {
+        ts_module_parameters(f->model, f->params, f->nparams);
+        s = cli_make_optim(optim, lr, 0.9, 0, f->params, f->nparams, &f->opt);
+    }
+    if (s)
+        cli_fixed_free(f);
+    return s;
+}
+
+void cli_fixed_free(cli_fixed *f)
+{
+    ts_optim_free(f->opt);
+    free(f->params);
+    ts_module_free(f->model);
+    ts_tensor_unref(f->x);
+    ts_tensor_unref(f->y);
+    memset(f, 0, sizeof *f);
+}
+
 /* ---- state ------------------------------------------------------------------------------- */
 
 typedef struct trainer {

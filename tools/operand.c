@@ -80,7 +80,8 @@ int64_t oph_offset(const ts_operand *op, const int64_t *idx)
 
 double oph_get(const ts_operand *op, const void *base, const int64_t *idx)
 {
-    const char *p = (const char *)base + oph_offset(op, idx) * (int64_t)ts_plugin_dtype_size(op->dtype);
+    const char *p =
+        (const char *)base + oph_offset(op, idx) * (int64_t)ts_plugin_dtype_size(op->dtype);
     switch (op->dtype) {
     case TS_F32: { float f; memcpy(&f, p, 4); return f; }
     case TS_F64: { double f; memcpy(&f, p, 8); return f; }

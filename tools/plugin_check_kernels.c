@@ -720,13 +720,13 @@ void pc_check_kernels(checker *c)
                 pc_report(c, 0, name, "%s", why);
             else if (passed == 0)
                 pc_report(c, -1, name, "no case this suite knows for it (%d combinations the "
-                       "reference does not do)", skipped);
+                          "reference does not do)", skipped);
             else
                 pc_report(c, 1, name, "%d cases agree with the reference", passed);
         }
     if (!claimed)
         pc_report(c, -1, "kernels", "the plugin claims none%s",
-               (TS_HAS_MEMBER(ts_device_desc(c->dev), ts_plugin_desc, flags) &&
+                  (TS_HAS_MEMBER(ts_device_desc(c->dev), ts_plugin_desc, flags) &&
                 (ts_device_desc(c->dev)->flags & TS_PLUGIN_HOST_MEMORY))
                    ? " (the core runs its reference kernels on its host memory)"
                    : "");
@@ -764,7 +764,7 @@ static void expect_error(checker *c, const char *name, const kcase *k)
         if (!s)
             s = ts_device_synchronize(c->dev);
         pc_report(c, s != TS_OK && ts_last_error()[0], name, "%s: %s", ts_status_name(s),
-               s ? pc_err() : "the bad call succeeded");
+                  s ? pc_err() : "the bad call succeeded");
     }
     for (int i = 0; i < nin; i++)
         free_buf(c, &in[i]);
@@ -865,15 +865,15 @@ void pc_check_errors(checker *c)
     if (nclaimed) {
         if (nbad)
             pc_report(c, 0, "errors: every claimed op refuses a call without operands",
-                   "%s (and %d more)", first_bad, nbad - 1);
+                      "%s (and %d more)", first_bad, nbad - 1);
         else
             pc_report(c, 1, "errors: every claimed op refuses a call without operands", "%d ops",
-                   nclaimed);
+                      nclaimed);
         any = 1;
     }
     if (!any)
         pc_report(c, -1, "errors: kernel argument checks", "the plugin claims no kernel with a "
-               "documented error (index, target, integer division, conv params)");
+                  "documented error (index, target, integer division, conv params)");
 }
 
 /* ---- concurrent run calls --------------------------------------------------------------- */
@@ -953,7 +953,7 @@ void pc_check_threads(checker *c)
     if (all.n == 0) {
         free(all.v);
         pc_report(c, -1, name,
-               nbad ? "every claimed kernel failed its kernel check"
+                  nbad ? "every claimed kernel failed its kernel check"
                     : "the plugin claims no kernel");
         return;
     }
@@ -979,10 +979,10 @@ void pc_check_threads(checker *c)
     if (timed_out) {
         /* The threads are stuck inside the plugin: nothing can be unloaded or freed safely. */
         pc_report(c, 0, name,
-               "%d of %d threads still running after %d s (one thread takes well under a "
-               "second): a deadlock or a corrupted state under concurrent run calls "
-               "(docs/writing-a-plugin.md, Threading)",
-               started - ndone, started, TH_DEADLINE);
+                  "%d of %d threads still running after %d s (one thread takes well under a "
+                  "second): a deadlock or a corrupted state under concurrent run calls "
+                  "(docs/writing-a-plugin.md, Threading)",
+                  started - ndone, started, TH_DEADLINE);
         printf("plugin-check %s: %d passed, %d failed, %d skipped\n", ts_device_name(c->dev),
                c->npass, c->nfail, c->nskip);
         fflush(stdout);
@@ -1000,19 +1000,19 @@ void pc_check_threads(checker *c)
     for (int i = 0; i < TH_THREADS; i++) {
         if (jobs[i].failed) {
             pc_report(c, 0, name,
-                   "%s; while other threads ran the same kernel on other buffers (alone the "
-                   "case agrees, see the kernel checks): keep per-call state on the stack or in "
-                   "pool scratch and guard shared state (docs/writing-a-plugin.md, Threading)",
-                   jobs[i].why);
+                      "%s; while other threads ran the same kernel on other buffers (alone the "
+                      "case agrees, see the kernel checks): keep per-call state on the stack or in "
+                      "pool scratch and guard shared state (docs/writing-a-plugin.md, Threading)",
+                      jobs[i].why);
             return;
         }
         runs += jobs[i].runs;
     }
     pc_report(c, runs > 0 ? 1 : -1, name,
-           "%d threads ran %d cases of %d claimed kernels %d times each at once; all %d "
-           "results agree with the reference%s",
-           TH_THREADS, ncases, nops, TH_REPS, runs,
-           nbad ? " (kernels that failed their kernel check left out)" : "");
+              "%d threads ran %d cases of %d claimed kernels %d times each at once; all %d "
+              "results agree with the reference%s",
+              TH_THREADS, ncases, nops, TH_REPS, runs,
+              nbad ? " (kernels that failed their kernel check left out)" : "");
 }
 
 /* ---- a short training run -------------------------------------------------------------- */

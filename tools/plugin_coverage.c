@@ -64,43 +64,20 @@ static void collect(needs *ns, int model, int eval)
 static ts_status run_model(ts_device *dev, const char *name, int model, int adam, int fused,
                            needs *ns)
 {
-    ts_rng rng;
-    ts_rng_init(&rng, 11);
-    ts_module *m = NULL;
-    ts_tensor *x = NULL, *yf = NULL, *y = NULL;
-    ts_named_tensor *params = NULL;
-    ts_optim *opt = NULL;
-    int64_t xs[4] = {8, 1, 28, 28}, ys[1] = {8};
-    ts_status s = cli_build_model(name, dev, &rng, &m);
-    if (!s)
-        s = ts_tensor_rand(dev, TS_F32, 4, xs, 0, 1, &rng, &x);
-    if (!s)
-        s = ts_tensor_rand(dev, TS_F32, 1, ys, 0, 10, &rng, &yf);
-    if (!s)
-        s = ts_cast(yf, TS_I64, &y);
-    size_t np = s ? 0 : ts_module_parameters(m, NULL, 0);
-    if (!s && !(params = calloc(np + 1, sizeof *params)))
-        s = TS_ENOMEM;
-    if (!s) {
-        ts_module_parameters(m, params, np);
-        if (adam) {
-            ts_adam_options ao = {1e-3, 0.9, 0.999, 1e-8, 0};
-            s = ts_optim_adam(params, np, &ao, &opt);
-        } else {
-            ts_sgd_options so = {0.01, 0.9, 0, 0, 0};
-            s = ts_optim_sgd(params, np, &so, &opt);
-        }
-    }
-    if (!s)
-        ts_optim_use_fused(opt, fused);
+    cli_fixed f;
+    ts_status s = cli_fixed_setup(name, adam ? "adam" : "sgd", adam ? 1e-3 : 0.01, dev, 11, 8,
+                                  &f);
+    if (s)
+        return s;
+    ts_optim_use_fused(f.opt, fused);
     ts_profile_reset();
     ts_profile_enable(1);
     for (int i = 0; i < 2 && !s; i++) {
         ts_tensor *logits = NULL, *loss = NULL;
-        if (!(s = ts_module_forward(m, x, &logits)) &&
-            !(s = ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) &&
-            !(s = ts_backward(loss, NULL, 0)) && !(s = ts_optim_step(opt)))
-            ts_optim_zero_grad(opt);
+        if (!(s = ts_module_forward(f.model, f.x, &logits)) &&
+            !(s = ts_cross_entropy(logits, f.y, TS_REDUCTION_MEAN, &loss)) &&
+            !(s = ts_backward(loss, NULL, 0)) && !(s = ts_optim_step(f.opt)))
+            ts_optim_zero_grad(f.opt);
         ts_tensor_unref(logits);
         ts_tensor_unref(loss);
     }
@@ -111,9 +88,9 @@ static ts_status run_model(ts_device *dev, const char *name, int model, int adam
         int64_t correct = 0;
         double lv;
         ts_no_grad_enter();
-        if (!(s = ts_module_forward(m, x, &logits)) &&
-            !(s = ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) &&
-            !(s = cli_count_correct(logits, y, &correct)) && !(s = ts_cast(loss, TS_F64, &d)))
+        if (!(s = ts_module_forward(f.model, f.x, &logits)) &&
+            !(s = ts_cross_entropy(logits, f.y, TS_REDUCTION_MEAN, &loss)) &&
+            !(s = cli_count_correct(logits, f.y, &correct)) && !(s = ts_cast(loss, TS_F64, &d)))
             s = ts_tensor_to_host(d, &lv, sizeof lv);
         ts_no_grad_exit();
         ts_tensor_unref(logits);
@@ -124,12 +101,7 @@ static ts_status run_model(ts_device *dev, const char *name, int model, int adam
     }
     ts_profile_enable(0);
     ts_profile_reset();
-    ts_optim_free(opt);
-    free(params);
-    ts_module_free(m);
-    ts_tensor_unref(x);
-    ts_tensor_unref(y);
-    ts_tensor_unref(yf);
+    cli_fixed_free(&f);
     return s;
 }
 

@@ -237,8 +237,9 @@ enum { RD_COLS = 256 }; /* accumulators per block, on the stack */
 
 static int rd_by_rows(const rd_plan *p)
 {
-    return (p->fn == TS_REDUCE_SUM || p->fn == TS_REDUCE_MEAN) && ts_plugin_dtype_is_float(p->dtype) &&
-           p->nkeep == 1 && p->keep_in[0] == 1 && p->nred == 1 && p->nout >= 8;
+    return (p->fn == TS_REDUCE_SUM || p->fn == TS_REDUCE_MEAN) &&
+           ts_plugin_dtype_is_float(p->dtype) && p->nkeep == 1 && p->keep_in[0] == 1 &&
+           p->nred == 1 && p->nout >= 8;
 }
 
 #define RD_ROWS(T)                                                                                 \

@@ -255,8 +255,9 @@ static void test_plugin_settings(void)
                 "widgets = '11'", "from 1 to 10");
     ts_config_free(cfg);
     cfg = cfg_text("[plugin.withkeys]\ngizmos = 1\n", NULL);
-    CHECK_FAILS(ts_device_load(cfg, fx("withkeys"), &dev), TS_ECONFIG, "test.ini:2:",
-                "unknown key 'gizmos'", "memory_fraction, cache_limit, caching, expandable_segments, widgets, mode");
+    CHECK_FAILS(ts_device_load(cfg, fx("withkeys"), &dev), TS_ECONFIG,
+                "test.ini:2:", "unknown key 'gizmos'",
+                "memory_fraction, cache_limit, caching, expandable_segments, widgets, mode");
     ts_config_free(cfg);
 }
 
