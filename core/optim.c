@@ -16,6 +16,8 @@ typedef struct slot {
     char name[96];
     ts_tensor *param;     /* owned reference */
     ts_tensor *state[2];  /* sgd: momentum buffer; adam: first and second moments */
+    int own_decay;        /* weight_decay below replaces the optimizer's (a parameter group) */
+    double weight_decay;
 } slot;
 
 struct ts_optim {
@@ -24,6 +26,8 @@ struct ts_optim {
     ts_adam_options adam;
     int64_t steps;
     int fused; /* use the plugin's fused kernel when it has one */
+    int scheduled; /* sched sets lr before every step */
+    ts_lr_schedule sched;
     size_t n;
     slot *slots;
 };
@@ -141,12 +145,115 @@ TS_API double ts_optim_lr(const ts_optim *o)
     return o->kind == O_SGD ? o->sgd.lr : o->adam.lr;
 }
 
-TS_API void ts_optim_set_lr(ts_optim *o, double lr)
+static void set_lr(ts_optim *o, double lr)
 {
     if (o->kind == O_SGD)
         o->sgd.lr = lr;
     else
         o->adam.lr = lr;
+}
+
+TS_API ts_status ts_optim_set_lr(ts_optim *o, double lr)
+{
+    if (!o)
+        return ts__fail(TS_EINVAL, "optim set_lr: optimizer is NULL");
+    if (!nonneg(lr))
+        return ts__fail(TS_EINVAL, "optim set_lr: lr %g must be finite and >= 0", lr);
+    set_lr(o, lr);
+    return TS_OK;
+}
+
+static const char *const lr_kind_names[] = {"constant", "step", "cosine"};
+
+/* The schedule's values checked, with a message naming the bad one. */
+static ts_status check_schedule(const ts_lr_schedule *s, ts_status code, const char *who)
+{
+    if (s->kind < TS_LR_CONSTANT || s->kind > TS_LR_COSINE)
+        return ts__fail(code, "%s: unknown schedule kind %d (constant 0, step 1, cosine 2)", who,
+                        (int)s->kind);
+    if (!nonneg(s->base_lr))
+        return ts__fail(code, "%s: base_lr %g must be finite and >= 0", who, s->base_lr);
+    if (s->warmup_steps < 0 || s->warmup_steps > ((int64_t)1 << 53))
+        return ts__fail(code, "%s: warmup_steps %lld must be in [0, 2^53]", who,
+                        (long long)s->warmup_steps);
+    if (s->kind == TS_LR_STEP &&
+        (s->step_size < 1 || s->step_size > ((int64_t)1 << 53) || !(s->gamma > 0) ||
+         !isfinite(s->gamma)))
+        return ts__fail(code, "%s: a step schedule needs step_size >= 1 (got %lld) and a finite "
+                        "gamma > 0 (got %g)", who, (long long)s->step_size, s->gamma);
+    if (s->kind == TS_LR_COSINE &&
+        (s->total_steps < s->warmup_steps || s->total_steps > ((int64_t)1 << 53) ||
+         !nonneg(s->min_lr) || s->min_lr > s->base_lr))
+        return ts__fail(code, "%s: a cosine schedule needs total_steps >= warmup_steps (got %lld "
+                        "and %lld) and 0 <= min_lr <= base_lr (got %g and %g)", who,
+                        (long long)s->total_steps, (long long)s->warmup_steps, s->min_lr,
+                        s->base_lr);
+    return TS_OK;
+}
+
+TS_API ts_status ts_optim_set_schedule(ts_optim *o, const ts_lr_schedule *sch)
+{
+    if (!o)
+        return ts__fail(TS_EINVAL, "optim set_schedule: optimizer is NULL");
+    if (!sch) {
+        o->scheduled = 0;
+        return TS_OK;
+    }
+    ts_status s = check_schedule(sch, TS_EINVAL, "optim set_schedule");
+    if (s)
+        return s;
+    o->sched = *sch;
+    o->scheduled = 1;
+    set_lr(o, ts_lr_at(sch, o->steps)); /* what the next step uses, as ts_optim_lr says */
+    return TS_OK;
+}
+
+TS_API int ts_optim_get_schedule(const ts_optim *o, ts_lr_schedule *out)
+{
+    if (!o || !o->scheduled)
+        return 0;
+    if (out)
+        *out = o->sched;
+    return 1;
+}
+
+TS_API ts_status ts_optim_set_param_weight_decay(ts_optim *o, const char *name, double wd)
+{
+    if (!o || !name)
+        return ts__fail(TS_EINVAL, "optim set_param_weight_decay: NULL argument");
+    if (!nonneg(wd))
+        return ts__fail(TS_EINVAL, "optim set_param_weight_decay: weight decay %g of '%s' must "
+                        "be finite and >= 0", wd, name);
+    for (size_t i = 0; i < o->n; i++)
+        if (strcmp(o->slots[i].name, name) == 0) {
+            o->slots[i].own_decay = 1;
+            o->slots[i].weight_decay = wd;
+            return TS_OK;
+        }
+    return ts__fail(TS_EINVAL, "optim set_param_weight_decay: this optimizer has no parameter "
+                    "'%s'", name);
+}
+
+TS_API size_t ts_optim_decay_matrices_only(ts_optim *o)
+{
+    size_t n = 0;
+    for (size_t i = 0; o && i < o->n; i++)
+        if (ts_tensor_ndim(o->slots[i].param) < 2) {
+            o->slots[i].own_decay = 1;
+            o->slots[i].weight_decay = 0;
+            n++;
+        }
+    return n;
+}
+
+TS_API double ts_optim_param_weight_decay(const ts_optim *o, const char *name)
+{
+    for (size_t i = 0; o && name && i < o->n; i++)
+        if (strcmp(o->slots[i].name, name) == 0)
+            return o->slots[i].own_decay ? o->slots[i].weight_decay
+                   : o->kind == O_SGD    ? o->sgd.weight_decay
+                                         : o->adam.weight_decay;
+    return NAN;
 }
 
 TS_API int64_t ts_optim_steps(const ts_optim *o)
@@ -299,6 +406,11 @@ static ts_status step_one(ts_optim *o, slot *sl)
     if ((s = ts_tensor_contiguous(g, &gc)))
         return s;
     int32_t op = o->kind == O_SGD ? TS_OP_SGD_STEP : TS_OP_ADAM_STEP;
+    /* This parameter's group: its own weight decay, or the optimizer's. */
+    ts_sgd_options sgd = o->sgd;
+    ts_adam_options adam = o->adam;
+    if (sl->own_decay)
+        sgd.weight_decay = adam.weight_decay = sl->weight_decay;
     if (o->fused && ts_tensor_is_contiguous(sl->param) && ts_device_supports(dev, op, g->dtype)) {
         ts_operand in, outs[3];
         ts__operand(gc, &in);
@@ -308,12 +420,12 @@ static ts_status step_one(ts_optim *o, slot *sl)
             if (sl->state[k])
                 ts__operand(sl->state[k], &outs[nout++]);
         if (o->kind == O_SGD) {
-            ts_sgd_params p = {o->sgd.lr, o->sgd.momentum, o->sgd.dampening, o->sgd.weight_decay,
-                               o->sgd.nesterov, first};
+            ts_sgd_params p = {sgd.lr, sgd.momentum, sgd.dampening, sgd.weight_decay,
+                               sgd.nesterov, first};
             s = ts__run(dev, op, &in, 1, outs, nout, &p, sizeof p);
         } else {
-            ts_adam_params p = {o->adam.lr, o->adam.beta1, o->adam.beta2, o->adam.eps,
-                                o->adam.weight_decay, o->kind == O_ADAMW, o->steps + 1};
+            ts_adam_params p = {adam.lr, adam.beta1, adam.beta2, adam.eps, adam.weight_decay,
+                                o->kind == O_ADAMW, o->steps + 1};
             s = ts__run(dev, op, &in, 1, outs, nout, &p, sizeof p);
         }
         if (s == TS_OK) {
@@ -323,9 +435,9 @@ static ts_status step_one(ts_optim *o, slot *sl)
                     ts__bump_version(sl->state[k]);
         }
     } else if (o->kind == O_SGD) {
-        s = sgd_composed(&o->sgd, sl, gc, first);
+        s = sgd_composed(&sgd, sl, gc, first);
     } else {
-        s = adam_composed(&o->adam, o->kind == O_ADAMW, o->steps + 1, sl, gc);
+        s = adam_composed(&adam, o->kind == O_ADAMW, o->steps + 1, sl, gc);
     }
     ts_tensor_unref(gc);
     if (s)
@@ -337,6 +449,8 @@ TS_API ts_status ts_optim_step(ts_optim *o)
 {
     if (!o)
         return ts__fail(TS_EINVAL, "optimizer step: optimizer is NULL");
+    if (o->scheduled)
+        set_lr(o, ts_lr_at(&o->sched, o->steps));
     ts_no_grad_enter();
     ts_status s = TS_OK;
     for (size_t i = 0; i < o->n && s == TS_OK; i++)
@@ -373,6 +487,14 @@ TS_API ts_status ts_clip_grad_norm(const ts_named_tensor *params, size_t n, doub
         ts_tensor_unref(d);
     }
     total = sqrt(total);
+    if (s == TS_OK && !isfinite(total)) {
+        ts_no_grad_exit();
+        if (total_norm)
+            *total_norm = total;
+        return ts__fail(TS_EINVAL, "clip_grad_norm: the gradients' norm is %g: a gradient holds "
+                        "NaN or infinity; nothing was scaled (lower the learning rate, or find "
+                        "the op that overflows)", total);
+    }
     if (s == TS_OK && total > max_norm) {
         double scale = max_norm / (total + 1e-6);
         for (size_t i = 0; i < n && s == TS_OK; i++) {
@@ -391,6 +513,8 @@ TS_API double ts_lr_at(const ts_lr_schedule *sch, int64_t step)
 {
     if (!sch)
         return 0;
+    if (step < 0)
+        step = 0;
     if (step < sch->warmup_steps)
         return sch->base_lr * (double)(step + 1) / (double)sch->warmup_steps;
     int64_t t = step - sch->warmup_steps;
@@ -448,6 +572,28 @@ TS_API ts_status ts_optim_save_state(const ts_optim *o, ts_checkpoint *ck)
     }
     if (s == TS_OK && o->kind == O_SGD)
         s = ts_checkpoint_set_meta(ck, "optim.nesterov", o->sgd.nesterov ? "1" : "0");
+    if (s == TS_OK && o->scheduled) {
+        const ts_lr_schedule *sc = &o->sched;
+        const char *keys[] = {"base_lr", "warmup_steps", "step_size", "gamma", "total_steps",
+                              "min_lr"};
+        double vals[] = {sc->base_lr, (double)sc->warmup_steps, (double)sc->step_size, sc->gamma,
+                         (double)sc->total_steps, sc->min_lr};
+        s = ts_checkpoint_set_meta(ck, "optim.schedule", lr_kind_names[sc->kind]);
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0] && s == TS_OK; k++) {
+            char key[64];
+            snprintf(key, sizeof key, "optim.schedule.%s", keys[k]);
+            fmt_double(v, sizeof v, vals[k]);
+            s = ts_checkpoint_set_meta(ck, key, v);
+        }
+    }
+    for (size_t i = 0; i < o->n && s == TS_OK; i++) {
+        if (!o->slots[i].own_decay)
+            continue;
+        char key[160];
+        snprintf(key, sizeof key, "optim.%s.weight_decay", o->slots[i].name);
+        fmt_double(v, sizeof v, o->slots[i].weight_decay);
+        s = ts_checkpoint_set_meta(ck, key, v);
+    }
     int kslot = o->kind == O_SGD ? 0 : 1, nstate = state_count(o->kind, &o->sgd);
     for (size_t i = 0; i < o->n && s == TS_OK; i++) {
         /* A parameter without state (no gradient has reached it yet) says so, so that a load
@@ -551,6 +697,47 @@ static ts_status load_hyper(const ts_optim *o, const ts_checkpoint *ck, ts_sgd_o
     return TS_OK;
 }
 
+/* The learning-rate schedule in ck (optim.schedule and its values), checked as
+ * ts_optim_set_schedule checks one; *present 0 when the file has none (an optimizer without a
+ * schedule, or a file from before schedules were saved). */
+static ts_status load_schedule(const ts_checkpoint *ck, int *present, ts_lr_schedule *out)
+{
+    const char *kind = ts_checkpoint_meta(ck, "optim.schedule");
+    *present = kind != NULL;
+    if (!kind)
+        return TS_OK;
+    memset(out, 0, sizeof *out);
+    int k = 0;
+    while (k < 3 && strcmp(kind, lr_kind_names[k]) != 0)
+        k++;
+    if (k == 3)
+        return CORRUPT_META("optim.schedule", kind, "is not constant, step or cosine");
+    out->kind = k;
+    const double two53 = 9007199254740992.0;
+    double warm, size, total;
+    ts_status s;
+    if ((s = meta_double(ck, "optim.schedule.base_lr", 0, 0, INFINITY, 1, "a finite lr >= 0",
+                         &out->base_lr)) ||
+        (s = meta_double(ck, "optim.schedule.warmup_steps", 0, 0, two53, 0,
+                         "a whole number in [0, 2^53]", &warm)) ||
+        (s = meta_double(ck, "optim.schedule.step_size", 0, 0, two53, 0,
+                         "a whole number in [0, 2^53]", &size)) ||
+        (s = meta_double(ck, "optim.schedule.gamma", 0, 0, INFINITY, 1, "a finite gamma >= 0",
+                         &out->gamma)) ||
+        (s = meta_double(ck, "optim.schedule.total_steps", 0, 0, two53, 0,
+                         "a whole number in [0, 2^53]", &total)) ||
+        (s = meta_double(ck, "optim.schedule.min_lr", 0, 0, INFINITY, 1, "a finite lr >= 0",
+                         &out->min_lr)))
+        return s;
+    if (warm != floor(warm) || size != floor(size) || total != floor(total))
+        return ts__fail(TS_ECORRUPT, "optimizer state: the schedule's step counts (%g, %g, %g) "
+                        "are not whole numbers", warm, size, total);
+    out->warmup_steps = (int64_t)warm;
+    out->step_size = (int64_t)size;
+    out->total_steps = (int64_t)total;
+    return check_schedule(out, TS_ECORRUPT, "optimizer state");
+}
+
 /* Which of slot sl's state tensors ck holds (present[k]), checked against the parameter and
  * against the "optim.<param>.state" = "none" marker the save writes for a parameter without
  * state. Nothing is read. */
@@ -620,8 +807,30 @@ TS_API ts_status ts_optim_load_state(ts_optim *o, const ts_checkpoint *ck)
     ts_sgd_options sgd;
     ts_adam_options adam;
     ts_status s;
-    if ((s = meta_steps(ck, &steps)) || (s = load_hyper(o, ck, &sgd, &adam)))
+    ts_lr_schedule sched;
+    int scheduled = 0;
+    if ((s = meta_steps(ck, &steps)) || (s = load_hyper(o, ck, &sgd, &adam)) ||
+        (s = load_schedule(ck, &scheduled, &sched)))
         return s;
+    /* Parameter groups: a weight decay of a parameter's own. */
+    double *decay = ts__calloc(o->n ? o->n : 1, sizeof *decay);
+    int *own = ts__calloc(o->n ? o->n : 1, sizeof *own);
+    if (!decay || !own) {
+        free(decay);
+        free(own);
+        return ts__fail(TS_ENOMEM, "optimizer state: out of host memory");
+    }
+    for (size_t i = 0; i < o->n && s == TS_OK; i++) {
+        char key[160];
+        snprintf(key, sizeof key, "optim.%s.weight_decay", o->slots[i].name);
+        if ((own[i] = ts_checkpoint_meta(ck, key) != NULL))
+            s = meta_double(ck, key, 0, 0, INFINITY, 1, "a finite weight_decay >= 0", &decay[i]);
+    }
+    if (s) {
+        free(decay);
+        free(own);
+        return s;
+    }
     int kslot = o->kind == O_SGD ? 0 : 1, nstate = state_count(o->kind, &sgd);
     ts_tensor **fresh = ts__calloc(o->n ? 2 * o->n : 1, sizeof *fresh);
     if (!fresh)
@@ -653,7 +862,16 @@ TS_API ts_status ts_optim_load_state(ts_optim *o, const ts_checkpoint *ck)
         else
             o->adam = adam;
         o->steps = steps;
+        o->scheduled = scheduled;
+        if (scheduled)
+            o->sched = sched;
+        for (size_t i = 0; i < o->n; i++) {
+            o->slots[i].own_decay = own[i];
+            o->slots[i].weight_decay = own[i] ? decay[i] : 0;
+        }
     }
+    free(decay);
+    free(own);
     for (size_t i = 0; i < 2 * o->n; i++)
         ts_tensor_unref(fresh[i]);
     free(fresh);

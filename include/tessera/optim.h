@@ -1,5 +1,6 @@
 /* tessera/optim.h: optimizers (SGD with momentum / dampening / Nesterov / weight decay, Adam,
- * AdamW), gradient clipping by norm, and learning-rate schedules. An optimizer keeps its state
+ * AdamW) with parameter groups (a weight decay per parameter), gradient clipping by norm, and
+ * learning-rate schedules the optimizer follows. An optimizer keeps its state
  * (moments, step count) on the parameters' device, created lazily at the first step, and
  * updates parameters in place with grad mode off. The update is one fused kernel per parameter
  * when the plugin offers it (TS_OP_SGD_STEP / TS_OP_ADAM_STEP), composed from elementwise ops
@@ -47,8 +48,10 @@ void ts_optim_free(ts_optim *opt);
 ts_status ts_optim_step(ts_optim *opt);
 /* Drops every parameter's gradient. */
 void ts_optim_zero_grad(ts_optim *opt);
+/* The learning rate the next step uses. set_lr: a finite lr >= 0 (TS_EINVAL otherwise); with
+ * a schedule set, the schedule decides again at the next step. */
 double ts_optim_lr(const ts_optim *opt);
-void ts_optim_set_lr(ts_optim *opt, double lr);
+ts_status ts_optim_set_lr(ts_optim *opt, double lr);
 /* Steps taken so far. */
 int64_t ts_optim_steps(const ts_optim *opt);
 /* Whether to use the plugin's fused update kernel when it has one (default on); off composes
@@ -57,6 +60,16 @@ void ts_optim_use_fused(ts_optim *opt, int fused);
 /* "sgd", "adam", "adamw". (transfer none, static) */
 const char *ts_optim_name(const ts_optim *opt);
 
+/* Parameter groups: parameter name's own weight decay instead of the optimizer's (AdamW's
+ * decoupled decay, SGD's and Adam's L2 term alike); TS_EINVAL for an unknown name or a value
+ * that is not finite and >= 0. decay_matrices_only gives every parameter of fewer than 2 dims
+ * (biases, norm gains) a weight decay of 0, as transformers are trained, and returns how many
+ * it exempted; exempt others (embeddings) by name. param_weight_decay: the decay in force for
+ * name (NaN for an unknown one). */
+ts_status ts_optim_set_param_weight_decay(ts_optim *opt, const char *name, double weight_decay);
+size_t ts_optim_decay_matrices_only(ts_optim *opt);
+double ts_optim_param_weight_decay(const ts_optim *opt, const char *name);
+
 /* Adds the state (every moment tensor, the step count and the hyper-parameters) to ck, and
  * restores all of it from one, so a resumed run continues exactly: the optimizer kind must
  * match (TS_EINVAL), state tensors must match their parameters' shapes (TS_ESHAPE). */
@@ -64,7 +77,8 @@ ts_status ts_optim_save_state(const ts_optim *opt, ts_checkpoint *ck);
 ts_status ts_optim_load_state(ts_optim *opt, const ts_checkpoint *ck);
 
 /* Scales the gradients of the n parameters so their global L2 norm is at most max_norm;
- * *total_norm (may be NULL) gets the norm before clipping. */
+ * *total_norm (may be NULL) gets the norm before clipping. A norm that is not finite (a
+ * gradient holds NaN or infinity) is TS_EINVAL with nothing scaled. */
 ts_status ts_clip_grad_norm(const ts_named_tensor *params, size_t n, double max_norm,
                             double *total_norm);
 
@@ -86,8 +100,16 @@ typedef struct ts_lr_schedule {
     double min_lr;       /* TS_LR_COSINE */
 } ts_lr_schedule;
 
-/* The learning rate at step (0-based). */
+/* The learning rate at step (0-based; a negative step counts as 0). */
 double ts_lr_at(const ts_lr_schedule *s, int64_t step);
+/* Makes the optimizer set its learning rate to ts_lr_at(s, steps taken) before every step
+ * (and at once); NULL removes the schedule. The schedule is checked (TS_EINVAL naming the bad
+ * value: a known kind, a finite base_lr >= 0, warmup_steps >= 0; step: step_size >= 1 and a
+ * finite gamma > 0; cosine: total_steps >= warmup_steps and 0 <= min_lr <= base_lr) and saved
+ * with the optimizer's state, so a resumed run follows it exactly. get_schedule: 1 and *out
+ * when one is set, else 0. */
+ts_status ts_optim_set_schedule(ts_optim *opt, const ts_lr_schedule *s);
+int ts_optim_get_schedule(const ts_optim *opt, ts_lr_schedule *out);
 
 #ifdef __cplusplus
 }

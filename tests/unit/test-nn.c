@@ -333,6 +333,15 @@ static void test_clip_and_schedules(void)
     CHECK(fabs(norm - 5) < 1e-12);
     CHECK_OK(ts_tensor_to_host(ts_tensor_grad(a), gv, sizeof gv));
     CHECK(fabs(sqrt(gv[0] * gv[0] + gv[1] * gv[1]) - 1) < 1e-6);
+    /* A non-finite norm scales nothing and says why. */
+    double bad[2] = {1, 1.0 / 0.0};
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){2}, bad, &g));
+    CHECK_OK(ts_tensor_set_grad(a, g));
+    ts_tensor_unref(g);
+    CHECK_FAILS(ts_clip_grad_norm(&np, 1, 1.0, &norm), TS_EINVAL, "NaN or infinity");
+    CHECK(isinf(norm));
+    CHECK_OK(ts_tensor_to_host(ts_tensor_grad(a), gv, sizeof gv));
+    CHECK(gv[0] == 1 && isinf(gv[1]));
     ts_tensor_unref(a);
 
     ts_lr_schedule st = {TS_LR_STEP, 0.1, 0, 10, 0.5, 0, 0};
@@ -342,6 +351,109 @@ static void test_clip_and_schedules(void)
     CHECK(fabs(ts_lr_at(&cos_, 9) - 1.0) < 1e-12);   /* end of warm-up */
     CHECK(fabs(ts_lr_at(&cos_, 60) - 0.5) < 1e-12);  /* half way down */
     CHECK(fabs(ts_lr_at(&cos_, 200)) < 1e-12);       /* past the end: min_lr */
+    tap_end();
+}
+
+/* The optimizer follows its schedule: the lr of step k is ts_lr_at(k), for the fused and the
+ * composed update alike; bad schedules and learning rates are refused, each named. */
+static void test_optimizer_follows_schedule(void)
+{
+    setup();
+    for (int fused = 0; fused < 2; fused++) {
+        double init = 1.0;
+        ts_tensor *p;
+        CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){1}, &init, &p));
+        CHECK_OK(ts_tensor_set_requires_grad(p, 1));
+        ts_named_tensor np = {"w", p};
+        ts_optim *o;
+        CHECK_OK(ts_optim_sgd(&np, 1, &(ts_sgd_options){0.5, 0, 0, 0, 0}, &o));
+        ts_optim_use_fused(o, fused);
+        ts_lr_schedule cs = {TS_LR_COSINE, 0.1, 3, 0, 0, 10, 0.01};
+        CHECK_OK(ts_optim_set_schedule(o, &cs));
+        CHECK(fabs(ts_optim_lr(o) - ts_lr_at(&cs, 0)) < 1e-15); /* at once */
+        double want = init;
+        for (int k = 0; k < 12; k++) {
+            ts_tensor *g;
+            double one = 1.0;
+            CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){1}, &one, &g));
+            CHECK_OK(ts_tensor_set_grad(p, g));
+            ts_tensor_unref(g);
+            CHECK_OK(ts_optim_step(o));
+            CHECK_MSG(fabs(ts_optim_lr(o) - ts_lr_at(&cs, k)) < 1e-15,
+                      "step %d used lr %.17g, the schedule says %.17g", k, ts_optim_lr(o),
+                      ts_lr_at(&cs, k));
+            want -= ts_lr_at(&cs, k); /* SGD with a gradient of 1: p -= lr */
+        }
+        double got;
+        CHECK_OK(ts_tensor_to_host(p, &got, sizeof got));
+        CHECK_MSG(fabs(got - want) < 1e-12, "%s: p %.17g, want %.17g",
+                  fused ? "fused" : "composed", got, want);
+        ts_lr_schedule back;
+        CHECK(ts_optim_get_schedule(o, &back) && back.kind == TS_LR_COSINE);
+        CHECK_OK(ts_optim_set_schedule(o, NULL));
+        CHECK(!ts_optim_get_schedule(o, NULL));
+        const ts_lr_schedule bad[] = {
+            {7, 0.1, 0, 0, 0, 0, 0},                  {TS_LR_CONSTANT, -0.1, 0, 0, 0, 0, 0},
+            {TS_LR_CONSTANT, 1.0 / 0.0, 0, 0, 0, 0, 0}, {TS_LR_CONSTANT, 0.1, -1, 0, 0, 0, 0},
+            {TS_LR_STEP, 0.1, 0, 0, 0.5, 0, 0},       {TS_LR_STEP, 0.1, 0, 5, 0, 0, 0},
+            {TS_LR_COSINE, 0.1, 10, 0, 0, 5, 0},      {TS_LR_COSINE, 0.1, 0, 0, 0, 5, 0.2},
+        };
+        for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
+            CHECK_FAILS(ts_optim_set_schedule(o, &bad[k]), TS_EINVAL, "set_schedule");
+        CHECK_FAILS(ts_optim_set_lr(o, 0.0 / 0.0), TS_EINVAL, "set_lr", "finite");
+        CHECK_FAILS(ts_optim_set_lr(o, -1), TS_EINVAL, "set_lr");
+        CHECK_OK(ts_optim_set_lr(o, 0.25));
+        CHECK(ts_optim_lr(o) == 0.25);
+        ts_optim_free(o);
+        ts_tensor_unref(p);
+    }
+    tap_end();
+}
+
+/* Parameter groups: AdamW decays only the parameters whose group has a weight decay. With a
+ * zero gradient the moments stay 0, so the update is exactly p *= 1 - lr * wd. */
+static void test_parameter_groups(void)
+{
+    setup();
+    for (int fused = 0; fused < 2; fused++) {
+        double wv[6] = {1, 2, 3, 4, 5, 6}, bv[3] = {1, 2, 3}, ev[4] = {1, 1, 1, 1}, zero[6] = {0};
+        ts_tensor *w, *b, *e;
+        CHECK_OK(ts_tensor_from_host(dev, TS_F64, 2, (const int64_t[]){2, 3}, wv, &w));
+        CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){3}, bv, &b));
+        CHECK_OK(ts_tensor_from_host(dev, TS_F64, 2, (const int64_t[]){2, 2}, ev, &e));
+        ts_named_tensor np[3] = {{"w", w}, {"b", b}, {"wte", e}};
+        for (int i = 0; i < 3; i++)
+            CHECK_OK(ts_tensor_set_requires_grad(np[i].tensor, 1));
+        ts_optim *o;
+        CHECK_OK(ts_optim_adamw(np, 3, &(ts_adam_options){0.1, 0.9, 0.999, 1e-8, 0.5}, &o));
+        ts_optim_use_fused(o, fused);
+        CHECK_INT_EQ(ts_optim_decay_matrices_only(o), 1); /* b */
+        CHECK_OK(ts_optim_set_param_weight_decay(o, "wte", 0)); /* embeddings: by name */
+        CHECK(ts_optim_param_weight_decay(o, "w") == 0.5 && ts_optim_param_weight_decay(o, "b") == 0);
+        CHECK(isnan(ts_optim_param_weight_decay(o, "nope")));
+        CHECK_FAILS(ts_optim_set_param_weight_decay(o, "nope", 0), TS_EINVAL, "'nope'");
+        CHECK_FAILS(ts_optim_set_param_weight_decay(o, "w", -1), TS_EINVAL, "finite");
+        for (int i = 0; i < 3; i++) {
+            ts_tensor *g;
+            CHECK_OK(ts_tensor_from_host(dev, TS_F64, ts_tensor_ndim(np[i].tensor),
+                                         ts_tensor_shape(np[i].tensor), zero, &g));
+            CHECK_OK(ts_tensor_set_grad(np[i].tensor, g));
+            ts_tensor_unref(g);
+        }
+        CHECK_OK(ts_optim_step(o));
+        double gw[6], gb[3], ge[4];
+        CHECK_OK(ts_tensor_to_host(w, gw, sizeof gw));
+        CHECK_OK(ts_tensor_to_host(b, gb, sizeof gb));
+        CHECK_OK(ts_tensor_to_host(e, ge, sizeof ge));
+        for (int i = 0; i < 6; i++)
+            CHECK_MSG(fabs(gw[i] - wv[i] * (1 - 0.1 * 0.5)) < 1e-12, "w[%d] %.17g", i, gw[i]);
+        for (int i = 0; i < 3; i++)
+            CHECK_MSG(gb[i] == bv[i], "b[%d] decayed: %.17g", i, gb[i]);
+        for (int i = 0; i < 4; i++)
+            CHECK_MSG(ge[i] == 1, "wte[%d] decayed: %.17g", i, ge[i]);
+        ts_optim_free(o);
+        ts_tensor_unref(w), ts_tensor_unref(b), ts_tensor_unref(e);
+    }
     tap_end();
 }
 
@@ -361,6 +473,12 @@ static void test_optimizer_state_round_trip(void)
     ts_optim *a, *b, *c;
     CHECK_OK(ts_optim_adamw(&n1, 1, &ao, &a));
     CHECK_OK(ts_optim_adamw(&n2, 1, &ao, &b));
+    /* A schedule and a group of its own, which the saved state must carry. */
+    ts_lr_schedule sch = {TS_LR_COSINE, 0.02, 2, 0, 0, 6, 0.001};
+    CHECK_OK(ts_optim_set_schedule(a, &sch));
+    CHECK_OK(ts_optim_set_schedule(b, &sch));
+    CHECK_OK(ts_optim_set_param_weight_decay(a, "w", 0.3));
+    CHECK_OK(ts_optim_set_param_weight_decay(b, "w", 0.3));
     const char *path = NULL;
     char pbuf[4200];
     for (int step = 0; step < 6; step++) {
@@ -387,7 +505,11 @@ static void test_optimizer_state_round_trip(void)
             CHECK_OK(ts_checkpoint_load(path, dev, &ck));
             CHECK_OK(ts_optim_load_state(b, ck));
             CHECK_INT_EQ(ts_optim_steps(b), 3);
-            CHECK(ts_optim_lr(b) == 0.01);
+            ts_lr_schedule got;
+            CHECK(ts_optim_get_schedule(b, &got) && got.kind == TS_LR_COSINE &&
+                  got.base_lr == 0.02 && got.warmup_steps == 2 && got.total_steps == 6 &&
+                  got.min_lr == 0.001);
+            CHECK(ts_optim_param_weight_decay(b, "w") == 0.3);
             /* Loading into another kind of optimizer is refused. */
             CHECK_OK(ts_optim_sgd(&n2, 1, &(ts_sgd_options){0.1, 0, 0, 0, 0}, &c));
             CHECK_FAILS(ts_optim_load_state(c, ck), TS_EINVAL, "'adamw'", "'sgd'");
@@ -567,6 +689,8 @@ int main(int argc, char **argv)
         TAP_TEST(test_norms_dropout_embedding),
         TAP_TEST(test_optimizers_match_reference),
         TAP_TEST(test_clip_and_schedules),
+        TAP_TEST(test_optimizer_follows_schedule),
+        TAP_TEST(test_parameter_groups),
         TAP_TEST(test_optimizer_state_round_trip),
         TAP_TEST(test_layer_backward),
         TAP_TEST(test_batchnorm_training_backward),
