@@ -18,6 +18,9 @@ static const char usage[] =
     "                     [--init kaiming|kaiming-normal|xavier|normal:STD] [--epochs N]\n"
     "                     [--batch-size B] [--lr X]\n"
     "                     [--optimizer sgd|adam|adamw] [--momentum M] [--weight-decay W]\n"
+    "                     [--decay all|matrices] [--lr-schedule constant|step|cosine]\n"
+    "                     [--warmup-steps N] [--min-lr X] [--lr-decay-steps N]\n"
+    "                     [--lr-step-size N] [--lr-gamma G] [--clip-grad-norm X]\n"
     "                     [--device NAME] [--config FILE] [--data DIR] [--save CKPT]\n"
     "                     [--resume CKPT] [--seed S] [--max-steps N] [--train-limit N]\n"
     "                     [--log-steps] [--json]\n"
@@ -33,6 +36,14 @@ static const char usage[] =
     "  --save CKPT     write a checkpoint (safetensors) after every epoch and at the end\n"
     "  --resume CKPT   continue exactly where CKPT stopped (same model, optimizer, order;\n"
     "                  the optimizer settings are the checkpoint's)\n"
+    "  --decay KIND    which parameters weight decay applies to: all (default), or matrices\n"
+    "                  (no decay on parameters of fewer than 2 dims: biases)\n"
+    "  --lr-schedule K the learning rate per step: constant (default), step (times\n"
+    "                  --lr-gamma, default 0.5, every --lr-step-size steps, default one\n"
+    "                  epoch) or cosine (down to --min-lr, default lr/10, at step\n"
+    "                  --lr-decay-steps, default the run's last); each after a linear\n"
+    "                  warm-up from 0 over --warmup-steps (default 0)\n"
+    "  --clip-grad-norm X  scale the gradients to a global L2 norm of at most X (0: off)\n"
     "  --max-steps N   stop after N optimizer steps in all (then evaluate and save)\n"
     "  --train-limit N train on the first N training images only\n"
     "  --log-steps     print every step's loss (one line each; JSON lines with --json)\n"
@@ -51,10 +62,14 @@ typedef struct train_opts {
     const char *model, *optimizer, *device, *data, *save, *resume;
     int64_t epochs, batch, max_steps, train_limit;
     double lr, momentum, weight_decay;
+    const char *lr_schedule, *decay; /* "constant" / "step" / "cosine"; "all" / "matrices" */
+    int64_t warmup_steps, lr_step_size, lr_decay_steps;
+    double min_lr, lr_gamma, clip;
     uint64_t seed;
     int json, log_steps;
     /* given on the command line (checked against a resumed checkpoint) */
     int set_optimizer, set_lr, set_momentum, set_weight_decay, set_epochs;
+    int set_schedule, set_decay, set_clip; /* any schedule flag; --decay; --clip-grad-norm */
     cli_model arch; /* --model, --hidden, --channels, --init */
 } train_opts;
 
@@ -377,6 +392,10 @@ static ts_status save(trainer *t, const char *path)
         meta_u64(ck, "train.batch", (uint64_t)batch);
         meta_u64(ck, "train.rng_seed", t->rng.seed);
         meta_u64(ck, "train.rng_offset", t->rng.offset);
+        char clip[32];
+        snprintf(clip, sizeof clip, "%.17g", t->o.clip);
+        ts_checkpoint_set_meta(ck, "train.clip_grad_norm", clip);
+        ts_checkpoint_set_meta(ck, "train.decay", t->o.decay);
         s = ts_checkpoint_save(ck, path);
         if (s == TS_OK)
             t->saved_step = t->step;
@@ -449,6 +468,118 @@ static int hyper(trainer *t, const ts_checkpoint *ck, const char *key, const cha
         return 2;
     }
     *val = saved;
+    return 0;
+}
+
+/* The schedule the options ask for: 0 for none (constant, no warm-up). Cosine ends at
+ * --lr-decay-steps, else at the run's last step (--epochs whole epochs, or --max-steps if
+ * that comes first). */
+static int schedule_from_opts(const trainer *t, ts_lr_schedule *out)
+{
+    const train_opts *o = &t->o;
+    int kind = !strcmp(o->lr_schedule, "step")     ? TS_LR_STEP
+               : !strcmp(o->lr_schedule, "cosine") ? TS_LR_COSINE
+                                                   : TS_LR_CONSTANT;
+    if (kind == TS_LR_CONSTANT && o->warmup_steps == 0)
+        return 0;
+    int64_t nb = ts_loader_batches(t->loader);
+    int64_t total = o->epochs * nb; /* the run's last step: --epochs or --max-steps, first */
+    if (o->max_steps > 0 && o->max_steps < total)
+        total = o->max_steps;
+    if (o->lr_decay_steps > 0) /* a run stopped early to be resumed keeps its horizon */
+        total = o->lr_decay_steps;
+    *out = (ts_lr_schedule){.kind = kind,
+                            .base_lr = o->lr,
+                            .warmup_steps = o->warmup_steps,
+                            .step_size = o->lr_step_size > 0 ? o->lr_step_size : (nb ? nb : 1),
+                            .gamma = o->lr_gamma,
+                            .total_steps = total,
+                            .min_lr = o->min_lr >= 0 ? o->min_lr : o->lr / 10};
+    return 1;
+}
+
+/* "cosine, warm-up 100, lr 0.001 down to 0.0001 at step 5000" and the like. */
+static const char *schedule_text(const ts_optim *opt, char *buf, size_t len)
+{
+    ts_lr_schedule sc;
+    if (!ts_optim_get_schedule(opt, &sc)) {
+        snprintf(buf, len, "constant");
+        return buf;
+    }
+    int n = snprintf(buf, len, "%s", sc.kind == TS_LR_STEP     ? "step"
+                                     : sc.kind == TS_LR_COSINE ? "cosine"
+                                                               : "constant");
+    if (sc.warmup_steps && n >= 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, ", warm-up %lld", (long long)sc.warmup_steps);
+    if (n >= 0 && (size_t)n < len && sc.kind == TS_LR_STEP)
+        snprintf(buf + n, len - (size_t)n, ", x%g every %lld steps", sc.gamma,
+                 (long long)sc.step_size);
+    else if (n >= 0 && (size_t)n < len && sc.kind == TS_LR_COSINE)
+        snprintf(buf + n, len - (size_t)n, " down to %g at step %lld", sc.min_lr,
+                 (long long)sc.total_steps);
+    return buf;
+}
+
+/* Applies --decay and the schedule to a fresh optimizer. 0, or the exit status. */
+static int setup_optimizer(trainer *t)
+{
+    if (!strcmp(t->o.decay, "matrices"))
+        ts_optim_decay_matrices_only(t->opt);
+    ts_lr_schedule sc;
+    ts_status s;
+    if (schedule_from_opts(t, &sc) && (s = ts_optim_set_schedule(t->opt, &sc)))
+        return cli_fail(s, "--lr-schedule");
+    return 0;
+}
+
+/* On --resume: the schedule, --decay and --clip-grad-norm are the checkpoint's; flags that
+ * ask for something else are refused, as --lr is. 0, or the exit status. */
+static int resume_schedule(trainer *t, const ts_checkpoint *ck)
+{
+    const char *path = t->o.resume;
+    const char *clip = ts_checkpoint_meta(ck, "train.clip_grad_norm");
+    const char *decay = ts_checkpoint_meta(ck, "train.decay");
+    double saved_clip = 0;
+    if (clip && cli_strict_double(clip, 0, 0, 1e12, &saved_clip) != 0) {
+        fprintf(stderr, "tessera: error: %s: train.clip_grad_norm = '%s' is not a number in "
+                        "[0, 1e12]; the checkpoint is damaged\n", path, clip);
+        return 1;
+    }
+    if (decay && strcmp(decay, "all") && strcmp(decay, "matrices")) {
+        fprintf(stderr, "tessera: error: %s: train.decay = '%s' is neither all nor matrices; the "
+                        "checkpoint is damaged\n", path, decay);
+        return 1;
+    }
+    if (t->o.set_clip && t->o.clip != saved_clip) {
+        fprintf(stderr, "tessera: error: %s was trained with --clip-grad-norm %g, not %g; resume "
+                        "without --clip-grad-norm (or with the same), or start a new run\n",
+                path, saved_clip, t->o.clip);
+        return 2;
+    }
+    if (t->o.set_decay && strcmp(t->o.decay, decay ? decay : "all")) {
+        fprintf(stderr, "tessera: error: %s was trained with --decay %s, not %s; resume without "
+                        "--decay (or with the same), or start a new run\n",
+                path, decay ? decay : "all", t->o.decay);
+        return 2;
+    }
+    t->o.clip = saved_clip;
+    t->o.decay = decay && !strcmp(decay, "matrices") ? "matrices" : "all";
+    if (t->o.set_schedule) {
+        ts_lr_schedule want, have;
+        int w = schedule_from_opts(t, &want), h = ts_optim_get_schedule(t->opt, &have);
+        if (w != h || (w && (want.kind != have.kind || want.base_lr != have.base_lr ||
+                             want.warmup_steps != have.warmup_steps ||
+                             want.step_size != have.step_size || want.gamma != have.gamma ||
+                             want.total_steps != have.total_steps ||
+                             want.min_lr != have.min_lr))) {
+            char a[160];
+            fprintf(stderr, "tessera: error: %s was trained with the learning-rate schedule "
+                            "'%s', which these flags change; the schedule comes from the "
+                            "checkpoint: resume without the schedule flags, or start a new "
+                            "run\n", path, schedule_text(t->opt, a, sizeof a));
+            return 2;
+        }
+    }
     return 0;
 }
 
@@ -564,6 +695,9 @@ static int resume(trainer *t)
         rc = cli_fail(s, "--resume");
         goto out;
     }
+    if ((rc = resume_schedule(t, ck)))
+        goto out;
+    rc = 1;
     t->step = (int64_t)step;
     t->epoch = epoch;
     t->rng.seed = rseed;
@@ -688,7 +822,10 @@ static ts_status run_epoch(trainer *t, int *stop)
         double lv = 0;
         if ((s = ts_module_forward(t->model, x, &logits)) == TS_OK &&
             (s = ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) == TS_OK &&
-            (s = ts_backward(loss, NULL, 0)) == TS_OK && (s = ts_optim_step(t->opt)) == TS_OK &&
+            (s = ts_backward(loss, NULL, 0)) == TS_OK &&
+            (t->o.clip <= 0 ||
+             (s = ts_clip_grad_norm(t->params, t->nparams, t->o.clip, NULL)) == TS_OK) &&
+            (s = ts_optim_step(t->opt)) == TS_OK &&
             (s = ts_cast(loss, TS_F64, &d)) == TS_OK && (s = ts_tensor_to_host(d, &lv, sizeof lv)) == TS_OK) {
             ts_optim_zero_grad(t->opt);
             ts_no_grad_enter();
@@ -724,9 +861,11 @@ static ts_status run_epoch(trainer *t, int *stop)
         loss_sum += lv * (double)bs;
         if (t->o.log_steps) {
             if (t->o.json)
-                printf("{\"step\": %lld, \"loss\": %.9g}\n", (long long)t->step, lv);
+                printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g}\n", (long long)t->step,
+                       lv, ts_optim_lr(t->opt));
             else
-                printf("step %lld loss %.9g\n", (long long)t->step, lv);
+                printf("step %lld loss %.9g lr %.6g\n", (long long)t->step, lv,
+                       ts_optim_lr(t->opt));
         } else if (t->tty && !t->o.json && (bi % 10 == 0 || bi == nb)) {
             progress(t, bi, nb, loss_sum / (double)seen, (double)seen / (cli_now() - t0));
         }
@@ -745,11 +884,12 @@ static ts_status run_epoch(trainer *t, int *stop)
     double train_loss = seen ? loss_sum / (double)seen : 0;
     double train_acc = seen ? (double)correct / (double)seen : 0;
     if (t->o.json) {
-        printf("{\"epoch\": %llu, \"steps\": %lld, \"train_loss\": %.6f, \"train_acc\": %.4f, "
-               "\"test_acc\": %.4f, \"seconds\": %.2f, \"pool_in_use\": %llu, "
+        printf("{\"epoch\": %llu, \"steps\": %lld, \"lr\": %.9g, \"train_loss\": %.6f, "
+               "\"train_acc\": %.4f, \"test_acc\": %.4f, \"seconds\": %.2f, \"pool_in_use\": %llu, "
                "\"pool_reserved\": %llu, \"pool_peak_reserved\": %llu, \"pool_peak_in_use\": "
                "%llu}\n",
-               (unsigned long long)t->epoch + 1, (long long)t->step, train_loss, train_acc,
+               (unsigned long long)t->epoch + 1, (long long)t->step, ts_optim_lr(t->opt),
+               train_loss, train_acc,
                test_acc, secs, (unsigned long long)st.in_use, (unsigned long long)st.reserved,
                (unsigned long long)st.peak_reserved, (unsigned long long)st.peak_in_use);
     } else {
@@ -771,7 +911,8 @@ static ts_status run_epoch(trainer *t, int *stop)
 static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
 {
     *o = (train_opts){.model = "lenet5", .optimizer = "adam", .epochs = 1, .batch = 64,
-                      .seed = 1, .json = common->json};
+                      .seed = 1, .json = common->json, .lr_schedule = "constant",
+                      .decay = "all", .min_lr = -1, .lr_gamma = 0.5};
     cli_model_init(&o->arch);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -812,6 +953,32 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
         } else if (!strcmp(a, "--weight-decay")) {
             bad = cli_parse_double("train", a, v, 0, 0, MAX_WEIGHT_DECAY, &o->weight_decay), i++;
             o->set_weight_decay = 1;
+        } else if (!strcmp(a, "--lr-schedule")) {
+            if (!v || (strcmp(v, "constant") && strcmp(v, "step") && strcmp(v, "cosine")))
+                return cli_usage_error("train", "--lr-schedule takes constant, step or cosine");
+            o->lr_schedule = v, i++, o->set_schedule = 1;
+        } else if (!strcmp(a, "--warmup-steps")) {
+            bad = cli_parse_i64("train", a, v, 0, MAX_STEPS, &o->warmup_steps), i++;
+            o->set_schedule = 1;
+        } else if (!strcmp(a, "--min-lr")) {
+            bad = cli_parse_double("train", a, v, 0, 0, MAX_LR, &o->min_lr), i++;
+            o->set_schedule = 1;
+        } else if (!strcmp(a, "--lr-decay-steps")) {
+            bad = cli_parse_i64("train", a, v, 1, MAX_STEPS, &o->lr_decay_steps), i++;
+            o->set_schedule = 1;
+        } else if (!strcmp(a, "--lr-step-size")) {
+            bad = cli_parse_i64("train", a, v, 1, MAX_STEPS, &o->lr_step_size), i++;
+            o->set_schedule = 1;
+        } else if (!strcmp(a, "--lr-gamma")) {
+            bad = cli_parse_double("train", a, v, 0, 1, 1, &o->lr_gamma), i++;
+            o->set_schedule = 1;
+        } else if (!strcmp(a, "--clip-grad-norm")) {
+            bad = cli_parse_double("train", a, v, 0, 0, 1e12, &o->clip), i++;
+            o->set_clip = 1;
+        } else if (!strcmp(a, "--decay")) {
+            if (!v || (strcmp(v, "all") && strcmp(v, "matrices")))
+                return cli_usage_error("train", "--decay takes all or matrices");
+            o->decay = v, i++, o->set_decay = 1;
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
         } else if (!strcmp(a, "--log-steps")) {
@@ -918,6 +1085,9 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         cli_fail(s, "cannot set up training");
         goto out;
     }
+    if (!t.o.resume && (rc = setup_optimizer(&t)))
+        goto out;
+    rc = 1;
     if (t.o.resume) {
         if ((rc = resume(&t)))
             goto out;
@@ -930,20 +1100,28 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         fprintf(stderr, "tessera: resumed from %s at epoch %llu, step %lld\n", t.o.resume,
                 (unsigned long long)t.epoch + 1, (long long)t.step);
     }
-    char arch[256], hyper_txt[96];
+    char arch[256], hyper_txt[96], sched_txt[160];
     if (!strcmp(t.o.optimizer, "sgd"))
         snprintf(hyper_txt, sizeof hyper_txt, "lr %g momentum %g weight decay %g", t.o.lr,
                  t.o.momentum, t.o.weight_decay);
     else
         snprintf(hyper_txt, sizeof hyper_txt, "lr %g weight decay %g", t.o.lr,
                  t.o.weight_decay);
-    if (!t.o.json) /* the values in use: on --resume, the checkpoint's */
+    if (!t.o.json) { /* the values in use: on --resume, the checkpoint's */
         printf("tessera train: %s (%lld parameters) on '%s', %s %s, batch %lld, %lld "
                "training images, data loaded in %.1f s\n",
                cli_model_describe(&t.o.arch, arch, sizeof arch),
                (long long)ts_module_num_params(t.model), ts_device_name(t.dev), t.o.optimizer,
                hyper_txt, (long long)t.o.batch, (long long)ts_tensor_size(t.train_x, 0),
                cli_now() - t0);
+        char clip_txt[48] = "off";
+        if (t.o.clip > 0)
+            snprintf(clip_txt, sizeof clip_txt, "at norm %g", t.o.clip);
+        if (ts_optim_get_schedule(t.opt, NULL) || t.o.clip > 0 || strcmp(t.o.decay, "all"))
+            printf("  lr schedule %s; weight decay on %s; gradient clipping %s\n",
+                   schedule_text(t.opt, sched_txt, sizeof sched_txt),
+                   strcmp(t.o.decay, "all") ? "matrices only" : "every parameter", clip_txt);
+    }
     int stop = 0;
     for (; t.epoch < (uint64_t)t.o.epochs && !stop; t.epoch++) {
         uint64_t ep;
