@@ -21,13 +21,14 @@ typedef enum kind {
     M_BATCHNORM,
     M_LAYERNORM,
     M_EMBEDDING,
-    M_SEQUENTIAL
+    M_SEQUENTIAL,
+    M_CUSTOM
 } kind;
 
 static const char *const kind_names[] = {"linear",  "conv2d",  "max_pool2d", "avg_pool2d",
                                          "relu",    "gelu",    "tanh",       "flatten",
                                          "dropout", "batchnorm2d", "layernorm", "embedding",
-                                         "sequential"};
+                                         "sequential", "custom"};
 
 #define NAME_MAX_LEN 48
 
@@ -41,10 +42,20 @@ struct ts_module {
     double p, eps, momentum;
     ts_rng *rng;                            /* dropout (borrowed) */
     int norm_ndim;                          /* layer norm */
-    ts_module **children;                   /* sequential (owned) */
+    ts_module **children;                   /* sequential and custom (owned) */
     char (*names)[NAME_MAX_LEN];
     size_t n, cap;
+    ts_module_def def;                      /* custom: the user's definition */
+    void *user;
+    struct mtensor {
+        char name[NAME_MAX_LEN];
+        ts_tensor *t;                       /* a reference of the module's own */
+        int role;                           /* ROLE_* */
+    } *tensors;                             /* custom: parameters and buffers, in order */
+    size_t nt, tcap;
 };
+
+enum { ROLE_PARAM, ROLE_BUFFER, ROLE_SHARED };
 
 static ts_status new_module(int k, ts_module **out)
 {
@@ -68,6 +79,11 @@ TS_API void ts_module_free(ts_module *m)
     ts_tensor_unref(m->running_var);
     for (size_t i = 0; i < m->n; i++)
         ts_module_free(m->children[i]);
+    for (size_t i = 0; i < m->nt; i++)
+        ts_tensor_unref(m->tensors[i].t);
+    free(m->tensors);
+    if (m->kind == M_CUSTOM && m->def.free_user)
+        m->def.free_user(m->user);
     free(m->children);
     free(m->names);
     free(m);
@@ -75,7 +91,7 @@ TS_API void ts_module_free(ts_module *m)
 
 TS_API const char *ts_module_kind(const ts_module *m)
 {
-    return m ? kind_names[m->kind] : "none";
+    return !m ? "none" : m->kind == M_CUSTOM ? m->def.kind : kind_names[m->kind];
 }
 
 /* ---- initialisation -------------------------------------------------------------------- */
@@ -318,49 +334,166 @@ TS_API ts_status ts_nn_sequential(ts_module **m)
     return simple(M_SEQUENTIAL, m);
 }
 
-TS_API ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_module *child)
+/* name is [A-Za-z0-9_]+, shorter than NAME_MAX_LEN, and no parameter, buffer or child of m
+ * has it yet; else TS_EINVAL naming who asked. */
+static ts_status check_name(const ts_module *m, const char *who, const char *name)
 {
-    ts_status s = TS_OK;
-    if (!seq || seq->kind != M_SEQUENTIAL || !child || !name) {
-        s = ts__fail(TS_EINVAL, "sequential_add: need a sequential container, a name and a "
-                     "child");
-        goto fail;
-    }
     size_t len = strlen(name);
     int ok = len > 0 && len < NAME_MAX_LEN;
     for (size_t i = 0; ok && i < len; i++)
         ok = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
              (name[i] >= '0' && name[i] <= '9') || name[i] == '_';
-    if (!ok) {
-        s = ts__fail(TS_EINVAL, "sequential_add: '%s' is not a name ([A-Za-z0-9_], at most %d "
-                     "characters)", name, NAME_MAX_LEN - 1);
+    if (!ok)
+        return ts__fail(TS_EINVAL, "%s: '%s' is not a name ([A-Za-z0-9_], at most %d "
+                        "characters)", who, name, NAME_MAX_LEN - 1);
+    for (size_t i = 0; i < m->n; i++)
+        if (strcmp(m->names[i], name) == 0)
+            return ts__fail(TS_EINVAL, "%s: the name '%s' is taken", who, name);
+    for (size_t i = 0; i < m->nt; i++)
+        if (strcmp(m->tensors[i].name, name) == 0)
+            return ts__fail(TS_EINVAL, "%s: the name '%s' is taken", who, name);
+    return TS_OK;
+}
+
+/* Appends child under name to m (which owns it from now on, also on failure). */
+static ts_status add_child(ts_module *m, const char *who, const char *name, ts_module *child)
+{
+    ts_status s = check_name(m, who, name);
+    if (s)
         goto fail;
-    }
-    for (size_t i = 0; i < seq->n; i++)
-        if (strcmp(seq->names[i], name) == 0) {
-            s = ts__fail(TS_EINVAL, "sequential_add: the name '%s' is taken", name);
-            goto fail;
-        }
-    if (seq->n == seq->cap) {
-        size_t cap = seq->cap ? seq->cap * 2 : 8;
-        ts_module **c = ts__realloc(seq->children, cap * sizeof *c);
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 8;
+        ts_module **c = ts__realloc(m->children, cap * sizeof *c);
         if (c)
-            seq->children = c;
-        char(*nm)[NAME_MAX_LEN] = c ? ts__realloc(seq->names, cap * sizeof *nm) : NULL;
+            m->children = c;
+        char(*nm)[NAME_MAX_LEN] = c ? ts__realloc(m->names, cap * sizeof *nm) : NULL;
         if (!c || !nm) {
-            s = ts__fail(TS_ENOMEM, "sequential_add: out of host memory");
+            s = ts__fail(TS_ENOMEM, "%s: out of host memory", who);
             goto fail;
         }
-        seq->names = nm;
-        seq->cap = cap;
+        m->names = nm;
+        m->cap = cap;
     }
-    seq->children[seq->n] = child;
-    memcpy(seq->names[seq->n], name, len + 1);
-    seq->n++;
+    m->children[m->n] = child;
+    snprintf(m->names[m->n], NAME_MAX_LEN, "%s", name);
+    m->n++;
     return TS_OK;
 fail:
     ts_module_free(child);
     return s;
+}
+
+TS_API ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_module *child)
+{
+    if (!seq || seq->kind != M_SEQUENTIAL || !child || !name) {
+        ts_module_free(child);
+        return ts__fail(TS_EINVAL, "sequential_add: need a sequential container, a name and a "
+                        "child");
+    }
+    return add_child(seq, "sequential_add", name, child);
+}
+
+/* ---- modules of your own --------------------------------------------------------------- */
+
+TS_API ts_status ts_module_custom(const ts_module_def *def, void *user, ts_module **out)
+{
+    if (out)
+        *out = NULL;
+    ts_status s = TS_OK;
+    if (!out || !def || !def->forward || !def->kind || !*def->kind)
+        s = ts__fail(TS_EINVAL, "module_custom: need out and a definition with a kind and a "
+                     "forward function");
+    else if ((s = new_module(M_CUSTOM, out)) == TS_OK) {
+        (*out)->def = *def;
+        (*out)->user = user;
+        return TS_OK;
+    }
+    if (def && def->free_user)
+        def->free_user(user);
+    return s;
+}
+
+static ts_status add_tensor(ts_module *m, const char *who, const char *name, ts_tensor *t,
+                            int role)
+{
+    if (!m || !name || !t)
+        return ts__fail(TS_EINVAL, "%s: NULL argument", who);
+    if (m->kind != M_CUSTOM)
+        return ts__fail(TS_EINVAL, "%s: '%s' is a %s; only modules made with ts_module_custom "
+                        "take parameters and buffers this way", who, name, kind_names[m->kind]);
+    ts_status s = check_name(m, who, name);
+    if (s)
+        return s;
+    if (role == ROLE_PARAM && !ts_tensor_requires_grad(t) &&
+        (s = ts_tensor_set_requires_grad(t, 1)))
+        return ts__fail_prefix(s, "%s '%s': ", who, name);
+    if (role == ROLE_SHARED && !ts_tensor_requires_grad(t))
+        return ts__fail(TS_EINVAL, "%s: '%s' does not require grad: share a parameter another "
+                        "module registered", who, name);
+    if (m->nt == m->tcap) {
+        size_t cap = m->tcap ? m->tcap * 2 : 4;
+        struct mtensor *v = ts__realloc(m->tensors, cap * sizeof *v);
+        if (!v)
+            return ts__fail(TS_ENOMEM, "%s: out of host memory", who);
+        m->tensors = v;
+        m->tcap = cap;
+    }
+    struct mtensor *e = &m->tensors[m->nt++];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->t = ts_tensor_ref(t);
+    e->role = role;
+    return TS_OK;
+}
+
+TS_API ts_status ts_module_add_param(ts_module *m, const char *name, ts_tensor *t)
+{
+    return add_tensor(m, "module_add_param", name, t, ROLE_PARAM);
+}
+
+TS_API ts_status ts_module_add_shared_param(ts_module *m, const char *name, ts_tensor *t)
+{
+    return add_tensor(m, "module_add_shared_param", name, t, ROLE_SHARED);
+}
+
+TS_API ts_status ts_module_add_buffer(ts_module *m, const char *name, ts_tensor *t)
+{
+    return add_tensor(m, "module_add_buffer", name, t, ROLE_BUFFER);
+}
+
+TS_API ts_status ts_module_add_child(ts_module *m, const char *name, ts_module *child)
+{
+    if (!m || m->kind != M_CUSTOM || !name || !child) {
+        ts_module_free(child);
+        return ts__fail(TS_EINVAL, "module_add_child: need a module made with "
+                        "ts_module_custom, a name and a child");
+    }
+    return add_child(m, "module_add_child", name, child);
+}
+
+TS_API ts_tensor *ts_module_param(const ts_module *m, const char *name)
+{
+    for (size_t i = 0; m && name && i < m->nt; i++)
+        if (strcmp(m->tensors[i].name, name) == 0)
+            return m->tensors[i].t;
+    return NULL;
+}
+
+TS_API ts_module *ts_module_child(const ts_module *m, const char *name)
+{
+    for (size_t i = 0; m && name && i < m->n; i++)
+        if (strcmp(m->names[i], name) == 0)
+            return m->children[i];
+    return NULL;
+}
+
+TS_API void *ts_module_user(const ts_module *m)
+{
+    return m ? m->user : NULL;
+}
+
+TS_API int ts_module_is_training(const ts_module *m)
+{
+    return m && m->training;
 }
 
 /* ---- forward --------------------------------------------------------------------------- */
@@ -606,6 +739,18 @@ TS_API ts_status ts_module_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
         *y = h;
         return TS_OK;
     }
+    case M_CUSTOM: {
+        ts_status s = m->def.forward(m, x, y);
+        if (s) {
+            ts_tensor_unref(*y);
+            *y = NULL;
+            return ts__fail_prefix(s, "%s: ", m->def.kind);
+        }
+        if (!*y)
+            return ts__fail(TS_ESTATE, "%s: forward returned TS_OK without an output",
+                            m->def.kind);
+        return TS_OK;
+    }
     }
     return ts__fail(TS_ESTATE, "forward: unknown module kind %d", m->kind);
 }
@@ -637,7 +782,10 @@ static void add_named(ts_named_tensor *out, size_t cap, size_t *n, const char *p
 static void collect(ts_module *m, const char *prefix, int buffers, ts_named_tensor *out,
                     size_t cap, size_t *n)
 {
-    if (m->kind == M_SEQUENTIAL) {
+    if (m->kind == M_SEQUENTIAL || m->kind == M_CUSTOM) {
+        for (size_t i = 0; i < m->nt; i++) /* a custom module's own, in order */
+            if (m->tensors[i].role == (buffers ? ROLE_BUFFER : ROLE_PARAM))
+                add_named(out, cap, n, prefix, m->tensors[i].name, m->tensors[i].t);
         for (size_t i = 0; i < m->n; i++) {
             char p[96];
             snprintf(p, sizeof p, "%s%s%s", prefix, prefix[0] ? "." : "", m->names[i]);

@@ -66,6 +66,40 @@ ts_status ts_nn_sequential(ts_module **m);
  * also on failure. */
 ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_module *child);
 
+/* ---- modules of your own ---------------------------------------------------------------- */
+/* A module defined in C: its forward function, its own parameters and buffers, and named
+ * children (built-in layers, sequential containers or modules of your own), named for
+ * checkpoints like the built-in ones ("h.0.attn.c_attn.weight"). A transformer block is
+ * written this way (docs/nn.md). */
+typedef struct ts_module_def {
+    const char *kind; /* shown by ts_module_kind and in error messages; static storage */
+    /* y = forward(m, x): reach the module's state with ts_module_param, ts_module_child and
+     * ts_module_user; run children with ts_module_forward. Records autograd like any op. */
+    ts_status (*forward)(ts_module *m, ts_tensor *x, ts_tensor **y);
+    /* (optional) frees user when the module is freed. */
+    void (*free_user)(void *user);
+} ts_module_def;
+
+/* A module of kind def (copied) holding user (handed to free_user at the end). (transfer
+ * full) on *m; on failure user is freed through free_user. */
+ts_status ts_module_custom(const ts_module_def *def, void *user, ts_module **m);
+/* Registers t under name ([A-Za-z0-9_]+, unique among the module's parameters, buffers and
+ * children) as a parameter (it is made to require grad) or a buffer. The module takes its own
+ * reference. A shared parameter is one another module owns (weight tying: an output head
+ * that uses the token embedding's weight): the forward may use it, gradients accumulate on
+ * the one tensor, and ts_module_parameters lists it once, under its owner's name. */
+ts_status ts_module_add_param(ts_module *m, const char *name, ts_tensor *t);
+ts_status ts_module_add_shared_param(ts_module *m, const char *name, ts_tensor *t);
+ts_status ts_module_add_buffer(ts_module *m, const char *name, ts_tensor *t);
+/* Adds child under name; m takes ownership of child, also on failure. */
+ts_status ts_module_add_child(ts_module *m, const char *name, ts_module *child);
+/* The parameter, buffer or child called name, or NULL. (transfer none) */
+ts_tensor *ts_module_param(const ts_module *m, const char *name);
+ts_module *ts_module_child(const ts_module *m, const char *name);
+void *ts_module_user(const ts_module *m);
+/* Whether m is in training mode (ts_module_train). */
+int ts_module_is_training(const ts_module *m);
+
 /* ---- using modules ----------------------------------------------------------------------- */
 
 /* y = m(x). (transfer full) on *y. */
