@@ -331,6 +331,48 @@ static ts_status unary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
             s = ts_mul(g, t2, &gin[0]);
         break;
     }
+    case TS_UNARY_GELU_TANH: {
+        /* y = x/2 (1 + t), t = tanh(u), u = c (x + k x^3): dy/dx = (1 + t)/2 +
+         * x/2 (1 - t^2) c (1 + 3 k x^2), c = sqrt(2 / pi), k = 0.044715. */
+        const double c = 0.7978845608028654, k = 0.044715;
+        ts_tensor *d = NULL, *t = NULL, *t2sq = NULL, *om = NULL;
+        TRY(ts_mul(x, x, &t1));                     /* x^2 */
+        TRY(ts_mul_scalar(t1, 3 * k, &d));          /* d = 3 k x^2 ... */
+        s = ts_add_scalar_(d, 1);                   /*   ... + 1 */
+        if (s == TS_OK)
+            s = ts_mul_scalar_(t1, k);              /* t1 = k x^2 */
+        if (s == TS_OK)
+            s = ts_add_scalar_(t1, 1);              /*      1 + k x^2 */
+        if (s == TS_OK)
+            s = ts_mul_(t1, x);                     /*      x + k x^3 */
+        if (s == TS_OK)
+            s = ts_mul_scalar_(t1, c);              /* u */
+        if (s == TS_OK)
+            s = ts_tanh(t1, &t);                    /* t */
+        if (s == TS_OK)
+            s = ts_mul(t, t, &t2sq);                /* t^2 */
+        if (s == TS_OK)
+            s = ts_binary_scalar(TS_BINARY_SUB, t2sq, 1, 1, &om); /* 1 - t^2 */
+        if (s == TS_OK)
+            s = ts_mul_(om, d);
+        if (s == TS_OK)
+            s = ts_mul_(om, x);
+        if (s == TS_OK)
+            s = ts_mul_scalar_(om, 0.5 * c);        /* x/2 (1 - t^2) c (1 + 3 k x^2) */
+        if (s == TS_OK)
+            s = ts_add_scalar_(t, 1);
+        if (s == TS_OK)
+            s = ts_mul_scalar_(t, 0.5);             /* (1 + t)/2 */
+        if (s == TS_OK)
+            s = ts_add_(t, om);
+        if (s == TS_OK)
+            s = ts_mul(g, t, &gin[0]);
+        ts_tensor_unref(d);
+        ts_tensor_unref(t);
+        ts_tensor_unref(t2sq);
+        ts_tensor_unref(om);
+        break;
+    }
     default:
         s = ts__fail(TS_ESTATE, "backward: unary function %d has no gradient", fn);
     }

@@ -943,6 +943,19 @@ TS_API ts_status ts_device_synchronize(ts_device *dev)
     return dev->vt.synchronize(dev->ctx);
 }
 
+/* Whether dev's plugin knows everything call uses: a function appended to an enum after the
+ * minor ABI the plugin was built for is never sent to it (it would not know the value). */
+static int plugin_knows(const ts_device *dev, const ts_kernel_call *call)
+{
+    if (call->op == TS_OP_UNARY && call->params &&
+        call->params_size >= sizeof(ts_unary_params)) {
+        int32_t fn = ((const ts_unary_params *)call->params)->fn;
+        if (fn >= TS_UNARY_GELU_TANH && dev->vt.abi_minor < 1)
+            return 0;
+    }
+    return 1;
+}
+
 /* "float32 <- float32, int64": the output's dtype, then the inputs'. */
 static const char *call_dtypes(const ts_kernel_call *call, char *buf, size_t len)
 {
@@ -973,6 +986,13 @@ TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
     if (!dev->vt.run || !dev->vt.supports || !dev->vt.supports(dev->ctx, call->op, dtype))
         return ts__fail(TS_ENOTSUP, "plugin '%s' does not implement %s for %s (%s)", dev->name,
                         ts_op_name(call->op), ts_dtype_name(dtype),
+                        call_dtypes(call, dts, sizeof dts));
+    if (!plugin_knows(dev, call))
+        return ts__fail(TS_ENOTSUP, "plugin '%s' was built for plugin ABI %u.%u, before %s %s "
+                        "(%s) was added; rebuild it against this tessera's headers",
+                        dev->name, (unsigned)dev->vt.abi_major, (unsigned)dev->vt.abi_minor,
+                        ts_op_name(call->op),
+                        ts_fn_name(call->op, ((const ts_unary_params *)call->params)->fn),
                         call_dtypes(call, dts, sizeof dts));
     if (ts__fault_hit(TS_FAULT_KERNEL))
         return injected(dev, ts_op_name(call->op));
@@ -1028,7 +1048,8 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
     uint64_t t0 = ts__profile_begin();
     ts_status s;
     int32_t dtype = call->noutputs > 0 && call->outputs ? call->outputs[0].dtype : TS_F32;
-    if (uses_reference(dev, call->op, dtype)) {
+    if (uses_reference(dev, call->op, dtype) ||
+        (!plugin_knows(dev, call) && host_memory(dev) && ts__hostref_supports(call->op, dtype))) {
         s = ts__hostref_run(&dev->host, call);
     } else {
         s = ts_device_run(dev, call);

@@ -233,6 +233,14 @@ TS_API ts_status ts_nn_gelu(ts_module **m)
     return simple(M_GELU, m);
 }
 
+TS_API ts_status ts_nn_gelu_tanh(ts_module **m)
+{
+    ts_status s = simple(M_GELU, m);
+    if (s == TS_OK)
+        (*m)->p = 1; /* the tanh approximation */
+    return s;
+}
+
 TS_API ts_status ts_nn_tanh(ts_module **m)
 {
     return simple(M_TANH, m);
@@ -705,7 +713,7 @@ TS_API ts_status ts_module_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     case M_RELU:
         return ts_relu(x, y);
     case M_GELU:
-        return ts_gelu(x, y);
+        return m->p != 0 ? ts_gelu_tanh(x, y) : ts_gelu(x, y);
     case M_TANH:
         return ts_tanh(x, y);
     case M_FLATTEN: {

@@ -395,6 +395,7 @@ UNARY_WRAPPER(tanh, TS_UNARY_TANH)
 UNARY_WRAPPER(sigmoid, TS_UNARY_SIGMOID)
 UNARY_WRAPPER(relu, TS_UNARY_RELU)
 UNARY_WRAPPER(gelu, TS_UNARY_GELU)
+UNARY_WRAPPER(gelu_tanh, TS_UNARY_GELU_TANH)
 
 /* ---- where, cast, fill, copy ----------------------------------------------------------- */
 

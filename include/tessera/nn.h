@@ -44,6 +44,8 @@ ts_status ts_nn_max_pool2d(const ts_pool2d_params *p, ts_module **m);
 ts_status ts_nn_avg_pool2d(const ts_pool2d_params *p, ts_module **m);
 ts_status ts_nn_relu(ts_module **m);
 ts_status ts_nn_gelu(ts_module **m);
+/* GELU's tanh approximation (GPT-2's). */
+ts_status ts_nn_gelu_tanh(ts_module **m);
 ts_status ts_nn_tanh(ts_module **m);
 /* (N, ...) -> (N, prod(...)). */
 ts_status ts_nn_flatten(ts_module **m);

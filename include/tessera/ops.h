@@ -70,6 +70,8 @@ ts_status ts_tanh(const ts_tensor *x, ts_tensor **out);
 ts_status ts_sigmoid(const ts_tensor *x, ts_tensor **out);
 ts_status ts_relu(const ts_tensor *x, ts_tensor **out);
 ts_status ts_gelu(const ts_tensor *x, ts_tensor **out);
+/* GELU's tanh approximation, as GPT-2 trains with it. */
+ts_status ts_gelu_tanh(const ts_tensor *x, ts_tensor **out);
 
 /* cond (TS_U8) ? a : b, all three broadcast together. */
 ts_status ts_where(const ts_tensor *cond, const ts_tensor *a, const ts_tensor *b,

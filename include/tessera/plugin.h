@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define TS_PLUGIN_ABI_MAJOR 2
-#define TS_PLUGIN_ABI_MINOR 0
+#define TS_PLUGIN_ABI_MINOR 1
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
@@ -344,6 +344,9 @@ typedef enum ts_unary_fn {
     TS_UNARY_RELU = 8,
     TS_UNARY_GELU = 9, /* exact: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) */
     TS_UNARY_ERF = 10, /* the error function (GELU's gradient needs it) */
+    /* ABI 2.1. GELU's tanh approximation (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
+     * x^3))). The host never sends it to a plugin built for 2.0. */
+    TS_UNARY_GELU_TANH = 11,
     TS_UNARY_COUNT
 } ts_unary_fn;
 

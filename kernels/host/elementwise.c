@@ -26,7 +26,7 @@ static const char *const unary_names[TS_UNARY_COUNT] = {
     [TS_UNARY_NEG] = "neg",   [TS_UNARY_ABS] = "abs",         [TS_UNARY_EXP] = "exp",
     [TS_UNARY_LOG] = "log",   [TS_UNARY_SQRT] = "sqrt",       [TS_UNARY_RSQRT] = "rsqrt",
     [TS_UNARY_TANH] = "tanh", [TS_UNARY_SIGMOID] = "sigmoid", [TS_UNARY_RELU] = "relu",
-    [TS_UNARY_GELU] = "gelu", [TS_UNARY_ERF] = "erf"};
+    [TS_UNARY_GELU] = "gelu", [TS_UNARY_ERF] = "erf", [TS_UNARY_GELU_TANH] = "gelu_tanh"};
 /* clang-format off */
 static const char *const binary_names[TS_BINARY_COUNT] = {
     [TS_BINARY_ADD] = "add", [TS_BINARY_SUB] = "sub", [TS_BINARY_MUL] = "mul",
@@ -258,6 +258,11 @@ EW_UNARY(relu_i32, int32_t, int32_t, x < 0 ? 0 : x)
 EW_UNARY(relu_i64, int64_t, int64_t, x < 0 ? 0 : x)
 EW_UNARY(gelu_f32, float, float, 0.5f * x * erfcf(-x * (float)INV_SQRT2))
 EW_UNARY(gelu_f64, double, double, 0.5 * x * erfc(-x * INV_SQRT2))
+/* GPT-2's tanh approximation; c = sqrt(2 / pi). */
+EW_UNARY(gelu_tanh_f32, float, float,
+         0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))))
+EW_UNARY(gelu_tanh_f64, double, double,
+         0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))))
 EW_UNARY(erf_f32, float, float, erff(x))
 EW_UNARY(erf_f64, double, double, erf(x))
 
@@ -345,7 +350,7 @@ static const ew_loop unary_loops[TS_UNARY_COUNT][TS_DTYPE_COUNT] = {
     [TS_UNARY_SQRT] = ROW_FLOAT(sqrt), [TS_UNARY_RSQRT] = ROW_FLOAT(rsqrt),
     [TS_UNARY_TANH] = ROW_FLOAT(tanh), [TS_UNARY_SIGMOID] = ROW_FLOAT(sigmoid),
     [TS_UNARY_RELU] = ROW_NUM(relu),   [TS_UNARY_GELU] = ROW_FLOAT(gelu),
-    [TS_UNARY_ERF] = ROW_FLOAT(erf),
+    [TS_UNARY_ERF] = ROW_FLOAT(erf),   [TS_UNARY_GELU_TANH] = ROW_FLOAT(gelu_tanh),
 };
 
 /* [fn][input dtype]; comparisons write uint8. */

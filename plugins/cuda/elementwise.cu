@@ -92,6 +92,8 @@ template <> __device__ __forceinline__ float unary_f<float>(int fn, float x)
     case TS_UNARY_RELU: return x < 0 ? 0.0f : x;
     case TS_UNARY_GELU: return 0.5f * x * erfcf(-x * (float)INV_SQRT2);
     case TS_UNARY_ERF: return erff(x);
+    case TS_UNARY_GELU_TANH:
+        return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
     }
     return x;
 }
@@ -113,6 +115,8 @@ template <> __device__ __forceinline__ double unary_f<double>(int fn, double x)
     case TS_UNARY_RELU: return x < 0 ? 0.0 : x;
     case TS_UNARY_GELU: return 0.5 * x * erfc(-x * INV_SQRT2);
     case TS_UNARY_ERF: return erf(x);
+    case TS_UNARY_GELU_TANH:
+        return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
     }
     return x;
 }

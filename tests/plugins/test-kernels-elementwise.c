@@ -150,6 +150,8 @@ static double ref_unary(const double *x, const void *ctx)
         return 0.5 * v * erfc(-v / sqrt(2.0));
     case TS_UNARY_ERF:
         return erf(v);
+    case TS_UNARY_GELU_TANH:
+        return 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
     }
     return NAN;
 }

@@ -27,7 +27,7 @@ static void test_layout_matches_version(void)
 {
     if (sizeof(void *) != 8)
         SKIP("layouts are recorded for LP64 only");
-    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 0,
+    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 1,
               "ABI is %d.%d: add its layout row to this test", TS_PLUGIN_ABI_MAJOR,
               TS_PLUGIN_ABI_MINOR);
     /* ABI 2.0: the host owns the pool. The descriptor lost alloc, free, memory_stats,
@@ -69,6 +69,7 @@ static void test_layout_matches_version(void)
         L(sizeof(ts_config_key), 48),
     };
     check_rows("2.0", v2_0, sizeof v2_0 / sizeof v2_0[0]);
+    /* ABI 2.1: no layout change; TS_UNARY_GELU_TANH appended to ts_unary_fn (test below). */
     CHECK_INT_EQ(TS_PLUGIN_HOST_MEMORY, 1);
 }
 
@@ -111,6 +112,8 @@ static void test_enums_are_append_only(void)
     CHECK_INT_EQ(TS_OP_COPY, 1);
     CHECK_INT_EQ(TS_OP_ADAM_STEP, 24);
     CHECK_INT_EQ(TS_OP_RELU_BACKWARD, 25);
+    CHECK_INT_EQ(TS_UNARY_ERF, 10);
+    CHECK_INT_EQ(TS_UNARY_GELU_TANH, 11); /* 2.1 */
     CHECK_INT_EQ(TS_ENOMEM, -2);
     CHECK_INT_EQ(TS_ENODEV, -8);
     CHECK_INT_EQ(TS_SETTING_BOOL, 4);

@@ -162,6 +162,8 @@ static void test_gradcheck_elementwise(void)
         int need_pos = fn == TS_UNARY_LOG || fn == TS_UNARY_SQRT || fn == TS_UNARY_RSQRT;
         gradcheck(unames[fn], f_unary, 1, (ts_tensor *const[]){need_pos ? pos : mixed}, &o);
     }
+    opctx gt = {.fn = TS_UNARY_GELU_TANH};
+    gradcheck("gelu_tanh", f_unary, 1, (ts_tensor *const[]){mixed}, &gt);
     ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(c), ts_tensor_unref(d);
     ts_tensor_unref(pos), ts_tensor_unref(mixed);
     tap_end();

@@ -2,6 +2,7 @@
  * The fixtures in tests/fixtures/ each break one rule of the ABI. */
 #include "config.h"
 
+#include <math.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -224,6 +225,35 @@ static void test_declined_calls(void)
     ts_device_unload(dev);
 }
 
+/* A function added in a later minor ABI never reaches a plugin built before it: the reference
+ * kernels run it on host memory, and ts_device_run says why it will not call the plugin. */
+static void test_newer_functions_not_sent(void)
+{
+    ts_device *dev;
+    CHECK_OK(ts_device_load(NULL, fx("minor0"), &dev));
+    float a[4] = {-1, 0, 0.5f, 2}, y[4];
+    int64_t n = 4;
+    ts_tensor *ta, *tg;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n, a, &ta));
+    CHECK_OK(ts_gelu_tanh(ta, &tg));
+    CHECK_OK(ts_tensor_to_host(tg, y, sizeof y));
+    for (int i = 0; i < 4; i++) {
+        double v = a[i], want = 0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+        CHECK_MSG(fabs(y[i] - want) < 1e-6, "gelu_tanh(%g) = %g, want %g", v, y[i], want);
+    }
+    ts_operand o;
+    memset(&o, 0, sizeof o);
+    ts_unary_params p = {TS_UNARY_GELU_TANH};
+    ts_kernel_call call = {.struct_size = sizeof call, .op = TS_OP_UNARY, .ninputs = 1,
+                           .noutputs = 1, .inputs = &o, .outputs = &o, .params = &p,
+                           .params_size = sizeof p};
+    CHECK_FAILS(ts_device_run(dev, &call), TS_ENOTSUP, "built for plugin ABI 2.0",
+                "before unary gelu_tanh", "rebuild");
+    ts_tensor_unref(ta);
+    ts_tensor_unref(tg);
+    ts_device_unload(dev);
+}
+
 static void test_init_failures(void)
 {
     ts_device *dev;
@@ -429,6 +459,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_host_memory_composes),
         TAP_TEST(test_limits_hold_for_any_plugin),
         TAP_TEST(test_declined_calls),
+        TAP_TEST(test_newer_functions_not_sent),
         TAP_TEST(test_init_failures),
         TAP_TEST(test_plugin_settings),
         TAP_TEST(test_cpu_blas_memory),

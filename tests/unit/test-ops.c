@@ -135,6 +135,8 @@ static double ref_unary(int fn, double x)
     case TS_UNARY_RELU: return x > 0 ? x : 0;
     case TS_UNARY_GELU: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
     case TS_UNARY_ERF: return erf(x);
+    case TS_UNARY_GELU_TANH:
+        return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
     }
     return NAN;
 }
