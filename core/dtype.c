@@ -20,7 +20,7 @@ TS_API const char *ts_op_name(int32_t op)
         "softmax", "log_softmax", "index_select", "index_add", "conv2d",
         "max_pool2d", "avg_pool2d", "conv2d_backward_data", "conv2d_backward_weight",
         "max_pool2d_backward", "avg_pool2d_backward", "cross_entropy", "cross_entropy_backward",
-        "sgd_step", "adam_step", "relu_backward",
+        "sgd_step", "adam_step", "relu_backward", "layer_norm", "layer_norm_backward",
     };
     _Static_assert(sizeof names / sizeof names[0] == TS_OP_COUNT, "ts_op_name out of date");
     return op >= 0 && op < TS_OP_COUNT ? names[op] : "unknown";

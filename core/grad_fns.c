@@ -794,6 +794,51 @@ ts_status ts__ag_pool2d(const ts_tensor *x, const ts_pool2d_params *p, const ts_
                       indices ? 1 : 0, save, p, sizeof *p, NULL);
 }
 
+/* ---- layer norm ------------------------------------------------------------------------ */
+
+static ts_status layer_norm_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
+{
+    const ts_layer_norm_params *p = (const ts_layer_norm_params *)&n->p;
+    int affine = n->nin == 3;
+    ts_tensor *gc = NULL, *o[3] = {NULL, NULL, NULL};
+    ts_status s = TS_OK;
+    TRY(ts_tensor_contiguous(g, &gc));
+    for (int i = 0; i < (affine ? 3 : 1); i++)
+        TRY(ts_tensor_empty(n->in_device[i], n->in_dtype[i], n->in_ndim[i], n->in_shape[i],
+                            &o[i]));
+    ts_operand in[5], out_[3];
+    ts__operand(gc, &in[0]);
+    for (int i = 0; i < (affine ? 4 : 3); i++)
+        ts__operand(n->saved[i], &in[1 + i]);
+    for (int i = 0; i < (affine ? 3 : 1); i++)
+        ts__operand(o[i], &out_[i]);
+    TRY(ts__run(n->in_device[0], TS_OP_LAYER_NORM_BWD, in, affine ? 5 : 4, out_, affine ? 3 : 1,
+                p, sizeof *p));
+    for (int i = 0; i < (affine ? 3 : 1); i++)
+        if (n->needs[i]) {
+            gin[i] = o[i];
+            o[i] = NULL;
+        }
+out:
+    ts_tensor_unref(gc);
+    for (int i = 0; i < 3; i++)
+        ts_tensor_unref(o[i]);
+    return s;
+}
+
+ts_status ts__ag_layer_norm(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
+                            const ts_tensor *xc, const ts_tensor *mean, const ts_tensor *rstd,
+                            const ts_layer_norm_params *p, ts_tensor *out)
+{
+    const ts_tensor *in[3] = {x, weight, bias};
+    int nin = weight ? 3 : 1;
+    if (!ts__grad_needed(nin, in))
+        return TS_OK;
+    const ts_tensor *save[4] = {xc, mean, rstd, weight};
+    return ts__record("layer_norm", layer_norm_backward, out, nin, in, weight ? 4 : 3, save, p,
+                      sizeof *p, NULL);
+}
+
 /* ---- cross-entropy --------------------------------------------------------------------- */
 
 static ts_status cross_entropy_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)

@@ -34,6 +34,10 @@ ts_status ts__ag_conv2d(const ts_tensor *x, const ts_tensor *w, const ts_tensor 
                         const ts_conv2d_params *p, ts_tensor *out);
 ts_status ts__ag_pool2d(const ts_tensor *x, const ts_pool2d_params *p, const ts_tensor *indices,
                         ts_tensor *out);
+/* Layer norm, fused: saved x (contiguous), mean, rstd and the weight. */
+ts_status ts__ag_layer_norm(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
+                            const ts_tensor *xc, const ts_tensor *mean, const ts_tensor *rstd,
+                            const ts_layer_norm_params *p, ts_tensor *out);
 ts_status ts__ag_cross_entropy(const ts_tensor *logits, const ts_tensor *targets,
                                ts_tensor *out);
 

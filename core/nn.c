@@ -638,15 +638,8 @@ static ts_status layernorm_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
         return ts__fail(TS_ESHAPE, "layernorm: input %s does not end with the normalised shape "
                         "%s", ts_tensor_describe(x, b1, sizeof b1),
                         ts_tensor_describe(m->weight, b2, sizeof b2));
-    int dims[TS_MAX_DIMS];
-    for (int i = 0; i < k; i++)
-        dims[i] = nd - k + i;
-    ts_tensor *xhat = NULL;
-    ts_status s = normalise(x, k, dims, m->eps, NULL, NULL, &xhat, NULL, NULL);
-    if (s == TS_OK)
-        s = affine(xhat, m->weight, m->bias, 0, NULL, y);
-    ts_tensor_unref(xhat);
-    return s;
+    /* one fused kernel each way where the device runs it */
+    return ts_layer_norm(x, m->weight, m->bias, k, m->eps, y);
 }
 
 static ts_status dropout_forward(ts_module *m, ts_tensor *x, ts_tensor **y)

@@ -1,5 +1,6 @@
 /* core/ops_nn.c: matmul (NumPy semantics), softmax, index_select / embedding / index_add,
  * conv2d and pooling: shape checks with both shapes in the message, then one kernel. */
+#include <math.h>
 #include <string.h>
 
 #include "grad_fns.h"
@@ -500,6 +501,102 @@ TS_API ts_status ts_max_pool2d(const ts_tensor *x, const ts_pool2d_params *p, ts
 TS_API ts_status ts_avg_pool2d(const ts_tensor *x, const ts_pool2d_params *p, ts_tensor **out)
 {
     return pool_op("avg_pool2d", TS_OP_AVGPOOL2D, x, p, out, NULL);
+}
+
+/* ---- layer norm ------------------------------------------------------------------------ */
+
+/* The same arithmetic from plain ops, for a device that does not run the fused kernels. */
+static ts_status layer_norm_composed(const ts_tensor *x, const ts_tensor *w, const ts_tensor *b,
+                                     int ndim, double eps, ts_tensor **out)
+{
+    int dims[TS_MAX_DIMS];
+    for (int i = 0; i < ndim; i++)
+        dims[i] = x->ndim - ndim + i;
+    ts_tensor *mu = NULL, *d = NULL, *sq = NULL, *var = NULL, *rs = NULL, *y = NULL, *t = NULL;
+    ts_status s;
+    if ((s = ts_mean(x, ndim, dims, 1, &mu)) || (s = ts_sub(x, mu, &d)) ||
+        (s = ts_mul(d, d, &sq)) || (s = ts_mean(sq, ndim, dims, 1, &var)) ||
+        (s = ts_add_scalar(var, eps, &t)) || (s = ts_rsqrt(t, &rs)) || (s = ts_mul(d, rs, &y)))
+        goto out;
+    if (w) {
+        ts_tensor *yw = NULL;
+        if ((s = ts_mul(y, w, &yw)) == TS_OK)
+            s = ts_add(yw, b, out);
+        ts_tensor_unref(yw);
+    } else {
+        *out = y;
+        y = NULL;
+    }
+out:
+    ts_tensor_unref(mu), ts_tensor_unref(d), ts_tensor_unref(sq), ts_tensor_unref(var);
+    ts_tensor_unref(rs), ts_tensor_unref(y), ts_tensor_unref(t);
+    return s;
+}
+
+TS_API ts_status ts_layer_norm(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
+                               int ndim, double eps, ts_tensor **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "layer_norm: out is NULL");
+    *out = NULL;
+    if (!x)
+        return ts__fail(TS_EINVAL, "layer_norm: tensor is NULL");
+    ts_status s = need_float("layer_norm", x);
+    if (s)
+        return s;
+    if (ndim < 1 || ndim > x->ndim || !(eps > 0) || !isfinite(eps))
+        return ts__fail(TS_EINVAL, "layer_norm: ndim %d must be in [1, %d] (x's dims) and eps "
+                        "%g finite and > 0", ndim, (int)x->ndim, eps);
+    if (!weight != !bias)
+        return ts__fail(TS_EINVAL, "layer_norm: give weight and bias, or neither");
+    char b1[160], b2[160];
+    for (int k = 0; weight && k < 2; k++) {
+        const ts_tensor *t = k ? bias : weight;
+        int same = t->ndim == ndim && t->dtype == x->dtype;
+        for (int d = 0; same && d < ndim; d++)
+            same = t->shape[d] == x->shape[x->ndim - ndim + d];
+        if ((s = ts__check_pair("layer_norm", x, t, 1)))
+            return s;
+        if (!same)
+            return ts__fail(TS_ESHAPE, "layer_norm: %s %s (%s) must be %s, x's last %d dims (%s)",
+                            k ? "bias" : "weight",
+                            ts__shape_str(t->ndim, t->shape, b1, sizeof b1),
+                            ts_dtype_name(t->dtype),
+                            ts__shape_str(ndim, x->shape + x->ndim - ndim, b2, sizeof b2), ndim,
+                            ts_dtype_name(x->dtype));
+    }
+    ts_device *dev = x->storage->dev;
+    if (!ts__device_runs(dev, TS_OP_LAYER_NORM, x->dtype) ||
+        !ts__device_runs(dev, TS_OP_LAYER_NORM_BWD, x->dtype))
+        return layer_norm_composed(x, weight, bias, ndim, eps, out);
+    ts_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL;
+    ts_layer_norm_params p = {eps, ndim};
+    if ((s = ts_tensor_contiguous((ts_tensor *)x, &xc)) ||
+        (weight && ((s = ts_tensor_contiguous((ts_tensor *)weight, &wc)) ||
+                    (s = ts_tensor_contiguous((ts_tensor *)bias, &bc)))) ||
+        (s = ts__new(dev, x->dtype, x->ndim, x->shape, &y)) ||
+        (s = ts__new(dev, x->dtype, x->ndim - ndim, x->shape, &mean)) ||
+        (s = ts__new(dev, x->dtype, x->ndim - ndim, x->shape, &rstd)))
+        goto out;
+    ts_operand in[3], o[3];
+    ts__operand(xc, &in[0]);
+    if (weight) {
+        ts__operand(wc, &in[1]);
+        ts__operand(bc, &in[2]);
+    }
+    ts__operand(y, &o[0]);
+    ts__operand(mean, &o[1]);
+    ts__operand(rstd, &o[2]);
+    if ((s = ts__run(dev, TS_OP_LAYER_NORM, in, weight ? 3 : 1, o, 3, &p, sizeof p)))
+        goto out;
+    if ((s = ts__ag_layer_norm(x, weight, bias, xc, mean, rstd, &p, y)))
+        goto out;
+    *out = y;
+    y = NULL;
+out:
+    ts_tensor_unref(xc), ts_tensor_unref(wc), ts_tensor_unref(bc), ts_tensor_unref(y);
+    ts_tensor_unref(mean), ts_tensor_unref(rstd);
+    return s;
 }
 
 /* ---- cross-entropy --------------------------------------------------------------------- */

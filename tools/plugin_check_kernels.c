@@ -46,7 +46,7 @@ typedef struct opspec {
 typedef struct kcase {
     int32_t op;
     int nin, nout;
-    opspec in[4], out[3];
+    opspec in[5], out[3];
     unsigned char params[96];
     uint32_t params_size;
     char what[160];
@@ -136,7 +136,7 @@ static int close_enough(double a, double b, int32_t dt)
 static int run_case_seeded(checker *c, const kcase *k, layout l, uint64_t seed, char *why,
                            size_t whylen)
 {
-    buf in[4], out[3];
+    buf in[5], out[3];
     int nin = 0, nout = 0, r = 0;
     uint64_t rng = seed;
     ts_status s = TS_OK;
@@ -151,7 +151,7 @@ static int run_case_seeded(checker *c, const kcase *k, layout l, uint64_t seed, 
         snprintf(why, whylen, "setting up operands: %s", pc_err());
         goto done;
     }
-    ts_operand din[4], dout[3], rin[4], rout[3];
+    ts_operand din[5], dout[3], rin[5], rout[3];
     for (int i = 0; i < nin; i++) {
         din[i] = rin[i] = in[i].op;
         din[i].data = in[i].dptr;
@@ -650,6 +650,50 @@ static void cases_optimizer(int32_t op, int32_t dt, caselist *l)
     }
 }
 
+/* Layer norm and its backward: contiguous operands (the ABI promises them), one and two
+ * normalized dims, with and without the affine parameters. */
+static void cases_layer_norm(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    if (!is_floatdt(dt))
+        return;
+    static const struct {
+        int nd, norm;
+        int64_t s[3];
+    } ls[] = {{2, 1, {4, 7}}, {3, 1, {2, 3, 5}}, {3, 2, {2, 3, 5}}, {2, 1, {1, 9}}, {1, 1, {6}}};
+    for (size_t i = 0; i < sizeof ls / sizeof ls[0]; i++)
+        for (int affine = 0; affine < 2; affine++) {
+            int lead = ls[i].nd - ls[i].norm;
+            const int64_t *tail = ls[i].s + lead;
+            k = add(l, op, "%s %s %dd over %d dims%s",
+                    op == TS_OP_LAYER_NORM ? "layer_norm" : "layer_norm_bwd", dn, ls[i].nd,
+                    ls[i].norm, affine ? " affine" : "");
+            opspec x = spec(dt, ls[i].nd, ls[i].s), row = spec(dt, lead, ls[i].s),
+                   col = spec(dt, ls[i].norm, tail);
+            x.contig_only = row.contig_only = col.contig_only = 1;
+            if (op == TS_OP_LAYER_NORM) {
+                k->nin = affine ? 3 : 1;
+                k->in[0] = x;
+                k->in[1] = k->in[2] = col;
+                k->nout = 3;
+                k->out[0] = x;
+                k->out[1] = k->out[2] = row;
+            } else {
+                k->nin = affine ? 5 : 4;
+                k->in[0] = k->in[1] = x;
+                k->in[2] = k->in[3] = row;
+                k->in[3].v = V_POSITIVE; /* rstd */
+                k->in[4] = col;
+                k->nout = affine ? 3 : 1;
+                k->out[0] = x;
+                k->out[1] = k->out[2] = col;
+            }
+            ts_layer_norm_params p = {1e-5, ls[i].norm};
+            set_params(k, &p, sizeof p);
+        }
+}
+
 static const struct {
     int32_t op;
     void (*build)(int32_t op, int32_t dt, caselist *l);
@@ -679,6 +723,8 @@ static const struct {
     {TS_OP_CROSS_ENTROPY_BWD, cases_cross_entropy},
     {TS_OP_SGD_STEP, cases_optimizer},
     {TS_OP_ADAM_STEP, cases_optimizer},
+    {TS_OP_LAYER_NORM, cases_layer_norm},
+    {TS_OP_LAYER_NORM_BWD, cases_layer_norm},
 };
 
 /* The cases for op with output dtype dt (none for an op without a row). */
@@ -744,7 +790,7 @@ void pc_check_kernels(checker *c)
 static void expect_error(checker *c, const char *name, const kcase *k)
 {
     char why[256];
-    buf in[4], out[3];
+    buf in[5], out[3];
     int nin = 0, nout = 0;
     uint64_t rng = c->seed;
     ts_status s = TS_OK;
@@ -756,7 +802,7 @@ static void expect_error(checker *c, const char *name, const kcase *k)
         snprintf(why, sizeof why, "setting up: %s", pc_err());
         pc_report(c, 0, name, "%s", why);
     } else {
-        ts_operand din[4], dout[3];
+        ts_operand din[5], dout[3];
         for (int i = 0; i < nin; i++)
             din[i] = in[i].op, din[i].data = in[i].dptr;
         for (int i = 0; i < nout; i++)

@@ -328,6 +328,18 @@ typedef enum ts_op {
      * does x <= 0 whatever g is). Float dtypes, all the same. No params. The core composes it
      * from TS_BINARY_SCALAR gt, a cast and TS_BINARY mul on a plugin that does not claim it. */
     TS_OP_RELU_BACKWARD = 25,
+    /* ABI 2.1. Layer norm over the last params.ndim dims (D elements: their product), one pass
+     * per row: in[0] x, optional in[1] weight and in[2] bias (both or neither, the trailing
+     * dims' shape); out[0] y (x's shape), out[1] mean and out[2] rstd (x's dtype, one per row:
+     * the leading dims' shape, 0-d when there are none). y = (x - mean) * rstd * weight + bias
+     * with rstd = 1 / sqrt(var + eps), var the biased variance. Float dtypes; all operands
+     * contiguous (the host makes them so). ts_layer_norm_params. Optional: the core composes it
+     * from plain ops on a plugin that does not claim both it and its backward. */
+    TS_OP_LAYER_NORM = 26,
+    /* Its gradient: in[0] gy, in[1] x, in[2] mean, in[3] rstd (as the forward wrote them),
+     * optional in[4] weight; out[0] gx, and with a weight out[1] gweight and out[2] gbias, all
+     * overwritten. Float dtypes, contiguous. ts_layer_norm_params. */
+    TS_OP_LAYER_NORM_BWD = 27,
     TS_OP_COUNT
 } ts_op;
 
@@ -433,6 +445,11 @@ typedef struct ts_adam_params {
     int32_t decoupled;
     int64_t step; /* 1 at the first update */
 } ts_adam_params;
+
+typedef struct ts_layer_norm_params {
+    double eps;   /* > 0 */
+    int32_t ndim; /* the trailing dims normalized: 1 .. x's ndim */
+} ts_layer_norm_params;
 
 typedef struct ts_pool2d_params {
     int32_t kernel_h, kernel_w;
@@ -557,7 +574,8 @@ typedef struct ts_plugin_desc {
      *   REDUCE d     sum, max, min (mean: float d only);
      *   REDUCE int64 also argmax/argmin of every input dtype and int64 sums;
      *   SOFTMAX, MATMUL, the conv, pooling and loss ops: float d;
-     *   SGD_STEP, ADAM_STEP, RELU_BACKWARD: optional (composed by the core when unclaimed). */
+     *   SGD_STEP, ADAM_STEP, RELU_BACKWARD, LAYER_NORM(_BWD): optional (composed by the core
+     *   when unclaimed; LAYER_NORM is used fused only when both directions are claimed). */
     int (*supports)(void *ctx, int32_t op, int32_t dtype);
     /* (optional) Runs one kernel. May decline one call it claimed (an input dtype or a case
      * it does not handle) by returning TS_ENOTSUP without calling host->fail: a

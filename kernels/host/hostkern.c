@@ -13,6 +13,7 @@ static const family families[] = {
     {hk_pool2d_supports, hk_pool2d},
     {hk_loss_supports, hk_loss},
     {hk_optimizer_supports, hk_optimizer},
+    {hk_norm_supports, hk_norm},
 };
 
 int hk_supports(int32_t op, int32_t dtype)

@@ -32,6 +32,8 @@ int hk_loss_supports(int32_t op, int32_t dtype);
 ts_status hk_loss(hk_dev *hd, const ts_kernel_call *call);
 int hk_optimizer_supports(int32_t op, int32_t dtype);
 ts_status hk_optimizer(hk_dev *hd, const ts_kernel_call *call);
+int hk_norm_supports(int32_t op, int32_t dtype);
+ts_status hk_norm(hk_dev *hd, const ts_kernel_call *call);
 
 /* Non-zero if the elements of a and b may share a byte (their address ranges intersect; an
  * empty operand overlaps nothing). Used to route an output that aliases an input through

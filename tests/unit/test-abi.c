@@ -69,7 +69,8 @@ static void test_layout_matches_version(void)
         L(sizeof(ts_config_key), 48),
     };
     check_rows("2.0", v2_0, sizeof v2_0 / sizeof v2_0[0]);
-    /* ABI 2.1: no layout change; TS_UNARY_GELU_TANH appended to ts_unary_fn (test below). */
+    /* ABI 2.1: no layout change; TS_UNARY_GELU_TANH appended to ts_unary_fn, TS_OP_LAYER_NORM
+     * and its backward to ts_op, with ts_layer_norm_params (tests below). */
     CHECK_INT_EQ(TS_PLUGIN_HOST_MEMORY, 1);
 }
 
@@ -114,6 +115,9 @@ static void test_enums_are_append_only(void)
     CHECK_INT_EQ(TS_OP_RELU_BACKWARD, 25);
     CHECK_INT_EQ(TS_UNARY_ERF, 10);
     CHECK_INT_EQ(TS_UNARY_GELU_TANH, 11); /* 2.1 */
+    CHECK_INT_EQ(TS_OP_LAYER_NORM, 26);    /* 2.1 */
+    CHECK_INT_EQ(TS_OP_LAYER_NORM_BWD, 27);
+    CHECK_INT_EQ(sizeof(ts_layer_norm_params), 16);
     CHECK_INT_EQ(TS_ENOMEM, -2);
     CHECK_INT_EQ(TS_ENODEV, -8);
     CHECK_INT_EQ(TS_SETTING_BOOL, 4);

@@ -133,6 +133,58 @@ static ts_status f_unary(ts_tensor *const *in, const void *c, ts_tensor **out)
     return ts_unary(((const opctx *)c)->fn, in[0], out);
 }
 
+/* Layer norm over the last in-ctx ndim dims, with weight and bias when given. */
+static ts_status f_layer_norm(ts_tensor *const *in, const void *c, ts_tensor **out)
+{
+    const opctx *o = c;
+    return ts_layer_norm(in[0], o->fn ? in[1] : NULL, o->fn ? in[2] : NULL, o->i[0], 1e-5, out);
+}
+
+/* The fused layer norm (forward and backward kernels) against finite differences, for x,
+ * weight and bias, over one and two trailing dims; and the forward against the formula. */
+static void test_gradcheck_layer_norm(void)
+{
+    setup();
+    ts_tensor *x = leaf(3, (const int64_t[]){2, 3, 5}, -2, 2);
+    ts_tensor *w = leaf(1, (const int64_t[]){5}, 0.5, 1.5), *b = leaf(1, (const int64_t[]){5}, -1, 1);
+    ts_tensor *w2 = leaf(2, (const int64_t[]){3, 5}, 0.5, 1.5);
+    ts_tensor *b2 = leaf(2, (const int64_t[]){3, 5}, -1, 1);
+    opctx plain = {.fn = 0, .i = {1}}, aff = {.fn = 1, .i = {1}}, aff2 = {.fn = 1, .i = {2}};
+    gradcheck("layer_norm", f_layer_norm, 1, (ts_tensor *const[]){x}, &plain);
+    gradcheck("layer_norm affine", f_layer_norm, 3, (ts_tensor *const[]){x, w, b}, &aff);
+    gradcheck("layer_norm affine 2 dims", f_layer_norm, 3, (ts_tensor *const[]){x, w2, b2}, &aff2);
+    /* y = (x - mean) / sqrt(var + eps) * w + b, row by row, in double. */
+    ts_tensor *y;
+    CHECK_OK(ts_layer_norm(x, w, b, 1, 1e-5, &y));
+    double xv[30], wv[5], bv[5], yv[30];
+    CHECK_OK(ts_tensor_to_host(x, xv, sizeof xv));
+    CHECK_OK(ts_tensor_to_host(w, wv, sizeof wv));
+    CHECK_OK(ts_tensor_to_host(b, bv, sizeof bv));
+    CHECK_OK(ts_tensor_to_host(y, yv, sizeof yv));
+    for (int r = 0; r < 6; r++) {
+        double m = 0, v = 0;
+        for (int j = 0; j < 5; j++)
+            m += xv[r * 5 + j] / 5;
+        for (int j = 0; j < 5; j++)
+            v += (xv[r * 5 + j] - m) * (xv[r * 5 + j] - m) / 5;
+        for (int j = 0; j < 5; j++) {
+            double want = (xv[r * 5 + j] - m) / sqrt(v + 1e-5) * wv[j] + bv[j];
+            CHECK_MSG(fabs(yv[r * 5 + j] - want) < 1e-12, "y[%d,%d] %.17g, want %.17g", r, j,
+                      yv[r * 5 + j], want);
+        }
+    }
+    /* Bad calls, each named. */
+    ts_tensor *bad = NULL;
+    CHECK_FAILS(ts_layer_norm(x, w, NULL, 1, 1e-5, &bad), TS_EINVAL, "weight and bias");
+    CHECK_FAILS(ts_layer_norm(x, NULL, NULL, 4, 1e-5, &bad), TS_EINVAL, "ndim 4");
+    CHECK_FAILS(ts_layer_norm(x, NULL, NULL, 1, 0, &bad), TS_EINVAL, "eps");
+    CHECK_FAILS(ts_layer_norm(x, w2, b2, 1, 1e-5, &bad), TS_ESHAPE, "weight (3, 5)");
+    ts_tensor_unref(y);
+    ts_tensor_unref(x), ts_tensor_unref(w), ts_tensor_unref(b), ts_tensor_unref(w2);
+    ts_tensor_unref(b2);
+    tap_end();
+}
+
 static void test_gradcheck_elementwise(void)
 {
     setup();
@@ -778,6 +830,7 @@ int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
         TAP_TEST(test_gradcheck_elementwise),
+        TAP_TEST(test_gradcheck_layer_norm),
         TAP_TEST(test_gradcheck_reductions),
         TAP_TEST(test_gradcheck_matmul),
         TAP_TEST(test_gradcheck_nn_and_views),
