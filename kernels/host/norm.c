@@ -93,10 +93,10 @@ static ts_status ln_check(const ts_host *h, const ts_kernel_call *call, int bwd,
         for (int64_t r = 0; r < rows; r++) {                                                \
             const T *xr = x + r * D;                                                        \
             T *yr = y + r * D;                                                              \
-            double s = 0, v = 0;                                                            \
+            double sum = 0, v = 0;                                                          \
             for (int64_t j = 0; j < D; j++)                                                 \
-                s += (double)xr[j];                                                         \
-            double mu = s / (double)D;                                                      \
+                sum += (double)xr[j];                                                       \
+            double mu = sum / (double)D;                                                    \
             for (int64_t j = 0; j < D; j++) {                                               \
                 double d = (double)xr[j] - mu;                                              \
                 v += d * d;                                                                 \
@@ -169,8 +169,8 @@ ts_status hk_norm(hk_dev *hd, const ts_kernel_call *call)
     int bwd = call->op == TS_OP_LAYER_NORM_BWD;
     if (call->op != TS_OP_LAYER_NORM && !bwd)
         return TS_ENOTSUP;
-    int affine;
-    int64_t rows, D;
+    int affine = 0;
+    int64_t rows = 0, D = 0;
     ts_status s = ln_check(hd->host, call, bwd, &affine, &rows, &D);
     if (s)
         return s;
