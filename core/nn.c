@@ -470,10 +470,10 @@ TS_API ts_status ts_module_add_buffer(ts_module *m, const char *name, ts_tensor 
 
 TS_API ts_status ts_module_add_child(ts_module *m, const char *name, ts_module *child)
 {
-    if (!m || m->kind != M_CUSTOM || !name || !child) {
+    if (!m || (m->kind != M_CUSTOM && m->kind != M_SEQUENTIAL) || !name || !child) {
         ts_module_free(child);
         return ts__fail(TS_EINVAL, "module_add_child: need a module made with "
-                        "ts_module_custom, a name and a child");
+                        "ts_module_custom or ts_nn_sequential, a name and a child");
     }
     return add_child(m, "module_add_child", name, child);
 }
@@ -734,7 +734,7 @@ TS_API ts_status ts_module_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
             ts_tensor_unref(h);
             if (s)
                 return ts__fail_prefix(s, "%s (%s): ", m->names[i],
-                                       kind_names[m->children[i]->kind]);
+                                       ts_module_kind(m->children[i]));
             h = o;
         }
         *y = h;

@@ -54,6 +54,15 @@ ts_status ts__vfail(ts_status code, const char *fmt, va_list ap)
     return code;
 }
 
+TS_API ts_status ts_fail(ts_status code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ts__vfail(code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
 ts_status ts__fail(ts_status code, const char *fmt, ...)
 {
     va_list ap;

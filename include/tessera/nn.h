@@ -93,7 +93,8 @@ ts_status ts_module_custom(const ts_module_def *def, void *user, ts_module **m);
 ts_status ts_module_add_param(ts_module *m, const char *name, ts_tensor *t);
 ts_status ts_module_add_shared_param(ts_module *m, const char *name, ts_tensor *t);
 ts_status ts_module_add_buffer(ts_module *m, const char *name, ts_tensor *t);
-/* Adds child under name; m takes ownership of child, also on failure. */
+/* Adds child under name to a module of your own or a sequential container (where it comes
+ * last in the chain); m takes ownership of child, also on failure. */
 ts_status ts_module_add_child(ts_module *m, const char *name, ts_module *child);
 /* The parameter, buffer or child called name, or NULL. (transfer none) */
 ts_tensor *ts_module_param(const ts_module *m, const char *name);

@@ -44,6 +44,15 @@ const char *ts_last_error(void);
 /* Forget the last error of this thread. */
 void ts_clear_error(void);
 
+/* Records a message (printf-like) as this thread's last error and returns code: for code of
+ * your own that tessera calls back (a module's forward) or that reports like tessera does,
+ * `return ts_fail(TS_ESHAPE, "gpt: %lld tokens, more than the context of %lld", t, c);`. */
+ts_status ts_fail(ts_status code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 #ifdef __cplusplus
 }
 #endif

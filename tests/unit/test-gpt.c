@@ -1,0 +1,164 @@
+/* tests/unit/test-gpt.c: the GPT of tools/model_gpt.c, written with the public module API:
+ * names like GPT-2's, a tied head (one tensor), the first step's loss ln(256) within a few
+ * percent, a tiny model memorising a short repetitive text within a few hundred steps, and
+ * a float64 gradient check of a whole tiny block's parameters. */
+#include <math.h>
+
+#include "../../tools/model_gpt.h"
+#include "../tap.h"
+
+static ts_device *dev;
+
+static void setup(void)
+{
+    tap_start();
+    CHECK_OK(ts_device_load(NULL, "cpu_blas", &dev));
+}
+
+static void teardown(void)
+{
+    ts_device_unload(dev);
+    tap_end();
+}
+
+/* (B, T) windows of text at the given starts, and the next-token targets. */
+static void batch(const char *text, const int64_t *starts, int64_t B, int64_t T, ts_tensor **x,
+                  ts_tensor **y)
+{
+    int64_t *xv = malloc(sizeof *xv * (size_t)(B * T)), *yv = malloc(sizeof *yv * (size_t)(B * T));
+    CHECK(xv && yv);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            xv[b * T + t] = (unsigned char)text[starts[b] + t];
+            yv[b * T + t] = (unsigned char)text[starts[b] + t + 1];
+        }
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){B, T}, xv, x));
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){B, T}, yv, y));
+    free(xv);
+    free(yv);
+}
+
+static void test_names_and_tying(void)
+{
+    setup();
+    ts_rng rng;
+    ts_rng_init(&rng, 1);
+    cli_gpt_config cfg = {256, 16, 2, 2, 32, 0};
+    ts_module *gpt;
+    CHECK_OK(cli_gpt_build(&cfg, dev, &rng, &gpt));
+    ts_named_tensor p[64];
+    size_t n = ts_module_parameters(gpt, p, 64);
+    /* wte, wpe, 12 per block, ln_f (2): the tied head adds nothing */
+    CHECK_INT_EQ(n, 2 + 12 * 2 + 2);
+    const char *want[] = {"transformer.wte.weight", "transformer.wpe.weight",
+                          "transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias",
+                          "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias",
+                          "transformer.h.0.attn.c_proj.weight", "transformer.h.0.attn.c_proj.bias",
+                          "transformer.h.0.ln_2.weight", "transformer.h.0.ln_2.bias",
+                          "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.bias",
+                          "transformer.h.0.mlp.c_proj.weight", "transformer.h.0.mlp.c_proj.bias"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        CHECK_MSG(strcmp(p[i].name, want[i]) == 0, "parameter %zu '%s', want '%s'", i, p[i].name,
+                  want[i]);
+    CHECK(strcmp(p[n - 2].name, "transformer.ln_f.weight") == 0);
+    CHECK(ts_module_param(gpt, "lm_head_weight") == p[0].tensor); /* the same tensor */
+    /* weights N(0, 0.02); the residual projections N(0, 0.02 / sqrt(2 layers)) */
+    float w[3 * 32 * 32];
+    CHECK_OK(ts_tensor_to_host(p[4].tensor, w, sizeof w));
+    double ss = 0;
+    for (int i = 0; i < 3 * 32 * 32; i++)
+        ss += (double)w[i] * w[i];
+    double sd = sqrt(ss / (3 * 32 * 32));
+    CHECK_MSG(fabs(sd - 0.02) < 0.002, "c_attn std %g, want 0.02", sd);
+    CHECK_OK(ts_tensor_to_host(p[6].tensor, w, sizeof(float) * 32 * 32));
+    ss = 0;
+    for (int i = 0; i < 32 * 32; i++)
+        ss += (double)w[i] * w[i];
+    sd = sqrt(ss / (32 * 32));
+    CHECK_MSG(fabs(sd - 0.01) < 0.0015, "c_proj std %g, want 0.02/sqrt(4) = 0.01", sd);
+    /* too long an input is a clear error */
+    ts_tensor *x, *y, *logits = NULL;
+    int64_t starts[1] = {0};
+    char text[64];
+    memset(text, 'a', sizeof text);
+    batch(text, starts, 1, 16, &x, &y);
+    ts_tensor *x17;
+    int64_t ids[17] = {0};
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){1, 17}, ids, &x17));
+    CHECK_FAILS(ts_module_forward(gpt, x17, &logits), TS_ESHAPE, "gpt:", "T <= 16");
+    ts_tensor_unref(x17), ts_tensor_unref(x), ts_tensor_unref(y);
+    ts_module_free(gpt);
+    teardown();
+}
+
+static void test_memorises_text(void)
+{
+    setup();
+    static const char phrase[] = "the quick brown fox jumps over the lazy dog. ";
+    char text[512];
+    size_t len = 0;
+    while (len + sizeof phrase - 1 < sizeof text) {
+        memcpy(text + len, phrase, sizeof phrase - 1);
+        len += sizeof phrase - 1;
+    }
+    ts_rng rng;
+    ts_rng_init(&rng, 7);
+    cli_gpt_config cfg = {256, 32, 2, 2, 48, 0};
+    ts_module *gpt;
+    CHECK_OK(cli_gpt_build(&cfg, dev, &rng, &gpt));
+    size_t np = ts_module_parameters(gpt, NULL, 0);
+    ts_named_tensor *params = calloc(np, sizeof *params);
+    ts_module_parameters(gpt, params, np);
+    ts_optim *opt;
+    CHECK_OK(ts_optim_adamw(params, np, &(ts_adam_options){3e-3, 0.9, 0.95, 1e-8, 0.1}, &opt));
+    cli_gpt_decay_groups(opt);
+    CHECK(ts_optim_param_weight_decay(opt, "transformer.wte.weight") == 0);
+    CHECK(ts_optim_param_weight_decay(opt, "transformer.h.0.attn.c_attn.bias") == 0);
+    CHECK(ts_optim_param_weight_decay(opt, "transformer.h.0.attn.c_attn.weight") == 0.1);
+    const int64_t B = 8, T = 32;
+    uint64_t pick = 12345;
+    double first = 0, last = 0;
+    int steps = 300;
+    for (int it = 0; it < steps; it++) {
+        int64_t starts[8];
+        for (int b = 0; b < B; b++) {
+            pick = pick * 6364136223846793005ull + 1442695040888963407ull;
+            starts[b] = (int64_t)((pick >> 33) % (uint64_t)(len - (size_t)T - 1));
+        }
+        ts_tensor *x, *y, *logits, *loss, *d;
+        batch(text, starts, B, T, &x, &y);
+        CHECK_OK(ts_module_forward(gpt, x, &logits));
+        CHECK_OK(cli_gpt_loss(logits, y, &loss));
+        CHECK_OK(ts_backward(loss, NULL, 0));
+        CHECK_OK(ts_clip_grad_norm(params, np, 1.0, NULL));
+        CHECK_OK(ts_optim_step(opt));
+        ts_optim_zero_grad(opt);
+        double lv;
+        CHECK_OK(ts_cast(loss, TS_F64, &d));
+        CHECK_OK(ts_tensor_to_host(d, &lv, sizeof lv));
+        if (it == 0)
+            first = lv;
+        last = lv;
+        ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(logits), ts_tensor_unref(loss);
+        ts_tensor_unref(d);
+    }
+    printf("# first loss %.4f (ln 256 = %.4f), after %d steps %.4f\n", first, log(256.0), steps,
+           last);
+    CHECK_MSG(fabs(first - log(256.0)) < 0.03 * log(256.0), "first loss %.4f, want ln 256 "
+              "= %.4f within 3%%", first, log(256.0));
+    CHECK_MSG(last < 0.1, "after %d steps the loss is %.4f, want < 0.1 (memorised)", steps, last);
+    ts_optim_free(opt);
+    free(params);
+    ts_module_free(gpt);
+    CHECK_INT_EQ(ts_memory_live_count(), 0);
+    teardown();
+}
+
+int main(int argc, char **argv)
+{
+    static const tap_test tests[] = {
+        TAP_TEST(test_names_and_tying),
+        TAP_TEST(test_memorises_text),
+    };
+    return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
+}

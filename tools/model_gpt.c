@@ -1,0 +1,271 @@
+/* tools/model_gpt.c: the GPT of model_gpt.h, from public modules of one's own: a block is a
+ * custom module whose forward adds the attention and MLP branches to the residual stream. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_gpt.h"
+
+typedef struct gpt_state {
+    cli_gpt_config cfg;
+    ts_rng *rng;
+    ts_tensor *mask; /* (context, context): 0 on and below the diagonal, -inf above */
+} gpt_state;
+
+static void free_state(void *u)
+{
+    gpt_state *st = u;
+    if (st)
+        ts_tensor_unref(st->mask);
+    free(st);
+}
+
+#define TRY(x)                                                                              \
+    do {                                                                                    \
+        if ((s = (x)))                                                                      \
+            goto out;                                                                       \
+    } while (0)
+
+/* ---- attention ------------------------------------------------------------------------- */
+
+/* (B, T, C) -> (B, H, T, C/H): the heads as a batch dim. */
+static ts_status split_heads(ts_tensor *t, int64_t H, ts_tensor **out)
+{
+    const int64_t *sh = ts_tensor_shape(t);
+    ts_tensor *v = NULL;
+    ts_status s = ts_tensor_view(t, 4, (const int64_t[]){sh[0], sh[1], H, sh[2] / H}, &v);
+    if (!s)
+        s = ts_tensor_transpose(v, 1, 2, out);
+    ts_tensor_unref(v);
+    return s;
+}
+
+static ts_status attn_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
+{
+    const gpt_state *st = ts_module_user(m);
+    const int64_t B = ts_tensor_shape(x)[0], T = ts_tensor_shape(x)[1], C = st->cfg.embd;
+    const int64_t H = st->cfg.heads;
+    ts_tensor *qkv = NULL, *q = NULL, *k = NULL, *v = NULL, *qh = NULL, *kh = NULL, *vh = NULL;
+    ts_tensor *kt = NULL, *att = NULL, *mask = NULL, *masked = NULL, *p = NULL, *pd = NULL;
+    ts_tensor *oh = NULL, *o = NULL, *oc = NULL, *o2 = NULL, *drop = NULL;
+    ts_status s;
+    TRY(ts_module_forward(ts_module_child(m, "c_attn"), x, &qkv));
+    TRY(ts_tensor_narrow(qkv, 2, 0, C, &q));
+    TRY(ts_tensor_narrow(qkv, 2, C, C, &k));
+    TRY(ts_tensor_narrow(qkv, 2, 2 * C, C, &v));
+    TRY(split_heads(q, H, &qh));
+    TRY(split_heads(k, H, &kh));
+    TRY(split_heads(v, H, &vh));
+    TRY(ts_tensor_transpose(kh, 2, 3, &kt));
+    TRY(ts_matmul(qh, kt, &o)); /* (B, H, T, T) */
+    TRY(ts_mul_scalar(o, 1.0 / sqrt((double)(C / H)), &att));
+    ts_tensor_unref(o);
+    o = NULL;
+    TRY(ts_tensor_narrow(st->mask, 0, 0, T, &o));
+    TRY(ts_tensor_narrow(o, 1, 0, T, &mask));
+    ts_tensor_unref(o);
+    o = NULL;
+    TRY(ts_add(att, mask, &masked));
+    TRY(ts_softmax(masked, 3, &p));
+    TRY(ts_module_forward(ts_module_child(m, "attn_dropout"), p, &pd));
+    TRY(ts_matmul(pd, vh, &oh)); /* (B, H, T, C/H) */
+    TRY(ts_tensor_transpose(oh, 1, 2, &o));
+    TRY(ts_tensor_contiguous(o, &oc));
+    TRY(ts_tensor_view(oc, 3, (const int64_t[]){B, T, C}, &o2));
+    TRY(ts_module_forward(ts_module_child(m, "c_proj"), o2, &drop));
+    s = ts_module_forward(ts_module_child(m, "resid_dropout"), drop, y);
+out:
+    ts_tensor_unref(qkv), ts_tensor_unref(q), ts_tensor_unref(k), ts_tensor_unref(v);
+    ts_tensor_unref(qh), ts_tensor_unref(kh), ts_tensor_unref(vh), ts_tensor_unref(kt);
+    ts_tensor_unref(att), ts_tensor_unref(mask), ts_tensor_unref(masked), ts_tensor_unref(p);
+    ts_tensor_unref(pd), ts_tensor_unref(oh), ts_tensor_unref(o), ts_tensor_unref(oc);
+    ts_tensor_unref(o2), ts_tensor_unref(drop);
+    return s;
+}
+
+/* ---- a block: x + attn(ln_1(x)), then + mlp(ln_2(x)) --------------------------------------- */
+
+static ts_status block_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
+{
+    ts_tensor *a = NULL, *b = NULL, *x1 = NULL, *c = NULL, *d = NULL;
+    ts_status s;
+    TRY(ts_module_forward(ts_module_child(m, "ln_1"), x, &a));
+    TRY(ts_module_forward(ts_module_child(m, "attn"), a, &b));
+    TRY(ts_add(x, b, &x1));
+    TRY(ts_module_forward(ts_module_child(m, "ln_2"), x1, &c));
+    TRY(ts_module_forward(ts_module_child(m, "mlp"), c, &d));
+    s = ts_add(x1, d, y);
+out:
+    ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(x1), ts_tensor_unref(c);
+    ts_tensor_unref(d);
+    return s;
+}
+
+/* ---- the whole model ------------------------------------------------------------------- */
+
+static ts_status gpt_forward(ts_module *m, ts_tensor *idx, ts_tensor **y)
+{
+    const gpt_state *st = ts_module_user(m);
+    ts_module *tr = ts_module_child(m, "transformer");
+    ts_tensor *tok = NULL, *pos = NULL, *pe = NULL, *h = NULL, *hn = NULL, *wt = NULL;
+    ts_tensor *positions = NULL;
+    ts_status s;
+    if (ts_tensor_ndim(idx) != 2 || ts_tensor_shape(idx)[1] > st->cfg.context ||
+        ts_tensor_shape(idx)[1] < 1) {
+        char b[96];
+        return ts_fail(TS_ESHAPE, "token ids %s: need (batch, T) with 1 <= T <= %lld, the "
+                       "context", ts_tensor_describe(idx, b, sizeof b),
+                       (long long)st->cfg.context);
+    }
+    const int64_t T = ts_tensor_shape(idx)[1];
+    int64_t *ar = malloc(sizeof *ar * (size_t)T);
+    if (!ar)
+        return ts_fail(TS_ENOMEM, "out of host memory");
+    for (int64_t i = 0; i < T; i++)
+        ar[i] = i;
+    s = ts_tensor_from_host(ts_tensor_device(idx), TS_I64, 1, &T, ar, &positions);
+    free(ar);
+    if (s)
+        return s;
+    TRY(ts_module_forward(ts_module_child(tr, "wte"), idx, &tok));
+    TRY(ts_module_forward(ts_module_child(tr, "wpe"), positions, &pos));
+    TRY(ts_add(tok, pos, &pe));
+    TRY(ts_module_forward(ts_module_child(tr, "drop"), pe, &h));
+    TRY(ts_module_forward(ts_module_child(tr, "h"), h, &hn));
+    ts_tensor_unref(h);
+    h = NULL;
+    TRY(ts_module_forward(ts_module_child(tr, "ln_f"), hn, &h));
+    TRY(ts_tensor_transpose(ts_module_param(m, "lm_head_weight"), 0, 1, &wt));
+    s = ts_matmul(h, wt, y); /* the head tied to wte: (B, T, C) @ (C, V) */
+out:
+    ts_tensor_unref(tok), ts_tensor_unref(pos), ts_tensor_unref(pe), ts_tensor_unref(h);
+    ts_tensor_unref(hn), ts_tensor_unref(wt), ts_tensor_unref(positions);
+    return s;
+}
+
+static ts_status linear(ts_device *dev, int64_t in, int64_t out, double std, ts_rng *rng,
+                        ts_module **m)
+{
+    ts_weight_init init = {TS_INIT_NORMAL, std, rng};
+    return ts_nn_linear(dev, in, out, 1, &init, m);
+}
+
+static ts_status dropout(double p, ts_rng *rng, ts_module **m)
+{
+    return ts_nn_dropout(p, rng, m);
+}
+
+/* A child made by expr, added to parent under name (parent owns it either way). */
+#define ADD(parent, name, expr)                                                             \
+    do {                                                                                    \
+        ts_module *c_ = NULL;                                                               \
+        if ((s = (expr)) || (s = ts_module_add_child(parent, name, c_)))                    \
+            goto fail;                                                                      \
+    } while (0)
+
+static ts_status no_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
+{
+    (void)m, (void)x, (void)y;
+    return ts_fail(TS_ESTATE, "a container of named parts: the model's forward runs them");
+}
+
+static const ts_module_def gpt_def = {"gpt", gpt_forward, free_state};
+static const ts_module_def container_def = {"gpt_transformer", no_forward, NULL};
+static const ts_module_def block_def = {"gpt_block", block_forward, NULL};
+static const ts_module_def attn_def = {"gpt_attention", attn_forward, NULL};
+
+ts_status cli_gpt_build(const cli_gpt_config *cfg, ts_device *dev, ts_rng *rng, ts_module **out)
+{
+    *out = NULL;
+    if (!cfg || cfg->vocab < 1 || cfg->context < 1 || cfg->layers < 1 || cfg->heads < 1 ||
+        cfg->embd < 1 || cfg->embd % cfg->heads || !(cfg->dropout >= 0 && cfg->dropout < 1))
+        return ts_fail(TS_EINVAL, "gpt: need vocab, context, layers, heads, embd >= 1, embd a "
+                       "multiple of heads and dropout in [0, 1)");
+    const int64_t C = cfg->embd, T = cfg->context;
+    const double std = 0.02, proj_std = 0.02 / sqrt(2.0 * (double)cfg->layers);
+    gpt_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return ts_fail(TS_ENOMEM, "gpt: out of host memory");
+    st->cfg = *cfg;
+    st->rng = rng;
+    float *mask = malloc(sizeof *mask * (size_t)(T * T));
+    ts_status s = mask ? TS_OK : ts_fail(TS_ENOMEM, "gpt: out of host memory");
+    for (int64_t i = 0; mask && i < T; i++)
+        for (int64_t j = 0; j < T; j++)
+            mask[i * T + j] = j <= i ? 0.0f : -INFINITY;
+    if (!s)
+        s = ts_tensor_from_host(dev, TS_F32, 2, (const int64_t[]){T, T}, mask, &st->mask);
+    free(mask);
+    ts_module *gpt = NULL, *tr = NULL, *blocks = NULL;
+    if (s) {
+        free_state(st);
+        return s;
+    }
+    if ((s = ts_module_custom(&gpt_def, st, &gpt)))
+        return s; /* it freed st through free_state */
+    if ((s = ts_module_custom(&container_def, NULL, &tr)) ||
+        (s = ts_module_add_child(gpt, "transformer", tr)))
+        goto fail;
+    ts_weight_init emb = {TS_INIT_NORMAL, std, rng};
+    ADD(tr, "wte", ts_nn_embedding(dev, cfg->vocab, C, &emb, &c_));
+    ADD(tr, "wpe", ts_nn_embedding(dev, T, C, &emb, &c_));
+    ADD(tr, "drop", dropout(cfg->dropout, rng, &c_));
+    if ((s = ts_nn_sequential(&blocks)) || (s = ts_module_add_child(tr, "h", blocks)))
+        goto fail;
+    for (int64_t l = 0; l < cfg->layers; l++) {
+        ts_module *blk = NULL, *attn = NULL, *mlp = NULL;
+        char name[24];
+        snprintf(name, sizeof name, "%lld", (long long)l);
+        if ((s = ts_module_custom(&block_def, NULL, &blk)) ||
+            (s = ts_nn_sequential_add(blocks, name, blk)))
+            goto fail;
+        ADD(blk, "ln_1", ts_nn_layernorm(dev, 1, &C, 1e-5, &c_));
+        /* the attention reads the model's sizes and mask (st, owned by the model) */
+        if ((s = ts_module_custom(&attn_def, st, &attn)) ||
+            (s = ts_module_add_child(blk, "attn", attn)))
+            goto fail;
+        ADD(attn, "c_attn", linear(dev, C, 3 * C, std, rng, &c_));
+        ADD(attn, "c_proj", linear(dev, C, C, proj_std, rng, &c_));
+        ADD(attn, "attn_dropout", dropout(cfg->dropout, rng, &c_));
+        ADD(attn, "resid_dropout", dropout(cfg->dropout, rng, &c_));
+        ADD(blk, "ln_2", ts_nn_layernorm(dev, 1, &C, 1e-5, &c_));
+        if ((s = ts_nn_sequential(&mlp)) || (s = ts_module_add_child(blk, "mlp", mlp)))
+            goto fail;
+        ADD(mlp, "c_fc", linear(dev, C, 4 * C, std, rng, &c_));
+        ADD(mlp, "gelu", ts_nn_gelu_tanh(&c_));
+        ADD(mlp, "c_proj", linear(dev, 4 * C, C, proj_std, rng, &c_));
+        ADD(mlp, "dropout", dropout(cfg->dropout, rng, &c_));
+    }
+    ADD(tr, "ln_f", ts_nn_layernorm(dev, 1, &C, 1e-5, &c_));
+    /* The head: wte's weight, shared (one tensor, one gradient, listed once). */
+    ts_named_tensor w[1];
+    if (ts_module_parameters(ts_module_child(tr, "wte"), w, 1) != 1 ||
+        (s = ts_module_add_shared_param(gpt, "lm_head_weight", w[0].tensor)))
+        goto fail;
+    *out = gpt;
+    return TS_OK;
+fail:
+    ts_module_free(gpt);
+    return s ? s : TS_ESTATE;
+}
+
+ts_status cli_gpt_loss(ts_tensor *logits, ts_tensor *targets, ts_tensor **loss)
+{
+    const int64_t *sh = ts_tensor_shape(logits);
+    ts_tensor *l2 = NULL, *t1 = NULL;
+    ts_status s = ts_tensor_reshape(logits, 2, (const int64_t[]){sh[0] * sh[1], sh[2]}, &l2);
+    if (!s)
+        s = ts_tensor_reshape(targets, 1, (const int64_t[]){sh[0] * sh[1]}, &t1);
+    if (!s)
+        s = ts_cross_entropy(l2, t1, TS_REDUCTION_MEAN, loss);
+    ts_tensor_unref(l2);
+    ts_tensor_unref(t1);
+    return s;
+}
+
+void cli_gpt_decay_groups(ts_optim *opt)
+{
+    ts_optim_decay_matrices_only(opt);
+    ts_optim_set_param_weight_decay(opt, "transformer.wte.weight", 0);
+    ts_optim_set_param_weight_decay(opt, "transformer.wpe.weight", 0);
+}

@@ -1,0 +1,30 @@
+/* tools/model_gpt.h: a GPT-2 style character-level language model, written with tessera's
+ * public API only (modules of your own: tessera/nn.h), as a user would write it. */
+#ifndef TESSERA_TOOLS_MODEL_GPT_H
+#define TESSERA_TOOLS_MODEL_GPT_H
+
+#include <tessera/tessera.h>
+
+typedef struct cli_gpt_config {
+    int64_t vocab;   /* 256 for bytes */
+    int64_t context; /* the longest sequence (learned positions) */
+    int64_t layers, heads, embd;
+    double dropout;  /* on attention weights and residual branches while training; 0: none */
+} cli_gpt_config;
+
+/* The model: token and position embeddings, `layers` pre-norm blocks (causal self-attention,
+ * then an MLP of width 4 embd with GELU), a final layer norm and an output head tied to the
+ * token embedding. Weights N(0, 0.02), the residual projections N(0, 0.02 / sqrt(2 layers)),
+ * biases 0, norms 1 and 0. Parameters are named like GPT-2's (transformer.wte.weight,
+ * transformer.h.0.attn.c_attn.weight, ...). Its forward takes token ids (B, T) int64, T at
+ * most context, and returns logits (B, T, vocab). rng: initialisation and dropout (borrowed:
+ * must outlive the model). (transfer full) on *out. */
+ts_status cli_gpt_build(const cli_gpt_config *cfg, ts_device *dev, ts_rng *rng, ts_module **out);
+/* The mean cross-entropy of the next-token prediction: logits (B, T, vocab) against targets
+ * (B, T). (transfer full) on *loss. */
+ts_status cli_gpt_loss(ts_tensor *logits, ts_tensor *targets, ts_tensor **loss);
+/* Gives AdamW's weight decay to the matrices of the blocks only: none to biases, norms or
+ * the embeddings (the tied head included). */
+void cli_gpt_decay_groups(ts_optim *opt);
+
+#endif /* TESSERA_TOOLS_MODEL_GPT_H */
