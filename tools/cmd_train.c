@@ -48,7 +48,8 @@ static const char usage[] =
     "  --train-limit N train on the first N training images only\n"
     "  --log-steps     print every step's loss (one line each; JSON lines with --json)\n"
     "  --json          one JSON object per epoch instead of the progress bar and summary\n"
-    "A loss that becomes NaN or infinite stops training with exit status 1.\n";
+    "A loss that becomes NaN or infinite stops training with exit status 1.\n"
+    "tessera train --model gpt --help: the character-level GPT on a text file.\n";
 
 /* Documented ranges of the numeric options (usage text and docs/training.md). */
 #define MAX_EPOCHS 1000000
@@ -1028,6 +1029,9 @@ static void trainer_free(trainer *t)
 
 int cmd_train(int argc, char **argv, const cli_common *common)
 {
+    for (int i = 1; i + 1 < argc; i++) /* the sequence model has a loop of its own */
+        if (!strcmp(argv[i], "--model") && !strcmp(argv[i + 1], "gpt"))
+            return cli_train_gpt(argc, argv, common);
     trainer t = {.saved_step = -1};
     const char *config = common->config;
     for (int i = 1; i + 1 < argc; i++)

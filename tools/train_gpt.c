@@ -1,0 +1,611 @@
+/* tools/train_gpt.c: `tessera train --model gpt`: a character-level GPT (tools/model_gpt.c)
+ * on any text file, bytes as tokens (vocabulary 256). The last 10% of the file is held out
+ * for validation; each step trains on a batch of random windows of --context tokens, drawn
+ * from (seed, step) alone so that a resumed run draws what the straight run would. AdamW
+ * with weight decay on the blocks' matrices only, a warm-up then cosine learning rate, and
+ * gradient clipping; validation loss in nats and bits per byte, and tokens per second. */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "model_gpt.h"
+
+#define FORTUNES_DIR "/usr/share/games/fortunes"
+#define MAX_TEXT ((size_t)1 << 31)
+
+static const char usage[] =
+    "usage: tessera train --model gpt [--text FILE] [--context T] [--layers L] [--heads H]\n"
+    "                     [--embd C] [--dropout P] [--batch-size B] [--steps N] [--lr X]\n"
+    "                     [--max-steps N] [--min-lr X] [--warmup-steps N] [--weight-decay W]\n"
+    "                     [--clip-grad-norm X] [--eval-every N] [--eval-batches N] [--seed S]\n"
+    "                     [--device NAME] [--save CKPT] [--resume CKPT] [--log-steps] [--json]\n"
+    "\n"
+    "Trains a character-level GPT on a text file, bytes as tokens; the last 10% of the file is\n"
+    "held out for validation. Default text: the Debian package fortunes (" FORTUNES_DIR
+    ",\n"
+    "its files concatenated in name order). Defaults: context 128, 4 layers, 4 heads, embd\n"
+    "128, dropout 0, batch 16, 2000 steps, AdamW lr 1e-3 (betas 0.9, 0.95) with weight decay\n"
+    "0.1 on the blocks' matrices only, 100 warm-up steps then cosine to lr/10 at the last\n"
+    "step (fewer with fewer --steps), gradient clipping at norm 1, evaluation every 200 steps\n"
+    "on 20 batches, seed 1.\n"
+    "--steps sets the run's length (the cosine ends there); --max-steps N stops after N steps\n"
+    "in all (to resume later on the same schedule). Losses are in nats per token; bits per\n"
+    "byte is that over ln 2.\n";
+
+typedef struct gpt_opts {
+    const char *text, *device, *save, *resume;
+    cli_gpt_config cfg;
+    int64_t batch, steps, max_steps, warmup, eval_every, eval_batches;
+    double lr, min_lr, weight_decay, clip;
+    uint64_t seed;
+    int json, log_steps;
+} gpt_opts;
+
+/* ---- the text ------------------------------------------------------------------------- */
+
+/* Appends the regular file at path to *buf (grown as needed). 0, or 1 with a message. */
+static int append_file(const char *path, unsigned char **buf, size_t *n)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        fprintf(stderr, "tessera: error: train --text: cannot open %s: %s\n", path,
+                strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return 1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fprintf(stderr, "tessera: error: train --text: %s is not a regular file (a %s); give a "
+                        "text file\n", path, S_ISDIR(st.st_mode) ? "directory"
+                                             : S_ISFIFO(st.st_mode) ? "FIFO"
+                                                                   : "device or socket");
+        close(fd);
+        return 1;
+    }
+    if ((uint64_t)st.st_size > MAX_TEXT - *n) {
+        fprintf(stderr, "tessera: error: train --text: %s makes the text larger than 2 GiB\n",
+                path);
+        close(fd);
+        return 1;
+    }
+    unsigned char *b = realloc(*buf, *n + (size_t)st.st_size + 1);
+    if (!b) {
+        fprintf(stderr, "tessera: error: train --text: out of memory reading %s\n", path);
+        close(fd);
+        return 1;
+    }
+    *buf = b;
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = read(fd, b + *n + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    *n += got;
+    return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The default corpus: every regular file of the fortunes directory but the .dat indexes, in
+ * name order. */
+static int load_fortunes(unsigned char **buf, size_t *n)
+{
+    char *names[1024];
+    size_t count = 0;
+    char cmdpath[4096];
+    struct stat st;
+    if (stat(FORTUNES_DIR, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "tessera: error: train --model gpt: no --text and no default corpus in "
+                        "%s: install the Debian package fortunes, or give --text FILE\n",
+                FORTUNES_DIR);
+        return 1;
+    }
+    DIR *d = opendir(FORTUNES_DIR);
+    struct dirent *de;
+    while (d && (de = readdir(d)) && count < 1024) {
+        size_t len = strlen(de->d_name);
+        if (de->d_name[0] == '.' || (len > 4 && !strcmp(de->d_name + len - 4, ".dat")) ||
+            (len > 2 && !strcmp(de->d_name + len - 2, ".u8")))
+            continue;
+        snprintf(cmdpath, sizeof cmdpath, "%s/%s", FORTUNES_DIR, de->d_name);
+        if (lstat(cmdpath, &st) == 0 && S_ISREG(st.st_mode) && (names[count] = strdup(cmdpath)))
+            count++;
+    }
+    if (d)
+        closedir(d);
+    qsort(names, count, sizeof *names, cmp_str);
+    int rc = count ? 0 : 1;
+    if (!count)
+        fprintf(stderr, "tessera: error: train --model gpt: %s holds no text files\n",
+                FORTUNES_DIR);
+    for (size_t i = 0; i < count; i++) {
+        if (!rc)
+            rc = append_file(names[i], buf, n);
+        free(names[i]);
+    }
+    return rc;
+}
+
+/* FNV-1a over the text: a checkpoint says which text it was trained on. */
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* ---- batches --------------------------------------------------------------------------- */
+
+static uint64_t mix(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Windows b = 0..B-1 of batch `draw` from text[0, n): ids (B, T) and their next tokens. The
+ * starts depend on (seed, draw, b) only. */
+static ts_status windows(ts_device *dev, const unsigned char *text, size_t n, uint64_t seed,
+                         uint64_t draw, int64_t B, int64_t T, ts_tensor **x, ts_tensor **y)
+{
+    int64_t *xv = malloc(sizeof *xv * (size_t)(B * T)), *yv = malloc(sizeof *yv * (size_t)(B * T));
+    ts_status s = xv && yv ? TS_OK : ts_fail(TS_ENOMEM, "out of host memory for a batch");
+    for (int64_t b = 0; !s && b < B; b++) {
+        uint64_t start = mix(seed ^ mix(draw * 0x100000001b3ull + (uint64_t)b)) %
+                         (uint64_t)(n - (size_t)T);
+        for (int64_t t = 0; t < T; t++) {
+            xv[b * T + t] = text[start + (uint64_t)t];
+            yv[b * T + t] = text[start + (uint64_t)t + 1];
+        }
+    }
+    if (!s)
+        s = ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){B, T}, xv, x);
+    if (!s)
+        s = ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){B, T}, yv, y);
+    free(xv);
+    free(yv);
+    return s;
+}
+
+/* Mean loss (nats per token) of the model on batch x, y; grad mode off. */
+static ts_status eval_loss(ts_module *gpt, ts_tensor *x, ts_tensor *y, double *out)
+{
+    ts_tensor *logits = NULL, *loss = NULL, *d = NULL;
+    ts_status s = ts_module_forward(gpt, x, &logits);
+    if (!s)
+        s = cli_gpt_loss(logits, y, &loss);
+    if (!s)
+        s = ts_cast(loss, TS_F64, &d);
+    if (!s)
+        s = ts_tensor_to_host(d, out, sizeof *out);
+    ts_tensor_unref(logits), ts_tensor_unref(loss), ts_tensor_unref(d);
+    return s;
+}
+
+/* ---- checkpoints ----------------------------------------------------------------------- */
+
+static const char *arch_text(const cli_gpt_config *c, char *buf, size_t len)
+{
+    snprintf(buf, len, "gpt --context %lld --layers %lld --heads %lld --embd %lld --dropout %.17g",
+             (long long)c->context, (long long)c->layers, (long long)c->heads,
+             (long long)c->embd, c->dropout);
+    return buf;
+}
+
+static void meta_u64(ts_checkpoint *ck, const char *key, uint64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%llu", (unsigned long long)v);
+    ts_checkpoint_set_meta(ck, key, b);
+}
+
+typedef struct run {
+    gpt_opts o;
+    ts_device *dev;
+    ts_module *gpt;
+    ts_named_tensor *params;
+    size_t np;
+    ts_optim *opt;
+    ts_rng rng; /* initialisation and dropout */
+    int64_t step;
+    uint64_t text_hash;
+} run;
+
+static ts_status save(const run *r)
+{
+    ts_checkpoint *ck;
+    ts_status s = ts_checkpoint_new(&ck);
+    for (size_t i = 0; i < r->np && s == TS_OK; i++)
+        s = ts_checkpoint_add(ck, r->params[i].name, r->params[i].tensor);
+    if (s == TS_OK)
+        s = ts_optim_save_state(r->opt, ck);
+    if (s == TS_OK) {
+        char arch[256];
+        ts_checkpoint_set_meta(ck, "train.model", "gpt");
+        ts_checkpoint_set_meta(ck, "train.arch", arch_text(&r->o.cfg, arch, sizeof arch));
+        ts_checkpoint_set_meta(ck, "train.format", "tessera-train-gpt-1");
+        ts_checkpoint_set_meta(ck, "train.tokenizer", "bytes");
+        meta_u64(ck, "train.seed", r->o.seed);
+        meta_u64(ck, "train.batch_size", (uint64_t)r->o.batch);
+        meta_u64(ck, "train.step", (uint64_t)r->step);
+        meta_u64(ck, "train.rng_offset", r->rng.offset);
+        meta_u64(ck, "train.text_hash", r->text_hash);
+        s = ts_checkpoint_save(ck, r->o.save);
+    }
+    ts_checkpoint_free(ck);
+    return s;
+}
+
+/* A decimal train.* value of ck in [0, max]: digits only, no overflow; 1 with a message when
+ * missing or malformed. */
+static int meta_num(const ts_checkpoint *ck, const char *path, const char *key, uint64_t max,
+                    uint64_t *out)
+{
+    const char *t = ts_checkpoint_meta(ck, key);
+    size_t len = t ? strlen(t) : 0;
+    int ok = len > 0 && len <= 20 && strspn(t, "0123456789") == len;
+    uint64_t v = 0;
+    for (size_t i = 0; ok && i < len; i++) {
+        unsigned dgt = (unsigned)(t[i] - '0');
+        ok = v <= (UINT64_MAX - dgt) / 10;
+        v = v * 10 + dgt;
+    }
+    if (!ok || v > max) {
+        fprintf(stderr, "tessera: error: %s: %s = '%s' is not a whole number in [0, %llu]; the "
+                        "checkpoint is damaged or not a GPT one\n", path, key, t ? t : "(none)",
+                (unsigned long long)max);
+        return 1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Restores model, optimizer and position from --resume; refuses another model, text, seed or
+ * batch size. 0, or the exit status. */
+static int resume(run *r)
+{
+    const char *path = r->o.resume;
+    ts_checkpoint *ck;
+    ts_status s = ts_checkpoint_load(path, r->dev, &ck);
+    if (s)
+        return cli_fail(s, "--resume");
+    int rc = 1;
+    char arch[256];
+    const char *model = ts_checkpoint_meta(ck, "train.model");
+    const char *saved_arch = ts_checkpoint_meta(ck, "train.arch");
+    uint64_t seed, batch, step, roff, hash;
+    if (!model || strcmp(model, "gpt") != 0) {
+        fprintf(stderr, "tessera: error: %s holds a '%s' model, not gpt\n", path,
+                model ? model : "(unknown)");
+        goto out;
+    }
+    if (!saved_arch || strcmp(saved_arch, arch_text(&r->o.cfg, arch, sizeof arch)) != 0) {
+        fprintf(stderr, "tessera: error: %s is a '%s', not a '%s'; resume with the same "
+                        "--context, --layers, --heads, --embd and --dropout\n",
+                path, saved_arch ? saved_arch : "(unknown)", arch);
+        rc = 2;
+        goto out;
+    }
+    if (meta_num(ck, path, "train.seed", UINT64_MAX, &seed) ||
+        meta_num(ck, path, "train.batch_size", (uint64_t)1 << 20, &batch) ||
+        meta_num(ck, path, "train.step", (uint64_t)1 << 53, &step) ||
+        meta_num(ck, path, "train.rng_offset", UINT64_MAX, &roff) ||
+        meta_num(ck, path, "train.text_hash", UINT64_MAX, &hash))
+        goto out;
+    if (seed != r->o.seed || batch != (uint64_t)r->o.batch) {
+        fprintf(stderr, "tessera: error: %s was trained with --seed %llu --batch-size %llu; "
+                        "resume with the same\n",
+                path, (unsigned long long)seed, (unsigned long long)batch);
+        rc = 2;
+        goto out;
+    }
+    if (hash != r->text_hash) {
+        fprintf(stderr, "tessera: error: %s was trained on another text (its bytes differ "
+                        "from this --text); resume on the same text\n", path);
+        rc = 2;
+        goto out;
+    }
+    for (size_t i = 0; i < r->np; i++)
+        if ((s = ts_checkpoint_restore(ck, r->params[i].name, r->params[i].tensor))) {
+            rc = cli_fail(s, "--resume");
+            goto out;
+        }
+    if ((s = ts_optim_load_state(r->opt, ck))) {
+        rc = cli_fail(s, "--resume");
+        goto out;
+    }
+    r->step = (int64_t)step;
+    r->rng.offset = roff;
+    rc = 0;
+out:
+    ts_checkpoint_free(ck);
+    return rc;
+}
+
+/* ---- options --------------------------------------------------------------------------- */
+
+static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
+{
+    *o = (gpt_opts){.cfg = {256, 128, 4, 4, 128, 0},
+                    .batch = 16,
+                    .steps = 2000,
+                    .warmup = 100,
+                    .eval_every = 200,
+                    .eval_batches = 20,
+                    .lr = 1e-3,
+                    .min_lr = -1,
+                    .weight_decay = 0.1,
+                    .clip = 1.0,
+                    .seed = 1,
+                    .json = common->json};
+    int set_warmup = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        set_warmup |= !strcmp(a, "--warmup-steps");
+        int64_t *i64 = !strcmp(a, "--context")        ? &o->cfg.context
+                       : !strcmp(a, "--layers")       ? &o->cfg.layers
+                       : !strcmp(a, "--heads")        ? &o->cfg.heads
+                       : !strcmp(a, "--embd")         ? &o->cfg.embd
+                       : !strcmp(a, "--batch-size")   ? &o->batch
+                       : !strcmp(a, "--steps")        ? &o->steps
+                       : !strcmp(a, "--max-steps")    ? &o->max_steps
+                       : !strcmp(a, "--warmup-steps") ? &o->warmup
+                       : !strcmp(a, "--eval-every")   ? &o->eval_every
+                       : !strcmp(a, "--eval-batches") ? &o->eval_batches
+                                                      : NULL;
+        double *dbl = !strcmp(a, "--lr")               ? &o->lr
+                      : !strcmp(a, "--min-lr")         ? &o->min_lr
+                      : !strcmp(a, "--weight-decay")   ? &o->weight_decay
+                      : !strcmp(a, "--clip-grad-norm") ? &o->clip
+                      : !strcmp(a, "--dropout")        ? &o->cfg.dropout
+                                                       : NULL;
+        if (!strcmp(a, "--model")) {
+            if (!v || strcmp(v, "gpt"))
+                return cli_usage_error("train", "--model gpt expected here");
+            i++;
+        } else if (i64) {
+            int64_t lo = i64 == &o->warmup ? 0 : 1;
+            int64_t hi = i64 == &o->cfg.context  ? 4096
+                         : i64 == &o->cfg.layers ? 64
+                         : i64 == &o->cfg.heads  ? 64
+                         : i64 == &o->cfg.embd   ? 8192
+                         : i64 == &o->batch      ? 4096
+                                                 : (int64_t)1 << 40;
+            bad = cli_parse_i64("train", a, v, lo, hi, i64), i++;
+        } else if (dbl) {
+            double hi = dbl == &o->cfg.dropout ? 0.99 : dbl == &o->clip ? 1e12 : 1e6;
+            int open = dbl == &o->lr;
+            bad = cli_parse_double("train", a, v, 0, open, hi, dbl), i++;
+        } else if (!strcmp(a, "--seed")) {
+            bad = cli_parse_u64("train", a, v, 0, UINT64_MAX, &o->seed), i++;
+        } else if (!strcmp(a, "--text") || !strcmp(a, "--device") || !strcmp(a, "--save") ||
+                   !strcmp(a, "--resume")) {
+            if (!v)
+                return cli_usage_error("train", "%s needs a value", a);
+            *(!strcmp(a, "--text")     ? &o->text
+              : !strcmp(a, "--device") ? &o->device
+              : !strcmp(a, "--save")   ? &o->save
+                                       : &o->resume) = v;
+            i++;
+        } else if (!strcmp(a, "--config")) {
+            i++; /* the caller's */
+        } else if (!strcmp(a, "--json")) {
+            o->json = 1;
+        } else if (!strcmp(a, "--log-steps")) {
+            o->log_steps = 1;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            return -1;
+        } else {
+            return cli_usage_error("train", "unexpected argument '%s' for --model gpt", a);
+        }
+        if (bad)
+            return 2;
+    }
+    if (o->cfg.embd % o->cfg.heads)
+        return cli_usage_error("train", "--embd %lld is not a multiple of --heads %lld",
+                               (long long)o->cfg.embd, (long long)o->cfg.heads);
+    if (o->min_lr < 0)
+        o->min_lr = o->lr / 10;
+    if (o->min_lr > o->lr)
+        return cli_usage_error("train", "--min-lr %g is above --lr %g", o->min_lr, o->lr);
+    if (!set_warmup && o->warmup > o->steps)
+        o->warmup = o->steps; /* the default, for a short run */
+    if (o->warmup > o->steps)
+        return cli_usage_error("train", "--warmup-steps %lld is more than --steps %lld",
+                               (long long)o->warmup, (long long)o->steps);
+    return 0;
+}
+
+/* ---- training -------------------------------------------------------------------------- */
+
+int cli_train_gpt(int argc, char **argv, const cli_common *common)
+{
+    run r;
+    memset(&r, 0, sizeof r);
+    const char *config = common->config;
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--config"))
+            config = argv[i + 1];
+    int rc = parse(argc, argv, &r.o, common);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    unsigned char *text = NULL;
+    size_t n = 0;
+    if (r.o.text ? append_file(r.o.text, &text, &n) : load_fortunes(&text, &n)) {
+        free(text);
+        return 1;
+    }
+    const int64_t T = r.o.cfg.context;
+    size_t ntrain = n - n / 10, nval = n - ntrain;
+    if (ntrain < (size_t)T + 2 || nval < (size_t)T + 2) {
+        fprintf(stderr, "tessera: error: train --model gpt: the text has %zu bytes; with "
+                        "--context %lld it needs at least %lld (90%% to train, 10%% to "
+                        "validate, each longer than a window)\n",
+                n, (long long)T, (long long)(10 * (T + 2)));
+        free(text);
+        return 1;
+    }
+    r.text_hash = fnv1a(text, n);
+    ts_status s = ts_init(config);
+    if (s) {
+        free(text);
+        return cli_fail(s, "cannot start tessera");
+    }
+    rc = 1;
+    r.dev = ts_default_device();
+    if (r.o.device && (s = ts_device_get(r.o.device, &r.dev))) {
+        cli_fail(s, "--device");
+        goto out;
+    }
+    ts_rng_init(&r.rng, r.o.seed);
+    if ((s = cli_gpt_build(&r.o.cfg, r.dev, &r.rng, &r.gpt))) {
+        cli_fail(s, "cannot build the model");
+        goto out;
+    }
+    r.np = ts_module_parameters(r.gpt, NULL, 0);
+    if (!(r.params = calloc(r.np + 1, sizeof *r.params))) {
+        fprintf(stderr, "tessera: error: out of memory\n");
+        goto out;
+    }
+    ts_module_parameters(r.gpt, r.params, r.np);
+    ts_adam_options ao = {r.o.lr, 0.9, 0.95, 1e-8, r.o.weight_decay};
+    ts_lr_schedule sch = {TS_LR_COSINE, r.o.lr, r.o.warmup, 0, 0, r.o.steps, r.o.min_lr};
+    if ((s = ts_optim_adamw(r.params, r.np, &ao, &r.opt)) ||
+        (s = ts_optim_set_schedule(r.opt, &sch))) {
+        cli_fail(s, "cannot set up the optimizer");
+        goto out;
+    }
+    cli_gpt_decay_groups(r.opt);
+    if (r.o.resume && (rc = resume(&r)))
+        goto out;
+    rc = 1;
+    char arch[256];
+    if (!r.o.json)
+        printf("tessera train: %s (%lld parameters) on '%s', %zu bytes of text (%zu to train, "
+               "%zu to validate), batch %lld x %lld tokens, adamw lr %g weight decay %g, "
+               "%lld steps%s\n",
+               arch_text(&r.o.cfg, arch, sizeof arch), (long long)ts_module_num_params(r.gpt),
+               ts_device_name(r.dev), n, ntrain, nval, (long long)r.o.batch, (long long)T,
+               r.o.lr, r.o.weight_decay, (long long)r.o.steps,
+               r.step ? " (resumed)" : "");
+    double t0 = cli_now(), loss_sum = 0;
+    int64_t since = 0;
+    int64_t stop = r.o.max_steps > 0 && r.o.max_steps < r.o.steps ? r.o.max_steps : r.o.steps;
+    if (r.step >= stop) {
+        fprintf(stderr, "tessera: %s is at step %lld: nothing left to train up to step %lld\n",
+                r.o.resume, (long long)r.step, (long long)stop);
+        rc = r.step == stop ? 0 : 1;
+        goto out;
+    }
+    for (; r.step < stop; r.step++) {
+        ts_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL, *d = NULL;
+        double lv = NAN;
+        ts_module_train(r.gpt, 1);
+        if (!(s = windows(r.dev, text, ntrain, r.o.seed, (uint64_t)r.step, r.o.batch, T, &x,
+                          &y)) &&
+            !(s = ts_module_forward(r.gpt, x, &logits)) && !(s = cli_gpt_loss(logits, y, &loss)) &&
+            !(s = ts_backward(loss, NULL, 0)) &&
+            (r.o.clip <= 0 || !(s = ts_clip_grad_norm(r.params, r.np, r.o.clip, NULL))) &&
+            !(s = ts_optim_step(r.opt)) && !(s = ts_cast(loss, TS_F64, &d)))
+            s = ts_tensor_to_host(d, &lv, sizeof lv);
+        ts_optim_zero_grad(r.opt);
+        ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(logits);
+        ts_tensor_unref(loss), ts_tensor_unref(d);
+        if (s) {
+            cli_fail(s, "training failed");
+            goto out;
+        }
+        if (!isfinite(lv)) {
+            fprintf(stderr, "tessera: error: the loss became %s at step %lld: training diverged "
+                            "(try a smaller --lr)\n", isnan(lv) ? "NaN" : "infinite",
+                    (long long)r.step + 1);
+            goto out;
+        }
+        loss_sum += lv;
+        since++;
+        if (r.o.log_steps) {
+            if (r.o.json)
+                printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g}\n",
+                       (long long)r.step + 1, lv, ts_optim_lr(r.opt));
+            else
+                printf("step %lld loss %.9g lr %.6g\n", (long long)r.step + 1, lv,
+                       ts_optim_lr(r.opt));
+        }
+        int last = r.step + 1 == stop;
+        if ((r.step + 1) % r.o.eval_every && !last)
+            continue;
+        double secs = cli_now() - t0, vsum = 0;
+        ts_module_train(r.gpt, 0);
+        ts_no_grad_enter();
+        for (int64_t e = 0; e < r.o.eval_batches && !s; e++) {
+            double v = 0;
+            if (!(s = windows(r.dev, text + ntrain, nval, r.o.seed ^ 0x5eed, (uint64_t)e,
+                              r.o.batch, T, &x, &y)))
+                s = eval_loss(r.gpt, x, y, &v);
+            ts_tensor_unref(x), ts_tensor_unref(y);
+            x = y = NULL;
+            vsum += v;
+        }
+        ts_no_grad_exit();
+        if (s) {
+            cli_fail(s, "evaluation failed");
+            goto out;
+        }
+        double train_loss = loss_sum / (double)since, val = vsum / (double)r.o.eval_batches;
+        double tps = (double)since * (double)(r.o.batch * T) / secs;
+        if (r.o.json)
+            printf("{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f, "
+                   "\"val_bits_per_byte\": %.6f, \"lr\": %.9g, \"tokens_per_s\": %.0f, "
+                   "\"seconds\": %.2f}\n",
+                   (long long)r.step + 1, train_loss, val, val / log(2.0), ts_optim_lr(r.opt),
+                   tps, secs);
+        else
+            printf("step %lld: train loss %.4f, val loss %.4f (%.3f bits/byte), lr %.3g, "
+                   "%.0f tokens/s\n",
+                   (long long)r.step + 1, train_loss, val, val / log(2.0), ts_optim_lr(r.opt),
+                   tps);
+        fflush(stdout);
+        loss_sum = 0;
+        since = 0;
+        t0 = cli_now();
+        if (r.o.save) {
+            r.step++; /* the steps taken so far */
+            s = save(&r);
+            r.step--;
+            if (s) {
+                cli_fail(s, "--save");
+                goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    ts_optim_free(r.opt);
+    free(r.params);
+    ts_module_free(r.gpt);
+    free(text);
+    ts_shutdown();
+    return rc;
+}
