@@ -36,6 +36,8 @@ PACKAGES="autoconf automake libtool pkg-config make gcc libc6-dev
   libinih-dev libcjson-dev libopenblas-dev libdnnl-dev zlib1g-dev"
 # The training tests (test-train.sh, test-sdk.sh) train on the real set: check needs it too.
 [ "$mode" != build ] && PACKAGES="$PACKAGES dataset-fashion-mnist"
+# train: the GPT's default corpus (tessera train --model gpt), Debian's fortunes.
+[ "$mode" = train ] && PACKAGES="$PACKAGES fortunes"
 [ "$mode" = check ] && PACKAGES="$PACKAGES valgrind"
 # EXTRA_PACKAGES: more Debian packages (.ci/run asks for clang + libclang-rt-14-dev: fuzzing).
 PACKAGES="$PACKAGES ${EXTRA_PACKAGES:-}"
@@ -90,7 +92,6 @@ check)
     make -j"$jobs" check
     ;;
 train)
-    # `tessera train` arrives with the training issue; until then show what is installed.
     if ./tools/tessera help 2>/dev/null | grep -q '^  train'; then
         say "tessera train ${*:---model lenet5 --epochs 1}"
         # shellcheck disable=SC2086
