@@ -269,3 +269,159 @@ void cli_gpt_decay_groups(ts_optim *opt)
     ts_optim_set_param_weight_decay(opt, "transformer.wte.weight", 0);
     ts_optim_set_param_weight_decay(opt, "transformer.wpe.weight", 0);
 }
+
+/* ---- generation with a key/value cache ------------------------------------------------- */
+
+struct cli_gpt_cache {
+    int64_t pos;          /* positions fed so far */
+    int64_t layers;
+    ts_tensor **k, **v;   /* per layer: (context, embd) */
+};
+
+const cli_gpt_config *cli_gpt_config_of(const ts_module *gpt)
+{
+    const gpt_state *st = ts_module_user(gpt);
+    return st ? &st->cfg : NULL;
+}
+
+void cli_gpt_cache_free(cli_gpt_cache *c)
+{
+    if (!c)
+        return;
+    for (int64_t l = 0; l < c->layers; l++) {
+        ts_tensor_unref(c->k ? c->k[l] : NULL);
+        ts_tensor_unref(c->v ? c->v[l] : NULL);
+    }
+    free(c->k);
+    free(c->v);
+    free(c);
+}
+
+ts_status cli_gpt_cache_new(ts_module *gpt, cli_gpt_cache **out)
+{
+    *out = NULL;
+    const cli_gpt_config *cfg = cli_gpt_config_of(gpt);
+    if (!cfg)
+        return ts_fail(TS_EINVAL, "gpt cache: not a model from cli_gpt_build");
+    cli_gpt_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return ts_fail(TS_ENOMEM, "gpt cache: out of host memory");
+    c->layers = cfg->layers;
+    c->k = calloc((size_t)cfg->layers, sizeof *c->k);
+    c->v = calloc((size_t)cfg->layers, sizeof *c->v);
+    ts_status s = c->k && c->v ? TS_OK : ts_fail(TS_ENOMEM, "gpt cache: out of host memory");
+    ts_device *dev = ts_tensor_device(ts_module_param(gpt, "lm_head_weight"));
+    const int64_t shape[2] = {cfg->context, cfg->embd};
+    for (int64_t l = 0; l < cfg->layers && !s; l++)
+        if (!(s = ts_tensor_zeros(dev, TS_F32, 2, shape, &c->k[l])))
+            s = ts_tensor_zeros(dev, TS_F32, 2, shape, &c->v[l]);
+    if (s) {
+        cli_gpt_cache_free(c);
+        return s;
+    }
+    *out = c;
+    return TS_OK;
+}
+
+/* One position of attention for layer l: x (1, C) -> (1, C), the key and value of this
+ * position stored in the cache first. */
+static ts_status attn_step(ts_module *attn, const cli_gpt_config *cfg, cli_gpt_cache *c,
+                           int64_t l, ts_tensor *x, ts_tensor **y)
+{
+    const int64_t C = cfg->embd, H = cfg->heads, hd = C / H, n = c->pos + 1;
+    ts_tensor *qkv = NULL, *q = NULL, *k = NULL, *v = NULL, *krow = NULL, *vrow = NULL;
+    ts_tensor *keys = NULL, *vals = NULL, *qh = NULL, *kh = NULL, *kt = NULL, *vh = NULL;
+    ts_tensor *vt = NULL, *att = NULL, *sc = NULL, *p = NULL, *oh = NULL, *o = NULL;
+    ts_tensor *oc = NULL, *o2 = NULL;
+    ts_status s;
+    TRY(ts_module_forward(ts_module_child(attn, "c_attn"), x, &qkv));
+    TRY(ts_tensor_narrow(qkv, 1, 0, C, &q));
+    TRY(ts_tensor_narrow(qkv, 1, C, C, &k));
+    TRY(ts_tensor_narrow(qkv, 1, 2 * C, C, &v));
+    TRY(ts_tensor_narrow(c->k[l], 0, c->pos, 1, &krow));
+    TRY(ts_tensor_narrow(c->v[l], 0, c->pos, 1, &vrow));
+    TRY(ts_copy_(krow, k));
+    TRY(ts_copy_(vrow, v));
+    TRY(ts_tensor_narrow(c->k[l], 0, 0, n, &keys)); /* (n, C) */
+    TRY(ts_tensor_narrow(c->v[l], 0, 0, n, &vals));
+    TRY(ts_tensor_view(q, 3, (const int64_t[]){H, 1, hd}, &qh));       /* (H, 1, hd) */
+    TRY(ts_tensor_view(keys, 3, (const int64_t[]){n, H, hd}, &kh));    /* (n, H, hd) */
+    TRY(ts_tensor_permute(kh, (const int[]){1, 2, 0}, &kt));          /* (H, hd, n) */
+    TRY(ts_tensor_view(vals, 3, (const int64_t[]){n, H, hd}, &vh));
+    TRY(ts_tensor_transpose(vh, 0, 1, &vt));                          /* (H, n, hd) */
+    TRY(ts_matmul(qh, kt, &att));                                     /* (H, 1, n) */
+    TRY(ts_mul_scalar(att, 1.0 / sqrt((double)hd), &sc));
+    TRY(ts_softmax(sc, 2, &p));  /* only positions <= this one are in the cache: no mask */
+    TRY(ts_matmul(p, vt, &oh));                                       /* (H, 1, hd) */
+    TRY(ts_tensor_transpose(oh, 0, 1, &o));                           /* (1, H, hd) */
+    TRY(ts_tensor_contiguous(o, &oc));
+    TRY(ts_tensor_view(oc, 2, (const int64_t[]){1, C}, &o2));
+    s = ts_module_forward(ts_module_child(attn, "c_proj"), o2, y);
+out:
+    ts_tensor_unref(qkv), ts_tensor_unref(q), ts_tensor_unref(k), ts_tensor_unref(v);
+    ts_tensor_unref(krow), ts_tensor_unref(vrow), ts_tensor_unref(keys), ts_tensor_unref(vals);
+    ts_tensor_unref(qh), ts_tensor_unref(kh), ts_tensor_unref(kt), ts_tensor_unref(vh);
+    ts_tensor_unref(vt), ts_tensor_unref(att), ts_tensor_unref(sc), ts_tensor_unref(p);
+    ts_tensor_unref(oh), ts_tensor_unref(o), ts_tensor_unref(oc), ts_tensor_unref(o2);
+    return s;
+}
+
+ts_status cli_gpt_step(ts_module *gpt, cli_gpt_cache *c, int64_t token, ts_tensor **logits)
+{
+    *logits = NULL;
+    const cli_gpt_config *cfg = cli_gpt_config_of(gpt);
+    if (!cfg || !c)
+        return ts_fail(TS_EINVAL, "gpt step: no model or cache");
+    if (c->pos >= cfg->context)
+        return ts_fail(TS_ESHAPE, "gpt step: the cache holds the whole context of %lld "
+                       "positions", (long long)cfg->context);
+    if (token < 0 || token >= cfg->vocab)
+        return ts_fail(TS_EINVAL, "gpt step: token %lld is outside the vocabulary of %lld",
+                       (long long)token, (long long)cfg->vocab);
+    ts_module *tr = ts_module_child(gpt, "transformer"), *h = ts_module_child(tr, "h");
+    ts_device *dev = ts_tensor_device(ts_module_param(gpt, "lm_head_weight"));
+    ts_tensor *tok_id = NULL, *pos_id = NULL, *te = NULL, *pe = NULL, *x = NULL, *wt = NULL;
+    ts_status s;
+    ts_module_train(gpt, 0);
+    ts_no_grad_enter();
+    TRY(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){1}, &token, &tok_id));
+    TRY(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){1}, &c->pos, &pos_id));
+    TRY(ts_module_forward(ts_module_child(tr, "wte"), tok_id, &te)); /* (1, C) */
+    TRY(ts_module_forward(ts_module_child(tr, "wpe"), pos_id, &pe));
+    TRY(ts_add(te, pe, &x));
+    for (int64_t l = 0; l < cfg->layers; l++) {
+        char name[24];
+        snprintf(name, sizeof name, "%lld", (long long)l);
+        ts_module *blk = ts_module_child(h, name);
+        ts_tensor *a = NULL, *b = NULL, *x1 = NULL, *m = NULL, *d = NULL;
+        s = ts_module_forward(ts_module_child(blk, "ln_1"), x, &a);
+        if (!s)
+            s = attn_step(ts_module_child(blk, "attn"), cfg, c, l, a, &b);
+        if (!s)
+            s = ts_add(x, b, &x1);
+        if (!s)
+            s = ts_module_forward(ts_module_child(blk, "ln_2"), x1, &m);
+        if (!s)
+            s = ts_module_forward(ts_module_child(blk, "mlp"), m, &d);
+        ts_tensor_unref(x);
+        x = NULL;
+        if (!s)
+            s = ts_add(x1, d, &x);
+        ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(x1), ts_tensor_unref(m);
+        ts_tensor_unref(d);
+        if (s)
+            goto out;
+    }
+    ts_tensor *xf = NULL;
+    TRY(ts_module_forward(ts_module_child(tr, "ln_f"), x, &xf));
+    ts_tensor_unref(x);
+    x = xf;
+    TRY(ts_tensor_transpose(ts_module_param(gpt, "lm_head_weight"), 0, 1, &wt));
+    TRY(ts_matmul(x, wt, logits)); /* (1, vocab) */
+    c->pos++;
+out:
+    ts_no_grad_exit();
+    ts_tensor_unref(tok_id), ts_tensor_unref(pos_id), ts_tensor_unref(te), ts_tensor_unref(pe);
+    ts_tensor_unref(x), ts_tensor_unref(wt);
+    return s;
+}

@@ -27,4 +27,16 @@ ts_status cli_gpt_loss(ts_tensor *logits, ts_tensor *targets, ts_tensor **loss);
  * the embeddings (the tied head included). */
 void cli_gpt_decay_groups(ts_optim *opt);
 
+/* Generation with a key/value cache: each new token costs one position, not the whole
+ * context. cache_new makes an empty cache for gpt (keys and values of every layer, up to the
+ * context); step feeds the token at the next position and gives the logits (vocab) of the
+ * token after it, (transfer full); the cache is full after `context` steps (TS_ESHAPE). Runs
+ * with grad mode off and the model in eval mode (no dropout). */
+typedef struct cli_gpt_cache cli_gpt_cache;
+ts_status cli_gpt_cache_new(ts_module *gpt, cli_gpt_cache **out);
+ts_status cli_gpt_step(ts_module *gpt, cli_gpt_cache *c, int64_t token, ts_tensor **logits);
+void cli_gpt_cache_free(cli_gpt_cache *c);
+/* The configuration gpt was built with. */
+const cli_gpt_config *cli_gpt_config_of(const ts_module *gpt);
+
 #endif /* TESSERA_TOOLS_MODEL_GPT_H */

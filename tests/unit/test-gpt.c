@@ -154,11 +154,69 @@ static void test_memorises_text(void)
     teardown();
 }
 
+/* The key/value-cached step gives, for each new position, the logits a full forward pass
+ * over the same tokens gives there. Both are float32 over embd-long dot products; they differ
+ * only in summation order, so 1e-4 relative to (1 + |logit|) bounds it with room. */
+static void test_cache_matches_full_forward(void)
+{
+    setup();
+    ts_rng rng;
+    ts_rng_init(&rng, 3);
+    cli_gpt_config cfg = {256, 12, 2, 4, 32, 0};
+    ts_module *gpt;
+    CHECK_OK(cli_gpt_build(&cfg, dev, &rng, &gpt));
+    /* weights of a trained size: scale the small init up so that attention is not uniform */
+    ts_named_tensor p[64];
+    size_t np = ts_module_parameters(gpt, p, 64);
+    for (size_t i = 0; i < np; i++)
+        if (ts_tensor_ndim(p[i].tensor) == 2) {
+            ts_no_grad_enter();
+            CHECK_OK(ts_mul_scalar_(p[i].tensor, 25.0));
+            ts_no_grad_exit();
+        }
+    int64_t ids[12];
+    for (int i = 0; i < 12; i++)
+        ids[i] = (int64_t)((i * 37 + 11) % 256);
+    ts_tensor *x, *full;
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){1, 12}, ids, &x));
+    ts_module_train(gpt, 0);
+    ts_no_grad_enter();
+    CHECK_OK(ts_module_forward(gpt, x, &full));
+    ts_no_grad_exit();
+    float *fv = malloc(sizeof(float) * 12 * 256), sv[256];
+    CHECK_OK(ts_tensor_to_host(full, fv, sizeof(float) * 12 * 256));
+    cli_gpt_cache *c;
+    CHECK_OK(cli_gpt_cache_new(gpt, &c));
+    double worst = 0;
+    for (int t = 0; t < 12; t++) {
+        ts_tensor *l;
+        CHECK_OK(cli_gpt_step(gpt, c, ids[t], &l));
+        CHECK_INT_EQ(ts_tensor_numel(l), 256);
+        CHECK_OK(ts_tensor_to_host(l, sv, sizeof sv));
+        for (int j = 0; j < 256; j++) {
+            double d = fabs((double)sv[j] - fv[t * 256 + j]) / (1 + fabs(fv[t * 256 + j]));
+            worst = d > worst ? d : worst;
+        }
+        ts_tensor_unref(l);
+    }
+    printf("# worst relative difference, cached vs full: %.3g\n", worst);
+    CHECK_MSG(worst < 1e-4, "cached logits differ from the full forward's by %.3g", worst);
+    ts_tensor *l = (ts_tensor *)1;
+    CHECK_FAILS(cli_gpt_step(gpt, c, 1, &l), TS_ESHAPE, "whole context");
+    cli_gpt_cache_free(c);
+    free(fv);
+    ts_tensor_unref(x), ts_tensor_unref(full);
+    ts_module_free(gpt);
+    CHECK_INT_EQ(ts_memory_live_count(), 0);
+    teardown();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
         TAP_TEST(test_names_and_tying),
         TAP_TEST(test_memorises_text),
+        TAP_TEST(test_cache_matches_full_forward),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
