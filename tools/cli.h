@@ -46,6 +46,8 @@ int cmd_info(int argc, char **argv, const cli_common *common);
 int cmd_train(int argc, char **argv, const cli_common *common);
 /* tools/train_gpt.c: `tessera train --model gpt ...` (cmd_train hands it over). */
 int cli_train_gpt(int argc, char **argv, const cli_common *common);
+/* tools/cmd_generate.c: `tessera generate --resume CKPT ...`. */
+int cmd_generate(int argc, char **argv, const cli_common *common);
 int cmd_plugin_check(int argc, char **argv, const cli_common *common);
 int cli_bench_compare(int argc, char **argv, const cli_common *common);
 /* The models of `tessera train`: "mlp", "lenet5", "cnn" (TS_EINVAL for another name), with

@@ -35,7 +35,9 @@ static const command benches[] = {
 
 static const command commands[] = {
     {"info", "[--json]", "version, configuration, plugins found, devices and pools", cmd_info},
-    {"train", "[...]", "train a model on Fashion-MNIST (tessera train --help)", cmd_train},
+    {"train", "[...]", "train a model: Fashion-MNIST, or a GPT on text (--model gpt)",
+     cmd_train},
+    {"generate", "--resume CKPT", "sample text from a GPT checkpoint", cmd_generate},
     {"plugin-check", "NAME", "conformance suite of a plugin, by NAME or PATH.so",
      cmd_plugin_check},
     {"bench", "NAME [...]", "benchmarks (tessera bench --help): pool, ops, autograd, compare, "

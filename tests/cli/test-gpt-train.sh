@@ -4,7 +4,7 @@
 # byte; a run stopped with --max-steps and resumed trains exactly what the straight run
 # trains; another model, text or seed is refused on resume; bad inputs are clear errors.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 7
+plan 9
 
 # A deterministic text: 30,000 bytes of words from a small vocabulary.
 TEXT="$TMP/corpus.txt"
@@ -61,6 +61,29 @@ if [ $rc -eq 2 ] && contains "$out" "--embd 32" && [ $rc2 -eq 2 ] &&
     ok "resume with another architecture or another text is refused"
 else
     fail "resume with another architecture or another text is refused" "$rc: $out" "$rc2: $out2"
+fi
+
+# Generation: prompt then --tokens bytes, the same for the same seed, past the context (32)
+# by refeeding; greedy at temperature 0.
+g1=$("$TESSERA" generate --resume "$TMP/g.st" --prompt "the " --tokens 100 --seed 5 \
+    --device cpu_blas 2>/dev/null | od -An -c | tr -d ' \n')
+g2=$("$TESSERA" generate --resume "$TMP/g.st" --prompt "the " --tokens 100 --seed 5 \
+    --device cpu_blas 2>/dev/null | od -An -c | tr -d ' \n')
+n=$("$TESSERA" generate --resume "$TMP/g.st" --prompt "the " --tokens 100 --seed 5 \
+    --device cpu_blas 2>/dev/null | wc -c)
+err=$("$TESSERA" generate --resume "$TMP/g.st" --tokens 10 --temperature 0 --device cpu_blas 2>&1 >/dev/null)
+if [ -n "$g1" ] && [ "$g1" = "$g2" ] && [ "$n" -eq 104 ] && contains "$err" "tokens/s"; then
+    ok "generate: 4 + 100 bytes past the context, the same for the same seed, speed on stderr"
+else
+    fail "generate: prompt + tokens, reproducible" "n=$n" "$g1" "$g2" "$err"
+fi
+out=$("$TESSERA" generate --tokens 5 2>&1); rc1=$?
+out2=$("$TESSERA" generate --resume "$TMP/none.st" 2>&1); rc2=$?
+if [ $rc1 -eq 2 ] && contains "$out" "--resume CKPT is required" && [ $rc2 -eq 1 ] &&
+    contains "$out2" "none.st"; then
+    ok "generate without --resume exits 2; a missing checkpoint is named"
+else
+    fail "generate misuse" "$rc1: $out" "$rc2: $out2"
 fi
 
 # Bad inputs.
