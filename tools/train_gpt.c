@@ -27,7 +27,8 @@ static const char usage[] =
     "                     [--embd C] [--dropout P] [--batch-size B] [--steps N] [--lr X]\n"
     "                     [--max-steps N] [--min-lr X] [--warmup-steps N] [--weight-decay W]\n"
     "                     [--clip-grad-norm X] [--eval-every N] [--eval-batches N] [--seed S]\n"
-    "                     [--device NAME] [--save CKPT] [--resume CKPT] [--log-steps] [--json]\n"
+    "                     [--device NAME] [--save CKPT] [--resume CKPT] [--save-initial CKPT]\n"
+    "                     [--log-steps] [--json]\n"
     "\n"
     "Trains a character-level GPT on a text file, bytes as tokens; the last 10% of the file is\n"
     "held out for validation. Default text: the Debian package fortunes (" FORTUNES_DIR
@@ -38,11 +39,12 @@ static const char usage[] =
     "step (fewer with fewer --steps), gradient clipping at norm 1, evaluation every 200 steps\n"
     "on 20 batches, seed 1.\n"
     "--steps sets the run's length (the cosine ends there); --max-steps N stops after N steps\n"
-    "in all (to resume later on the same schedule). Losses are in nats per token; bits per\n"
+    "in all (to resume later on the same schedule). --save-initial writes the freshly\n"
+    "initialised weights (bench/gpt_compare.py starts PyTorch from them). Losses are in nats per token; bits per\n"
     "byte is that over ln 2.\n";
 
 typedef struct gpt_opts {
-    const char *text, *device, *save, *resume;
+    const char *text, *device, *save, *resume, *save_initial;
     cli_gpt_config cfg;
     int64_t batch, steps, max_steps, warmup, eval_every, eval_batches;
     double lr, min_lr, weight_decay, clip;
@@ -231,7 +233,14 @@ typedef struct run {
     uint64_t text_hash;
 } run;
 
+static ts_status save_to(const run *r, const char *path);
+
 static ts_status save(const run *r)
+{
+    return save_to(r, r->o.save);
+}
+
+static ts_status save_to(const run *r, const char *path)
 {
     ts_checkpoint *ck;
     ts_status s = ts_checkpoint_new(&ck);
@@ -250,7 +259,7 @@ static ts_status save(const run *r)
         meta_u64(ck, "train.step", (uint64_t)r->step);
         meta_u64(ck, "train.rng_offset", r->rng.offset);
         meta_u64(ck, "train.text_hash", r->text_hash);
-        s = ts_checkpoint_save(ck, r->o.save);
+        s = ts_checkpoint_save(ck, path);
     }
     ts_checkpoint_free(ck);
     return s;
@@ -400,13 +409,14 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
         } else if (!strcmp(a, "--seed")) {
             bad = cli_parse_u64("train", a, v, 0, UINT64_MAX, &o->seed), i++;
         } else if (!strcmp(a, "--text") || !strcmp(a, "--device") || !strcmp(a, "--save") ||
-                   !strcmp(a, "--resume")) {
+                   !strcmp(a, "--resume") || !strcmp(a, "--save-initial")) {
             if (!v)
                 return cli_usage_error("train", "%s needs a value", a);
-            *(!strcmp(a, "--text")     ? &o->text
-              : !strcmp(a, "--device") ? &o->device
-              : !strcmp(a, "--save")   ? &o->save
-                                       : &o->resume) = v;
+            *(!strcmp(a, "--text")           ? &o->text
+              : !strcmp(a, "--device")       ? &o->device
+              : !strcmp(a, "--save")         ? &o->save
+              : !strcmp(a, "--save-initial") ? &o->save_initial
+                                             : &o->resume) = v;
             i++;
         } else if (!strcmp(a, "--config")) {
             i++; /* the caller's */
@@ -498,6 +508,10 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         goto out;
     }
     cli_gpt_decay_groups(r.opt);
+    if (r.o.save_initial && !r.o.resume && (s = save_to(&r, r.o.save_initial))) {
+        cli_fail(s, "--save-initial");
+        goto out;
+    }
     if (r.o.resume && (rc = resume(&r)))
         goto out;
     rc = 1;
