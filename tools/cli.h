@@ -48,6 +48,8 @@ int cmd_train(int argc, char **argv, const cli_common *common);
 int cli_train_gpt(int argc, char **argv, const cli_common *common);
 /* tools/cmd_generate.c: `tessera generate --resume CKPT ...`. */
 int cmd_generate(int argc, char **argv, const cli_common *common);
+/* tools/bench_gpt.c: `tessera bench gpt`: memory over many GPT training steps. */
+int cli_bench_gpt(int argc, char **argv, const cli_common *common);
 int cmd_plugin_check(int argc, char **argv, const cli_common *common);
 int cli_bench_compare(int argc, char **argv, const cli_common *common);
 /* The models of `tessera train`: "mlp", "lenet5", "cnn" (TS_EINVAL for another name), with

@@ -31,6 +31,8 @@ static const command benches[] = {
     {"train", "[...]", "training step time vs its GEMM floor, allocations per step",
      cli_bench_train},
     {"cuda", "", "the cuda plugin vs raw cuBLAS/CUDA, and GPU vs CPU training", cli_bench_cuda},
+    {"gpt", "[...]", "a GPT over 10,000 steps: peak RSS, raw allocations, mallocs per step",
+     cli_bench_gpt},
 };
 
 static const command commands[] = {
@@ -41,7 +43,7 @@ static const command commands[] = {
     {"plugin-check", "NAME", "conformance suite of a plugin, by NAME or PATH.so",
      cmd_plugin_check},
     {"bench", "NAME [...]", "benchmarks (tessera bench --help): pool, ops, autograd, compare, "
-     "train, cuda", cmd_bench},
+     "train, cuda, gpt", cmd_bench},
     {"help", "[COMMAND]", "this text, or a command's own --help", cmd_help},
 };
 
@@ -96,7 +98,7 @@ static int cmd_bench(int argc, char **argv, const cli_common *common)
         cli_bench_preload(common->argv);
     if (argc < 2)
         return cli_usage_error("bench", "expected a benchmark name: pool, ops, autograd, "
-                               "compare, train or cuda");
+                               "compare, train, cuda or gpt");
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         print_bench_usage(stdout);
         return 0;
@@ -104,7 +106,7 @@ static int cmd_bench(int argc, char **argv, const cli_common *common)
     const command *b = find(benches, COUNT(benches), argv[1]);
     if (!b)
         return cli_usage_error("bench", "unknown benchmark '%s' (pool, ops, autograd, compare, "
-                               "train or cuda)", argv[1]);
+                               "train, cuda or gpt)", argv[1]);
     return b->run(argc - 1, argv + 1, common);
 }
 
