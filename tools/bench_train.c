@@ -15,12 +15,16 @@
 
 
 #include "cli.h"
+#include "model_gpt.h"
 
 static const char usage[] =
     "usage: tessera bench train [--model mlp|lenet5|cnn] [--hidden N,...] [--channels N,...]\n"
     "                           [--init KIND] [--optimizer sgd|adam|adamw] [--lr X]\n"
     "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
     "                           [--data DIR] [--synthetic] [--profile] [--json]\n"
+    "       tessera bench train --model gpt [--context T] [--layers L] [--heads H] [--embd C]\n"
+    "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
+    "                           [--profile] [--json]\n"
     "\n"
     "Times --steps training steps (default 50) after --warmup steps (default 5) at batch\n"
     "--batch-size (default 100) on consecutive batches of the Fashion-MNIST training set held\n"
@@ -33,7 +37,13 @@ static const char usage[] =
     "GEMMs for convolutions) through cblas_sgemm with the device's thread count, and the ratio\n"
     "step / floor. --device all: every cpu_* plugin on the plugin search path. --profile: also\n"
     "the time per step in each kernel (op, function, dtype), the most first, and the time\n"
-    "outside kernels (the core's own work: autograd, shape checks, the pool).\n";
+    "outside kernels (the core's own work: autograd, shape checks, the pool).\n"
+    "\n"
+    "--model gpt: the step of `tessera train --model gpt` (AdamW betas 0.9, 0.95, weight decay\n"
+    "0.1 on the blocks' matrices, clipping at norm 1; default context 128, 4 layers, 4 heads,\n"
+    "embd 128, batch 16) on random byte windows; tokens/s instead of images/s. Its floor: the\n"
+    "linear layers' GEMMs over batch x context rows, the attention's (Q K^T, P V and their four\n"
+    "backward GEMMs, one cblas_sgemm per batch and head) and the tied head's.\n";
 
 /* The q-quantile of sorted v[0..n) (nearest rank). */
 static double quantile(const double *v, int n, double q)
@@ -45,22 +55,33 @@ static double quantile(const double *v, int n, double q)
 /* ---- the floor: the step's GEMMs ------------------------------------------------------ */
 
 /* C (M, N) = op(A) op(B), row-major, op = transpose when ta / tb. */
+/* count: as many GEMMs of this shape on consecutive operands (attention's batch x heads). */
 typedef struct gemm {
     int ta, tb;
-    int64_t m, n, k;
+    int64_t m, n, k, count;
     float *a, *b, *c;
 } gemm;
 
+enum { GPT_MAX_LAYERS = 16 };
+
 typedef struct floor_plan {
-    gemm g[3 * (2 * CLI_MAX_LAYERS + 4)];
-    int n;
+    gemm g[18 * GPT_MAX_LAYERS + 3 + 3 * (2 * CLI_MAX_LAYERS + 4)];
+    int n;     /* entries of g */
+    int calls; /* cblas_sgemm calls per step */
     double flops; /* per step */
 } floor_plan;
 
+static void add_gemms(floor_plan *f, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                      int64_t count)
+{
+    f->g[f->n++] = (gemm){ta, tb, m, n, k, count, NULL, NULL, NULL};
+    f->calls += (int)count;
+    f->flops += 2.0 * (double)m * (double)n * (double)k * (double)count;
+}
+
 static void add_gemm(floor_plan *f, int ta, int tb, int64_t m, int64_t n, int64_t k)
 {
-    f->g[f->n++] = (gemm){ta, tb, m, n, k, NULL, NULL, NULL};
-    f->flops += 2.0 * (double)m * (double)n * (double)k;
+    add_gemms(f, ta, tb, m, n, k, 1);
 }
 
 /* A linear layer in -> out at batch B: forward X W^T, dW = dY^T X, dX = dY W (not for the
@@ -82,6 +103,31 @@ static void add_conv(floor_plan *f, int64_t B, int64_t C, int64_t K, int64_t RS,
     add_gemm(f, 0, 1, K, C * RS, B * PQ);
     if (!first)
         add_gemm(f, 1, 0, C * RS, B * PQ, K);
+}
+
+/* The GPT's GEMMs at batch B: per block the four linear layers over B*T rows (qkv, the
+ * attention's output projection, the MLP's two) and, per batch and head, the attention's
+ * S = Q K^T and Y = P V with their backward dP = dY V^T, dV = P^T dY, dQ = dS K and
+ * dK = dS^T Q; then the head tied to wte (its input gradient too). Every input needs its
+ * gradient (the embeddings train), so no layer is "first". */
+static void floor_plan_gpt(const cli_gpt_config *c, int64_t B, floor_plan *f)
+{
+    memset(f, 0, sizeof *f);
+    const int64_t N = B * c->context, T = c->context, C = c->embd, hd = c->embd / c->heads,
+                  bh = B * c->heads;
+    for (int64_t l = 0; l < c->layers; l++) {
+        add_linear(f, N, C, 3 * C, 0);
+        add_gemms(f, 0, 1, T, T, hd, bh);  /* S = Q K^T */
+        add_gemms(f, 0, 0, T, hd, T, bh);  /* Y = P V */
+        add_gemms(f, 0, 1, T, T, hd, bh);  /* dP = dY V^T */
+        add_gemms(f, 1, 0, T, hd, T, bh);  /* dV = P^T dY */
+        add_gemms(f, 0, 0, T, hd, T, bh);  /* dQ = dS K */
+        add_gemms(f, 1, 0, T, hd, T, bh);  /* dK = dS^T Q */
+        add_linear(f, N, C, C, 0);
+        add_linear(f, N, C, 4 * C, 0);
+        add_linear(f, N, 4 * C, C, 0);
+    }
+    add_linear(f, N, C, c->vocab, 0);
 }
 
 static void floor_plan_make(const cli_model *m, int64_t B, floor_plan *f)
@@ -134,9 +180,9 @@ static int floor_alloc(floor_plan *f)
     uint64_t st = 1;
     for (int i = 0; i < f->n; i++) {
         gemm *g = &f->g[i];
-        g->a = rand_buf(g->m * g->k, &st);
-        g->b = rand_buf(g->k * g->n, &st);
-        g->c = rand_buf(g->m * g->n, &st);
+        g->a = rand_buf(g->m * g->k * g->count, &st);
+        g->b = rand_buf(g->k * g->n * g->count, &st);
+        g->c = rand_buf(g->m * g->n * g->count, &st);
         if (!g->a || !g->b || !g->c)
             return -1;
     }
@@ -149,9 +195,11 @@ static void floor_run(const floor_plan *f, int threads)
 {
     for (int i = 0; i < f->n; i++) {
         const gemm *g = &f->g[i];
-        cli_sgemm(g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, g->a,
-                  g->ta ? (int)g->m : (int)g->k, g->b, g->tb ? (int)g->k : (int)g->n, g->c,
-                  (int)g->n, i == 0 ? threads : 0);
+        for (int64_t j = 0; j < g->count; j++)
+            cli_sgemm(g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, g->a + j * g->m * g->k,
+                      g->ta ? (int)g->m : (int)g->k, g->b + j * g->k * g->n,
+                      g->tb ? (int)g->k : (int)g->n, g->c + j * g->m * g->n, (int)g->n,
+                      i == 0 && j == 0 ? threads : 0);
     }
 }
 
@@ -162,6 +210,8 @@ enum { BLOCK = 20 };        /* timed steps, then as many timed floors, per block
 
 typedef struct bench_opts {
     cli_model arch;
+    int gpt;             /* --model gpt: gcfg, not arch */
+    cli_gpt_config gcfg;
     const char *optimizer, *data, *device;
     double lr;
     int64_t batch, steps, warmup;
@@ -220,12 +270,34 @@ static ts_status load_data(const bench_opts *o, ts_device *dev, ts_tensor **x, t
     return s;
 }
 
+/* --model gpt: windows of random bytes (the step's cost does not depend on the text), 64
+ * batches of them, targets the next byte. */
+static ts_status load_text(const bench_opts *o, ts_device *dev, ts_tensor **x, ts_tensor **y)
+{
+    const int64_t rows = 64 * o->batch, T = o->gcfg.context, n = rows * T;
+    int64_t *v = malloc(sizeof *v * (size_t)(n + 1));
+    if (!v)
+        return TS_ENOMEM;
+    uint64_t r = 7;
+    for (int64_t i = 0; i <= n; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = (int64_t)(r >> 56);
+    }
+    ts_status s = ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){rows, T}, v, x);
+    if (s == TS_OK)
+        s = ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){rows, T}, v + 1, y);
+    free(v);
+    return s;
+}
+
 typedef struct session {
     ts_module *model;
     ts_optim *opt;
     ts_named_tensor *params;
+    size_t np;
     ts_tensor *x, *y;
     int64_t nbatches;
+    int gpt;
 } session;
 
 static ts_status step(session *ss, ts_device *dev, int64_t i, int64_t batch)
@@ -236,8 +308,11 @@ static ts_status step(session *ss, ts_device *dev, int64_t i, int64_t batch)
     if ((s = ts_tensor_narrow(ss->x, 0, at, batch, &x)) == TS_OK &&
         (s = ts_tensor_narrow(ss->y, 0, at, batch, &y)) == TS_OK &&
         (s = ts_module_forward(ss->model, x, &logits)) == TS_OK &&
-        (s = ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) == TS_OK &&
-        (s = ts_backward(loss, NULL, 0)) == TS_OK && (s = ts_optim_step(ss->opt)) == TS_OK) {
+        (s = ss->gpt ? cli_gpt_loss(logits, y, &loss)
+                     : ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) == TS_OK &&
+        (s = ts_backward(loss, NULL, 0)) == TS_OK &&
+        (!ss->gpt || (s = ts_clip_grad_norm(ss->params, ss->np, 1.0, NULL)) == TS_OK) &&
+        (s = ts_optim_step(ss->opt)) == TS_OK) {
         ts_optim_zero_grad(ss->opt);
         s = ts_device_synchronize(dev);
     }
@@ -262,7 +337,8 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
         return s;
     *r = (result){.device = name, .threads = device_threads(dev), .mallocs = -1,
                   .threads_created = -1};
-    if ((s = load_data(o, dev, &ss.x, &ss.y, synthetic)))
+    ss.gpt = o->gpt;
+    if ((s = o->gpt ? load_text(o, dev, &ss.x, &ss.y) : load_data(o, dev, &ss.x, &ss.y, synthetic)))
         goto out;
     ss.nbatches = ts_tensor_size(ss.x, 0) / o->batch;
     if (ss.nbatches < 1) {
@@ -274,7 +350,8 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     }
     ts_rng rng;
     ts_rng_init(&rng, 1);
-    if ((s = cli_build_model_spec(&o->arch, dev, &rng, &ss.model)))
+    if ((s = o->gpt ? cli_gpt_build(&o->gcfg, dev, &rng, &ss.model)
+                    : cli_build_model_spec(&o->arch, dev, &rng, &ss.model)))
         goto out;
     size_t np = ts_module_parameters(ss.model, NULL, 0);
     if (!(ss.params = calloc(np + 1, sizeof *ss.params))) {
@@ -282,9 +359,16 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
         goto out;
     }
     ts_module_parameters(ss.model, ss.params, np);
+    ss.np = np;
     r->params = ts_module_num_params(ss.model);
-    if ((s = cli_make_optim(o->optimizer, o->lr, 0, 0, ss.params, np, &ss.opt)))
+    if (o->gpt) { /* as `tessera train --model gpt` trains */
+        ts_adam_options ao = {o->lr, 0.9, 0.95, 1e-8, 0.1};
+        if ((s = ts_optim_adamw(ss.params, np, &ao, &ss.opt)))
+            goto out;
+        cli_gpt_decay_groups(ss.opt);
+    } else if ((s = cli_make_optim(o->optimizer, o->lr, 0, 0, ss.params, np, &ss.opt))) {
         goto out;
+    }
     for (int64_t i = 0; i < o->warmup && s == TS_OK; i++)
         s = step(&ss, dev, i, o->batch);
     if (s)
@@ -427,12 +511,34 @@ static int cmp_name(const void *a, const void *b)
 
 static int parse(int argc, char **argv, bench_opts *o)
 {
+    const char *not_gpt = NULL, *gpt_only = NULL; /* the first option of each kind given */
+    int batch_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--model") && v && !strcmp(v, "gpt")) {
+            o->gpt = 1;
+            i++;
+            continue;
+        }
+        int64_t *g = !strcmp(a, "--context") ? &o->gcfg.context
+                     : !strcmp(a, "--layers") ? &o->gcfg.layers
+                     : !strcmp(a, "--heads")  ? &o->gcfg.heads
+                     : !strcmp(a, "--embd")   ? &o->gcfg.embd
+                                              : NULL;
+        if (g) {
+            if (cli_parse_i64("bench train", a, v, 1, g == &o->gcfg.layers ? GPT_MAX_LAYERS : 4096,
+                              g))
+                return 2;
+            gpt_only = gpt_only ? gpt_only : a;
+            i++;
+            continue;
+        }
         int took = cli_model_option(&o->arch, "bench train", a, v);
         if (took < 0)
             return 2;
         if (took) {
+            if (strcmp(a, "--model"))
+                not_gpt = not_gpt ? not_gpt : a;
             i++;
             continue;
         }
@@ -442,6 +548,7 @@ static int parse(int argc, char **argv, bench_opts *o)
         }
         if (!strcmp(a, "--synthetic")) {
             o->synthetic = 1;
+            not_gpt = not_gpt ? not_gpt : a;
             continue;
         }
         if (!strcmp(a, "--profile")) {
@@ -459,6 +566,9 @@ static int parse(int argc, char **argv, bench_opts *o)
         if (!v)
             return cli_usage_error("bench train", "%s needs a value", a);
         i++;
+        if (!strcmp(a, "--optimizer") || !strcmp(a, "--data"))
+            not_gpt = not_gpt ? not_gpt : a;
+        batch_given |= !strcmp(a, "--batch-size");
         if (!strcmp(a, "--optimizer")) {
             if (strcmp(v, "sgd") && strcmp(v, "adam") && strcmp(v, "adamw"))
                 return cli_usage_error("bench train", "unknown optimizer '%s' (sgd, adam or "
@@ -480,6 +590,20 @@ static int parse(int argc, char **argv, bench_opts *o)
                                                                                : &o->warmup) = n;
         }
     }
+    if (o->gpt) {
+        if (not_gpt)
+            return cli_usage_error("bench train", "%s does not apply to --model gpt (it trains "
+                                   "as `tessera train --model gpt` does)", not_gpt);
+        if (o->gcfg.embd % o->gcfg.heads)
+            return cli_usage_error("bench train", "--embd %lld is not a multiple of --heads %lld",
+                                   (long long)o->gcfg.embd, (long long)o->gcfg.heads);
+        if (!batch_given)
+            o->batch = 16;
+        o->optimizer = "adamw";
+        return 0;
+    }
+    if (gpt_only)
+        return cli_usage_error("bench train", "%s applies to --model gpt only", gpt_only);
     if (cli_model_check(&o->arch, "bench train"))
         return 2;
     return 0;
@@ -499,7 +623,7 @@ static void read_loadavg(double out[3])
 int cli_bench_train(int argc, char **argv, const cli_common *common)
 {
     bench_opts o = {.optimizer = "adam", .lr = 1e-3, .batch = 100, .steps = 50, .warmup = 5,
-                    .json = common->json};
+                    .json = common->json, .gcfg = {256, 128, 4, 4, 128, 0}};
     cli_model_init(&o.arch);
     int rc = parse(argc, argv, &o);
     if (rc)
@@ -529,12 +653,23 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
         nm.n = 1;
     }
     floor_plan fp;
-    floor_plan_make(&o.arch, o.batch, &fp);
+    if (o.gpt)
+        floor_plan_gpt(&o.gcfg, o.batch, &fp);
+    else
+        floor_plan_make(&o.arch, o.batch, &fp);
     double *times = malloc(sizeof *times * 2 * (size_t)o.steps);
     result res[16];
     int nres = 0, synthetic = 0;
     char arch[256];
-    cli_model_describe(&o.arch, arch, sizeof arch);
+    if (o.gpt)
+        snprintf(arch, sizeof arch, "gpt (context %lld, %lld layers, %lld heads, embd %lld)",
+                 (long long)o.gcfg.context, (long long)o.gcfg.layers, (long long)o.gcfg.heads,
+                 (long long)o.gcfg.embd);
+    else
+        cli_model_describe(&o.arch, arch, sizeof arch);
+    /* items per step: images, or tokens for the GPT */
+    const double items = (double)o.batch * (o.gpt ? (double)o.gcfg.context : 1.0);
+    const char *unit = o.gpt ? "tokens" : "images";
     if (!times || floor_alloc(&fp)) {
         fprintf(stderr, "tessera: error: bench train: out of memory\n");
         rc = 1;
@@ -561,18 +696,19 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                "\"steps\": %lld, \"warmup\": %lld, \"data\": \"%s\", \"floor_gemms\": %d, "
                "\"floor_gflop\": %.6f, \"loadavg\": [%.2f, %.2f, %.2f], \"results\": [",
                arch, o.optimizer, o.lr, (long long)o.batch, (long long)o.steps,
-               (long long)o.warmup, synthetic ? "synthetic" : "fashion-mnist", fp.n,
+               (long long)o.warmup,
+               o.gpt ? "random-bytes" : synthetic ? "synthetic" : "fashion-mnist", fp.calls,
                fp.flops * 1e-9, load[0], load[1], load[2]);
         for (int i = 0; i < nres; i++) {
             const result *r = &res[i];
             printf("%s\n  {\"device\": \"%s\", \"threads\": %d, \"parameters\": %lld, "
                    "\"ms_median\": %.4f, "
                    "\"ms_p10\": %.4f, \"ms_p90\": %.4f, \"ms_min\": %.4f, \"ms_max\": %.4f, "
-                   "\"images_per_s\": %.1f, \"floor_ms\": %.4f, \"floor_ms_min\": %.4f, "
+                   "\"%s_per_s\": %.1f, \"floor_ms\": %.4f, \"floor_ms_min\": %.4f, "
                    "\"step_over_floor\": %.3f, \"raw_allocs_per_step\": %.3f, "
                    "\"pool_allocs_per_step\": %.2f, ",
-                   i ? "," : "", r->device, r->threads, (long long)r->params, r->med, r->p10, r->p90, r->min, r->max,
-                   (double)o.batch * 1e3 / r->med, r->floor_ms, r->floor_min,
+                   i ? "," : "", r->device, r->threads, (long long)r->params, r->med, r->p10,
+                   r->p90, r->min, r->max, unit, items * 1e3 / r->med, r->floor_ms, r->floor_min,
                    r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs, r->pool_allocs);
             if (r->mallocs >= 0)
                 printf("\"tessera_mallocs_per_step\": %.3f, \"all_mallocs_per_step\": %.3f",
@@ -604,12 +740,14 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                "per step\n",
                arch, (long long)res[0].params, o.optimizer, o.lr, (long long)o.batch, (long long)o.steps,
                (long long)o.warmup,
-               synthetic ? "SYNTHETIC random images of Fashion-MNIST's shape (60000x1x28x28; "
-                           "the data set is not installed or --synthetic was given)"
-                         : "the Fashion-MNIST training set, in memory",
-               fp.n, fp.flops * 1e-9);
+               o.gpt ? "random byte windows (the step's cost does not depend on the text)"
+               : synthetic ? "SYNTHETIC random images of Fashion-MNIST's shape (60000x1x28x28; "
+                             "the data set is not installed or --synthetic was given)"
+                           : "the Fashion-MNIST training set, in memory",
+               fp.calls, fp.flops * 1e-9);
         printf("  %-12s %3s %9s %17s %9s %9s %10s %9s %9s %15s %12s\n", "device", "thr",
-               "ms/step", "p10-p90", "images/s", "floor ms", "step/floor", "raw/step",
+               "ms/step", "p10-p90", o.gpt ? "tokens/s" : "images/s", "floor ms", "step/floor",
+               "raw/step",
                "pool/step", "mallocs/step", "threads/step");
         for (int i = 0; i < nres; i++) {
             const result *r = &res[i];
@@ -624,7 +762,7 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
             else
                 snprintf(th, sizeof th, "not counted");
             printf("  %-12s %3d %9.3f %17s %9.0f %9.3f %9.2fx %9.2f %9.1f %15s %12s\n",
-                   r->device, r->threads, r->med, spread, (double)o.batch * 1e3 / r->med,
+                   r->device, r->threads, r->med, spread, items * 1e3 / r->med,
                    r->floor_ms, r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs,
                    r->pool_allocs, m, th);
         }

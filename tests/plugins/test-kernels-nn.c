@@ -1,7 +1,9 @@
 /* tests/plugins/test-kernels-nn.c: matmul and conv2d on cpu_blas, pooling and index_select /
  * index_add on every host plugin, each against a float64 reference computed here with naive
  * loops, over contiguous, transposed, strided and offset operands. Also: parameter checks
- * (TS_EINVAL with a message), index range checks, and that no op leaks pool blocks. */
+ * (TS_EINVAL with a message), index range checks, and that no op leaks pool blocks. Layer
+ * norm each way on every host plugin against double-precision formulas, with error bounds
+ * derived from the sums it makes. */
 #include "kt.h"
 
 #include <math.h>
@@ -650,6 +652,205 @@ static void test_index_errors(void)
     }
 }
 
+/* ---- layer norm, each way, against a float64 reference --------------------------------- */
+
+/* The unit roundoff of a float dtype. */
+static double unit_roundoff(int32_t dt)
+{
+    return dt == TS_F32 ? 0x1p-24 : 0x1p-53;
+}
+
+/* One layer-norm case: x of shape (rows..., D...) with `norm` trailing dims; `style` 0 random
+ * values in [-2, 2), 1 the same plus 1000 (a one-pass variance in the dtype would cancel),
+ * 2 some rows constant (variance 0: y = bias, rstd = 1 / sqrt(eps)). Forward and backward are
+ * checked element by element against double-precision formulas, with bounds that follow from
+ * the computation: a sum of D terms in the dtype may be off by about D u times the sum of the
+ * terms' magnitudes (u: the unit roundoff), and every output inherits the errors of the
+ * statistics it is made of. */
+static void layer_norm_case(ts_device *dev, int32_t dt, int nd, const int64_t *shape, int norm,
+                            int affine, int style, kt_layout layout)
+{
+    const int lead = nd - norm;
+    int64_t R = 1, D = 1;
+    for (int i = 0; i < nd; i++)
+        *(i < lead ? &R : &D) *= shape[i];
+    const double u = unit_roundoff(dt), eps = 1e-5, gD = (4.0 + 2.0 * (double)D) * u,
+                 gR = (4.0 + 2.0 * (double)R) * u;
+    char what[160];
+    snprintf(what, sizeof what, "layer_norm %s %dd over %d dims (D %lld)%s%s %s",
+             ts_dtype_name(dt), nd, norm, (long long)D, affine ? " affine" : "",
+             style == 1 ? " +1000" : style == 2 ? " constant rows" : "", kt_layout_name(layout));
+    kt_buf x = kt_make(dev, dt, nd, shape, layout, 41);
+    kt_buf w = kt_make(dev, dt, norm, shape + lead, layout, 42);
+    kt_buf b = kt_make(dev, dt, norm, shape + lead, layout, 43);
+    kt_buf y = kt_make(dev, dt, nd, shape, layout, 44);
+    kt_buf gy = kt_make(dev, dt, nd, shape, layout, 45);
+    kt_buf gx = kt_make(dev, dt, nd, shape, layout, 46);
+    kt_buf mean = kt_make(dev, dt, lead, shape, layout, 47);
+    kt_buf rstd = kt_make(dev, dt, lead, shape, layout, 48);
+    kt_buf gw = kt_make(dev, dt, norm, shape + lead, layout, 49);
+    kt_buf gb = kt_make(dev, dt, norm, shape + lead, layout, 50);
+    double *X = malloc(sizeof *X * (size_t)(R * D)), *G = malloc(sizeof *G * (size_t)(R * D));
+    double *W = malloc(sizeof *W * (size_t)D), *Bv = malloc(sizeof *Bv * (size_t)D);
+    double *M = malloc(sizeof *M * (size_t)R), *S = malloc(sizeof *S * (size_t)R);
+    double *Ma = malloc(sizeof *Ma * (size_t)R);
+    CHECK(X && G && W && Bv && M && S && Ma);
+    if (!(X && G && W && Bv && M && S && Ma))
+        goto out;
+    int64_t idx[8];
+    /* Read back what the buffers hold (after the style's changes), in row-major order. */
+    for (int64_t i = 0; i < R * D; i++) {
+        kt_unravel(&x.op, i, idx);
+        double v = kt_get(&x.op, idx);
+        if (style == 1)
+            v += 1000.0;
+        if (style == 2 && (i / D) % 3 == 1)
+            v = 0.75;
+        kt_set(&x.op, idx, v);
+        X[i] = kt_get(&x.op, idx); /* rounded to the dtype */
+        G[i] = kt_get(&gy.op, idx);
+    }
+    for (int64_t j = 0; j < D; j++) {
+        kt_unravel(&w.op, j, idx);
+        W[j] = affine ? kt_get(&w.op, idx) : 1.0;
+        Bv[j] = affine ? kt_get(&b.op, idx) : 0.0;
+    }
+    for (int64_t r = 0; r < R; r++) {
+        double m = 0, a = 0, v = 0;
+        for (int64_t j = 0; j < D; j++)
+            m += X[r * D + j], a += fabs(X[r * D + j]);
+        m /= (double)D;
+        for (int64_t j = 0; j < D; j++)
+            v += (X[r * D + j] - m) * (X[r * D + j] - m);
+        M[r] = m, Ma[r] = a / (double)D, S[r] = 1.0 / sqrt(v / (double)D + eps);
+    }
+    ts_layer_norm_params p = {eps, norm};
+    ts_operand fin[3] = {x.op, w.op, b.op}, fout[3] = {y.op, mean.op, rstd.op};
+    ts_status st = kt_run(dev, TS_OP_LAYER_NORM, fin, affine ? 3 : 1, fout, 3, &p, sizeof p);
+    CHECK_MSG(st == TS_OK, "%s: forward failed: %s", what, ts_last_error());
+    if (st)
+        goto out;
+    int bad = 0;
+    for (int64_t r = 0; r < R && bad < 3; r++) {
+        kt_unravel(&mean.op, r, idx);
+        double gm = kt_get(&mean.op, idx), gs = kt_get(&rstd.op, idx);
+        /* mean: a sum of D terms; rstd: relative error of the variance's sum, halved by the
+         * square root, plus the mean's error (relative to the spread it perturbs). */
+        double tm = gD * Ma[r] + 2 * u * fabs(M[r]);
+        double ts = S[r] * (gD + 2 * u + tm * S[r]) * 2 + 4 * u * S[r];
+        if (!kt_close(gm, M[r], 0, tm) || !kt_close(gs, S[r], 0, ts)) {
+            bad++;
+            CHECK_MSG(0, "%s: row %lld: mean %.17g rstd %.17g, want %.17g and %.17g (bounds %g, "
+                      "%g)", what, (long long)r, gm, gs, M[r], S[r], tm, ts);
+        }
+        for (int64_t j = 0; j < D && bad < 3; j++) {
+            kt_unravel(&y.op, r * D + j, idx);
+            double xh = (X[r * D + j] - M[r]) * S[r], want = xh * W[j] + Bv[j];
+            double tol = fabs(W[j]) * (tm * S[r] + fabs(xh) * ts / S[r]) +
+                         4 * u * (fabs(xh * W[j]) + fabs(Bv[j]));
+            double got = kt_get(&y.op, idx);
+            if (!kt_close(got, want, 0, tol)) {
+                bad++;
+                CHECK_MSG(0, "%s: y[%lld] = %.17g, want %.17g (bound %g)", what,
+                          (long long)(r * D + j), got, want, tol);
+            }
+        }
+    }
+    kt_check_gaps(&y), kt_check_gaps(&mean), kt_check_gaps(&rstd);
+
+    /* Backward from the reference statistics (rounded to the dtype, as a forward would give
+     * them): gx = rstd (g w - mean(g w) - xhat mean(g w xhat)), gw = sum over rows of g xhat,
+     * gb = sum over rows of g. */
+    for (int64_t r = 0; r < R; r++) {
+        kt_unravel(&mean.op, r, idx);
+        kt_set(&mean.op, idx, M[r]);
+        kt_set(&rstd.op, idx, S[r]);
+        M[r] = kt_get(&mean.op, idx), S[r] = kt_get(&rstd.op, idx);
+    }
+    ts_operand bin[5] = {gy.op, x.op, mean.op, rstd.op, w.op}, bout[3] = {gx.op, gw.op, gb.op};
+    st = kt_run(dev, TS_OP_LAYER_NORM_BWD, bin, affine ? 5 : 4, bout, affine ? 3 : 1, &p,
+                sizeof p);
+    CHECK_MSG(st == TS_OK, "%s: backward failed: %s", what, ts_last_error());
+    if (st)
+        goto out;
+    for (int64_t r = 0; r < R && bad < 3; r++) {
+        double a1 = 0, a2 = 0, m1 = 0, m2 = 0;
+        for (int64_t j = 0; j < D; j++) {
+            double gw_ = G[r * D + j] * W[j], xh = (X[r * D + j] - M[r]) * S[r];
+            a1 += gw_, a2 += gw_ * xh, m1 += fabs(gw_), m2 += fabs(gw_ * xh);
+        }
+        a1 /= (double)D, a2 /= (double)D, m1 /= (double)D, m2 /= (double)D;
+        double xerr = gD * Ma[r] * S[r]; /* error of xhat from the row's sums */
+        for (int64_t j = 0; j < D && bad < 3; j++) {
+            double gw_ = G[r * D + j] * W[j], xh = (X[r * D + j] - M[r]) * S[r];
+            double want = S[r] * (gw_ - a1 - xh * a2);
+            double tol = S[r] * (gD * (m1 + fabs(xh) * m2) + xerr * (m2 + m1 * (1 + fabs(xh))) +
+                                 4 * u * (fabs(gw_) + fabs(a1) + fabs(xh * a2)));
+            kt_unravel(&gx.op, r * D + j, idx);
+            double got = kt_get(&gx.op, idx);
+            if (!kt_close(got, want, 0, tol)) {
+                bad++;
+                CHECK_MSG(0, "%s: gx[%lld] = %.17g, want %.17g (bound %g)", what,
+                          (long long)(r * D + j), got, want, tol);
+            }
+        }
+    }
+    kt_check_gaps(&gx);
+    for (int64_t j = 0; affine && j < D && bad < 3; j++) {
+        double sw = 0, sb = 0, aw = 0, ab = 0, xe = 0;
+        for (int64_t r = 0; r < R; r++) {
+            double g = G[r * D + j], xh = (X[r * D + j] - M[r]) * S[r];
+            sw += g * xh, sb += g, aw += fabs(g * xh), ab += fabs(g);
+            xe += fabs(g) * (gD * Ma[r] * S[r] + 2 * u * fabs(xh));
+        }
+        kt_unravel(&gw.op, j, idx);
+        double got_w = kt_get(&gw.op, idx), got_b = kt_get(&gb.op, idx);
+        double tw = gR * aw + xe, tb = gR * ab;
+        if (!kt_close(got_w, sw, 0, tw) || !kt_close(got_b, sb, 0, tb)) {
+            bad++;
+            CHECK_MSG(0, "%s: gweight[%lld] = %.17g, gbias %.17g, want %.17g and %.17g (bounds "
+                      "%g, %g)", what, (long long)j, got_w, got_b, sw, sb, tw, tb);
+        }
+    }
+    if (affine)
+        kt_check_gaps(&gw), kt_check_gaps(&gb);
+    CHECK_MSG(!bad, "%s", what);
+out:
+    free(X), free(G), free(W), free(Bv), free(M), free(S), free(Ma);
+    kt_free(&x), kt_free(&w), kt_free(&b), kt_free(&y), kt_free(&gy), kt_free(&gx);
+    kt_free(&mean), kt_free(&rstd), kt_free(&gw), kt_free(&gb);
+}
+
+static void test_layer_norm(void)
+{
+    const char *const *names = kt_plugins();
+    if (!*names)
+        SKIP("no host plugin is built");
+    static const struct {
+        int nd, norm;
+        int64_t s[3];
+    } cs[] = {{2, 1, {5, 7}},   {3, 1, {2, 3, 64}}, {3, 2, {2, 3, 5}}, {2, 1, {4, 1}},
+              {1, 1, {33}},     {2, 1, {37, 130}},  {2, 1, {3, 1000}}, {3, 2, {4, 8, 16}}};
+    for (; *names; names++) {
+        ts_device *dev = kt_load(*names);
+        for (int d = 0; d < 2; d++) {
+            int32_t dt = float_dtypes[d];
+            if (!ts_device_supports(dev, TS_OP_LAYER_NORM, dt) ||
+                !ts_device_supports(dev, TS_OP_LAYER_NORM_BWD, dt)) {
+                CHECK_MSG(0, "%s does not claim layer norm for %s", *names, ts_dtype_name(dt));
+                continue;
+            }
+            for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+                for (int affine = 0; affine < 2; affine++)
+                    for (int style = 0; style < 3; style++)
+                        layer_norm_case(dev, dt, cs[i].nd, cs[i].s, cs[i].norm, affine, style,
+                                        (i + (size_t)style) % 2 ? KT_OFFSET : KT_CONTIG);
+        }
+        CHECK(!ts_device_supports(dev, TS_OP_LAYER_NORM, TS_I32));
+        kt_check_no_live_blocks(dev);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -665,6 +866,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_index),
         TAP_TEST(test_index_wide),
         TAP_TEST(test_index_errors),
+        TAP_TEST(test_layer_norm),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
