@@ -30,7 +30,7 @@ TS_API const char *ts_fn_name(int32_t op, int32_t fn)
 {
     static const char *const unary[] = {"neg",  "abs",     "exp",  "log",  "sqrt", "rsqrt",
                                         "tanh", "sigmoid", "relu", "gelu", "erf",
-                                        "gelu_tanh"};
+                                        "gelu_tanh", "gelu_tanh_deriv"};
     static const char *const binary[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
                                          "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
     static const char *const reduce[] = {"sum", "mean", "max", "min", "argmax", "argmin"};

@@ -333,7 +333,13 @@ static ts_status unary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
     }
     case TS_UNARY_GELU_TANH: {
         /* y = x/2 (1 + t), t = tanh(u), u = c (x + k x^3): dy/dx = (1 + t)/2 +
-         * x/2 (1 - t^2) c (1 + 3 k x^2), c = sqrt(2 / pi), k = 0.044715. */
+         * x/2 (1 - t^2) c (1 + 3 k x^2), c = sqrt(2 / pi), k = 0.044715. One pass of the
+         * derivative (ABI 2.2) where the device runs it, else composed from plain ops. */
+        if (ts__device_runs_unary(x->storage->dev, TS_UNARY_GELU_TANH_DERIV, x->dtype)) {
+            TRY(ts_unary(TS_UNARY_GELU_TANH_DERIV, x, &t1));
+            s = ts_mul(g, t1, &gin[0]);
+            break;
+        }
         const double c = 0.7978845608028654, k = 0.044715;
         ts_tensor *d = NULL, *t = NULL, *t2sq = NULL, *om = NULL;
         TRY(ts_mul(x, x, &t1));                     /* x^2 */
@@ -568,7 +574,22 @@ static ts_status matmul_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
         t = u = r = NULL;
     }
     const int64_t *bs = ts_tensor_strides(b);
-    if (n->needs[1] && n->in_ndim[0] == 2 && n->in_ndim[1] == 2 && bs[0] == 1 &&
+    if (n->needs[1] && n->in_ndim[1] == 2 && ts_tensor_ndim(a) > 2) {
+        /* b is one matrix broadcast over a's batch dims (a linear layer on (B, T, in)): fold
+         * the batch into the rows, (B*T, K) and (B*T, N), and make gb with one GEMM instead
+         * of a (B, K, N) stack of them summed over B afterwards. */
+        const int64_t K = ts_tensor_shape(a)[ts_tensor_ndim(a) - 1];
+        const int64_t N = ts_tensor_shape(g2)[ts_tensor_ndim(g2) - 1];
+        ts_tensor *af = NULL, *gf = NULL;
+        s = ts_tensor_reshape(a, 2, (const int64_t[]){ts_tensor_numel(a) / K, K}, &af);
+        if (!s)
+            s = ts_tensor_reshape(g2, 2, (const int64_t[]){ts_tensor_numel(g2) / N, N}, &gf);
+        ts_tensor_unref(a), ts_tensor_unref(g2);
+        a = af, g2 = gf;
+        if (s)
+            goto out;
+    }
+    if (n->needs[1] && ts_tensor_ndim(a) == 2 && n->in_ndim[1] == 2 && bs[0] == 1 &&
         bs[1] == ts_tensor_shape(b)[0] && ts_tensor_shape(b)[1] > 1) {
         /* b is a transposed view of a dense matrix (linear's W^T): gb^T = g^T @ a is made
          * dense, so the transpose's backward hands the weight a dense gradient (no copy). */

@@ -90,6 +90,9 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call);
 /* Whether ts__device_run runs op for dtype on dev: the plugin claims it, or the core's
  * reference kernels stand in (host-memory plugins). */
 int ts__device_runs(ts_device *dev, int32_t op, int32_t dtype);
+/* Whether TS_OP_UNARY function fn runs on dev for dtype: claimed by a plugin that knows fn
+ * (built for the minor ABI that added it), or on the reference kernels (host memory). */
+int ts__device_runs_unary(ts_device *dev, int32_t fn, int32_t dtype);
 
 /* ---- tensor.c ---------------------------------------------------------------------------- */
 

@@ -952,6 +952,8 @@ static int plugin_knows(const ts_device *dev, const ts_kernel_call *call)
         int32_t fn = ((const ts_unary_params *)call->params)->fn;
         if (fn >= TS_UNARY_GELU_TANH && dev->vt.abi_minor < 1)
             return 0;
+        if (fn >= TS_UNARY_GELU_TANH_DERIV && dev->vt.abi_minor < 2)
+            return 0;
     }
     return 1;
 }
@@ -1039,6 +1041,16 @@ static int uses_reference(ts_device *dev, int32_t op, int32_t dtype)
 int ts__device_runs(ts_device *dev, int32_t op, int32_t dtype)
 {
     return dev && (ts_device_supports(dev, op, dtype) || uses_reference(dev, op, dtype));
+}
+
+int ts__device_runs_unary(ts_device *dev, int32_t fn, int32_t dtype)
+{
+    if (!ts__device_runs(dev, TS_OP_UNARY, dtype))
+        return 0;
+    ts_unary_params p = {fn};
+    ts_kernel_call call = {.op = TS_OP_UNARY, .params = &p, .params_size = sizeof p};
+    return plugin_knows(dev, &call) ||
+           (host_memory(dev) && ts__hostref_supports(TS_OP_UNARY, dtype));
 }
 
 ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)

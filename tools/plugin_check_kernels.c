@@ -306,8 +306,9 @@ static void cases_elementwise_unary(int32_t op, int32_t dt, caselist *l)
             set_params(k, &p, sizeof p);
         } else {
             for (int fn = 0; fn < TS_UNARY_COUNT; fn++) {
-                if (fn >= TS_UNARY_GELU_TANH && plugin_minor < 1)
-                    continue; /* added in 2.1: never sent to a 2.0 plugin */
+                if ((fn >= TS_UNARY_GELU_TANH && plugin_minor < 1) ||
+                    (fn >= TS_UNARY_GELU_TANH_DERIV && plugin_minor < 2))
+                    continue; /* added in 2.1 / 2.2: never sent to an older plugin */
                 ts_unary_params p = {fn};
                 k = add(l, op, "unary fn %d %s %dd", fn, dn, o.ndim);
                 k->nin = k->nout = 1;

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define TS_PLUGIN_ABI_MAJOR 2
-#define TS_PLUGIN_ABI_MINOR 1
+#define TS_PLUGIN_ABI_MINOR 2
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
@@ -359,6 +359,10 @@ typedef enum ts_unary_fn {
     /* ABI 2.1. GELU's tanh approximation (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
      * x^3))). The host never sends it to a plugin built for 2.0. */
     TS_UNARY_GELU_TANH = 11,
+    /* ABI 2.2. The derivative of GELU_TANH, for its gradient in one pass: with t = tanh(u),
+     * u = sqrt(2/pi) (x + 0.044715 x^3): (1 + t) / 2 + x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715
+     * x^2) / 2. The host never sends it to a plugin built for 2.0 or 2.1. */
+    TS_UNARY_GELU_TANH_DERIV = 12,
     TS_UNARY_COUNT
 } ts_unary_fn;
 

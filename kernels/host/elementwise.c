@@ -4,6 +4,7 @@
  * dropped, dims contiguous in every operand merged), so dense tensors become a single flat run
  * the compiler vectorises, then splits the elements evenly among hd->threads OpenMP threads. */
 #include "hostkern.h"
+#include "vmath.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -26,7 +27,8 @@ static const char *const unary_names[TS_UNARY_COUNT] = {
     [TS_UNARY_NEG] = "neg",   [TS_UNARY_ABS] = "abs",         [TS_UNARY_EXP] = "exp",
     [TS_UNARY_LOG] = "log",   [TS_UNARY_SQRT] = "sqrt",       [TS_UNARY_RSQRT] = "rsqrt",
     [TS_UNARY_TANH] = "tanh", [TS_UNARY_SIGMOID] = "sigmoid", [TS_UNARY_RELU] = "relu",
-    [TS_UNARY_GELU] = "gelu", [TS_UNARY_ERF] = "erf", [TS_UNARY_GELU_TANH] = "gelu_tanh"};
+    [TS_UNARY_GELU] = "gelu", [TS_UNARY_ERF] = "erf", [TS_UNARY_GELU_TANH] = "gelu_tanh",
+    [TS_UNARY_GELU_TANH_DERIV] = "gelu_tanh_deriv"};
 /* clang-format off */
 static const char *const binary_names[TS_BINARY_COUNT] = {
     [TS_BINARY_ADD] = "add", [TS_BINARY_SUB] = "sub", [TS_BINARY_MUL] = "mul",
@@ -179,7 +181,7 @@ static inline int64_t ipow64(int64_t x, int64_t y)
 /* Sigmoid without overflow: exp of a non-positive argument only. */
 static inline float sigmoid_f(float x)
 {
-    float e = expf(-fabsf(x));
+    float e = hk_expf(-fabsf(x));
     return x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
 }
 
@@ -187,6 +189,21 @@ static inline double sigmoid_d(double x)
 {
     double e = exp(-fabs(x));
     return x >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+}
+
+/* d/dx of GELU's tanh form: (1 + t)/2 + x/2 (1 - t^2) c (1 + 3 k x^2), t = tanh(c (x + k x^3)). */
+static inline float gelu_tanh_deriv_f(float x)
+{
+    const float c = 0.7978845608028654f, k = 0.044715f;
+    float x2 = x * x, t = hk_tanhf(c * x * (1.0f + k * x2));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * k * x2);
+}
+
+static inline double gelu_tanh_deriv_d(double x)
+{
+    const double c = 0.7978845608028654, k = 0.044715;
+    double x2 = x * x, t = tanh(c * x * (1.0 + k * x2));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * k * x2);
 }
 
 /* GELU as x * Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2: erfc keeps full relative precision
@@ -239,7 +256,7 @@ EW_UNARY(abs_f32, float, float, fabsf(x))
 EW_UNARY(abs_f64, double, double, fabs(x))
 EW_UNARY(abs_i32, int32_t, int32_t, x < 0 ? WRAP32(0u - (uint32_t)x) : x)
 EW_UNARY(abs_i64, int64_t, int64_t, x < 0 ? WRAP64(0u - (uint64_t)x) : x)
-EW_UNARY(exp_f32, float, float, expf(x))
+EW_UNARY(exp_f32, float, float, hk_expf(x))
 EW_UNARY(exp_f64, double, double, exp(x))
 EW_UNARY(log_f32, float, float, logf(x))
 EW_UNARY(log_f64, double, double, log(x))
@@ -247,7 +264,7 @@ EW_UNARY(sqrt_f32, float, float, sqrtf(x))
 EW_UNARY(sqrt_f64, double, double, sqrt(x))
 EW_UNARY(rsqrt_f32, float, float, 1.0f / sqrtf(x))
 EW_UNARY(rsqrt_f64, double, double, 1.0 / sqrt(x))
-EW_UNARY(tanh_f32, float, float, tanhf(x))
+EW_UNARY(tanh_f32, float, float, hk_tanhf(x))
 EW_UNARY(tanh_f64, double, double, tanh(x))
 EW_UNARY(sigmoid_f32, float, float, sigmoid_f(x))
 EW_UNARY(sigmoid_f64, double, double, sigmoid_d(x))
@@ -260,9 +277,11 @@ EW_UNARY(gelu_f32, float, float, 0.5f * x * erfcf(-x * (float)INV_SQRT2))
 EW_UNARY(gelu_f64, double, double, 0.5 * x * erfc(-x * INV_SQRT2))
 /* GPT-2's tanh approximation; c = sqrt(2 / pi). */
 EW_UNARY(gelu_tanh_f32, float, float,
-         0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))))
+         0.5f * x * (1.0f + hk_tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))))
 EW_UNARY(gelu_tanh_f64, double, double,
          0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))))
+EW_UNARY(gelu_tanh_deriv_f32, float, float, gelu_tanh_deriv_f(x))
+EW_UNARY(gelu_tanh_deriv_f64, double, double, gelu_tanh_deriv_d(x))
 EW_UNARY(erf_f32, float, float, erff(x))
 EW_UNARY(erf_f64, double, double, erf(x))
 
@@ -351,6 +370,7 @@ static const ew_loop unary_loops[TS_UNARY_COUNT][TS_DTYPE_COUNT] = {
     [TS_UNARY_TANH] = ROW_FLOAT(tanh), [TS_UNARY_SIGMOID] = ROW_FLOAT(sigmoid),
     [TS_UNARY_RELU] = ROW_NUM(relu),   [TS_UNARY_GELU] = ROW_FLOAT(gelu),
     [TS_UNARY_ERF] = ROW_FLOAT(erf),   [TS_UNARY_GELU_TANH] = ROW_FLOAT(gelu_tanh),
+    [TS_UNARY_GELU_TANH_DERIV] = ROW_FLOAT(gelu_tanh_deriv),
 };
 
 /* [fn][input dtype]; comparisons write uint8. */

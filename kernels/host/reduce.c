@@ -3,6 +3,7 @@
  * element's slice as strided runs; threads take whole output elements, or, when there are fewer
  * outputs than threads, ranges of one slice whose partial results are combined in order. */
 #include "hostkern.h"
+#include "vmath.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -397,6 +398,42 @@ static ts_status run_reduce(hk_dev *hd, const ts_kernel_call *call)
         }                                                                                          \
     } while (0)
 
+/* A float32 slice with unit strides, vectorized: the max (NaN if any element is NaN, as the
+ * strided loop gives), exp and its sum in double lanes, then the scale. */
+static void softmax_f32_contig(const float *x, float *y, int64_t len, int log_form)
+{
+    float m = -__builtin_inff();
+    int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t i = 0; i < len; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    if (nan)
+        m = __builtin_nanf("");
+    double sum = 0;
+    if (log_form) {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < len; i++)
+            sum += (double)hk_expf(x[i] - m);
+        const float lse = (float)log(sum);
+#pragma omp simd
+        for (int64_t i = 0; i < len; i++)
+            y[i] = x[i] - m - lse;
+        return;
+    }
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < len; i++) {
+        float e = hk_expf(x[i] - m);
+        y[i] = e;
+        sum += (double)e;
+    }
+    const float inv = (float)(1.0 / sum);
+#pragma omp simd
+    for (int64_t i = 0; i < len; i++)
+        y[i] *= inv;
+}
+
 /* in, out: the same shape, any strides; along params.dim. */
 static ts_status run_softmax(hk_dev *hd, const ts_kernel_call *call)
 {
@@ -438,8 +475,10 @@ static ts_status run_softmax(hk_dev *hd, const ts_kernel_call *call)
         }
         const char *px = xbase + xo * (int64_t)es;
         char *py = ybase + yo * (int64_t)es;
-        if (dtype == TS_F32)
-            SOFTMAX_SLICE(float, expf);
+        if (dtype == TS_F32 && sx == 1 && sy == 1)
+            softmax_f32_contig((const float *)px, (float *)py, len, log_form);
+        else if (dtype == TS_F32)
+            SOFTMAX_SLICE(float, hk_expf);
         else
             SOFTMAX_SLICE(double, exp);
     }

@@ -94,6 +94,11 @@ template <> __device__ __forceinline__ float unary_f<float>(int fn, float x)
     case TS_UNARY_ERF: return erff(x);
     case TS_UNARY_GELU_TANH:
         return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case TS_UNARY_GELU_TANH_DERIV: {
+        const float c = 0.7978845608028654f, k = 0.044715f;
+        float x2 = x * x, t = tanhf(c * x * (1.0f + k * x2));
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * k * x2);
+    }
     }
     return x;
 }
@@ -117,6 +122,11 @@ template <> __device__ __forceinline__ double unary_f<double>(int fn, double x)
     case TS_UNARY_ERF: return erf(x);
     case TS_UNARY_GELU_TANH:
         return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    case TS_UNARY_GELU_TANH_DERIV: {
+        const double c = 0.7978845608028654, k = 0.044715;
+        double x2 = x * x, t = tanh(c * x * (1.0 + k * x2));
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * k * x2);
+    }
     }
     return x;
 }

@@ -16,7 +16,8 @@ static const char *const unary_names[TS_UNARY_COUNT] = {
     [TS_UNARY_NEG] = "neg",   [TS_UNARY_ABS] = "abs",         [TS_UNARY_EXP] = "exp",
     [TS_UNARY_LOG] = "log",   [TS_UNARY_SQRT] = "sqrt",       [TS_UNARY_RSQRT] = "rsqrt",
     [TS_UNARY_TANH] = "tanh", [TS_UNARY_SIGMOID] = "sigmoid", [TS_UNARY_RELU] = "relu",
-    [TS_UNARY_GELU] = "gelu", [TS_UNARY_ERF] = "erf", [TS_UNARY_GELU_TANH] = "gelu_tanh"};
+    [TS_UNARY_GELU] = "gelu", [TS_UNARY_ERF] = "erf", [TS_UNARY_GELU_TANH] = "gelu_tanh",
+    [TS_UNARY_GELU_TANH_DERIV] = "gelu_tanh_deriv"};
 static const char *const binary_names[TS_BINARY_COUNT] = {
     [TS_BINARY_ADD] = "add", [TS_BINARY_SUB] = "sub", [TS_BINARY_MUL] = "mul",
     [TS_BINARY_DIV] = "div", [TS_BINARY_POW] = "pow", [TS_BINARY_MAXIMUM] = "maximum",

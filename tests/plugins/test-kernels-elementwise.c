@@ -152,6 +152,10 @@ static double ref_unary(const double *x, const void *ctx)
         return erf(v);
     case TS_UNARY_GELU_TANH:
         return 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    case TS_UNARY_GELU_TANH_DERIV: {
+        double c = sqrt(2 / M_PI), k = 0.044715, t = tanh(c * (v + k * v * v * v));
+        return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * k * v * v);
+    }
     }
     return NAN;
 }

@@ -27,7 +27,7 @@ static void test_layout_matches_version(void)
 {
     if (sizeof(void *) != 8)
         SKIP("layouts are recorded for LP64 only");
-    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 1,
+    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 2,
               "ABI is %d.%d: add its layout row to this test", TS_PLUGIN_ABI_MAJOR,
               TS_PLUGIN_ABI_MINOR);
     /* ABI 2.0: the host owns the pool. The descriptor lost alloc, free, memory_stats,
@@ -70,7 +70,8 @@ static void test_layout_matches_version(void)
     };
     check_rows("2.0", v2_0, sizeof v2_0 / sizeof v2_0[0]);
     /* ABI 2.1: no layout change; TS_UNARY_GELU_TANH appended to ts_unary_fn, TS_OP_LAYER_NORM
-     * and its backward to ts_op, with ts_layer_norm_params (tests below). */
+     * and its backward to ts_op, with ts_layer_norm_params (tests below). ABI 2.2: no layout
+     * change; TS_UNARY_GELU_TANH_DERIV appended to ts_unary_fn. */
     CHECK_INT_EQ(TS_PLUGIN_HOST_MEMORY, 1);
 }
 
@@ -117,6 +118,7 @@ static void test_enums_are_append_only(void)
     CHECK_INT_EQ(TS_UNARY_GELU_TANH, 11); /* 2.1 */
     CHECK_INT_EQ(TS_OP_LAYER_NORM, 26);    /* 2.1 */
     CHECK_INT_EQ(TS_OP_LAYER_NORM_BWD, 27);
+    CHECK_INT_EQ(TS_UNARY_GELU_TANH_DERIV, 12); /* 2.2 */
     CHECK_INT_EQ(sizeof(ts_layer_norm_params), 16);
     CHECK_INT_EQ(TS_ENOMEM, -2);
     CHECK_INT_EQ(TS_ENODEV, -8);

@@ -137,6 +137,10 @@ static double ref_unary(int fn, double x)
     case TS_UNARY_ERF: return erf(x);
     case TS_UNARY_GELU_TANH:
         return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    case TS_UNARY_GELU_TANH_DERIV: {
+        double c = 0.7978845608028654, k = 0.044715, t = tanh(c * (x + k * x * x * x));
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * k * x * x);
+    }
     }
     return NAN;
 }
