@@ -127,6 +127,9 @@ struct ts_tensor {
  * (transfer full) */
 ts_status ts__tensor_wrap(ts_storage *st, int32_t dtype, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset, ts_tensor **out);
+/* t takes src's storage, dtype and layout (same shape), keeping its identity and autograd
+ * flags; its gradient is dropped. For leaves only (module parameters changing dtype). */
+void ts__tensor_adopt(ts_tensor *t, ts_tensor *src);
 /* A view of t with another layout: same storage, dtype. (transfer full) */
 ts_status ts__view(const ts_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
                    int64_t offset, ts_tensor **out);

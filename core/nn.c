@@ -819,6 +819,40 @@ TS_API size_t ts_module_buffers(ts_module *m, ts_named_tensor *out, size_t cap)
     return n;
 }
 
+TS_API ts_status ts_module_to_dtype(ts_module *m, int32_t dtype)
+{
+    if (!m)
+        return ts__fail(TS_EINVAL, "ts_module_to_dtype: module is NULL");
+    if (dtype != TS_F32 && dtype != TS_F64)
+        return ts__fail(TS_EINVAL, "ts_module_to_dtype: dtype %d is not float32 or float64",
+                        (int)dtype);
+    size_t np = ts_module_parameters(m, NULL, 0), nb = ts_module_buffers(m, NULL, 0);
+    ts_named_tensor *all = ts__calloc(np + nb + 1, sizeof *all);
+    ts_tensor **conv = ts__calloc(np + nb + 1, sizeof *conv);
+    ts_status s = all && conv ? TS_OK
+                              : ts__fail(TS_ENOMEM, "ts_module_to_dtype: out of host memory");
+    if (!s) {
+        ts_module_parameters(m, all, np);
+        ts_module_buffers(m, all + np, nb);
+    }
+    /* Every conversion first; then, when all succeeded, every tensor takes its new storage. */
+    ts_no_grad_enter();
+    for (size_t i = 0; !s && i < np + nb; i++) {
+        ts_tensor *t = all[i].tensor;
+        if (t->dtype != dtype && (t->dtype == TS_F32 || t->dtype == TS_F64))
+            s = ts_cast(t, dtype, &conv[i]);
+    }
+    ts_no_grad_exit();
+    for (size_t i = 0; !s && i < np + nb; i++)
+        if (conv[i])
+            ts__tensor_adopt(all[i].tensor, conv[i]);
+    for (size_t i = 0; conv && i < np + nb; i++)
+        ts_tensor_unref(conv[i]);
+    free(all);
+    free(conv);
+    return s;
+}
+
 TS_API int64_t ts_module_num_params(ts_module *m)
 {
     size_t n = ts_module_parameters(m, NULL, 0);

@@ -185,6 +185,18 @@ TS_API void ts_tensor_unref(ts_tensor *t)
     }
 }
 
+void ts__tensor_adopt(ts_tensor *t, ts_tensor *src)
+{
+    atomic_fetch_add_explicit(&src->storage->refcount, 1, memory_order_relaxed);
+    storage_unref(t->storage);
+    t->storage = src->storage;
+    t->dtype = src->dtype;
+    memcpy(t->strides, src->strides, sizeof t->strides);
+    t->offset = src->offset;
+    ts_tensor_unref(t->grad);
+    t->grad = NULL;
+}
+
 int ts__dim(int dim, int ndim)
 {
     int n = ndim > 0 ? ndim : 1;

@@ -47,7 +47,7 @@ static ts_status attn_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     const int64_t H = st->cfg.heads;
     ts_tensor *qkv = NULL, *q = NULL, *k = NULL, *v = NULL, *qh = NULL, *kh = NULL, *vh = NULL;
     ts_tensor *kt = NULL, *att = NULL, *mask = NULL, *masked = NULL, *p = NULL, *pd = NULL;
-    ts_tensor *oh = NULL, *o = NULL, *oc = NULL, *o2 = NULL, *drop = NULL;
+    ts_tensor *oh = NULL, *o = NULL, *oc = NULL, *o2 = NULL, *drop = NULL, *mcast = NULL;
     ts_status s;
     TRY(ts_module_forward(ts_module_child(m, "c_attn"), x, &qkv));
     TRY(ts_tensor_narrow(qkv, 2, 0, C, &q));
@@ -61,7 +61,10 @@ static ts_status attn_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     TRY(ts_mul_scalar(o, 1.0 / sqrt((double)(C / H)), &att));
     ts_tensor_unref(o);
     o = NULL;
-    TRY(ts_tensor_narrow(st->mask, 0, 0, T, &o));
+    /* the mask in the model's dtype (float64 after ts_module_to_dtype) */
+    if (ts_tensor_dtype(st->mask) != ts_tensor_dtype(att))
+        TRY(ts_cast(st->mask, ts_tensor_dtype(att), &mcast));
+    TRY(ts_tensor_narrow(mcast ? mcast : st->mask, 0, 0, T, &o));
     TRY(ts_tensor_narrow(o, 1, 0, T, &mask));
     ts_tensor_unref(o);
     o = NULL;
@@ -79,7 +82,7 @@ out:
     ts_tensor_unref(qh), ts_tensor_unref(kh), ts_tensor_unref(vh), ts_tensor_unref(kt);
     ts_tensor_unref(att), ts_tensor_unref(mask), ts_tensor_unref(masked), ts_tensor_unref(p);
     ts_tensor_unref(pd), ts_tensor_unref(oh), ts_tensor_unref(o), ts_tensor_unref(oc);
-    ts_tensor_unref(o2), ts_tensor_unref(drop);
+    ts_tensor_unref(o2), ts_tensor_unref(drop), ts_tensor_unref(mcast);
     return s;
 }
 
@@ -310,11 +313,13 @@ ts_status cli_gpt_cache_new(ts_module *gpt, cli_gpt_cache **out)
     c->k = calloc((size_t)cfg->layers, sizeof *c->k);
     c->v = calloc((size_t)cfg->layers, sizeof *c->v);
     ts_status s = c->k && c->v ? TS_OK : ts_fail(TS_ENOMEM, "gpt cache: out of host memory");
-    ts_device *dev = ts_tensor_device(ts_module_param(gpt, "lm_head_weight"));
+    const ts_tensor *wte = ts_module_param(gpt, "lm_head_weight");
+    ts_device *dev = ts_tensor_device(wte);
+    const int32_t dt = ts_tensor_dtype(wte);
     const int64_t shape[2] = {cfg->context, cfg->embd};
     for (int64_t l = 0; l < cfg->layers && !s; l++)
-        if (!(s = ts_tensor_zeros(dev, TS_F32, 2, shape, &c->k[l])))
-            s = ts_tensor_zeros(dev, TS_F32, 2, shape, &c->v[l]);
+        if (!(s = ts_tensor_zeros(dev, dt, 2, shape, &c->k[l])))
+            s = ts_tensor_zeros(dev, dt, 2, shape, &c->v[l]);
     if (s) {
         cli_gpt_cache_free(c);
         return s;

@@ -127,6 +127,12 @@ size_t ts_module_parameters(ts_module *m, ts_named_tensor *out, size_t cap);
 size_t ts_module_buffers(ts_module *m, ts_named_tensor *out, size_t cap);
 /* Total number of parameter elements. */
 int64_t ts_module_num_params(ts_module *m);
+/* Converts every floating-point parameter and buffer of m and its children to dtype (TS_F32
+ * or TS_F64), in place, like PyTorch's module.double(): the tensors keep their identity, so
+ * tied parameters stay tied and pointers taken with ts_module_param stay valid; gradients are
+ * dropped. Call it before making an optimizer (whose state has the old dtype). All or
+ * nothing: on an error (out of memory) nothing changed. Integer buffers are left alone. */
+ts_status ts_module_to_dtype(ts_module *m, int32_t dtype);
 
 #ifdef __cplusplus
 }

@@ -154,6 +154,99 @@ static void test_memorises_text(void)
     teardown();
 }
 
+/* The loss of gpt on (x, y) without recording a graph, as a double. */
+static double loss_value(ts_module *gpt, ts_tensor *x, ts_tensor *y)
+{
+    ts_tensor *logits, *loss;
+    double v = NAN;
+    ts_no_grad_enter();
+    CHECK_OK(ts_module_forward(gpt, x, &logits));
+    CHECK_OK(cli_gpt_loss(logits, y, &loss));
+    ts_no_grad_exit();
+    CHECK_INT_EQ(ts_tensor_dtype(loss), TS_F64);
+    CHECK_OK(ts_tensor_to_host(loss, &v, sizeof v));
+    ts_tensor_unref(logits), ts_tensor_unref(loss);
+    return v;
+}
+
+/* A whole tiny GPT (two blocks: layer norms, causal attention over two heads, the GELU MLP,
+ * the residuals, the final norm and the tied head) in float64 (ts_module_to_dtype): every
+ * parameter element's gradient from backward against a central difference of the loss.
+ * Weights are drawn large (uniform +-0.6, norms' gains around 1) so that every path carries
+ * gradient. With h = 1e-5 the difference's truncation error is O(h^2) ~ 1e-10 and its
+ * rounding 1e-16 / 1e-5 ~ 1e-11, so 1e-7 + 1e-6 |g| bounds it with room. */
+static void test_gradcheck_float64(void)
+{
+    setup();
+    ts_rng rng;
+    ts_rng_init(&rng, 3);
+    cli_gpt_config cfg = {11, 6, 2, 2, 8, 0};
+    ts_module *gpt;
+    CHECK_OK(cli_gpt_build(&cfg, dev, &rng, &gpt));
+    CHECK_OK(ts_module_to_dtype(gpt, TS_F64));
+    size_t np = ts_module_parameters(gpt, NULL, 0);
+    ts_named_tensor *p = calloc(np, sizeof *p);
+    ts_module_parameters(gpt, p, np);
+    CHECK(ts_module_param(gpt, "lm_head_weight") == p[0].tensor); /* still tied */
+    uint64_t r = 99;
+    for (size_t i = 0; i < np; i++) {
+        CHECK_INT_EQ(ts_tensor_dtype(p[i].tensor), TS_F64);
+        CHECK(ts_tensor_is_contiguous(p[i].tensor));
+        double *d = ts_tensor_data(p[i].tensor);
+        int gain = strstr(p[i].name, "ln_") && strstr(p[i].name, ".weight");
+        for (int64_t j = 0; j < ts_tensor_numel(p[i].tensor); j++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            d[j] = ((double)(r >> 11) * 0x1p-53 - 0.5) * 1.2 + (gain ? 1.0 : 0.0);
+        }
+    }
+    const int64_t B = 2, T = 5; /* shorter than the context: the mask is narrowed */
+    int64_t xv[10], yv[10];
+    for (int i = 0; i < 10; i++)
+        xv[i] = (i * 7 + 3) % 11, yv[i] = (i * 5 + 1) % 11;
+    ts_tensor *x, *y, *logits, *loss;
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){B, T}, xv, &x));
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){B, T}, yv, &y));
+    CHECK_OK(ts_module_forward(gpt, x, &logits));
+    CHECK_OK(cli_gpt_loss(logits, y, &loss));
+    CHECK_OK(ts_backward(loss, NULL, 0));
+    const double h = 1e-5;
+    double worst = 0;
+    int64_t checked = 0, bad = 0;
+    for (size_t i = 0; i < np; i++) {
+        ts_tensor *g = ts_tensor_grad(p[i].tensor);
+        CHECK_MSG(g != NULL, "%s has no gradient", p[i].name);
+        double *d = ts_tensor_data(p[i].tensor);
+        const int64_t n = ts_tensor_numel(p[i].tensor);
+        double *gv = malloc(sizeof *gv * (size_t)n);
+        CHECK_OK(ts_tensor_to_host(g, gv, sizeof *gv * (size_t)n));
+        for (int64_t j = 0; j < n; j++) {
+            double keep = d[j];
+            d[j] = keep + h;
+            double fp = loss_value(gpt, x, y);
+            d[j] = keep - h;
+            double fm = loss_value(gpt, x, y);
+            d[j] = keep;
+            double num = (fp - fm) / (2 * h), err = fabs(num - gv[j]);
+            double ratio = err / (1e-7 + 1e-6 * fabs(gv[j]));
+            worst = ratio > worst ? ratio : worst;
+            checked++;
+            if (ratio > 1 && bad++ < 5)
+                CHECK_MSG(0, "%s[%lld]: backward %.12g, central difference %.12g", p[i].name,
+                          (long long)j, gv[j], num);
+        }
+        free(gv);
+    }
+    printf("# %lld parameter elements checked, worst error / bound %.3g\n", (long long)checked,
+           worst);
+    CHECK_INT_EQ(bad, 0);
+    CHECK(checked == ts_module_num_params(gpt));
+    ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(logits), ts_tensor_unref(loss);
+    free(p);
+    ts_module_free(gpt);
+    CHECK_INT_EQ(ts_memory_live_count(), 0);
+    teardown();
+}
+
 /* The key/value-cached step gives, for each new position, the logits a full forward pass
  * over the same tokens gives there. Both are float32 over embd-long dot products; they differ
  * only in summation order, so 1e-4 relative to (1 + |logit|) bounds it with room. */
@@ -217,6 +310,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_names_and_tying),
         TAP_TEST(test_memorises_text),
         TAP_TEST(test_cache_matches_full_forward),
+        TAP_TEST(test_gradcheck_float64),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

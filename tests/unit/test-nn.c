@@ -818,6 +818,58 @@ static void test_batchnorm_training_backward(void)
     tap_end();
 }
 
+/* ts_module_to_dtype: parameters and buffers change dtype in place (same tensors, values
+ * converted, gradients dropped), forward then runs in the new dtype; a bad dtype or NULL is
+ * refused and changes nothing. */
+static void test_module_to_dtype(void)
+{
+    setup();
+    ts_module *seq, *lin, *bn;
+    ts_weight_init init = {TS_INIT_KAIMING_UNIFORM, 0, &rng};
+    CHECK_OK(ts_nn_sequential(&seq));
+    CHECK_OK(ts_nn_batchnorm2d(dev, 2, 1e-5, 0.1, &bn));
+    CHECK_OK(ts_nn_sequential_add(seq, "bn", bn));
+    CHECK_OK(ts_nn_flatten(&lin));
+    CHECK_OK(ts_nn_sequential_add(seq, "flat", lin));
+    CHECK_OK(ts_nn_linear(dev, 8, 3, 1, &init, &lin));
+    CHECK_OK(ts_nn_sequential_add(seq, "fc", lin));
+    ts_named_tensor lp[2];
+    CHECK_INT_EQ(ts_module_parameters(lin, lp, 2), 2);
+    ts_tensor *w = lp[0].tensor;
+    float before[24], after[24];
+    host(w, before);
+    ts_tensor *x, *y, *l;
+    CHECK_OK(ts_tensor_ones(dev, TS_F32, 4, (const int64_t[]){2, 2, 2, 2}, &x));
+    CHECK_OK(ts_module_forward(seq, x, &y));
+    CHECK_OK(ts_sum(y, 0, NULL, 0, &l));
+    CHECK_OK(ts_backward(l, NULL, 0));
+    CHECK(ts_tensor_grad(w) != NULL);
+    ts_tensor_unref(y), ts_tensor_unref(l);
+    CHECK_FAILS(ts_module_to_dtype(seq, TS_I64), TS_EINVAL, "float32 or float64");
+    CHECK_FAILS(ts_module_to_dtype(NULL, TS_F64), TS_EINVAL, "NULL");
+    CHECK_INT_EQ(ts_tensor_dtype(w), TS_F32);
+    CHECK_OK(ts_module_to_dtype(seq, TS_F64));
+    CHECK_INT_EQ(ts_module_parameters(lin, lp, 2), 2);
+    CHECK(lp[0].tensor == w); /* the same tensor */
+    CHECK_INT_EQ(ts_tensor_dtype(w), TS_F64);
+    CHECK(ts_tensor_grad(w) == NULL);
+    CHECK(ts_tensor_requires_grad(w));
+    ts_named_tensor b[2];
+    CHECK_INT_EQ(ts_module_buffers(seq, b, 2), 2);
+    CHECK_INT_EQ(ts_tensor_dtype(b[0].tensor), TS_F64);
+    host(w, after);
+    for (int i = 0; i < 24; i++)
+        CHECK(before[i] == after[i]); /* float32 -> float64 is exact */
+    CHECK_OK(ts_module_to_dtype(seq, TS_F64)); /* already: nothing to do */
+    ts_tensor *x64;
+    CHECK_OK(ts_cast(x, TS_F64, &x64));
+    CHECK_OK(ts_module_forward(seq, x64, &y));
+    CHECK_INT_EQ(ts_tensor_dtype(y), TS_F64);
+    ts_tensor_unref(y), ts_tensor_unref(x64), ts_tensor_unref(x);
+    ts_module_free(seq);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -832,6 +884,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_optimizer_state_round_trip),
         TAP_TEST(test_layer_backward),
         TAP_TEST(test_batchnorm_training_backward),
+        TAP_TEST(test_module_to_dtype),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
