@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """bench/gpt_compare.py: the same character-level GPT trained by tessera and by PyTorch, side
 by side, from the same initial weights, on the same windows of the same text, with the same
-optimizer and schedule: the validation curves and the tokens per second of both.
+optimizer and schedule: the validation curves and the tokens per second of both, in training
+and in generation (each with a key/value cache, one position per new token).
 
     /usr/bin/python3 bench/gpt_compare.py --tessera _build/tools/tessera --text FILE \\
         [--steps 2000] [--eval-every 200] [tessera train --model gpt options...]
@@ -121,6 +122,33 @@ def lr_at(step, base, warmup, total, lo):
     return lo + 0.5 * (base - lo) * (1 + math.cos(math.pi * t / span))
 
 
+@torch.no_grad()
+def generate_speed(model, T, seed):
+    """Samples T - 1 bytes after a one-byte prompt with a key/value cache (as tessera generate
+    does: temperature 0.8, all 256 candidates), returns tokens per second, prompt included."""
+    gen = torch.Generator().manual_seed(seed)
+    tr = model.transformer
+    C = tr.wte.weight.shape[1]
+    caches = [([], []) for _ in tr.h]
+    tok, t0 = ord("T"), time.time()
+    for pos in range(T):
+        x = (tr.wte.weight[tok] + tr.wpe.weight[pos]).view(1, 1, C)
+        for blk, (ks, vs) in zip(tr.h, caches):
+            H = blk.H
+            q, k, v = blk.attn.c_attn(blk.ln_1(x)).split(C, dim=2)
+            ks.append(k.view(1, H, 1, C // H))
+            vs.append(v.view(1, H, 1, C // H))
+            K, V = torch.cat(ks, 2), torch.cat(vs, 2)
+            att = (q.view(1, H, 1, C // H) @ K.transpose(2, 3)) * (1.0 / math.sqrt(C // H))
+            y = (att.softmax(dim=3) @ V).transpose(1, 2).reshape(1, 1, C)
+            x = x + blk.attn.c_proj(y)
+            h = torch.nn.functional.gelu(blk.mlp.c_fc(blk.ln_2(x)), approximate="tanh")
+            x = x + blk.mlp.c_proj(h)
+        logits = tr.ln_f(x).view(C) @ tr.wte.weight.t()
+        tok = int(torch.multinomial(torch.softmax(logits / 0.8, 0), 1, generator=gen))
+    return T / (time.time() - t0)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tessera", required=True)
@@ -153,11 +181,21 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "init.st")
         t0 = time.time()
-        res = subprocess.run([a.tessera, "train", *common, "--save-initial", init],
-                             capture_output=True, text=True, check=True)
+        final = os.path.join(tmp, "final.st")
+        res = subprocess.run([a.tessera, "train", *common, "--save-initial", init,
+                              "--save", final], capture_output=True, text=True, check=True)
         t_ts = time.time() - t0
         ours = [json.loads(l) for l in res.stdout.splitlines() if l.startswith("{")]
         weights = read_safetensors(init)
+        # generation: context - 1 new bytes after a one-byte prompt, a few times; tessera
+        # reports its own speed on stderr
+        gen_ts = []
+        for seed in range(1, 4):
+            g = subprocess.run([a.tessera, "generate", "--resume", final, "--prompt", "T",
+                                "--tokens", str(a.context - 1), "--seed", str(seed),
+                                "--device", a.device], capture_output=True, text=True,
+                               check=True)
+            gen_ts.append(float(g.stderr.split("(")[-1].split()[0]))
     model = GPT(256, a.context, a.layers, a.heads, a.embd)
     state = {k: v for k, v in model.state_dict().items() if k != "mask"}
     for k in state:
@@ -197,6 +235,12 @@ def main():
         print(f"{o['step']:>6} {o['val_loss']:>12.4f} {t['val_loss']:>12.4f} "
               f"{o['val_loss'] - t['val_loss']:>+8.4f} {o['tokens_per_s']:>14.0f} "
               f"{t['tokens_per_s']:>14.0f}")
+    gen_pt = [generate_speed(model, a.context, seed) for seed in range(1, 4)]
+    print(f"generation, {a.context - 1} new bytes after a one-byte prompt, tokens/s (best of "
+          f"3): tessera {max(gen_ts):.0f}, PyTorch {max(gen_pt):.0f}")
+    print(f"training tokens/s over the whole run (median of the evaluation intervals): "
+          f"tessera {sorted(o['tokens_per_s'] for o in ours)[len(ours) // 2]:.0f}, PyTorch "
+          f"{sorted(t['tokens_per_s'] for t in theirs)[len(theirs) // 2]:.0f}")
     d = abs(ours[-1]["val_loss"] - theirs[-1]["val_loss"])
     print(f"final validation loss: tessera {ours[-1]['val_loss']:.4f}, PyTorch "
           f"{theirs[-1]['val_loss']:.4f}, difference {d:.4f} nats "

@@ -100,6 +100,10 @@ ts_status hk_index_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                   int *dim);
 /* The four pooling ops (not the indices' values of the backward max pool). */
 ts_status hk_pool2d_check(const ts_host *h, int dev, const ts_kernel_call *call);
+/* TS_OP_LAYER_NORM (bwd 0) / _BWD (bwd 1): counts, params, dtypes, contiguity and element
+ * counts; *affine whether weight (and bias) take part, *rows and *cols (D) the row layout. */
+ts_status hk_norm_check(const ts_host *h, const ts_kernel_call *call, int bwd, int *affine,
+                        int64_t *rows, int64_t *cols);
 /* TS_OP_SGD_STEP / TS_OP_ADAM_STEP. */
 ts_status hk_optimizer_check(const ts_host *h, int dev, const ts_kernel_call *call);
 

@@ -14,16 +14,8 @@ int hk_norm_supports(int32_t op, int32_t dtype)
            (dtype == TS_F32 || dtype == TS_F64);
 }
 
-static int contiguous(const ts_operand *o)
-{
-    int64_t want = 1;
-    for (int d = o->ndim - 1; d >= 0; d--) {
-        if (o->shape[d] != 1 && o->strides[d] != want)
-            return 0;
-        want *= o->shape[d];
-    }
-    return 1;
-}
+
+#define AT(o, T) ((T *)(o).data + (o).offset)
 
 static int64_t numel(const ts_operand *o)
 {
@@ -32,55 +24,6 @@ static int64_t numel(const ts_operand *o)
         n *= o->shape[d];
     return n;
 }
-
-/* Checks a call's operands: counts, params, dtypes, contiguity and shapes; *rows and *cols
- * (D) the row layout. */
-static ts_status ln_check(const ts_host *h, const ts_kernel_call *call, int bwd, int *affine,
-                          int64_t *rows, int64_t *cols)
-{
-    const char *what = bwd ? "layer_norm_backward" : "layer_norm";
-    int nin = call->ninputs, nout = call->noutputs;
-    int ok = bwd ? ((nin == 4 && nout == 1) || (nin == 5 && nout == 3))
-                 : ((nin == 1 || nin == 3) && nout == 3);
-    if (!ok || !call->inputs || !call->outputs)
-        return h->fail(h, TS_EINVAL, "%s: unexpected operand counts (%d inputs, %d outputs)",
-                       what, nin, nout);
-    if (!call->params || call->params_size < sizeof(ts_layer_norm_params))
-        return h->fail(h, TS_EINVAL, "%s: params missing or too small", what);
-    const ts_layer_norm_params *p = call->params;
-    const ts_operand *x = &call->inputs[bwd ? 1 : 0];
-    if (!(p->eps > 0) || p->ndim < 1 || p->ndim > x->ndim)
-        return h->fail(h, TS_EINVAL, "%s: eps %g must be > 0 and ndim %d in [1, %d]", what,
-                       p->eps, (int)p->ndim, (int)x->ndim);
-    *affine = bwd ? nin == 5 : nin == 3;
-    int lead = x->ndim - p->ndim;
-    *cols = 1;
-    for (int d = lead; d < x->ndim; d++)
-        *cols *= x->shape[d];
-    *rows = 1;
-    for (int d = 0; d < lead; d++)
-        *rows *= x->shape[d];
-    for (int i = 0; i < nin + nout; i++) {
-        const ts_operand *o = i < nin ? &call->inputs[i] : &call->outputs[i - nin];
-        if (o->dtype != x->dtype)
-            return h->fail(h, TS_EINVAL, "%s: operand %d is %d, not the input's dtype", what,
-                           i, (int)o->dtype);
-        if (!contiguous(o))
-            return h->fail(h, TS_EINVAL, "%s: operand %d is not contiguous", what, i);
-        /* x-shaped, row-shaped or column-shaped, each checked by its element count */
-        int64_t want;
-        if (bwd)
-            want = i <= 1 || i == nin ? *rows * *cols : (i == 2 || i == 3) ? *rows : *cols;
-        else
-            want = i == 0 || i == nin ? *rows * *cols : i < nin ? *cols : *rows;
-        if (numel(o) != want)
-            return h->fail(h, TS_ESHAPE, "%s: operand %d has %lld elements, want %lld", what, i,
-                           (long long)numel(o), (long long)want);
-    }
-    return TS_OK;
-}
-
-#define AT(o, T) ((T *)(o).data + (o).offset)
 
 #define LN_FWD(T)                                                                           \
     do {                                                                                    \
@@ -171,7 +114,7 @@ ts_status hk_norm(hk_dev *hd, const ts_kernel_call *call)
         return TS_ENOTSUP;
     int affine = 0;
     int64_t rows = 0, D = 0;
-    ts_status s = ln_check(hd->host, call, bwd, &affine, &rows, &D);
+    ts_status s = hk_norm_check(hd->host, call, bwd, &affine, &rows, &D);
     if (s)
         return s;
     if (rows == 0 || D == 0) { /* nothing to normalize; gradients of nothing are zero */

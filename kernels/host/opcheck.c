@@ -526,3 +526,71 @@ ts_status hk_optimizer_check(const ts_host *h, int dev, const ts_kernel_call *ca
             return h->fail(h, TS_EINVAL, "adam_step: operands must be dense and alike");
     return TS_OK;
 }
+
+/* ---- layer norm ------------------------------------------------------------------------ */
+
+static int ln_contiguous(const ts_operand *o)
+{
+    int64_t want = 1;
+    for (int d = o->ndim - 1; d >= 0; d--) {
+        if (o->shape[d] != 1 && o->strides[d] != want)
+            return 0;
+        want *= o->shape[d];
+    }
+    return 1;
+}
+
+static int64_t ln_numel(const ts_operand *o)
+{
+    int64_t n = 1;
+    for (int d = 0; d < o->ndim; d++)
+        n *= o->shape[d];
+    return n;
+}
+
+/* Checks a call's operands: counts, params, dtypes, contiguity and shapes; *rows and *cols
+ * (D) the row layout. */
+ts_status hk_norm_check(const ts_host *h, const ts_kernel_call *call, int bwd, int *affine,
+                        int64_t *rows, int64_t *cols)
+{
+    const char *what = bwd ? "layer_norm_backward" : "layer_norm";
+    int nin = call->ninputs, nout = call->noutputs;
+    int ok = bwd ? ((nin == 4 && nout == 1) || (nin == 5 && nout == 3))
+                 : ((nin == 1 || nin == 3) && nout == 3);
+    if (!ok || !call->inputs || !call->outputs)
+        return h->fail(h, TS_EINVAL, "%s: unexpected operand counts (%d inputs, %d outputs)",
+                       what, nin, nout);
+    if (!call->params || call->params_size < sizeof(ts_layer_norm_params))
+        return h->fail(h, TS_EINVAL, "%s: params missing or too small", what);
+    const ts_layer_norm_params *p = call->params;
+    const ts_operand *x = &call->inputs[bwd ? 1 : 0];
+    if (!(p->eps > 0) || p->ndim < 1 || p->ndim > x->ndim)
+        return h->fail(h, TS_EINVAL, "%s: eps %g must be > 0 and ndim %d in [1, %d]", what,
+                       p->eps, (int)p->ndim, (int)x->ndim);
+    *affine = bwd ? nin == 5 : nin == 3;
+    int lead = x->ndim - p->ndim;
+    *cols = 1;
+    for (int d = lead; d < x->ndim; d++)
+        *cols *= x->shape[d];
+    *rows = 1;
+    for (int d = 0; d < lead; d++)
+        *rows *= x->shape[d];
+    for (int i = 0; i < nin + nout; i++) {
+        const ts_operand *o = i < nin ? &call->inputs[i] : &call->outputs[i - nin];
+        if (o->dtype != x->dtype)
+            return h->fail(h, TS_EINVAL, "%s: operand %d is %d, not the input's dtype", what,
+                           i, (int)o->dtype);
+        if (!ln_contiguous(o))
+            return h->fail(h, TS_EINVAL, "%s: operand %d is not contiguous", what, i);
+        /* x-shaped, row-shaped or column-shaped, each checked by its element count */
+        int64_t want;
+        if (bwd)
+            want = i <= 1 || i == nin ? *rows * *cols : (i == 2 || i == 3) ? *rows : *cols;
+        else
+            want = i == 0 || i == nin ? *rows * *cols : i < nin ? *cols : *rows;
+        if (ln_numel(o) != want)
+            return h->fail(h, TS_ESHAPE, "%s: operand %d has %lld elements, want %lld", what, i,
+                           (long long)ln_numel(o), (long long)want);
+    }
+    return TS_OK;
+}

@@ -152,6 +152,17 @@ cudaError_t cu_sgd(cudaStream_t st, int32_t dtype, int64_t n, const void *g, voi
 cudaError_t cu_adam(cudaStream_t st, int32_t dtype, int64_t n, const void *g, void *p, void *m,
                     void *v, const ts_adam_params *P);
 
+/* Layer norm over rows of D dense elements (plugin.h, TS_OP_LAYER_NORM): one block per row,
+ * statistics in double. w and b both NULL or both given. */
+cudaError_t cu_layer_norm(cudaStream_t st, int32_t dtype, const void *x, const void *w,
+                          const void *b, void *y, void *mean, void *rstd, int64_t rows,
+                          int64_t D, double eps);
+/* Its gradient: gx from gy, x and the forward's mean and rstd (w may be NULL); with gw and gb
+ * (both or neither), the weight and bias gradients, sums over the rows. */
+cudaError_t cu_layer_norm_bwd(cudaStream_t st, int32_t dtype, const void *gy, const void *x,
+                              const void *mean, const void *rstd, const void *w, void *gx,
+                              void *gw, void *gb, int64_t rows, int64_t D);
+
 #ifdef __cplusplus
 }
 #endif

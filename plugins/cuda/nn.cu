@@ -482,3 +482,146 @@ extern "C" cudaError_t cu_adam(cudaStream_t st, int32_t dtype, int64_t n, const 
         return launch_adam<double>(st, n, g, p, m, v, P);
     return cudaErrorInvalidValue;
 }
+
+/* ---- layer norm ------------------------------------------------------------------------ */
+
+/* One block per row (grid-stride over rows): the mean, then the variance around it, both
+ * summed in double across the block; y = (x - mean) rstd w + b in T, as the host kernels. */
+template <typename T>
+__global__ void k_ln_fwd(const T *x, const T *w, const T *b, T *y, T *mean, T *rstd, int64_t R,
+                         int64_t D, double eps)
+{
+    __shared__ double sh[32];
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const T *xr = x + r * D;
+        T *yr = y + r * D;
+        double s = 0;
+        for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
+            s += (double)xr[j];
+        const double mu = cu_block_sum(s, sh) / (double)D;
+        double v = 0;
+        for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+            double d = (double)xr[j] - mu;
+            v += d * d;
+        }
+        const double rs = 1.0 / sqrt(cu_block_sum(v, sh) / (double)D + eps);
+        if (threadIdx.x == 0) {
+            mean[r] = (T)mu;
+            rstd[r] = (T)rs;
+        }
+        const T m_ = (T)mu, s_ = (T)rs;
+        for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+            T t = (xr[j] - m_) * s_;
+            yr[j] = w ? t * w[j] + b[j] : t;
+        }
+    }
+}
+
+/* gx = rstd (g w - mean_j(g w) - xhat mean_j(g w xhat)), one block per row. */
+template <typename T>
+__global__ void k_ln_bwd_x(const T *gy, const T *x, const T *mean, const T *rstd, const T *w,
+                           T *gx, int64_t R, int64_t D)
+{
+    __shared__ double sh[32];
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const T *g = gy + r * D, *xr = x + r * D;
+        const double mu = (double)mean[r], rs = (double)rstd[r];
+        double a1 = 0, a2 = 0;
+        for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+            double gw = (double)g[j] * (w ? (double)w[j] : 1.0);
+            a1 += gw;
+            a2 += gw * ((double)xr[j] - mu) * rs;
+        }
+        a1 = cu_block_sum(a1, sh) / (double)D;
+        a2 = cu_block_sum(a2, sh) / (double)D;
+        for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+            double gw = (double)g[j] * (w ? (double)w[j] : 1.0);
+            double xh = ((double)xr[j] - mu) * rs;
+            gx[r * D + j] = (T)(rs * (gw - a1 - xh * a2));
+        }
+    }
+}
+
+/* gw[j] = sum over rows of g xhat, gb[j] = sum of g: one thread per column (adjacent threads
+ * read adjacent columns of each row). */
+template <typename T>
+__global__ void k_ln_bwd_w(const T *gy, const T *x, const T *mean, const T *rstd, T *gw, T *gb,
+                           int64_t R, int64_t D)
+{
+    CU_GRID_LOOP(j, D)
+    {
+        double sw = 0, sb = 0;
+        for (int64_t r = 0; r < R; r++) {
+            double g = (double)gy[r * D + j];
+            sw += g * ((double)x[r * D + j] - (double)mean[r]) * (double)rstd[r];
+            sb += g;
+        }
+        gw[j] = (T)sw;
+        gb[j] = (T)sb;
+    }
+}
+
+static unsigned row_blocks(int64_t rows)
+{
+    return (unsigned)(rows < CU_MAX_BLOCKS ? rows : CU_MAX_BLOCKS);
+}
+
+extern "C" cudaError_t cu_layer_norm(cudaStream_t st, int32_t dtype, const void *x, const void *w,
+                                     const void *b, void *y, void *mean, void *rstd,
+                                     int64_t rows, int64_t D, double eps)
+{
+    if (rows == 0 || D == 0)
+        return cudaSuccess;
+    const unsigned blocks = row_blocks(rows);
+    const int threads = cu_row_threads(D);
+    if (dtype == TS_F32)
+        k_ln_fwd<float><<<blocks, threads, 0, st>>>((const float *)x, (const float *)w,
+                                                    (const float *)b, (float *)y, (float *)mean,
+                                                    (float *)rstd, rows, D, eps);
+    else if (dtype == TS_F64)
+        k_ln_fwd<double><<<blocks, threads, 0, st>>>((const double *)x, (const double *)w,
+                                                     (const double *)b, (double *)y,
+                                                     (double *)mean, (double *)rstd, rows, D,
+                                                     eps);
+    else
+        return cudaErrorInvalidValue;
+    return cu_launched();
+}
+
+extern "C" cudaError_t cu_layer_norm_bwd(cudaStream_t st, int32_t dtype, const void *gy,
+                                         const void *x, const void *mean, const void *rstd,
+                                         const void *w, void *gx, void *gw, void *gb,
+                                         int64_t rows, int64_t D)
+{
+    if (D == 0)
+        return cudaSuccess;
+    if (rows == 0) { /* gradients of nothing: zero */
+        if (!gw)
+            return cudaSuccess;
+        const size_t nb = (size_t)D * (dtype == TS_F32 ? 4 : 8);
+        cudaError_t e = cudaMemsetAsync(gw, 0, nb, st);
+        return e != cudaSuccess ? e : cudaMemsetAsync(gb, 0, nb, st);
+    }
+    const unsigned blocks = row_blocks(rows), wblocks = cu_blocks(D, CU_THREADS);
+    const int threads = cu_row_threads(D);
+    if (dtype == TS_F32) {
+        k_ln_bwd_x<float><<<blocks, threads, 0, st>>>(
+            (const float *)gy, (const float *)x, (const float *)mean, (const float *)rstd,
+            (const float *)w, (float *)gx, rows, D);
+        if (gw)
+            k_ln_bwd_w<float><<<wblocks, CU_THREADS, 0, st>>>(
+                (const float *)gy, (const float *)x, (const float *)mean, (const float *)rstd,
+                (float *)gw, (float *)gb, rows, D);
+    } else if (dtype == TS_F64) {
+        k_ln_bwd_x<double><<<blocks, threads, 0, st>>>(
+            (const double *)gy, (const double *)x, (const double *)mean, (const double *)rstd,
+            (const double *)w, (double *)gx, rows, D);
+        if (gw)
+            k_ln_bwd_w<double><<<wblocks, CU_THREADS, 0, st>>>(
+                (const double *)gy, (const double *)x, (const double *)mean,
+                (const double *)rstd, (double *)gw, (double *)gb, rows, D);
+    } else {
+        return cudaErrorInvalidValue;
+    }
+    return cu_launched();
+}

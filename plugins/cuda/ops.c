@@ -641,6 +641,31 @@ static ts_status run_optim(cuda_ctx *c, const ts_kernel_call *call)
     return TS_OK;
 }
 
+static ts_status run_layer_norm(cuda_ctx *c, const ts_kernel_call *call)
+{
+    int bwd = call->op == TS_OP_LAYER_NORM_BWD, affine = 0;
+    int64_t rows = 0, D = 0;
+    ts_status s = hk_norm_check(c->host, call, bwd, &affine, &rows, &D);
+    if (s)
+        return s;
+    const ts_operand *in = call->inputs, *out = call->outputs;
+    const int32_t dt = in[0].dtype;
+    if (!bwd) {
+        const ts_layer_norm_params *P = call->params;
+        LAUNCH(c, cu_layer_norm(c->stream, dt, cuda_elem0(&in[0]),
+                                affine ? cuda_elem0(&in[1]) : NULL,
+                                affine ? cuda_elem0(&in[2]) : NULL, cuda_elem0(&out[0]),
+                                cuda_elem0(&out[1]), cuda_elem0(&out[2]), rows, D, P->eps));
+        return TS_OK;
+    }
+    LAUNCH(c, cu_layer_norm_bwd(c->stream, dt, cuda_elem0(&in[0]), cuda_elem0(&in[1]),
+                                cuda_elem0(&in[2]), cuda_elem0(&in[3]),
+                                affine ? cuda_elem0(&in[4]) : NULL, cuda_elem0(&out[0]),
+                                affine ? cuda_elem0(&out[1]) : NULL,
+                                affine ? cuda_elem0(&out[2]) : NULL, rows, D));
+    return TS_OK;
+}
+
 /* ---- entry points ---------------------------------------------------------------------- */
 
 int cuda_ops_supports(int32_t op, int32_t dtype)
@@ -671,6 +696,8 @@ int cuda_ops_supports(int32_t op, int32_t dtype)
     case TS_OP_AVGPOOL2D_BWD:
     case TS_OP_SGD_STEP:
     case TS_OP_ADAM_STEP:
+    case TS_OP_LAYER_NORM:
+    case TS_OP_LAYER_NORM_BWD:
         return ts_plugin_dtype_is_float(dtype);
     default:
         return 0;
@@ -700,6 +727,8 @@ ts_status cuda_ops_run(cuda_ctx *c, const ts_kernel_call *call)
     case TS_OP_AVGPOOL2D_BWD: return run_pool_bwd(c, call);
     case TS_OP_SGD_STEP:
     case TS_OP_ADAM_STEP: return run_optim(c, call);
+    case TS_OP_LAYER_NORM:
+    case TS_OP_LAYER_NORM_BWD: return run_layer_norm(c, call);
     default: return TS_ENOTSUP;
     }
 }

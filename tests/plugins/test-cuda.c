@@ -61,7 +61,7 @@ typedef struct spec {
     int64_t bcast_shape[TS_MAX_DIMS];
 } spec;
 
-#define MAXOPS 4
+#define MAXOPS 5
 
 typedef struct opcase {
     const char *name;
@@ -460,6 +460,35 @@ static void test_optim(void)
     run_all(cases, sizeof cases / sizeof cases[0]);
 }
 
+/* Fused layer norm each way (contiguous, the ABI promises it), with and without the affine
+ * parameters, over one and two trailing dims, float32 and float64. */
+static void test_layer_norm(void)
+{
+    static const ts_layer_norm_params p1 = {1e-5, 1}, p2 = {1e-5, 2};
+    opcase cases[] = {
+        {"layer_norm affine", TS_OP_LAYER_NORM, &p1, sizeof p1, 3, 3,
+         {SP(TS_F32, KT_CONTIG, 37, 300), SP(TS_F32, KT_CONTIG, 300),
+          SP(TS_F32, KT_CONTIG, 300)},
+         {SP(TS_F32, KT_CONTIG, 37, 300), SP(TS_F32, KT_CONTIG, 37), SP(TS_F32, KT_CONTIG, 37)},
+         0},
+        {"layer_norm f64 2 dims", TS_OP_LAYER_NORM, &p2, sizeof p2, 1, 3,
+         {SP(TS_F64, KT_CONTIG, 3, 5, 7)},
+         {SP(TS_F64, KT_CONTIG, 3, 5, 7), SP(TS_F64, KT_CONTIG, 3), SP(TS_F64, KT_CONTIG, 3)},
+         0},
+        {"layer_norm_bwd affine", TS_OP_LAYER_NORM_BWD, &p1, sizeof p1, 5, 3,
+         {SP(TS_F32, KT_CONTIG, 37, 300), SP(TS_F32, KT_CONTIG, 37, 300),
+          SP(TS_F32, KT_CONTIG, 37), SP(TS_F32, KT_CONTIG, 37), SP(TS_F32, KT_CONTIG, 300)},
+         {SP(TS_F32, KT_CONTIG, 37, 300), SP(TS_F32, KT_CONTIG, 300),
+          SP(TS_F32, KT_CONTIG, 300)},
+         0},
+        {"layer_norm_bwd f64", TS_OP_LAYER_NORM_BWD, &p1, sizeof p1, 4, 1,
+         {SP(TS_F64, KT_CONTIG, 4, 33), SP(TS_F64, KT_CONTIG, 4, 33), SP(TS_F64, KT_CONTIG, 4),
+          SP(TS_F64, KT_CONTIG, 4)},
+         {SP(TS_F64, KT_CONTIG, 4, 33)}, 0},
+    };
+    run_all(cases, sizeof cases / sizeof cases[0]);
+}
+
 /* Host <-> device copies larger than the staging ring (4 x 4 MiB), odd sizes, and d2d. */
 static void test_copies(void)
 {
@@ -587,6 +616,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_conv),
         TAP_TEST(test_matmul),
         TAP_TEST(test_optim),
+        TAP_TEST(test_layer_norm),
         TAP_TEST(test_copies),
         TAP_TEST(test_steady_state_no_raw_alloc),
     };
