@@ -4,9 +4,10 @@
 # and `tessera bench train --json` as a quick smoke run on synthetic data: it parses, builds
 # the network asked for, runs on every cpu_* backend with --device all, and a steady-state
 # step makes no raw pool allocation and no host malloc from tessera's own code and creates no
-# thread on any cpu_* plugin; --profile reports each kernel's calls per step.
+# thread on any cpu_* plugin; --profile reports each kernel's calls per step. --model gpt:
+# its floor's GEMM count, tokens/s and the same zero counts; bench gpt's short run likewise.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 12
+plan 15
 # LeakSanitizer's exit-time tracer crashes once oneDNN's primitives have run their threads
 # (see tests/plugins/test-onednn.c); --device all runs cpu_onednn.
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
@@ -243,5 +244,55 @@ if [ -n "$calls" ] && awk "BEGIN{exit !($calls == 1)}" && contains "$text" "in k
     ok "--profile counts the kernels of the timed steps ($i kernels, conv2d $calls/step)"
 else
     fail "--profile counts the kernels of the timed steps" "calls=$calls" "$out" "$text"
+fi
+
+# --model gpt: the GPT's step against its GEMM floor, tokens/s, nothing allocated per steady
+# step; options of the other models are refused with it, and the GPT's without it.
+out=$("$TESSERA" bench train --model gpt --context 16 --layers 1 --heads 2 --embd 16 \
+    --batch-size 4 --steps 3 --warmup 2 --json --device cpu_blas 2>&1)
+vals=$(echo "$out" | "$JSON_CHECK" model results.[0].raw_allocs_per_step \
+    results.[0].tessera_mallocs_per_step floor_gemms 2>/dev/null)
+tps=$(echo "$out" | "$JSON_CHECK" results.[0].tokens_per_s 2>/dev/null | sed 's/.*=//')
+# floor: per block 4 linear layers x 3 GEMMs + 6 per (batch, head) = 12 + 6 * 8, the head 3
+if contains "$vals" 'model="gpt (context 16, 1 layers, 2 heads, embd 16)"' &&
+    contains "$vals" 'results.[0].raw_allocs_per_step=0' &&
+    { contains "$vals" 'results.[0].tessera_mallocs_per_step=0' ||
+        contains "$vals" 'tessera_mallocs_per_step=null'; } &&
+    contains "$vals" 'floor_gemms=63' && [ -n "$tps" ] && awk "BEGIN{exit !($tps > 0)}"; then
+    ok "bench train --model gpt: floor of 63 GEMMs, $tps tokens/s, no allocation per step"
+else
+    fail "bench train --model gpt" "$vals" "$out"
+fi
+bad=""
+while IFS='|' read -r args want; do
+    out=$("$TESSERA" bench train $args 2>&1)
+    rc=$?
+    if [ $rc -ne 2 ] || ! contains "$out" "$want"; then
+        bad="$bad
+$args: rc=$rc: $out"
+    fi
+done <<EOF
+--model gpt --hidden 32|--hidden does not apply to --model gpt
+--model gpt --synthetic|--synthetic does not apply to --model gpt
+--model gpt --optimizer sgd|--optimizer does not apply to --model gpt
+--model mlp --layers 2|--layers applies to --model gpt only
+--model gpt --embd 10 --heads 4|--embd 10 is not a multiple of --heads 4
+--model gpt --layers 17|--layers
+EOF
+if [ -z "$bad" ]; then
+    ok "bench train --model gpt refuses the other models' options and bad sizes"
+else
+    fail "bench train --model gpt refuses the other models' options and bad sizes" "$bad"
+fi
+# bench gpt, a short run: nothing allocated per steady step (the 10,000-step figures are in
+# docs/performance.md; a benchmark, not a test).
+out=$("$TESSERA" bench gpt --steps 300 --context 16 --layers 1 --heads 2 --embd 16 \
+    --batch-size 2 --json --device cpu_blas 2>&1)
+vals=$(echo "$out" | "$JSON_CHECK" steps raw_allocs_per_step tessera_mallocs_per_step 2>/dev/null)
+if contains "$vals" 'steps=300' && contains "$vals" 'raw_allocs_per_step=0' &&
+    { contains "$vals" 'tessera_mallocs_per_step=0' || [ "${TS_SANITIZERS:-no}" = yes ]; }; then
+    ok "bench gpt: 300 steps, no raw pool allocation or tessera malloc per steady step"
+else
+    fail "bench gpt: 300 steps, no raw pool allocation or tessera malloc per steady step" "$vals" "$out"
 fi
 finish
