@@ -34,6 +34,8 @@ say() { printf '==> %s\n' "$*"; }
 # ---- Debian packages ---------------------------------------------------------------------
 PACKAGES="autoconf automake libtool pkg-config make gcc libc6-dev
   libinih-dev libcjson-dev libopenblas-dev libdnnl-dev zlib1g-dev"
+# Open MPI: the comm_mpi plugin (data-parallel training under mpirun) and its tests.
+PACKAGES="$PACKAGES libopenmpi-dev openmpi-bin"
 # The training tests (test-train.sh, test-sdk.sh) train on the real set: check needs it too.
 [ "$mode" != build ] && PACKAGES="$PACKAGES dataset-fashion-mnist"
 # train: the GPT's default corpus (tessera train --model gpt), Debian's fortunes.

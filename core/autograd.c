@@ -241,6 +241,19 @@ TS_API ts_status ts_tensor_register_hook(ts_tensor *t, ts_grad_hook fn, void *us
     return TS_OK;
 }
 
+TS_API ts_status ts_tensor_register_post_accumulate_hook(ts_tensor *t, ts_grad_ready_hook fn,
+                                                         void *user)
+{
+    if (!t)
+        return ts__fail(TS_EINVAL, "register_post_accumulate_hook: tensor is NULL");
+    if (!t->requires_grad || t->grad_fn)
+        return ts__fail(TS_ESTATE, "register_post_accumulate_hook: the tensor is not a leaf "
+                        "that requires grad (a parameter), so nothing accumulates into it");
+    t->ready = fn;
+    t->ready_user = user;
+    return TS_OK;
+}
+
 /* ---- recording ------------------------------------------------------------------------- */
 
 int ts__grad_needed(int n, const ts_tensor *const *in)
@@ -457,6 +470,14 @@ static ts_status run_backward(ts_node *root, ts_tensor *gout, int retain, vec *v
         }
         for (int i = 0; i < n->nin && s == TS_OK; i++) {
             ts_node *up = n->next[i];
+            ts_tensor *leaf = up ? NULL : n->leaf[i];
+            if (leaf && n->needs[i] && leaf->ready) { /* one more gradient to arrive */
+                if (leaf->pend_epoch != epoch) {
+                    leaf->pend_epoch = epoch;
+                    leaf->pending = 0;
+                }
+                leaf->pending++;
+            }
             if (!up)
                 continue;
             if (up->epoch != epoch) {
@@ -504,7 +525,11 @@ static ts_status run_backward(ts_node *root, ts_tensor *gout, int retain, vec *v
                 if (s == TS_OK && --up->deps == 0 && !vec_push(ready, up))
                     s = ts__fail(TS_ENOMEM, "backward: out of host memory");
             } else if (n->leaf[i]) {
-                s = accumulate_leaf(n->leaf[i], gin[i]);
+                ts_tensor *leaf = n->leaf[i];
+                s = accumulate_leaf(leaf, gin[i]);
+                if (s == TS_OK && leaf->ready && leaf->pend_epoch == epoch &&
+                    --leaf->pending == 0)
+                    s = leaf->ready(leaf, leaf->ready_user);
             } else {
                 ts_tensor_unref(gin[i]);
             }

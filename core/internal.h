@@ -90,6 +90,11 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call);
 /* Whether ts__device_run runs op for dtype on dev: the plugin claims it, or the core's
  * reference kernels stand in (host-memory plugins). */
 int ts__device_runs(ts_device *dev, int32_t op, int32_t dtype);
+/* dlopens the plugin file at path (found for name) under the trust rules of device plugins:
+ * the file and every directory above it owned by root or the user and not writable by
+ * others, opened once and loaded through its descriptor. */
+ts_status ts__plugin_dlopen(const ts_config *cfg, const char *name, const char *path,
+                           void **handle);
 /* Whether TS_OP_UNARY function fn runs on dev for dtype: claimed by a plugin that knows fn
  * (built for the minor ABI that added it), or on the reference kernels (host memory). */
 int ts__device_runs_unary(ts_device *dev, int32_t fn, int32_t dtype);
@@ -121,6 +126,10 @@ struct ts_tensor {
     ts_node *grad_fn;    /* owned reference, NULL for leaves */
     ts_grad_hook hook;   /* leaves: called before accumulation */
     void *hook_user;
+    ts_grad_ready_hook ready; /* leaves: called when backward's last gradient arrived */
+    void *ready_user;
+    uint64_t pend_epoch;      /* the backward pending counts */
+    int64_t pending;          /* gradients still to arrive in that backward */
 };
 
 /* A new tensor struct over storage (takes a new reference on it), with the given layout.

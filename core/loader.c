@@ -249,7 +249,9 @@ static void scan_dir(const char *dir, void *user)
         int dup = 0;
         for (size_t j = 0; j < ss->nseen; j++)
             dup |= strcmp(ss->seen[j], names[i]) == 0;
-        if (!dup && valid_name(names[i]) && ss->nseen < 128) {
+        /* comm_NAME.so: communication plugins (tessera/comm.h), not devices */
+        if (!dup && valid_name(names[i]) && strncmp(names[i], "comm_", 5) != 0 &&
+            ss->nseen < 128) {
             char path[4200];
             snprintf(path, sizeof path, "%s/%s.so", dir, names[i]);
             ss->seen[ss->nseen++] = names[i];
@@ -612,6 +614,31 @@ static void loaded_done(int fd, int named)
     pthread_mutex_unlock(&fd_names_lock);
 }
 
+ts_status ts__plugin_dlopen(const ts_config *cfg, const char *name, const char *path,
+                           void **handle)
+{
+    *handle = NULL;
+    int fd;
+    ts_status s = open_plugin(cfg, path, &fd);
+    if (s)
+        return s;
+    char fdpath[64];
+    const char *load = loaded_name(fd, path, fdpath, sizeof fdpath);
+    dlerror();
+    /* RTLD_NODELETE: ts_device_unload shuts the plugin down and dlcloses it, but its code
+     * stays mapped. A plugin's libraries may leave threads behind that no API stops (libgomp's
+     * pool spins in its own code for a while after each parallel region); unmapping that code
+     * under them crashed `tessera train` at exit under valgrind (docs/reliability.md). */
+    *handle = dlopen(load, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    loaded_done(fd, load == fdpath && *handle);
+    if (!*handle) {
+        const char *e = dlerror();
+        return ts__fail(TS_EPLUGIN, "plugin '%s': cannot load %s: %s", name, path,
+                        e ? e : "unknown dlopen error");
+    }
+    return TS_OK;
+}
+
 TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, ts_device **out)
 {
     if (!out || !name_or_path)
@@ -627,24 +654,8 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
         return ts__fail(TS_ENOMEM, "out of memory loading plugin '%s'", name_or_path);
     }
     dev->path = path;
-    int fd;
-    if ((s = open_plugin(cfg, path, &fd)))
+    if ((s = ts__plugin_dlopen(cfg, name_or_path, path, &dev->handle)))
         goto fail;
-    char fdpath[64];
-    const char *load = loaded_name(fd, path, fdpath, sizeof fdpath);
-    dlerror();
-    /* RTLD_NODELETE: ts_device_unload shuts the plugin down and dlcloses it, but its code
-     * stays mapped. A plugin's libraries may leave threads behind that no API stops (libgomp's
-     * pool spins in its own code for a while after each parallel region); unmapping that code
-     * under them crashed `tessera train` at exit under valgrind (docs/reliability.md). */
-    dev->handle = dlopen(load, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-    loaded_done(fd, load == fdpath && dev->handle);
-    if (!dev->handle) {
-        const char *e = dlerror();
-        s = ts__fail(TS_EPLUGIN, "plugin '%s': cannot load %s: %s", name_or_path, path,
-                     e ? e : "unknown dlopen error");
-        goto fail;
-    }
     ts_plugin_entry_fn entry;
     *(void **)&entry = dlsym(dev->handle, TS_PLUGIN_ENTRY_SYMBOL);
     if (!entry) {

@@ -320,7 +320,7 @@ TS_API ts_status ts_tensor_empty(ts_device *dev, int32_t dtype, int ndim, const 
     ts_storage *st = NULL;
     if ((s = storage_new(dev, (size_t)numel * ts_dtype_size(dtype), "tensor", &st)))
         return s;
-    int64_t strides[TS_MAX_DIMS];
+    int64_t strides[TS_MAX_DIMS] = {0};
     ts__contiguous_strides(ndim, shape, strides);
     s = ts__tensor_wrap(st, dtype, ndim, shape, strides, 0, out);
     storage_unref(st); /* the tensor holds the only reference */

@@ -70,6 +70,15 @@ typedef ts_status (*ts_grad_hook)(ts_tensor *grad, void *user);
 /* One hook per tensor; registering again replaces it; fn NULL removes it. */
 ts_status ts_tensor_register_hook(ts_tensor *t, ts_grad_hook fn, void *user);
 
+/* Called once per backward for a leaf t (a parameter), when every gradient that backward
+ * sends to t has been accumulated into t's .grad (a tied weight receives several): from then
+ * on its .grad does not change in that backward. Data parallelism uses it to reduce gradients
+ * while backward goes on. A non-OK status aborts the backward. Leaves only; one per tensor;
+ * fn NULL removes it. */
+typedef ts_status (*ts_grad_ready_hook)(ts_tensor *t, void *user);
+ts_status ts_tensor_register_post_accumulate_hook(ts_tensor *t, ts_grad_ready_hook fn,
+                                                  void *user);
+
 /* ---- gradient checkpointing ------------------------------------------------------------- */
 
 /* A segment of the forward pass: computes *out from the inputs (transfer full on *out). It

@@ -42,7 +42,8 @@ void ts_plugin_search_path(const ts_config *cfg, void (*fn)(const char *dir, voi
  * (transfer full) on *path: free(). */
 ts_status ts_plugin_find(const ts_config *cfg, const char *name, char **path);
 
-/* Calls fn for every *.so found on the search path (first one of each name only). */
+/* Calls fn for every device plugin (*.so) found on the search path, the first one of each
+ * name only; comm_*.so, the communication plugins (tessera/comm.h), are left out. */
 void ts_plugin_scan(const ts_config *cfg,
                     void (*fn)(const char *name, const char *path, void *user), void *user);
 

@@ -14,6 +14,7 @@
 #include <tessera/data.h>
 #include <tessera/nn.h>
 #include <tessera/optim.h>
+#include <tessera/dist.h>
 
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1

@@ -1,0 +1,651 @@
+/* core/dist.c: the world of ranks over a communication plugin (tessera/comm.h), and gradient
+ * averaging for data parallelism (tessera/dist.h). libtessera links no communication
+ * library: the plugin (comm_mpi.so) is dlopen'ed under the device plugins' trust rules, and
+ * only when asked for ([dist] backend) or when a launcher's environment says this process is
+ * one rank of several, so a single process never loads MPI.
+ *
+ * Every collective holds the world's lock, so the communication thread of ts_ddp and the
+ * caller's thread never call the plugin at once (the plugin needs MPI_THREAD_SERIALIZED,
+ * not MULTIPLE). */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <tessera/comm.h>
+#include <tessera/dist.h>
+
+#include "internal.h"
+
+typedef struct world {
+    void *handle;
+    char *path;
+    ts_comm_desc vt;
+    ts_comm_host host;
+    void *ctx;
+    int rank, size;
+    char name[72];
+} world;
+
+static world W = {.size = 1, .name = "none"};
+static int joined;
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t comm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static ts_status chost_fail(const ts_comm_host *h, ts_status code, const char *fmt, ...)
+{
+    (void)h;
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ts__fail(code, "comm plugin '%s', rank %d: %s", W.name, W.rank, msg);
+}
+
+static void chost_log(const ts_comm_host *h, int level, const char *fmt, ...)
+{
+    (void)h;
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* comm.h: 0 debug .. 3 error; the core's levels run the other way */
+    ts__log(level >= 3 ? TS_LOG_ERROR : level == 2 ? TS_LOG_WARN : level == 1 ? TS_LOG_INFO
+                                                                               : TS_LOG_DEBUG,
+            "comm plugin '%s': %s", W.name, msg);
+}
+
+/* Loads comm_<backend>.so and checks its descriptor. */
+static ts_status load(const ts_config *cfg, const char *backend, world *w)
+{
+    char file[80];
+    if (strlen(backend) > 64 || strspn(backend, "abcdefghijklmnopqrstuvwxyz0123456789_") !=
+                                    strlen(backend) || !backend[0])
+        return ts__fail(TS_ECONFIG, "[dist] backend = '%s': not a backend name (lower-case "
+                        "letters, digits, '_': 'mpi', or 'none' for a single process)", backend);
+    snprintf(file, sizeof file, "comm_%s", backend);
+    char *path = NULL;
+    ts_status s = ts_plugin_find(cfg, file, &path);
+    if (s)
+        return ts__fail(s, "communication backend '%s': %s%s", backend, ts_last_error(),
+                        !strcmp(backend, "mpi") ? " (tessera builds comm_mpi when Open MPI is "
+                        "installed: Debian package libopenmpi-dev)" : "");
+    void *h = NULL;
+    if ((s = ts__plugin_dlopen(cfg, file, path, &h))) {
+        free(path);
+        return s;
+    }
+    ts_comm_entry_fn entry;
+    *(void **)&entry = dlsym(h, TS_COMM_ENTRY_SYMBOL);
+    const ts_comm_desc *d = entry ? entry(TS_COMM_ABI_MAJOR, TS_COMM_ABI_MINOR) : NULL;
+    size_t min = offsetof(ts_comm_desc, shutdown) + sizeof d->shutdown;
+    if (!entry)
+        s = ts__fail(TS_EPLUGIN, "%s is not a communication plugin: it does not export '%s'",
+                     path, TS_COMM_ENTRY_SYMBOL);
+    else if (!d)
+        s = ts__fail(TS_EPLUGIN, "%s refused this tessera's communication ABI %d.%d", path,
+                     TS_COMM_ABI_MAJOR, TS_COMM_ABI_MINOR);
+    else if (d->abi_major != TS_COMM_ABI_MAJOR)
+        s = ts__fail(TS_EPLUGIN, "%s was built for communication ABI %u.%u, but this tessera "
+                     "speaks %d.%d; rebuild it against this tessera's headers", path,
+                     (unsigned)d->abi_major, (unsigned)d->abi_minor, TS_COMM_ABI_MAJOR,
+                     TS_COMM_ABI_MINOR);
+    else if (d->struct_size < min)
+        s = ts__fail(TS_EPLUGIN, "%s: descriptor of %u bytes, smaller than ABI %d.0's %zu",
+                     path, (unsigned)d->struct_size, TS_COMM_ABI_MAJOR, min);
+    else if (!d->name || strcmp(d->name, backend))
+        s = ts__fail(TS_EPLUGIN, "%s calls itself '%s', not '%s'", path,
+                     d->name ? d->name : "(null)", backend);
+    else if (!d->init || !d->rank || !d->size || !d->allreduce || !d->broadcast ||
+             !d->allgather || !d->barrier || !d->abort || !d->shutdown)
+        s = ts__fail(TS_EPLUGIN, "%s leaves a required member of its descriptor NULL", path);
+    if (s) {
+        dlclose(h);
+        free(path);
+        return s;
+    }
+    memset(&w->vt, 0, sizeof w->vt);
+    memcpy(&w->vt, d, d->struct_size < sizeof w->vt ? d->struct_size : sizeof w->vt);
+    w->handle = h;
+    w->path = path;
+    snprintf(w->name, sizeof w->name, "%s", backend);
+    return TS_OK;
+}
+
+/* A launcher's environment: mpirun (Open MPI, MPICH's hydra), Slurm's srun, PMIx. */
+static int under_launcher(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                       "MPI_LOCALNRANKS", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (ts__getenv(vars[i]))
+            return 1;
+    return 0;
+}
+
+TS_API ts_status ts_dist_init(const ts_config *cfg)
+{
+    pthread_mutex_lock(&init_lock);
+    if (joined) {
+        pthread_mutex_unlock(&init_lock);
+        return TS_OK;
+    }
+    if (!cfg)
+        cfg = ts_runtime_config();
+    const char *backend = ts_config_get(cfg, "dist", "backend");
+    ts_status s = TS_OK;
+    world w = {.size = 1, .name = "none"};
+    if (backend && !strcmp(backend, "none")) {
+        /* a single process, whatever the environment says */
+    } else if (backend && strcmp(backend, "auto")) {
+        s = load(cfg, backend, &w);
+    } else if (under_launcher()) {
+        /* auto: the MPI plugin is the one launcher-started backend shipped; a failure to
+         * load it is an error (the ranks would each train alone) */
+        s = load(cfg, "mpi", &w);
+        if (s == TS_OK && w.vt.launched && !w.vt.launched()) {
+            dlclose(w.handle);
+            free(w.path);
+            w = (world){.size = 1, .name = "none"};
+        }
+    }
+    if (s == TS_OK && w.handle) {
+        W = w; /* the host's messages name the backend */
+        W.host = (ts_comm_host){.struct_size = sizeof(ts_comm_host),
+                                .abi_major = TS_COMM_ABI_MAJOR,
+                                .abi_minor = TS_COMM_ABI_MINOR,
+                                .fail = chost_fail,
+                                .log = chost_log};
+        ts_clear_error();
+        s = W.vt.init(&W.host, &W.ctx);
+        if (s == TS_OK) {
+            W.rank = W.vt.rank(W.ctx);
+            W.size = W.vt.size(W.ctx);
+            if (W.size < 1 || W.rank < 0 || W.rank >= W.size) {
+                s = ts__fail(TS_EPLUGIN, "comm plugin '%s': rank %d of %d is not a rank",
+                             W.name, W.rank, W.size);
+                W.vt.shutdown(W.ctx);
+            }
+        } else if (!ts_last_error()[0]) {
+            ts__fail(s, "comm plugin '%s': init failed with no message", W.name);
+        }
+        if (s) {
+            dlclose(W.handle);
+            free(W.path);
+            W = (world){.size = 1, .name = "none"};
+        }
+    }
+    joined = s == TS_OK;
+    pthread_mutex_unlock(&init_lock);
+    return s;
+}
+
+TS_API int ts_dist_rank(void)
+{
+    return W.rank;
+}
+
+TS_API int ts_dist_size(void)
+{
+    return W.size;
+}
+
+TS_API const char *ts_dist_backend(void)
+{
+    return W.name;
+}
+
+TS_API ts_status ts_dist_allreduce_sum(void *buf, size_t count, int32_t dtype)
+{
+    if (!buf && count)
+        return ts__fail(TS_EINVAL, "ts_dist_allreduce_sum: buffer is NULL");
+    if (W.size == 1 || !count)
+        return TS_OK;
+    pthread_mutex_lock(&comm_lock);
+    ts_status s = W.vt.allreduce(W.ctx, buf, count, dtype, TS_COMM_SUM);
+    pthread_mutex_unlock(&comm_lock);
+    return s;
+}
+
+TS_API ts_status ts_dist_broadcast(void *buf, size_t nbytes, int root)
+{
+    if (root < 0 || root >= W.size)
+        return ts__fail(TS_EINVAL, "ts_dist_broadcast: root %d is not a rank of %d", root,
+                        W.size);
+    if (W.size == 1 || !nbytes)
+        return TS_OK;
+    pthread_mutex_lock(&comm_lock);
+    ts_status s = W.vt.broadcast(W.ctx, buf, nbytes, root);
+    pthread_mutex_unlock(&comm_lock);
+    return s;
+}
+
+TS_API ts_status ts_dist_allgather(const void *send, void *recv, size_t nbytes)
+{
+    if (W.size == 1) {
+        if (nbytes)
+            memmove(recv, send, nbytes);
+        return TS_OK;
+    }
+    pthread_mutex_lock(&comm_lock);
+    ts_status s = W.vt.allgather(W.ctx, send, recv, nbytes);
+    pthread_mutex_unlock(&comm_lock);
+    return s;
+}
+
+TS_API ts_status ts_dist_barrier(void)
+{
+    if (W.size == 1)
+        return TS_OK;
+    pthread_mutex_lock(&comm_lock);
+    ts_status s = W.vt.barrier(W.ctx);
+    pthread_mutex_unlock(&comm_lock);
+    return s;
+}
+
+TS_API void ts_dist_abort(int code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (W.size > 1)
+        W.vt.abort(W.ctx, code, msg); /* does not return */
+    fprintf(stderr, "tessera: %s\n", msg);
+    exit(code ? code : 1);
+}
+
+TS_API void ts_dist_shutdown(void)
+{
+    pthread_mutex_lock(&init_lock);
+    if (joined && W.handle) {
+        W.vt.shutdown(W.ctx);
+        dlclose(W.handle);
+        free(W.path);
+    }
+    W = (world){.size = 1, .name = "none"};
+    joined = 0;
+    pthread_mutex_unlock(&init_lock);
+}
+
+/* ---- modules --------------------------------------------------------------------------- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+TS_API ts_status ts_dist_broadcast_module(ts_module *m, int root)
+{
+    if (!m)
+        return ts__fail(TS_EINVAL, "ts_dist_broadcast_module: module is NULL");
+    if (root < 0 || root >= W.size)
+        return ts__fail(TS_EINVAL, "ts_dist_broadcast_module: root %d is not a rank of %d",
+                        root, W.size);
+    if (W.size == 1)
+        return TS_OK;
+    size_t np = ts_module_parameters(m, NULL, 0), nb = ts_module_buffers(m, NULL, 0);
+    ts_named_tensor *all = ts__calloc(np + nb + 1, sizeof *all);
+    uint64_t *sigs = ts__calloc((size_t)W.size, sizeof *sigs);
+    ts_status s = all && sigs ? TS_OK : ts__fail(TS_ENOMEM, "out of host memory");
+    if (s)
+        goto out;
+    ts_module_parameters(m, all, np);
+    ts_module_buffers(m, all + np, nb);
+    /* The model's signature: names, dtypes and shapes, compared across ranks first, so a rank
+     * with another model is refused on every rank instead of deadlocking in a broadcast. */
+    uint64_t sig = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < np + nb; i++) {
+        const ts_tensor *t = all[i].tensor;
+        sig = fnv(sig, all[i].name, strlen(all[i].name) + 1);
+        sig = fnv(sig, &t->dtype, sizeof t->dtype);
+        sig = fnv(sig, &t->ndim, sizeof t->ndim);
+        sig = fnv(sig, t->shape, sizeof t->shape[0] * (size_t)t->ndim);
+    }
+    if ((s = ts_dist_allgather(&sig, sigs, sizeof sig)))
+        goto out;
+    for (int r = 0; r < W.size; r++)
+        if (sigs[r] != sigs[root]) {
+            s = ts__fail(TS_ESHAPE, "rank %d's model differs from rank %d's (other parameter "
+                         "names, shapes or dtypes: %zu parameters and %zu buffers here); start "
+                         "every rank with the same model", r, root, np, nb);
+            goto out;
+        }
+    for (size_t i = 0; i < np + nb && s == TS_OK; i++) {
+        ts_tensor *t = all[i].tensor;
+        size_t bytes = (size_t)ts_tensor_numel(t) * ts_dtype_size(t->dtype);
+        void *buf = malloc(bytes ? bytes : 1);
+        if (!buf) {
+            s = ts__fail(TS_ENOMEM, "out of host memory broadcasting '%s'", all[i].name);
+            break; /* the other ranks fail in the same place: same sizes */
+        }
+        if (W.rank == root)
+            s = ts_tensor_to_host(t, buf, bytes);
+        /* every rank joins the broadcast even after a local failure, so none waits forever */
+        ts_status b = ts_dist_broadcast(buf, bytes, root);
+        if (s == TS_OK)
+            s = b;
+        if (s == TS_OK && W.rank != root) {
+            if (!ts_tensor_is_contiguous(t))
+                s = ts__fail(TS_ESTATE, "ts_dist_broadcast_module: '%s' is not contiguous",
+                             all[i].name);
+            else
+                s = ts_device_copy_from_host(t->storage->dev,
+                                             (char *)t->storage->data +
+                                                 t->offset * (int64_t)ts_dtype_size(t->dtype),
+                                             buf, bytes);
+            if (s == TS_OK)
+                ts__bump_version(t);
+        }
+        free(buf);
+    }
+out:
+    free(all);
+    free(sigs);
+    return s;
+}
+
+/* ---- data parallelism ------------------------------------------------------------------ */
+
+typedef struct ddp_param {
+    struct ts_ddp *d;
+    ts_tensor *t; /* a reference of the ddp's own */
+    size_t bucket, off; /* elements into the bucket's buffer */
+    size_t numel;
+    uint64_t copied; /* the step whose gradient is in the buffer, + 1 */
+} ddp_param;
+
+enum { B_IDLE, B_QUEUED, B_DONE };
+
+typedef struct bucket {
+    int32_t dtype;
+    size_t numel, nparams, remaining;
+    void *buf;
+    int state;
+    int early; /* queued before ts_ddp_sync */
+} bucket;
+
+struct ts_ddp {
+    ddp_param *p;
+    size_t n;
+    bucket *b;
+    size_t nb;
+    pthread_t thread;
+    int have_thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t *queue, qhead, qtail; /* bucket indices, at most nb queued per step */
+    int stop, in_sync;
+    int restage; /* a gradient changed after its bucket was staged: redo the sums at sync */
+    ts_status err;
+    char errmsg[512];
+    uint64_t step;
+    ts_ddp_stats st;
+};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void *comm_thread(void *arg)
+{
+    ts_ddp *d = arg;
+    pthread_mutex_lock(&d->mu);
+    for (;;) {
+        while (!d->stop && d->qhead == d->qtail)
+            pthread_cond_wait(&d->cv, &d->mu);
+        if (d->stop)
+            break;
+        size_t k = d->queue[d->qhead++ % d->nb];
+        bucket *b = &d->b[k];
+        pthread_mutex_unlock(&d->mu);
+        double t0 = now_s();
+        ts_status s = ts_dist_allreduce_sum(b->buf, b->numel, b->dtype);
+        double dt = now_s() - t0;
+        pthread_mutex_lock(&d->mu);
+        if (s && !d->err) {
+            d->err = s;
+            snprintf(d->errmsg, sizeof d->errmsg, "%s", ts_last_error());
+        }
+        d->st.reduce_seconds += dt;
+        d->st.finished_early += b->early && !d->in_sync;
+        b->state = B_DONE;
+        pthread_cond_broadcast(&d->cv);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* Copies p's gradient (zeros without one) into its bucket's buffer. Caller's thread. */
+static ts_status stage(ts_ddp *d, ddp_param *p)
+{
+    bucket *b = &d->b[p->bucket];
+    size_t es = ts_dtype_size(b->dtype);
+    char *dst = (char *)b->buf + p->off * es;
+    ts_status s = TS_OK;
+    if (p->t->grad)
+        s = ts_tensor_to_host(p->t->grad, dst, p->numel * es);
+    else
+        memset(dst, 0, p->numel * es);
+    p->copied = d->step + 1;
+    return s;
+}
+
+static void enqueue(ts_ddp *d, size_t k)
+{
+    pthread_mutex_lock(&d->mu);
+    d->b[k].state = B_QUEUED;
+    d->b[k].early = !d->in_sync;
+    d->st.started_early += !d->in_sync;
+    d->queue[d->qtail++ % d->nb] = k;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+static ts_status on_ready(ts_tensor *t, void *user)
+{
+    (void)t;
+    ddp_param *p = user;
+    ts_ddp *d = p->d;
+    if (p->copied == d->step + 1) { /* a second backward before the sync */
+        d->restage = 1;
+        return TS_OK;
+    }
+    ts_status s = stage(d, p);
+    if (s == TS_OK && --d->b[p->bucket].remaining == 0)
+        enqueue(d, p->bucket);
+    return s;
+}
+
+TS_API ts_status ts_ddp_new(const ts_named_tensor *params, size_t n, size_t bucket_bytes,
+                            ts_ddp **out)
+{
+    if (!out || (n && !params))
+        return ts__fail(TS_EINVAL, "ts_ddp_new: NULL argument");
+    *out = NULL;
+    if (!bucket_bytes)
+        bucket_bytes = (size_t)25 << 20;
+    ts_ddp *d = ts__calloc(1, sizeof *d);
+    if (!d)
+        return ts__fail(TS_ENOMEM, "out of host memory");
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    d->p = ts__calloc(n + 1, sizeof *d->p);
+    d->b = ts__calloc(n + 1, sizeof *d->b);
+    ts_status s = d->p && d->b ? TS_OK : ts__fail(TS_ENOMEM, "out of host memory");
+    d->n = d->p ? n : 0; /* entries not filled (on an error) have no tensor */
+    /* Buckets from the last parameter back: their gradients are ready first. */
+    for (size_t j = 0; j < n && s == TS_OK; j++) {
+        size_t i = n - 1 - j;
+        ts_tensor *t = params[i].tensor;
+        if (!t || !t->requires_grad || t->grad_fn) {
+            s = ts__fail(TS_EINVAL, "ts_ddp_new: '%s' is not a parameter (a leaf that "
+                         "requires grad)", params[i].name);
+            break;
+        }
+        if (t->dtype != TS_F32 && t->dtype != TS_F64) {
+            s = ts__fail(TS_EDTYPE, "ts_ddp_new: '%s' is %s; gradients are averaged in float32 "
+                         "or float64", params[i].name, ts_dtype_name(t->dtype));
+            break;
+        }
+        size_t numel = (size_t)ts_tensor_numel(t), es = ts_dtype_size(t->dtype);
+        bucket *b = d->nb ? &d->b[d->nb - 1] : NULL;
+        if (!b || b->dtype != t->dtype || (b->numel + numel) * es > bucket_bytes) {
+            if (!b || b->numel) /* a parameter bigger than a bucket gets one of its own */
+                b = &d->b[d->nb++];
+            b->dtype = t->dtype;
+        }
+        d->p[i] = (ddp_param){.d = d, .t = ts_tensor_ref(t), .bucket = (size_t)(b - d->b),
+                              .off = b->numel, .numel = numel};
+        b->numel += numel;
+        b->nparams++;
+    }
+    for (size_t k = 0; k < d->nb && s == TS_OK; k++) {
+        bucket *b = &d->b[k];
+        b->remaining = b->nparams;
+        if (!(b->buf = malloc(b->numel * ts_dtype_size(b->dtype) + 1)))
+            s = ts__fail(TS_ENOMEM, "out of host memory for a gradient bucket of %zu elements",
+                         b->numel);
+    }
+    d->st.nbuckets = d->nb;
+    if (s == TS_OK && W.size > 1) {
+        if (!(d->queue = ts__calloc(d->nb + 1, sizeof *d->queue)))
+            s = ts__fail(TS_ENOMEM, "out of host memory");
+        for (size_t i = 0; i < n && s == TS_OK; i++)
+            s = ts_tensor_register_post_accumulate_hook(d->p[i].t, on_ready, &d->p[i]);
+        if (s == TS_OK && pthread_create(&d->thread, NULL, comm_thread, d) != 0)
+            s = ts__fail(TS_ENOMEM, "cannot start the communication thread");
+        d->have_thread = s == TS_OK;
+    }
+    if (s) {
+        ts_ddp_free(d);
+        return s;
+    }
+    *out = d;
+    return TS_OK;
+}
+
+TS_API ts_status ts_ddp_sync(ts_ddp *d)
+{
+    if (!d)
+        return ts__fail(TS_EINVAL, "ts_ddp_sync: NULL");
+    d->st.steps++;
+    if (W.size == 1)
+        return TS_OK;
+    ts_status s = TS_OK;
+    pthread_mutex_lock(&d->mu);
+    d->in_sync = 1;
+    pthread_mutex_unlock(&d->mu);
+    /* Buckets backward did not finish (parameters without a gradient this step, or whose
+     * gradient came outside backward): staged now, in bucket order, as on every rank. */
+    for (size_t k = 0; k < d->nb; k++) {
+        if (d->b[k].state != B_IDLE)
+            continue;
+        for (size_t i = 0; i < d->n && s == TS_OK; i++)
+            if (d->p[i].bucket == k && d->p[i].copied != d->step + 1)
+                s = stage(d, &d->p[i]);
+        enqueue(d, k); /* even after a failure: the other ranks wait for this sum */
+    }
+    pthread_mutex_lock(&d->mu);
+    for (size_t k = 0; k < d->nb; k++)
+        while (d->b[k].state != B_DONE)
+            pthread_cond_wait(&d->cv, &d->mu);
+    if (s == TS_OK && d->err)
+        s = ts__fail(d->err, "%s", d->errmsg);
+    d->err = TS_OK;
+    d->in_sync = 0;
+    d->qhead = d->qtail = 0;
+    pthread_mutex_unlock(&d->mu);
+    d->st.buckets += d->nb;
+    if (d->restage) { /* gradients accumulated over several backwards: sum them again */
+        for (size_t i = 0; i < d->n && s == TS_OK; i++)
+            s = stage(d, &d->p[i]);
+        for (size_t k = 0; k < d->nb; k++) { /* every rank joins every sum */
+            ts_status r = ts_dist_allreduce_sum(d->b[k].buf, d->b[k].numel, d->b[k].dtype);
+            s = s ? s : r;
+        }
+        d->restage = 0;
+    }
+    /* The average, back into every .grad. */
+    const double inv = 1.0 / (double)W.size;
+    for (size_t k = 0; k < d->nb; k++) {
+        bucket *b = &d->b[k];
+        if (b->dtype == TS_F32)
+            for (size_t j = 0; j < b->numel; j++)
+                ((float *)b->buf)[j] = (float)((double)((float *)b->buf)[j] * inv);
+        else
+            for (size_t j = 0; j < b->numel; j++)
+                ((double *)b->buf)[j] *= inv;
+        b->state = B_IDLE;
+        b->remaining = b->nparams;
+    }
+    for (size_t i = 0; i < d->n && s == TS_OK; i++) {
+        ddp_param *p = &d->p[i];
+        ts_tensor *t = p->t;
+        if (!t->grad && (s = ts_tensor_zeros(t->storage->dev, t->dtype, t->ndim, t->shape,
+                                             &t->grad)))
+            break;
+        size_t es = ts_dtype_size(t->dtype);
+        if (!ts_tensor_is_contiguous(t->grad)) {
+            s = ts__fail(TS_ESTATE, "ts_ddp_sync: a gradient is not contiguous");
+            break;
+        }
+        s = ts_device_copy_from_host(t->grad->storage->dev,
+                                     (char *)t->grad->storage->data +
+                                         t->grad->offset * (int64_t)es,
+                                     (const char *)d->b[p->bucket].buf + p->off * es,
+                                     p->numel * es);
+        if (s == TS_OK)
+            ts__bump_version(t->grad);
+    }
+    d->step++;
+    return s;
+}
+
+TS_API void ts_ddp_get_stats(const ts_ddp *d, ts_ddp_stats *st)
+{
+    if (!st)
+        return;
+    memset(st, 0, sizeof *st);
+    if (!d)
+        return;
+    pthread_mutex_lock((pthread_mutex_t *)&d->mu);
+    *st = d->st;
+    pthread_mutex_unlock((pthread_mutex_t *)&d->mu);
+}
+
+TS_API void ts_ddp_free(ts_ddp *d)
+{
+    if (!d)
+        return;
+    if (d->have_thread) {
+        pthread_mutex_lock(&d->mu);
+        d->stop = 1;
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        pthread_join(d->thread, NULL);
+    }
+    for (size_t i = 0; d->p && i < d->n; i++) {
+        if (d->p[i].t && d->p[i].t->ready == on_ready)
+            ts_tensor_register_post_accumulate_hook(d->p[i].t, NULL, NULL);
+        ts_tensor_unref(d->p[i].t);
+    }
+    for (size_t k = 0; d->b && k < d->nb; k++)
+        free(d->b[k].buf);
+    free(d->p);
+    free(d->b);
+    free(d->queue);
+    pthread_cond_destroy(&d->cv);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+}

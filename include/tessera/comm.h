@@ -1,0 +1,118 @@
+/* tessera/comm.h: the communication-plugin ABI. A communication backend (MPI, NCCL) is a
+ * shared object exporting one symbol, tessera_comm_entry, that returns a descriptor of plain
+ * data and function pointers, as device plugins do (plugin.h); libtessera links no
+ * communication library. The host loads it with the same trust rules as device plugins, from
+ * the same search path, when [dist] backend names it or when the process runs under a
+ * launcher the plugin recognises (mpirun, srun).
+ *
+ * One process is one rank. Collectives are blocking, called by every rank in the same order
+ * with the same sizes; the host serialises its calls (never two at once from two threads),
+ * so a plugin needs no thread support beyond being called from one thread at a time, not
+ * always the same one. Buffers are host memory for TS_COMM_HOST_BUFFERS plugins (MPI) and
+ * device memory of the plugin's device for TS_COMM_DEVICE_BUFFERS ones (NCCL).
+ *
+ * Versioning as in plugin.h: the major changes when anything existing changes, the minor when
+ * members are appended (struct_size says how many bytes the plugin filled). */
+#ifndef TESSERA_COMM_H
+#define TESSERA_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <tessera/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TS_COMM_ABI_MAJOR 1
+#define TS_COMM_ABI_MINOR 0
+
+/* Reductions. Values are ABI: append only. */
+typedef enum ts_comm_reduce {
+    TS_COMM_SUM = 0,
+    TS_COMM_COUNT
+} ts_comm_reduce;
+
+/* Element types of reductions: plugin.h's ts_dtype values (TS_F32 = 0, TS_F64 = 1, TS_I32 = 2,
+ * TS_I64 = 3, TS_U8 = 4); a plugin reduces at least float32, float64 and int64. */
+
+/* Descriptor flags. */
+#define TS_COMM_HOST_BUFFERS 1u   /* collectives take host memory */
+#define TS_COMM_DEVICE_BUFFERS 2u /* collectives take the plugin's device memory */
+
+/* What the host gives a plugin at init. */
+typedef struct ts_comm_host {
+    uint32_t struct_size;
+    uint16_t abi_major, abi_minor; /* the host's TS_COMM_ABI_* */
+    /* Records an error message for the calling thread and returns status. */
+    ts_status (*fail)(const struct ts_comm_host *h, ts_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+        __attribute__((format(printf, 3, 4)))
+#endif
+        ;
+    /* Logs a line through the host's log handler; level 0 debug .. 3 error. */
+    void (*log)(const struct ts_comm_host *h, int level, const char *fmt, ...)
+#if defined(__GNUC__)
+        __attribute__((format(printf, 3, 4)))
+#endif
+        ;
+} ts_comm_host;
+
+typedef struct ts_comm_desc {
+    uint32_t struct_size; /* sizeof(ts_comm_desc) as the plugin was compiled */
+    uint16_t abi_major;   /* TS_COMM_ABI_MAJOR the plugin was built with */
+    uint16_t abi_minor;
+    const char *name;        /* [a-z0-9_]+, e.g. "mpi" for comm_mpi.so */
+    const char *description; /* one line: library and version */
+    uint32_t flags;          /* TS_COMM_* */
+
+    /* Whether this process was started by a launcher the plugin serves (mpirun sets
+     * OMPI_COMM_WORLD_SIZE, Slurm's srun PMI_SIZE or PMIX_RANK): the host then loads it
+     * without being told. Reads the environment only. */
+    int (*launched)(void);
+    /* Joins the job the launcher started (the world: every rank it started). *ctx: the
+     * plugin's state. A rank that cannot join fails with a message; it must not hang. */
+    ts_status (*init)(const ts_comm_host *host, void **ctx);
+    int (*rank)(void *ctx);
+    int (*size)(void *ctx);
+    /* buf (count elements of dtype) = the reduction over every rank's buf, in place. */
+    ts_status (*allreduce)(void *ctx, void *buf, size_t count, int32_t dtype, int32_t op);
+    /* buf (nbytes) from rank root to every other rank. */
+    ts_status (*broadcast)(void *ctx, void *buf, size_t nbytes, int root);
+    /* recv (size x nbytes) = every rank's send (nbytes), in rank order. */
+    ts_status (*allgather)(void *ctx, const void *send, void *recv, size_t nbytes);
+    ts_status (*barrier)(void *ctx);
+    /* Ends every rank of the job at once, reason printed by the calling rank. Does not
+     * return. */
+    void (*abort)(void *ctx, int code, const char *reason);
+    /* Leaves the job (every rank calls it); frees ctx. */
+    void (*shutdown)(void *ctx);
+} ts_comm_desc;
+
+#define TS_COMM_ENTRY_SYMBOL "tessera_comm_entry"
+
+typedef const ts_comm_desc *(*ts_comm_entry_fn)(uint32_t host_abi_major,
+                                                uint32_t host_abi_minor);
+
+#if defined(__GNUC__)
+#define TS_COMM_EXPORT __attribute__((visibility("default")))
+#else
+#define TS_COMM_EXPORT
+#endif
+
+/* Defines the entry symbol returning &desc. */
+#define TS_COMM_DEFINE(desc)                                                                \
+    TS_COMM_EXPORT const ts_comm_desc *tessera_comm_entry(uint32_t host_abi_major,          \
+                                                          uint32_t host_abi_minor);         \
+    TS_COMM_EXPORT const ts_comm_desc *tessera_comm_entry(uint32_t host_abi_major,          \
+                                                          uint32_t host_abi_minor)          \
+    {                                                                                       \
+        (void)host_abi_major;                                                               \
+        (void)host_abi_minor;                                                               \
+        return &(desc);                                                                     \
+    }
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_COMM_H */

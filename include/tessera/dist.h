@@ -1,0 +1,85 @@
+/* tessera/dist.h: data-parallel training over a communication plugin (tessera/comm.h: MPI
+ * for CPUs). One process per rank, started by the launcher (`mpirun -np N prog`); a single
+ * process needs none of it and pays nothing: with no launcher and no [dist] backend, the world
+ * is one rank and every call below returns at once.
+ *
+ *     ts_dist_init(cfg);                        // joins the job (or a world of one)
+ *     ts_dist_broadcast_module(model, 0);       // every rank starts from rank 0's weights
+ *     ts_ddp *ddp; ts_ddp_new(params, n, 0, &ddp);
+ *     for each step: forward on this rank's slice of the global batch, ts_backward,
+ *                    ts_ddp_sync(ddp) (gradients now averaged over ranks), ts_optim_step
+ *     ts_ddp_free(ddp); ts_dist_shutdown();
+ */
+#ifndef TESSERA_DIST_H
+#define TESSERA_DIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <tessera/config.h>
+#include <tessera/nn.h>
+#include <tessera/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Joins the job: the backend named by [dist] backend (a comm_NAME.so on the plugin search
+ * path: "mpi"; "none" for a single process), or, when unset or "auto", the first
+ * communication plugin whose launcher started this process (mpirun, srun). Without either, a
+ * world of one rank. Idempotent. cfg may be NULL (the runtime's configuration). */
+ts_status ts_dist_init(const ts_config *cfg);
+/* This rank (0 .. size-1) and the number of ranks; 0 and 1 before ts_dist_init. */
+int ts_dist_rank(void);
+int ts_dist_size(void);
+/* The backend's name ("mpi"), or "none" for a world of one. (transfer none) */
+const char *ts_dist_backend(void);
+/* Every rank's buf (count elements of dtype, host memory) replaced by their sum. */
+ts_status ts_dist_allreduce_sum(void *buf, size_t count, int32_t dtype);
+/* root's buf (nbytes of host memory) to every rank. */
+ts_status ts_dist_broadcast(void *buf, size_t nbytes, int root);
+/* recv (size x nbytes) = every rank's send, in rank order. */
+ts_status ts_dist_allgather(const void *send, void *recv, size_t nbytes);
+ts_status ts_dist_barrier(void);
+/* Ends every rank of the job now, this rank's reason printed; exits with code in a world of
+ * one. Does not return. */
+void ts_dist_abort(int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3), noreturn))
+#endif
+    ;
+/* Leaves the job (every rank calls it, after its last collective). */
+void ts_dist_shutdown(void);
+
+/* Every parameter and buffer of m from rank root to the other ranks, so that all start alike
+ * whatever seed each used. TS_ESHAPE, on every rank, when a rank's model has other names,
+ * shapes or dtypes than root's (a rank started with another model). */
+ts_status ts_dist_broadcast_module(ts_module *m, int root);
+
+/* Gradient averaging for data parallelism, as PyTorch's DistributedDataParallel does it: the
+ * parameters are grouped in buckets of about bucket_bytes (0: 25 MiB), the last parameters
+ * first (their gradients are ready first); as backward finishes each bucket's gradients
+ * (ts_tensor_register_post_accumulate_hook), the bucket's sum over ranks starts on a
+ * communication thread while backward goes on. ts_ddp_sync waits for the rest and leaves
+ * every parameter's .grad the average over ranks. The parameters must be the same on every
+ * rank, in the same order. Host-memory devices. */
+typedef struct ts_ddp ts_ddp;
+ts_status ts_ddp_new(const ts_named_tensor *params, size_t n, size_t bucket_bytes,
+                     ts_ddp **out);
+/* After ts_backward (every rank calls it once per step): gradients averaged. A parameter
+ * without a gradient on this rank counts as zeros. */
+ts_status ts_ddp_sync(ts_ddp *d);
+typedef struct ts_ddp_stats {
+    uint64_t steps;            /* ts_ddp_sync calls */
+    uint64_t buckets;          /* bucket reductions, in all */
+    uint64_t started_early;    /* ... started before ts_ddp_sync was called */
+    uint64_t finished_early;   /* ... finished before ts_ddp_sync was called */
+    size_t nbuckets;           /* buckets per step */
+    double reduce_seconds;     /* time in the sums, on the communication thread */
+} ts_ddp_stats;
+void ts_ddp_get_stats(const ts_ddp *d, ts_ddp_stats *st);
+void ts_ddp_free(ts_ddp *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_DIST_H */

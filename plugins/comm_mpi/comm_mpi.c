@@ -1,0 +1,214 @@
+/* plugins/comm_mpi/comm_mpi.c: the MPI communication backend (tessera/comm.h) on Open MPI or
+ * any MPI-3 library. The world communicator is duplicated, so tessera's collectives never
+ * mix with an application's own MPI traffic, and errors return to the caller
+ * (MPI_ERRORS_RETURN) with the library's message instead of aborting inside MPI. Host buffers
+ * only. MPI is initialised here unless the application already did it; then it is left for
+ * the application to finalise. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include <tessera/comm.h>
+#include <tessera/plugin.h> /* ts_dtype values */
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+#if defined(OPEN_MPI)
+#define MPI_LIB "Open MPI " STR(OMPI_MAJOR_VERSION) "." STR(OMPI_MINOR_VERSION) "." STR(OMPI_RELEASE_VERSION)
+#else
+#define MPI_LIB "MPI " STR(MPI_VERSION) "." STR(MPI_SUBVERSION)
+#endif
+
+typedef struct mpi_ctx {
+    const ts_comm_host *host;
+    MPI_Comm comm;
+    int rank, size;
+    int we_initialised;
+} mpi_ctx;
+
+static int launched(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                       "MPI_LOCALNRANKS", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i]))
+            return 1;
+    return 0;
+}
+
+/* The failure of an MPI call rc as the host's error. */
+static ts_status mpi_fail(const ts_comm_host *h, int rc, const char *what)
+{
+    char msg[MPI_MAX_ERROR_STRING + 1];
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+        len = 0;
+    msg[len] = 0;
+    return h->fail(h, TS_EIO, "%s failed: %s", what, len ? msg : "unknown MPI error");
+}
+
+static ts_status mpi_init(const ts_comm_host *host, void **out)
+{
+    *out = NULL;
+    mpi_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return host->fail(host, TS_ENOMEM, "out of host memory");
+    c->host = host;
+    int inited = 0, provided = 0, rc;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        /* The host serialises its calls but may make them from more than one thread. */
+        rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+        if (rc != MPI_SUCCESS) {
+            free(c);
+            return host->fail(host, TS_EIO, "MPI_Init_thread failed (error %d): is this "
+                              "process started by mpirun or srun?", rc);
+        }
+        c->we_initialised = 1;
+    } else {
+        MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED) {
+        ts_status s = host->fail(host, TS_ENOTSUP, "the MPI library provides thread level %d, "
+                                 "below MPI_THREAD_SERIALIZED (%d) that tessera needs",
+                                 provided, MPI_THREAD_SERIALIZED);
+        if (c->we_initialised)
+            MPI_Finalize();
+        free(c);
+        return s;
+    }
+    if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &c->comm)) != MPI_SUCCESS) {
+        ts_status s = mpi_fail(host, rc, "MPI_Comm_dup");
+        if (c->we_initialised)
+            MPI_Finalize();
+        free(c);
+        return s;
+    }
+    MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c->comm, &c->rank);
+    MPI_Comm_size(c->comm, &c->size);
+    *out = c;
+    return TS_OK;
+}
+
+static int mpi_rank(void *ctx)
+{
+    return ((mpi_ctx *)ctx)->rank;
+}
+
+static int mpi_size(void *ctx)
+{
+    return ((mpi_ctx *)ctx)->size;
+}
+
+static MPI_Datatype mpi_type(int32_t dtype)
+{
+    switch (dtype) {
+    case TS_F32: return MPI_FLOAT;
+    case TS_F64: return MPI_DOUBLE;
+    case TS_I32: return MPI_INT32_T;
+    case TS_I64: return MPI_INT64_T;
+    case TS_U8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static size_t type_size(int32_t dtype)
+{
+    return dtype == TS_F64 || dtype == TS_I64 ? 8 : dtype == TS_U8 ? 1 : 4;
+}
+
+/* MPI counts are int: large buffers go in chunks of at most 2^30 elements. */
+#define CHUNK ((size_t)1 << 30)
+
+static ts_status mpi_allreduce(void *ctx, void *buf, size_t count, int32_t dtype, int32_t op)
+{
+    mpi_ctx *c = ctx;
+    MPI_Datatype t = mpi_type(dtype);
+    if (t == MPI_DATATYPE_NULL || op != TS_COMM_SUM)
+        return c->host->fail(c->host, TS_EINVAL, "allreduce: dtype %d or reduction %d not "
+                             "supported", (int)dtype, (int)op);
+    for (size_t at = 0; at < count; at += CHUNK) {
+        size_t n = count - at < CHUNK ? count - at : CHUNK;
+        int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + at * type_size(dtype), (int)n, t,
+                               MPI_SUM, c->comm);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(c->host, rc, "MPI_Allreduce");
+    }
+    return TS_OK;
+}
+
+static ts_status mpi_broadcast(void *ctx, void *buf, size_t nbytes, int root)
+{
+    mpi_ctx *c = ctx;
+    for (size_t at = 0; at < nbytes; at += CHUNK) {
+        size_t n = nbytes - at < CHUNK ? nbytes - at : CHUNK;
+        int rc = MPI_Bcast((char *)buf + at, (int)n, MPI_BYTE, root, c->comm);
+        if (rc != MPI_SUCCESS)
+            return mpi_fail(c->host, rc, "MPI_Bcast");
+    }
+    return TS_OK;
+}
+
+static ts_status mpi_allgather(void *ctx, const void *send, void *recv, size_t nbytes)
+{
+    mpi_ctx *c = ctx;
+    if (nbytes > INT_MAX)
+        return c->host->fail(c->host, TS_EINVAL, "allgather: %zu bytes per rank, above the "
+                             "%d MPI takes at once", nbytes, INT_MAX);
+    int rc = MPI_Allgather(send, (int)nbytes, MPI_BYTE, recv, (int)nbytes, MPI_BYTE, c->comm);
+    return rc == MPI_SUCCESS ? TS_OK : mpi_fail(c->host, rc, "MPI_Allgather");
+}
+
+static ts_status mpi_barrier(void *ctx)
+{
+    mpi_ctx *c = ctx;
+    int rc = MPI_Barrier(c->comm);
+    return rc == MPI_SUCCESS ? TS_OK : mpi_fail(c->host, rc, "MPI_Barrier");
+}
+
+static void mpi_abort(void *ctx, int code, const char *reason)
+{
+    mpi_ctx *c = ctx;
+    if (reason)
+        c->host->log(c->host, 3, "rank %d of %d: aborting the job: %s", c->rank, c->size,
+                     reason);
+    MPI_Abort(c ? c->comm : MPI_COMM_WORLD, code ? code : 1);
+    abort(); /* MPI_Abort does not return */
+}
+
+static void mpi_shutdown(void *ctx)
+{
+    mpi_ctx *c = ctx;
+    if (!c)
+        return;
+    MPI_Comm_free(&c->comm);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (c->we_initialised && !finalized)
+        MPI_Finalize();
+    free(c);
+}
+
+static const ts_comm_desc desc = {
+    .struct_size = sizeof(ts_comm_desc),
+    .abi_major = TS_COMM_ABI_MAJOR,
+    .abi_minor = TS_COMM_ABI_MINOR,
+    .name = "mpi",
+    .description = MPI_LIB,
+    .flags = TS_COMM_HOST_BUFFERS,
+    .launched = launched,
+    .init = mpi_init,
+    .rank = mpi_rank,
+    .size = mpi_size,
+    .allreduce = mpi_allreduce,
+    .broadcast = mpi_broadcast,
+    .allgather = mpi_allgather,
+    .barrier = mpi_barrier,
+    .abort = mpi_abort,
+    .shutdown = mpi_shutdown,
+};
+
+TS_COMM_DEFINE(desc)

@@ -1,0 +1,327 @@
+/* tests/dist/dist-check.c: run by tests/cli/test-dist.sh under `mpirun -np 2` (and alone, as a
+ * world of one). Not forked per test like the TAP programs: an MPI rank joins its job once.
+ * Every rank runs every check; rank 0 prints TAP lines; a check fails if it fails on any rank
+ * (the ranks' verdicts are summed), and the exit status says so on every rank.
+ *
+ *   dist-check collectives   rank and size, sums of float32/float64/int64, broadcast,
+ *                            allgather, barrier, broadcast of a module's weights
+ *   dist-check ddp           gradients averaged by ts_ddp over ranks, each rank holding its
+ *                            shard of a global batch, against the full batch's gradient
+ *                            computed in the same process (float64: the two differ only in
+ *                            summation order), and buckets reduced while backward ran
+ *   dist-check steps         30 SGD and 30 Adam steps data-parallel against the same steps on
+ *                            the full batch in one process: the losses agree (float64)
+ *   dist-check mismatch      rank 1 builds another model: broadcast_module refuses on every
+ *                            rank with a message naming both ranks
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tessera/tessera.h>
+
+static int ntest, nfailed, rank_, size_;
+
+/* One check: ok on this rank; the verdict is the sum over ranks. */
+static void check(int ok, const char *what, const char *detail)
+{
+    int64_t bad = !ok;
+    if (ts_dist_allreduce_sum(&bad, 1, TS_I64) != TS_OK) {
+        fprintf(stderr, "rank %d: the verdict's sum failed: %s\n", rank_, ts_last_error());
+        exit(3);
+    }
+    ntest++;
+    if (bad)
+        nfailed++;
+    if (!ok)
+        fprintf(stderr, "rank %d: %s: %s\n", rank_, what, detail ? detail : "");
+    if (rank_ == 0)
+        printf("%s %d - %s%s\n", bad ? "not ok" : "ok", ntest, what,
+               bad ? " (failed on some rank, see stderr)" : "");
+    fflush(stdout);
+}
+
+#define OK(expr)                                                                            \
+    do {                                                                                    \
+        ts_status s_ = (expr);                                                              \
+        if (s_ != TS_OK) {                                                                  \
+            fprintf(stderr, "rank %d: %s:%d: %s: %s\n", rank_, __FILE__, __LINE__, #expr,   \
+                    ts_last_error());                                                       \
+            ts_dist_abort(2, "dist-check: %s failed", #expr);                               \
+        }                                                                                   \
+    } while (0)
+
+static void collectives(void)
+{
+    char d[256];
+    snprintf(d, sizeof d, "rank %d of %d on '%s'", rank_, size_, ts_dist_backend());
+    check(rank_ >= 0 && rank_ < size_ && size_ >= 1, "rank and size", d);
+    float f[3] = {1.5f * (float)(rank_ + 1), -2.0f, 0.25f};
+    double g[2] = {1e-300 * (rank_ + 1), (double)rank_};
+    int64_t k[2] = {(int64_t)1 << 40, rank_};
+    OK(ts_dist_allreduce_sum(f, 3, TS_F32));
+    OK(ts_dist_allreduce_sum(g, 2, TS_F64));
+    OK(ts_dist_allreduce_sum(k, 2, TS_I64));
+    double n = size_, tri = n * (n + 1) / 2;
+    check(f[0] == (float)(1.5 * tri) && f[1] == (float)(-2.0 * n) && f[2] == (float)(0.25 * n),
+          "float32 sum", NULL);
+    check(g[0] == 1e-300 * tri && g[1] == tri - n, "float64 sum", NULL);
+    check(k[0] == ((int64_t)1 << 40) * size_ && k[1] == (int64_t)(tri - n), "int64 sum", NULL);
+    char msg[32] = {0};
+    if (rank_ == size_ - 1)
+        snprintf(msg, sizeof msg, "from the last rank");
+    OK(ts_dist_broadcast(msg, sizeof msg, size_ - 1));
+    check(!strcmp(msg, "from the last rank"), "broadcast from the last rank", msg);
+    int32_t mine = 100 + rank_, all[64];
+    OK(ts_dist_allgather(&mine, all, sizeof mine));
+    int good = 1;
+    for (int r = 0; r < size_; r++)
+        good &= all[r] == 100 + r;
+    check(good, "allgather in rank order", NULL);
+    OK(ts_dist_barrier());
+    check(ts_dist_broadcast(msg, 1, size_) == TS_EINVAL, "a broadcast root past the ranks is "
+          "refused", ts_last_error());
+    /* a module: every rank seeds differently, rank 0's weights win */
+    ts_rng rng;
+    ts_rng_init(&rng, 1000 + (uint64_t)rank_);
+    ts_weight_init init = {TS_INIT_NORMAL, 1.0, &rng};
+    ts_module *lin;
+    OK(ts_nn_linear(NULL, 5, 3, 1, &init, &lin));
+    ts_named_tensor p[2];
+    ts_module_parameters(lin, p, 2);
+    OK(ts_dist_broadcast_module(lin, 0));
+    float w[15], w0[15];
+    OK(ts_tensor_to_host(p[0].tensor, w, sizeof w));
+    memcpy(w0, w, sizeof w);
+    OK(ts_dist_broadcast(w0, sizeof w0, 0));
+    check(!memcmp(w, w0, sizeof w), "broadcast_module: every rank holds rank 0's weights", NULL);
+    ts_module_free(lin);
+}
+
+/* The test model: a wide first layer (its weight gradient is the last and largest GEMM of
+ * backward, so the later layers' buckets are reduced while it runs), then three more. */
+static int64_t IN = 256; /* input features: ddp makes it wide */
+
+static ts_module *model(ts_rng *rng, int32_t dtype)
+{
+    ts_module *seq, *m;
+    ts_weight_init init = {TS_INIT_KAIMING_UNIFORM, 0, rng};
+    OK(ts_nn_sequential(&seq));
+    const int64_t w[] = {IN, IN == 256 ? 512 : 1024, 64, 32, 10};
+    for (int i = 0; i < 4; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "fc%d", i);
+        OK(ts_nn_linear(NULL, w[i], w[i + 1], 1, &init, &m));
+        OK(ts_nn_sequential_add(seq, name, m));
+        if (i < 3) {
+            snprintf(name, sizeof name, "act%d", i);
+            OK(ts_nn_tanh(&m));
+            OK(ts_nn_sequential_add(seq, name, m));
+        }
+    }
+    OK(ts_module_to_dtype(seq, dtype));
+    return seq;
+}
+
+/* A global batch of B rows, the same on every rank; rows [lo, lo + n). */
+static void batch(int32_t dtype, int64_t B, int64_t lo, int64_t n, int step, ts_tensor **x,
+                  ts_tensor **y)
+{
+    double *xv = malloc(sizeof *xv * (size_t)(n * IN));
+    int64_t *yv = malloc(sizeof *yv * (size_t)n);
+    for (int64_t r = 0; r < n; r++) {
+        for (int j = 0; j < IN; j++)
+            xv[r * IN + j] = sin(0.37 * (double)((lo + r) * IN + j) + 0.1 * step);
+        yv[r] = (lo + r + step) % 10;
+    }
+    ts_tensor *x64;
+    OK(ts_tensor_from_host(NULL, TS_F64, 2, (const int64_t[]){n, IN}, xv, &x64));
+    OK(ts_cast(x64, dtype, x));
+    OK(ts_tensor_from_host(NULL, TS_I64, 1, &n, yv, y));
+    ts_tensor_unref(x64);
+    free(xv);
+    free(yv);
+    (void)B;
+}
+
+/* Mean cross-entropy of model on rows [lo, lo + n) of the global batch, scaled by n / B so
+ * that the shards' average over ranks is the global mean when every shard has B / size rows. */
+static ts_tensor *loss_on(ts_module *m, int64_t B, int64_t lo, int64_t n, int step)
+{
+    ts_tensor *x, *y, *logits, *loss;
+    batch(TS_F64, B, lo, n, step, &x, &y);
+    OK(ts_module_forward(m, x, &logits));
+    OK(ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss));
+    ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(logits);
+    return loss;
+}
+
+static void ddp_grads(void)
+{
+    /* a wide first layer (1024 x 1024) at 32 rows a rank: its weight gradient, the last GEMM
+     * of backward, takes milliseconds, while the other buckets' sums take microseconds */
+    IN = 1024;
+    const int64_t B = 32 * size_, n = B / size_, lo = rank_ * n;
+    ts_rng rng;
+    ts_rng_init(&rng, 5);
+    ts_module *dp = model(&rng, TS_F64), *ref = model(&rng, TS_F64);
+    OK(ts_dist_broadcast_module(dp, 0));
+    size_t np = ts_module_parameters(dp, NULL, 0);
+    ts_named_tensor *p = calloc(np, sizeof *p), *q = calloc(np, sizeof *q);
+    ts_module_parameters(dp, p, np);
+    ts_module_parameters(ref, q, np);
+    ts_no_grad_enter(); /* the reference starts from the same weights */
+    for (size_t i = 0; i < np; i++)
+        OK(ts_copy_(q[i].tensor, p[i].tensor));
+    ts_no_grad_exit();
+    ts_ddp *ddp;
+    OK(ts_ddp_new(p, np, 64 << 10, &ddp)); /* 64 KiB buckets: several per step */
+    double worst = 0;
+    for (int step = 0; step < 3; step++) {
+        ts_tensor *l = loss_on(dp, B, lo, n, step), *lr = loss_on(ref, B, 0, B, step);
+        OK(ts_backward(l, NULL, 0));
+        OK(ts_ddp_sync(ddp));
+        OK(ts_backward(lr, NULL, 0));
+        for (size_t i = 0; i < np; i++) {
+            int64_t ne = ts_tensor_numel(p[i].tensor);
+            double *a = malloc(sizeof *a * (size_t)ne), *b = malloc(sizeof *b * (size_t)ne);
+            OK(ts_tensor_to_host(ts_tensor_grad(p[i].tensor), a, sizeof *a * (size_t)ne));
+            OK(ts_tensor_to_host(ts_tensor_grad(q[i].tensor), b, sizeof *b * (size_t)ne));
+            double scale = 0;
+            for (int64_t j = 0; j < ne; j++)
+                scale = fmax(scale, fabs(b[j]));
+            for (int64_t j = 0; j < ne; j++) /* summation order only: 1e-12 of the largest */
+                worst = fmax(worst, fabs(a[j] - b[j]) / (scale > 0 ? scale : 1));
+            free(a), free(b);
+            ts_tensor_zero_grad(p[i].tensor);
+            ts_tensor_zero_grad(q[i].tensor);
+        }
+        ts_tensor_unref(l), ts_tensor_unref(lr);
+    }
+    char d[160];
+    snprintf(d, sizeof d, "worst difference %.3g of the largest gradient", worst);
+    check(worst < 1e-12, "ddp: averaged shard gradients equal the global batch's", d);
+    ts_ddp_stats st;
+    ts_ddp_get_stats(ddp, &st);
+    snprintf(d, sizeof d, "%llu buckets per step, %llu reductions, %llu started and %llu "
+             "finished before ts_ddp_sync", (unsigned long long)st.nbuckets,
+             (unsigned long long)st.buckets, (unsigned long long)st.started_early,
+             (unsigned long long)st.finished_early);
+    if (rank_ == 0)
+        printf("# %s\n", d);
+    check(size_ == 1 || (st.nbuckets >= 3 && st.buckets == 3 * st.nbuckets &&
+                         st.started_early >= 3 * (st.nbuckets - 1) && st.finished_early >= 1),
+          "ddp: buckets reduced while backward ran", d);
+    ts_ddp_free(ddp);
+    free(p), free(q);
+    ts_module_free(dp), ts_module_free(ref);
+}
+
+static void steps(void)
+{
+    const int64_t B = 6 * size_, n = B / size_, lo = rank_ * n;
+    for (int opt = 0; opt < 2; opt++) {
+        ts_rng rng;
+        ts_rng_init(&rng, 9 + (uint64_t)rank_); /* differs by rank: the broadcast fixes it */
+        ts_module *dp = model(&rng, TS_F64), *ref = model(&rng, TS_F64);
+        OK(ts_dist_broadcast_module(dp, 0));
+        size_t np = ts_module_parameters(dp, NULL, 0);
+        ts_named_tensor *p = calloc(np, sizeof *p), *q = calloc(np, sizeof *q);
+        ts_module_parameters(dp, p, np);
+        ts_module_parameters(ref, q, np);
+        ts_no_grad_enter();
+        for (size_t i = 0; i < np; i++)
+            OK(ts_copy_(q[i].tensor, p[i].tensor));
+        ts_no_grad_exit();
+        ts_optim *o1, *o2;
+        if (opt == 0) {
+            ts_sgd_options so = {0.01, 0.5, 0, 1e-4, 0};
+            OK(ts_optim_sgd(p, np, &so, &o1));
+            OK(ts_optim_sgd(q, np, &so, &o2));
+        } else {
+            ts_adam_options ao = {1e-3, 0.9, 0.999, 1e-8, 0.01};
+            OK(ts_optim_adamw(p, np, &ao, &o1));
+            OK(ts_optim_adamw(q, np, &ao, &o2));
+        }
+        ts_ddp *ddp;
+        OK(ts_ddp_new(p, np, 0, &ddp));
+        double worst = 0, first = 0, last = 0;
+        for (int step = 0; step < 30; step++) {
+            ts_tensor *l = loss_on(dp, B, lo, n, step), *lr = loss_on(ref, B, 0, B, step);
+            OK(ts_backward(l, NULL, 0));
+            OK(ts_ddp_sync(ddp));
+            OK(ts_optim_step(o1));
+            ts_optim_zero_grad(o1);
+            OK(ts_backward(lr, NULL, 0));
+            OK(ts_optim_step(o2));
+            ts_optim_zero_grad(o2);
+            double a, b;
+            OK(ts_tensor_to_host(l, &a, sizeof a));
+            OK(ts_tensor_to_host(lr, &b, sizeof b));
+            OK(ts_dist_allreduce_sum(&a, 1, TS_F64)); /* the global mean of the shards' */
+            a /= size_;
+            worst = fmax(worst, fabs(a - b) / fabs(b));
+            if (step == 0)
+                first = b;
+            last = b;
+            ts_tensor_unref(l), ts_tensor_unref(lr);
+        }
+        char d[160];
+        snprintf(d, sizeof d, "%s: loss %.6f -> %.6f, worst relative difference %.3g",
+                 opt ? "adamw" : "sgd", first, last, worst);
+        if (rank_ == 0)
+            printf("# %s\n", d);
+        check(worst < 1e-10 && last < first, opt ? "30 AdamW steps data-parallel equal one "
+              "process on the global batch" : "30 SGD steps data-parallel equal one process "
+              "on the global batch", d);
+        ts_ddp_free(ddp);
+        ts_optim_free(o1), ts_optim_free(o2);
+        free(p), free(q);
+        ts_module_free(dp), ts_module_free(ref);
+    }
+}
+
+static void mismatch(void)
+{
+    ts_rng rng;
+    ts_rng_init(&rng, 1);
+    ts_weight_init init = {TS_INIT_NORMAL, 1.0, &rng};
+    ts_module *lin;
+    OK(ts_nn_linear(NULL, 5, rank_ == 1 ? 4 : 3, 1, &init, &lin));
+    ts_status s = ts_dist_broadcast_module(lin, 0);
+    const char *e = ts_last_error();
+    check(size_ == 1 ? s == TS_OK
+                     : s == TS_ESHAPE && strstr(e, "rank 1's model differs from rank 0's"),
+          "a rank with another model is refused on every rank", e);
+    ts_module_free(lin);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: dist-check collectives|ddp|steps|mismatch\n");
+        return 2;
+    }
+    if (ts_init(NULL) != TS_OK || ts_dist_init(NULL) != TS_OK) {
+        fprintf(stderr, "dist-check: %s\n", ts_last_error());
+        return 1;
+    }
+    rank_ = ts_dist_rank();
+    size_ = ts_dist_size();
+    if (!strcmp(argv[1], "collectives"))
+        collectives();
+    else if (!strcmp(argv[1], "ddp"))
+        ddp_grads();
+    else if (!strcmp(argv[1], "steps"))
+        steps();
+    else if (!strcmp(argv[1], "mismatch"))
+        mismatch();
+    else
+        return 2;
+    if (rank_ == 0)
+        printf("1..%d\n", ntest);
+    ts_dist_shutdown();
+    ts_shutdown();
+    return nfailed ? 1 : 0;
+}
