@@ -153,14 +153,17 @@ else
         [ -f "$so" ] || continue
         name=$(basename "$so" .so)
         n=$((n + 1))
+        # communication plugins (comm_*) export tessera_comm_entry instead
+        entry=tessera_plugin_entry
+        case $name in comm_*) entry=tessera_comm_entry ;; esac
         extra=$(nm -D --defined-only "$so" | awk '{print $NF}' |
-            grep -v -e '^tessera_plugin_entry$' -e '^_init$' -e '^_fini$' \
+            grep -v -e "^$entry\$" -e '^_init$' -e '^_fini$' \
                 -e '^_edata$' -e '^_end$' -e '^__bss_start$')
         [ -n "$extra" ] && bad="$bad $name: $(echo $extra | head -c 300)"
-        nm -D --defined-only "$so" | grep -q ' T tessera_plugin_entry$' || bad="$bad $name: no entry point"
+        nm -D --defined-only "$so" | grep -q " T $entry\$" || bad="$bad $name: no entry point"
     done
     if [ $n -gt 0 ] && [ -z "$bad" ]; then
-        ok "the $n built plugins export only tessera_plugin_entry"
+        ok "the $n built plugins export only their entry point"
     else
         fail "plugins export only their entry point" "checked $n" "$bad"
     fi
