@@ -356,7 +356,72 @@ typedef struct trainer {
     int tty;
     int diverged; /* run_epoch stopped on a non-finite loss and said so */
     int64_t saved_step; /* the step of this run's last --save, or -1 */
+    int rank, world;    /* data parallelism: this rank of world (1: a single process) */
+    ts_ddp *ddp;        /* gradient averaging when world > 1 */
 } trainer;
+
+static uint64_t fnv64(const char *p)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    return h;
+}
+
+/* Every rank must run the same training: the same model, data, seed (which orders the
+ * batches), global batch size and optimizer. Compared at start; a rank started otherwise is
+ * named, on every rank, before any step. */
+static int same_run_everywhere(const trainer *t)
+{
+    typedef struct run_sig {
+        uint64_t arch, seed, batch, optim, data;
+    } run_sig;
+    char arch[256], opt[256];
+    cli_model_describe(&t->o.arch, arch, sizeof arch);
+    snprintf(opt, sizeof opt, "%s %.17g %.17g %.17g %s %.17g %s %lld %lld", t->o.optimizer,
+             t->o.lr, t->o.momentum, t->o.weight_decay, t->o.lr_schedule, t->o.clip, t->o.decay,
+             (long long)t->o.epochs, (long long)t->o.max_steps);
+    run_sig mine = {fnv64(arch), t->o.seed, (uint64_t)t->o.batch, fnv64(opt),
+                    (uint64_t)t->o.train_limit ^ fnv64(t->o.resume ? t->o.resume : "")};
+    run_sig *all = calloc((size_t)t->world, sizeof *all);
+    if (!all) {
+        fprintf(stderr, "tessera: error: out of memory\n");
+        return 1;
+    }
+    ts_status s = ts_dist_allgather(&mine, all, sizeof mine);
+    if (s) {
+        free(all);
+        return cli_fail(s, "comparing the ranks' settings");
+    }
+    for (int r = 1; r < t->world; r++) {
+        const char *what = all[r].arch != all[0].arch     ? "another model (--model, --hidden, "
+                                                            "--channels, --init)"
+                           : all[r].seed != all[0].seed   ? "another --seed"
+                           : all[r].batch != all[0].batch ? "another --batch-size"
+                           : all[r].optim != all[0].optim ? "other optimizer settings"
+                           : all[r].data != all[0].data   ? "other data (--train-limit or "
+                                                            "--resume)"
+                                                          : NULL;
+        if (what) {
+            fprintf(stderr, "tessera: error: rank %d was started with %s than rank 0 (rank %d "
+                    "of %d here); start every rank with the same command\n", r, what, t->rank,
+                    t->world);
+            free(all);
+            return 1;
+        }
+    }
+    free(all);
+    return 0;
+}
+
+/* Rows [*lo, *lo + *n) of a batch of b rows are this rank's: contiguous shards, the first
+ * b % world ranks one row longer. */
+static void shard(const trainer *t, int64_t b, int64_t *lo, int64_t *n)
+{
+    int64_t q = b / t->world, r = b % t->world;
+    *lo = t->rank * q + (t->rank < r ? t->rank : r);
+    *n = q + (t->rank < r);
+}
 
 static void meta_u64(ts_checkpoint *ck, const char *key, uint64_t v)
 {
@@ -773,12 +838,13 @@ ts_status cli_count_correct(ts_tensor *logits, ts_tensor *labels, int64_t *corre
 
 static ts_status evaluate(trainer *t, double *acc)
 {
-    int64_t n = ts_tensor_size(t->test_x, 0), correct = 0;
+    int64_t n = ts_tensor_size(t->test_x, 0), correct = 0, lo, mine;
+    shard(t, n, &lo, &mine); /* every rank evaluates its part; the counts are summed */
     ts_status s = TS_OK;
     ts_module_train(t->model, 0);
     ts_no_grad_enter();
-    for (int64_t b = 0; b < n && s == TS_OK; b += 1000) {
-        int64_t len = n - b < 1000 ? n - b : 1000;
+    for (int64_t b = lo; b < lo + mine && s == TS_OK; b += 1000) {
+        int64_t len = lo + mine - b < 1000 ? lo + mine - b : 1000;
         ts_tensor *x = NULL, *y = NULL, *logits = NULL;
         if ((s = ts_tensor_narrow(t->test_x, 0, b, len, &x)) == TS_OK &&
             (s = ts_tensor_narrow(t->test_y, 0, b, len, &y)) == TS_OK &&
@@ -790,6 +856,8 @@ static ts_status evaluate(trainer *t, double *acc)
     }
     ts_no_grad_exit();
     ts_module_train(t->model, 1);
+    if (s == TS_OK)
+        s = ts_dist_allreduce_sum(&correct, 1, TS_I64);
     *acc = n ? (double)correct / (double)n : 0;
     return s;
 }
@@ -821,19 +889,48 @@ static ts_status run_epoch(trainer *t, int *stop)
     while ((s = ts_loader_next(t->loader, &x, &y)) == TS_OK && x) {
         ts_tensor *logits = NULL, *loss = NULL, *d = NULL;
         double lv = 0;
-        if ((s = ts_module_forward(t->model, x, &logits)) == TS_OK &&
-            (s = ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) == TS_OK &&
-            (s = ts_backward(loss, NULL, 0)) == TS_OK &&
+        int64_t bs = ts_tensor_size(x, 0), lo = 0, n = bs;
+        if (t->world > 1) { /* this rank's rows of the global batch */
+            ts_tensor *xs = NULL, *ys = NULL;
+            shard(t, bs, &lo, &n);
+            if ((s = ts_tensor_narrow(x, 0, lo, n, &xs)) == TS_OK)
+                s = ts_tensor_narrow(y, 0, lo, n, &ys);
+            ts_tensor_unref(x);
+            ts_tensor_unref(y);
+            x = xs, y = ys;
+        }
+        /* A shard's mean loss, weighted by its share so that the average over ranks of the
+         * gradients is the global batch's mean (the weight is 1 with equal shards). */
+        double share = (double)n * (double)t->world / (double)bs;
+        if (s == TS_OK && n > 0 &&
+            (s = ts_module_forward(t->model, x, &logits)) == TS_OK &&
+            (s = ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) == TS_OK) {
+            if (share != 1.0) {
+                ts_tensor *w = NULL;
+                s = ts_mul_scalar(loss, share, &w);
+                ts_tensor_unref(loss);
+                loss = w;
+            }
+            if (s == TS_OK)
+                s = ts_backward(loss, NULL, 0);
+        }
+        if (s == TS_OK && t->ddp) /* every rank, even one with no rows */
+            s = ts_ddp_sync(t->ddp);
+        if (s == TS_OK &&
             (t->o.clip <= 0 ||
              (s = ts_clip_grad_norm(t->params, t->nparams, t->o.clip, NULL)) == TS_OK) &&
-            (s = ts_optim_step(t->opt)) == TS_OK &&
+            (s = ts_optim_step(t->opt)) == TS_OK && n > 0 &&
             (s = ts_cast(loss, TS_F64, &d)) == TS_OK && (s = ts_tensor_to_host(d, &lv, sizeof lv)) == TS_OK) {
-            ts_optim_zero_grad(t->opt);
             ts_no_grad_enter();
             s = cli_count_correct(logits, y, &correct);
             ts_no_grad_exit();
         }
-        int64_t bs = ts_tensor_size(x, 0);
+        if (s == TS_OK)
+            ts_optim_zero_grad(t->opt);
+        if (s == TS_OK && t->world > 1) { /* the global batch's loss: the shards' weighted sum */
+            lv = n > 0 ? lv / share * (double)n / (double)bs : 0;
+            s = ts_dist_allreduce_sum(&lv, 1, TS_F64);
+        }
         ts_tensor_unref(logits);
         ts_tensor_unref(loss);
         ts_tensor_unref(d);
@@ -878,7 +975,7 @@ static ts_status run_epoch(trainer *t, int *stop)
     if (s)
         return s;
     double secs = cli_now() - t0, test_acc = 0;
-    if ((s = evaluate(t, &test_acc)))
+    if ((s = ts_dist_allreduce_sum(&correct, 1, TS_I64)) || (s = evaluate(t, &test_acc)))
         return s;
     ts_memory_stats st;
     ts_device_memory_stats(t->dev, &st);
@@ -888,11 +985,12 @@ static ts_status run_epoch(trainer *t, int *stop)
         printf("{\"epoch\": %llu, \"steps\": %lld, \"lr\": %.9g, \"train_loss\": %.6f, "
                "\"train_acc\": %.4f, \"test_acc\": %.4f, \"seconds\": %.2f, \"pool_in_use\": %llu, "
                "\"pool_reserved\": %llu, \"pool_peak_reserved\": %llu, \"pool_peak_in_use\": "
-               "%llu}\n",
+               "%llu, \"world_size\": %d}\n",
                (unsigned long long)t->epoch + 1, (long long)t->step, ts_optim_lr(t->opt),
                train_loss, train_acc,
                test_acc, secs, (unsigned long long)st.in_use, (unsigned long long)st.reserved,
-               (unsigned long long)st.peak_reserved, (unsigned long long)st.peak_in_use);
+               (unsigned long long)st.peak_reserved, (unsigned long long)st.peak_in_use,
+               t->world);
     } else {
         char b1[32], b2[32], b3[32];
         if (t->tty && !t->o.log_steps)
@@ -1045,6 +1143,19 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     if (s)
         return cli_fail(s, "cannot start tessera");
     rc = 1;
+    /* Under mpirun (or with [dist] backend), one rank of several: each takes its part of
+     * every batch; rank 0 alone prints and saves. */
+    if ((s = ts_dist_init(NULL))) {
+        cli_fail(s, "cannot join the distributed job");
+        ts_shutdown();
+        return 1;
+    }
+    t.rank = ts_dist_rank();
+    t.world = ts_dist_size();
+    if (t.rank != 0 && !freopen("/dev/null", "w", stdout)) {
+        fprintf(stderr, "tessera: error: rank %d: cannot silence stdout\n", t.rank);
+        goto out;
+    }
     t.dev = ts_default_device();
     if (t.o.device && (s = ts_device_get(t.o.device, &t.dev))) {
         cli_fail(s, "--device");
@@ -1092,6 +1203,19 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     if (!t.o.resume && (rc = setup_optimizer(&t)))
         goto out;
     rc = 1;
+    /* Every rank starts from rank 0's weights (whatever each drew), and a rank started with
+     * another model is refused on every rank before any step. */
+    if (t.world > 1 && same_run_everywhere(&t)) {
+        ts_dist_barrier(); /* every rank has printed its refusal */
+        ts_dist_shutdown();
+        t.world = 1; /* each rank stops on its own: none waits in a collective */
+        goto out;
+    }
+    if (t.world > 1 && ((s = ts_dist_broadcast_module(t.model, 0)) ||
+                        (s = ts_ddp_new(t.params, t.nparams, 0, &t.ddp)))) {
+        cli_fail(s, "data parallelism");
+        goto out;
+    }
     if (t.o.resume) {
         if ((rc = resume(&t)))
             goto out;
@@ -1118,6 +1242,10 @@ int cmd_train(int argc, char **argv, const cli_common *common)
                (long long)ts_module_num_params(t.model), ts_device_name(t.dev), t.o.optimizer,
                hyper_txt, (long long)t.o.batch, (long long)ts_tensor_size(t.train_x, 0),
                cli_now() - t0);
+        if (t.world > 1)
+            printf("  data parallel: %d ranks over '%s', each a %lld-row part of every batch "
+                   "of %lld\n", t.world, ts_dist_backend(), (long long)(t.o.batch / t.world),
+                   (long long)t.o.batch);
         char clip_txt[48] = "off";
         if (t.o.clip > 0)
             snprintf(clip_txt, sizeof clip_txt, "at norm %g", t.o.clip);
@@ -1148,14 +1276,19 @@ int cmd_train(int argc, char **argv, const cli_common *common)
             cli_fail(s, "training failed");
             goto out;
         }
-        if (t.o.save && (s = save(&t, t.o.save))) {
+        if (t.o.save && t.rank == 0 && (s = save(&t, t.o.save))) {
             cli_fail(s, "--save");
             goto out;
         }
     }
     rc = 0;
 out:
+    if (rc && t.world > 1) /* the other ranks would wait for this one in a collective */
+        ts_dist_abort(rc, "rank %d of %d stopped: %s", t.rank, t.world,
+                      ts_last_error()[0] ? ts_last_error() : "see its error above");
+    ts_ddp_free(t.ddp);
     trainer_free(&t);
+    ts_dist_shutdown();
     ts_shutdown();
     return rc;
 }

@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 6
+plan 13
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -51,5 +51,85 @@ if [ $rc -eq 0 ] && contains "$out" "1..2" && ! contains "$out" "not ok"; then
     ok "alone: data-parallel steps on one rank equal plain steps"
 else
     fail "alone: data-parallel steps on one rank equal plain steps" "$out"
+fi
+
+# tessera train under mpirun: the global batch split over 2 ranks gives the losses of one
+# process with the same batch. Each step's loss is a float32 computation whose sums (up to
+# 784 terms in the first layer) are ordered differently in the two runs: n u = 784 x 6e-8
+# = 5e-5 relative, so 1e-4 bounds every step's difference.
+T="$TESSERA train --train-limit 1280 --epochs 3 --max-steps 50 --log-steps --json"
+steps_of() { grep '"step"' "$1" | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
+for model in mlp lenet5; do
+    for opt in sgd adam; do
+        $T --model $model --optimizer $opt >"$TMP/one.json" 2>"$TMP/one.err"
+        timeout 300 $MPI $T --model $model --optimizer $opt >"$TMP/two.json" 2>"$TMP/two.err"
+        rc=$?
+        steps_of "$TMP/one.json" >"$TMP/one.l"
+        steps_of "$TMP/two.json" >"$TMP/two.l"
+        worst=$(paste "$TMP/one.l" "$TMP/two.l" | awk 'BEGIN{w=0; n=0}
+            {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+        if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n=/ && $worst <= 1e-4)}" &&
+            grep -q '"world_size": 2' "$TMP/two.json" &&
+            [ "$(grep -c '"epoch"' "$TMP/two.json")" -eq "$(grep -c '"epoch"' "$TMP/one.json")" ]; then
+            ok "mpirun -np 2 train --model $model --optimizer $opt: 50 losses equal one process's (worst relative difference $worst)"
+        else
+            fail "mpirun -np 2 train --model $model --optimizer $opt" "rc=$rc worst=$worst" \
+                "$(paste "$TMP/one.l" "$TMP/two.l" | head -5)" "$(tail -5 "$TMP/two.err")"
+        fi
+    done
+done
+# a rank started otherwise is refused, on every rank, naming it
+out=$(timeout 120 $MPIRUN --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
+    --mca pml ob1 -np 1 $T --model mlp : -np 1 $T --model mlp --seed 7 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+    [ "$(echo "$out" | grep -c 'rank 1 was started with another --seed than rank 0')" -eq 2 ]; then
+    ok "a rank started with another --seed is refused on both ranks"
+else
+    fail "a rank started with another --seed is refused on both ranks" "rc=$rc" "$out"
+fi
+# a rank killed mid-epoch ends the job within 30 s, naming the rank
+timeout 100 $MPI $TESSERA train --model mlp --epochs 20 --json >"$TMP/k.out" 2>"$TMP/k.err" &
+mp=$!
+killed=""
+i=0
+while [ -z "$killed" ] && [ $i -lt 300 ]; do
+    sleep 0.1
+    i=$((i + 1))
+    grep -q '"epoch": 1' "$TMP/k.out" 2>/dev/null || continue
+    for p in $(pgrep -f "tessera train --model mlp --epochs 20 --json"); do
+        if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=1$'; then
+            kill -9 "$p" && killed=$p
+        fi
+    done
+done
+t0=$(date +%s)
+wait $mp
+rc=$?
+secs=$(($(date +%s) - t0))
+if [ -n "$killed" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $secs -le 30 ] &&
+    grep -q "rank 1 .*signal 9" "$TMP/k.err"; then
+    ok "killing rank 1 mid-epoch ends the job in ${secs} s: $(grep 'rank 1' "$TMP/k.err" | head -1)"
+else
+    fail "killing rank 1 mid-epoch ends the job within 30 s" "killed=$killed rc=$rc after $secs s" \
+        "$(tail -8 "$TMP/k.err")"
+fi
+# a checkpoint written by 2 ranks (rank 0 alone writes it) resumes on 1: 25 + 25 = 50 straight
+R="$TESSERA train --model mlp --train-limit 1280 --epochs 3 --log-steps --json"
+timeout 120 $MPI $R --max-steps 25 --save "$TMP/dp.ckpt" >"$TMP/a.json" 2>"$TMP/a.err"
+rc1=$?
+$R --max-steps 50 --resume "$TMP/dp.ckpt" >"$TMP/b.json" 2>"$TMP/b.err"
+rc2=$?
+$R --max-steps 50 >"$TMP/c.json" 2>&1
+cat "$TMP/a.json" "$TMP/b.json" >"$TMP/ab.json"
+steps_of "$TMP/ab.json" >"$TMP/ab.l"
+steps_of "$TMP/c.json" >"$TMP/c.l"
+worst=$(paste "$TMP/ab.l" "$TMP/c.l" | awk 'BEGIN{w=0; n=0}
+    {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n=/ && $worst <= 1e-4)}"; then
+    ok "2 ranks save at step 25, 1 process resumes to 50: the losses of 50 straight (worst $worst)"
+else
+    fail "2 ranks save, 1 process resumes" "rc=$rc1/$rc2 worst=$worst" "$(tail -3 "$TMP/a.err")" \
+        "$(tail -3 "$TMP/b.err")"
 fi
 finish
