@@ -255,7 +255,7 @@ static int valid_plugin_name(const char *s)
 
 static int section_ok(parse_state *ps, const char *section)
 {
-    if (strcmp(section, "core") == 0)
+    if (strcmp(section, "core") == 0 || strcmp(section, "dist") == 0)
         return 1;
     if (strncmp(section, "plugin.", 7) == 0) {
         if (valid_plugin_name(section + 7))
@@ -263,8 +263,8 @@ static int section_ok(parse_state *ps, const char *section)
         return fail_at(ps, TS_ECONFIG,
                        "[%s]: plugin names are lower-case letters, digits and '_'", section);
     }
-    return fail_at(ps, TS_ECONFIG, "unknown section [%s]; expected [core] or [plugin.NAME]",
-                   section);
+    return fail_at(ps, TS_ECONFIG, "unknown section [%s]; expected [core], [dist] or "
+                   "[plugin.NAME]", section);
 }
 
 /* Remembers [plugin.NAME] at the current line, once per NAME, for
@@ -348,6 +348,13 @@ static int handler(void *user, const char *section, const char *key, const char 
         if (strcmp(key, "device") == 0 && !*value)
             return fail_at(ps, TS_ECONFIG, "[core] device is empty: expected %s",
                            core_keys[i].expected);
+    } else if (strcmp(section, "dist") == 0) {
+        if (strcmp(key, "backend") != 0)
+            return fail_at(ps, TS_ECONFIG, "[dist] unknown key '%s'; known keys: backend", key);
+        if (!*value || strlen(value) > 64 ||
+            strspn(value, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(value))
+            return fail_at(ps, TS_ECONFIG, "[dist] backend = '%s': expected auto (a launcher's "
+                           "backend, else none), none, or a backend name such as mpi", value);
     } else if (section_ok(ps, section)) {
         for (size_t i = 0; i < NCOMMON; i++) {
             if (strcmp(key, common_keys[i].name) == 0) {
@@ -554,6 +561,8 @@ TS_API const char *ts_config_get(const ts_config *cfg, const char *section, cons
         for (size_t i = 0; i < sizeof core_keys / sizeof core_keys[0]; i++)
             if (strcmp(key, core_keys[i].key) == 0)
                 return core_keys[i].def;
+    } else if (strcmp(section, "dist") == 0 && strcmp(key, "backend") == 0) {
+        return "auto";
     } else if (strncmp(section, "plugin.", 7) == 0) {
         for (size_t i = 0; i < NCOMMON; i++)
             if (strcmp(key, common_keys[i].name) == 0)

@@ -7,6 +7,7 @@
  * Every collective holds the world's lock, so the communication thread of ts_ddp and the
  * caller's thread never call the plugin at once (the plugin needs MPI_THREAD_SERIALIZED,
  * not MULTIPLE). */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -70,10 +71,13 @@ static ts_status load(const ts_config *cfg, const char *backend, world *w)
     snprintf(file, sizeof file, "comm_%s", backend);
     char *path = NULL;
     ts_status s = ts_plugin_find(cfg, file, &path);
-    if (s)
-        return ts__fail(s, "communication backend '%s': %s%s", backend, ts_last_error(),
+    if (s) {
+        char why[768]; /* ts__fail writes the buffer ts_last_error reads */
+        snprintf(why, sizeof why, "%s", ts_last_error());
+        return ts__fail(s, "communication backend '%s': %s%s", backend, why,
                         !strcmp(backend, "mpi") ? " (tessera builds comm_mpi when Open MPI is "
                         "installed: Debian package libopenmpi-dev)" : "");
+    }
     void *h = NULL;
     if ((s = ts__plugin_dlopen(cfg, file, path, &h))) {
         free(path);
@@ -271,6 +275,67 @@ TS_API void ts_dist_shutdown(void)
     W = (world){.size = 1, .name = "none"};
     joined = 0;
     pthread_mutex_unlock(&init_lock);
+}
+
+typedef struct comm_scan {
+    char names[32][72];
+    int n;
+} comm_scan;
+
+static void scan_comm_dir(const char *dir, void *user)
+{
+    comm_scan *cs = user;
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d)) && cs->n < 32) {
+        size_t len = strlen(de->d_name);
+        if (len <= 8 || strncmp(de->d_name, "comm_", 5) || strcmp(de->d_name + len - 3, ".so") ||
+            len - 8 >= sizeof cs->names[0])
+            continue;
+        char name[72];
+        snprintf(name, sizeof name, "%.*s", (int)(len - 8), de->d_name + 5);
+        int dup = 0;
+        for (int i = 0; i < cs->n; i++)
+            dup |= !strcmp(cs->names[i], name);
+        if (!dup)
+            snprintf(cs->names[cs->n++], sizeof cs->names[0], "%s", name);
+    }
+    if (d)
+        closedir(d);
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(a, b);
+}
+
+TS_API void ts_dist_scan(const ts_config *cfg,
+                         void (*fn)(const char *name, const char *path, const char *description,
+                                    const char *error, void *user),
+                         void *user)
+{
+    if (!fn)
+        return;
+    if (!cfg)
+        cfg = ts_runtime_config();
+    comm_scan cs = {.n = 0};
+    ts_plugin_search_path(cfg, scan_comm_dir, &cs);
+    qsort(cs.names, (size_t)cs.n, sizeof cs.names[0], cmp_names);
+    for (int i = 0; i < cs.n; i++) {
+        world w = {.size = 1};
+        char file[80], *path = NULL;
+        snprintf(file, sizeof file, "comm_%s", cs.names[i]);
+        if (ts_plugin_find(cfg, file, &path) != TS_OK)
+            continue;
+        if (load(cfg, cs.names[i], &w) == TS_OK) {
+            fn(cs.names[i], w.path, w.vt.description ? w.vt.description : "", NULL, user);
+            dlclose(w.handle);
+            free(w.path);
+        } else {
+            fn(cs.names[i], path, NULL, ts_last_error(), user);
+        }
+        free(path);
+    }
 }
 
 /* ---- modules --------------------------------------------------------------------------- */

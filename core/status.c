@@ -50,7 +50,11 @@ TS_API void ts_clear_error(void)
 
 ts_status ts__vfail(ts_status code, const char *fmt, va_list ap)
 {
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    /* Formatted aside first: an argument may be ts_last_error() itself ("%s: %s", what,
+     * ts_last_error()), which writing in place would overlap. */
+    char msg[sizeof last_error];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    memcpy(last_error, msg, sizeof msg);
     return code;
 }
 

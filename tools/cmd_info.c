@@ -107,6 +107,19 @@ static void on_found(const char *name, const char *path, void *user)
     probe(sc->cfg, name, path, sc->list);
 }
 
+static void on_comm(const char *name, const char *path, const char *description,
+                    const char *error, void *user)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", name);
+    cJSON_AddStringToObject(o, "file", path);
+    if (description)
+        cJSON_AddStringToObject(o, "description", description);
+    else
+        cJSON_AddStringToObject(o, "error", error ? error : "unusable");
+    cJSON_AddItemToArray(user, o);
+}
+
 static const char *str(const cJSON *o, const char *k)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
@@ -172,6 +185,19 @@ static void print_text(const cJSON *root)
                    cli_bytes((unsigned long long)num(po, "in_use"), b3, sizeof b3),
                    cli_bytes((unsigned long long)num(po, "reserved"), b4, sizeof b4));
         }
+    }
+    printf("communication plugins ([dist] backend = %s):\n", str(cfg, "dist_backend"));
+    const cJSON *cp = cJSON_GetObjectItem(root, "comm_plugins");
+    if (!cJSON_GetArraySize(cp))
+        printf("  none (tessera builds comm_mpi when Open MPI is installed: Debian package "
+               "libopenmpi-dev)\n");
+    cJSON_ArrayForEach(it, cp) {
+        if (cJSON_GetObjectItem(it, "description"))
+            printf("  %s: %s\n    file: %s\n", str(it, "name"), str(it, "description"),
+                   str(it, "file"));
+        else
+            printf("  %s: unusable: %s\n    file: %s\n", str(it, "name"), str(it, "error"),
+                   str(it, "file"));
     }
 }
 
@@ -243,6 +269,11 @@ int cmd_info(int argc, char **argv, const cli_common *common)
     }
     free(in_use_path);
     free(in_use_name);
+
+    cJSON *comm = cJSON_AddArrayToObject(root, "comm_plugins");
+    ts_dist_scan(cfg, on_comm, comm);
+    const char *backend = ts_config_get(cfg, "dist", "backend");
+    cJSON_AddStringToObject(c, "dist_backend", backend ? backend : "auto");
 
     if (json) {
         char *out = cJSON_Print(root);

@@ -49,6 +49,13 @@ void ts_dist_abort(int code, const char *fmt, ...)
     ;
 /* Leaves the job (every rank calls it, after its last collective). */
 void ts_dist_shutdown(void);
+/* Calls fn for every communication plugin (comm_NAME.so) on the plugin search path, first one
+ * of each name: its backend name and file, and either its description (it loads and speaks
+ * this tessera's ABI) or why it cannot be used. Loads each to look, joins nothing. */
+void ts_dist_scan(const ts_config *cfg,
+                  void (*fn)(const char *name, const char *path, const char *description,
+                             const char *error, void *user),
+                  void *user);
 
 /* Every parameter and buffer of m from rank root to the other ranks, so that all start alike
  * whatever seed each used. TS_ESHAPE, on every rank, when a rank's model has other names,

@@ -2,7 +2,7 @@
 # tests/cli/test-info.sh: `tessera info` as a user runs it: text and JSON, fallback,
 # TESSERA_DEVICE, bad configs and misuse give a one-line error and a non-zero exit.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 17
+plan 19
 
 out=$("$TESSERA" info 2>&1)
 if [ $? -eq 0 ] && contains "$out" "cpu_blas: 1 device" && contains "$out" "tests/data/test.ini" \
@@ -133,6 +133,32 @@ if [ $rc -ne 0 ] && contains "$out" "plugin './nope.so': no such file: $(cd "$TM
     ok "a relative plugin path that names nothing fails with the absolute path tried"
 else
     fail "a relative plugin path that names nothing fails with the absolute path tried" "rc=$rc" "$out"
+fi
+# Communication plugins: listed with their description, or with why they cannot be used (a
+# device plugin named comm_*.so is not one); [dist] backend naming a missing or wrong plugin
+# stops training with the reason.
+mkdir -p "$TMP/comm" && chmod 755 "$TMP" "$TMP/comm"
+cp "$FIXTURES/minimal.so" "$TMP/comm/comm_fake.so"
+out=$(TESSERA_PLUGIN_PATH="$TMP/comm" "$TESSERA" info 2>&1)
+if contains "$out" "fake: unusable: " && contains "$out" "is not a communication plugin: it does not export 'tessera_comm_entry'" &&
+    { [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" ] || contains "$out" "  mpi: "; }; then
+    ok "info lists communication plugins, and why one is unusable"
+else
+    fail "info lists communication plugins, and why one is unusable" "$out"
+fi
+printf '[dist]\nbackend = fake\n' >"$TMP/comm/fake.ini"
+printf '[dist]\nbackend = nosuch\n' >"$TMP/comm/nosuch.ini"
+out1=$(TESSERA_PLUGIN_PATH="$TMP/comm" "$TESSERA" train --config "$TMP/comm/fake.ini" --model mlp --max-steps 1 --train-limit 64 2>&1)
+rc1=$?
+out2=$("$TESSERA" train --config "$TMP/comm/nosuch.ini" --model mlp --max-steps 1 --train-limit 64 2>&1)
+rc2=$?
+if [ $rc1 -eq 1 ] && contains "$out1" "cannot join the distributed job" &&
+    contains "$out1" "does not export 'tessera_comm_entry'" && [ $rc2 -eq 1 ] &&
+    contains "$out2" "communication backend 'nosuch': plugin 'comm_nosuch' not found: no comm_nosuch.so in"; then
+    ok "[dist] backend naming a wrong or missing plugin stops training with the reason"
+else
+    fail "[dist] backend naming a wrong or missing plugin stops training with the reason" \
+        "rc=$rc1: $out1" "rc=$rc2: $out2"
 fi
 
 finish

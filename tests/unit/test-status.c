@@ -43,6 +43,17 @@ static void test_last_error_is_thread_local(void)
     CHECK(ts_last_error()[0] == 0);
 }
 
+/* A message may quote the previous one: ts_fail(s, "...: %s", ts_last_error()) (the
+ * buffer it reads is the one it writes). */
+static void test_fail_quoting_last_error(void)
+{
+    ts_fail(TS_EIO, "inner reason %d", 42);
+    CHECK_INT_EQ(ts_fail(TS_EINVAL, "outer: %s (again: %s)", ts_last_error(), ts_last_error()),
+                 TS_EINVAL);
+    CHECK_MSG(!strcmp(ts_last_error(), "outer: inner reason 42 (again: inner reason 42)"), "%s",
+              ts_last_error());
+}
+
 static void test_version(void)
 {
     CHECK(strcmp(ts_version(), PACKAGE_VERSION) == 0);
@@ -54,6 +65,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_names_and_texts),
         TAP_TEST(test_last_error_is_thread_local),
         TAP_TEST(test_version),
+        TAP_TEST(test_fail_quoting_last_error),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
