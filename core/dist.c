@@ -422,6 +422,7 @@ out:
 typedef struct ddp_param {
     struct ts_ddp *d;
     ts_tensor *t; /* a reference of the ddp's own */
+    ts_tensor *home; /* host memory: its slot in the bucket, the .grad between syncs */
     size_t bucket, off; /* elements into the bucket's buffer */
     size_t numel;
     uint64_t copied; /* the step whose gradient is in the buffer, + 1 */
@@ -432,6 +433,8 @@ enum { B_IDLE, B_QUEUED, B_DONE };
 typedef struct bucket {
     int32_t dtype;
     size_t numel, nparams, remaining;
+    size_t first; /* its parameters: order[first .. first + nparams) */
+    ts_tensor *bt; /* host memory: the bucket as a device tensor (buf is its data) */
     void *buf;
     int state;
     int early; /* queued before ts_ddp_sync */
@@ -440,6 +443,7 @@ typedef struct bucket {
 struct ts_ddp {
     ddp_param *p;
     size_t n;
+    size_t *order; /* parameter indices grouped by bucket */
     bucket *b;
     size_t nb;
     pthread_t thread;
@@ -498,11 +502,65 @@ static ts_status stage(ts_ddp *d, ddp_param *p)
     size_t es = ts_dtype_size(b->dtype);
     char *dst = (char *)b->buf + p->off * es;
     ts_status s = TS_OK;
+    p->copied = d->step + 1;
+    if (p->home && p->t->grad == p->home)
+        return TS_OK; /* the gradient already lives in the bucket */
     if (p->t->grad)
         s = ts_tensor_to_host(p->t->grad, dst, p->numel * es);
     else
         memset(dst, 0, p->numel * es);
-    p->copied = d->step + 1;
+    if (s == TS_OK && p->home) { /* from now on the gradient is its slot in the bucket */
+        ts_tensor_unref(p->t->grad);
+        p->t->grad = ts_tensor_ref(p->home);
+        ts__bump_version(p->home);
+    }
+    return s;
+}
+
+/* p's .grad = its bucket's sum times inv (1 / ranks): on host memory in one pass over the
+ * gradient's own memory, elsewhere scaled in the bucket and copied to the device. */
+static ts_status unstage(ts_ddp *d, ddp_param *p, double inv)
+{
+    bucket *b = &d->b[p->bucket];
+    ts_tensor *t = p->t;
+    size_t es = ts_dtype_size(b->dtype);
+    ts_status s = TS_OK;
+    if (p->home && t->grad == p->home) { /* scale in place */
+        if (b->dtype == TS_F32) {
+            float *x = (float *)((char *)b->buf + p->off * es);
+            const float f = (float)inv;
+            for (size_t i = 0; i < p->numel; i++)
+                x[i] *= f;
+        } else {
+            double *x = (double *)((char *)b->buf + p->off * es);
+            for (size_t i = 0; i < p->numel; i++)
+                x[i] *= inv;
+        }
+        ts__bump_version(t->grad);
+        return TS_OK;
+    }
+    if (!t->grad && (s = ts_tensor_zeros(t->storage->dev, t->dtype, t->ndim, t->shape, &t->grad)))
+        return s;
+    if (!ts_tensor_is_contiguous(t->grad))
+        return ts__fail(TS_ESTATE, "ts_ddp_sync: a gradient is not contiguous");
+    char *src = (char *)b->buf + p->off * es;
+    char *dst = (char *)t->grad->storage->data + t->grad->offset * (int64_t)es;
+    ts_device *dev = t->grad->storage->dev;
+    int direct = ts__device_is_host_memory(dev);
+    if (b->dtype == TS_F32) {
+        float *x = (float *)src, *y = direct ? (float *)dst : x;
+        const float f = (float)inv;
+        for (size_t i = 0; i < p->numel; i++)
+            y[i] = x[i] * f;
+    } else {
+        double *x = (double *)src, *y = direct ? (double *)dst : x;
+        for (size_t i = 0; i < p->numel; i++)
+            y[i] = x[i] * inv;
+    }
+    if (!direct)
+        s = ts_device_copy_from_host(dev, dst, src, p->numel * es);
+    if (s == TS_OK)
+        ts__bump_version(t->grad);
     return s;
 }
 
@@ -575,12 +633,40 @@ TS_API ts_status ts_ddp_new(const ts_named_tensor *params, size_t n, size_t buck
         b->numel += numel;
         b->nparams++;
     }
+    if (s == TS_OK && !(d->order = ts__calloc(n + 1, sizeof *d->order)))
+        s = ts__fail(TS_ENOMEM, "out of host memory");
+    for (size_t k = 0, at = 0; k < d->nb && s == TS_OK; k++) {
+        d->b[k].first = at;
+        for (size_t j = 0; j < n; j++) /* the bucket's parameters, last first */
+            if (d->p[n - 1 - j].t && d->p[n - 1 - j].bucket == k)
+                d->order[at++] = n - 1 - j;
+    }
+    /* On one host-memory device the buckets are device tensors and each gradient, once
+     * staged, is a view of its slot (as PyTorch's gradient_as_bucket_view): the sums run on
+     * the gradients' own memory and nothing is copied back. */
+    ts_device *dev = n && d->p[0].t ? d->p[0].t->storage->dev : NULL;
+    int views = dev && ts__device_is_host_memory(dev);
+    for (size_t i = 0; i < n && views; i++)
+        views = d->p[i].t && d->p[i].t->storage->dev == dev;
     for (size_t k = 0; k < d->nb && s == TS_OK; k++) {
         bucket *b = &d->b[k];
         b->remaining = b->nparams;
-        if (!(b->buf = malloc(b->numel * ts_dtype_size(b->dtype) + 1)))
+        if (views) {
+            int64_t ne = (int64_t)b->numel;
+            if ((s = ts_tensor_zeros(dev, b->dtype, 1, &ne, &b->bt)) == TS_OK)
+                b->buf = (char *)b->bt->storage->data +
+                         b->bt->offset * (int64_t)ts_dtype_size(b->dtype);
+        } else if (!(b->buf = malloc(b->numel * ts_dtype_size(b->dtype) + 1))) {
             s = ts__fail(TS_ENOMEM, "out of host memory for a gradient bucket of %zu elements",
                          b->numel);
+        }
+    }
+    for (size_t i = 0; i < n && s == TS_OK && views; i++) {
+        ddp_param *p = &d->p[i];
+        int64_t strides[TS_MAX_DIMS];
+        ts__contiguous_strides(p->t->ndim, p->t->shape, strides);
+        s = ts__view(d->b[p->bucket].bt, p->t->ndim, p->t->shape, strides,
+                     d->b[p->bucket].bt->offset + (int64_t)p->off, &p->home);
     }
     d->st.nbuckets = d->nb;
     if (s == TS_OK && W.size > 1) {
@@ -616,23 +702,19 @@ TS_API ts_status ts_ddp_sync(ts_ddp *d)
     for (size_t k = 0; k < d->nb; k++) {
         if (d->b[k].state != B_IDLE)
             continue;
-        for (size_t i = 0; i < d->n && s == TS_OK; i++)
-            if (d->p[i].bucket == k && d->p[i].copied != d->step + 1)
-                s = stage(d, &d->p[i]);
+        for (size_t j = 0; j < d->b[k].nparams && s == TS_OK; j++) {
+            ddp_param *p = &d->p[d->order[d->b[k].first + j]];
+            if (p->copied != d->step + 1)
+                s = stage(d, p);
+        }
         enqueue(d, k); /* even after a failure: the other ranks wait for this sum */
     }
-    pthread_mutex_lock(&d->mu);
-    for (size_t k = 0; k < d->nb; k++)
-        while (d->b[k].state != B_DONE)
-            pthread_cond_wait(&d->cv, &d->mu);
-    if (s == TS_OK && d->err)
-        s = ts__fail(d->err, "%s", d->errmsg);
-    d->err = TS_OK;
-    d->in_sync = 0;
-    d->qhead = d->qtail = 0;
-    pthread_mutex_unlock(&d->mu);
-    d->st.buckets += d->nb;
-    if (d->restage) { /* gradients accumulated over several backwards: sum them again */
+    if (d->restage) { /* several backwards since the last sync: redo every sum */
+        pthread_mutex_lock(&d->mu);
+        for (size_t k = 0; k < d->nb; k++)
+            while (d->b[k].state != B_DONE)
+                pthread_cond_wait(&d->cv, &d->mu);
+        pthread_mutex_unlock(&d->mu);
         for (size_t i = 0; i < d->n && s == TS_OK; i++)
             s = stage(d, &d->p[i]);
         for (size_t k = 0; k < d->nb; k++) { /* every rank joins every sum */
@@ -641,38 +723,28 @@ TS_API ts_status ts_ddp_sync(ts_ddp *d)
         }
         d->restage = 0;
     }
-    /* The average, back into every .grad. */
+    /* Bucket by bucket as the sums finish (the communication thread goes on with the next):
+     * the average, written into each parameter's .grad in one pass. */
     const double inv = 1.0 / (double)W.size;
     for (size_t k = 0; k < d->nb; k++) {
         bucket *b = &d->b[k];
-        if (b->dtype == TS_F32)
-            for (size_t j = 0; j < b->numel; j++)
-                ((float *)b->buf)[j] = (float)((double)((float *)b->buf)[j] * inv);
-        else
-            for (size_t j = 0; j < b->numel; j++)
-                ((double *)b->buf)[j] *= inv;
+        pthread_mutex_lock(&d->mu);
+        while (b->state != B_DONE)
+            pthread_cond_wait(&d->cv, &d->mu);
+        if (s == TS_OK && d->err)
+            s = ts__fail(d->err, "%s", d->errmsg);
+        pthread_mutex_unlock(&d->mu);
         b->state = B_IDLE;
         b->remaining = b->nparams;
+        for (size_t j = 0; j < b->nparams && s == TS_OK; j++)
+            s = unstage(d, &d->p[d->order[b->first + j]], inv);
     }
-    for (size_t i = 0; i < d->n && s == TS_OK; i++) {
-        ddp_param *p = &d->p[i];
-        ts_tensor *t = p->t;
-        if (!t->grad && (s = ts_tensor_zeros(t->storage->dev, t->dtype, t->ndim, t->shape,
-                                             &t->grad)))
-            break;
-        size_t es = ts_dtype_size(t->dtype);
-        if (!ts_tensor_is_contiguous(t->grad)) {
-            s = ts__fail(TS_ESTATE, "ts_ddp_sync: a gradient is not contiguous");
-            break;
-        }
-        s = ts_device_copy_from_host(t->grad->storage->dev,
-                                     (char *)t->grad->storage->data +
-                                         t->grad->offset * (int64_t)es,
-                                     (const char *)d->b[p->bucket].buf + p->off * es,
-                                     p->numel * es);
-        if (s == TS_OK)
-            ts__bump_version(t->grad);
-    }
+    pthread_mutex_lock(&d->mu);
+    d->err = TS_OK;
+    d->in_sync = 0;
+    d->qhead = d->qtail = 0;
+    pthread_mutex_unlock(&d->mu);
+    d->st.buckets += d->nb;
     d->step++;
     return s;
 }
@@ -705,9 +777,16 @@ TS_API void ts_ddp_free(ts_ddp *d)
             ts_tensor_register_post_accumulate_hook(d->p[i].t, NULL, NULL);
         ts_tensor_unref(d->p[i].t);
     }
-    for (size_t k = 0; d->b && k < d->nb; k++)
-        free(d->b[k].buf);
+    for (size_t i = 0; d->p && i < d->n; i++)
+        ts_tensor_unref(d->p[i].home);
+    for (size_t k = 0; d->b && k < d->nb; k++) {
+        if (d->b[k].bt)
+            ts_tensor_unref(d->b[k].bt);
+        else
+            free(d->b[k].buf);
+    }
     free(d->p);
+    free(d->order);
     free(d->b);
     free(d->queue);
     pthread_cond_destroy(&d->cv);

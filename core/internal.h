@@ -90,6 +90,9 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call);
 /* Whether ts__device_run runs op for dtype on dev: the plugin claims it, or the core's
  * reference kernels stand in (host-memory plugins). */
 int ts__device_runs(ts_device *dev, int32_t op, int32_t dtype);
+/* Whether dev's memory is host memory (TS_PLUGIN_HOST_MEMORY): its pointers can be read and
+ * written by the host directly. */
+int ts__device_is_host_memory(const ts_device *dev);
 /* dlopens the plugin file at path (found for name) under the trust rules of device plugins:
  * the file and every directory above it owned by root or the user and not writable by
  * others, opened once and loaded through its descriptor. */

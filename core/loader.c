@@ -1049,6 +1049,11 @@ static int uses_reference(ts_device *dev, int32_t op, int32_t dtype)
            !ts_device_supports(dev, op, dtype) && ts__hostref_supports(op, dtype);
 }
 
+int ts__device_is_host_memory(const ts_device *dev)
+{
+    return dev && host_memory(dev);
+}
+
 int ts__device_runs(ts_device *dev, int32_t op, int32_t dtype)
 {
     return dev && (ts_device_supports(dev, op, dtype) || uses_reference(dev, op, dtype));

@@ -28,7 +28,7 @@
 
 /* The module's file: next to the executable when it runs from a libtool build tree
  * (BUILD/tools/.libs), else the installed one in $(pkglibdir). 0 when there is none. */
-static int module_path(char *out, size_t len)
+static int file_path(const char *file, char *out, size_t len)
 {
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -36,13 +36,26 @@ static int module_path(char *out, size_t len)
         exe[n] = 0;
         char *slash = strrchr(exe, '/');
         if (slash && slash - exe >= 6 && strncmp(slash - 6, "/.libs", 6) == 0) {
-            snprintf(out, len, "%.*s/%s", (int)(slash - exe), exe, MODULE);
+            snprintf(out, len, "%.*s/%s", (int)(slash - exe), exe, file);
             if (access(out, R_OK) == 0)
                 return 1;
         }
     }
-    snprintf(out, len, "%s/%s", TS_PKGLIBDIR, MODULE);
+    snprintf(out, len, "%s/%s", TS_PKGLIBDIR, file);
     return access(out, R_OK) == 0;
+}
+
+static int module_path(char *out, size_t len)
+{
+    return file_path(MODULE, out, len);
+}
+
+void *cli_bench_dlopen(const char *file)
+{
+    char path[PATH_MAX + 64];
+    if (getauxval(AT_SECURE) || !file_path(file, path, sizeof path))
+        return NULL;
+    return dlopen(path, RTLD_NOW | RTLD_LOCAL);
 }
 
 void cli_bench_preload(char **argv)

@@ -125,6 +125,11 @@ int cli_thread_count_read(uint64_t *created);
 int cli_sgemm(int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b,
               int ldb, float *c, int ldc, int threads);
 int cli_have_sgemm(void);
+/* dlopens a file of the benchmark module's directory (next to the executable in a build
+ * tree, else $(pkglibdir)): tessera-bench-mpi.so. NULL when absent or under AT_SECURE. */
+void *cli_bench_dlopen(const char *file);
+/* tools/bench_dist.c: `tessera bench dist`. */
+int cli_bench_dist(int argc, char **argv, const cli_common *common);
 int cli_bench_cuda(int argc, char **argv, const cli_common *common);
 
 #endif /* TESSERA_TOOLS_CLI_H */

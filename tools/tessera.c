@@ -33,6 +33,8 @@ static const command benches[] = {
     {"cuda", "", "the cuda plugin vs raw cuBLAS/CUDA, and GPU vs CPU training", cli_bench_cuda},
     {"gpt", "[...]", "a GPT over 10,000 steps: peak RSS, raw allocations, mallocs per step",
      cli_bench_gpt},
+    {"dist", "[...]", "all-reduce vs raw MPI_Allreduce; data-parallel training throughput",
+     cli_bench_dist},
 };
 
 static const command commands[] = {
