@@ -16,8 +16,9 @@
 #include "cli.h"
 
 static const char usage[] =
-    "usage: mpirun -np N tessera bench dist [--iters N] [--max-mib M] [--model mlp|lenet5|cnn]\n"
-    "                                       [--batch-size B] [--steps N] [--device NAME] [--json]\n"
+    "usage: tessera bench dist [--iters N] [--max-mib M] [--model mlp|lenet5|cnn]\n"
+    "                          [--batch-size B] [--steps N] [--device NAME] [--json]\n"
+    "       (under a launcher: mpirun -np N tessera bench dist ...)\n"
     "\n"
     "All-reduce of float32 buffers of 4 KiB .. --max-mib MiB (default 64) through tessera's\n"
     "communication plugin next to raw MPI_Allreduce on the same buffers (median of --iters, default\n"
@@ -188,9 +189,24 @@ static int ddp_buckets(const opts *o, ts_device *dev, mpi_allreduce_fn raw, doub
     return s ? cli_fail(s, "bucketed all-reduce") : 0;
 }
 
-/* (3) data-parallel training: images/s over the global batch, raw allocations per step. */
+/* Peak RSS (VmHWM) of this process, kB; -1 unknown. */
+static long peak_rss_kb(void)
+{
+    long v = -1;
+    char line[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6))
+            v = strtol(line + 6, NULL, 10);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* (3) data-parallel training: images/s over the global batch, raw allocations per step, peak
+ * RSS after the first 100 timed steps and at the end (the largest over ranks). */
 static int train(const opts *o, ts_device *dev, double *ips, double *raw_per_step,
-                 int64_t *params)
+                 int64_t *params, long rss_kb[2])
 {
     const int rank = ts_dist_rank(), world = ts_dist_size();
     const int64_t B = o->batch, n = B / world + (rank < B % world), N = 64 * n;
@@ -224,7 +240,10 @@ static int train(const opts *o, ts_device *dev, double *ips, double *raw_per_ste
     }
     ts_memory_stats st0 = {.struct_size = sizeof st0}, st1 = {.struct_size = sizeof st1};
     double t0 = 0;
+    rss_kb[0] = rss_kb[1] = -1;
     for (int step = -5; step < o->steps && s == TS_OK; step++) {
+        if (step == (o->steps > 200 ? 100 : 0))
+            rss_kb[0] = peak_rss_kb();
         if (step == 0) {
             ts_dist_barrier();
             ts_device_memory_stats(dev, &st0);
@@ -249,6 +268,13 @@ static int train(const opts *o, ts_device *dev, double *ips, double *raw_per_ste
         ts_device_memory_stats(dev, &st1);
         *ips = (double)B * o->steps / secs;
         *raw_per_step = (double)(st1.n_raw_alloc - st0.n_raw_alloc) / o->steps;
+        rss_kb[1] = peak_rss_kb();
+        int64_t r[2] = {rss_kb[0], rss_kb[1]}, all[2 * 64];
+        if (world <= 64 && ts_dist_allgather(r, all, sizeof r) == TS_OK)
+            for (int i = 0; i < world; i++) {
+                rss_kb[0] = all[2 * i] > rss_kb[0] ? all[2 * i] : rss_kb[0];
+                rss_kb[1] = all[2 * i + 1] > rss_kb[1] ? all[2 * i + 1] : rss_kb[1];
+            }
     }
     ts_ddp_free(d);
     ts_optim_free(opt);
@@ -331,7 +357,8 @@ int cli_bench_dist(int argc, char **argv, const cli_common *common)
             goto out;
         rc = 1;
     }
-    if ((rc = train(&o, dev, &ips, &rps, &params)))
+    long rss[2];
+    if ((rc = train(&o, dev, &ips, &rps, &params, rss)))
         goto out;
     char arch[128];
     cli_model_describe(&o.arch, arch, sizeof arch);
@@ -339,9 +366,10 @@ int cli_bench_dist(int argc, char **argv, const cli_common *common)
         printf("], \"ddp\": {\"mib\": %.0f, \"buckets\": %zu, \"ms\": %.3f, \"raw_ms\": %.3f, "
                "\"of_raw_bandwidth\": %.3f}, \"train\": {\"model\": \"%s\", \"parameters\": "
                "%lld, \"global_batch\": %lld, \"images_per_s\": %.1f, "
-               "\"raw_allocs_per_step\": %.3f}}\n",
+               "\"raw_allocs_per_step\": %.3f, \"peak_rss_kb_early\": %ld, "
+               "\"peak_rss_kb_end\": %ld}}\n",
                mib, nb, td * 1e3, trd * 1e3, td > 0 && trd > 0 ? trd / td : 0, arch,
-               (long long)params, (long long)o.batch, ips, rps);
+               (long long)params, (long long)o.batch, ips, rps, rss[0], rss[1]);
     } else {
         if (world > 1)
             printf("  gradient averaging (ts_ddp_sync, %zu buckets of <= 25 MiB, %.0f MiB): "
@@ -351,6 +379,9 @@ int cli_bench_dist(int argc, char **argv, const cli_common *common)
         printf("  training %s (%lld parameters), global batch %lld on %d rank%s: %.0f images/s, "
                "%.2f raw pool allocations per steady step\n", arch, (long long)params,
                (long long)o.batch, world, world == 1 ? "" : "s", ips, rps);
+        printf("  peak RSS (largest rank): %ld kB after %d steps, %ld kB after %d (%+.3f%%)\n",
+               rss[0], o.steps > 200 ? 100 : 0, rss[1], o.steps,
+               rss[0] > 0 ? 100.0 * (double)(rss[1] - rss[0]) / (double)rss[0] : 0.0);
     }
     rc = 0;
 out:

@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 13
+plan 14
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -131,5 +131,18 @@ if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n=/ && $
 else
     fail "2 ranks save, 1 process resumes" "rc=$rc1/$rc2 worst=$worst" "$(tail -3 "$TMP/a.err")" \
         "$(tail -3 "$TMP/b.err")"
+fi
+# bench dist, short: tessera's all-reduce and the raw MPI_Allreduce both measured, the bucketed
+# averaging and training run, nothing allocated per steady step
+out=$(timeout 120 $MPI "$TESSERA" bench dist --iters 3 --max-mib 1 --steps 20 --json 2>&1)
+vals=$(echo "$out" | "$JSON_CHECK" world_size backend train.raw_allocs_per_step 2>/dev/null)
+raw=$(echo "$out" | "$JSON_CHECK" allreduce.[0].raw_ms ddp.raw_ms 2>/dev/null)
+if contains "$vals" "world_size=2" && contains "$vals" 'backend="mpi"' &&
+    contains "$vals" "train.raw_allocs_per_step=0" && [ -n "$raw" ] &&
+    ! contains "$raw" "raw_ms=0
+"; then
+    ok "mpirun -np 2 bench dist: all-reduce next to raw MPI_Allreduce, no allocation per step"
+else
+    fail "mpirun -np 2 bench dist" "$vals" "$raw" "$out"
 fi
 finish

@@ -9,7 +9,7 @@ usage=$("$TESSERA" help)
 cmds=$(echo "$usage" | sed -n '/^commands:/,/^$/p' | awk 'NF && $1 != "commands:" {print $1}')
 benches=$(echo "$usage" | sed -n '/^benchmarks:/,/^$/p' | awk '$1 == "bench" {print $2}')
 if [ "$(echo $cmds)" = "info train generate plugin-check bench help" ] &&
-    [ "$(echo $benches)" = "pool ops autograd compare train cuda gpt" ]; then
+    [ "$(echo $benches)" = "pool ops autograd compare train cuda gpt dist" ]; then
     ok "the usage lists every command and benchmark"
 else
     fail "the usage lists every command and benchmark" "commands: $cmds" "benchmarks: $benches"
