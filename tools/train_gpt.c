@@ -165,19 +165,22 @@ static uint64_t mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* Windows b = 0..B-1 of batch `draw` from text[0, n): ids (B, T) and their next tokens. The
- * starts depend on (seed, draw, b) only. */
+/* Windows b = b0..b0+B-1 of batch `draw` from text[0, n): ids (B, T) and their next tokens.
+ * The starts depend on (seed, draw, b) only, so a rank draws its rows of a global batch alone. */
 static ts_status windows(ts_device *dev, const unsigned char *text, size_t n, uint64_t seed,
-                         uint64_t draw, int64_t B, int64_t T, ts_tensor **x, ts_tensor **y)
+                         uint64_t draw, int64_t b0, int64_t B, int64_t T, ts_tensor **x,
+                         ts_tensor **y)
 {
-    int64_t *xv = malloc(sizeof *xv * (size_t)(B * T)), *yv = malloc(sizeof *yv * (size_t)(B * T));
+    int64_t *xv = malloc(sizeof *xv * (size_t)(B * T) + 1),
+            *yv = malloc(sizeof *yv * (size_t)(B * T) + 1);
     ts_status s = xv && yv ? TS_OK : ts_fail(TS_ENOMEM, "out of host memory for a batch");
-    for (int64_t b = 0; !s && b < B; b++) {
+    for (int64_t i = 0; !s && i < B; i++) {
+        const int64_t b = b0 + i;
         uint64_t start = mix(seed ^ mix(draw * 0x100000001b3ull + (uint64_t)b)) %
                          (uint64_t)(n - (size_t)T);
         for (int64_t t = 0; t < T; t++) {
-            xv[b * T + t] = text[start + (uint64_t)t];
-            yv[b * T + t] = text[start + (uint64_t)t + 1];
+            xv[i * T + t] = text[start + (uint64_t)t];
+            yv[i * T + t] = text[start + (uint64_t)t + 1];
         }
     }
     if (!s)
@@ -231,7 +234,51 @@ typedef struct run {
     ts_rng rng; /* initialisation and dropout */
     int64_t step;
     uint64_t text_hash;
+    int rank, world; /* data parallelism: this rank of world (1: a single process) */
+    ts_ddp *ddp;
 } run;
+
+/* Every rank must train the same model on the same text with the same settings; a rank
+ * started otherwise is named on every rank, before any step. */
+static int same_run_everywhere(const run *r)
+{
+    typedef struct sig {
+        uint64_t arch, seed, batch, text, optim;
+    } sig;
+    char a[256], o[256];
+    snprintf(a, sizeof a, "%lld %lld %lld %lld %.17g", (long long)r->o.cfg.context,
+             (long long)r->o.cfg.layers, (long long)r->o.cfg.heads, (long long)r->o.cfg.embd,
+             r->o.cfg.dropout);
+    snprintf(o, sizeof o, "%.17g %.17g %.17g %.17g %lld %lld %lld %s", r->o.lr, r->o.min_lr,
+             r->o.weight_decay, r->o.clip, (long long)r->o.warmup, (long long)r->o.steps,
+             (long long)r->o.max_steps, r->o.resume ? r->o.resume : "");
+    sig mine = {fnv1a((const unsigned char *)a, strlen(a)), r->o.seed, (uint64_t)r->o.batch,
+                r->text_hash, fnv1a((const unsigned char *)o, strlen(o))};
+    sig *all = calloc((size_t)r->world, sizeof *all);
+    if (!all || ts_dist_allgather(&mine, all, sizeof mine) != TS_OK) {
+        free(all);
+        return cli_fail(TS_ENOMEM, "comparing the ranks' settings");
+    }
+    for (int k = 1; k < r->world; k++) {
+        const char *what = all[k].arch != all[0].arch     ? "another model (--context, --layers, "
+                                                            "--heads, --embd, --dropout)"
+                           : all[k].seed != all[0].seed   ? "another --seed"
+                           : all[k].batch != all[0].batch ? "another --batch-size"
+                           : all[k].text != all[0].text   ? "another text"
+                           : all[k].optim != all[0].optim ? "other optimizer, schedule or "
+                                                            "--resume settings"
+                                                          : NULL;
+        if (what) {
+            fprintf(stderr, "tessera: error: rank %d was started with %s than rank 0 (rank %d "
+                    "of %d here); start every rank with the same command\n", k, what, r->rank,
+                    r->world);
+            free(all);
+            return 1;
+        }
+    }
+    free(all);
+    return 0;
+}
 
 static ts_status save_to(const run *r, const char *path);
 
@@ -484,6 +531,16 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         return cli_fail(s, "cannot start tessera");
     }
     rc = 1;
+    if ((s = ts_dist_init(NULL))) {
+        cli_fail(s, "cannot join the distributed job");
+        free(text);
+        ts_shutdown();
+        return 1;
+    }
+    r.rank = ts_dist_rank();
+    r.world = ts_dist_size();
+    if (r.rank != 0 && !freopen("/dev/null", "w", stdout))
+        goto out;
     r.dev = ts_default_device();
     if (r.o.device && (s = ts_device_get(r.o.device, &r.dev))) {
         cli_fail(s, "--device");
@@ -508,13 +565,28 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         goto out;
     }
     cli_gpt_decay_groups(r.opt);
-    if (r.o.save_initial && !r.o.resume && (s = save_to(&r, r.o.save_initial))) {
+    if (r.o.save_initial && !r.o.resume && r.rank == 0 && (s = save_to(&r, r.o.save_initial))) {
         cli_fail(s, "--save-initial");
         goto out;
     }
     if (r.o.resume && (rc = resume(&r)))
         goto out;
     rc = 1;
+    if (r.world > 1 && same_run_everywhere(&r)) {
+        ts_dist_barrier(); /* every rank has printed its refusal */
+        ts_dist_shutdown();
+        r.world = 1; /* each rank stops on its own */
+        goto out;
+    }
+    if (r.world > 1 && ((s = ts_dist_broadcast_module(r.gpt, 0)) ||
+                        (s = ts_ddp_new(r.params, r.np, 0, &r.ddp)))) {
+        cli_fail(s, "data parallelism");
+        goto out;
+    }
+    /* this rank's rows of every global batch */
+    const int64_t q = r.o.batch / r.world, rem = r.o.batch % r.world;
+    const int64_t b0 = r.rank * q + (r.rank < rem ? r.rank : rem), nb = q + (r.rank < rem);
+    const double share = (double)nb * (double)r.world / (double)r.o.batch;
     char arch[256];
     if (!r.o.json)
         printf("tessera train: %s (%lld parameters) on '%s', %zu bytes of text (%zu to train, "
@@ -535,15 +607,31 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     }
     for (; r.step < stop; r.step++) {
         ts_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL, *d = NULL;
-        double lv = NAN;
+        double lv = 0;
         ts_module_train(r.gpt, 1);
-        if (!(s = windows(r.dev, text, ntrain, r.o.seed, (uint64_t)r.step, r.o.batch, T, &x,
-                          &y)) &&
+        /* this rank's windows; its mean loss weighted by its share of the global batch, so
+         * that the average of the ranks' gradients is the global batch's */
+        if (nb > 0 &&
+            !(s = windows(r.dev, text, ntrain, r.o.seed, (uint64_t)r.step, b0, nb, T, &x, &y)) &&
             !(s = ts_module_forward(r.gpt, x, &logits)) && !(s = cli_gpt_loss(logits, y, &loss)) &&
-            !(s = ts_backward(loss, NULL, 0)) &&
-            (r.o.clip <= 0 || !(s = ts_clip_grad_norm(r.params, r.np, r.o.clip, NULL))) &&
-            !(s = ts_optim_step(r.opt)) && !(s = ts_cast(loss, TS_F64, &d)))
-            s = ts_tensor_to_host(d, &lv, sizeof lv);
+            !(s = ts_cast(loss, TS_F64, &d)) && !(s = ts_tensor_to_host(d, &lv, sizeof lv))) {
+            if (share != 1.0) {
+                ts_tensor *w = NULL;
+                s = ts_mul_scalar(loss, share, &w);
+                ts_tensor_unref(loss);
+                loss = w;
+            }
+            if (!s)
+                s = ts_backward(loss, NULL, 0);
+        }
+        if (!s && r.ddp)
+            s = ts_ddp_sync(r.ddp);
+        if (!s && (r.o.clip <= 0 || !(s = ts_clip_grad_norm(r.params, r.np, r.o.clip, NULL))))
+            s = ts_optim_step(r.opt);
+        if (!s && r.world > 1) { /* the global batch's loss */
+            lv = lv * (double)nb / (double)r.o.batch;
+            s = ts_dist_allreduce_sum(&lv, 1, TS_F64);
+        }
         ts_optim_zero_grad(r.opt);
         ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(logits);
         ts_tensor_unref(loss), ts_tensor_unref(d);
@@ -573,9 +661,9 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         double secs = cli_now() - t0, vsum = 0;
         ts_module_train(r.gpt, 0);
         ts_no_grad_enter();
-        for (int64_t e = 0; e < r.o.eval_batches && !s; e++) {
-            double v = 0;
-            if (!(s = windows(r.dev, text + ntrain, nval, r.o.seed ^ 0x5eed, (uint64_t)e,
+        for (int64_t e = r.rank; e < r.o.eval_batches && !s; e += r.world) {
+            double v = 0; /* the ranks share the validation batches out */
+            if (!(s = windows(r.dev, text + ntrain, nval, r.o.seed ^ 0x5eed, (uint64_t)e, 0,
                               r.o.batch, T, &x, &y)))
                 s = eval_loss(r.gpt, x, y, &v);
             ts_tensor_unref(x), ts_tensor_unref(y);
@@ -583,6 +671,8 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
             vsum += v;
         }
         ts_no_grad_exit();
+        if (!s)
+            s = ts_dist_allreduce_sum(&vsum, 1, TS_F64);
         if (s) {
             cli_fail(s, "evaluation failed");
             goto out;
@@ -592,9 +682,9 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         if (r.o.json)
             printf("{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f, "
                    "\"val_bits_per_byte\": %.6f, \"lr\": %.9g, \"tokens_per_s\": %.0f, "
-                   "\"seconds\": %.2f}\n",
+                   "\"seconds\": %.2f, \"world_size\": %d}\n",
                    (long long)r.step + 1, train_loss, val, val / log(2.0), ts_optim_lr(r.opt),
-                   tps, secs);
+                   tps, secs, r.world);
         else
             printf("step %lld: train loss %.4f, val loss %.4f (%.3f bits/byte), lr %.3g, "
                    "%.0f tokens/s\n",
@@ -604,7 +694,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         loss_sum = 0;
         since = 0;
         t0 = cli_now();
-        if (r.o.save) {
+        if (r.o.save && r.rank == 0) {
             r.step++; /* the steps taken so far */
             s = save(&r);
             r.step--;
@@ -616,10 +706,15 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     }
     rc = 0;
 out:
+    if (rc && r.world > 1) /* the other ranks would wait for this one in a collective */
+        ts_dist_abort(rc, "rank %d of %d stopped: %s", r.rank, r.world,
+                      ts_last_error()[0] ? ts_last_error() : "see its error above");
+    ts_ddp_free(r.ddp);
     ts_optim_free(r.opt);
     free(r.params);
     ts_module_free(r.gpt);
     free(text);
+    ts_dist_shutdown();
     ts_shutdown();
     return rc;
 }

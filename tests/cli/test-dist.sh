@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 14
+plan 15
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -78,6 +78,32 @@ for model in mlp lenet5; do
         fi
     done
 done
+# the GPT: a global batch of 5 windows split 3 + 2 over the ranks (each rank's mean loss weighted
+# by its share), AdamW with clipping, 50 steps; the sums run over at most 256 logits or 64
+# features per output, the same n u bound as above holds with room. Validation losses are
+# shared out by batch and summed, so they match too.
+awk 'BEGIN { split("the quick brown fox jumps over a lazy dog and a curious cat", w, " ");
+    s = 7; while (n < 20000) { s = (s * 1103515245 + 12345) % 2147483648; x = w[1 + int(s / 65536) % 12] " ";
+    printf "%s", x; n += length(x) } }' >"$TMP/g.txt"
+G="$TESSERA train --model gpt --text $TMP/g.txt --context 16 --layers 1 --heads 2 --embd 16 \
+--batch-size 5 --steps 50 --warmup-steps 5 --lr 3e-3 --eval-every 25 --eval-batches 3 --log-steps --json"
+$G >"$TMP/g1.json" 2>"$TMP/g1.err"
+timeout 300 $MPI $G >"$TMP/g2.json" 2>"$TMP/g2.err"
+rc=$?
+grep '"step": [0-9]*, "loss"' "$TMP/g1.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/g1.l"
+grep '"step": [0-9]*, "loss"' "$TMP/g2.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/g2.l"
+vals() { sed -n 's/.*"val_loss": \([^,]*\),.*/\1/p' "$1" | tr '\n' ' '; }
+worst=$(paste "$TMP/g1.l" "$TMP/g2.l" | awk 'BEGIN{w=0; n=0}
+    {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+vworst=$(echo "$(vals "$TMP/g1.json")" "$(vals "$TMP/g2.json")" | awk '{ if (NF != 4) { print "nf=" NF; exit }
+    w = 0; for (i = 1; i <= 2; i++) { d = ($i - $(i + 2)) / $i; if (d < 0) d = -d; if (d > w) w = d } printf "%.2g", w }')
+if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst$vworst\" !~ /n/ && $worst <= 1e-4 && $vworst <= 1e-4)}" &&
+    [ "$(grep -c '"world_size": 2' "$TMP/g2.json")" -eq 2 ] && [ "$(grep -c '"val_loss"' "$TMP/g2.json")" -eq 2 ]; then
+    ok "mpirun -np 2 train --model gpt (batch 5 as 3 + 2): 50 losses and 2 validation losses equal one process's (worst $worst, validation $vworst)"
+else
+    fail "mpirun -np 2 train --model gpt" "rc=$rc worst=$worst validation=$vworst" \
+        "$(paste "$TMP/g1.l" "$TMP/g2.l" | head -5)" "$(tail -5 "$TMP/g2.err")" "$(tail -3 "$TMP/g2.json")"
+fi
 # a rank started otherwise is refused, on every rank, naming it
 out=$(timeout 120 $MPIRUN --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
     --mca pml ob1 -np 1 $T --model mlp : -np 1 $T --model mlp --seed 7 2>&1)
