@@ -27,6 +27,7 @@ typedef struct world {
     ts_comm_host host;
     void *ctx;
     int rank, size;
+    ts_device *dev; /* TS_COMM_DEVICE_BUFFERS: the device the collectives take memory of */
     char name[72];
 } world;
 
@@ -107,6 +108,16 @@ static ts_status load(const ts_config *cfg, const char *backend, world *w)
     else if (!d->init || !d->rank || !d->size || !d->allreduce || !d->broadcast ||
              !d->allgather || !d->barrier || !d->abort || !d->shutdown)
         s = ts__fail(TS_EPLUGIN, "%s leaves a required member of its descriptor NULL", path);
+    else if ((d->flags & (TS_COMM_HOST_BUFFERS | TS_COMM_DEVICE_BUFFERS)) !=
+                 TS_COMM_HOST_BUFFERS &&
+             (d->flags & (TS_COMM_HOST_BUFFERS | TS_COMM_DEVICE_BUFFERS)) !=
+                 TS_COMM_DEVICE_BUFFERS)
+        s = ts__fail(TS_EPLUGIN, "%s sets flags 0x%x: exactly one of TS_COMM_HOST_BUFFERS and "
+                     "TS_COMM_DEVICE_BUFFERS must be set", path, (unsigned)d->flags);
+    else if ((d->flags & TS_COMM_DEVICE_BUFFERS) &&
+             (d->struct_size < offsetof(ts_comm_desc, device) + sizeof d->device || !d->device))
+        s = ts__fail(TS_EPLUGIN, "%s takes device buffers but does not name its device (the "
+                     "'device' member of communication ABI %d.1)", path, TS_COMM_ABI_MAJOR);
     if (s) {
         dlclose(h);
         free(path);
@@ -173,6 +184,18 @@ TS_API ts_status ts_dist_init(const ts_config *cfg)
                 s = ts__fail(TS_EPLUGIN, "comm plugin '%s': rank %d of %d is not a rank",
                              W.name, W.rank, W.size);
                 W.vt.shutdown(W.ctx);
+            } else if (W.vt.flags & TS_COMM_DEVICE_BUFFERS) {
+                const char *dn = W.vt.device(W.ctx);
+                char why[768] = "";
+                if (!dn || !*dn)
+                    snprintf(why, sizeof why, "it names no device");
+                else if (ts_device_get(dn, &W.dev))
+                    snprintf(why, sizeof why, "%s", ts_last_error());
+                if (why[0]) {
+                    s = ts__fail(TS_EPLUGIN, "comm plugin '%s' communicates from device '%s', "
+                                 "which cannot be opened: %s", W.name, dn ? dn : "", why);
+                    W.vt.shutdown(W.ctx);
+                }
             }
         } else if (!ts_last_error()[0]) {
             ts__fail(s, "comm plugin '%s': init failed with no message", W.name);
@@ -203,12 +226,62 @@ TS_API const char *ts_dist_backend(void)
     return W.name;
 }
 
+TS_API ts_device *ts_dist_device(void)
+{
+    return W.dev;
+}
+
+/* The first byte of a contiguous tensor's elements. */
+static void *data_of(const ts_tensor *t)
+{
+    return (char *)t->storage->data + t->offset * (int64_t)ts_dtype_size(t->dtype);
+}
+
+/* A device-buffer backend's collective on host memory: in (nin bytes) copied to a device
+ * buffer, the collective run there (op 0: allreduce in place of count elements of dtype, 1:
+ * broadcast in place from root, 2: allgather of nin bytes a rank into the nout bytes after
+ * them), and the result (nout bytes) copied back to out. The other ranks are already in the
+ * collective or about to be: a rank that cannot stage its part (out of device memory) cannot
+ * leave them waiting, so it ends the job with the reason. */
+static ts_status staged(int op, const void *in, size_t nin, void *out, size_t nout,
+                        size_t count, int32_t dtype, int root)
+{
+    ts_tensor *t = NULL;
+    const size_t at = op == 2 ? nin : 0; /* where the result lies in the device buffer */
+    int64_t n = (int64_t)(at + nout);
+    ts_status s = ts_tensor_empty(W.dev, TS_U8, 1, &n, &t);
+    if (s == TS_OK)
+        s = ts_device_copy_from_host(W.dev, data_of(t), in, nin);
+    if (s == TS_OK)
+        s = ts_device_synchronize(W.dev);
+    if (s)
+        ts_dist_abort(1, "rank %d of %d cannot stage a collective on device '%s': %s", W.rank,
+                      W.size, ts_device_name(W.dev), ts_last_error());
+    char *buf = data_of(t);
+    pthread_mutex_lock(&comm_lock);
+    s = op == 0   ? W.vt.allreduce(W.ctx, buf, count, dtype, TS_COMM_SUM)
+        : op == 1 ? W.vt.broadcast(W.ctx, buf, nout, root)
+                  : W.vt.allgather(W.ctx, buf, buf + at, nin);
+    pthread_mutex_unlock(&comm_lock);
+    if (s == TS_OK)
+        s = ts_device_copy_to_host(W.dev, out, buf + at, nout);
+    ts_tensor_unref(t);
+    return s;
+}
+
 TS_API ts_status ts_dist_allreduce_sum(void *buf, size_t count, int32_t dtype)
 {
     if (!buf && count)
         return ts__fail(TS_EINVAL, "ts_dist_allreduce_sum: buffer is NULL");
     if (W.size == 1 || !count)
         return TS_OK;
+    if (W.dev) {
+        size_t es = dtype >= 0 && dtype < TS_DTYPE_COUNT ? ts_dtype_size(dtype) : 0;
+        if (!es || count > SIZE_MAX / es)
+            return ts__fail(TS_EINVAL, "ts_dist_allreduce_sum: dtype %d or %zu elements "
+                            "invalid", (int)dtype, count);
+        return staged(0, buf, count * es, buf, count * es, count, dtype, 0);
+    }
     pthread_mutex_lock(&comm_lock);
     ts_status s = W.vt.allreduce(W.ctx, buf, count, dtype, TS_COMM_SUM);
     pthread_mutex_unlock(&comm_lock);
@@ -222,6 +295,8 @@ TS_API ts_status ts_dist_broadcast(void *buf, size_t nbytes, int root)
                         W.size);
     if (W.size == 1 || !nbytes)
         return TS_OK;
+    if (W.dev)
+        return staged(1, buf, nbytes, buf, nbytes, 0, 0, root);
     pthread_mutex_lock(&comm_lock);
     ts_status s = W.vt.broadcast(W.ctx, buf, nbytes, root);
     pthread_mutex_unlock(&comm_lock);
@@ -234,6 +309,12 @@ TS_API ts_status ts_dist_allgather(const void *send, void *recv, size_t nbytes)
         if (nbytes)
             memmove(recv, send, nbytes);
         return TS_OK;
+    }
+    if (W.dev && nbytes) {
+        if (nbytes > SIZE_MAX / ((size_t)W.size + 1))
+            return ts__fail(TS_EINVAL, "ts_dist_allgather: %zu bytes a rank is too many",
+                            nbytes);
+        return staged(2, send, nbytes, recv, nbytes * (size_t)W.size, 0, 0, 0);
     }
     pthread_mutex_lock(&comm_lock);
     ts_status s = W.vt.allgather(W.ctx, send, recv, nbytes);
@@ -453,6 +534,7 @@ struct ts_ddp {
     size_t *queue, qhead, qtail; /* bucket indices, at most nb queued per step */
     int stop, in_sync;
     int restage; /* a gradient changed after its bucket was staged: redo the sums at sync */
+    int devmode; /* buckets on the device-buffer backend's device, summed there */
     ts_status err;
     char errmsg[512];
     uint64_t step;
@@ -464,6 +546,18 @@ static double now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* A bucket's sum over ranks, in place: on the device for a device-buffer backend (the
+ * bucket's contents complete: the device was synchronised when it was queued). */
+static ts_status bucket_sum(ts_ddp *d, bucket *b)
+{
+    if (!d->devmode)
+        return ts_dist_allreduce_sum(b->buf, b->numel, b->dtype);
+    pthread_mutex_lock(&comm_lock);
+    ts_status s = W.vt.allreduce(W.ctx, b->buf, b->numel, b->dtype, TS_COMM_SUM);
+    pthread_mutex_unlock(&comm_lock);
+    return s;
 }
 
 static void *comm_thread(void *arg)
@@ -479,7 +573,7 @@ static void *comm_thread(void *arg)
         bucket *b = &d->b[k];
         pthread_mutex_unlock(&d->mu);
         double t0 = now_s();
-        ts_status s = ts_dist_allreduce_sum(b->buf, b->numel, b->dtype);
+        ts_status s = bucket_sum(d, b);
         double dt = now_s() - t0;
         pthread_mutex_lock(&d->mu);
         if (s && !d->err) {
@@ -505,7 +599,9 @@ static ts_status stage(ts_ddp *d, ddp_param *p)
     p->copied = d->step + 1;
     if (p->home && p->t->grad == p->home)
         return TS_OK; /* the gradient already lives in the bucket */
-    if (p->t->grad)
+    if (d->devmode) /* device memory: written by the device's own kernels */
+        s = p->t->grad ? ts_copy_(p->home, p->t->grad) : ts_zero_(p->home);
+    else if (p->t->grad)
         s = ts_tensor_to_host(p->t->grad, dst, p->numel * es);
     else
         memset(dst, 0, p->numel * es);
@@ -525,6 +621,17 @@ static ts_status unstage(ts_ddp *d, ddp_param *p, double inv)
     ts_tensor *t = p->t;
     size_t es = ts_dtype_size(b->dtype);
     ts_status s = TS_OK;
+    if (d->devmode) { /* the bucket is scaled already; a .grad replaced since is refilled */
+        if (t->grad == p->home) {
+            ts__bump_version(t->grad);
+            return TS_OK;
+        }
+        if (!t->grad) {
+            t->grad = ts_tensor_ref(p->home);
+            return TS_OK;
+        }
+        return ts_copy_(t->grad, p->home);
+    }
     if (p->home && t->grad == p->home) { /* scale in place */
         if (b->dtype == TS_F32) {
             float *x = (float *)((char *)b->buf + p->off * es);
@@ -564,8 +671,12 @@ static ts_status unstage(ts_ddp *d, ddp_param *p, double inv)
     return s;
 }
 
-static void enqueue(ts_ddp *d, size_t k)
+/* Queues bucket k's sum. On a device the kernels that wrote the bucket finish first (the
+ * backend's collectives run on a stream of its own). Queued even after a failure: the other
+ * ranks wait for this sum; the failure is returned. */
+static ts_status enqueue(ts_ddp *d, size_t k)
 {
+    ts_status s = d->devmode ? ts_device_synchronize(W.dev) : TS_OK;
     pthread_mutex_lock(&d->mu);
     d->b[k].state = B_QUEUED;
     d->b[k].early = !d->in_sync;
@@ -573,6 +684,7 @@ static void enqueue(ts_ddp *d, size_t k)
     d->queue[d->qtail++ % d->nb] = k;
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
+    return s;
 }
 
 static ts_status on_ready(ts_tensor *t, void *user)
@@ -586,7 +698,7 @@ static ts_status on_ready(ts_tensor *t, void *user)
     }
     ts_status s = stage(d, p);
     if (s == TS_OK && --d->b[p->bucket].remaining == 0)
-        enqueue(d, p->bucket);
+        s = enqueue(d, p->bucket);
     return s;
 }
 
@@ -641,13 +753,17 @@ TS_API ts_status ts_ddp_new(const ts_named_tensor *params, size_t n, size_t buck
             if (d->p[n - 1 - j].t && d->p[n - 1 - j].bucket == k)
                 d->order[at++] = n - 1 - j;
     }
-    /* On one host-memory device the buckets are device tensors and each gradient, once
-     * staged, is a view of its slot (as PyTorch's gradient_as_bucket_view): the sums run on
-     * the gradients' own memory and nothing is copied back. */
+    /* On one host-memory device under a host-buffer backend, or on a device-buffer backend's
+     * own device, the buckets are device tensors and each gradient, once staged, is a view of
+     * its slot (as PyTorch's gradient_as_bucket_view): the sums run on the gradients' own
+     * memory and nothing is copied back. */
     ts_device *dev = n && d->p[0].t ? d->p[0].t->storage->dev : NULL;
-    int views = dev && ts__device_is_host_memory(dev);
+    int views = dev && (W.dev ? dev == W.dev : ts__device_is_host_memory(dev));
     for (size_t i = 0; i < n && views; i++)
         views = d->p[i].t && d->p[i].t->storage->dev == dev;
+    d->devmode = views && W.dev;
+    d->st.in_place = views;
+    d->st.on_device = d->devmode;
     for (size_t k = 0; k < d->nb && s == TS_OK; k++) {
         bucket *b = &d->b[k];
         b->remaining = b->nparams;
@@ -707,7 +823,8 @@ TS_API ts_status ts_ddp_sync(ts_ddp *d)
             if (p->copied != d->step + 1)
                 s = stage(d, p);
         }
-        enqueue(d, k); /* even after a failure: the other ranks wait for this sum */
+        ts_status e = enqueue(d, k); /* even after a failure: the others wait for it */
+        s = s ? s : e;
     }
     if (d->restage) { /* several backwards since the last sync: redo every sum */
         pthread_mutex_lock(&d->mu);
@@ -717,8 +834,10 @@ TS_API ts_status ts_ddp_sync(ts_ddp *d)
         pthread_mutex_unlock(&d->mu);
         for (size_t i = 0; i < d->n && s == TS_OK; i++)
             s = stage(d, &d->p[i]);
+        if (s == TS_OK && d->devmode)
+            s = ts_device_synchronize(W.dev);
         for (size_t k = 0; k < d->nb; k++) { /* every rank joins every sum */
-            ts_status r = ts_dist_allreduce_sum(d->b[k].buf, d->b[k].numel, d->b[k].dtype);
+            ts_status r = bucket_sum(d, &d->b[k]);
             s = s ? s : r;
         }
         d->restage = 0;
@@ -736,6 +855,8 @@ TS_API ts_status ts_ddp_sync(ts_ddp *d)
         pthread_mutex_unlock(&d->mu);
         b->state = B_IDLE;
         b->remaining = b->nparams;
+        if (d->devmode && s == TS_OK) /* one kernel scales the whole bucket */
+            s = ts_mul_scalar_(b->bt, inv);
         for (size_t j = 0; j < b->nparams && s == TS_OK; j++)
             s = unstage(d, &d->p[d->order[b->first + j]], inv);
     }

@@ -302,7 +302,7 @@ int cli_bench_dist(int argc, char **argv, const cli_common *common)
         return 1;
     }
     const int rank = ts_dist_rank(), world = ts_dist_size();
-    ts_device *dev = ts_default_device();
+    ts_device *dev = ts_dist_device() ? ts_dist_device() : ts_default_device();
     rc = 1;
     if (o.device && (s = ts_device_get(o.device, &dev))) {
         cli_fail(s, "--device");

@@ -1156,7 +1156,8 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         fprintf(stderr, "tessera: error: rank %d: cannot silence stdout\n", t.rank);
         goto out;
     }
-    t.dev = ts_default_device();
+    /* a device-buffer backend (NCCL) trains on its own device unless told otherwise */
+    t.dev = ts_dist_device() ? ts_dist_device() : ts_default_device();
     if (t.o.device && (s = ts_device_get(t.o.device, &t.dev))) {
         cli_fail(s, "--device");
         goto out;

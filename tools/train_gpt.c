@@ -541,7 +541,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     r.world = ts_dist_size();
     if (r.rank != 0 && !freopen("/dev/null", "w", stdout))
         goto out;
-    r.dev = ts_default_device();
+    r.dev = ts_dist_device() ? ts_dist_device() : ts_default_device();
     if (r.o.device && (s = ts_device_get(r.o.device, &r.dev))) {
         cli_fail(s, "--device");
         goto out;

@@ -9,7 +9,12 @@
  * with the same sizes; the host serialises its calls (never two at once from two threads),
  * so a plugin needs no thread support beyond being called from one thread at a time, not
  * always the same one. Buffers are host memory for TS_COMM_HOST_BUFFERS plugins (MPI) and
- * device memory of the plugin's device for TS_COMM_DEVICE_BUFFERS ones (NCCL).
+ * device memory of the plugin's device for TS_COMM_DEVICE_BUFFERS ones (NCCL): such a plugin
+ * names that device (`device`, a tessera device name such as "cuda"), the host opens it and
+ * stages its own host-memory collectives (ts_dist_allreduce_sum and friends) through it.
+ * Device-buffer collectives run on the plugin's own stream and return when they are complete;
+ * the host synchronises the device before it hands over a buffer that kernels wrote, so the
+ * plugin never needs to see the device plugin's stream.
  *
  * Versioning as in plugin.h: the major changes when anything existing changes, the minor when
  * members are appended (struct_size says how many bytes the plugin filled). */
@@ -25,7 +30,7 @@ extern "C" {
 #endif
 
 #define TS_COMM_ABI_MAJOR 1
-#define TS_COMM_ABI_MINOR 0
+#define TS_COMM_ABI_MINOR 1
 
 /* Reductions. Values are ABI: append only. */
 typedef enum ts_comm_reduce {
@@ -87,6 +92,13 @@ typedef struct ts_comm_desc {
     void (*abort)(void *ctx, int code, const char *reason);
     /* Leaves the job (every rank calls it); frees ctx. */
     void (*shutdown)(void *ctx);
+
+    /* ---- 1.1 ---- */
+    /* TS_COMM_DEVICE_BUFFERS plugins (required there, NULL otherwise): the tessera device
+     * whose memory the collectives take, as ts_device_get names it ("cuda"). A rank's plugin
+     * and that device must drive the same GPU: both pick it from the launcher's local rank
+     * (the cuda plugin's device_index = -1, its default). Valid after init. */
+    const char *(*device)(void *ctx);
 } ts_comm_desc;
 
 #define TS_COMM_ENTRY_SYMBOL "tessera_comm_entry"

@@ -33,6 +33,10 @@ int ts_dist_rank(void);
 int ts_dist_size(void);
 /* The backend's name ("mpi"), or "none" for a world of one. (transfer none) */
 const char *ts_dist_backend(void);
+/* The device a device-buffer backend (NCCL) communicates from, opened by ts_dist_init: train
+ * on it, and ts_ddp sums the gradients in place in device memory. NULL for host-buffer
+ * backends (MPI) and a world of one. (transfer none) */
+ts_device *ts_dist_device(void);
 /* Every rank's buf (count elements of dtype, host memory) replaced by their sum. */
 ts_status ts_dist_allreduce_sum(void *buf, size_t count, int32_t dtype);
 /* root's buf (nbytes of host memory) to every rank. */
@@ -68,7 +72,10 @@ ts_status ts_dist_broadcast_module(ts_module *m, int root);
  * (ts_tensor_register_post_accumulate_hook), the bucket's sum over ranks starts on a
  * communication thread while backward goes on. ts_ddp_sync waits for the rest and leaves
  * every parameter's .grad the average over ranks. The parameters must be the same on every
- * rank, in the same order. Host-memory devices. */
+ * rank, in the same order. Every gradient becomes a view of its slot in a bucket tensor
+ * (summed in place, nothing copied back) when the parameters live on a host-memory device
+ * under a host-buffer backend (MPI), or on ts_dist_device() under a device-buffer backend
+ * (NCCL); elsewhere gradients are copied through host buffers. */
 typedef struct ts_ddp ts_ddp;
 ts_status ts_ddp_new(const ts_named_tensor *params, size_t n, size_t bucket_bytes,
                      ts_ddp **out);
@@ -82,6 +89,8 @@ typedef struct ts_ddp_stats {
     uint64_t finished_early;   /* ... finished before ts_ddp_sync was called */
     size_t nbuckets;           /* buckets per step */
     double reduce_seconds;     /* time in the sums, on the communication thread */
+    int in_place;              /* gradients are views of their buckets: no copies */
+    int on_device;             /* ... in the device-buffer backend's device memory */
 } ts_ddp_stats;
 void ts_ddp_get_stats(const ts_ddp *d, ts_ddp_stats *st);
 void ts_ddp_free(ts_ddp *d);

@@ -21,6 +21,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <tessera/status.h>
 
 #ifdef __cplusplus
@@ -518,6 +519,27 @@ static inline const ts_setting *ts_setting_find(const ts_setting *s, size_t n, c
             return &s[i];
     }
     return NULL;
+}
+
+/* This process's rank among the ranks a launcher started on this machine (Open MPI's
+ * OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID, Slurm's SLURM_LOCALID, LOCAL_RANK),
+ * or -1 without a launcher. A GPU plugin and a communication plugin pick the same GPU from it
+ * (local rank modulo the GPUs), so that one rank's device and communicator agree. */
+static inline int ts_launcher_local_rank(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                       "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (!v || *v < '0' || *v > '9')
+            continue;
+        long r = 0;
+        for (; *v >= '0' && *v <= '9' && r < 1000000; v++)
+            r = r * 10 + (*v - '0');
+        if (!*v)
+            return (int)r;
+    }
+    return -1;
 }
 
 /* ---------------------------------------------------------------------------------------- */

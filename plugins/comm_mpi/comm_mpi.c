@@ -192,13 +192,31 @@ static void mpi_shutdown(void *ctx)
     free(c);
 }
 
+#ifdef COMM_MPI_DEVICE_TEST
+/* tests/dist's comm_devtest.so: this plugin posing as a device-buffer backend on a
+ * host-memory device ($TS_DEVTEST_DEVICE, default cpu_blas), so that the host's device-buffer
+ * paths (staged host collectives, buckets summed in device memory) run under mpirun on a
+ * machine without a GPU. Never installed. */
+static const char *devtest_device(void *ctx)
+{
+    (void)ctx;
+    const char *d = getenv("TS_DEVTEST_DEVICE");
+    return d && *d ? d : "cpu_blas";
+}
+#define COMM_NAME "devtest"
+#define COMM_FLAGS TS_COMM_DEVICE_BUFFERS
+#else
+#define COMM_NAME "mpi"
+#define COMM_FLAGS TS_COMM_HOST_BUFFERS
+#endif
+
 static const ts_comm_desc desc = {
     .struct_size = sizeof(ts_comm_desc),
     .abi_major = TS_COMM_ABI_MAJOR,
     .abi_minor = TS_COMM_ABI_MINOR,
-    .name = "mpi",
+    .name = COMM_NAME,
     .description = MPI_LIB,
-    .flags = TS_COMM_HOST_BUFFERS,
+    .flags = COMM_FLAGS,
     .launched = launched,
     .init = mpi_init,
     .rank = mpi_rank,
@@ -209,6 +227,9 @@ static const ts_comm_desc desc = {
     .barrier = mpi_barrier,
     .abort = mpi_abort,
     .shutdown = mpi_shutdown,
+#ifdef COMM_MPI_DEVICE_TEST
+    .device = devtest_device,
+#endif
 };
 
 TS_COMM_DEFINE(desc)

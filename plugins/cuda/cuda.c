@@ -19,7 +19,9 @@
 #include "cuda_plugin.h"
 
 static const ts_config_key keys[] = {
-    {"device_index", TS_SETTING_INT, "0", 0, 1023, "which GPU this instance drives"},
+    {"device_index", TS_SETTING_INT, "-1", -1, 1023,
+     "which GPU this instance drives; -1: the launcher's local rank modulo the GPUs (0 "
+     "without a launcher)"},
     {"memory_fraction", TS_SETTING_FRACTION, "0.8", 0, 0,
      "most bytes the pool may reserve, as a share of the GPU's memory"},
     {"cache_limit", TS_SETTING_SIZE, "4G", 0, 0, "most bytes kept in the pool's free lists"},
@@ -160,7 +162,11 @@ static ts_status cuda_init(const ts_host *host, const ts_setting *settings, size
     if (count == 0)
         return host->fail(host, TS_ENODEV, "0 CUDA devices");
     const ts_setting *idx = ts_setting_find(settings, nsettings, "device_index");
-    int device = idx ? (int)idx->v.i : 0;
+    int device = idx ? (int)idx->v.i : -1;
+    if (device < 0) { /* one GPU per rank of a job, as comm_nccl picks it */
+        int lr = ts_launcher_local_rank();
+        device = lr >= 0 ? lr % count : 0;
+    }
     if (device >= count)
         return host->fail(host, TS_ENODEV,
                           "device_index = %d but only %d CUDA device(s) exist (0..%d)", device,

@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 15
+plan 21
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -36,6 +36,28 @@ for mode in collectives ddp steps mismatch; do
         fail "mpirun -np 2 dist-check $mode" "$(cat "$TMP/$mode.out")" "$(tail -20 "$TMP/$mode.err")"
     fi
 done
+# The device-buffer paths (a backend such as NCCL that takes device memory: host collectives
+# staged through the device, gradient buckets summed in device memory) run here through
+# comm_devtest.so, the MPI plugin posing as a device-buffer backend on cpu_blas.
+printf '[core]\nplugin_path = %s\ndevice = cpu_blas\n[dist]\nbackend = devtest\n' \
+    "$TS_BUILDDIR/tests/dist/.libs" >"$TMP/devtest.ini"
+for mode in collectives ddp steps mismatch; do
+    if TESSERA_CONFIG="$TMP/devtest.ini" run2 $mode && ! grep -q "^not ok" "$TMP/$mode.out" &&
+        grep -q "^1\.\." "$TMP/$mode.out"; then
+        n=$(grep -c "^ok" "$TMP/$mode.out")
+        ok "device-buffer backend: dist-check $mode: $n checks on 2 ranks"
+    else
+        fail "device-buffer backend: dist-check $mode" "$(cat "$TMP/$mode.out")" "$(tail -20 "$TMP/$mode.err")"
+    fi
+done
+out=$(TESSERA_CONFIG="$TMP/devtest.ini" TS_DEVTEST_DEVICE=no_such_device timeout 120 $MPI "$CHECK" collectives 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+    contains "$out" "comm plugin 'devtest' communicates from device 'no_such_device', which cannot be opened"; then
+    ok "a device-buffer backend naming a device that cannot be opened is refused, naming it"
+else
+    fail "a device-buffer backend naming a device that cannot be opened is refused" "rc=$rc" "$out"
+fi
 # the same program alone: a world of one, no MPI loaded
 out=$("$CHECK" collectives 2>&1)
 rc=$?
@@ -78,6 +100,19 @@ for model in mlp lenet5; do
         fi
     done
 done
+# the same training through the device-buffer backend (buckets summed in device memory)
+TESSERA_CONFIG="$TMP/devtest.ini" timeout 300 $MPI $T --model mlp --optimizer adam >"$TMP/dv.json" 2>"$TMP/dv.err"
+rc=$?
+$T --model mlp --optimizer adam --device cpu_blas >"$TMP/one.json" 2>"$TMP/one.err"
+steps_of "$TMP/one.json" >"$TMP/one.l"
+steps_of "$TMP/dv.json" >"$TMP/dv.l"
+worst=$(paste "$TMP/one.l" "$TMP/dv.l" | awk 'BEGIN{w=0; n=0}
+    {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n=/ && $worst <= 1e-4)}"; then
+    ok "device-buffer backend: mpirun -np 2 train --model mlp --optimizer adam: 50 losses equal one process's (worst $worst)"
+else
+    fail "device-buffer backend: mpirun -np 2 train --model mlp" "rc=$rc worst=$worst" "$(tail -5 "$TMP/dv.err")"
+fi
 # the GPT: a global batch of 5 windows split 3 + 2 over the ranks (each rank's mean loss weighted
 # by its share), AdamW with clipping, 50 steps; the sums run over at most 256 logits or 64
 # features per output, the same n u bound as above holds with room. Validation losses are

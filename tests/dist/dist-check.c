@@ -57,6 +57,9 @@ static void collectives(void)
     char d[256];
     snprintf(d, sizeof d, "rank %d of %d on '%s'", rank_, size_, ts_dist_backend());
     check(rank_ >= 0 && rank_ < size_ && size_ >= 1, "rank and size", d);
+    if (rank_ == 0 && ts_dist_device())
+        printf("# '%s' takes device buffers of '%s'\n", ts_dist_backend(),
+               ts_device_name(ts_dist_device()));
     float f[3] = {1.5f * (float)(rank_ + 1), -2.0f, 0.25f};
     double g[2] = {1e-300 * (rank_ + 1), (double)rank_};
     int64_t k[2] = {(int64_t)1 << 40, rank_};
@@ -213,6 +216,11 @@ static void ddp_grads(void)
     check(size_ == 1 || (st.nbuckets >= 3 && st.buckets == 3 * st.nbuckets &&
                          st.started_early >= 3 * (st.nbuckets - 1) && st.finished_early >= 1),
           "ddp: buckets reduced while backward ran", d);
+    if (ts_dist_device()) { /* a device-buffer backend: the sums ran in its device memory */
+        snprintf(d, sizeof d, "in_place %d, on_device %d", st.in_place, st.on_device);
+        check(st.in_place && st.on_device && ts_tensor_device(p[0].tensor) == ts_dist_device(),
+              "ddp: buckets summed in place in the backend's device memory", d);
+    }
     ts_ddp_free(ddp);
     free(p), free(q);
     ts_module_free(dp), ts_module_free(ref);

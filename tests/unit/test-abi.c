@@ -4,7 +4,10 @@
  * add the new version's row, so the change is deliberate and reviewed. */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <tessera/comm.h>
 
 #include "../tap.h"
 
@@ -103,6 +106,58 @@ static void test_inline_helpers(void)
     CHECK(f64 == 0.5);
 }
 
+/* The communication ABI (comm.h) is frozen the same way, with TS_COMM_ABI_*. */
+static void test_comm_layout(void)
+{
+    if (sizeof(void *) != 8)
+        SKIP("layouts are recorded for LP64 only");
+    CHECK_MSG(TS_COMM_ABI_MAJOR == 1 && TS_COMM_ABI_MINOR == 1,
+              "communication ABI is %d.%d: add its layout row to this test", TS_COMM_ABI_MAJOR,
+              TS_COMM_ABI_MINOR);
+    static const layout v1_0[] = {
+        L(offsetof(ts_comm_desc, name), 8),
+        L(offsetof(ts_comm_desc, flags), 24),
+        L(offsetof(ts_comm_desc, launched), 32),
+        L(offsetof(ts_comm_desc, allreduce), 64),
+        L(offsetof(ts_comm_desc, abort), 96),
+        L(offsetof(ts_comm_desc, shutdown), 104),
+        L(sizeof(ts_comm_host), 24),
+        L(offsetof(ts_comm_host, log), 16),
+    };
+    check_rows("comm 1.0", v1_0, sizeof v1_0 / sizeof v1_0[0]);
+    /* 1.1: device (the device whose memory a TS_COMM_DEVICE_BUFFERS plugin takes) appended */
+    static const layout v1_1[] = {
+        L(offsetof(ts_comm_desc, device), 112),
+        L(sizeof(ts_comm_desc), 120),
+    };
+    check_rows("comm 1.1", v1_1, sizeof v1_1 / sizeof v1_1[0]);
+    CHECK_INT_EQ(TS_COMM_SUM, 0);
+    CHECK_INT_EQ(TS_COMM_HOST_BUFFERS, 1);
+    CHECK_INT_EQ(TS_COMM_DEVICE_BUFFERS, 2);
+}
+
+/* ts_launcher_local_rank: the launchers' variables in order, digits only. */
+static void test_launcher_local_rank(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                       "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t i = 0; i < 4; i++)
+        unsetenv(vars[i]);
+    CHECK_INT_EQ(ts_launcher_local_rank(), -1);
+    setenv("LOCAL_RANK", "5", 1);
+    CHECK_INT_EQ(ts_launcher_local_rank(), 5);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1); /* Open MPI's first */
+    CHECK_INT_EQ(ts_launcher_local_rank(), 3);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3x", 1); /* not a number: the next variable */
+    CHECK_INT_EQ(ts_launcher_local_rank(), 5);
+    setenv("LOCAL_RANK", "-1", 1);
+    CHECK_INT_EQ(ts_launcher_local_rank(), -1);
+    setenv("LOCAL_RANK", "99999999999999999999", 1); /* overlong: refused, never overflowed */
+    CHECK(ts_launcher_local_rank() == -1);
+    for (size_t i = 0; i < 4; i++)
+        unsetenv(vars[i]);
+}
+
 static void test_enums_are_append_only(void)
 {
     /* Values cross the boundary: they may only be appended. */
@@ -131,6 +186,8 @@ int main(int argc, char **argv)
         TAP_TEST(test_layout_matches_version),
         TAP_TEST(test_enums_are_append_only),
         TAP_TEST(test_inline_helpers),
+        TAP_TEST(test_comm_layout),
+        TAP_TEST(test_launcher_local_rank),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
