@@ -1,19 +1,27 @@
 /* core/log.c: the library's only way to say anything: a settable handler and a level.
- * libtessera never writes to stdout/stderr itself. */
+ * Without a handler of the program's, warnings and errors go to stderr, one line each, so a
+ * fallback to another device or a leak report never vanishes; the library never writes to
+ * stdout. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
 
-static ts_log_fn log_fn;
+static void to_stderr(int level, const char *message, void *user)
+{
+    (void)user;
+    fprintf(stderr, "tessera: %s: %s\n", ts_log_level_name(level), message);
+}
+
+static ts_log_fn log_fn = to_stderr;
 static void *log_user;
 static atomic_int log_level = TS_LOG_WARN;
 
 TS_API void ts_set_log_handler(ts_log_fn fn, void *user)
 {
-    log_fn = fn;
-    log_user = user;
+    log_fn = fn ? fn : to_stderr;
+    log_user = fn ? user : NULL;
 }
 
 TS_API void ts_set_log_level(int level)

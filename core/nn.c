@@ -96,6 +96,13 @@ TS_API const char *ts_module_kind(const ts_module *m)
 
 /* ---- initialisation -------------------------------------------------------------------- */
 
+/* A layer's weights need an initialisation: all-zero weights would never train. */
+static ts_status no_init(const char *layer)
+{
+    return ts__fail(TS_EINVAL, "%s: init is NULL; pass a ts_weight_init with a generator, "
+                    "e.g. {TS_INIT_KAIMING_UNIFORM, 0, &rng} (PyTorch's default)", layer);
+}
+
 /* A float32 parameter of shape drawn per init (or constant `fill` when init is NULL). */
 static ts_status make_param(ts_device *dev, int ndim, const int64_t *shape, const ts_weight_init *init,
                             int64_t fan_in, int64_t fan_out, int is_bias, double fill,
@@ -156,6 +163,8 @@ TS_API ts_status ts_nn_linear(ts_device *dev, int64_t in, int64_t out, int bias,
     if (in < 1 || out < 1)
         return ts__fail(TS_EINVAL, "linear: sizes must be >= 1, got %lld -> %lld",
                         (long long)in, (long long)out);
+    if (!init)
+        return no_init("linear");
     ts_module *l;
     ts_status s = new_module(M_LINEAR, &l);
     if (s)
@@ -181,6 +190,8 @@ TS_API ts_status ts_nn_conv2d(ts_device *dev, int64_t in_ch, int64_t out_ch, int
         return ts__fail(TS_EINVAL, "conv2d: %lld -> %lld channels, %dx%d kernel, %d groups: "
                         "sizes must be >= 1 and channels divisible by groups",
                         (long long)in_ch, (long long)out_ch, kh, kw, p->groups);
+    if (!init)
+        return no_init("conv2d");
     ts_module *c;
     ts_status s = new_module(M_CONV, &c);
     if (s)
@@ -318,6 +329,8 @@ TS_API ts_status ts_nn_embedding(ts_device *dev, int64_t num, int64_t dim, const
     CHECK_OUT(m);
     if (num < 1 || dim < 1)
         return ts__fail(TS_EINVAL, "embedding: sizes must be >= 1");
+    if (!init)
+        return no_init("embedding");
     ts_module *e;
     ts_status s = new_module(M_EMBEDDING, &e);
     if (s)

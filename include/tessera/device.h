@@ -18,10 +18,13 @@ typedef struct ts_device ts_device;
 
 /* ---- logging ------------------------------------------------------------------------- */
 
-/* libtessera never prints: messages go to this handler (default: none, dropped). */
+/* Messages go to this handler, called from whichever thread logs. The default (and fn NULL)
+ * writes "tessera: LEVEL: message" lines to stderr; libtessera never writes to stdout.
+ * Silence it with ts_set_log_level(-1) or a handler that drops what it gets. */
 typedef void (*ts_log_fn)(int level, const char *message, void *user);
 void ts_set_log_handler(ts_log_fn fn, void *user);
-/* Messages above level are not formatted at all. Default TS_LOG_WARN. */
+/* Messages above level are not formatted at all. Default TS_LOG_WARN (errors and warnings);
+ * -1 drops everything. */
 void ts_set_log_level(int level);
 int ts_log_level_get(void);
 /* "error", "warn", "info", "debug". (transfer none, static) */

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -352,6 +353,43 @@ static void test_unknown_plugin_sections(void)
               logged);
 }
 
+/* Runs ts_init(ini) + ts_shutdown with stderr captured into out. */
+static void init_capturing_stderr(const char *ini, char *out, size_t len)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/stderr.txt", tap_tmpdir());
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    CHECK_OK(ts_init(ini));
+    ts_shutdown();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(out, 1, len - 1, f) : 0;
+    out[n] = 0;
+    if (f)
+        fclose(f);
+}
+
+/* Without a handler of the program's, a warning (here a fallback to another device) reaches
+ * stderr instead of vanishing; log_level = error keeps it quiet. */
+static void test_default_log_to_stderr(void)
+{
+    const char *ini = tap_write_file(tap_tmpdir(), "fallback.ini", "[core]\ndevice = cpu_blass\n");
+    char err[8192];
+    ts_set_log_handler(NULL, NULL); /* the default */
+    init_capturing_stderr(ini, err, sizeof err);
+    CHECK_STR_CONTAINS(err, "tessera: warn: ");
+    CHECK_STR_CONTAINS(err, "falling back to 'cpu_blas'");
+    ini = tap_write_file(tap_tmpdir(), "quiet.ini", "[core]\ndevice = cpu_blass\nlog_level = error\n");
+    init_capturing_stderr(ini, err, sizeof err);
+    CHECK_MSG(!strstr(err, "tessera: "), "log_level = error still logged a warning: %s", err);
+}
+
 /* A misspelt device is an error (or, with a fallback, a warning) that names the closest
  * plugin found. */
 static void test_misspelt_device(void)
@@ -384,6 +422,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_files),         TAP_TEST(test_lookup_order),
         TAP_TEST(test_unknown_plugin_sections), TAP_TEST(test_fraction_byte_limit),
         TAP_TEST(test_misspelt_device),
+        TAP_TEST(test_default_log_to_stderr),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -870,10 +870,24 @@ static void test_module_to_dtype(void)
     tap_end();
 }
 
+/* A layer without an initialisation is an error, not all-zero weights that never train. */
+static void test_null_init_refused(void)
+{
+    ts_module *m = NULL;
+    ts_conv2d_params cp = {1, 1, 0, 0, 1, 1, 1};
+    CHECK_FAILS(ts_nn_linear(NULL, 4, 3, 1, NULL, &m), TS_EINVAL, "linear: init is NULL");
+    CHECK(m == NULL);
+    CHECK_FAILS(ts_nn_conv2d(NULL, 1, 2, 3, 3, &cp, 1, NULL, &m), TS_EINVAL,
+                "conv2d: init is NULL", "TS_INIT_KAIMING_UNIFORM");
+    CHECK_FAILS(ts_nn_embedding(NULL, 10, 4, NULL, &m), TS_EINVAL, "embedding: init is NULL");
+    CHECK(m == NULL);
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
         TAP_TEST(test_linear_and_names),
+        TAP_TEST(test_null_init_refused),
         TAP_TEST(test_conv_pool_flatten_shapes),
         TAP_TEST(test_norms_dropout_embedding),
         TAP_TEST(test_optimizers_match_reference),
