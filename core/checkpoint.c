@@ -562,6 +562,31 @@ static ts_status check_target(const char *path, struct stat *st, int *exists)
     return TS_OK;
 }
 
+TS_API ts_status ts_checkpoint_check_path(const char *path)
+{
+    if (!path || !*path)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_check_path: NULL or empty path");
+    struct stat st;
+    int exists = 0;
+    ts_status s = check_target(path, &st, &exists);
+    if (s)
+        return s;
+    saver sv = {.path = path};
+    int fd = create_tmp(&sv, 0600);
+    if (fd < 0) {
+        int err = errno;
+        char *dir = dir_of(path);
+        s = ts__fail(TS_EIO, "%s: cannot save a checkpoint there: creating a file in '%s' "
+                     "failed: %s", path, dir ? dir : ".", strerror(err));
+        free(dir);
+    } else {
+        close(fd);
+        unlink(sv.tmp);
+    }
+    free(sv.tmp);
+    return s;
+}
+
 TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
 {
     if (!ck || !path || !*path)

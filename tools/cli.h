@@ -39,6 +39,17 @@ static inline double cli_now(void)
 {
     return cli_seconds(CLOCK_MONOTONIC);
 }
+/* Training loops stop cleanly on SIGINT and SIGTERM: after cli_stop_signals_install, the
+ * first such signal only records itself (the loop finishes its step, saves and exits with
+ * 128 + the signal's number); a second one ends the process as usual. */
+void cli_stop_signals_install(void);
+/* The recorded signal's number, or 0. */
+int cli_stop_requested(void);
+/* "SIGINT", "SIGTERM" or "signal N". (static) */
+const char *cli_signal_name(int sig);
+/* Formats seconds as "42.3 s", "3m05s" or "2h03m" into buf. */
+const char *cli_duration(double seconds, char *buf, size_t len);
+
 /* qsort comparator for doubles, ascending. */
 int cli_cmp_double(const void *a, const void *b);
 

@@ -7,6 +7,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,4 +105,53 @@ int cli_parse_double(const char *cmd, const char *opt, const char *v, double min
         return cli_usage_error(cmd, "%s '%s' is out of range: expected a finite number %s %g, "
                                "at most %g", opt, v, range_lo, min, max);
     return 0;
+}
+
+/* ---- stopping on a signal --------------------------------------------------------------- */
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
+{
+    stop_signal = sig; /* SA_RESETHAND: the next one takes the default action */
+}
+
+void cli_stop_signals_install(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+int cli_stop_requested(void)
+{
+    return (int)stop_signal;
+}
+
+const char *cli_signal_name(int sig)
+{
+    static char buf[24];
+    if (sig == SIGINT)
+        return "SIGINT";
+    if (sig == SIGTERM)
+        return "SIGTERM";
+    snprintf(buf, sizeof buf, "signal %d", sig);
+    return buf;
+}
+
+const char *cli_duration(double s, char *buf, size_t len)
+{
+    if (!(s >= 0) || s > 1e9)
+        snprintf(buf, len, "?");
+    else if (s < 60)
+        snprintf(buf, len, "%.1f s", s);
+    else if (s < 3600)
+        snprintf(buf, len, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else
+        snprintf(buf, len, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
+    return buf;
 }

@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,7 @@ static const char usage[] =
     "                     [--lr-step-size N] [--lr-gamma G] [--clip-grad-norm X]\n"
     "                     [--device NAME] [--config FILE] [--data DIR] [--save CKPT]\n"
     "                     [--resume CKPT] [--seed S] [--max-steps N] [--train-limit N]\n"
-    "                     [--log-steps] [--json]\n"
+    "                     [--save-every N] [--log-every N] [--log-steps] [--json]\n"
     "\n"
     "Trains on Fashion-MNIST (default data: " TS_FASHION_MNIST_DIR ", Debian package\n"
     "dataset-fashion-mnist). Defaults: lenet5, 1 epoch, batch 64, adam, lr 1e-3, seed 1.\n"
@@ -33,7 +34,9 @@ static const char usage[] =
     "                  (default 32,64); then a linear layer to the 10 classes\n"
     "  --init KIND     weight initialisation (default kaiming: PyTorch's Kaiming-uniform);\n"
     "                  normal:STD draws N(0, STD) with zero biases\n"
-    "  --save CKPT     write a checkpoint (safetensors) after every epoch and at the end\n"
+    "  --save CKPT     write a checkpoint (safetensors) after every epoch and at the end;\n"
+    "                  the path is checked before training starts\n"
+    "  --save-every N  also write it every N steps (needs --save)\n"
     "  --resume CKPT   continue exactly where CKPT stopped (same model, optimizer, order;\n"
     "                  the optimizer settings are the checkpoint's)\n"
     "  --decay KIND    which parameters weight decay applies to: all (default), or matrices\n"
@@ -47,8 +50,12 @@ static const char usage[] =
     "  --max-steps N   stop after N optimizer steps in all (then evaluate and save)\n"
     "  --train-limit N train on the first N training images only\n"
     "  --log-steps     print every step's loss (one line each; JSON lines with --json)\n"
+    "  --log-every N   when stderr is not a terminal, a progress line there every N steps\n"
+    "                  (on a terminal a progress bar is drawn there instead)\n"
     "  --json          one JSON object per epoch instead of the progress bar and summary\n"
-    "A loss that becomes NaN or infinite stops training with exit status 1.\n"
+    "A loss that becomes NaN or infinite stops training with exit status 1. SIGINT (Ctrl-C)\n"
+    "or SIGTERM finishes the current step, saves (with --save) and exits with 130 or 143;\n"
+    "a second one stops at once.\n"
     "tessera train --model gpt --help: the character-level GPT on a text file.\n";
 
 /* Documented ranges of the numeric options (usage text and docs/training.md). */
@@ -61,7 +68,7 @@ static const char usage[] =
 
 typedef struct train_opts {
     const char *model, *optimizer, *device, *data, *save, *resume;
-    int64_t epochs, batch, max_steps, train_limit;
+    int64_t epochs, batch, max_steps, train_limit, save_every, log_every;
     double lr, momentum, weight_decay;
     const char *lr_schedule, *decay; /* "constant" / "step" / "cosine"; "all" / "matrices" */
     int64_t warmup_steps, lr_step_size, lr_decay_steps;
@@ -358,6 +365,11 @@ typedef struct trainer {
     int64_t saved_step; /* the step of this run's last --save, or -1 */
     int rank, world;    /* data parallelism: this rank of world (1: a single process) */
     ts_ddp *ddp;        /* gradient averaging when world > 1 */
+    int stopped_by;     /* the signal that stopped training, or 0 */
+    double started;     /* cli_now() when training began */
+    int64_t first_step; /* t->step then (a resumed run's start) */
+    double best_acc, last_acc;
+    uint64_t best_epoch; /* 1-based; 0: no evaluation yet */
 } trainer;
 
 static uint64_t fnv64(const char *p)
@@ -862,19 +874,52 @@ static ts_status evaluate(trainer *t, double *acc)
     return s;
 }
 
-static void progress(const trainer *t, int64_t batch, int64_t nbatches, double loss,
-                     double rate)
+/* The run's steps left: to the end of --epochs, or to --max-steps when that comes first. */
+static int64_t steps_left(const trainer *t, int64_t bi, int64_t nb)
 {
+    int64_t left = (nb - bi) + ((int64_t)t->o.epochs - (int64_t)t->epoch - 1) * nb;
+    if (t->o.max_steps > 0 && t->o.max_steps - t->step < left)
+        left = t->o.max_steps - t->step;
+    return left > 0 ? left : 0;
+}
+
+/* Progress on stderr: a bar redrawn in place on a terminal, else a plain line (--log-every).
+ * rate: images a second over this epoch so far. Elapsed and ETA over the whole run. */
+static void progress(const trainer *t, int64_t batch, int64_t nbatches, double loss,
+                     double rate, int bar)
+{
+    char el[32], eta[32], b[32];
+    double elapsed = cli_now() - t->started;
+    int64_t done_steps = t->step - t->first_step, left = steps_left(t, batch, nbatches);
+    cli_duration(elapsed, el, sizeof el);
+    cli_duration(done_steps > 0 ? elapsed / (double)done_steps * (double)left : -1, eta,
+                 sizeof eta);
+    if (!bar) {
+        fprintf(stderr, "epoch %llu/%lld batch %lld/%lld: loss %.4f, %.0f images/s, %s "
+                "elapsed, ETA %s\n", (unsigned long long)t->epoch + 1, (long long)t->o.epochs,
+                (long long)batch, (long long)nbatches, loss, rate, el, eta);
+        return;
+    }
     ts_memory_stats st;
     ts_device_memory_stats(t->dev, &st);
-    char b[32];
-    int width = 30, done = (int)(width * batch / (nbatches ? nbatches : 1));
-    fprintf(stdout, "\r  epoch %llu [", (unsigned long long)t->epoch + 1);
+    int width = 24, done = (int)(width * batch / (nbatches ? nbatches : 1));
+    fprintf(stderr, "\r  epoch %llu/%lld [", (unsigned long long)t->epoch + 1,
+            (long long)t->o.epochs);
     for (int i = 0; i < width; i++)
-        fputc(i < done ? '=' : i == done ? '>' : ' ', stdout);
-    fprintf(stdout, "] %lld/%lld  %.0f img/s  loss %.4f  pool %s ", (long long)batch,
-            (long long)nbatches, rate, loss, cli_bytes(st.in_use, b, sizeof b));
-    fflush(stdout);
+        fputc(i < done ? '=' : i == done ? '>' : ' ', stderr);
+    fprintf(stderr, "] %lld/%lld  loss %.4f  %.0f img/s  %s elapsed  ETA %s  pool %s ",
+            (long long)batch, (long long)nbatches, loss, rate, el, eta,
+            cli_bytes(st.in_use, b, sizeof b));
+    fflush(stderr);
+}
+
+/* Clears the progress bar's line. */
+static void progress_clear(const trainer *t)
+{
+    if (t->tty) {
+        fprintf(stderr, "\r%*s\r", 120, "");
+        fflush(stderr);
+    }
 }
 
 /* One epoch; returns TS_OK and sets *stop when --max-steps is reached. */
@@ -927,9 +972,14 @@ static ts_status run_epoch(trainer *t, int *stop)
         }
         if (s == TS_OK)
             ts_optim_zero_grad(t->opt);
+        /* A stop signal: every rank stops after the same step (the first to see one tells
+         * the others in the loss's sum). */
+        int stop_now = cli_stop_requested() != 0;
         if (s == TS_OK && t->world > 1) { /* the global batch's loss: the shards' weighted sum */
-            lv = n > 0 ? lv / share * (double)n / (double)bs : 0;
-            s = ts_dist_allreduce_sum(&lv, 1, TS_F64);
+            double red[2] = {n > 0 ? lv / share * (double)n / (double)bs : 0, stop_now};
+            s = ts_dist_allreduce_sum(red, 2, TS_F64);
+            lv = red[0];
+            stop_now = red[1] > 0;
         }
         ts_tensor_unref(logits);
         ts_tensor_unref(loss);
@@ -964,8 +1014,21 @@ static ts_status run_epoch(trainer *t, int *stop)
             else
                 printf("step %lld loss %.9g lr %.6g\n", (long long)t->step, lv,
                        ts_optim_lr(t->opt));
-        } else if (t->tty && !t->o.json && (bi % 10 == 0 || bi == nb)) {
-            progress(t, bi, nb, loss_sum / (double)seen, (double)seen / (cli_now() - t0));
+        } else if (t->tty && (bi % 10 == 0 || bi == nb)) {
+            progress(t, bi, nb, loss_sum / (double)seen, (double)seen / (cli_now() - t0), 1);
+        }
+        if (!t->tty && t->o.log_every > 0 && t->rank == 0 && t->step % t->o.log_every == 0)
+            progress(t, bi, nb, loss_sum / (double)seen, (double)seen / (cli_now() - t0), 0);
+        if (t->o.save_every > 0 && t->step % t->o.save_every == 0 && t->rank == 0 &&
+            (s = save(t, t->o.save))) {
+            progress_clear(t);
+            return s;
+        }
+        if (stop_now) { /* saved, if asked, by the caller; no evaluation */
+            t->stopped_by = cli_stop_requested() ? cli_stop_requested() : SIGTERM;
+            *stop = 1;
+            progress_clear(t);
+            return TS_OK;
         }
         if (t->o.max_steps > 0 && t->step >= t->o.max_steps) {
             *stop = 1;
@@ -974,9 +1037,25 @@ static ts_status run_epoch(trainer *t, int *stop)
     }
     if (s)
         return s;
+    if (t->tty) {
+        progress_clear(t);
+        fprintf(stderr, "  epoch %llu/%lld: testing on %lld images ...",
+                (unsigned long long)t->epoch + 1, (long long)t->o.epochs,
+                (long long)ts_tensor_size(t->test_x, 0));
+        fflush(stderr);
+    }
     double secs = cli_now() - t0, test_acc = 0;
-    if ((s = ts_dist_allreduce_sum(&correct, 1, TS_I64)) || (s = evaluate(t, &test_acc)))
+    s = ts_dist_allreduce_sum(&correct, 1, TS_I64);
+    if (s == TS_OK)
+        s = evaluate(t, &test_acc);
+    progress_clear(t);
+    if (s)
         return s;
+    t->last_acc = test_acc;
+    if (!t->best_epoch || test_acc > t->best_acc) {
+        t->best_acc = test_acc;
+        t->best_epoch = t->epoch + 1;
+    }
     ts_memory_stats st;
     ts_device_memory_stats(t->dev, &st);
     double train_loss = seen ? loss_sum / (double)seen : 0;
@@ -993,8 +1072,6 @@ static ts_status run_epoch(trainer *t, int *stop)
                t->world);
     } else {
         char b1[32], b2[32], b3[32];
-        if (t->tty && !t->o.log_steps)
-            printf("\r%*s\r", 110, "");
         printf("epoch %llu: train loss %.4f acc %.4f, test acc %.4f, %.1f s, pool in use %s / "
                "reserved %s / peak %s\n",
                (unsigned long long)t->epoch + 1, train_loss, train_acc, test_acc, secs,
@@ -1039,6 +1116,10 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
             bad = cli_parse_i64("train", a, v, 1, MAX_BATCH, &o->batch), i++;
         } else if (!strcmp(a, "--max-steps")) {
             bad = cli_parse_i64("train", a, v, 0, MAX_STEPS, &o->max_steps), i++;
+        } else if (!strcmp(a, "--save-every")) {
+            bad = cli_parse_i64("train", a, v, 1, MAX_STEPS, &o->save_every), i++;
+        } else if (!strcmp(a, "--log-every")) {
+            bad = cli_parse_i64("train", a, v, 1, MAX_STEPS, &o->log_every), i++;
         } else if (!strcmp(a, "--train-limit")) {
             bad = cli_parse_i64("train", a, v, 0, MAX_LIMIT, &o->train_limit), i++;
         } else if (!strcmp(a, "--seed")) {
@@ -1097,6 +1178,8 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
     }
     if (cli_model_check(&o->arch, "train"))
         return 2;
+    if (o->save_every && !o->save)
+        return cli_usage_error("train", "--save-every needs --save CKPT (where to write)");
     o->model = o->arch.name;
     if (strcmp(o->optimizer, "sgd") && strcmp(o->optimizer, "adam") &&
         strcmp(o->optimizer, "adamw"))
@@ -1138,7 +1221,9 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     int rc = parse(argc, argv, &t.o, common);
     if (rc)
         return rc < 0 ? 0 : rc;
-    t.tty = isatty(STDOUT_FILENO);
+    /* the progress bar: on stderr when it is a terminal (rank 0 alone), not mixed into
+     * --log-steps lines or into JSON on the same terminal */
+    t.tty = isatty(STDERR_FILENO) && !t.o.log_steps && !(t.o.json && isatty(STDOUT_FILENO));
     ts_status s = ts_init(config);
     if (s)
         return cli_fail(s, "cannot start tessera");
@@ -1152,10 +1237,18 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     }
     t.rank = ts_dist_rank();
     t.world = ts_dist_size();
+    if (t.rank != 0)
+        t.tty = 0;
     if (t.rank != 0 && !freopen("/dev/null", "w", stdout)) {
         fprintf(stderr, "tessera: error: rank %d: cannot silence stdout\n", t.rank);
         goto out;
     }
+    /* a --save path that cannot be written is refused now, not after the first epoch */
+    if (t.o.save && t.rank == 0 && (s = ts_checkpoint_check_path(t.o.save))) {
+        cli_fail(s, "--save");
+        goto out;
+    }
+    cli_stop_signals_install();
     /* a device-buffer backend (NCCL) trains on its own device unless told otherwise */
     t.dev = ts_dist_device() ? ts_dist_device() : ts_default_device();
     if (t.o.device && (s = ts_device_get(t.o.device, &t.dev))) {
@@ -1256,6 +1349,8 @@ int cmd_train(int argc, char **argv, const cli_common *common)
                    strcmp(t.o.decay, "all") ? "matrices only" : "every parameter", clip_txt);
     }
     int stop = 0;
+    t.started = cli_now();
+    t.first_step = t.step;
     for (; t.epoch < (uint64_t)t.o.epochs && !stop; t.epoch++) {
         uint64_t ep;
         int64_t bi;
@@ -1281,6 +1376,24 @@ int cmd_train(int argc, char **argv, const cli_common *common)
             cli_fail(s, "--save");
             goto out;
         }
+    }
+    char took[32];
+    cli_duration(cli_now() - t.started, took, sizeof took);
+    if (t.stopped_by) {
+        if (t.rank == 0)
+            fprintf(stderr, "tessera: %s: stopped after step %lld (%s of training)%s%s%s\n",
+                    cli_signal_name(t.stopped_by), (long long)t.step, took,
+                    t.o.save ? "; saved " : "; nothing saved (no --save)",
+                    t.o.save ? t.o.save : "", t.o.save ? ", continue with --resume" : "");
+        rc = 128 + t.stopped_by;
+        goto out;
+    }
+    if (!t.o.json && t.best_epoch) {
+        printf("done: %lld steps in %s; test accuracy %.4f (best %.4f, epoch %llu)", (long long)(t.step - t.first_step), took,
+               t.last_acc, t.best_acc, (unsigned long long)t.best_epoch);
+        if (t.o.save)
+            printf("; checkpoint %s", t.o.save);
+        printf("\n");
     }
     rc = 0;
 out:

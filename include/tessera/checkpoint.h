@@ -41,6 +41,12 @@ ts_status ts_checkpoint_set_meta(ts_checkpoint *ck, const char *key, const char 
  * was and no temporary file remains. */
 ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path);
 
+/* Whether ts_checkpoint_save could write path now: it is absent or a regular file (not a
+ * link, directory, FIFO or device) and a file can be created next to it. Creates and removes
+ * one temporary file there, touches nothing else. For a program to refuse a bad --save path
+ * before hours of training rather than after. TS_EIO with the reason. */
+ts_status ts_checkpoint_check_path(const char *path);
+
 /* Opens and validates path, and keeps it open until ts_checkpoint_free: tensors are read from
  * it when asked for, ts_checkpoint_get creating them on dev (NULL: the default device; dev
  * must outlive the checkpoint). TS_EIO if it cannot be read, TS_ECORRUPT for any defect.

@@ -825,10 +825,40 @@ static void test_kill_during_save(void)
               kills, seed);
 }
 
+/* ts_checkpoint_check_path: a writable target passes and leaves nothing behind; a link, a
+ * directory, a FIFO and a missing directory are refused with the reason. */
+static void test_check_path(void)
+{
+    char dir[4200], p[4400];
+    snprintf(dir, sizeof dir, "%s/chk", tap_tmpdir());
+    CHECK(mkdir(dir, 0755) == 0);
+    snprintf(p, sizeof p, "%s/new.ckpt", dir);
+    CHECK_OK(ts_checkpoint_check_path(p));
+    DIR *d = opendir(dir);
+    int entries = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        entries += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    CHECK_INT_EQ(entries, 0); /* the probe file is gone */
+    CHECK_FAILS(ts_checkpoint_check_path(dir), TS_EIO, "the path is a directory");
+    snprintf(p, sizeof p, "%s/fifo", dir);
+    CHECK(mkfifo(p, 0600) == 0);
+    CHECK_FAILS(ts_checkpoint_check_path(p), TS_EIO, "fifo");
+    snprintf(p, sizeof p, "%s/link", dir);
+    CHECK(symlink("new.ckpt", p) == 0);
+    CHECK_FAILS(ts_checkpoint_check_path(p), TS_EIO, "symbolic link");
+    snprintf(p, sizeof p, "%s/missing/x.ckpt", dir);
+    CHECK_FAILS(ts_checkpoint_check_path(p), TS_EIO, "cannot save a checkpoint there",
+                "No such file or directory");
+    CHECK_FAILS(ts_checkpoint_check_path(""), TS_EINVAL, "empty path");
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
         TAP_TEST(test_round_trip),        TAP_TEST(test_builder_errors),
+        TAP_TEST(test_check_path),
         TAP_TEST(test_restore),           TAP_TEST(test_safetensors_layout),
         TAP_TEST(test_corrupt_files),     TAP_TEST(test_every_truncation),
         TAP_TEST(test_save_failures),     TAP_TEST(test_kill_during_save),

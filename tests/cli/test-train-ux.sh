@@ -1,0 +1,104 @@
+#!/bin/sh
+# tests/cli/test-train-ux.sh: `tessera train` never loses work and says what it does. SIGTERM
+# mid-run finishes the step, saves, exits 143, and the checkpoint resumes to exactly the
+# straight run's losses; --save-every leaves a checkpoint of a recent step even after a
+# SIGKILL; a --save path that cannot be written is refused before any training; progress goes
+# to stderr (plain lines with --log-every when it is not a terminal) and never into the JSON
+# on stdout; a text run ends with a summary.
+. "${TS_SRCDIR:-.}/tests/cli/lib.sh"
+plan 5
+DATA=/usr/share/datasets/fashion-mnist
+if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
+    for t in sigterm save-every save-path progress summary; do
+        skip "$t" "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)"
+    done
+    finish
+fi
+C="--model lenet5 --train-limit 4096 --batch-size 32 --device cpu_blas"
+losses() { grep '"step": [0-9]*, "loss"' "$1" | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
+# Waits (up to 60 s) until FILE has a progress line of batch >= N; 0 when it has.
+wait_batch() {
+    i=0
+    while [ $i -lt 600 ]; do
+        b=$(sed -n 's/^epoch [0-9]*\/[0-9]* batch \([0-9]*\)\/.*/\1/p' "$1" 2>/dev/null | tail -1)
+        [ -n "$b" ] && [ "$b" -ge "$2" ] && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+
+# SIGTERM: the step finishes, the checkpoint is written, exit 143; resumed, the losses are the
+# straight run's, bit for bit.
+"$TESSERA" train $C --epochs 100 --save "$TMP/t.ckpt" --log-steps --json --log-every 1 \
+    >"$TMP/t1.json" 2>"$TMP/t1.err" &
+pid=$!
+wait_batch "$TMP/t1.err" 5 && kill -TERM $pid
+wait $pid
+rc=$?
+m=$(losses "$TMP/t1.json" | wc -l)
+"$TESSERA" train $C --epochs 100 --max-steps 600 --resume "$TMP/t.ckpt" --log-steps --json \
+    >"$TMP/t2.json" 2>"$TMP/t2.err"
+rc2=$?
+"$TESSERA" train $C --epochs 100 --max-steps 600 --log-steps --json >"$TMP/s.json" 2>&1
+cat "$TMP/t1.json" "$TMP/t2.json" >"$TMP/t12.json"
+if [ $rc -eq 143 ] && [ $rc2 -eq 0 ] && [ "$m" -ge 5 ] && [ "$m" -lt 600 ] &&
+    grep -q "SIGTERM: stopped after step $m .*saved $TMP/t.ckpt" "$TMP/t1.err" &&
+    grep -q "resumed from $TMP/t.ckpt at epoch [0-9]*, step $m" "$TMP/t2.err" &&
+    [ "$(losses "$TMP/t12.json" | wc -l)" -eq 600 ] &&
+    [ "$(losses "$TMP/t12.json")" = "$(losses "$TMP/s.json")" ]; then
+    ok "SIGTERM after step $m: exit 143, saved; resumed to step 600 with the straight run's losses, bit for bit"
+else
+    fail "SIGTERM: stop, save, resume to the straight run's losses" "rc=$rc rc2=$rc2 m=$m" \
+        "$(tail -3 "$TMP/t1.err")" "$(tail -3 "$TMP/t2.err")"
+fi
+
+# --save-every 3, then SIGKILL (nothing can be saved then): the checkpoint on disk is of a
+# step that is a positive multiple of 3, and it resumes.
+"$TESSERA" train $C --epochs 100 --save "$TMP/k.ckpt" --save-every 3 --log-every 1 \
+    >/dev/null 2>"$TMP/k.err" &
+pid=$!
+wait_batch "$TMP/k.err" 10 && kill -KILL $pid
+wait $pid
+rc=$?
+out=$("$TESSERA" train $C --epochs 100 --max-steps 40 --resume "$TMP/k.ckpt" 2>&1 >/dev/null)
+rc2=$?
+st=$(echo "$out" | sed -n 's/.*resumed from .* at epoch [0-9]*, step \([0-9]*\).*/\1/p')
+if [ $rc -eq 137 ] && [ $rc2 -eq 0 ] && [ -n "$st" ] && [ "$st" -ge 3 ] && [ $((st % 3)) -eq 0 ]; then
+    ok "--save-every 3: after SIGKILL the checkpoint is of step $st and resumes"
+else
+    fail "--save-every 3 survives SIGKILL" "rc=$rc rc2=$rc2 step=$st" "$out"
+fi
+
+# A --save path that cannot be written: refused at once, before the data is even loaded.
+mkdir "$TMP/adir"
+out1=$("$TESSERA" train $C --save "$TMP/missing/x.ckpt" 2>&1)
+rc1=$?
+out2=$("$TESSERA" train $C --save "$TMP/adir" 2>&1)
+rc2=$?
+if [ $rc1 -eq 1 ] && [ $rc2 -eq 1 ] && contains "$out1" "$TMP/missing/x.ckpt: cannot save a checkpoint there" &&
+    contains "$out2" "the path is a directory" && ! contains "$out1$out2" "epoch" &&
+    [ -z "$(ls "$TMP/adir")" ]; then
+    ok "a --save path in a missing directory or naming a directory is refused before training"
+else
+    fail "a bad --save path is refused before training" "rc=$rc1/$rc2" "$out1" "$out2"
+fi
+
+# Progress: plain lines on stderr with --log-every (not a terminal here), stdout all JSON.
+"$TESSERA" train $C --max-steps 20 --log-every 10 --json >"$TMP/p.json" 2>"$TMP/p.err"
+rc=$?
+nl=$(grep -c '^epoch 1/1 batch [0-9]*/128: loss [0-9.]*, [0-9]* images/s, .* elapsed, ETA ' "$TMP/p.err")
+if [ $rc -eq 0 ] && [ "$nl" -eq 2 ] && ! grep -qv '^{' "$TMP/p.json"; then
+    ok "--log-every 10: 2 progress lines with throughput, elapsed and ETA on stderr; stdout only JSON"
+else
+    fail "--log-every progress on stderr" "rc=$rc lines=$nl" "$(cat "$TMP/p.err")" "$(cat "$TMP/p.json")"
+fi
+
+# The summary of a text run: steps, time, last and best accuracy, the checkpoint.
+out=$("$TESSERA" train $C --epochs 2 --save "$TMP/sum.ckpt" 2>/dev/null)
+if echo "$out" | tail -1 | grep -q "^done: 256 steps in .*; test accuracy 0\.[0-9]* (best 0\.[0-9]*, epoch [12]); checkpoint $TMP/sum.ckpt$"; then
+    ok "a run ends with a summary: $(echo "$out" | tail -1)"
+else
+    fail "a run ends with a summary" "$out"
+fi
+finish
