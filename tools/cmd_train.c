@@ -1386,6 +1386,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
                     t.o.save ? "; saved " : "; nothing saved (no --save)",
                     t.o.save ? t.o.save : "", t.o.save ? ", continue with --resume" : "");
         rc = 128 + t.stopped_by;
+        t.world = 1; /* every rank stopped after the same step: nothing to abort */
         goto out;
     }
     if (!t.o.json && t.best_epoch) {

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +42,8 @@ static const char usage[] =
     "--steps sets the run's length (the cosine ends there); --max-steps N stops after N steps\n"
     "in all (to resume later on the same schedule). --save-initial writes the freshly\n"
     "initialised weights (bench/gpt_compare.py starts PyTorch from them). Losses are in nats per token; bits per\n"
-    "byte is that over ln 2.\n";
+    "byte is that over ln 2. --save is written at each evaluation; SIGINT or SIGTERM finishes\n"
+    "the step, saves (with --save) and exits with 130 or 143.\n";
 
 typedef struct gpt_opts {
     const char *text, *device, *save, *resume, *save_initial;
@@ -539,6 +541,14 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     }
     r.rank = ts_dist_rank();
     r.world = ts_dist_size();
+    cli_stop_signals_install();
+    if (r.o.save && r.rank == 0 && (s = ts_checkpoint_check_path(r.o.save))) {
+        cli_fail(s, "--save"); /* now, not after the first evaluation */
+        free(text);
+        ts_dist_shutdown();
+        ts_shutdown();
+        return 1;
+    }
     if (r.rank != 0 && !freopen("/dev/null", "w", stdout))
         goto out;
     r.dev = ts_dist_device() ? ts_dist_device() : ts_default_device();
@@ -628,9 +638,13 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
             s = ts_ddp_sync(r.ddp);
         if (!s && (r.o.clip <= 0 || !(s = ts_clip_grad_norm(r.params, r.np, r.o.clip, NULL))))
             s = ts_optim_step(r.opt);
+        /* SIGINT/SIGTERM: every rank stops after this step (the flag rides on the sum) */
+        int stop_now = cli_stop_requested() != 0;
         if (!s && r.world > 1) { /* the global batch's loss */
-            lv = lv * (double)nb / (double)r.o.batch;
-            s = ts_dist_allreduce_sum(&lv, 1, TS_F64);
+            double red[2] = {lv * (double)nb / (double)r.o.batch, stop_now};
+            s = ts_dist_allreduce_sum(red, 2, TS_F64);
+            lv = red[0];
+            stop_now = red[1] > 0;
         }
         ts_optim_zero_grad(r.opt);
         ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(logits);
@@ -647,6 +661,22 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         }
         loss_sum += lv;
         since++;
+        if (stop_now) {
+            int sig = cli_stop_requested() ? cli_stop_requested() : SIGTERM;
+            r.step++; /* the steps taken so far */
+            if (r.o.save && r.rank == 0 && (s = save(&r))) {
+                cli_fail(s, "--save");
+                goto out;
+            }
+            if (r.rank == 0)
+                fprintf(stderr, "tessera: %s: stopped after step %lld%s%s%s\n",
+                        cli_signal_name(sig), (long long)r.step,
+                        r.o.save ? "; saved " : "; nothing saved (no --save)",
+                        r.o.save ? r.o.save : "", r.o.save ? ", continue with --resume" : "");
+            rc = 128 + sig;
+            r.world = 1; /* a clean stop on every rank: nothing to abort */
+            goto out;
+        }
         if (r.o.log_steps) {
             if (r.o.json)
                 printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g}\n",

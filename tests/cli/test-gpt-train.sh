@@ -4,7 +4,7 @@
 # byte; a run stopped with --max-steps and resumed trains exactly what the straight run
 # trains; another model, text or seed is refused on resume; bad inputs are clear errors.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 9
+plan 10
 
 # A deterministic text: 30,000 bytes of words from a small vocabulary.
 TEXT="$TMP/corpus.txt"
@@ -103,5 +103,22 @@ if contains "$out" "--model gpt --help" && contains "$out" "usage: tessera train
     ok "train --help points at the GPT's help, which lists its options"
 else
     fail "train --help points at the GPT's help" "$out"
+fi
+# SIGTERM: the step finishes, the checkpoint is written, exit 143; it resumes from there.
+"$TESSERA" train $SMALL --steps 100000 --save "$TMP/sig.ckpt" >"$TMP/sig.out" 2>"$TMP/sig.err" &
+pid=$!
+sleep 2
+kill -TERM $pid
+wait $pid
+rc=$?
+n=$(sed -n 's/.*SIGTERM: stopped after step \([0-9]*\); saved .*/\1/p' "$TMP/sig.err")
+out=$("$TESSERA" train $SMALL --steps 100000 --max-steps $((${n:-0} + 3)) --resume "$TMP/sig.ckpt" --log-steps --json 2>&1)
+rc2=$?
+if [ $rc -eq 143 ] && [ -n "$n" ] && [ $rc2 -eq 0 ] &&
+    [ "$(echo "$out" | grep -c '"step": [0-9]*, "loss"')" -eq 3 ] &&
+    contains "$out" "{\"step\": $((n + 1)), \"loss\""; then
+    ok "SIGTERM after step $n: exit 143, saved; --resume continues at step $((n + 1))"
+else
+    fail "SIGTERM: stop, save, resume" "rc=$rc rc2=$rc2 n=$n" "$(cat "$TMP/sig.err")" "$out"
 fi
 finish
