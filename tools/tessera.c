@@ -82,7 +82,14 @@ static void print_usage(FILE *f)
           "  --version              print the version\n"
           "  -h, --help             print this help\n"
           "\n"
-          "environment: TESSERA_CONFIG, TESSERA_DEVICE, TESSERA_PLUGIN_PATH\n",
+          "environment:\n"
+          "  TESSERA_CONFIG         the configuration file\n"
+          "  TESSERA_DEVICE         the device, over [core] device\n"
+          "  TESSERA_PLUGIN_PATH    extra plugin directories (absolute, colon-separated)\n"
+          "  TESSERA_SYSTEM_PLUGIN_DIR  replaces the installed plugin directory\n"
+          "  TESSERA_MEMTRACE       write a Chrome/Perfetto trace of pool memory to this file\n"
+          "  TESSERA_DEBUG_MEMORY   1: record where each block was made, for leak reports\n"
+          "  launchers' variables (mpirun, srun): see man tessera\n",
           f);
 }
 

@@ -3,7 +3,7 @@
 # `tessera help ...` prints (its own usage line, exit 0), the usage text is complete, and an
 # unknown command or benchmark exits 2 with a message.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 4
+plan 5
 
 usage=$("$TESSERA" help)
 cmds=$(echo "$usage" | sed -n '/^commands:/,/^$/p' | awk 'NF && $1 != "commands:" {print $1}')
@@ -47,5 +47,25 @@ if [ $rc1 -eq 2 ] && [ $rc2 -eq 2 ] && [ $rc3 -eq 2 ] && contains "$out" "unknow
     ok "an unknown command or benchmark exits 2 and names it"
 else
     fail "an unknown command or benchmark exits 2 and names it" "$rc1 $rc2 $rc3" "$out" "$out2" "$out3"
+fi
+# The man page keeps up with the help: every command, benchmark and environment variable
+# `tessera --help` lists is in man/tessera.1, and it renders without a warning (when groff
+# is here).
+help=$("$TESSERA" --help)
+man="$TS_SRCDIR/man/tessera.1"
+missing=""
+for w in $(echo "$help" | sed -n 's/^  \([a-z][a-z-]*\) .*/\1/p') \
+    $(echo "$help" | sed -n 's/^  bench \([a-z]*\) .*/\1/p') \
+    $(echo "$help" | grep -o 'TESSERA_[A-Z_]*'); do
+    grep -q -- "$(echo "$w" | sed 's/-/\\\\-/g')" "$man" || missing="$missing $w"
+done
+warn=""
+if command -v groff >/dev/null 2>&1; then
+    warn=$(groff -man -Tutf8 -ww -z "$man" 2>&1)
+fi
+if [ -z "$missing" ] && [ -z "$warn" ]; then
+    ok "man/tessera.1 has every command, benchmark and environment variable of --help"
+else
+    fail "man/tessera.1 keeps up with --help" "missing:$missing" "$warn"
 fi
 finish

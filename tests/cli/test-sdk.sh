@@ -23,8 +23,11 @@ lib=$(find "$ROOT" -name 'libtessera.so*' | head -1)
 plugins=$(find "$ROOT" -type d -path '*/tessera/plugins' | head -1)
 if [ -n "$pc" ] && [ -f "$tmpl/Makefile" ] && [ -f "$tmpl/template.c" ] && [ -x "$bin" ] &&
     [ -n "$lib" ] && find "$ROOT" -name writing-a-plugin.md | grep -q . &&
+    find "$ROOT" -path '*/doc/tessera/README.md' | grep -q . &&
+    [ "$(find "$ROOT" -path '*/doc/tessera/*.md' | wc -l)" -eq "$(ls "$TS_SRCDIR"/docs/*.md | wc -l | awk '{print $1 + 1}')" ] &&
+    find "$ROOT" -path '*/man1/tessera.1' | grep -q . &&
     [ -d "$plugins" ] && ! ls "$plugins"/*.la >/dev/null 2>&1; then
-    ok "make install DESTDIR puts the headers, tessera-plugin.pc, the guide, the template and the plugins (no .la) in place"
+    ok "make install DESTDIR puts the headers, tessera-plugin.pc, README and every guide, the man page, the template and the plugins (no .la) in place"
 else
     fail "make install DESTDIR puts the headers, tessera-plugin.pc, the guide and the template in place" \
         "pc=$pc tmpl=$tmpl bin=$bin lib=$lib" "$(cd "$ROOT" && find . | head -50)"
