@@ -40,8 +40,10 @@ typedef struct ck_entry {
     int32_t dtype;
     int ndim;
     int64_t shape[TS_MAX_DIMS];
-    uint64_t nbytes;
+    uint64_t nbytes; /* as dtype: what a tensor of it holds */
     uint64_t offset; /* loaded: where the bytes start, from the start of the file */
+    int stored;      /* loaded: ST_NATIVE, or the file's dtype that converts to dtype */
+    uint64_t stored_bytes; /* loaded: its bytes in the file */
 } ck_entry;
 
 typedef struct ck_meta {
@@ -66,6 +68,68 @@ static const struct {
     {TS_F32, "F32"}, {TS_F64, "F64"}, {TS_I32, "I32"}, {TS_I64, "I64"}, {TS_U8, "U8"},
 };
 #define NDTYPES (sizeof dtype_names / sizeof dtype_names[0])
+
+/* safetensors dtypes tessera does not compute in, converted when a tensor is read: half and
+ * bfloat16 to float32 (exactly: every value of both is a float32), BOOL to uint8 (0 or 1). */
+enum { ST_NATIVE = 0, ST_F16, ST_BF16, ST_BOOL };
+static const struct {
+    const char *st;
+    int32_t to;    /* the dtype it loads as */
+    size_t esize;  /* bytes an element in the file */
+} converted[] = {
+    {NULL, 0, 0}, {"F16", TS_F32, 2}, {"BF16", TS_F32, 2}, {"BOOL", TS_U8, 1},
+};
+
+static int st_converted_parse(const char *s)
+{
+    for (int i = ST_F16; i <= ST_BOOL; i++)
+        if (strcmp(converted[i].st, s) == 0)
+            return i;
+    return ST_NATIVE;
+}
+
+/* IEEE half to float32, exactly (subnormals, infinities and NaN included). */
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* inf, NaN (payload kept) */
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: normalise */
+        int e = -1;
+        do {
+            e++;
+            man <<= 1;
+        } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* n stored elements of kind at src (little-endian) into dst as their loaded dtype. */
+static void convert_stored(int kind, const unsigned char *src, void *dst, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        if (kind == ST_BOOL) {
+            ((unsigned char *)dst)[i] = src[i] != 0;
+            continue;
+        }
+        uint16_t v = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
+        float f;
+        if (kind == ST_F16) {
+            f = half_to_float(v);
+        } else {
+            uint32_t bits = (uint32_t)v << 16;
+            memcpy(&f, &bits, sizeof f);
+        }
+        memcpy((char *)dst + 4 * i, &f, 4);
+    }
+}
 
 static const char *st_dtype_name(int32_t dtype)
 {
@@ -236,13 +300,14 @@ TS_API const char *ts_checkpoint_name(const ts_checkpoint *ck, size_t i)
 }
 
 /* Reads entry e's bytes from the loaded file into buf (e->nbytes of them). */
-static ts_status read_bytes(const ts_checkpoint *ck, const ck_entry *e, void *buf)
+static ts_status read_raw(const ts_checkpoint *ck, const ck_entry *e, void *buf,
+                          uint64_t nbytes)
 {
     unsigned char *p = buf;
     uint64_t done = 0;
-    while (done < e->nbytes) {
-        size_t want = e->nbytes - done > ((size_t)1 << 30) ? (size_t)1 << 30
-                                                          : (size_t)(e->nbytes - done);
+    while (done < nbytes) {
+        size_t want = nbytes - done > ((size_t)1 << 30) ? (size_t)1 << 30
+                                                        : (size_t)(nbytes - done);
         ssize_t r = pread(ck->fd, p + done, want, (off_t)(e->offset + done));
         if (r < 0 && errno == EINTR)
             continue;
@@ -252,10 +317,26 @@ static ts_status read_bytes(const ts_checkpoint *ck, const ck_entry *e, void *bu
         if (r == 0)
             return ts__fail(TS_ECORRUPT, "%s: tensor '%s': the file ends inside its bytes (%" PRIu64
                             " of %" PRIu64 " read): it was truncated after it was loaded",
-                            ck->path, e->name, done, e->nbytes);
+                            ck->path, e->name, done, nbytes);
         done += (uint64_t)r;
     }
     return TS_OK;
+}
+
+/* Entry e's bytes as its dtype (e->nbytes into buf): straight from the file, or converted
+ * from the file's F16, BF16 or BOOL. */
+static ts_status read_bytes(const ts_checkpoint *ck, const ck_entry *e, void *buf)
+{
+    if (e->stored == ST_NATIVE)
+        return read_raw(ck, e, buf, e->nbytes);
+    unsigned char *raw = ts__malloc(e->stored_bytes ? (size_t)e->stored_bytes : 1);
+    if (!raw)
+        return ts__fail(TS_ENOMEM, "%s: out of memory reading tensor '%s'", ck->path, e->name);
+    ts_status s = read_raw(ck, e, raw, e->stored_bytes);
+    if (s == TS_OK)
+        convert_stored(e->stored, raw, buf, e->stored_bytes / converted[e->stored].esize);
+    free(raw);
+    return s;
 }
 
 /* Entry e as a new tensor on dev: its own reference if it has one, else read from the file.
@@ -315,6 +396,24 @@ TS_API ts_status ts_checkpoint_tensor_info(const ts_checkpoint *ck, const char *
     if (shape)
         memcpy(shape, e->shape, sizeof(int64_t) * (size_t)e->ndim);
     return TS_OK;
+}
+
+TS_API const char *ts_checkpoint_stored_dtype(const ts_checkpoint *ck, const char *name)
+{
+    ck_entry *e = ck && name ? find_entry(ck, name) : NULL;
+    if (!e)
+        return NULL;
+    return e->stored != ST_NATIVE ? converted[e->stored].st : st_dtype_name(e->dtype);
+}
+
+TS_API size_t ts_checkpoint_meta_count(const ts_checkpoint *ck)
+{
+    return ck ? ck->nm : 0;
+}
+
+TS_API const char *ts_checkpoint_meta_key(const ts_checkpoint *ck, size_t i)
+{
+    return ck && i < ck->nm ? ck->m[i].key : NULL;
 }
 
 TS_API const char *ts_checkpoint_meta(const ts_checkpoint *ck, const char *key)
@@ -721,6 +820,7 @@ typedef struct ld_entry {
     int64_t shape[TS_MAX_DIMS];
     uint64_t begin, end;
     size_t order; /* position in the header */
+    int stored;   /* ST_NATIVE or the converted file dtype */
 } ld_entry;
 
 /* An exact non-negative integer in a JSON number: 0, or -1 not an integer, -2 negative. */
@@ -859,10 +959,15 @@ static ts_status parse_entry(const char *path, const cJSON *item, uint64_t data_
                        !dt ? "dtype" : !shape ? "shape" : "data_offsets");
     if (!cJSON_IsString(dt))
         return CORRUPT("%s: tensor '%s': dtype is not a string", path, name);
-    if (!st_dtype_parse(dt->valuestring, &e->dtype))
-        return CORRUPT("%s: tensor '%s': unknown or unsupported dtype '%s' (tessera reads F32, "
-                       "F64, I32, I64, U8)",
-                       path, name, dt->valuestring);
+    e->stored = ST_NATIVE;
+    if (!st_dtype_parse(dt->valuestring, &e->dtype)) {
+        e->stored = st_converted_parse(dt->valuestring);
+        if (e->stored == ST_NATIVE)
+            return CORRUPT("%s: tensor '%s': unknown or unsupported dtype '%s' (tessera reads "
+                           "F32, F64, I32, I64, U8, and F16, BF16 and BOOL converted)",
+                           path, name, dt->valuestring);
+        e->dtype = converted[e->stored].to;
+    }
     if (!cJSON_IsArray(shape))
         return CORRUPT("%s: tensor '%s': shape is not an array", path, name);
     int nd = cJSON_GetArraySize(shape);
@@ -890,10 +995,12 @@ static ts_status parse_entry(const char *path, const cJSON *item, uint64_t data_
         numel *= v;
         e->shape[e->ndim++] = (int64_t)v;
     }
-    size_t esize = ts_dtype_size(e->dtype);
+    /* the file's element size; the loaded one (float32 for F16) must not overflow either */
+    size_t esize = e->stored ? converted[e->stored].esize : ts_dtype_size(e->dtype);
+    size_t lsize = ts_dtype_size(e->dtype);
     char sh[200];
     ts__shape_str(e->ndim, e->shape, sh, sizeof sh);
-    if (numel > (uint64_t)MAX_BYTES / esize)
+    if (numel > (uint64_t)MAX_BYTES / (esize > lsize ? esize : lsize))
         return CORRUPT("%s: tensor '%s': shape %s overflows: its byte count is too large", path,
                        name, sh);
     uint64_t need = numel * esize;
@@ -916,7 +1023,7 @@ static ts_status parse_entry(const char *path, const cJSON *item, uint64_t data_
         return CORRUPT("%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
                        " bytes but %s %s needs %" PRIu64,
                        path, name, e->begin, e->end, e->end - e->begin,
-                       ts_dtype_name(e->dtype), sh, need);
+                       e->stored ? converted[e->stored].st : ts_dtype_name(e->dtype), sh, need);
     e->name = name;
     return TS_OK;
 }
@@ -1138,6 +1245,7 @@ TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpo
         goto fail;
     }
     ck->cap = count ? count : 1;
+    size_t nconv[4] = {0};
     for (size_t i = 0; i < count; i++) {
         const ld_entry *le = &es[i];
         ck_entry *e = &ck->e[i];
@@ -1149,9 +1257,18 @@ TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpo
         e->dtype = le->dtype;
         e->ndim = le->ndim;
         memcpy(e->shape, le->shape, sizeof e->shape);
-        e->nbytes = le->end - le->begin;
+        e->stored = le->stored;
+        e->stored_bytes = le->end - le->begin;
+        e->nbytes = le->stored ? e->stored_bytes / converted[le->stored].esize *
+                                     ts_dtype_size(le->dtype)
+                               : e->stored_bytes;
         e->offset = 8 + hlen + le->begin;
+        nconv[le->stored]++;
     }
+    if (nconv[ST_F16] + nconv[ST_BF16] + nconv[ST_BOOL])
+        ts__log(TS_LOG_WARN, "%s: %zu F16 and %zu BF16 tensors load as float32, %zu BOOL as "
+                "uint8 (the dtypes tessera computes in); a save writes them so", path,
+                nconv[ST_F16], nconv[ST_BF16], nconv[ST_BOOL]);
     ck->fd = fd;
     ck->dev = dev;
     fd = -1;

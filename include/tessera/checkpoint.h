@@ -64,8 +64,14 @@ ts_tensor *ts_checkpoint_get(const ts_checkpoint *ck, const char *name);
  * it; any out-parameter may be NULL. TS_EINVAL if absent. */
 ts_status ts_checkpoint_tensor_info(const ts_checkpoint *ck, const char *name, int32_t *dtype,
                                     int *ndim, int64_t *shape);
+/* The dtype as the file stores it ("F32", ..., or "F16", "BF16", "BOOL": those load as
+ * float32, float32 and uint8, with a warning in the log); NULL if absent. (transfer none) */
+const char *ts_checkpoint_stored_dtype(const ts_checkpoint *ck, const char *name);
 /* A metadata value, or NULL. (transfer none) */
 const char *ts_checkpoint_meta(const ts_checkpoint *ck, const char *key);
+/* Number of metadata entries, and the i-th key (file/insertion order). (transfer none) */
+size_t ts_checkpoint_meta_count(const ts_checkpoint *ck);
+const char *ts_checkpoint_meta_key(const ts_checkpoint *ck, size_t i);
 
 /* Copies the tensor named name into dst (any device). TS_EINVAL if absent; TS_ESHAPE /
  * TS_EDTYPE naming both shapes / dtypes when they differ (checked before anything is read).

@@ -5,6 +5,7 @@
  * TS_CHECKPOINT_SKIP_KILL=1 skips the SIGKILL test; so does running under valgrind, where the
  * saver is too slow for the kills to land during its saves. */
 #include <dirent.h>
+#include <math.h>
 #include <errno.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -393,9 +394,13 @@ static void test_corrupt_files(void)
     LOAD_FAILS(write_ckpt(dir, "utf8.ckpt", "{\"\xff\xfe\":{}}", 0), TS_ECORRUPT, "UTF-8");
 
     LOAD_FAILS(write_ckpt(dir, "dtype.ckpt",
+                          "{\"a\":{\"dtype\":\"C64\",\"shape\":[2,3],"
+                          "\"data_offsets\":[0,48]}}", 48),
+               TS_ECORRUPT, "dtype.ckpt", "'a'", "unknown or unsupported dtype 'C64'");
+    LOAD_FAILS(write_ckpt(dir, "f16size.ckpt",
                           "{\"a\":{\"dtype\":\"F16\",\"shape\":[2,3],"
-                          "\"data_offsets\":[0,12]}}", 12),
-               TS_ECORRUPT, "dtype.ckpt", "'a'", "unknown or unsupported dtype 'F16'");
+                          "\"data_offsets\":[0,24]}}", 24),
+               TS_ECORRUPT, "'a'", "hold 24 bytes but F16 (2, 3) needs 12");
     LOAD_FAILS(write_ckpt(dir, "dtype2.ckpt",
                           "{\"a\":{\"dtype\":4,\"shape\":[2,3],\"data_offsets\":[0,24]}}", 24),
                TS_ECORRUPT, "dtype is not a string");
@@ -825,6 +830,107 @@ static void test_kill_during_save(void)
               kills, seed);
 }
 
+static char logged_ck[2048];
+static void capture_ck(int level, const char *msg, void *user)
+{
+    (void)level, (void)user;
+    snprintf(logged_ck + strlen(logged_ck), sizeof logged_ck - strlen(logged_ck), "%s\n", msg);
+}
+
+/* F16, BF16 and BOOL tensors (as PyTorch and Hugging Face write them) load as float32,
+ * float32 and uint8, exactly, with a warning; the stored dtype is reported; a save of the
+ * loaded checkpoint writes the loaded dtypes and reads back the same values. */
+static void test_converted_dtypes(void)
+{
+    setup();
+    const char *dir = tap_tmpdir();
+    const char *hdr = "{\"h\":{\"dtype\":\"F16\",\"shape\":[8],\"data_offsets\":[0,16]},"
+                      "\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[16,22]},"
+                      "\"m\":{\"dtype\":\"BOOL\",\"shape\":[2,2],\"data_offsets\":[22,26]},"
+                      "\"__metadata__\":{\"format\":\"pt\"}}";
+    /* 1, -2, 65504 (largest), 2^-24 (smallest subnormal), 2^-14 (smallest normal), +inf,
+     * -0, 0.333251953125 */
+    static const uint16_t h[8] = {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x0400, 0x7C00, 0x8000, 0x3555};
+    static const float hv[8] = {1.0f, -2.0f, 65504.0f, 5.9604644775390625e-8f,
+                                6.103515625e-5f, INFINITY, -0.0f, 0.333251953125f};
+    static const uint16_t bf[3] = {0x3F80, 0xC0A0, 0x4049}; /* 1, -5, 3.140625 */
+    static const float bv[3] = {1.0f, -5.0f, 3.140625f};
+    static const unsigned char m[4] = {0, 1, 7, 0}; /* 7: any non-zero byte is true */
+    unsigned char file[512];
+    size_t hl = strlen(hdr), at = 8 + hl;
+    for (int i = 0; i < 8; i++)
+        file[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    memcpy(file + 8, hdr, hl);
+    for (int i = 0; i < 8; i++, at += 2)
+        file[at] = (unsigned char)(h[i] & 0xff), file[at + 1] = (unsigned char)(h[i] >> 8);
+    for (int i = 0; i < 3; i++, at += 2)
+        file[at] = (unsigned char)(bf[i] & 0xff), file[at + 1] = (unsigned char)(bf[i] >> 8);
+    memcpy(file + at, m, 4);
+    at += 4;
+    char *p = tap_path_in(dir, "half.safetensors");
+    tap_write_bytes(p, (const char *)file, at);
+    ts_checkpoint *ck = NULL;
+    logged_ck[0] = 0;
+    ts_set_log_handler(capture_ck, NULL);
+    ts_status s = ts_checkpoint_load(p, dev, &ck);
+    ts_set_log_handler(NULL, NULL);
+    CHECK_OK(s);
+    if (!ck)
+        return;
+    CHECK_STR_CONTAINS(logged_ck, "1 F16 and 1 BF16 tensors load as float32, 1 BOOL as uint8");
+    int32_t dt = -1;
+    CHECK_OK(ts_checkpoint_tensor_info(ck, "h", &dt, NULL, NULL));
+    CHECK_INT_EQ(dt, TS_F32);
+    CHECK(!strcmp(ts_checkpoint_stored_dtype(ck, "h"), "F16"));
+    CHECK(!strcmp(ts_checkpoint_stored_dtype(ck, "b"), "BF16"));
+    CHECK(!strcmp(ts_checkpoint_stored_dtype(ck, "m"), "BOOL"));
+    CHECK_INT_EQ(ts_checkpoint_meta_count(ck), 1);
+    CHECK(!strcmp(ts_checkpoint_meta_key(ck, 0), "format"));
+    CHECK(ts_checkpoint_meta_key(ck, 1) == NULL);
+    /* a save of the loaded checkpoint, its tensors unread: float32 and uint8 on disk */
+    char *p2 = tap_path_in(dir, "half-as-f32.safetensors");
+    CHECK_OK(ts_checkpoint_save(ck, p2));
+    ts_checkpoint *ck2 = NULL;
+    CHECK_OK(ts_checkpoint_load(p2, dev, &ck2));
+    for (int pass = 0; pass < 2; pass++) {
+        const ts_checkpoint *c = pass ? ck2 : ck;
+        float fh[8], fb[3];
+        unsigned char fm[4];
+        ts_tensor *th = ts_checkpoint_get(c, "h");
+        CHECK_MSG(th, "pass %d: get 'h': %s", pass, ts_last_error());
+        CHECK_OK(ts_tensor_to_host(th, fh, sizeof fh));
+        CHECK_OK(ts_tensor_to_host(ts_checkpoint_get(c, "b"), fb, sizeof fb));
+        CHECK_OK(ts_tensor_to_host(ts_checkpoint_get(c, "m"), fm, sizeof fm));
+        for (int i = 0; i < 8; i++)
+            CHECK_MSG(memcmp(&fh[i], &hv[i], 4) == 0, "pass %d: F16 %04x -> %.9g, not %.9g",
+                      pass, h[i], fh[i], hv[i]);
+        for (int i = 0; i < 3; i++)
+            CHECK(fb[i] == bv[i]);
+        CHECK(fm[0] == 0 && fm[1] == 1 && fm[2] == 1 && fm[3] == 0);
+    }
+    CHECK(ck2 && !strcmp(ts_checkpoint_stored_dtype(ck2, "h"), "F32"));
+    /* NaN keeps being NaN */
+    static const char nh[] = "{\"n\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,2]}}";
+    size_t nl = strlen(nh);
+    for (int i = 0; i < 8; i++)
+        file[i] = (unsigned char)((uint64_t)nl >> (8 * i));
+    memcpy(file + 8, nh, nl);
+    file[8 + nl] = 0x00, file[9 + nl] = 0x7E;
+    p = tap_path_in(dir, "nan.safetensors");
+    tap_write_bytes(p, (const char *)file, 10 + nl);
+    ts_checkpoint *ck3 = NULL;
+    ts_set_log_level(TS_LOG_ERROR);
+    CHECK_OK(ts_checkpoint_load(p, dev, &ck3));
+    ts_set_log_level(TS_LOG_WARN);
+    float f = 0;
+    if (ck3)
+        CHECK_OK(ts_tensor_to_host(ts_checkpoint_get(ck3, "n"), &f, sizeof f));
+    CHECK(isnan(f));
+    ts_checkpoint_free(ck3);
+    ts_checkpoint_free(ck2);
+    ts_checkpoint_free(ck);
+}
+
 /* ts_checkpoint_check_path: a writable target passes and leaves nothing behind; a link, a
  * directory, a FIFO and a missing directory are refused with the reason. */
 static void test_check_path(void)
@@ -859,6 +965,7 @@ int main(int argc, char **argv)
     static const tap_test tests[] = {
         TAP_TEST(test_round_trip),        TAP_TEST(test_builder_errors),
         TAP_TEST(test_check_path),
+        TAP_TEST(test_converted_dtypes),
         TAP_TEST(test_restore),           TAP_TEST(test_safetensors_layout),
         TAP_TEST(test_corrupt_files),     TAP_TEST(test_every_truncation),
         TAP_TEST(test_save_failures),     TAP_TEST(test_kill_during_save),
