@@ -36,6 +36,9 @@ static int joined;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t comm_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static ts_status staged(int op, const void *in, size_t nin, void *out, size_t nout,
+                        size_t count, int32_t dtype, int root);
+
 static ts_status chost_fail(const ts_comm_host *h, ts_status code, const char *fmt, ...)
 {
     (void)h;
@@ -194,7 +197,20 @@ TS_API ts_status ts_dist_init(const ts_config *cfg)
                 if (why[0]) {
                     s = ts__fail(TS_EPLUGIN, "comm plugin '%s' communicates from device '%s', "
                                  "which cannot be opened: %s", W.name, dn ? dn : "", why);
+                    /* the other ranks may have opened theirs and gone on: end the job */
+                    if (W.size > 1)
+                        W.vt.abort(W.ctx, 1, ts_last_error());
                     W.vt.shutdown(W.ctx);
+                } else if (W.size > 1) {
+                    /* One sum through the device now: a rank whose device and communicator
+                     * disagree (another GPU) stops the job here, not in the first step. */
+                    int64_t one = 1;
+                    s = staged(0, &one, sizeof one, &one, sizeof one, 1, TS_I64, 0);
+                    if (s == TS_OK && one != W.size)
+                        s = ts__fail(TS_EPLUGIN, "comm plugin '%s': the sum of 1 over %d ranks "
+                                     "came out %lld", W.name, W.size, (long long)one);
+                    if (s)
+                        W.vt.abort(W.ctx, 1, ts_last_error());
                 }
             }
         } else if (!ts_last_error()[0]) {
@@ -534,6 +550,7 @@ struct ts_ddp {
     size_t *queue, qhead, qtail; /* bucket indices, at most nb queued per step */
     int stop, in_sync;
     int restage; /* a gradient changed after its bucket was staged: redo the sums at sync */
+    int twice;   /* in place: a second backward added into a bucket being summed */
     int devmode; /* buckets on the device-buffer backend's device, summed there */
     ts_status err;
     char errmsg[512];
@@ -693,7 +710,10 @@ static ts_status on_ready(ts_tensor *t, void *user)
     ddp_param *p = user;
     ts_ddp *d = p->d;
     if (p->copied == d->step + 1) { /* a second backward before the sync */
-        d->restage = 1;
+        if (d->st.in_place) /* it added into the bucket, maybe while it was being summed */
+            d->twice = 1;
+        else
+            d->restage = 1;
         return TS_OK;
     }
     ts_status s = stage(d, p);
@@ -860,6 +880,13 @@ TS_API ts_status ts_ddp_sync(ts_ddp *d)
         for (size_t j = 0; j < b->nparams && s == TS_OK; j++)
             s = unstage(d, &d->p[d->order[b->first + j]], inv);
     }
+    if (s == TS_OK && d->twice)
+        s = ts__fail(TS_ESTATE, "ts_ddp_sync: a parameter's gradient came from a second "
+                     "backward since the last sync; with gradients as views of the buckets "
+                     "(summed in place as soon as backward finishes them) one backward per "
+                     "sync is needed: add the losses and call ts_backward once, then zero the "
+                     "gradients before the next step");
+    d->twice = 0;
     pthread_mutex_lock(&d->mu);
     d->err = TS_OK;
     d->in_sync = 0;

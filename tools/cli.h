@@ -50,6 +50,9 @@ const char *cli_signal_name(int sig);
 /* Formats seconds as "42.3 s", "3m05s" or "2h03m" into buf. */
 const char *cli_duration(double seconds, char *buf, size_t len);
 
+/* Under mpirun, after --resume: 0 when every rank is at the same step; else 1, with a message
+ * naming the rank (every rank fails then, or the job is aborted: never a hang). */
+int ranks_at_same_step(int64_t step, int rank, int world, const char *ckpt);
 /* qsort comparator for doubles, ascending. */
 int cli_cmp_double(const void *a, const void *b);
 

@@ -155,3 +155,25 @@ const char *cli_duration(double s, char *buf, size_t len)
         snprintf(buf, len, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
     return buf;
 }
+
+int ranks_at_same_step(int64_t step, int rank, int world, const char *ckpt)
+{
+    int64_t *all = calloc((size_t)world, sizeof *all);
+    if (!all || ts_dist_allgather(&step, all, sizeof step) != TS_OK) {
+        fprintf(stderr, "tessera: error: rank %d: comparing the resumed steps failed: %s\n",
+                rank, all ? ts_last_error() : "out of memory");
+        free(all);
+        return 1;
+    }
+    int bad = -1;
+    for (int r = 1; r < world && bad < 0; r++)
+        if (all[r] != all[0])
+            bad = r;
+    if (bad >= 0)
+        fprintf(stderr, "tessera: error: rank %d resumed %s at step %lld but rank 0 at step "
+                "%lld: every rank must read the same checkpoint (a shared file system), or "
+                "the ranks' models and optimizers would drift apart\n", bad, ckpt,
+                (long long)all[bad], (long long)all[0]);
+    free(all);
+    return bad >= 0;
+}

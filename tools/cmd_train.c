@@ -396,14 +396,15 @@ static int same_run_everywhere(const trainer *t)
     run_sig mine = {fnv64(arch), t->o.seed, (uint64_t)t->o.batch, fnv64(opt),
                     (uint64_t)t->o.train_limit ^ fnv64(t->o.resume ? t->o.resume : "")};
     run_sig *all = calloc((size_t)t->world, sizeof *all);
-    if (!all) {
+    if (!all) { /* the others are in the allgather: the job must end (caller aborts) */
         fprintf(stderr, "tessera: error: out of memory\n");
-        return 1;
+        return -1;
     }
     ts_status s = ts_dist_allgather(&mine, all, sizeof mine);
     if (s) {
         free(all);
-        return cli_fail(s, "comparing the ranks' settings");
+        cli_fail(s, "comparing the ranks' settings");
+        return -1;
     }
     for (int r = 1; r < t->world; r++) {
         const char *what = all[r].arch != all[0].arch     ? "another model (--model, --hidden, "
@@ -1299,7 +1300,10 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     rc = 1;
     /* Every rank starts from rank 0's weights (whatever each drew), and a rank started with
      * another model is refused on every rank before any step. */
-    if (t.world > 1 && same_run_everywhere(&t)) {
+    int differ = t.world > 1 ? same_run_everywhere(&t) : 0;
+    if (differ < 0)
+        goto out; /* a local failure: the job is aborted */
+    if (differ) {
         ts_dist_barrier(); /* every rank has printed its refusal */
         ts_dist_shutdown();
         t.world = 1; /* each rank stops on its own: none waits in a collective */
@@ -1319,8 +1323,11 @@ int cmd_train(int argc, char **argv, const cli_common *common)
             goto out;
         }
         rc = 1;
-        fprintf(stderr, "tessera: resumed from %s at epoch %llu, step %lld\n", t.o.resume,
-                (unsigned long long)t.epoch + 1, (long long)t.step);
+        if (t.world > 1 && ranks_at_same_step(t.step, t.rank, t.world, t.o.resume))
+            goto out;
+        if (t.rank == 0)
+            fprintf(stderr, "tessera: resumed from %s at epoch %llu, step %lld\n", t.o.resume,
+                    (unsigned long long)t.epoch + 1, (long long)t.step);
     }
     char arch[256], hyper_txt[96], sched_txt[160];
     if (!strcmp(t.o.optimizer, "sgd"))

@@ -251,15 +251,19 @@ static int same_run_everywhere(const run *r)
     snprintf(a, sizeof a, "%lld %lld %lld %lld %.17g", (long long)r->o.cfg.context,
              (long long)r->o.cfg.layers, (long long)r->o.cfg.heads, (long long)r->o.cfg.embd,
              r->o.cfg.dropout);
-    snprintf(o, sizeof o, "%.17g %.17g %.17g %.17g %lld %lld %lld %s", r->o.lr, r->o.min_lr,
-             r->o.weight_decay, r->o.clip, (long long)r->o.warmup, (long long)r->o.steps,
-             (long long)r->o.max_steps, r->o.resume ? r->o.resume : "");
+    /* everything that decides the sequence of collectives: steps, evaluations, position */
+    snprintf(o, sizeof o, "%.17g %.17g %.17g %.17g %lld %lld %lld %lld %lld %lld %s", r->o.lr,
+             r->o.min_lr, r->o.weight_decay, r->o.clip, (long long)r->o.warmup,
+             (long long)r->o.steps, (long long)r->o.max_steps, (long long)r->o.eval_every,
+             (long long)r->o.eval_batches, (long long)r->step, r->o.resume ? r->o.resume : "");
     sig mine = {fnv1a((const unsigned char *)a, strlen(a)), r->o.seed, (uint64_t)r->o.batch,
                 r->text_hash, fnv1a((const unsigned char *)o, strlen(o))};
     sig *all = calloc((size_t)r->world, sizeof *all);
     if (!all || ts_dist_allgather(&mine, all, sizeof mine) != TS_OK) {
+        fprintf(stderr, "tessera: error: comparing the ranks' settings: %s\n",
+                all ? ts_last_error() : "out of memory");
         free(all);
-        return cli_fail(TS_ENOMEM, "comparing the ranks' settings");
+        return -1; /* the others are in the allgather: the caller ends the job */
     }
     for (int k = 1; k < r->world; k++) {
         const char *what = all[k].arch != all[0].arch     ? "another model (--context, --layers, "
@@ -267,8 +271,9 @@ static int same_run_everywhere(const run *r)
                            : all[k].seed != all[0].seed   ? "another --seed"
                            : all[k].batch != all[0].batch ? "another --batch-size"
                            : all[k].text != all[0].text   ? "another text"
-                           : all[k].optim != all[0].optim ? "other optimizer, schedule or "
-                                                            "--resume settings"
+                           : all[k].optim != all[0].optim ? "other optimizer, schedule, "
+                                                            "evaluation or --resume settings "
+                                                            "(or resumed at another step)"
                                                           : NULL;
         if (what) {
             fprintf(stderr, "tessera: error: rank %d was started with %s than rank 0 (rank %d "
@@ -544,6 +549,8 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     cli_stop_signals_install();
     if (r.o.save && r.rank == 0 && (s = ts_checkpoint_check_path(r.o.save))) {
         cli_fail(s, "--save"); /* now, not after the first evaluation */
+        if (r.world > 1) /* the other ranks go on into collectives: end the job */
+            ts_dist_abort(1, "rank 0: --save: %s", ts_last_error());
         free(text);
         ts_dist_shutdown();
         ts_shutdown();
@@ -582,7 +589,10 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     if (r.o.resume && (rc = resume(&r)))
         goto out;
     rc = 1;
-    if (r.world > 1 && same_run_everywhere(&r)) {
+    int differ = r.world > 1 ? same_run_everywhere(&r) : 0;
+    if (differ < 0)
+        goto out; /* a local failure: the job is aborted */
+    if (differ) {
         ts_dist_barrier(); /* every rank has printed its refusal */
         ts_dist_shutdown();
         r.world = 1; /* each rank stops on its own */
@@ -593,6 +603,10 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         cli_fail(s, "data parallelism");
         goto out;
     }
+    /* Dropout: each rank draws from a stream of its own (the same seed on every rank would
+     * give row i of every rank the same mask); rank 0's is the single process's. */
+    if (r.rank > 0)
+        r.rng.seed = mix(r.rng.seed ^ mix(0x6a09e667f3bcc909ull * (uint64_t)r.rank));
     /* this rank's rows of every global batch */
     const int64_t q = r.o.batch / r.world, rem = r.o.batch % r.world;
     const int64_t b0 = r.rank * q + (r.rank < rem ? r.rank : rem), nb = q + (r.rank < rem);

@@ -10,9 +10,12 @@
  * cuda plugin follows with device_index = -1, so a rank's tensors and its communicator live
  * on the same GPU; a buffer on another GPU is refused with a message saying so.
  *
- * Never a silent hang: while a collective runs, the plugin polls the stream and NCCL's
- * asynchronous error state, and a communicator in error (a peer died, a network failure) is
- * aborted and reported. A rank that dies outright makes the launcher end the others. */
+ * Never a silent hang: a failure only this rank sees once the others may be waiting in NCCL
+ * (its communicator cannot be created, a buffer on the wrong GPU) ends the whole job with the
+ * reason (MPI_Abort); while a collective runs, the plugin polls the stream and NCCL's
+ * asynchronous error state (network failures), and a collective that makes no progress for
+ * COMM_NCCL_TIMEOUT_S (a rank that stopped taking part) is aborted and reported. A rank that
+ * dies outright makes the launcher end the others. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +28,10 @@
 
 #include <tessera/comm.h>
 #include <tessera/plugin.h> /* ts_dtype values, ts_launcher_local_rank */
+
+/* A collective that has not finished after this long is taken for a hang. Generous: a
+ * multi-gigabyte all-reduce on a slow network takes seconds, not minutes. */
+#define COMM_NCCL_TIMEOUT_S 600
 
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -142,7 +149,12 @@ static ts_status nccl_init(const ts_comm_host *host, void **out)
         goto fail;
     }
     if ((r = ncclCommInitRank(&c->comm, c->size, id, c->rank)) != ncclSuccess) {
+        /* the others may be waiting inside their own ncclCommInitRank: end the job */
         s = nccl_fail(host, r, "ncclCommInitRank");
+        host->log(host, 3, "rank %d of %d: aborting the job: ncclCommInitRank failed: %s "
+                  "(GPU %d; two ranks on one GPU is a common cause: start one rank a GPU)",
+                  c->rank, c->size, ncclGetErrorString(r), c->gpu);
+        MPI_Abort(c->mpi, 1);
         c->comm = NULL;
         goto fail;
     }
@@ -177,8 +189,25 @@ static const char *nccl_device(void *ctx)
     return ((nccl_ctx *)ctx)->device;
 }
 
-/* A buffer of the caller's must be memory of this rank's GPU. */
+static ts_status check_buffer_here(nccl_ctx *c, const void *p, const char *what);
+
+/* A buffer of the caller's must be memory of this rank's GPU. The other ranks are entering
+ * the same collective: refusing here alone would leave them waiting, so with several ranks a
+ * refusal ends the job with the reason. */
 static ts_status check_buffer(nccl_ctx *c, const void *p, const char *what)
+{
+    ts_status s = check_buffer_here(c, p, what);
+    if (s && c->size > 1) {
+        c->host->log(c->host, 3, "rank %d of %d: aborting the job: %s: the buffer is not "
+                     "memory of this rank's GPU %d (its tensors and its communicator must "
+                     "share a GPU: [plugin.cuda] device_index = -1)", c->rank, c->size, what,
+                     c->gpu);
+        MPI_Abort(c->mpi, 1);
+    }
+    return s;
+}
+
+static ts_status check_buffer_here(nccl_ctx *c, const void *p, const char *what)
 {
     struct cudaPointerAttributes a;
     cudaError_t e = cudaPointerGetAttributes(&a, p);
@@ -198,6 +227,8 @@ static ts_status check_buffer(nccl_ctx *c, const void *p, const char *what)
  * the collective fails instead of waiting forever. */
 static ts_status finish(nccl_ctx *c, const char *what)
 {
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (unsigned spins = 0;; spins++) {
         cudaError_t e = cudaStreamQuery(c->stream);
         if (e == cudaSuccess)
@@ -217,6 +248,15 @@ static ts_status finish(nccl_ctx *c, const char *what)
         if (spins > 1000) { /* past the first millisecond or so, sleep between polls */
             struct timespec ts = {0, 50000};
             nanosleep(&ts, NULL);
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (now.tv_sec - t0.tv_sec > COMM_NCCL_TIMEOUT_S) {
+                ncclCommAbort(c->comm);
+                c->comm = NULL;
+                return c->host->fail(c->host, TS_EIO, "%s: no progress in %d s: a rank "
+                                     "stopped taking part (it failed or runs another step); "
+                                     "the communicator is aborted", what,
+                                     COMM_NCCL_TIMEOUT_S);
+            }
         }
     }
 }
@@ -300,8 +340,8 @@ static void nccl_abort(void *ctx, int code, const char *reason)
     if (reason)
         c->host->log(c->host, 3, "rank %d of %d: aborting the job: %s", c->rank, c->size,
                      reason);
-    if (c->comm)
-        ncclCommAbort(c->comm);
+    /* No ncclCommAbort here: the communication thread may be using the communicator;
+     * MPI_Abort ends every process, and NCCL with them. */
     MPI_Abort(c->mpi != MPI_COMM_NULL ? c->mpi : MPI_COMM_WORLD, code ? code : 1);
     abort(); /* MPI_Abort does not return */
 }

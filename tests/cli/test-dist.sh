@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 21
+plan 23
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -57,6 +57,18 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
     ok "a device-buffer backend naming a device that cannot be opened is refused, naming it"
 else
     fail "a device-buffer backend naming a device that cannot be opened is refused" "rc=$rc" "$out"
+fi
+# only rank 1's device cannot be opened: the job ends at once, naming it, instead of rank 0
+# waiting in its first collective
+out=$(TESSERA_CONFIG="$TMP/devtest.ini" timeout 60 $MPIRUN --oversubscribe --mca btl self,vader \
+    --mca btl_vader_single_copy_mechanism none --mca pml ob1 -np 1 "$CHECK" collectives : \
+    -np 1 env TS_DEVTEST_DEVICE=no_such_device "$CHECK" collectives 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && contains "$out" "rank 1 of 2: aborting the job" &&
+    contains "$out" "device 'no_such_device', which cannot be opened"; then
+    ok "one rank's device cannot be opened: the job ends, naming rank 1 (no hang)"
+else
+    fail "one rank's device cannot be opened: the job ends" "rc=$rc" "$out"
 fi
 # the same program alone: a world of one, no MPI loaded
 out=$("$CHECK" collectives 2>&1)
@@ -138,6 +150,20 @@ if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst$vworst\" !~ /n/ && $worst <= 1e-4
 else
     fail "mpirun -np 2 train --model gpt" "rc=$rc worst=$worst validation=$vworst" \
         "$(paste "$TMP/g1.l" "$TMP/g2.l" | head -5)" "$(tail -5 "$TMP/g2.err")" "$(tail -3 "$TMP/g2.json")"
+fi
+# a --save path rank 0 cannot write ends the whole job at once (the other ranks would wait
+# for rank 0 in a collective); a rank with another --eval-every (another sequence of
+# collectives) is refused before any step
+out=$(timeout 60 $MPI $G --save "$TMP" 2>&1)
+rc=$?
+out2=$(timeout 60 $MPIRUN --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
+    --mca pml ob1 -np 1 $G : -np 1 $G --eval-every 10 2>&1)
+rc2=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && contains "$out" "rank 0: --save: $TMP: cannot save the checkpoint" &&
+    [ $rc2 -ne 0 ] && [ $rc2 -ne 124 ] && contains "$out2" "rank 1 was started with other optimizer, schedule, evaluation"; then
+    ok "gpt: a --save rank 0 cannot write ends the job; another --eval-every on rank 1 is refused"
+else
+    fail "gpt: bad --save ends the job, another --eval-every refused" "rc=$rc rc2=$rc2" "$out" "$out2"
 fi
 # a rank started otherwise is refused, on every rank, naming it
 out=$(timeout 120 $MPIRUN --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \

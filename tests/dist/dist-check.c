@@ -216,6 +216,27 @@ static void ddp_grads(void)
     check(size_ == 1 || (st.nbuckets >= 3 && st.buckets == 3 * st.nbuckets &&
                          st.started_early >= 3 * (st.nbuckets - 1) && st.finished_early >= 1),
           "ddp: buckets reduced while backward ran", d);
+    /* Two backwards before a sync: with gradients as views of the buckets the second adds
+     * into memory being summed, so the sync refuses (as PyTorch's DDP does), never returning
+     * a wrong average; the next step is clean again. */
+    if (size_ > 1 && st.in_place) {
+        for (size_t i = 0; i < np; i++)
+            ts_tensor_zero_grad(p[i].tensor);
+        ts_tensor *l1 = loss_on(dp, B, lo, n, 7), *l2 = loss_on(dp, B, lo, n, 8);
+        OK(ts_backward(l1, NULL, 0));
+        OK(ts_backward(l2, NULL, 0));
+        ts_status s2 = ts_ddp_sync(ddp);
+        snprintf(d, sizeof d, "%s: %s", ts_status_name(s2), ts_last_error());
+        check(s2 == TS_ESTATE && strstr(ts_last_error(), "second backward"),
+              "ddp: a second backward before the sync is refused, not averaged wrong", d);
+        for (size_t i = 0; i < np; i++)
+            ts_tensor_zero_grad(p[i].tensor);
+        ts_tensor_unref(l1), ts_tensor_unref(l2);
+        ts_tensor *l3 = loss_on(dp, B, lo, n, 9);
+        OK(ts_backward(l3, NULL, 0));
+        check(ts_ddp_sync(ddp) == TS_OK, "ddp: the next step syncs again", ts_last_error());
+        ts_tensor_unref(l3);
+    }
     if (ts_dist_device()) { /* a device-buffer backend: the sums ran in its device memory */
         snprintf(d, sizeof d, "in_place %d, on_device %d", st.in_place, st.on_device);
         check(st.in_place && st.on_device && ts_tensor_device(p[0].tensor) == ts_dist_device(),
