@@ -57,6 +57,8 @@ int ranks_at_same_step(int64_t step, int rank, int world, const char *ckpt);
 int cli_cmp_double(const void *a, const void *b);
 
 int cmd_info(int argc, char **argv, const cli_common *common);
+/* tools/cmd_inspect.c: `tessera inspect FILE`. */
+int cmd_inspect(int argc, char **argv, const cli_common *common);
 int cmd_train(int argc, char **argv, const cli_common *common);
 /* tools/train_gpt.c: `tessera train --model gpt ...` (cmd_train hands it over). */
 int cli_train_gpt(int argc, char **argv, const cli_common *common);

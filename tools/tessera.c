@@ -42,6 +42,8 @@ static const command commands[] = {
     {"train", "[...]", "train a model: Fashion-MNIST, or a GPT on text (--model gpt)",
      cmd_train},
     {"generate", "--resume CKPT", "sample text from a GPT checkpoint", cmd_generate},
+    {"inspect", "FILE", "tensors, dtypes, shapes and metadata of a safetensors file",
+     cmd_inspect},
     {"plugin-check", "NAME", "conformance suite of a plugin, by NAME or PATH.so",
      cmd_plugin_check},
     {"bench", "NAME [...]", "benchmarks (tessera bench --help): pool, ops, autograd, compare, "
