@@ -26,6 +26,11 @@ extern "C" {
 /* Inside a no_grad scope nothing is recorded. Scopes nest; each enter needs one exit. */
 void ts_no_grad_enter(void);
 void ts_no_grad_exit(void);
+/* A no_grad block:  TS_NO_GRAD { evaluate(model); }  (leave it by its end: a return, break
+ * or goto out of it would skip the exit). */
+#define TS_NO_GRAD                                                                          \
+    for (int ts_no_grad_once_ = (ts_no_grad_enter(), 1); ts_no_grad_once_;                 \
+         ts_no_grad_once_ = (ts_no_grad_exit(), 0))
 /* Non-zero if operations on this thread record graph nodes now. */
 int ts_grad_enabled(void);
 
@@ -105,6 +110,17 @@ typedef enum ts_reduction {
  * the batch (a 0-d result) or none (N). (transfer full) */
 ts_status ts_cross_entropy(const ts_tensor *logits, const ts_tensor *targets, int reduction,
                            ts_tensor **out);
+/* Mean squared error (input - target)^2, input and target float of the same shape. */
+ts_status ts_mse_loss(const ts_tensor *input, const ts_tensor *target, int reduction,
+                      ts_tensor **out);
+/* Binary cross-entropy of logits against targets in [0, 1] (same shape): softplus(x) - x y,
+ * stable for any logit (PyTorch's BCEWithLogitsLoss). */
+ts_status ts_bce_with_logits(const ts_tensor *logits, const ts_tensor *target, int reduction,
+                             ts_tensor **out);
+/* Negative log-likelihood of log-probabilities (N, C) (ts_log_softmax's output) at integer
+ * targets (N); a target outside [0, C) is TS_EINVAL naming it. */
+ts_status ts_nll_loss(const ts_tensor *logp, const ts_tensor *targets, int reduction,
+                      ts_tensor **out);
 
 /* ---- accounting ------------------------------------------------------------------------- */
 

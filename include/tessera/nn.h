@@ -32,6 +32,15 @@ typedef struct ts_weight_init {
     ts_rng *rng;  /* the generator to draw from (required) */
 } ts_weight_init;
 
+/* Defaults to start from (C initialisers):
+ *     ts_weight_init init = TS_INIT_DEFAULT(&rng);      PyTorch's Kaiming-uniform
+ *     ts_conv2d_params c = TS_CONV2D_PAD(2);            stride 1, padding 2
+ *     ts_pool2d_params p = TS_POOL2D(2);                2x2 window, stride 2 */
+#define TS_INIT_DEFAULT(rng) {TS_INIT_KAIMING_UNIFORM, 0.0, (rng)}
+#define TS_CONV2D_DEFAULTS {1, 1, 0, 0, 1, 1, 1} /* stride 1, no padding, dilation 1, 1 group */
+#define TS_CONV2D_PAD(p) {1, 1, (p), (p), 1, 1, 1}
+#define TS_POOL2D(k) {(k), (k), (k), (k), 0, 0, 0} /* k x k window, stride k, no padding */
+
 /* ---- layers (transfer full on *out; dev NULL: the default device) ------------------------ */
 
 /* y = x @ W^T + b: x (..., in), W (out, in), b (out). */

@@ -34,6 +34,12 @@ typedef struct ts_adam_options {
     double weight_decay; /* Adam: L2 added to the gradient; AdamW: decoupled decay */
 } ts_adam_options;
 
+/* Defaults to start from, changing only what differs:
+ *     ts_adam_options o = TS_ADAMW_DEFAULTS; o.lr = 3e-4; */
+#define TS_SGD_DEFAULTS(lr) {(lr), 0.0, 0.0, 0.0, 0}
+#define TS_ADAM_DEFAULTS {1e-3, 0.9, 0.999, 1e-8, 0.0}
+#define TS_ADAMW_DEFAULTS {1e-3, 0.9, 0.999, 1e-8, 0.01} /* PyTorch's AdamW weight decay */
+
 /* The optimizer keeps references to the n parameters; names are copied (they key the state in
  * checkpoints: "optim.<name>.<slot>"). (transfer full) on *out. */
 ts_status ts_optim_sgd(const ts_named_tensor *params, size_t n, const ts_sgd_options *o,

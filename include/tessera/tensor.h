@@ -16,6 +16,7 @@
 #define TESSERA_TENSOR_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <tessera/device.h>
 #include <tessera/plugin.h>
@@ -71,6 +72,13 @@ ts_status ts_tensor_from_host(ts_device *dev, int32_t dtype, int ndim, const int
 /* Copies the tensor's elements, row-major (any strides), into host memory of nbytes; nbytes
  * must be exactly numel * dtype_size (TS_EINVAL otherwise). */
 ts_status ts_tensor_to_host(const ts_tensor *t, void *data, size_t nbytes);
+/* The value of a one-element tensor (any shape of one element, any dtype) as a double; a
+ * tensor of more elements is TS_ESHAPE naming its shape. Like PyTorch's .item(). */
+ts_status ts_tensor_item(const ts_tensor *t, double *value);
+/* Prints t to f as PyTorch does: tensor([[0.1000, -2.0000], ...], dtype=float32,
+ * device=cpu_blas), one width for every value; more than 1000 elements are elided to the
+ * first and last 3 of each dimension (with the shape added). */
+ts_status ts_tensor_print(const ts_tensor *t, FILE *f);
 /* A new contiguous tensor with the same values on the same device. */
 ts_status ts_tensor_clone(const ts_tensor *t, ts_tensor **out);
 /* The same values on another device (through host memory between plugins). */

@@ -140,6 +140,113 @@ static ts_status f_layer_norm(ts_tensor *const *in, const void *c, ts_tensor **o
     return ts_layer_norm(in[0], o->fn ? in[1] : NULL, o->fn ? in[2] : NULL, o->i[0], 1e-5, out);
 }
 
+/* The losses: x (and, for MSE and BCE, the target) against finite differences, every
+ * reduction; BCE's gradient at logit 0 is sigmoid(0) - y; values against their formulas. */
+static ts_status f_loss(ts_tensor *const *in, const void *c, ts_tensor **out)
+{
+    const opctx *o = c;
+    if (o->fn == 0)
+        return ts_mse_loss(in[0], in[1], o->i[0], out);
+    if (o->fn == 1)
+        return ts_bce_with_logits(in[0], in[1], o->i[0], out);
+    ts_tensor *lp, *tg;
+    ts_status s = ts_log_softmax(in[0], 1, &lp);
+    if (s)
+        return s;
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){3},
+                                 (const int64_t[]){2, 0, 3}, &tg));
+    s = ts_nll_loss(lp, tg, o->i[0], out);
+    ts_tensor_unref(lp), ts_tensor_unref(tg);
+    return s;
+}
+
+static void test_losses(void)
+{
+    setup();
+    ts_tensor *x = leaf(2, (const int64_t[]){3, 4}, -3, 3), *t = leaf(2, (const int64_t[]){3, 4}, 0, 1);
+    for (int red = TS_REDUCTION_MEAN; red <= TS_REDUCTION_NONE; red++) {
+        opctx mse = {.fn = 0, .i = {red}}, bce = {.fn = 1, .i = {red}}, nll = {.fn = 2, .i = {red}};
+        gradcheck("mse_loss", f_loss, 2, (ts_tensor *const[]){x, t}, &mse);
+        gradcheck("bce_with_logits", f_loss, 2, (ts_tensor *const[]){x, t}, &bce);
+        gradcheck("nll_loss", f_loss, 1, (ts_tensor *const[]){x}, &nll);
+    }
+    /* values: BCE = softplus(x) - x y for large logits too (no overflow), MSE, NLL */
+    static const double xv[4] = {0, 80, -800, 2.5}, tv[4] = {1, 0, 1, 0.25};
+    ts_tensor *a, *b, *l;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){4}, xv, &a));
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){4}, tv, &b));
+    CHECK_OK(ts_tensor_set_requires_grad(a, 1));
+    CHECK_OK(ts_bce_with_logits(a, b, TS_REDUCTION_NONE, &l));
+    double lv[4], want[4];
+    CHECK_OK(ts_tensor_to_host(l, lv, sizeof lv));
+    for (int i = 0; i < 4; i++) {
+        want[i] = fmax(xv[i], 0) + log1p(exp(-fabs(xv[i]))) - xv[i] * tv[i];
+        CHECK_MSG(fabs(lv[i] - want[i]) <= 1e-12 * (1 + fabs(want[i])), "bce(%g, %g) = %.17g, "
+                  "not %.17g", xv[i], tv[i], lv[i], want[i]);
+    }
+    ts_tensor *sum;
+    CHECK_OK(ts_sum(l, 0, NULL, 0, &sum));
+    CHECK_OK(ts_backward(sum, NULL, 0));
+    double g[4];
+    CHECK_OK(ts_tensor_to_host(ts_tensor_grad(a), g, sizeof g));
+    for (int i = 0; i < 4; i++) { /* sigmoid(x) - y; at x = 0 that is 0.5 - 1 */
+        double sg = 1 / (1 + exp(-xv[i]));
+        CHECK_MSG(fabs(g[i] - (sg - tv[i])) <= 1e-12, "bce'(%g) = %.17g, not %.17g", xv[i],
+                  g[i], sg - tv[i]);
+    }
+    ts_tensor_unref(sum), ts_tensor_unref(l);
+    double item = 0;
+    CHECK_OK(ts_mse_loss(a, b, TS_REDUCTION_SUM, &l));
+    CHECK_OK(ts_tensor_item(l, &item));
+    double m = 0;
+    for (int i = 0; i < 4; i++)
+        m += (xv[i] - tv[i]) * (xv[i] - tv[i]);
+    CHECK(fabs(item - m) <= 1e-12 * m);
+    CHECK_FAILS(ts_tensor_item(a, &item), TS_ESHAPE, "4 elements, not one");
+    ts_tensor_unref(l);
+    /* refusals: shapes, dtypes, targets out of range */
+    ts_tensor *t3, *bad;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){3}, xv, &t3));
+    CHECK_FAILS(ts_mse_loss(a, t3, TS_REDUCTION_MEAN, &l), TS_ESHAPE, "the same shape");
+    CHECK_FAILS(ts_bce_with_logits(a, b, 7, &l), TS_EINVAL, "unknown reduction 7");
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){3},
+                                 (const int64_t[]){0, 4, 1}, &bad));
+    CHECK_FAILS(ts_nll_loss(x, bad, TS_REDUCTION_MEAN, &l), TS_EINVAL,
+                "target 4 of row 1 is not a class in [0, 4)");
+    ts_tensor_unref(t3), ts_tensor_unref(bad), ts_tensor_unref(a), ts_tensor_unref(b);
+    ts_tensor_unref(x), ts_tensor_unref(t);
+}
+
+/* ts_tensor_print: PyTorch's layout, one width, elided past 1000 elements, ints as ints. */
+static void test_print(void)
+{
+    setup();
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ts_tensor *a, *b, *c, *z;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 2, (const int64_t[]){2, 2},
+                                 (const float[]){1.5f, -2.0f, 0.25f, 10.0f}, &a));
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){3},
+                                 (const int64_t[]){3, -12, 7}, &b));
+    CHECK_OK(ts_tensor_zeros(dev, TS_F32, 2, (const int64_t[]){40, 40}, &c));
+    CHECK_OK(ts_tensor_zeros(dev, TS_F64, 0, NULL, &z));
+    CHECK_OK(ts_tensor_print(a, f));
+    CHECK_OK(ts_tensor_print(b, f));
+    CHECK_OK(ts_tensor_print(c, f));
+    CHECK_OK(ts_tensor_print(z, f));
+    fclose(f);
+    CHECK_STR_CONTAINS(buf, "tensor([[ 1.5000, -2.0000],\n        [ 0.2500, 10.0000]], "
+                            "dtype=float32, device=");
+    CHECK_STR_CONTAINS(buf, "tensor([  3, -12,   7], dtype=int64");
+    CHECK_STR_CONTAINS(buf, "[0.0000, 0.0000, 0.0000, ..., 0.0000, 0.0000, 0.0000],");
+    CHECK_STR_CONTAINS(buf, "shape=(40, 40))");
+    CHECK_STR_CONTAINS(buf, "tensor(0.0000, dtype=float64");
+    CHECK_MSG(strlen(buf) < 2000, "the 1600-element tensor was not elided (%zu bytes)", strlen(buf));
+    free(buf);
+    ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(c), ts_tensor_unref(z);
+}
+
 /* The fused layer norm (forward and backward kernels) against finite differences, for x,
  * weight and bias, over one and two trailing dims; and the forward against the formula. */
 static void test_gradcheck_layer_norm(void)
@@ -831,6 +938,8 @@ int main(int argc, char **argv)
     static const tap_test tests[] = {
         TAP_TEST(test_gradcheck_elementwise),
         TAP_TEST(test_gradcheck_layer_norm),
+        TAP_TEST(test_losses),
+        TAP_TEST(test_print),
         TAP_TEST(test_gradcheck_reductions),
         TAP_TEST(test_gradcheck_matmul),
         TAP_TEST(test_gradcheck_nn_and_views),

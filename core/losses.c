@@ -1,0 +1,283 @@
+/* core/losses.c: losses beyond cross-entropy, built from recorded ops (so their gradients are
+ * autograd's), and the conveniences a user reaches for first: a scalar's value and a
+ * PyTorch-like printout. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* out = the per-element loss reduced per reduction; takes over per. */
+static ts_status reduce_loss(const char *what, ts_tensor *per, int reduction, ts_tensor **out)
+{
+    ts_status s;
+    if (reduction == TS_REDUCTION_NONE) {
+        *out = per;
+        return TS_OK;
+    }
+    s = reduction == TS_REDUCTION_MEAN ? ts_mean(per, 0, NULL, 0, out)
+                                       : ts_sum(per, 0, NULL, 0, out);
+    ts_tensor_unref(per);
+    if (s)
+        ts__fail_prefix(s, "%s: ", what);
+    return s;
+}
+
+/* Both float, the same dtype, device and shape. */
+static ts_status same_float_pair(const char *what, const ts_tensor *a, const ts_tensor *b,
+                                 int reduction)
+{
+    char s1[160], s2[160];
+    if (!a || !b)
+        return ts__fail(TS_EINVAL, "%s: tensor is NULL", what);
+    if (reduction < TS_REDUCTION_MEAN || reduction > TS_REDUCTION_NONE)
+        return ts__fail(TS_EINVAL, "%s: unknown reduction %d", what, reduction);
+    if ((a->dtype != TS_F32 && a->dtype != TS_F64) || a->dtype != b->dtype)
+        return ts__fail(TS_EDTYPE, "%s: input %s and target %s: both must be float32 or both "
+                        "float64", what, ts_dtype_name(a->dtype), ts_dtype_name(b->dtype));
+    if (a->storage->dev != b->storage->dev)
+        return ts__fail(TS_EINVAL, "%s: input and target are on different devices", what);
+    if (a->ndim != b->ndim ||
+        memcmp(a->shape, b->shape, sizeof a->shape[0] * (size_t)a->ndim) != 0)
+        return ts__fail(TS_ESHAPE, "%s: input %s and target %s must have the same shape", what,
+                        ts__shape_str(a->ndim, a->shape, s1, sizeof s1),
+                        ts__shape_str(b->ndim, b->shape, s2, sizeof s2));
+    return TS_OK;
+}
+
+#define TRY(call)                                                                           \
+    do {                                                                                    \
+        if ((s = (call)))                                                                   \
+            goto out;                                                                       \
+    } while (0)
+
+TS_API ts_status ts_mse_loss(const ts_tensor *input, const ts_tensor *target, int reduction,
+                             ts_tensor **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "mse_loss: out is NULL");
+    *out = NULL;
+    ts_status s = same_float_pair("mse_loss", input, target, reduction);
+    ts_tensor *d = NULL, *sq = NULL;
+    if (s)
+        return s;
+    TRY(ts_sub(input, target, &d));
+    TRY(ts_mul(d, d, &sq));
+    s = reduce_loss("mse_loss", sq, reduction, out);
+    sq = NULL;
+out:
+    ts_tensor_unref(d);
+    ts_tensor_unref(sq);
+    return s;
+}
+
+/* softplus(x) - x y, softplus(x) = max(x, 0) + log(1 + exp(-|x|)): no overflow for any x, and
+ * at x = 0 the gradient is sigmoid(0) - y = 0.5 - y (max splits a tie, |x|' is 0 at 0). */
+TS_API ts_status ts_bce_with_logits(const ts_tensor *logits, const ts_tensor *target,
+                                    int reduction, ts_tensor **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "bce_with_logits: out is NULL");
+    *out = NULL;
+    ts_status s = same_float_pair("bce_with_logits", logits, target, reduction);
+    ts_tensor *pos = NULL, *ab = NULL, *nab = NULL, *e = NULL, *e1 = NULL, *l = NULL,
+              *sp = NULL, *xy = NULL, *per = NULL;
+    if (s)
+        return s;
+    /* out of place throughout: exp's backward reads its output */
+    TRY(ts_binary_scalar(TS_BINARY_MAXIMUM, logits, 0.0, 0, &pos));
+    TRY(ts_abs(logits, &ab));
+    TRY(ts_neg(ab, &nab));
+    TRY(ts_exp(nab, &e));
+    TRY(ts_add_scalar(e, 1.0, &e1));
+    TRY(ts_log(e1, &l));
+    TRY(ts_add(pos, l, &sp));
+    TRY(ts_mul(logits, target, &xy));
+    TRY(ts_sub(sp, xy, &per));
+    s = reduce_loss("bce_with_logits", per, reduction, out);
+    per = NULL;
+out:
+    ts_tensor_unref(pos), ts_tensor_unref(ab), ts_tensor_unref(nab), ts_tensor_unref(e);
+    ts_tensor_unref(e1), ts_tensor_unref(l);
+    ts_tensor_unref(sp), ts_tensor_unref(xy), ts_tensor_unref(per);
+    return s;
+}
+
+TS_API ts_status ts_nll_loss(const ts_tensor *logp, const ts_tensor *targets, int reduction,
+                             ts_tensor **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "nll_loss: out is NULL");
+    *out = NULL;
+    char b1[160], b2[160];
+    if (!logp || !targets)
+        return ts__fail(TS_EINVAL, "nll_loss: tensor is NULL");
+    if (reduction < TS_REDUCTION_MEAN || reduction > TS_REDUCTION_NONE)
+        return ts__fail(TS_EINVAL, "nll_loss: unknown reduction %d", reduction);
+    if (logp->dtype != TS_F32 && logp->dtype != TS_F64)
+        return ts__fail(TS_EDTYPE, "nll_loss: log-probabilities are %s; they must be float",
+                        ts_dtype_name(logp->dtype));
+    if (targets->dtype != TS_I64 && targets->dtype != TS_I32)
+        return ts__fail(TS_EDTYPE, "nll_loss: targets are %s; they must be int64 or int32 "
+                        "class indices", ts_dtype_name(targets->dtype));
+    if (logp->ndim != 2 || targets->ndim != 1 || targets->shape[0] != logp->shape[0])
+        return ts__fail(TS_ESHAPE, "nll_loss: log-probabilities %s must be (N, C) and targets "
+                        "%s (N)", ts__shape_str(logp->ndim, logp->shape, b1, sizeof b1),
+                        ts__shape_str(targets->ndim, targets->shape, b2, sizeof b2));
+    const int64_t n = logp->shape[0], c = logp->shape[1];
+    ts_status s = TS_OK;
+    ts_tensor *t64 = NULL, *col = NULL, *cls = NULL, *hit = NULL, *mask = NULL, *pick = NULL,
+              *row = NULL, *per = NULL;
+    /* every target a class: checked on the host (N indices) before anything is computed */
+    int64_t *tv = malloc(sizeof *tv * (size_t)(n ? n : 1));
+    if (!tv)
+        return ts__fail(TS_ENOMEM, "nll_loss: out of host memory");
+    TRY(ts_cast(targets, TS_I64, &t64));
+    TRY(ts_tensor_to_host(t64, tv, sizeof *tv * (size_t)n));
+    for (int64_t i = 0; i < n; i++)
+        if (tv[i] < 0 || tv[i] >= c) {
+            s = ts__fail(TS_EINVAL, "nll_loss: target %lld of row %lld is not a class in [0, "
+                         "%lld)", (long long)tv[i], (long long)i, (long long)c);
+            goto out;
+        }
+    /* -logp[i, t_i] as the row sums of logp masked by one-hot rows */
+    TRY(ts_tensor_unsqueeze(t64, 1, &col)); /* (N, 1) */
+    TRY(ts_tensor_arange(logp->storage->dev, TS_I64, 0, (double)c, 1, &cls)); /* (C) */
+    TRY(ts_eq(col, cls, &hit));                                               /* (N, C) */
+    TRY(ts_cast(hit, logp->dtype, &mask));
+    TRY(ts_mul(logp, mask, &pick));
+    TRY(ts_sum(pick, 1, (const int[]){1}, 0, &row));
+    TRY(ts_neg(row, &per));
+    s = reduce_loss("nll_loss", per, reduction, out);
+    per = NULL;
+out:
+    free(tv);
+    ts_tensor_unref(t64), ts_tensor_unref(col), ts_tensor_unref(cls), ts_tensor_unref(hit);
+    ts_tensor_unref(mask), ts_tensor_unref(pick), ts_tensor_unref(row), ts_tensor_unref(per);
+    return s;
+}
+
+TS_API ts_status ts_tensor_item(const ts_tensor *t, double *value)
+{
+    if (!t || !value)
+        return ts__fail(TS_EINVAL, "ts_tensor_item: NULL argument");
+    char b[160];
+    if (ts_tensor_numel(t) != 1)
+        return ts__fail(TS_ESHAPE, "ts_tensor_item: the tensor %s has %lld elements, not one",
+                        ts__shape_str(t->ndim, t->shape, b, sizeof b),
+                        (long long)ts_tensor_numel(t));
+    ts_tensor *d = NULL;
+    ts_status s = ts_cast(t, TS_F64, &d);
+    if (s == TS_OK)
+        s = ts_tensor_to_host(d, value, sizeof *value);
+    ts_tensor_unref(d);
+    return s;
+}
+
+/* ---- printing ---------------------------------------------------------------------------- */
+
+#define EDGE 3           /* elements shown at each end of an elided dimension */
+#define ELIDE_ABOVE 1000 /* tensors with more elements than this are elided */
+
+typedef struct printer {
+    FILE *f;
+    const double *v;
+    const int64_t *shape;
+    int ndim, is_float, elide, width, prec, sci;
+} printer;
+
+static void put_value(const printer *p, double x)
+{
+    if (!p->is_float)
+        fprintf(p->f, "%*lld", p->width, (long long)x);
+    else if (isnan(x) || isinf(x))
+        fprintf(p->f, "%*s", p->width, isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
+    else if (p->sci)
+        fprintf(p->f, "%*.*e", p->width, p->prec, x);
+    else
+        fprintf(p->f, "%*.*f", p->width, p->prec, x);
+}
+
+/* The sub-tensor at dimension d starting at flat offset off (row-major); indent: columns. */
+static void put_dim(const printer *p, int d, int64_t off, int indent)
+{
+    int64_t n = p->shape[d], inner = 1;
+    for (int k = d + 1; k < p->ndim; k++)
+        inner *= p->shape[k];
+    fputc('[', p->f);
+    for (int64_t i = 0; i < n; i++) {
+        if (p->elide && n > 2 * EDGE && i == EDGE) {
+            if (d == p->ndim - 1)
+                fputs("..., ", p->f);
+            else
+                fprintf(p->f, "...,%s%*s", d < p->ndim - 2 ? "\n\n" : "\n", indent + 1, "");
+            i = n - EDGE - 1;
+            continue;
+        }
+        if (d == p->ndim - 1)
+            put_value(p, p->v[off + i]);
+        else
+            put_dim(p, d + 1, off + i * inner, indent + 1);
+        if (i + 1 < n) {
+            fputc(',', p->f);
+            if (d == p->ndim - 1)
+                fputc(' ', p->f);
+            else
+                fprintf(p->f, "%s%*s", d < p->ndim - 2 ? "\n\n" : "\n", indent + 1, "");
+        }
+    }
+    fputc(']', p->f);
+}
+
+TS_API ts_status ts_tensor_print(const ts_tensor *t, FILE *f)
+{
+    if (!t || !f)
+        return ts__fail(TS_EINVAL, "ts_tensor_print: NULL argument");
+    int64_t n = ts_tensor_numel(t);
+    double *v = malloc(sizeof *v * (size_t)(n ? n : 1));
+    ts_tensor *d = NULL;
+    ts_status s = v ? ts_cast(t, TS_F64, &d) : ts__fail(TS_ENOMEM, "ts_tensor_print: out of "
+                                                         "host memory for %lld values",
+                                                         (long long)n);
+    if (s == TS_OK)
+        s = ts_tensor_to_host(d, v, sizeof *v * (size_t)n);
+    ts_tensor_unref(d);
+    if (s) {
+        free(v);
+        return s;
+    }
+    printer p = {.f = f, .v = v, .shape = t->shape, .ndim = t->ndim,
+                 .is_float = t->dtype == TS_F32 || t->dtype == TS_F64,
+                 .elide = n > ELIDE_ABOVE, .prec = 4};
+    /* one width for every value, from the largest magnitude, as PyTorch does */
+    double big = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(v[i]) && fabs(v[i]) > big)
+            big = fabs(v[i]);
+    if (p.is_float && (big >= 1e8 || (big > 0 && big < 1e-4)))
+        p.sci = 1;
+    char buf[64];
+    int w = 1;
+    for (int64_t i = 0; i < n; i++) {
+        int len = !isfinite(v[i]) ? 4
+                  : p.is_float ? p.sci ? snprintf(buf, sizeof buf, "%.4e", v[i])
+                                       : snprintf(buf, sizeof buf, "%.4f", v[i])
+                               : snprintf(buf, sizeof buf, "%lld", (long long)v[i]);
+        w = len > w ? len : w;
+    }
+    p.width = w;
+    fputs("tensor(", f);
+    if (t->ndim == 0) {
+        put_value(&p, v[0]);
+    } else {
+        put_dim(&p, 0, 0, 7);
+    }
+    char sh[160];
+    fprintf(f, ", dtype=%s, device=%s", ts_dtype_name(t->dtype), ts_device_name(t->storage->dev));
+    if (p.elide)
+        fprintf(f, ", shape=%s", ts__shape_str(t->ndim, t->shape, sh, sizeof sh));
+    fputs(")\n", f);
+    free(v);
+    return TS_OK;
+}
