@@ -1283,3 +1283,105 @@ fail:
     free(header);
     return s;
 }
+
+/* ---- a module's state ---------------------------------------------------------------- */
+
+/* Every parameter and buffer of m, parameters first. (transfer full) *out, *n of them. */
+static ts_status module_state(ts_module *m, ts_named_tensor **out, size_t *n)
+{
+    size_t np = ts_module_parameters(m, NULL, 0), nb = ts_module_buffers(m, NULL, 0);
+    ts_named_tensor *all = ts__calloc(np + nb + 1, sizeof *all);
+    if (!all)
+        return ts__fail(TS_ENOMEM, "out of memory listing a module's tensors");
+    ts_module_parameters(m, all, np);
+    ts_module_buffers(m, all + np, nb);
+    *out = all;
+    *n = np + nb;
+    return TS_OK;
+}
+
+/* prefix + name into buf; TS_EINVAL when it does not fit. */
+static ts_status state_name(const char *prefix, const char *name, char *buf, size_t len)
+{
+    if ((size_t)snprintf(buf, len, "%s%s", prefix ? prefix : "", name) >= len)
+        return ts__fail(TS_EINVAL, "tensor name '%s%s' is too long", prefix ? prefix : "",
+                        name);
+    return TS_OK;
+}
+
+TS_API ts_status ts_module_save(ts_module *m, const char *prefix, ts_checkpoint *ck)
+{
+    if (!m || !ck)
+        return ts__fail(TS_EINVAL, "ts_module_save: NULL argument");
+    ts_named_tensor *all;
+    size_t n;
+    ts_status s = module_state(m, &all, &n);
+    char name[512];
+    for (size_t i = 0; i < n && s == TS_OK; i++)
+        if (!(s = state_name(prefix, all[i].name, name, sizeof name)))
+            s = ts_checkpoint_add(ck, name, all[i].tensor);
+    free(all);
+    return s;
+}
+
+TS_API ts_status ts_module_load(ts_module *m, const char *prefix, const ts_checkpoint *ck)
+{
+    if (!m || !ck)
+        return ts__fail(TS_EINVAL, "ts_module_load: NULL argument");
+    ts_named_tensor *all;
+    size_t n;
+    ts_status s = module_state(m, &all, &n);
+    char name[512], b1[160], b2[160];
+    /* Everything checked before anything is copied: a mismatched file leaves m as it was. */
+    for (size_t i = 0; i < n && s == TS_OK; i++) {
+        int32_t dt;
+        int nd;
+        int64_t sh[TS_MAX_DIMS];
+        const ts_tensor *t = all[i].tensor;
+        if ((s = state_name(prefix, all[i].name, name, sizeof name)))
+            break;
+        if (!find_entry(ck, name)) {
+            s = ts__fail(TS_EINVAL, "%s: no tensor '%s' for the module's '%s' (%zu tensors "
+                         "there; saved with another prefix or another model?)",
+                         ck->path ? ck->path : "checkpoint", name, all[i].name, ck->n);
+            break;
+        }
+        ts_checkpoint_tensor_info(ck, name, &dt, &nd, sh);
+        if (dt != t->dtype || nd != t->ndim ||
+            memcmp(sh, t->shape, sizeof sh[0] * (size_t)nd) != 0)
+            s = ts__fail(TS_ESHAPE, "%s: '%s' is %s %s there but %s %s in the module",
+                         ck->path ? ck->path : "checkpoint", name, ts_dtype_name(dt),
+                         ts__shape_str(nd, sh, b1, sizeof b1), ts_dtype_name(t->dtype),
+                         ts__shape_str(t->ndim, t->shape, b2, sizeof b2));
+    }
+    for (size_t i = 0; i < n && s == TS_OK; i++)
+        if (!(s = state_name(prefix, all[i].name, name, sizeof name)))
+            s = ts_checkpoint_restore(ck, name, all[i].tensor);
+    free(all);
+    return s;
+}
+
+TS_API ts_status ts_module_save_file(ts_module *m, const char *path)
+{
+    ts_checkpoint *ck = NULL;
+    ts_status s = ts_checkpoint_new(&ck);
+    if (s == TS_OK && (s = ts_module_save(m, NULL, ck)) == TS_OK)
+        s = ts_checkpoint_save(ck, path);
+    ts_checkpoint_free(ck);
+    return s;
+}
+
+TS_API ts_status ts_module_load_file(ts_module *m, const char *path)
+{
+    if (!m || !path)
+        return ts__fail(TS_EINVAL, "ts_module_load_file: NULL argument");
+    ts_checkpoint *ck = NULL;
+    ts_named_tensor first;
+    /* tensors are read onto the module's own device */
+    ts_device *dev = ts_module_parameters(m, &first, 1) ? ts_tensor_device(first.tensor) : NULL;
+    ts_status s = ts_checkpoint_load(path, dev, &ck);
+    if (s == TS_OK)
+        s = ts_module_load(m, NULL, ck);
+    ts_checkpoint_free(ck);
+    return s;
+}

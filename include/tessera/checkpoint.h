@@ -78,6 +78,21 @@ const char *ts_checkpoint_meta_key(const ts_checkpoint *ck, size_t i);
  * A loaded tensor not yet read is read for the copy and not kept. */
 ts_status ts_checkpoint_restore(const ts_checkpoint *ck, const char *name, ts_tensor *dst);
 
+/* ---- a module's state (PyTorch's state_dict) ---------------------------------------- */
+
+typedef struct ts_module ts_module;
+
+/* Adds every parameter and buffer of m to ck under prefix + its name (prefix NULL or "":
+ * none; "model." puts several modules in one checkpoint). */
+ts_status ts_module_save(ts_module *m, const char *prefix, ts_checkpoint *ck);
+/* Copies every parameter and buffer of m from ck (prefix + name). All are checked first
+ * (present, same dtype and shape: TS_EINVAL / TS_ESHAPE naming the first that is not), so a
+ * mismatched file leaves m as it was; tensors of ck that m lacks are ignored. */
+ts_status ts_module_load(ts_module *m, const char *prefix, const ts_checkpoint *ck);
+/* The same, one module to or from one file (saved atomically). */
+ts_status ts_module_save_file(ts_module *m, const char *path);
+ts_status ts_module_load_file(ts_module *m, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -870,6 +870,40 @@ static void test_module_to_dtype(void)
     tap_end();
 }
 
+/* ts_module_save/load: a state dict under a prefix round-trips; a module of another shape or
+ * a wrong prefix is refused naming the tensor, and leaves the module as it was. */
+static void test_state_dict(void)
+{
+    setup();
+    ts_weight_init init = TS_INIT_DEFAULT(&rng);
+    ts_module *a, *b, *c;
+    CHECK_OK(ts_nn_linear(NULL, 3, 2, 1, &init, &a));
+    CHECK_OK(ts_nn_linear(NULL, 3, 2, 1, &init, &b));
+    CHECK_OK(ts_nn_linear(NULL, 3, 4, 1, &init, &c));
+    ts_checkpoint *ck;
+    CHECK_OK(ts_checkpoint_new(&ck));
+    CHECK_OK(ts_module_save(a, "enc.", ck));
+    CHECK_INT_EQ(ts_checkpoint_count(ck), 2);
+    CHECK(!strcmp(ts_checkpoint_name(ck, 0), "enc.weight"));
+    ts_named_tensor pa[2], pb[2], pc[2];
+    ts_module_parameters(a, pa, 2);
+    ts_module_parameters(b, pb, 2);
+    ts_module_parameters(c, pc, 2);
+    float wc[12], wc2[12], wa[6], wb[6];
+    CHECK_OK(ts_tensor_to_host(pc[0].tensor, wc, sizeof wc));
+    CHECK_FAILS(ts_module_load(c, "enc.", ck), TS_ESHAPE, "'enc.weight' is float32 (2, 3)",
+                "(4, 3) in the module");
+    CHECK_FAILS(ts_module_load(b, "dec.", ck), TS_EINVAL, "no tensor 'dec.weight'");
+    CHECK_OK(ts_tensor_to_host(pc[0].tensor, wc2, sizeof wc2));
+    CHECK(memcmp(wc, wc2, sizeof wc) == 0); /* untouched */
+    CHECK_OK(ts_module_load(b, "enc.", ck));
+    CHECK_OK(ts_tensor_to_host(pa[0].tensor, wa, sizeof wa));
+    CHECK_OK(ts_tensor_to_host(pb[0].tensor, wb, sizeof wb));
+    CHECK(memcmp(wa, wb, sizeof wa) == 0);
+    ts_checkpoint_free(ck);
+    ts_module_free(a), ts_module_free(b), ts_module_free(c);
+}
+
 /* A layer without an initialisation is an error, not all-zero weights that never train. */
 static void test_null_init_refused(void)
 {
@@ -888,6 +922,7 @@ int main(int argc, char **argv)
     static const tap_test tests[] = {
         TAP_TEST(test_linear_and_names),
         TAP_TEST(test_null_init_refused),
+        TAP_TEST(test_state_dict),
         TAP_TEST(test_conv_pool_flatten_shapes),
         TAP_TEST(test_norms_dropout_embedding),
         TAP_TEST(test_optimizers_match_reference),
