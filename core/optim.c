@@ -833,8 +833,11 @@ TS_API ts_status ts_optim_load_state(ts_optim *o, const ts_checkpoint *ck)
     }
     int kslot = o->kind == O_SGD ? 0 : 1, nstate = state_count(o->kind, &sgd);
     ts_tensor **fresh = ts__calloc(o->n ? 2 * o->n : 1, sizeof *fresh);
-    if (!fresh)
+    if (!fresh) {
+        free(decay);
+        free(own);
         return ts__fail(TS_ENOMEM, "optimizer state: out of host memory");
+    }
     for (size_t i = 0; i < o->n && s == TS_OK; i++) {
         int present[2] = {0, 0};
         s = check_slot(&o->slots[i], ck, kslot, nstate, steps, present);

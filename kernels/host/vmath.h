@@ -35,6 +35,7 @@ static inline float hk_expf(float x)
     /* Clamp first so that every lane's arithmetic stays finite; the selects at the end give
      * the out-of-range results. */
     float xc = x > 89.0f ? 89.0f : x < -104.0f ? -104.0f : x;
+    xc = xc == xc ? xc : 0.0f; /* NaN: any finite lane (the result is x); no NaN to int */
     /* n = round(x / ln 2) by the 1.5 * 2^23 trick (exact for |v| < 2^22; no rint call). */
     const float shifter = 12582912.0f;
     float n = (xc * 1.44269504088896341f + shifter) - shifter;
@@ -52,7 +53,9 @@ static inline float hk_expf(float x)
     /* 2^n as two factors, so that n down to -150 (subnormal results) and up to 128 stay
      * normal in each: n1 = floor(n / 2), n2 = n - n1, both in [-75, 65]. */
     int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
-    float y = p * hk_bits_float((n1 + 127) << 23) * hk_bits_float((n2 + 127) << 23);
+    /* the biased exponents are in [52, 192]: shifted as unsigned, no signed overflow */
+    float y = p * hk_bits_float((int32_t)((uint32_t)(n1 + 127) << 23)) *
+              hk_bits_float((int32_t)((uint32_t)(n2 + 127) << 23));
     y = x > 88.72283935546875f ? __builtin_inff() : y;
     y = x < -103.97208404541015625f ? 0.0f : y;
     return x != x ? x : y;
