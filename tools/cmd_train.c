@@ -4,6 +4,7 @@
  * shuffle position). */
 #include "config.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1209,8 +1210,80 @@ static void trainer_free(trainer *t)
     ts_tensor_unref(t->test_y);
 }
 
+/* The options that describe a model's architecture (train.arch in a checkpoint). */
+static int arch_option(const char *a)
+{
+    static const char *const opts[] = {"--model", "--hidden", "--channels", "--init",
+                                       "--context", "--layers", "--heads", "--embd",
+                                       "--dropout"};
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+        if (!strcmp(a, opts[i]))
+            return 1;
+    return 0;
+}
+
+/* --resume CKPT without any architecture option: the checkpoint's train.arch ("mlp --hidden
+ * 500", "gpt --context 128 ...") goes in front of the command line, so the model needs no
+ * repeating. The string comes from a file, maybe a hostile one: only a model name followed
+ * by architecture options and their values is taken, nothing that could name a path or a
+ * device. *nargv (transfer full, with *buf) or NULL to keep argv. */
+static void arch_from_checkpoint(int argc, char **argv, int *nargc, char ***nargv, char **buf)
+{
+    const char *ckpt = NULL;
+    *nargv = NULL;
+    *buf = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (arch_option(argv[i]))
+            return;
+        if (!strcmp(argv[i], "--resume") && i + 1 < argc)
+            ckpt = argv[++i];
+    }
+    ts_checkpoint *ck = NULL;
+    if (!ckpt || ts_checkpoint_load(ckpt, NULL, &ck) != TS_OK)
+        return; /* resume() reports it */
+    const char *arch = ts_checkpoint_meta(ck, "train.arch");
+    char *copy = arch && strlen(arch) < 512 ? strdup(arch) : NULL;
+    ts_checkpoint_free(ck);
+    char *tok[40];
+    int n = 0, ok = copy != NULL;
+    for (char *save = NULL, *t = copy ? strtok_r(copy, " ", &save) : NULL; t && ok;
+         t = strtok_r(NULL, " ", &save)) {
+        ok = n < 39 && strspn(t, "abcdefghijklmnopqrstuvwxyz0123456789-_.:,") == strlen(t) &&
+             (n == 0 ? t[0] != '-' : n % 2 == 1 ? arch_option(t) : t[0] != '-' || isdigit((unsigned char)t[1]));
+        tok[n++] = t;
+    }
+    char **nv = ok && n >= 1 && n % 2 == 1 ? calloc((size_t)(argc + n + 2), sizeof *nv) : NULL;
+    if (!nv) {
+        free(copy);
+        return;
+    }
+    int k = 0;
+    nv[k++] = argv[0];
+    nv[k++] = "--model";
+    for (int i = 0; i < n; i++)
+        nv[k++] = tok[i];
+    for (int i = 1; i < argc; i++)
+        nv[k++] = argv[i];
+    fprintf(stderr, "tessera: the model from %s:", ckpt);
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, " %s", tok[i]);
+    fputc('\n', stderr);
+    *nargc = k;
+    *nargv = nv;
+    *buf = copy;
+}
+
 int cmd_train(int argc, char **argv, const cli_common *common)
 {
+    char **nargv, *nbuf;
+    int nargc = argc;
+    arch_from_checkpoint(argc, argv, &nargc, &nargv, &nbuf);
+    if (nargv) {
+        int rc = cmd_train(nargc, nargv, common); /* now with architecture options: once */
+        free(nargv);
+        free(nbuf);
+        return rc;
+    }
     for (int i = 1; i + 1 < argc; i++) /* the sequence model has a loop of its own */
         if (!strcmp(argv[i], "--model") && !strcmp(argv[i + 1], "gpt"))
             return cli_train_gpt(argc, argv, common);

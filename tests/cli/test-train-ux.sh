@@ -6,10 +6,10 @@
 # to stderr (plain lines with --log-every when it is not a terminal) and never into the JSON
 # on stdout; a text run ends with a summary.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 5
+plan 7
 DATA=/usr/share/datasets/fashion-mnist
 if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
-    for t in sigterm save-every save-path progress summary; do
+    for t in sigterm save-every save-path progress summary resume-infers hostile-arch; do
         skip "$t" "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)"
     done
     finish
@@ -100,5 +100,26 @@ if echo "$out" | tail -1 | grep -q "^done: 256 steps in .*; test accuracy 0\.[0-
     ok "a run ends with a summary: $(echo "$out" | tail -1)"
 else
     fail "a run ends with a summary" "$out"
+fi
+# --resume alone: the model and its architecture come from the checkpoint (train.arch).
+"$TESSERA" train --model mlp --hidden 48 --train-limit 512 --max-steps 4 --save "$TMP/a.ckpt" >/dev/null 2>&1
+out=$("$TESSERA" train --train-limit 512 --max-steps 8 --resume "$TMP/a.ckpt" 2>&1)
+rc=$?
+if [ $rc -eq 0 ] && contains "$out" "the model from $TMP/a.ckpt: mlp --hidden 48" &&
+    contains "$out" "resumed from $TMP/a.ckpt at epoch 1, step 4"; then
+    ok "--resume without --model takes the checkpoint's model: mlp --hidden 48"
+else
+    fail "--resume without --model takes the checkpoint's model" "rc=$rc" "$out"
+fi
+# A planted train.arch that would add another option (--save to a path of its choosing) is
+# not taken: only a model name and architecture options are.
+LC_ALL=C sed 's|"train.arch":"mlp --hidden 48"|"train.arch":"mlp --save /x..48"|' "$TMP/a.ckpt" >"$TMP/evil.ckpt"
+out=$(cd "$TMP" && "$TESSERA" train --train-limit 512 --max-steps 8 --resume "$TMP/evil.ckpt" 2>&1)
+rc=$?
+if grep -q -a 'mlp --save /x..48' "$TMP/evil.ckpt" && [ $rc -ne 0 ] &&
+    ! contains "$out" "the model from" && [ ! -e /x..48 ] && [ ! -e "$TMP/x..48" ]; then
+    ok "a checkpoint whose train.arch carries another option is not taken as the model"
+else
+    fail "a planted train.arch is not taken" "rc=$rc" "$out"
 fi
 finish
