@@ -53,6 +53,9 @@ const char *cli_duration(double seconds, char *buf, size_t len);
 /* Under mpirun, after --resume: 0 when every rank is at the same step; else 1, with a message
  * naming the rank (every rank fails then, or the job is aborted: never a hang). */
 int ranks_at_same_step(int64_t step, int rank, int world, const char *ckpt);
+/* Prints a JSON object as one line on stdout, flushed, and frees it (cJSON). */
+struct cJSON;
+void cli_json_line(struct cJSON *o);
 /* qsort comparator for doubles, ascending. */
 int cli_cmp_double(const void *a, const void *b);
 

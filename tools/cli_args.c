@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli.h"
 
 /* Leading white space and a '+' are taken by strto*: refuse them, as a typo is more likely
@@ -176,4 +178,14 @@ int ranks_at_same_step(int64_t step, int rank, int world, const char *ckpt)
                 (long long)all[bad], (long long)all[0]);
     free(all);
     return bad >= 0;
+}
+
+void cli_json_line(cJSON *o)
+{
+    char *text = o ? cJSON_PrintUnformatted(o) : NULL;
+    if (text)
+        puts(text);
+    fflush(stdout);
+    cJSON_free(text);
+    cJSON_Delete(o);
 }

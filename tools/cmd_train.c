@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli.h"
 
 static const char usage[] =
@@ -932,6 +934,7 @@ static ts_status run_epoch(trainer *t, int *stop)
     int64_t seen = 0, correct = 0, nb = ts_loader_batches(t->loader), bi;
     uint64_t ep;
     ts_loader_position(t->loader, &ep, &bi);
+    const int64_t first_bi = bi; /* > 0 in an epoch resumed part-way */
     ts_status s;
     while ((s = ts_loader_next(t->loader, &x, &y)) == TS_OK && x) {
         ts_tensor *logits = NULL, *loss = NULL, *d = NULL;
@@ -1066,17 +1069,20 @@ static ts_status run_epoch(trainer *t, int *stop)
         printf("{\"epoch\": %llu, \"steps\": %lld, \"lr\": %.9g, \"train_loss\": %.6f, "
                "\"train_acc\": %.4f, \"test_acc\": %.4f, \"seconds\": %.2f, \"pool_in_use\": %llu, "
                "\"pool_reserved\": %llu, \"pool_peak_reserved\": %llu, \"pool_peak_in_use\": "
-               "%llu, \"world_size\": %d}\n",
+               "%llu, \"world_size\": %d, \"train_batches\": %lld}\n",
                (unsigned long long)t->epoch + 1, (long long)t->step, ts_optim_lr(t->opt),
                train_loss, train_acc,
                test_acc, secs, (unsigned long long)st.in_use, (unsigned long long)st.reserved,
                (unsigned long long)st.peak_reserved, (unsigned long long)st.peak_in_use,
-               t->world);
+               t->world, (long long)(bi - first_bi));
     } else {
-        char b1[32], b2[32], b3[32];
-        printf("epoch %llu: train loss %.4f acc %.4f, test acc %.4f, %.1f s, pool in use %s / "
+        char b1[32], b2[32], b3[32], part[64] = "";
+        if (first_bi > 0) /* a resumed epoch: its loss covers the batches run here */
+            snprintf(part, sizeof part, " (batches %lld-%lld)", (long long)first_bi + 1,
+                     (long long)bi);
+        printf("epoch %llu: train loss %.4f acc %.4f%s, test acc %.4f, %.1f s, pool in use %s / "
                "reserved %s / peak %s\n",
-               (unsigned long long)t->epoch + 1, train_loss, train_acc, test_acc, secs,
+               (unsigned long long)t->epoch + 1, train_loss, train_acc, part, test_acc, secs,
                cli_bytes(st.in_use, b1, sizeof b1), cli_bytes(st.reserved, b2, sizeof b2),
                cli_bytes(st.peak_reserved, b3, sizeof b3));
     }
@@ -1403,13 +1409,45 @@ int cmd_train(int argc, char **argv, const cli_common *common)
                     (unsigned long long)t.epoch + 1, (long long)t.step);
     }
     char arch[256], hyper_txt[96], sched_txt[160];
+    cli_model_describe(&t.o.arch, arch, sizeof arch);
     if (!strcmp(t.o.optimizer, "sgd"))
         snprintf(hyper_txt, sizeof hyper_txt, "lr %g momentum %g weight decay %g", t.o.lr,
                  t.o.momentum, t.o.weight_decay);
     else
         snprintf(hyper_txt, sizeof hyper_txt, "lr %g weight decay %g", t.o.lr,
                  t.o.weight_decay);
-    if (!t.o.json) { /* the values in use: on --resume, the checkpoint's */
+    if (t.o.json) { /* the whole configuration first: the values in use */
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "event", "start");
+        cJSON_AddStringToObject(j, "model", t.o.model);
+        cJSON_AddStringToObject(j, "arch", cli_model_describe(&t.o.arch, arch, sizeof arch));
+        cJSON_AddNumberToObject(j, "parameters", (double)ts_module_num_params(t.model));
+        cJSON_AddStringToObject(j, "device", ts_device_name(t.dev));
+        cJSON_AddStringToObject(j, "optimizer", t.o.optimizer);
+        cJSON_AddNumberToObject(j, "lr", t.o.lr);
+        cJSON_AddNumberToObject(j, "momentum", t.o.momentum);
+        cJSON_AddNumberToObject(j, "weight_decay", t.o.weight_decay);
+        cJSON_AddStringToObject(j, "lr_schedule", t.o.lr_schedule);
+        cJSON_AddNumberToObject(j, "clip_grad_norm", t.o.clip);
+        cJSON_AddNumberToObject(j, "batch_size", (double)t.o.batch);
+        cJSON_AddNumberToObject(j, "epochs", (double)t.o.epochs);
+        cJSON_AddNumberToObject(j, "max_steps", (double)t.o.max_steps);
+        if (t.o.seed < ((uint64_t)1 << 53)) /* exact as a JSON number */
+            cJSON_AddNumberToObject(j, "seed", (double)t.o.seed);
+        else {
+            char sd[24];
+            snprintf(sd, sizeof sd, "%llu", (unsigned long long)t.o.seed);
+            cJSON_AddStringToObject(j, "seed", sd);
+        }
+        cJSON_AddNumberToObject(j, "train_images", (double)ts_tensor_size(t.train_x, 0));
+        cJSON_AddNumberToObject(j, "world_size", t.world);
+        if (t.o.resume)
+            cJSON_AddStringToObject(j, "resumed_from", t.o.resume);
+        else
+            cJSON_AddNullToObject(j, "resumed_from");
+        cJSON_AddNumberToObject(j, "start_step", (double)t.step);
+        cli_json_line(j);
+    } else { /* the values in use: on --resume, the checkpoint's */
         printf("tessera train: %s (%lld parameters) on '%s', %s %s, batch %lld, %lld "
                "training images, data loaded in %.1f s\n",
                cli_model_describe(&t.o.arch, arch, sizeof arch),
@@ -1459,6 +1497,27 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     }
     char took[32];
     cli_duration(cli_now() - t.started, took, sizeof took);
+    if (t.o.json) { /* steps: cumulative, as in the epoch records */
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "event", "end");
+        cJSON_AddNumberToObject(j, "steps", (double)t.step);
+        cJSON_AddNumberToObject(j, "steps_this_run", (double)(t.step - t.first_step));
+        cJSON_AddNumberToObject(j, "seconds", cli_now() - t.started);
+        if (t.best_epoch) {
+            cJSON_AddNumberToObject(j, "last_test_acc", t.last_acc);
+            cJSON_AddNumberToObject(j, "best_test_acc", t.best_acc);
+            cJSON_AddNumberToObject(j, "best_epoch", (double)t.best_epoch);
+        }
+        if (t.o.save)
+            cJSON_AddStringToObject(j, "checkpoint", t.o.save);
+        else
+            cJSON_AddNullToObject(j, "checkpoint");
+        if (t.stopped_by)
+            cJSON_AddStringToObject(j, "stopped_by", cli_signal_name(t.stopped_by));
+        else
+            cJSON_AddNullToObject(j, "stopped_by");
+        cli_json_line(j);
+    }
     if (t.stopped_by) {
         if (t.rank == 0)
             fprintf(stderr, "tessera: %s: stopped after step %lld (%s of training)%s%s%s\n",

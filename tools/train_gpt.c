@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli.h"
 #include "model_gpt.h"
 
@@ -238,6 +240,7 @@ typedef struct run {
     uint64_t text_hash;
     int rank, world; /* data parallelism: this rank of world (1: a single process) */
     ts_ddp *ddp;
+    int stopped; /* the signal that stopped training, or 0 */
 } run;
 
 /* Every rank must train the same model on the same text with the same settings; a rank
@@ -612,7 +615,37 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     const int64_t b0 = r.rank * q + (r.rank < rem ? r.rank : rem), nb = q + (r.rank < rem);
     const double share = (double)nb * (double)r.world / (double)r.o.batch;
     char arch[256];
-    if (!r.o.json)
+    if (r.o.json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "event", "start");
+        cJSON_AddStringToObject(j, "model", "gpt");
+        cJSON_AddStringToObject(j, "arch", arch_text(&r.o.cfg, arch, sizeof arch));
+        cJSON_AddNumberToObject(j, "parameters", (double)ts_module_num_params(r.gpt));
+        cJSON_AddStringToObject(j, "device", ts_device_name(r.dev));
+        cJSON_AddStringToObject(j, "optimizer", "adamw");
+        cJSON_AddNumberToObject(j, "lr", r.o.lr);
+        cJSON_AddNumberToObject(j, "min_lr", r.o.min_lr);
+        cJSON_AddNumberToObject(j, "weight_decay", r.o.weight_decay);
+        cJSON_AddNumberToObject(j, "clip_grad_norm", r.o.clip);
+        cJSON_AddNumberToObject(j, "warmup_steps", (double)r.o.warmup);
+        cJSON_AddNumberToObject(j, "batch_size", (double)r.o.batch);
+        cJSON_AddNumberToObject(j, "steps", (double)r.o.steps);
+        cJSON_AddNumberToObject(j, "max_steps", (double)r.o.max_steps);
+        char sd[24];
+        snprintf(sd, sizeof sd, "%llu", (unsigned long long)r.o.seed);
+        if (r.o.seed < ((uint64_t)1 << 53)) /* exact as a JSON number, else a string */
+            cJSON_AddNumberToObject(j, "seed", (double)r.o.seed);
+        else
+            cJSON_AddStringToObject(j, "seed", sd);
+        cJSON_AddNumberToObject(j, "text_bytes", (double)n);
+        cJSON_AddNumberToObject(j, "world_size", r.world);
+        if (r.o.resume)
+            cJSON_AddStringToObject(j, "resumed_from", r.o.resume);
+        else
+            cJSON_AddNullToObject(j, "resumed_from");
+        cJSON_AddNumberToObject(j, "start_step", (double)r.step);
+        cli_json_line(j);
+    } else
         printf("tessera train: %s (%lld parameters) on '%s', %zu bytes of text (%zu to train, "
                "%zu to validate), batch %lld x %lld tokens, adamw lr %g weight decay %g, "
                "%lld steps%s\n",
@@ -620,8 +653,8 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
                ts_device_name(r.dev), n, ntrain, nval, (long long)r.o.batch, (long long)T,
                r.o.lr, r.o.weight_decay, (long long)r.o.steps,
                r.step ? " (resumed)" : "");
-    double t0 = cli_now(), loss_sum = 0;
-    int64_t since = 0;
+    double t0 = cli_now(), loss_sum = 0, started = t0, last_val = NAN, best_val = NAN;
+    int64_t since = 0, first_step = r.step;
     int64_t stop = r.o.max_steps > 0 && r.o.max_steps < r.o.steps ? r.o.max_steps : r.o.steps;
     if (r.step >= stop) {
         fprintf(stderr, "tessera: %s is at step %lld: nothing left to train up to step %lld\n",
@@ -687,9 +720,8 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
                         cli_signal_name(sig), (long long)r.step,
                         r.o.save ? "; saved " : "; nothing saved (no --save)",
                         r.o.save ? r.o.save : "", r.o.save ? ", continue with --resume" : "");
-            rc = 128 + sig;
-            r.world = 1; /* a clean stop on every rank: nothing to abort */
-            goto out;
+            r.stopped = sig;
+            break;
         }
         if (r.o.log_steps) {
             if (r.o.json)
@@ -722,6 +754,8 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
             goto out;
         }
         double train_loss = loss_sum / (double)since, val = vsum / (double)r.o.eval_batches;
+        last_val = val;
+        best_val = isnan(best_val) || val < best_val ? val : best_val;
         double tps = (double)since * (double)(r.o.batch * T) / secs;
         if (r.o.json)
             printf("{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f, "
@@ -748,9 +782,31 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
             }
         }
     }
-    rc = 0;
+    if (r.o.json) { /* steps: cumulative */
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "event", "end");
+        cJSON_AddNumberToObject(j, "steps", (double)r.step);
+        cJSON_AddNumberToObject(j, "steps_this_run", (double)(r.step - first_step));
+        cJSON_AddNumberToObject(j, "seconds", cli_now() - started);
+        if (!isnan(last_val)) {
+            cJSON_AddNumberToObject(j, "last_val_loss", last_val);
+            cJSON_AddNumberToObject(j, "best_val_loss", best_val);
+        }
+        if (r.o.save)
+            cJSON_AddStringToObject(j, "checkpoint", r.o.save);
+        else
+            cJSON_AddNullToObject(j, "checkpoint");
+        if (r.stopped)
+            cJSON_AddStringToObject(j, "stopped_by", cli_signal_name(r.stopped));
+        else
+            cJSON_AddNullToObject(j, "stopped_by");
+        cli_json_line(j);
+    }
+    rc = r.stopped ? 128 + r.stopped : 0;
 out:
-    if (rc && r.world > 1) /* the other ranks would wait for this one in a collective */
+    /* the other ranks would wait for this one in a collective; a signal stops every rank
+     * after the same step, cleanly */
+    if (rc && r.world > 1 && !r.stopped)
         ts_dist_abort(rc, "rank %d of %d stopped: %s", r.rank, r.world,
                       ts_last_error()[0] ? ts_last_error() : "see its error above");
     ts_ddp_free(r.ddp);

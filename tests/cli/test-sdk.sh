@@ -94,7 +94,7 @@ else
     out=$(cd / && "$INSTALLED" --config "$TMP/mydev/template.ini" train --model mlp \
         --max-steps 50 --train-limit 3200 --json 2>&1)
     rc=$?
-    loss=$(echo "$out" | tail -1 | "$JSON_CHECK" train_loss | sed 's/.*=//')
+    loss=$(echo "$out" | grep '"epoch"' | tail -1 | "$JSON_CHECK" train_loss | sed 's/.*=//')
     if [ $rc -eq 0 ] && [ -n "$loss" ] && awk "BEGIN{exit !($loss < 2.0)}"; then
         ok "template.ini (device = ./template.so) trains 50 mlp steps: train loss $loss"
     else

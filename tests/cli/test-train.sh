@@ -13,7 +13,7 @@ else
     COMMON="--model mlp --train-limit 1024 --batch-size 64 --seed 7"
 
     out=$("$TESSERA" train $COMMON --epochs 3 --json 2>&1)
-    last=$(echo "$out" | tail -1)
+    last=$(echo "$out" | grep '"epoch"' | tail -1)
     acc=$(echo "$last" | "$JSON_CHECK" test_acc | sed 's/.*=//')
     if [ -n "$acc" ] && awk "BEGIN{exit !($acc > 0.6)}"; then
         ok "learns: test accuracy $acc after 3 epochs on 1024 images"
@@ -22,10 +22,14 @@ else
     fi
 
     n=$(echo "$out" | wc -l)
-    if [ "$n" -eq 3 ] && echo "$out" | while read -r l; do echo "$l" | "$JSON_CHECK" epoch train_loss train_acc test_acc seconds pool_in_use pool_reserved pool_peak_reserved >/dev/null || exit 1; done; then
-        ok "--json prints one parseable object per epoch"
+    first=$(echo "$out" | head -1 | "$JSON_CHECK" event model arch device optimizer lr batch_size epochs seed world_size start_step 2>&1)
+    end=$(echo "$out" | tail -1 | "$JSON_CHECK" event steps steps_this_run seconds last_test_acc best_test_acc best_epoch 2>&1)
+    if [ "$n" -eq 5 ] && echo "$out" | sed -n '2,4p' | while read -r l; do echo "$l" | "$JSON_CHECK" epoch train_loss train_acc test_acc seconds pool_in_use pool_reserved pool_peak_reserved >/dev/null || exit 1; done &&
+        contains "$first" 'event="start"' && contains "$first" 'model="mlp"' && contains "$first" 'start_step=0' &&
+        contains "$end" 'event="end"' && contains "$end" 'steps=48' && contains "$end" 'best_epoch='; then
+        ok "--json prints a start record with the configuration, one object per epoch, an end record"
     else
-        fail "--json prints one parseable object per epoch" "$out"
+        fail "--json prints start, one object per epoch, end" "$out" "$first" "$end"
     fi
 
     "$TESSERA" train $COMMON --epochs 2 --save "$TMP/straight.ckpt" --json >/dev/null 2>"$TMP/e1" &&
