@@ -63,6 +63,8 @@ int cmd_info(int argc, char **argv, const cli_common *common);
 /* tools/cmd_inspect.c: `tessera inspect FILE`. */
 int cmd_inspect(int argc, char **argv, const cli_common *common);
 int cmd_train(int argc, char **argv, const cli_common *common);
+/* `tessera eval --resume CKPT`: cmd_train without training. */
+int cmd_eval(int argc, char **argv, const cli_common *common);
 /* tools/train_gpt.c: `tessera train --model gpt ...` (cmd_train hands it over). */
 int cli_train_gpt(int argc, char **argv, const cli_common *common);
 /* tools/cmd_generate.c: `tessera generate --resume CKPT ...`. */

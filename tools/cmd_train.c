@@ -77,7 +77,7 @@ typedef struct train_opts {
     int64_t warmup_steps, lr_step_size, lr_decay_steps;
     double min_lr, lr_gamma, clip;
     uint64_t seed;
-    int json, log_steps;
+    int json, log_steps, eval_only;
     /* given on the command line (checked against a resumed checkpoint) */
     int set_optimizer, set_lr, set_momentum, set_weight_decay, set_epochs;
     int set_schedule, set_decay, set_clip; /* any schedule flag; --decay; --clip-grad-norm */
@@ -1169,6 +1169,8 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
             o->decay = v, i++, o->set_decay = 1;
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
+        } else if (!strcmp(a, "--eval-only")) { /* tessera eval */
+            o->eval_only = 1;
         } else if (!strcmp(a, "--log-steps")) {
             o->log_steps = 1;
         } else if (!strcmp(a, "--config")) {
@@ -1393,6 +1395,31 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         cli_fail(s, "data parallelism");
         goto out;
     }
+    if (t.o.resume && t.o.eval_only) { /* tessera eval: the checkpoint's test accuracy */
+        double acc = 0;
+        if ((rc = resume(&t)))
+            goto out;
+        rc = 1;
+        if ((s = evaluate(&t, &acc))) {
+            cli_fail(s, "evaluation failed");
+            goto out;
+        }
+        if (t.o.json) {
+            cJSON *j = cJSON_CreateObject();
+            cJSON_AddStringToObject(j, "event", "eval");
+            cJSON_AddStringToObject(j, "checkpoint", t.o.resume);
+            cJSON_AddStringToObject(j, "model", t.o.model);
+            cJSON_AddNumberToObject(j, "checkpoint_step", (double)t.step);
+            cJSON_AddNumberToObject(j, "test_acc", acc);
+            cJSON_AddNumberToObject(j, "test_images", (double)ts_tensor_size(t.test_x, 0));
+            cli_json_line(j);
+        } else {
+            printf("%s (step %lld): test accuracy %.4f on %lld images\n", t.o.resume,
+                   (long long)t.step, acc, (long long)ts_tensor_size(t.test_x, 0));
+        }
+        rc = 0;
+        goto out;
+    }
     if (t.o.resume) {
         if ((rc = resume(&t)))
             goto out;
@@ -1544,5 +1571,69 @@ out:
     trainer_free(&t);
     ts_dist_shutdown();
     ts_shutdown();
+    return rc;
+}
+
+/* ---- tessera eval ------------------------------------------------------------------------ */
+
+static const char eval_usage[] =
+    "usage: tessera eval --resume CKPT [--data DIR | --text FILE] [--device NAME] [--json]\n"
+    "\n"
+    "Evaluates a checkpoint of tessera train without training: test accuracy on the 10,000\n"
+    "Fashion-MNIST test images for mlp, lenet5 and cnn; the validation loss (nats and bits\n"
+    "per byte, the same windows as training's evaluations) for the GPT, on the text it was\n"
+    "trained on (--text; the checkpoint refuses another). The model comes from the\n"
+    "checkpoint; the other options of tessera train (--eval-batches, --batch-size, ...)\n"
+    "apply as they do there.\n";
+
+int cmd_eval(int argc, char **argv, const cli_common *common)
+{
+    int resume = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(eval_usage, stdout);
+            return 0;
+        }
+        resume |= !strcmp(argv[i], "--resume") && i + 1 < argc;
+    }
+    if (!resume)
+        return cli_usage_error("eval", "which checkpoint? (tessera eval --resume CKPT)");
+    /* The run's settings that --resume checks (seed, batch size, training slice) are the
+     * checkpoint's unless given: only their values are taken from the file, each parsed as
+     * strictly as on the command line. */
+    const char *ckpt = NULL;
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--resume"))
+            ckpt = argv[i + 1];
+    static const char *const keep[][2] = {{"--seed", "train.seed"},
+                                          {"--batch-size", "train.batch_size"},
+                                          {"--train-limit", "train.train_limit"}};
+    char vals[3][32];
+    char **nv = calloc((size_t)argc + 8, sizeof *nv);
+    if (!nv)
+        return cli_fail(TS_ENOMEM, "eval");
+    int n = 0;
+    for (int i = 0; i < argc; i++)
+        nv[n++] = argv[i];
+    ts_checkpoint *ck = NULL;
+    if (ckpt && ts_checkpoint_load(ckpt, NULL, &ck) == TS_OK) {
+        const char *model = ts_checkpoint_meta(ck, "train.model");
+        for (int k = 0; k < 3; k++) {
+            const char *v = ts_checkpoint_meta(ck, keep[k][1]);
+            int given = 0;
+            for (int i = 1; i < argc; i++)
+                given |= !strcmp(argv[i], keep[k][0]);
+            if (given || !v || strlen(v) >= sizeof vals[k] ||
+                (k == 2 && model && !strcmp(model, "gpt")))
+                continue;
+            snprintf(vals[k], sizeof vals[k], "%s", v);
+            nv[n++] = (char *)keep[k][0];
+            nv[n++] = vals[k];
+        }
+        ts_checkpoint_free(ck);
+    }
+    nv[n++] = "--eval-only";
+    int rc = cmd_train(n, nv, common);
+    free(nv);
     return rc;
 }

@@ -41,6 +41,7 @@ static const command commands[] = {
     {"info", "[--json]", "version, configuration, plugins found, devices and pools", cmd_info},
     {"train", "[...]", "train a model: Fashion-MNIST, or a GPT on text (--model gpt)",
      cmd_train},
+    {"eval", "--resume CKPT", "test accuracy or validation loss of a checkpoint", cmd_eval},
     {"generate", "--resume CKPT", "sample text from a GPT checkpoint", cmd_generate},
     {"inspect", "FILE", "tensors, dtypes, shapes and metadata of a safetensors file",
      cmd_inspect},

@@ -53,7 +53,7 @@ typedef struct gpt_opts {
     int64_t batch, steps, max_steps, warmup, eval_every, eval_batches;
     double lr, min_lr, weight_decay, clip;
     uint64_t seed;
-    int json, log_steps;
+    int json, log_steps, eval_only;
 } gpt_opts;
 
 /* ---- the text ------------------------------------------------------------------------- */
@@ -479,6 +479,8 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
             i++; /* the caller's */
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
+        } else if (!strcmp(a, "--eval-only")) { /* tessera eval */
+            o->eval_only = 1;
         } else if (!strcmp(a, "--log-steps")) {
             o->log_steps = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -506,6 +508,31 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
 }
 
 /* ---- training -------------------------------------------------------------------------- */
+
+/* The mean loss over --eval-batches windows of the validation text (the same windows at
+ * every evaluation), the ranks sharing the batches out. */
+static ts_status validation_loss(run *r, const unsigned char *vtext, size_t nval, int64_t T,
+                                 double *val)
+{
+    double vsum = 0;
+    ts_status s = TS_OK;
+    ts_module_train(r->gpt, 0);
+    ts_no_grad_enter();
+    for (int64_t e = r->rank; e < r->o.eval_batches && !s; e += r->world) {
+        double v = 0;
+        ts_tensor *x = NULL, *y = NULL;
+        if (!(s = windows(r->dev, vtext, nval, r->o.seed ^ 0x5eed, (uint64_t)e, 0, r->o.batch,
+                          T, &x, &y)))
+            s = eval_loss(r->gpt, x, y, &v);
+        ts_tensor_unref(x), ts_tensor_unref(y);
+        vsum += v;
+    }
+    ts_no_grad_exit();
+    if (!s)
+        s = ts_dist_allreduce_sum(&vsum, 1, TS_F64);
+    *val = vsum / (double)r->o.eval_batches;
+    return s;
+}
 
 int cli_train_gpt(int argc, char **argv, const cli_common *common)
 {
@@ -615,6 +642,30 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     const int64_t b0 = r.rank * q + (r.rank < rem ? r.rank : rem), nb = q + (r.rank < rem);
     const double share = (double)nb * (double)r.world / (double)r.o.batch;
     char arch[256];
+    if (r.o.eval_only) { /* tessera eval: the checkpoint's validation loss, no step */
+        double val = 0;
+        if ((s = validation_loss(&r, text + ntrain, nval, T, &val))) {
+            cli_fail(s, "evaluation failed");
+            goto out;
+        }
+        if (r.o.json) {
+            cJSON *j = cJSON_CreateObject();
+            cJSON_AddStringToObject(j, "event", "eval");
+            cJSON_AddStringToObject(j, "checkpoint", r.o.resume);
+            cJSON_AddStringToObject(j, "model", "gpt");
+            cJSON_AddNumberToObject(j, "checkpoint_step", (double)r.step);
+            cJSON_AddNumberToObject(j, "val_loss", val);
+            cJSON_AddNumberToObject(j, "val_bits_per_byte", val / log(2.0));
+            cJSON_AddNumberToObject(j, "val_tokens", (double)(r.o.eval_batches * r.o.batch * T));
+            cli_json_line(j);
+        } else {
+            printf("%s (step %lld): validation loss %.4f nats, %.3f bits/byte, over %lld "
+                   "windows of %lld bytes\n", r.o.resume, (long long)r.step, val, val / log(2.0),
+                   (long long)(r.o.eval_batches * r.o.batch), (long long)T);
+        }
+        rc = 0;
+        goto out;
+    }
     if (r.o.json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "event", "start");
@@ -734,26 +785,12 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         int last = r.step + 1 == stop;
         if ((r.step + 1) % r.o.eval_every && !last)
             continue;
-        double secs = cli_now() - t0, vsum = 0;
-        ts_module_train(r.gpt, 0);
-        ts_no_grad_enter();
-        for (int64_t e = r.rank; e < r.o.eval_batches && !s; e += r.world) {
-            double v = 0; /* the ranks share the validation batches out */
-            if (!(s = windows(r.dev, text + ntrain, nval, r.o.seed ^ 0x5eed, (uint64_t)e, 0,
-                              r.o.batch, T, &x, &y)))
-                s = eval_loss(r.gpt, x, y, &v);
-            ts_tensor_unref(x), ts_tensor_unref(y);
-            x = y = NULL;
-            vsum += v;
-        }
-        ts_no_grad_exit();
-        if (!s)
-            s = ts_dist_allreduce_sum(&vsum, 1, TS_F64);
-        if (s) {
+        double secs = cli_now() - t0, val = 0;
+        if ((s = validation_loss(&r, text + ntrain, nval, T, &val))) {
             cli_fail(s, "evaluation failed");
             goto out;
         }
-        double train_loss = loss_sum / (double)since, val = vsum / (double)r.o.eval_batches;
+        double train_loss = loss_sum / (double)since;
         last_val = val;
         best_val = isnan(best_val) || val < best_val ? val : best_val;
         double tps = (double)since * (double)(r.o.batch * T) / secs;

@@ -4,7 +4,7 @@
 # byte; a run stopped with --max-steps and resumed trains exactly what the straight run
 # trains; another model, text or seed is refused on resume; bad inputs are clear errors.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 10
+plan 11
 
 # A deterministic text: 30,000 bytes of words from a small vocabulary.
 TEXT="$TMP/corpus.txt"
@@ -120,5 +120,15 @@ if [ $rc -eq 143 ] && [ -n "$n" ] && [ $rc2 -eq 0 ] &&
     ok "SIGTERM after step $n: exit 143, saved; --resume continues at step $((n + 1))"
 else
     fail "SIGTERM: stop, save, resume" "rc=$rc rc2=$rc2 n=$n" "$(cat "$TMP/sig.err")" "$out"
+fi
+# tessera eval of a GPT checkpoint: the validation loss of training's last evaluation (the
+# same windows, the same weights).
+"$TESSERA" train $SMALL --steps 20 --save "$TMP/ev.ckpt" --json >"$TMP/ev.json" 2>/dev/null
+want=$(grep '"val_loss"' "$TMP/ev.json" | grep -v event | tail -1 | sed 's/.*"val_loss": \([^,]*\),.*/\1/')
+got=$("$TESSERA" eval --resume "$TMP/ev.ckpt" --text "$TEXT" --eval-batches 4 --json 2>/dev/null | "$JSON_CHECK" val_loss | sed 's/.*=//')
+if [ -n "$want" ] && [ -n "$got" ] && awk "BEGIN{d=$want-$got; if(d<0)d=-d; exit !(d < 5e-6)}"; then
+    ok "tessera eval of a GPT checkpoint gives training's last validation loss ($got)"
+else
+    fail "tessera eval of a GPT checkpoint" "want=$want got=$got" "$(cat "$TMP/ev.json" | tail -3)"
 fi
 finish

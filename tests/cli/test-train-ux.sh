@@ -6,10 +6,10 @@
 # to stderr (plain lines with --log-every when it is not a terminal) and never into the JSON
 # on stdout; a text run ends with a summary.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 7
+plan 8
 DATA=/usr/share/datasets/fashion-mnist
 if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
-    for t in sigterm save-every save-path progress summary resume-infers hostile-arch; do
+    for t in sigterm save-every save-path progress summary resume-infers hostile-arch eval; do
         skip "$t" "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)"
     done
     finish
@@ -121,5 +121,17 @@ if grep -q -a 'mlp --save /x..48' "$TMP/evil.ckpt" && [ $rc -ne 0 ] &&
     ok "a checkpoint whose train.arch carries another option is not taken as the model"
 else
     fail "a planted train.arch is not taken" "rc=$rc" "$out"
+fi
+# tessera eval: the checkpoint's test accuracy, exactly what training reported after its last
+# epoch (same weights, same 10,000 images); the seed, batch and slice come from the file.
+"$TESSERA" train --model mlp --hidden 32 --train-limit 640 --epochs 1 --seed 5 --json --save "$TMP/e.ckpt" >"$TMP/e.json" 2>/dev/null
+want=$(grep '"epoch"' "$TMP/e.json" | tail -1 | "$JSON_CHECK" test_acc | sed 's/.*=//')
+got=$("$TESSERA" eval --resume "$TMP/e.ckpt" --json 2>/dev/null | "$JSON_CHECK" test_acc | sed 's/.*=//')
+out=$("$TESSERA" eval 2>&1)
+rc=$?
+if [ -n "$want" ] && [ "$want" = "$got" ] && [ $rc -eq 2 ] && contains "$out" "which checkpoint?"; then
+    ok "tessera eval reports the trained checkpoint's test accuracy ($got, as training did); no --resume is a usage error"
+else
+    fail "tessera eval" "want=$want got=$got rc=$rc" "$out"
 fi
 finish
