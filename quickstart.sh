@@ -40,7 +40,8 @@ PACKAGES="$PACKAGES libopenmpi-dev openmpi-bin"
 [ "$mode" != build ] && PACKAGES="$PACKAGES dataset-fashion-mnist"
 # train: the GPT's default corpus (tessera train --model gpt), Debian's fortunes.
 [ "$mode" = train ] && PACKAGES="$PACKAGES fortunes"
-[ "$mode" = check ] && PACKAGES="$PACKAGES valgrind"
+# check: valgrind for the memory tests, librsvg2-bin to render tessera memplot's SVG.
+[ "$mode" = check ] && PACKAGES="$PACKAGES valgrind librsvg2-bin"
 # EXTRA_PACKAGES: more Debian packages (.ci/run asks for clang + libclang-rt-14-dev: fuzzing).
 PACKAGES="$PACKAGES ${EXTRA_PACKAGES:-}"
 

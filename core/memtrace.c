@@ -156,6 +156,31 @@ void ts__memtrace_oom(const char *pool, uint64_t nbytes)
     pthread_mutex_unlock(&trace_lock);
 }
 
+TS_API void ts_memtrace_marker(const char *name, int phase)
+{
+    char nm[128];
+    if (!name)
+        return;
+    pthread_mutex_lock(&trace_lock);
+    char *w = trace_reserve();
+    if (w) {
+        /* phase 0: an instant across the whole trace; 1 / -1: a slice begins / ends (its own
+         * track, tid 1, so that it never nests with anything else) */
+        int n = phase == 0
+                    ? snprintf(w, TRACE_EVENT_MAX,
+                               "{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,"
+                               "\"pid\":%d,\"tid\":1}",
+                               json_name(nm, name), trace_now_us(), trace_pid)
+                    : snprintf(w, TRACE_EVENT_MAX,
+                               "{\"name\":\"%s\",\"ph\":\"%s\",\"ts\":%.3f,\"pid\":%d,"
+                               "\"tid\":1}",
+                               json_name(nm, name), phase > 0 ? "B" : "E", trace_now_us(),
+                               trace_pid);
+        trace_len += (size_t)n;
+    }
+    pthread_mutex_unlock(&trace_lock);
+}
+
 void ts__memtrace_flush(void)
 {
     pthread_mutex_lock(&trace_lock);

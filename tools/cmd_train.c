@@ -28,6 +28,7 @@ static const char usage[] =
     "                     [--device NAME] [--config FILE] [--data DIR] [--save CKPT]\n"
     "                     [--resume CKPT] [--seed S] [--max-steps N] [--train-limit N]\n"
     "                     [--save-every N] [--log-every N] [--log-steps] [--json]\n"
+    "                     [--memtrace TRACE] [--memplot FILE.svg]\n"
     "\n"
     "Trains on Fashion-MNIST (default data: " TS_FASHION_MNIST_DIR ", Debian package\n"
     "dataset-fashion-mnist). Defaults: lenet5, 1 epoch, batch 64, adam, lr 1e-3, seed 1.\n"
@@ -53,6 +54,9 @@ static const char usage[] =
     "  --max-steps N   stop after N optimizer steps in all (then evaluate and save)\n"
     "  --train-limit N train on the first N training images only\n"
     "  --log-steps     print every step's loss (one line each; JSON lines with --json)\n"
+    "  --memtrace F    write a Chrome/Perfetto trace of the pools' memory with epoch and\n"
+    "                  evaluation marks to F (one file a rank under mpirun: F.rankN)\n"
+    "  --memplot F.svg draw the trace as an SVG at the end (tessera memplot)\n"
     "  --log-every N   when stderr is not a terminal, a progress line there every N steps\n"
     "                  (on a terminal a progress bar is drawn there instead)\n"
     "  --json          one JSON object per epoch instead of the progress bar and summary\n"
@@ -70,7 +74,7 @@ static const char usage[] =
 #define MAX_WEIGHT_DECAY 1e3
 
 typedef struct train_opts {
-    const char *model, *optimizer, *device, *data, *save, *resume;
+    const char *model, *optimizer, *device, *data, *save, *resume, *memtrace, *memplot;
     int64_t epochs, batch, max_steps, train_limit, save_every, log_every;
     double lr, momentum, weight_decay;
     const char *lr_schedule, *decay; /* "constant" / "step" / "cosine"; "all" / "matrices" */
@@ -1051,8 +1055,10 @@ static ts_status run_epoch(trainer *t, int *stop)
     }
     double secs = cli_now() - t0, test_acc = 0;
     s = ts_dist_allreduce_sum(&correct, 1, TS_I64);
+    ts_memtrace_marker("eval", 1);
     if (s == TS_OK)
         s = evaluate(t, &test_acc);
+    ts_memtrace_marker("eval", -1);
     progress_clear(t);
     if (s)
         return s;
@@ -1124,6 +1130,10 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
             bad = cli_parse_i64("train", a, v, 1, MAX_BATCH, &o->batch), i++;
         } else if (!strcmp(a, "--max-steps")) {
             bad = cli_parse_i64("train", a, v, 0, MAX_STEPS, &o->max_steps), i++;
+        } else if (!strcmp(a, "--memtrace") || !strcmp(a, "--memplot")) {
+            if (!v)
+                return cli_usage_error("train", "%s needs a FILE", a);
+            *(!strcmp(a, "--memtrace") ? &o->memtrace : &o->memplot) = v, i++;
         } else if (!strcmp(a, "--save-every")) {
             bad = cli_parse_i64("train", a, v, 1, MAX_STEPS, &o->save_every), i++;
         } else if (!strcmp(a, "--log-every")) {
@@ -1296,6 +1306,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         if (!strcmp(argv[i], "--model") && !strcmp(argv[i + 1], "gpt"))
             return cli_train_gpt(argc, argv, common);
     trainer t = {.saved_step = -1};
+    char trace[4200] = ""; /* --memtrace's file, while one is written */
     const char *config = common->config;
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--config"))
@@ -1331,6 +1342,19 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         goto out;
     }
     cli_stop_signals_install();
+    /* --memtrace (or --memplot alone: a trace next to the picture) */
+    if (t.o.memtrace || t.o.memplot) {
+        if (t.o.memtrace)
+            snprintf(trace, sizeof trace, "%s", t.o.memtrace);
+        else
+            snprintf(trace, sizeof trace, "%s.trace.json", t.o.memplot);
+        if (t.world > 1) /* one file a rank */
+            snprintf(trace + strlen(trace), sizeof trace - strlen(trace), ".rank%d", t.rank);
+        if ((s = ts_memtrace_start(trace))) {
+            cli_fail(s, "--memtrace");
+            goto out;
+        }
+    }
     /* a device-buffer backend (NCCL) trains on its own device unless told otherwise */
     t.dev = ts_dist_device() ? ts_dist_device() : ts_default_device();
     if (t.o.device && (s = ts_device_get(t.o.device, &t.dev))) {
@@ -1499,6 +1523,9 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     for (; t.epoch < (uint64_t)t.o.epochs && !stop; t.epoch++) {
         uint64_t ep;
         int64_t bi;
+        char mk[32];
+        snprintf(mk, sizeof mk, "epoch %llu", (unsigned long long)t.epoch + 1);
+        ts_memtrace_marker(mk, 0);
         ts_loader_position(t.loader, &ep, &bi);
         if (ep != t.epoch || bi >= ts_loader_batches(t.loader))
             s = ts_loader_start_epoch(t.loader, t.epoch);
@@ -1564,6 +1591,14 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     }
     rc = 0;
 out:
+    if (trace[0]) {
+        ts_memtrace_stop();
+        if (t.o.memplot && (rc == 0 || t.stopped_by) && t.rank == 0) {
+            char *mv[] = {"memplot", trace, "-o", (char *)t.o.memplot, NULL};
+            if (cmd_memplot(4, mv, common) != 0 && rc == 0)
+                rc = 1;
+        }
+    }
     if (rc && t.world > 1) /* the other ranks would wait for this one in a collective */
         ts_dist_abort(rc, "rank %d of %d stopped: %s", t.rank, t.world,
                       ts_last_error()[0] ? ts_last_error() : "see its error above");

@@ -31,7 +31,7 @@ static const char usage[] =
     "                     [--max-steps N] [--min-lr X] [--warmup-steps N] [--weight-decay W]\n"
     "                     [--clip-grad-norm X] [--eval-every N] [--eval-batches N] [--seed S]\n"
     "                     [--device NAME] [--save CKPT] [--resume CKPT] [--save-initial CKPT]\n"
-    "                     [--log-steps] [--json]\n"
+    "                     [--log-steps] [--json] [--memtrace TRACE] [--memplot FILE.svg]\n"
     "\n"
     "Trains a character-level GPT on a text file, bytes as tokens; the last 10% of the file is\n"
     "held out for validation. Default text: the Debian package fortunes (" FORTUNES_DIR
@@ -48,7 +48,7 @@ static const char usage[] =
     "the step, saves (with --save) and exits with 130 or 143.\n";
 
 typedef struct gpt_opts {
-    const char *text, *device, *save, *resume, *save_initial;
+    const char *text, *device, *save, *resume, *save_initial, *memtrace, *memplot;
     cli_gpt_config cfg;
     int64_t batch, steps, max_steps, warmup, eval_every, eval_batches;
     double lr, min_lr, weight_decay, clip;
@@ -241,6 +241,7 @@ typedef struct run {
     int rank, world; /* data parallelism: this rank of world (1: a single process) */
     ts_ddp *ddp;
     int stopped; /* the signal that stopped training, or 0 */
+    char trace[4200]; /* --memtrace's file, while one is written */
 } run;
 
 /* Every rank must train the same model on the same text with the same settings; a rank
@@ -466,13 +467,16 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
         } else if (!strcmp(a, "--seed")) {
             bad = cli_parse_u64("train", a, v, 0, UINT64_MAX, &o->seed), i++;
         } else if (!strcmp(a, "--text") || !strcmp(a, "--device") || !strcmp(a, "--save") ||
-                   !strcmp(a, "--resume") || !strcmp(a, "--save-initial")) {
+                   !strcmp(a, "--resume") || !strcmp(a, "--save-initial") ||
+                   !strcmp(a, "--memtrace") || !strcmp(a, "--memplot")) {
             if (!v)
                 return cli_usage_error("train", "%s needs a value", a);
             *(!strcmp(a, "--text")           ? &o->text
               : !strcmp(a, "--device")       ? &o->device
               : !strcmp(a, "--save")         ? &o->save
               : !strcmp(a, "--save-initial") ? &o->save_initial
+              : !strcmp(a, "--memtrace")     ? &o->memtrace
+              : !strcmp(a, "--memplot")      ? &o->memplot
                                              : &o->resume) = v;
             i++;
         } else if (!strcmp(a, "--config")) {
@@ -577,6 +581,20 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     r.rank = ts_dist_rank();
     r.world = ts_dist_size();
     cli_stop_signals_install();
+    if (r.o.memtrace || r.o.memplot) { /* --memplot alone: the trace next to the picture */
+        if (r.o.memtrace)
+            snprintf(r.trace, sizeof r.trace, "%s", r.o.memtrace);
+        else
+            snprintf(r.trace, sizeof r.trace, "%s.trace.json", r.o.memplot);
+        if (r.world > 1)
+            snprintf(r.trace + strlen(r.trace), sizeof r.trace - strlen(r.trace), ".rank%d",
+                     r.rank);
+        if ((s = ts_memtrace_start(r.trace))) {
+            r.trace[0] = 0;
+            cli_fail(s, "--memtrace");
+            goto out;
+        }
+    }
     if (r.o.save && r.rank == 0 && (s = ts_checkpoint_check_path(r.o.save))) {
         cli_fail(s, "--save"); /* now, not after the first evaluation */
         if (r.world > 1) /* the other ranks go on into collectives: end the job */
@@ -786,7 +804,13 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         if ((r.step + 1) % r.o.eval_every && !last)
             continue;
         double secs = cli_now() - t0, val = 0;
-        if ((s = validation_loss(&r, text + ntrain, nval, T, &val))) {
+        char mk[40];
+        snprintf(mk, sizeof mk, "step %lld", (long long)r.step + 1);
+        ts_memtrace_marker(mk, 0);
+        ts_memtrace_marker("eval", 1);
+        s = validation_loss(&r, text + ntrain, nval, T, &val);
+        ts_memtrace_marker("eval", -1);
+        if (s) {
             cli_fail(s, "evaluation failed");
             goto out;
         }
@@ -841,6 +865,14 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     }
     rc = r.stopped ? 128 + r.stopped : 0;
 out:
+    if (r.trace[0]) {
+        ts_memtrace_stop();
+        if (r.o.memplot && (rc == 0 || r.stopped) && r.rank == 0) {
+            char *mv[] = {"memplot", r.trace, "-o", (char *)r.o.memplot, NULL};
+            if (cmd_memplot(4, mv, common) != 0 && rc == 0)
+                rc = 1;
+        }
+    }
     /* the other ranks would wait for this one in a collective; a signal stops every rank
      * after the same step, cleanly */
     if (rc && r.world > 1 && !r.stopped)

@@ -74,6 +74,11 @@ ts_status ts_memtrace_start(const char *path);
 
 /* Flushes and closes the trace. A no-op if none is running. Thread safe. */
 void ts_memtrace_stop(void);
+/* Marks the running trace (a no-op without one): phase 0 an instant event named name
+ * ("epoch 2", "step 100") drawn across the whole timeline; 1 and -1 begin and end a slice
+ * ("train", "eval") on a track of its own, so that memory can be read against what the
+ * program was doing. tessera memplot draws them. Thread safe. */
+void ts_memtrace_marker(const char *name, int phase);
 
 /* ---- leak reports ----------------------------------------------------------------------- */
 

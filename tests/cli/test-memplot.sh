@@ -1,0 +1,49 @@
+#!/bin/sh
+# tests/cli/test-memplot.sh: memory you can look at. `tessera train --memtrace --memplot`
+# writes a Chrome/Perfetto trace (valid JSON, pool counters, step marks and evaluation slices)
+# and draws it as an SVG (a pool's in-use and reserved lines, the marks, the slices) that an
+# SVG renderer (librsvg's rsvg-convert, when installed) renders; `tessera memplot` refuses a
+# FIFO, a missing file and a JSON file that is not a memory trace, without hanging.
+. "${TS_SRCDIR:-.}/tests/cli/lib.sh"
+plan 3
+awk 'BEGIN { for (i = 0; i < 600; i++) printf "the cat sat on the mat %d ", i }' >"$TMP/t.txt"
+"$TESSERA" train --model gpt --text "$TMP/t.txt" --context 16 --layers 1 --heads 2 --embd 16 \
+    --batch-size 4 --steps 40 --eval-every 20 --eval-batches 2 --memtrace "$TMP/m.json" \
+    --memplot "$TMP/m.svg" >"$TMP/out" 2>&1
+rc=$?
+svg=$(cat "$TMP/m.svg" 2>/dev/null)
+tr=$("$JSON_CHECK" displayTimeUnit <"$TMP/m.json" 2>&1)
+if [ $rc -eq 0 ] && contains "$tr" 'displayTimeUnit="ms"' && grep -q '"ph":"C"' "$TMP/m.json" &&
+    grep -q '"name":"step 20","ph":"i"' "$TMP/m.json" && grep -q '"name":"eval","ph":"B"' "$TMP/m.json" &&
+    [ "$(head -c 4 "$TMP/m.svg")" = "<svg" ] && [ "$(tail -1 "$TMP/m.svg")" = "</svg>" ] &&
+    [ "$(grep -c '<polyline' "$TMP/m.svg")" -eq 2 ] && contains "$svg" ">pool " &&
+    contains "$svg" ">step 20</text>" && contains "$svg" 'fill="#e8f0e0"'; then
+    ok "train --memtrace --memplot: a valid trace with counters, step marks and eval slices, drawn as an SVG"
+else
+    fail "train --memtrace --memplot" "rc=$rc" "$(tail -3 "$TMP/out")" "$tr" "$(head -c 600 "$TMP/m.svg")"
+fi
+if command -v rsvg-convert >/dev/null 2>&1; then
+    if rsvg-convert "$TMP/m.svg" -o "$TMP/m.png" 2>"$TMP/rsvg.err" && [ -s "$TMP/m.png" ]; then
+        ok "the SVG renders (rsvg-convert: $(wc -c <"$TMP/m.png") bytes of PNG)"
+    else
+        fail "the SVG renders" "$(cat "$TMP/rsvg.err")"
+    fi
+else
+    skip "the SVG renders" "no SVG renderer here (Debian package librsvg2-bin)"
+fi
+mkfifo "$TMP/fifo"
+echo '{"traceEvents":[' >"$TMP/other.json"
+echo '{"name":"x","ph":"X","ts":1}' >>"$TMP/other.json"
+echo ']}' >>"$TMP/other.json"
+o1=$(timeout 10 "$TESSERA" memplot "$TMP/fifo" -o "$TMP/f.svg" 2>&1); r1=$?
+o2=$(timeout 10 "$TESSERA" memplot "$TMP/missing" 2>&1); r2=$?
+o3=$(timeout 10 "$TESSERA" memplot "$TMP/other.json" 2>&1); r3=$?
+o4=$("$TESSERA" memplot 2>&1); r4=$?
+if [ $r1 -eq 1 ] && contains "$o1" "not a regular file" && [ $r2 -eq 1 ] && contains "$o2" "$TMP/missing" &&
+    [ $r3 -eq 1 ] && contains "$o3" "holds no pool counter events" && [ $r4 -eq 2 ] &&
+    [ ! -e "$TMP/f.svg" ] && [ ! -e "$TMP/other.svg" ]; then
+    ok "memplot refuses a FIFO, a missing file and a trace without pool counters; no TRACE is a usage error"
+else
+    fail "memplot refusals" "$r1 $r2 $r3 $r4" "$o1" "$o2" "$o3" "$o4"
+fi
+finish

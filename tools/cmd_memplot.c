@@ -1,0 +1,332 @@
+/* tools/cmd_memplot.c: `tessera memplot TRACE -o mem.svg`: the memory trace of a run
+ * (TESSERA_MEMTRACE, ts_memtrace_start, tessera train --memtrace) drawn as an SVG a browser
+ * shows: per pool, bytes in use and reserved over time and the peak, with the run's epoch
+ * marks and evaluation slices. The trace is read one event per line, as tessera writes it, so
+ * a trace of any length is drawn in bounded memory per sample (16 bytes). */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+
+static const char usage[] =
+    "usage: tessera memplot TRACE [-o FILE.svg]\n"
+    "\n"
+    "Draws a memory trace (tessera train --memtrace TRACE, TESSERA_MEMTRACE=TRACE, or\n"
+    "ts_memtrace_start) as an SVG: for every pool, the bytes in use and reserved over time and\n"
+    "their peaks, with epoch marks and evaluation slices. Default output: TRACE with .svg.\n";
+
+#define MAX_POOLS 8
+#define MAX_MARKS 4096
+#define W 960
+#define H 260 /* per pool */
+#define PL 80  /* plot area: left, right, top, bottom margins */
+#define PR 20
+#define PT 36
+#define PB 34
+
+typedef struct series {
+    char name[80];
+    double *t, *in_use, *reserved;
+    size_t n, cap;
+} series;
+
+typedef struct mark {
+    double t, t_end; /* t_end > t: a slice */
+    char name[48];
+} mark;
+
+typedef struct plot {
+    series pools[MAX_POOLS];
+    int npools;
+    mark marks[MAX_MARKS];
+    int nmarks, open_slice;
+    double t_max;
+} plot;
+
+static int add_sample(series *s, double t, double in_use, double reserved)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 1024;
+        double *a = realloc(s->t, cap * sizeof *a), *b, *c;
+        if (!a)
+            return -1;
+        s->t = a;
+        if (!(b = realloc(s->in_use, cap * sizeof *b)))
+            return -1;
+        s->in_use = b;
+        if (!(c = realloc(s->reserved, cap * sizeof *c)))
+            return -1;
+        s->reserved = c;
+        s->cap = cap;
+    }
+    s->t[s->n] = t, s->in_use[s->n] = in_use, s->reserved[s->n] = reserved;
+    s->n++;
+    return 0;
+}
+
+/* One event line of the trace. */
+static int take_event(plot *p, const cJSON *e)
+{
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph"),
+                *name = cJSON_GetObjectItemCaseSensitive(e, "name"),
+                *ts = cJSON_GetObjectItemCaseSensitive(e, "ts");
+    if (!cJSON_IsString(ph) || !cJSON_IsString(name) || !cJSON_IsNumber(ts))
+        return 0;
+    double t = ts->valuedouble / 1e6;
+    p->t_max = t > p->t_max ? t : p->t_max;
+    if (!strcmp(ph->valuestring, "C") && !strncmp(name->valuestring, "pool ", 5)) {
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+        const cJSON *iu = cJSON_GetObjectItemCaseSensitive(args, "in_use"),
+                    *rs = cJSON_GetObjectItemCaseSensitive(args, "reserved");
+        if (!cJSON_IsNumber(iu) || !cJSON_IsNumber(rs))
+            return 0;
+        int k = 0;
+        while (k < p->npools && strcmp(p->pools[k].name, name->valuestring + 5))
+            k++;
+        if (k == p->npools) {
+            if (p->npools == MAX_POOLS)
+                return 0;
+            snprintf(p->pools[p->npools++].name, sizeof p->pools[0].name, "%s",
+                     name->valuestring + 5);
+        }
+        return add_sample(&p->pools[k], t, iu->valuedouble, rs->valuedouble);
+    }
+    if (p->nmarks == MAX_MARKS)
+        return 0;
+    if (!strcmp(ph->valuestring, "i")) { /* epoch and step marks, out-of-memory events */
+        mark *m = &p->marks[p->nmarks++];
+        m->t = m->t_end = t;
+        snprintf(m->name, sizeof m->name, "%s", name->valuestring);
+    } else if (!strcmp(ph->valuestring, "B")) { /* a slice: evaluation */
+        mark *m = &p->marks[p->nmarks++];
+        m->t = t, m->t_end = t;
+        snprintf(m->name, sizeof m->name, "%s", name->valuestring);
+        p->open_slice = p->nmarks;
+    } else if (!strcmp(ph->valuestring, "E") && p->open_slice) {
+        p->marks[p->open_slice - 1].t_end = t;
+        p->open_slice = 0;
+    }
+    return 0;
+}
+
+static const char *fmt_bytes(double b, char *buf, size_t len)
+{
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4)
+        b /= 1024, i++;
+    snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+    return buf;
+}
+
+/* The escaped text of s for SVG. */
+static void put_text(FILE *f, const char *s)
+{
+    for (; *s; s++)
+        if (*s == '<')
+            fputs("&lt;", f);
+        else if (*s == '>')
+            fputs("&gt;", f);
+        else if (*s == '&')
+            fputs("&amp;", f);
+        else if ((unsigned char)*s >= 0x20 && (unsigned char)*s < 0x7f)
+            fputc(*s, f);
+}
+
+/* The envelope (largest value) of v over each of the plot's pixel columns, as a polyline. */
+static void put_line(FILE *f, const series *s, const double *v, double ymax, double tmax,
+                     int y0, const char *color)
+{
+    const int pw = W - PL - PR, ph = H - PT - PB;
+    fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
+    size_t i = 0;
+    double last = 0;
+    for (int x = 0; x <= pw; x++) {
+        double until = tmax * (x + 1) / pw, best = -1;
+        for (; i < s->n && s->t[i] <= until; i++)
+            best = v[i] > best ? v[i] : best;
+        if (best < 0)
+            best = last; /* no event in this column: the value holds */
+        last = i ? v[i - 1] : 0;
+        fprintf(f, "%d,%.1f ", PL + x, y0 + PT + ph - best / ymax * ph);
+    }
+    fputs("\"/>\n", f);
+}
+
+static void draw(FILE *f, const plot *p)
+{
+    const int pw = W - PL - PR, ph = H - PT - PB;
+    double tmax = p->t_max > 0 ? p->t_max : 1;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+            "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n"
+            "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            W, H * p->npools, W, H * p->npools);
+    for (int k = 0; k < p->npools; k++) {
+        const series *s = &p->pools[k];
+        int y0 = k * H;
+        double peak_in = 0, peak_res = 0;
+        for (size_t i = 0; i < s->n; i++) {
+            peak_in = s->in_use[i] > peak_in ? s->in_use[i] : peak_in;
+            peak_res = s->reserved[i] > peak_res ? s->reserved[i] : peak_res;
+        }
+        double ymax = (peak_res > peak_in ? peak_res : peak_in) * 1.1;
+        ymax = ymax > 0 ? ymax : 1;
+        char b1[32], b2[32];
+        fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"13\" font-weight=\"bold\">pool ", PL,
+                y0 + 16);
+        put_text(f, s->name);
+        fprintf(f, "</text>\n<text x=\"%d\" y=\"%d\" fill=\"#444\">peak in use %s, peak "
+                "reserved %s, %zu events</text>\n", PL + 220, y0 + 16,
+                fmt_bytes(peak_in, b1, sizeof b1), fmt_bytes(peak_res, b2, sizeof b2), s->n);
+        /* evaluation slices, then epoch marks */
+        double last_label = -1e9;
+        for (int m = 0; m < p->nmarks; m++) { /* slices first: marks and labels go on top */
+            const mark *mk = &p->marks[m];
+            double x = PL + mk->t / tmax * pw, x2 = PL + mk->t_end / tmax * pw;
+            if (mk->t_end > mk->t)
+                fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
+                        "fill=\"#e8f0e0\"/>\n", x, y0 + PT, x2 - x > 1 ? x2 - x : 1, ph);
+        }
+        for (int m = 0; m < p->nmarks; m++) {
+            const mark *mk = &p->marks[m];
+            double x = PL + mk->t / tmax * pw;
+            int oom = !strncmp(mk->name, "out of memory", 13);
+            if (mk->t_end > mk->t)
+                continue;
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"%s\" "
+                    "stroke-dasharray=\"3,3\"/>\n", x, y0 + PT, x, y0 + PT + ph,
+                    oom ? "#d22" : "#bbb");
+            if (x - last_label > 48 || oom) { /* labels that do not overlap */
+                fprintf(f, "<text x=\"%.1f\" y=\"%d\" fill=\"%s\" font-size=\"9\">", x + 2,
+                        y0 + PT + 9, oom ? "#d22" : "#777");
+                put_text(f, mk->name);
+                fputs("</text>\n", f);
+                last_label = x;
+            }
+        }
+        /* axes and ticks */
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
+                "stroke=\"#333\"/>\n", PL, y0 + PT, pw, ph);
+        for (int i = 0; i <= 4; i++) {
+            double v = ymax * i / 4;
+            int y = y0 + PT + ph - ph * i / 4;
+            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%s</text>\n", PL - 6, y + 4,
+                    fmt_bytes(v, b1, sizeof b1));
+        }
+        for (int i = 0; i <= 6; i++)
+            fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%.3g s</text>\n",
+                    PL + (double)pw * i / 6, y0 + PT + ph + 14, tmax * i / 6);
+        put_line(f, s, s->reserved, ymax, tmax, y0, "#e8890c");
+        put_line(f, s, s->in_use, ymax, tmax, y0, "#1f6fc5");
+        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#1f6fc5\" "
+                "stroke-dasharray=\"6,3\" stroke-width=\"0.8\"/>\n", PL,
+                y0 + PT + ph - peak_in / ymax * ph, PL + pw, y0 + PT + ph - peak_in / ymax * ph);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#1f6fc5\">in use</text><text x=\"%d\" "
+                "y=\"%d\" fill=\"#e8890c\">reserved</text><text x=\"%d\" y=\"%d\" "
+                "fill=\"#6a8a50\">eval</text>\n", PL + pw - 150, y0 + PT + ph + 28,
+                PL + pw - 100, y0 + PT + ph + 28, PL + pw - 40, y0 + PT + ph + 28);
+    }
+    fputs("</svg>\n", f);
+}
+
+int cmd_memplot(int argc, char **argv, const cli_common *common)
+{
+    (void)common;
+    const char *in = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "-o")) {
+            if (++i == argc)
+                return cli_usage_error("memplot", "-o needs a FILE");
+            out = argv[i];
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            return cli_usage_error("memplot", "unknown option '%s'", argv[i]);
+        } else if (in) {
+            return cli_usage_error("memplot", "one TRACE at a time");
+        } else {
+            in = argv[i];
+        }
+    }
+    if (!in)
+        return cli_usage_error("memplot", "which trace? (tessera memplot TRACE -o mem.svg)");
+    char def[4096];
+    if (!out) {
+        size_t n = strlen(in);
+        const char *dot = n > 5 && !strcmp(in + n - 5, ".json") ? in + n - 5 : in + n;
+        snprintf(def, sizeof def, "%.*s.svg", (int)(dot - in), in);
+        out = def;
+    }
+    /* A regular file only: a FIFO or a device would block or never end. */
+    struct stat st;
+    int fd = open(in, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "tessera: error: memplot: cannot read '%s': %s\n", in,
+                fd < 0 ? strerror(errno) : "not a regular file");
+        if (fd >= 0)
+            close(fd);
+        return 1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        return cli_fail(TS_ENOMEM, "memplot");
+    }
+    plot *p = calloc(1, sizeof *p);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int bad = !p, events = 0;
+    while (!bad && (len = getline(&line, &cap, f)) > 0) {
+        while (len && (line[len - 1] == '\n' || line[len - 1] == ',' || line[len - 1] == ' '))
+            line[--len] = 0;
+        if (len < 2 || line[0] != '{' || line[len - 1] != '}')
+            continue; /* the header and the closing "]}" */
+        if (!strncmp(line, "{\"displayTimeUnit\"", 18))
+            continue;
+        cJSON *e = cJSON_Parse(line);
+        if (e) {
+            bad = take_event(p, e) != 0;
+            events++;
+        }
+        cJSON_Delete(e);
+    }
+    int rerr = ferror(f);
+    fclose(f);
+    free(line);
+    int rc = 1;
+    if (bad || rerr)
+        fprintf(stderr, "tessera: error: memplot: %s\n",
+                rerr ? "reading the trace failed" : "out of memory");
+    else if (!p->npools)
+        fprintf(stderr, "tessera: error: memplot: '%s' holds no pool counter events (%d "
+                "events): is it a trace of tessera's memory (--memtrace, TESSERA_MEMTRACE)?\n",
+                in, events);
+    else if (!(f = fopen(out, "w")))
+        fprintf(stderr, "tessera: error: memplot: cannot create '%s': %s\n", out,
+                strerror(errno));
+    else {
+        draw(f, p);
+        rc = fclose(f) ? 1 : 0;
+        if (rc)
+            fprintf(stderr, "tessera: error: memplot: writing '%s' failed\n", out);
+        else
+            printf("%s: %d pools, %d events -> %s\n", in, p->npools, events, out);
+    }
+    for (int k = 0; p && k < p->npools; k++)
+        free(p->pools[k].t), free(p->pools[k].in_use), free(p->pools[k].reserved);
+    free(p);
+    return rc;
+}
