@@ -56,6 +56,17 @@ int ranks_at_same_step(int64_t step, int rank, int world, const char *ckpt);
 /* Prints a JSON object as one line on stdout, flushed, and frees it (cJSON). */
 struct cJSON;
 void cli_json_line(struct cJSON *o);
+/* key: value, or key: null when value is NULL. */
+void cli_json_str_or_null(struct cJSON *o, const char *key, const char *value);
+/* --memtrace/--memplot: starts the trace (memtrace, or memplot + ".trace.json"; ".rankN"
+ * appended under mpirun) into trace (len bytes; "" when none). 0, or 1 after an error
+ * message. */
+int cli_memtrace_begin(char *trace, size_t len, const char *memtrace, const char *memplot,
+                       int rank, int world);
+/* Stops the trace started above and, when draw and memplot, draws it: 0, or 1 when the
+ * drawing failed (its message printed). */
+int cli_memtrace_end(const char *trace, const char *memplot, int draw,
+                     const cli_common *common);
 /* qsort comparator for doubles, ascending. */
 int cli_cmp_double(const void *a, const void *b);
 

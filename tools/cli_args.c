@@ -189,3 +189,43 @@ void cli_json_line(cJSON *o)
     cJSON_free(text);
     cJSON_Delete(o);
 }
+
+void cli_json_str_or_null(struct cJSON *o, const char *key, const char *value)
+{
+    if (value)
+        cJSON_AddStringToObject(o, key, value);
+    else
+        cJSON_AddNullToObject(o, key);
+}
+
+int cli_memtrace_begin(char *trace, size_t len, const char *memtrace, const char *memplot,
+                       int rank, int world)
+{
+    trace[0] = 0;
+    if (!memtrace && !memplot)
+        return 0;
+    if (memtrace) /* --memplot alone: the trace next to the picture */
+        snprintf(trace, len, "%s", memtrace);
+    else
+        snprintf(trace, len, "%s.trace.json", memplot);
+    if (world > 1) /* one file a rank */
+        snprintf(trace + strlen(trace), len - strlen(trace), ".rank%d", rank);
+    ts_status s = ts_memtrace_start(trace);
+    if (s) {
+        trace[0] = 0;
+        return cli_fail(s, "--memtrace");
+    }
+    return 0;
+}
+
+int cli_memtrace_end(const char *trace, const char *memplot, int draw,
+                     const cli_common *common)
+{
+    if (!trace[0])
+        return 0;
+    ts_memtrace_stop();
+    if (!memplot || !draw)
+        return 0;
+    char *mv[] = {"memplot", (char *)trace, "-o", (char *)memplot, NULL};
+    return cmd_memplot(4, mv, common) != 0;
+}

@@ -1342,19 +1342,8 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         goto out;
     }
     cli_stop_signals_install();
-    /* --memtrace (or --memplot alone: a trace next to the picture) */
-    if (t.o.memtrace || t.o.memplot) {
-        if (t.o.memtrace)
-            snprintf(trace, sizeof trace, "%s", t.o.memtrace);
-        else
-            snprintf(trace, sizeof trace, "%s.trace.json", t.o.memplot);
-        if (t.world > 1) /* one file a rank */
-            snprintf(trace + strlen(trace), sizeof trace - strlen(trace), ".rank%d", t.rank);
-        if ((s = ts_memtrace_start(trace))) {
-            cli_fail(s, "--memtrace");
-            goto out;
-        }
-    }
+    if (cli_memtrace_begin(trace, sizeof trace, t.o.memtrace, t.o.memplot, t.rank, t.world))
+        goto out;
     /* a device-buffer backend (NCCL) trains on its own device unless told otherwise */
     t.dev = ts_dist_device() ? ts_dist_device() : ts_default_device();
     if (t.o.device && (s = ts_device_get(t.o.device, &t.dev))) {
@@ -1492,10 +1481,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         }
         cJSON_AddNumberToObject(j, "train_images", (double)ts_tensor_size(t.train_x, 0));
         cJSON_AddNumberToObject(j, "world_size", t.world);
-        if (t.o.resume)
-            cJSON_AddStringToObject(j, "resumed_from", t.o.resume);
-        else
-            cJSON_AddNullToObject(j, "resumed_from");
+        cli_json_str_or_null(j, "resumed_from", t.o.resume);
         cJSON_AddNumberToObject(j, "start_step", (double)t.step);
         cli_json_line(j);
     } else { /* the values in use: on --resume, the checkpoint's */
@@ -1562,14 +1548,8 @@ int cmd_train(int argc, char **argv, const cli_common *common)
             cJSON_AddNumberToObject(j, "best_test_acc", t.best_acc);
             cJSON_AddNumberToObject(j, "best_epoch", (double)t.best_epoch);
         }
-        if (t.o.save)
-            cJSON_AddStringToObject(j, "checkpoint", t.o.save);
-        else
-            cJSON_AddNullToObject(j, "checkpoint");
-        if (t.stopped_by)
-            cJSON_AddStringToObject(j, "stopped_by", cli_signal_name(t.stopped_by));
-        else
-            cJSON_AddNullToObject(j, "stopped_by");
+        cli_json_str_or_null(j, "checkpoint", t.o.save);
+        cli_json_str_or_null(j, "stopped_by", t.stopped_by ? cli_signal_name(t.stopped_by) : NULL);
         cli_json_line(j);
     }
     if (t.stopped_by) {
@@ -1591,14 +1571,10 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     }
     rc = 0;
 out:
-    if (trace[0]) {
-        ts_memtrace_stop();
-        if (t.o.memplot && (rc == 0 || t.stopped_by) && t.rank == 0) {
-            char *mv[] = {"memplot", trace, "-o", (char *)t.o.memplot, NULL};
-            if (cmd_memplot(4, mv, common) != 0 && rc == 0)
-                rc = 1;
-        }
-    }
+    if (cli_memtrace_end(trace, t.o.memplot, (rc == 0 || t.stopped_by) && t.rank == 0,
+                         common) &&
+        rc == 0)
+        rc = 1;
     if (rc && t.world > 1) /* the other ranks would wait for this one in a collective */
         ts_dist_abort(rc, "rank %d of %d stopped: %s", t.rank, t.world,
                       ts_last_error()[0] ? ts_last_error() : "see its error above");

@@ -581,20 +581,9 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     r.rank = ts_dist_rank();
     r.world = ts_dist_size();
     cli_stop_signals_install();
-    if (r.o.memtrace || r.o.memplot) { /* --memplot alone: the trace next to the picture */
-        if (r.o.memtrace)
-            snprintf(r.trace, sizeof r.trace, "%s", r.o.memtrace);
-        else
-            snprintf(r.trace, sizeof r.trace, "%s.trace.json", r.o.memplot);
-        if (r.world > 1)
-            snprintf(r.trace + strlen(r.trace), sizeof r.trace - strlen(r.trace), ".rank%d",
-                     r.rank);
-        if ((s = ts_memtrace_start(r.trace))) {
-            r.trace[0] = 0;
-            cli_fail(s, "--memtrace");
-            goto out;
-        }
-    }
+    if (cli_memtrace_begin(r.trace, sizeof r.trace, r.o.memtrace, r.o.memplot, r.rank,
+                           r.world))
+        goto out;
     if (r.o.save && r.rank == 0 && (s = ts_checkpoint_check_path(r.o.save))) {
         cli_fail(s, "--save"); /* now, not after the first evaluation */
         if (r.world > 1) /* the other ranks go on into collectives: end the job */
@@ -708,10 +697,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
             cJSON_AddStringToObject(j, "seed", sd);
         cJSON_AddNumberToObject(j, "text_bytes", (double)n);
         cJSON_AddNumberToObject(j, "world_size", r.world);
-        if (r.o.resume)
-            cJSON_AddStringToObject(j, "resumed_from", r.o.resume);
-        else
-            cJSON_AddNullToObject(j, "resumed_from");
+        cli_json_str_or_null(j, "resumed_from", r.o.resume);
         cJSON_AddNumberToObject(j, "start_step", (double)r.step);
         cli_json_line(j);
     } else
@@ -853,26 +839,16 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
             cJSON_AddNumberToObject(j, "last_val_loss", last_val);
             cJSON_AddNumberToObject(j, "best_val_loss", best_val);
         }
-        if (r.o.save)
-            cJSON_AddStringToObject(j, "checkpoint", r.o.save);
-        else
-            cJSON_AddNullToObject(j, "checkpoint");
-        if (r.stopped)
-            cJSON_AddStringToObject(j, "stopped_by", cli_signal_name(r.stopped));
-        else
-            cJSON_AddNullToObject(j, "stopped_by");
+        cli_json_str_or_null(j, "checkpoint", r.o.save);
+        cli_json_str_or_null(j, "stopped_by", r.stopped ? cli_signal_name(r.stopped) : NULL);
         cli_json_line(j);
     }
     rc = r.stopped ? 128 + r.stopped : 0;
 out:
-    if (r.trace[0]) {
-        ts_memtrace_stop();
-        if (r.o.memplot && (rc == 0 || r.stopped) && r.rank == 0) {
-            char *mv[] = {"memplot", r.trace, "-o", (char *)r.o.memplot, NULL};
-            if (cmd_memplot(4, mv, common) != 0 && rc == 0)
-                rc = 1;
-        }
-    }
+    if (cli_memtrace_end(r.trace, r.o.memplot, (rc == 0 || r.stopped) && r.rank == 0,
+                         common) &&
+        rc == 0)
+        rc = 1;
     /* the other ranks would wait for this one in a collective; a signal stops every rank
      * after the same step, cleanly */
     if (rc && r.world > 1 && !r.stopped)

@@ -23,6 +23,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <tessera/status.h>
 
 #ifdef __cplusplus
@@ -100,6 +101,19 @@ typedef struct ts_comm_desc {
      * (the cuda plugin's device_index = -1, its default). Valid after init. */
     const char *(*device)(void *ctx);
 } ts_comm_desc;
+
+/* Whether a launcher started this process as one rank of a job: mpirun sets
+ * OMPI_COMM_WORLD_SIZE, MPICH's hydra PMI_SIZE or MPI_LOCALNRANKS, PMIx PMIX_RANK, Slurm's
+ * srun SLURM_PROCID. The usual body of a plugin's `launched`. */
+static inline int ts_comm_launcher_present(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                       "MPI_LOCALNRANKS", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i]))
+            return 1;
+    return 0;
+}
 
 #define TS_COMM_ENTRY_SYMBOL "tessera_comm_entry"
 

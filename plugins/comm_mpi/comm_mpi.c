@@ -30,12 +30,7 @@ typedef struct mpi_ctx {
 
 static int launched(void)
 {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
-                                       "MPI_LOCALNRANKS", "SLURM_PROCID"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-        if (getenv(vars[i]))
-            return 1;
-    return 0;
+    return ts_comm_launcher_present();
 }
 
 /* The failure of an MPI call rc as the host's error. */
