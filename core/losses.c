@@ -175,6 +175,26 @@ TS_API ts_status ts_tensor_item(const ts_tensor *t, double *value)
     return s;
 }
 
+TS_API ts_status ts_accuracy(const ts_tensor *logits, const ts_tensor *labels, double *acc)
+{
+    if (!logits || !labels || !acc)
+        return ts__fail(TS_EINVAL, "ts_accuracy: NULL argument");
+    char b1[160], b2[160];
+    if (logits->ndim != 2 || labels->ndim != 1 || labels->shape[0] != logits->shape[0])
+        return ts__fail(TS_ESHAPE, "ts_accuracy: logits %s must be (N, C) and labels %s (N)",
+                        ts__shape_str(logits->ndim, logits->shape, b1, sizeof b1),
+                        ts__shape_str(labels->ndim, labels->shape, b2, sizeof b2));
+    ts_tensor *pred = NULL, *hit = NULL, *f = NULL, *m = NULL;
+    ts_status s = TS_OK;
+    ts_no_grad_enter();
+    if (!(s = ts_argmax(logits, 1, 0, &pred)) && !(s = ts_eq(pred, labels, &hit)) &&
+        !(s = ts_cast(hit, TS_F64, &f)) && !(s = ts_mean(f, 0, NULL, 0, &m)))
+        s = ts_tensor_item(m, acc);
+    ts_no_grad_exit();
+    ts_tensor_unref(pred), ts_tensor_unref(hit), ts_tensor_unref(f), ts_tensor_unref(m);
+    return s;
+}
+
 /* ---- printing ---------------------------------------------------------------------------- */
 
 #define EDGE 3           /* elements shown at each end of an elided dimension */

@@ -5,7 +5,7 @@
 #include <tessera/tessera.h>
 
 static void die(const char *what) { fprintf(stderr, "%s: %s\n", what, ts_last_error()); exit(1); }
-#define TRY(c) ((c) == TS_OK ? (void)0 : die(#c))
+#define TRY(c) ((c) == TS_OK ? (void)0 : die(#c)) /* an expression: also in for (...) */
 #define ADD(name, make) do { ts_module *l_; TRY(make); TRY(ts_nn_sequential_add(m, name, l_)); } while (0)
 
 static ts_module *cnn(ts_rng *rng) /* conv 16 - pool - conv 32 - pool - linear 10 */
@@ -28,19 +28,14 @@ static ts_module *cnn(ts_rng *rng) /* conv 16 - pool - conv 32 - pool - linear 1
 
 static double accuracy(ts_module *m, ts_tensor *x, ts_tensor *y)
 {
-    ts_tensor *t[5]; /* logits, predictions, hits, hits as floats, their mean */
+    ts_tensor *logits;
     double a = 0;
     ts_module_train(m, 0);
     TS_NO_GRAD {
-        TRY(ts_module_forward(m, x, &t[0]));
-        TRY(ts_argmax(t[0], 1, 0, &t[1]));
-        TRY(ts_eq(t[1], y, &t[2]));
-        TRY(ts_cast(t[2], TS_F32, &t[3]));
-        TRY(ts_mean(t[3], 0, NULL, 0, &t[4]));
-        TRY(ts_tensor_item(t[4], &a));
+        TRY(ts_module_forward(m, x, &logits));
+        TRY(ts_accuracy(logits, y, &a));
     }
-    for (int i = 0; i < 5; i++)
-        ts_tensor_unref(t[i]);
+    ts_tensor_unref(logits);
     return a;
 }
 
@@ -48,9 +43,7 @@ int main(int argc, char **argv)
 {
     int64_t n = argc > 1 ? atoll(argv[1]) : 60000, nt = n < 10000 ? n : 10000;
     ts_tensor *xs, *ys, *txs, *tys, *x, *y, *tx, *ty, *bx, *by, *logits, *loss;
-    ts_status s;
-    ts_rng rng;
-    ts_rng_init(&rng, 42);
+    ts_rng rng = TS_RNG(42);
     TRY(ts_init(NULL));
     TRY(ts_fashion_mnist_load(NULL, 1, NULL, &xs, &ys));
     TRY(ts_fashion_mnist_load(NULL, 0, NULL, &txs, &tys));
@@ -66,7 +59,7 @@ int main(int argc, char **argv)
     for (int epoch = 0; epoch < 2; epoch++) {
         ts_module_train(m, 1);
         TRY(ts_loader_start_epoch(batches, (uint64_t)epoch));
-        while ((s = ts_loader_next(batches, &bx, &by)) == TS_OK && bx) {
+        for (TRY(ts_loader_next(batches, &bx, &by)); bx; TRY(ts_loader_next(batches, &bx, &by))) {
             TRY(ts_module_forward(m, bx, &logits));
             TRY(ts_cross_entropy(logits, by, TS_REDUCTION_MEAN, &loss));
             TRY(ts_backward(loss, NULL, 0));
@@ -74,7 +67,6 @@ int main(int argc, char **argv)
             ts_optim_zero_grad(opt);
             ts_tensor_unref(logits), ts_tensor_unref(loss), ts_tensor_unref(bx), ts_tensor_unref(by);
         }
-        TRY(s);
         printf("epoch %d: test accuracy %.4f\n", epoch + 1, accuracy(m, tx, ty));
     }
     TRY(ts_module_save_file(m, "fashion_cnn.safetensors"));

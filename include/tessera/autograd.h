@@ -117,6 +117,9 @@ ts_status ts_mse_loss(const ts_tensor *input, const ts_tensor *target, int reduc
  * stable for any logit (PyTorch's BCEWithLogitsLoss). */
 ts_status ts_bce_with_logits(const ts_tensor *logits, const ts_tensor *target, int reduction,
                              ts_tensor **out);
+/* The share of rows of logits (N, C) whose largest entry is at labels' class (N): a
+ * classifier's accuracy, computed without recording anything. */
+ts_status ts_accuracy(const ts_tensor *logits, const ts_tensor *labels, double *acc);
 /* Negative log-likelihood of log-probabilities (N, C) (ts_log_softmax's output) at integer
  * targets (N); a target outside [0, C) is TS_EINVAL naming it. */
 ts_status ts_nll_loss(const ts_tensor *logp, const ts_tensor *targets, int reduction,

@@ -97,6 +97,8 @@ typedef struct ts_rng {
 } ts_rng;
 
 void ts_rng_init(ts_rng *rng, uint64_t seed);
+/* The same as an initialiser: ts_rng rng = TS_RNG(42); */
+#define TS_RNG(seed) {(uint64_t)(seed), 0}
 /* Uniform in [low, high). Float dtypes. */
 ts_status ts_tensor_rand(ts_device *dev, int32_t dtype, int ndim, const int64_t *shape,
                          double low, double high, ts_rng *rng, ts_tensor **out);

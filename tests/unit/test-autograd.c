@@ -214,6 +214,20 @@ static void test_losses(void)
     CHECK_FAILS(ts_nll_loss(x, bad, TS_REDUCTION_MEAN, &l), TS_EINVAL,
                 "target 4 of row 1 is not a class in [0, 4)");
     ts_tensor_unref(t3), ts_tensor_unref(bad), ts_tensor_unref(a), ts_tensor_unref(b);
+    /* accuracy: rows 0 and 1 right, row 2 wrong; nothing recorded even from a leaf */
+    ts_tensor *lg, *lb;
+    double acc = -1;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 2, (const int64_t[]){3, 2},
+                                 (const double[]){1, 2, 3, 0, 0, 5}, &lg));
+    CHECK_OK(ts_tensor_set_requires_grad(lg, 1));
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){3},
+                                 (const int64_t[]){1, 0, 0}, &lb));
+    CHECK_OK(ts_accuracy(lg, lb, &acc));
+    CHECK(fabs(acc - 2.0 / 3.0) < 1e-15);
+    CHECK_FAILS(ts_accuracy(lg, x, &acc), TS_ESHAPE, "labels");
+    ts_rng r = TS_RNG(7);
+    CHECK(r.seed == 7 && r.offset == 0);
+    ts_tensor_unref(lg), ts_tensor_unref(lb);
     ts_tensor_unref(x), ts_tensor_unref(t);
 }
 
