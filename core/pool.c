@@ -395,11 +395,16 @@ static grow_result arena_reserve(ts_pool *p, ts_status *err)
     }
     void *base = NULL;
     ts_clear_error();
-    if (p->vm.reserve(p->vm.user, span, &base) != TS_OK || !base || (uintptr_t)base % g) {
-        char sz[32];
+    ts_status rs = p->vm.reserve(p->vm.user, span, &base);
+    if (rs != TS_OK || !base || (uintptr_t)base % g) {
+        char sz[32], why[96];
+        if (rs == TS_OK) /* the plugin said yes, but not in a usable form */
+            snprintf(why, sizeof why, "%s", !base ? "no address returned"
+                                                  : "the address is not aligned to the "
+                                                    "granularity");
         ts__log(TS_LOG_WARN, "pool '%s': reserving %s of address space failed (%s); using "
                 "separate segments instead of one expandable segment", p->name,
-                ts__fmt_bytes(sz, span), ts_last_error());
+                ts__fmt_bytes(sz, span), rs != TS_OK ? ts_last_error() : why);
         if (base)
             p->vm.release(p->vm.user, base, span);
         free(sg);

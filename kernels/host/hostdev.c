@@ -44,11 +44,23 @@ size_t hk_dev_vm_granularity(void *ctx)
 ts_status hk_dev_vm_reserve(void *ctx, size_t nbytes, void **base)
 {
     hk_dev *hd = ctx;
-    void *p = mmap(NULL, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    /* mmap aligns to pages only: reserve one granule more and trim both ends to a range
+     * aligned to the granularity the host asks for */
+    const size_t g = VM_GRANULARITY;
+    if (nbytes > SIZE_MAX - g)
+        return hd->host->fail(hd->host, TS_ENOMEM, "plugin '%s': %zu bytes of address space "
+                              "is too many", hd->name, nbytes);
+    char *p = mmap(NULL, nbytes + g, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
     if (p == MAP_FAILED)
         return hd->host->fail(hd->host, TS_ENOMEM, "plugin '%s': reserving %zu bytes of "
                               "address space: %s", hd->name, nbytes, strerror(errno));
-    *base = p;
+    size_t head = (g - (uintptr_t)p % g) % g;
+    if (head)
+        munmap(p, head);
+    if (g - head)
+        munmap(p + head + nbytes, g - head);
+    *base = p + head;
     return TS_OK;
 }
 
