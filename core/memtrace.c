@@ -2,10 +2,12 @@
  * numbers, the Chrome Trace Event writer (buffered; the file is kept valid JSON at every
  * flush by writing the closing "]}" and seeking back over it) and the leak report. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -201,14 +203,34 @@ static ts_status trace_open(const char *path)
                                    "ts_memtrace_stop first");
     }
     char *buf = ts__malloc(TRACE_BUF);
-    FILE *f = buf ? fopen(path, "w") : NULL;
+    /* Never through a symbolic link, never into a FIFO or device (a planted name in a shared
+     * directory must not redirect a root process's writes): a new or regular file only. */
+    int fd = buf ? open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644)
+                 : -1;
+    int err = errno == ENXIO ? EINVAL : errno; /* ENXIO: a FIFO without a reader */
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        err = EINVAL;
+        close(fd);
+        fd = -1;
+    }
+    if (fd >= 0 && ftruncate(fd, 0) != 0) {
+        err = errno;
+        close(fd);
+        fd = -1;
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!f) {
-        int err = errno;
+        if (fd >= 0)
+            close(fd);
         free(buf);
         pthread_mutex_unlock(&trace_lock);
         if (!buf)
             return ts__fail(TS_ENOMEM, "memtrace: out of memory");
-        return ts__fail(TS_EIO, "memtrace: cannot create '%s': %s", path, strerror(err));
+        return ts__fail(TS_EIO, "memtrace: cannot create '%s': %s", path,
+                        err == EINVAL ? "not a regular file"
+                        : err == ELOOP ? "it is a symbolic link, which a trace never follows"
+                                       : strerror(err));
     }
     trace_file = f;
     trace_buf = buf;

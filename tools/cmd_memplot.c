@@ -239,6 +239,30 @@ static void draw(FILE *f, const plot *p)
     fputs("</svg>\n", f);
 }
 
+/* The SVG's file: new or regular, never through a symbolic link or into a FIFO or device. */
+static FILE *open_output(const char *out)
+{
+    int fd = open(out, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    int err = errno == ENXIO ? EINVAL : errno; /* ENXIO: a FIFO without a reader */
+    struct stat st;
+    FILE *f = NULL;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)))
+        err = EINVAL;
+    else if (fd >= 0 && ftruncate(fd, 0) != 0)
+        err = errno;
+    else if (fd >= 0 && !(f = fdopen(fd, "w")))
+        err = errno;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
+        fprintf(stderr, "tessera: error: memplot: cannot create '%s': %s\n", out,
+                err == EINVAL ? "not a regular file"
+                : err == ELOOP ? "it is a symbolic link, which memplot never follows"
+                               : strerror(err));
+    }
+    return f;
+}
+
 int cmd_memplot(int argc, char **argv, const cli_common *common)
 {
     (void)common;
@@ -314,9 +338,8 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
         fprintf(stderr, "tessera: error: memplot: '%s' holds no pool counter events (%d "
                 "events): is it a trace of tessera's memory (--memtrace, TESSERA_MEMTRACE)?\n",
                 in, events);
-    else if (!(f = fopen(out, "w")))
-        fprintf(stderr, "tessera: error: memplot: cannot create '%s': %s\n", out,
-                strerror(errno));
+    else if (!(f = open_output(out)))
+        ; /* said why */
     else {
         draw(f, p);
         rc = fclose(f) ? 1 : 0;

@@ -5,7 +5,7 @@
 # SVG renderer (librsvg's rsvg-convert, when installed) renders; `tessera memplot` refuses a
 # FIFO, a missing file and a JSON file that is not a memory trace, without hanging.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 3
+plan 4
 awk 'BEGIN { for (i = 0; i < 600; i++) printf "the cat sat on the mat %d ", i }' >"$TMP/t.txt"
 "$TESSERA" train --model gpt --text "$TMP/t.txt" --context 16 --layers 1 --heads 2 --embd 16 \
     --batch-size 4 --steps 40 --eval-every 20 --eval-batches 2 --memtrace "$TMP/m.json" \
@@ -45,5 +45,21 @@ if [ $r1 -eq 1 ] && contains "$o1" "not a regular file" && [ $r2 -eq 1 ] && cont
     ok "memplot refuses a FIFO, a missing file and a trace without pool counters; no TRACE is a usage error"
 else
     fail "memplot refusals" "$r1 $r2 $r3 $r4" "$o1" "$o2" "$o3" "$o4"
+fi
+# Output paths a local adversary could plant: a symbolic link (to a file root must not
+# clobber) and a FIFO are refused for the trace and for the picture; nothing is written.
+echo precious >"$TMP/victim"
+ln -s "$TMP/victim" "$TMP/link.json"
+ln -s "$TMP/victim" "$TMP/link.svg"
+mkfifo "$TMP/fifo.svg"
+o1=$(timeout 30 "$TESSERA" train --model gpt --text "$TMP/t.txt" --context 8 --layers 1 --heads 1 --embd 8 \
+    --batch-size 2 --steps 2 --eval-every 2 --eval-batches 1 --memtrace "$TMP/link.json" 2>&1); r1=$?
+o2=$(timeout 10 "$TESSERA" memplot "$TMP/m.json" -o "$TMP/link.svg" 2>&1); r2=$?
+o3=$(timeout 10 "$TESSERA" memplot "$TMP/m.json" -o "$TMP/fifo.svg" 2>&1); r3=$?
+if [ $r1 -eq 1 ] && contains "$o1" "symbolic link" && [ $r2 -eq 1 ] && contains "$o2" "symbolic link" &&
+    [ $r3 -eq 1 ] && contains "$o3" "not a regular file" && [ "$(cat "$TMP/victim")" = precious ]; then
+    ok "a symbolic link or FIFO as the trace or picture is refused; the link's target is untouched"
+else
+    fail "planted output paths are refused" "$r1 $r2 $r3" "$o1" "$o2" "$o3" "$(cat "$TMP/victim")"
 fi
 finish
