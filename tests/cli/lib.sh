@@ -11,7 +11,12 @@ trap 'rm -rf "$TMP"' EXIT
 
 plan() { echo "1..$1"; }
 ok() { TAP_N=$((TAP_N + 1)); echo "ok $TAP_N - $1"; }
-fail() { TAP_N=$((TAP_N + 1)); TAP_FAILED=1; echo "not ok $TAP_N - $1"; shift; for l in "$@"; do echo "# $l"; done; }
+# fail NAME DETAIL...: every line of every detail as a TAP comment (a detail may hold another
+# program's TAP output, which must not be read as this test's lines).
+fail() {
+    TAP_N=$((TAP_N + 1)); TAP_FAILED=1; echo "not ok $TAP_N - $1"; shift
+    for l in "$@"; do printf '%s\n' "$l" | sed 's/^/# /'; done
+}
 skip() { TAP_N=$((TAP_N + 1)); echo "ok $TAP_N - $1 # SKIP $2"; }
 # check NAME COMMAND...: ok if the command succeeds, else fail with its output.
 check() {

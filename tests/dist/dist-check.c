@@ -202,19 +202,36 @@ static void ddp_grads(void)
         }
         ts_tensor_unref(l), ts_tensor_unref(lr);
     }
-    char d[160];
+    char d[200];
     snprintf(d, sizeof d, "worst difference %.3g of the largest gradient", worst);
     check(worst < 1e-12, "ddp: averaged shard gradients equal the global batch's", d);
     ts_ddp_stats st;
     ts_ddp_get_stats(ddp, &st);
-    snprintf(d, sizeof d, "%llu buckets per step, %llu reductions, %llu started and %llu "
-             "finished before ts_ddp_sync", (unsigned long long)st.nbuckets,
-             (unsigned long long)st.buckets, (unsigned long long)st.started_early,
-             (unsigned long long)st.finished_early);
+    /* A bucket finishing before ts_ddp_sync is a matter of timing: on a loaded machine the
+     * communication thread may get no core while the last GEMM runs. More steps until one
+     * does (at most 40), every rank running as many (the verdict is summed). */
+    uint64_t started3 = st.started_early;
+    int extra = 0;
+    for (; size_ > 1 && extra < 40; extra++) {
+        int64_t done = st.finished_early >= 1; /* ranks that saw one */
+        OK(ts_dist_allreduce_sum(&done, 1, TS_I64));
+        if (done == size_)
+            break;
+        for (size_t i = 0; i < np; i++)
+            ts_tensor_zero_grad(p[i].tensor);
+        ts_tensor *l = loss_on(dp, B, lo, n, 3 + extra);
+        OK(ts_backward(l, NULL, 0));
+        OK(ts_ddp_sync(ddp));
+        ts_tensor_unref(l);
+        ts_ddp_get_stats(ddp, &st);
+    }
+    snprintf(d, sizeof d, "%llu buckets per step, %llu started before ts_ddp_sync in 3 steps; "
+             "%llu finished before it in %d steps", (unsigned long long)st.nbuckets,
+             (unsigned long long)started3, (unsigned long long)st.finished_early, 3 + extra);
     if (rank_ == 0)
         printf("# %s\n", d);
-    check(size_ == 1 || (st.nbuckets >= 3 && st.buckets == 3 * st.nbuckets &&
-                         st.started_early >= 3 * (st.nbuckets - 1) && st.finished_early >= 1),
+    check(size_ == 1 || (st.nbuckets >= 3 && st.buckets == (uint64_t)(3 + extra) * st.nbuckets &&
+                         started3 >= 3 * (st.nbuckets - 1) && st.finished_early >= 1),
           "ddp: buckets reduced while backward ran", d);
     /* Two backwards before a sync: with gradients as views of the buckets the second adds
      * into memory being summed, so the sync refuses (as PyTorch's DDP does), never returning
