@@ -550,6 +550,12 @@ const char *ts__config_dir(const ts_config *cfg)
     return cfg ? cfg->dir : NULL;
 }
 
+TS_API int ts_config_line(const ts_config *cfg, const char *section, const char *key)
+{
+    const entry *e = cfg && section && key ? find_entry(cfg, section, key) : NULL;
+    return e ? e->line : 0;
+}
+
 TS_API const char *ts_config_get(const ts_config *cfg, const char *section, const char *key)
 {
     if (!section || !key)

@@ -72,10 +72,18 @@ static void probe(const ts_config *cfg, const char *name, const char *path, void
     size_t n;
     const ts_setting *set = ts_device_settings(dev, &n);
     cJSON *so = cJSON_AddObjectToObject(p, "settings");
+    char section[96], origin[4200];
+    snprintf(section, sizeof section, "plugin.%s", ts_device_name(dev));
     for (size_t i = 0; i < n; i++) {
         cJSON *e = cJSON_AddObjectToObject(so, set[i].name);
         cJSON_AddStringToObject(e, "value", set[i].text);
         cJSON_AddBoolToObject(e, "from_file", set[i].from_file);
+        int line = ts_config_line(cfg, section, set[i].name);
+        if (set[i].from_file && line) /* where it was set: FILE:LINE */
+            snprintf(origin, sizeof origin, "%s:%d", ts_config_source(cfg), line);
+        else
+            snprintf(origin, sizeof origin, "default");
+        cJSON_AddStringToObject(e, "origin", origin);
     }
     ts_memory_stats st;
     ts_device_memory_stats(dev, &st);
@@ -138,8 +146,8 @@ static void print_text(const cJSON *root)
     const cJSON *cfg = cJSON_GetObjectItem(root, "config");
     printf("tessera %s (plugin ABI %s)\n", str(root, "version"), str(root, "plugin_abi"));
     printf("config:          %s\n", str(cfg, "file"));
-    printf("device:          %s (fallback: %s)\n", str(cfg, "device"),
-           *str(cfg, "fallback") ? str(cfg, "fallback") : "none");
+    printf("device:          %s (from %s; fallback: %s)\n", str(cfg, "device"),
+           str(cfg, "device_origin"), *str(cfg, "fallback") ? str(cfg, "fallback") : "none");
     const cJSON *dd = cJSON_GetObjectItem(root, "default_device");
     if (cJSON_IsString(dd))
         printf("in use:          %s (%s)\n", dd->valuestring, str(root, "default_device_file"));
@@ -173,8 +181,7 @@ static void print_text(const cJSON *root)
         printf("    settings:");
         const cJSON *s;
         cJSON_ArrayForEach(s, cJSON_GetObjectItem(it, "settings"))
-            printf(" %s=%s%s", s->string, str(s, "value"),
-                   cJSON_IsTrue(cJSON_GetObjectItem(s, "from_file")) ? "" : "(default)");
+            printf(" %s=%s(%s)", s->string, str(s, "value"), str(s, "origin"));
         printf("\n");
         const cJSON *po = cJSON_GetObjectItem(it, "pool");
         if (cJSON_IsTrue(cJSON_GetObjectItem(po, "valid"))) {
@@ -236,6 +243,19 @@ int cmd_info(int argc, char **argv, const cli_common *common)
     const char *envdev = getenv("TESSERA_DEVICE");
     cJSON_AddStringToObject(c, "device",
                             envdev && *envdev ? envdev : ts_config_get(cfg, "core", "device"));
+    {
+        char origin[4200];
+        int line = ts_config_line(cfg, "core", "device");
+        if (device)
+            snprintf(origin, sizeof origin, "--device");
+        else if (envdev && *envdev)
+            snprintf(origin, sizeof origin, "TESSERA_DEVICE");
+        else if (line)
+            snprintf(origin, sizeof origin, "%s:%d", ts_config_source(cfg), line);
+        else
+            snprintf(origin, sizeof origin, "default");
+        cJSON_AddStringToObject(c, "device_origin", origin);
+    }
     cJSON_AddStringToObject(c, "fallback", ts_config_get(cfg, "core", "fallback"));
     cJSON_AddStringToObject(c, "log_level", ts_config_get(cfg, "core", "log_level"));
 

@@ -33,6 +33,9 @@ void ts_config_free(ts_config *cfg);
 
 /* The file the configuration came from, or "(built-in defaults)". (transfer none) */
 const char *ts_config_source(const ts_config *cfg);
+/* The line of ts_config_source(cfg) that set section.key, or 0 when the key is not in the
+ * file (its value is the default): where a value came from, for tessera info. */
+int ts_config_line(const ts_config *cfg, const char *section, const char *key);
 
 /* The value of section.key as written in the file, or the default for [core] keys and the
  * common plugin keys (memory_fraction, cache_limit, caching); NULL if neither. Sections of

@@ -2,7 +2,7 @@
 # tests/cli/test-info.sh: `tessera info` as a user runs it: text and JSON, fallback,
 # TESSERA_DEVICE, bad configs and misuse give a one-line error and a non-zero exit.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 19
+plan 20
 
 out=$("$TESSERA" info 2>&1)
 if [ $? -eq 0 ] && contains "$out" "cpu_blas: 1 device" && contains "$out" "tests/data/test.ini" \
@@ -161,4 +161,17 @@ else
         "rc=$rc1: $out1" "rc=$rc2: $out2"
 fi
 
+# Where each value came from: the file and line, the environment, the flag, or the default.
+printf '[core]\ndevice = cpu_blas\n[plugin.cpu_blas]\nthreads = 1\ncache_limit = 64M\n' >"$TMP/o.ini"
+out=$("$TESSERA" --config "$TMP/o.ini" info 2>&1)
+out2=$(TESSERA_DEVICE=cpu_blas "$TESSERA" --config "$TMP/o.ini" info --json 2>&1 |
+    "$JSON_CHECK" config.device_origin plugins.[0].settings.threads.origin 2>&1)
+if contains "$out" "device:          cpu_blas (from $TMP/o.ini:2;" &&
+    contains "$out" "cache_limit=64M($TMP/o.ini:5)" && contains "$out" "threads=1($TMP/o.ini:4)" &&
+    contains "$out" "memory_fraction=0.5(default)" &&
+    contains "$out2" 'config.device_origin="TESSERA_DEVICE"'; then
+    ok "info says where each value came from: file:line, TESSERA_DEVICE or default"
+else
+    fail "info says where each value came from" "$out" "$out2"
+fi
 finish
