@@ -247,12 +247,6 @@ TS_API ts_device *ts_dist_device(void)
     return W.dev;
 }
 
-/* The first byte of a contiguous tensor's elements. */
-static void *data_of(const ts_tensor *t)
-{
-    return (char *)t->storage->data + t->offset * (int64_t)ts_dtype_size(t->dtype);
-}
-
 /* A device-buffer backend's collective on host memory: in (nin bytes) copied to a device
  * buffer, the collective run there (op 0: allreduce in place of count elements of dtype, 1:
  * broadcast in place from root, 2: allgather of nin bytes a rank into the nout bytes after
@@ -267,13 +261,13 @@ static ts_status staged(int op, const void *in, size_t nin, void *out, size_t no
     int64_t n = (int64_t)(at + nout);
     ts_status s = ts_tensor_empty(W.dev, TS_U8, 1, &n, &t);
     if (s == TS_OK)
-        s = ts_device_copy_from_host(W.dev, data_of(t), in, nin);
+        s = ts_device_copy_from_host(W.dev, ts_tensor_data(t), in, nin);
     if (s == TS_OK)
         s = ts_device_synchronize(W.dev);
     if (s)
         ts_dist_abort(1, "rank %d of %d cannot stage a collective on device '%s': %s", W.rank,
                       W.size, ts_device_name(W.dev), ts_last_error());
-    char *buf = data_of(t);
+    char *buf = ts_tensor_data(t);
     pthread_mutex_lock(&comm_lock);
     s = op == 0   ? W.vt.allreduce(W.ctx, buf, count, dtype, TS_COMM_SUM)
         : op == 1 ? W.vt.broadcast(W.ctx, buf, nout, root)

@@ -67,6 +67,15 @@ int cli_memtrace_begin(char *trace, size_t len, const char *memtrace, const char
  * drawing failed (its message printed). */
 int cli_memtrace_end(const char *trace, const char *memplot, int draw,
                      const cli_common *common);
+/* Under mpirun: this rank's n settings fingerprints against rank 0's. 0 when every rank
+ * agrees; 1 when one differs (named on every rank with what[i], its first differing field:
+ * "another --seed"); -1 when comparing failed here (the others are in the collective: the
+ * caller ends the job). */
+int cli_ranks_agree(const uint64_t *mine, size_t n, const char *const *what, int rank,
+                    int world);
+/* "tessera: SIGTERM: stopped after step N[ (T of training)]; saved CKPT, continue with
+ * --resume" (or that nothing was saved) on stderr. took may be NULL. */
+void cli_say_stopped(int sig, long long step, const char *took, const char *save);
 /* qsort comparator for doubles, ascending. */
 int cli_cmp_double(const void *a, const void *b);
 

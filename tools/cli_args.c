@@ -229,3 +229,37 @@ int cli_memtrace_end(const char *trace, const char *memplot, int draw,
     char *mv[] = {"memplot", (char *)trace, "-o", (char *)memplot, NULL};
     return cmd_memplot(4, mv, common) != 0;
 }
+
+int cli_ranks_agree(const uint64_t *mine, size_t n, const char *const *what, int rank,
+                    int world)
+{
+    uint64_t *all = calloc((size_t)world * n, sizeof *all);
+    ts_status s = all ? ts_dist_allgather(mine, all, n * sizeof *mine) : TS_ENOMEM;
+    if (s) {
+        if (!all)
+            fprintf(stderr, "tessera: error: comparing the ranks' settings: out of memory\n");
+        else
+            cli_fail(s, "comparing the ranks' settings");
+        free(all);
+        return -1;
+    }
+    for (int k = 1; k < world; k++)
+        for (size_t i = 0; i < n; i++)
+            if (all[(size_t)k * n + i] != all[i]) {
+                fprintf(stderr, "tessera: error: rank %d was started with %s than rank 0 (rank "
+                        "%d of %d here); start every rank with the same command\n", k, what[i],
+                        rank, world);
+                free(all);
+                return 1;
+            }
+    free(all);
+    return 0;
+}
+
+void cli_say_stopped(int sig, long long step, const char *took, const char *save)
+{
+    fprintf(stderr, "tessera: %s: stopped after step %lld%s%s%s%s%s%s\n", cli_signal_name(sig),
+            step, took ? " (" : "", took ? took : "", took ? " of training)" : "",
+            save ? "; saved " : "; nothing saved (no --save)", save ? save : "",
+            save ? ", continue with --resume" : "");
+}

@@ -83,13 +83,16 @@ static int take_event(plot *p, const cJSON *e)
     if (!cJSON_IsString(ph) || !cJSON_IsString(name) || !cJSON_IsNumber(ts))
         return 0;
     double t = ts->valuedouble / 1e6;
+    if (!isfinite(t) || t < 0)
+        return 0; /* not a time of this trace */
     p->t_max = t > p->t_max ? t : p->t_max;
     if (!strcmp(ph->valuestring, "C") && !strncmp(name->valuestring, "pool ", 5)) {
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
         const cJSON *iu = cJSON_GetObjectItemCaseSensitive(args, "in_use"),
                     *rs = cJSON_GetObjectItemCaseSensitive(args, "reserved");
-        if (!cJSON_IsNumber(iu) || !cJSON_IsNumber(rs))
-            return 0;
+        if (!cJSON_IsNumber(iu) || !cJSON_IsNumber(rs) || !isfinite(iu->valuedouble) ||
+            !isfinite(rs->valuedouble) || iu->valuedouble < 0 || rs->valuedouble < 0)
+            return 0; /* no byte count */
         int k = 0;
         while (k < p->npools && strcmp(p->pools[k].name, name->valuestring + 5))
             k++;

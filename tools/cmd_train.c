@@ -392,46 +392,18 @@ static uint64_t fnv64(const char *p)
  * named, on every rank, before any step. */
 static int same_run_everywhere(const trainer *t)
 {
-    typedef struct run_sig {
-        uint64_t arch, seed, batch, optim, data;
-    } run_sig;
     char arch[256], opt[256];
     cli_model_describe(&t->o.arch, arch, sizeof arch);
     snprintf(opt, sizeof opt, "%s %.17g %.17g %.17g %s %.17g %s %lld %lld", t->o.optimizer,
              t->o.lr, t->o.momentum, t->o.weight_decay, t->o.lr_schedule, t->o.clip, t->o.decay,
              (long long)t->o.epochs, (long long)t->o.max_steps);
-    run_sig mine = {fnv64(arch), t->o.seed, (uint64_t)t->o.batch, fnv64(opt),
-                    (uint64_t)t->o.train_limit ^ fnv64(t->o.resume ? t->o.resume : "")};
-    run_sig *all = calloc((size_t)t->world, sizeof *all);
-    if (!all) { /* the others are in the allgather: the job must end (caller aborts) */
-        fprintf(stderr, "tessera: error: out of memory\n");
-        return -1;
-    }
-    ts_status s = ts_dist_allgather(&mine, all, sizeof mine);
-    if (s) {
-        free(all);
-        cli_fail(s, "comparing the ranks' settings");
-        return -1;
-    }
-    for (int r = 1; r < t->world; r++) {
-        const char *what = all[r].arch != all[0].arch     ? "another model (--model, --hidden, "
-                                                            "--channels, --init)"
-                           : all[r].seed != all[0].seed   ? "another --seed"
-                           : all[r].batch != all[0].batch ? "another --batch-size"
-                           : all[r].optim != all[0].optim ? "other optimizer settings"
-                           : all[r].data != all[0].data   ? "other data (--train-limit or "
-                                                            "--resume)"
-                                                          : NULL;
-        if (what) {
-            fprintf(stderr, "tessera: error: rank %d was started with %s than rank 0 (rank %d "
-                    "of %d here); start every rank with the same command\n", r, what, t->rank,
-                    t->world);
-            free(all);
-            return 1;
-        }
-    }
-    free(all);
-    return 0;
+    const uint64_t mine[] = {fnv64(arch), t->o.seed, (uint64_t)t->o.batch, fnv64(opt),
+                             (uint64_t)t->o.train_limit ^ fnv64(t->o.resume ? t->o.resume : "")};
+    static const char *const what[] = {
+        "another model (--model, --hidden, --channels, --init)", "another --seed",
+        "another --batch-size", "other optimizer settings",
+        "other data (--train-limit or --resume)"};
+    return cli_ranks_agree(mine, sizeof mine / sizeof mine[0], what, t->rank, t->world);
 }
 
 /* Rows [*lo, *lo + *n) of a batch of b rows are this rank's: contiguous shards, the first
@@ -1554,10 +1526,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     }
     if (t.stopped_by) {
         if (t.rank == 0)
-            fprintf(stderr, "tessera: %s: stopped after step %lld (%s of training)%s%s%s\n",
-                    cli_signal_name(t.stopped_by), (long long)t.step, took,
-                    t.o.save ? "; saved " : "; nothing saved (no --save)",
-                    t.o.save ? t.o.save : "", t.o.save ? ", continue with --resume" : "");
+            cli_say_stopped(t.stopped_by, (long long)t.step, took, t.o.save);
         rc = 128 + t.stopped_by;
         t.world = 1; /* every rank stopped after the same step: nothing to abort */
         goto out;

@@ -248,9 +248,6 @@ typedef struct run {
  * started otherwise is named on every rank, before any step. */
 static int same_run_everywhere(const run *r)
 {
-    typedef struct sig {
-        uint64_t arch, seed, batch, text, optim;
-    } sig;
     char a[256], o[256];
     snprintf(a, sizeof a, "%lld %lld %lld %lld %.17g", (long long)r->o.cfg.context,
              (long long)r->o.cfg.layers, (long long)r->o.cfg.heads, (long long)r->o.cfg.embd,
@@ -260,35 +257,15 @@ static int same_run_everywhere(const run *r)
              r->o.min_lr, r->o.weight_decay, r->o.clip, (long long)r->o.warmup,
              (long long)r->o.steps, (long long)r->o.max_steps, (long long)r->o.eval_every,
              (long long)r->o.eval_batches, (long long)r->step, r->o.resume ? r->o.resume : "");
-    sig mine = {fnv1a((const unsigned char *)a, strlen(a)), r->o.seed, (uint64_t)r->o.batch,
-                r->text_hash, fnv1a((const unsigned char *)o, strlen(o))};
-    sig *all = calloc((size_t)r->world, sizeof *all);
-    if (!all || ts_dist_allgather(&mine, all, sizeof mine) != TS_OK) {
-        fprintf(stderr, "tessera: error: comparing the ranks' settings: %s\n",
-                all ? ts_last_error() : "out of memory");
-        free(all);
-        return -1; /* the others are in the allgather: the caller ends the job */
-    }
-    for (int k = 1; k < r->world; k++) {
-        const char *what = all[k].arch != all[0].arch     ? "another model (--context, --layers, "
-                                                            "--heads, --embd, --dropout)"
-                           : all[k].seed != all[0].seed   ? "another --seed"
-                           : all[k].batch != all[0].batch ? "another --batch-size"
-                           : all[k].text != all[0].text   ? "another text"
-                           : all[k].optim != all[0].optim ? "other optimizer, schedule, "
-                                                            "evaluation or --resume settings "
-                                                            "(or resumed at another step)"
-                                                          : NULL;
-        if (what) {
-            fprintf(stderr, "tessera: error: rank %d was started with %s than rank 0 (rank %d "
-                    "of %d here); start every rank with the same command\n", k, what, r->rank,
-                    r->world);
-            free(all);
-            return 1;
-        }
-    }
-    free(all);
-    return 0;
+    const uint64_t mine[] = {fnv1a((const unsigned char *)a, strlen(a)), r->o.seed,
+                             (uint64_t)r->o.batch, r->text_hash,
+                             fnv1a((const unsigned char *)o, strlen(o))};
+    static const char *const what[] = {
+        "another model (--context, --layers, --heads, --embd, --dropout)", "another --seed",
+        "another --batch-size", "another text",
+        "other optimizer, schedule, evaluation or --resume settings (or resumed at another "
+        "step)"};
+    return cli_ranks_agree(mine, sizeof mine / sizeof mine[0], what, r->rank, r->world);
 }
 
 static ts_status save_to(const run *r, const char *path);
@@ -771,10 +748,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
                 goto out;
             }
             if (r.rank == 0)
-                fprintf(stderr, "tessera: %s: stopped after step %lld%s%s%s\n",
-                        cli_signal_name(sig), (long long)r.step,
-                        r.o.save ? "; saved " : "; nothing saved (no --save)",
-                        r.o.save ? r.o.save : "", r.o.save ? ", continue with --resume" : "");
+                cli_say_stopped(sig, (long long)r.step, NULL, r.o.save);
             r.stopped = sig;
             break;
         }

@@ -39,12 +39,18 @@ o1=$(timeout 10 "$TESSERA" memplot "$TMP/fifo" -o "$TMP/f.svg" 2>&1); r1=$?
 o2=$(timeout 10 "$TESSERA" memplot "$TMP/missing" 2>&1); r2=$?
 o3=$(timeout 10 "$TESSERA" memplot "$TMP/other.json" 2>&1); r3=$?
 o4=$("$TESSERA" memplot 2>&1); r4=$?
+# non-finite and negative numbers in a trace are not samples: the picture has no NaN in it
+{ head -3 "$TMP/m.json"; echo '{"name":"pool cpu_blas","ph":"C","ts":-1e308,"pid":1,"tid":0,"args":{"in_use":1e309,"reserved":-5,"cached":0}},'
+  echo '{"name":"pool cpu_blas","ph":"C","ts":1e999,"pid":1,"tid":0,"args":{"in_use":1,"reserved":2,"cached":0}},'
+  tail -n +4 "$TMP/m.json"; } >"$TMP/odd.json"
+o5=$(timeout 10 "$TESSERA" memplot "$TMP/odd.json" -o "$TMP/odd.svg" 2>&1); r5=$?
 if [ $r1 -eq 1 ] && contains "$o1" "not a regular file" && [ $r2 -eq 1 ] && contains "$o2" "$TMP/missing" &&
     [ $r3 -eq 1 ] && contains "$o3" "holds no pool counter events" && [ $r4 -eq 2 ] &&
-    [ ! -e "$TMP/f.svg" ] && [ ! -e "$TMP/other.svg" ]; then
-    ok "memplot refuses a FIFO, a missing file and a trace without pool counters; no TRACE is a usage error"
+    [ ! -e "$TMP/f.svg" ] && [ ! -e "$TMP/other.svg" ] && [ $r5 -eq 0 ] &&
+    ! grep -qi 'nan\|inf' "$TMP/odd.svg"; then
+    ok "memplot refuses a FIFO, a missing file and a trace without pool counters, skips non-finite samples; no TRACE is a usage error"
 else
-    fail "memplot refusals" "$r1 $r2 $r3 $r4" "$o1" "$o2" "$o3" "$o4"
+    fail "memplot refusals" "$r1 $r2 $r3 $r4 $r5" "$o1" "$o2" "$o3" "$o4" "$o5"
 fi
 # Output paths a local adversary could plant: a symbolic link (to a file root must not
 # clobber) and a FIFO are refused for the trace and for the picture; nothing is written.
