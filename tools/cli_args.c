@@ -204,6 +204,10 @@ int cli_memtrace_begin(char *trace, size_t len, const char *memtrace, const char
     trace[0] = 0;
     if (!memtrace && !memplot)
         return 0;
+    /* the picture's path is checked now, not after the run */
+    ts_status ps = memplot ? ts_checkpoint_check_path(memplot) : TS_OK;
+    if (ps)
+        return cli_fail(ps, "--memplot");
     if (memtrace) /* --memplot alone: the trace next to the picture */
         snprintf(trace, len, "%s", memtrace);
     else

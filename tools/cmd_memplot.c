@@ -243,7 +243,7 @@ static void draw(FILE *f, const plot *p)
 }
 
 /* The SVG's file: new or regular, never through a symbolic link or into a FIFO or device. */
-static FILE *open_output(const char *out)
+static FILE *open_output(const char *out, const struct stat *in)
 {
     int fd = open(out, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
     int err = errno == ENXIO ? EINVAL : errno; /* ENXIO: a FIFO without a reader */
@@ -251,6 +251,8 @@ static FILE *open_output(const char *out)
     FILE *f = NULL;
     if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)))
         err = EINVAL;
+    else if (fd >= 0 && st.st_dev == in->st_dev && st.st_ino == in->st_ino)
+        err = EEXIST; /* the trace itself (or a hard link to it): never truncated */
     else if (fd >= 0 && ftruncate(fd, 0) != 0)
         err = errno;
     else if (fd >= 0 && !(f = fdopen(fd, "w")))
@@ -259,7 +261,8 @@ static FILE *open_output(const char *out)
         if (fd >= 0)
             close(fd);
         fprintf(stderr, "tessera: error: memplot: cannot create '%s': %s\n", out,
-                err == EINVAL ? "not a regular file"
+                err == EEXIST ? "it is the trace being drawn"
+                : err == EINVAL ? "not a regular file"
                 : err == ELOOP ? "it is a symbolic link, which memplot never follows"
                                : strerror(err));
     }
@@ -341,7 +344,7 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
         fprintf(stderr, "tessera: error: memplot: '%s' holds no pool counter events (%d "
                 "events): is it a trace of tessera's memory (--memtrace, TESSERA_MEMTRACE)?\n",
                 in, events);
-    else if (!(f = open_output(out)))
+    else if (!(f = open_output(out, &st)))
         ; /* said why */
     else {
         draw(f, p);

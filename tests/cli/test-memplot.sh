@@ -44,10 +44,14 @@ o4=$("$TESSERA" memplot 2>&1); r4=$?
   echo '{"name":"pool cpu_blas","ph":"C","ts":1e999,"pid":1,"tid":0,"args":{"in_use":1,"reserved":2,"cached":0}},'
   tail -n +4 "$TMP/m.json"; } >"$TMP/odd.json"
 o5=$(timeout 10 "$TESSERA" memplot "$TMP/odd.json" -o "$TMP/odd.svg" 2>&1); r5=$?
+# the trace as its own picture (or through a hard link): refused, the trace intact
+cp "$TMP/m.json" "$TMP/self.json"
+o6=$(timeout 10 "$TESSERA" memplot "$TMP/self.json" -o "$TMP/self.json" 2>&1); r6=$?
 if [ $r1 -eq 1 ] && contains "$o1" "not a regular file" && [ $r2 -eq 1 ] && contains "$o2" "$TMP/missing" &&
     [ $r3 -eq 1 ] && contains "$o3" "holds no pool counter events" && [ $r4 -eq 2 ] &&
     [ ! -e "$TMP/f.svg" ] && [ ! -e "$TMP/other.svg" ] && [ $r5 -eq 0 ] &&
-    ! grep -qi 'nan\|inf' "$TMP/odd.svg"; then
+    ! grep -qi 'nan\|inf' "$TMP/odd.svg" && [ $r6 -eq 1 ] && contains "$o6" "the trace being drawn" &&
+    cmp -s "$TMP/m.json" "$TMP/self.json"; then
     ok "memplot refuses a FIFO, a missing file and a trace without pool counters, skips non-finite samples; no TRACE is a usage error"
 else
     fail "memplot refusals" "$r1 $r2 $r3 $r4 $r5" "$o1" "$o2" "$o3" "$o4" "$o5"

@@ -61,7 +61,9 @@ pid=$!
 wait_batch "$TMP/k.err" 10 && kill -KILL $pid
 wait $pid
 rc=$?
-out=$("$TESSERA" train $C --epochs 100 --max-steps 40 --resume "$TMP/k.ckpt" 2>&1 >/dev/null)
+# the step it holds (however far the run got before the kill), then one more step from it
+at=$("$TESSERA" inspect --json "$TMP/k.ckpt" 2>/dev/null | sed -n 's/.*"train.step":"\([0-9]*\)".*/\1/p')
+out=$("$TESSERA" train $C --epochs 100 --max-steps $((${at:-0} + 1)) --resume "$TMP/k.ckpt" 2>&1 >/dev/null)
 rc2=$?
 st=$(echo "$out" | sed -n 's/.*resumed from .* at epoch [0-9]*, step \([0-9]*\).*/\1/p')
 if [ $rc -eq 137 ] && [ $rc2 -eq 0 ] && [ -n "$st" ] && [ "$st" -ge 3 ] && [ $((st % 3)) -eq 0 ]; then
