@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <ini.h>
@@ -20,21 +21,31 @@
 
 typedef struct entry {
     char *section, *key, *value;
-    int line;
+    int line;  /* in the file of its layer */
+    int layer; /* index into ts_config.layer */
 } entry;
 
+/* The installed file, then the user's on top of it, key by key. */
+#define MAX_LAYERS 2
+
 struct ts_config {
-    char *source; /* file path or DEFAULTS_NAME */
-    char *dir;    /* directory of the file, for relative plugin paths; NULL if none */
+    struct layer {
+        char *source; /* file path (or the name given to ts_config_parse) */
+        char *dir;    /* directory of the file, for relative plugin paths; NULL if none */
+    } layer[MAX_LAYERS];
+    int nlayers; /* 0: built-in defaults */
     entry *e;
     size_t n, cap;
-    /* every [plugin.NAME] section header, keys or not: NAME and its first line */
+    /* every [plugin.NAME] section header, keys or not: NAME, its first line and layer */
     struct plugin_section {
         char *name;
-        int line;
+        int line, layer;
     } *sec;
     size_t nsec, seccap;
 };
+
+/* The file a key (or section header) was set in. */
+#define LAYER_FILE(cfg, i) ((cfg)->layer[i].source)
 
 /* [core] keys and their defaults. */
 static const struct {
@@ -289,6 +300,7 @@ static void note_plugin_section(parse_state *ps, const char *name)
         fail_at(ps, TS_ENOMEM, "out of memory reading the configuration");
         return;
     }
+    cfg->sec[cfg->nsec].layer = 0;
     cfg->sec[cfg->nsec++].line = ps->line;
 }
 
@@ -385,6 +397,7 @@ static int handler(void *user, const char *section, const char *key, const char 
     e->key = ts__strdup(key);
     e->value = ts__strdup(value);
     e->line = ps->line;
+    e->layer = 0;
     if (!e->section || !e->key || !e->value) {
         free(e->section), free(e->key), free(e->value);
         return fail_at(ps, TS_ENOMEM, "out of memory reading the configuration");
@@ -398,9 +411,14 @@ static ts_status config_new(const char *source, const char *dir, ts_config **out
     ts_config *cfg = ts__calloc(1, sizeof *cfg);
     if (!cfg)
         return ts__fail(TS_ENOMEM, "out of memory creating a configuration");
-    cfg->source = ts__strdup(source);
-    cfg->dir = dir ? ts__strdup(dir) : NULL;
-    if (!cfg->source || (dir && !cfg->dir)) {
+    if (!source) { /* the built-in defaults: no file */
+        *out = cfg;
+        return TS_OK;
+    }
+    cfg->nlayers = 1;
+    cfg->layer[0].source = ts__strdup(source);
+    cfg->layer[0].dir = dir ? ts__strdup(dir) : NULL;
+    if (!cfg->layer[0].source || (dir && !cfg->layer[0].dir)) {
         ts_config_free(cfg);
         return ts__fail(TS_ENOMEM, "out of memory creating a configuration");
     }
@@ -443,7 +461,7 @@ TS_API ts_status ts_config_parse(const char *text, const char *name, const char 
     ts_status s = config_new(name ? name : "(string)", base_dir, &cfg);
     if (s)
         return s;
-    parse_state ps = {.cfg = cfg, .name = cfg->source, .text = text};
+    parse_state ps = {.cfg = cfg, .name = LAYER_FILE(cfg, 0), .text = text};
     s = parse(&ps);
     if (s) {
         ts_config_free(cfg);
@@ -474,7 +492,7 @@ static ts_status load_file(const char *path, ts_config **out)
         fclose(f);
         return s;
     }
-    parse_state ps = {.cfg = cfg, .name = cfg->source, .file = f};
+    parse_state ps = {.cfg = cfg, .name = LAYER_FILE(cfg, 0), .file = f};
     s = parse(&ps);
     fclose(f);
     if (s) {
@@ -489,7 +507,78 @@ TS_API ts_status ts_config_defaults(ts_config **out)
 {
     if (!out)
         return ts__fail(TS_EINVAL, "ts_config_defaults: out is NULL");
-    return config_new(DEFAULTS_NAME, NULL, out);
+    return config_new(NULL, NULL, out);
+}
+
+/* Puts upper (one file) on top of lower, key by key; upper is consumed. */
+static void merge(ts_config *lower, ts_config *upper)
+{
+    int L = lower->nlayers++;
+    lower->layer[L] = upper->layer[0];
+    upper->layer[0].source = upper->layer[0].dir = NULL;
+    for (size_t i = 0; i < upper->n; i++) {
+        entry *u = &upper->e[i];
+        entry *l = (entry *)find_entry(lower, u->section, u->key);
+        if (l) {
+            free(l->value);
+            l->value = u->value;
+            free(u->section), free(u->key);
+        } else {
+            /* lower->e has room: the caller reserved upper->n more entries */
+            l = &lower->e[lower->n++];
+            l->section = u->section;
+            l->key = u->key;
+            l->value = u->value;
+        }
+        l->line = u->line;
+        l->layer = L;
+    }
+    upper->n = 0;
+    for (size_t i = 0; i < upper->nsec; i++) {
+        struct plugin_section *u = &upper->sec[i], *l = NULL;
+        for (size_t j = 0; j < lower->nsec && !l; j++)
+            if (strcmp(lower->sec[j].name, u->name) == 0)
+                l = &lower->sec[j];
+        if (l) {
+            free(u->name);
+        } else {
+            l = &lower->sec[lower->nsec++];
+            l->name = u->name;
+        }
+        l->line = u->line;
+        l->layer = L;
+    }
+    upper->nsec = 0;
+    ts_config_free(upper);
+}
+
+/* Room in lower for every entry and section of upper, so that merge cannot fail. */
+static ts_status reserve_for(ts_config *lower, const ts_config *upper)
+{
+    if (lower->n + upper->n > lower->cap) {
+        entry *e = ts__realloc(lower->e, (lower->n + upper->n) * sizeof *e);
+        if (!e)
+            return ts__fail(TS_ENOMEM, "out of memory reading the configuration");
+        lower->e = e;
+        lower->cap = lower->n + upper->n;
+    }
+    if (lower->nsec + upper->nsec > lower->seccap) {
+        struct plugin_section *p = ts__realloc(lower->sec,
+                                               (lower->nsec + upper->nsec) * sizeof *p);
+        if (!p)
+            return ts__fail(TS_ENOMEM, "out of memory reading the configuration");
+        lower->sec = p;
+        lower->seccap = lower->nsec + upper->nsec;
+    }
+    return TS_OK;
+}
+
+/* The same file by another name (a symlink, ./x, a hard link). */
+static int same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
 }
 
 TS_API ts_status ts_config_load(const char *path, ts_config **out)
@@ -497,29 +586,69 @@ TS_API ts_status ts_config_load(const char *path, ts_config **out)
     if (!out)
         return ts__fail(TS_EINVAL, "ts_config_load: out is NULL");
     *out = NULL;
-    if (path)
-        return load_file(path, out);
-    const char *p = ts__getenv("TESSERA_CONFIG");
-    if (p && *p) {
-        ts_status s = load_file(p, out);
-        if (s)
-            ts__fail_prefix(s, "TESSERA_CONFIG: ");
-        return s;
+    /* The user's file: --config / the argument, $TESSERA_CONFIG, or the XDG one if there. */
+    char user[4096] = "", sys[4096];
+    int from_env = 0;
+    const char *env = ts__getenv("TESSERA_CONFIG");
+    if (path) {
+        snprintf(user, sizeof user, "%s", path);
+    } else if (env && *env) {
+        snprintf(user, sizeof user, "%s", env);
+        from_env = 1;
+    } else {
+        const char *xdg = ts__getenv("XDG_CONFIG_HOME"), *home = ts__getenv("HOME");
+        if (xdg && *xdg)
+            snprintf(user, sizeof user, "%s/tessera/tessera.ini", xdg);
+        else if (home && *home)
+            snprintf(user, sizeof user, "%s/.config/tessera/tessera.ini", home);
+        if (user[0] && access(user, F_OK) != 0)
+            user[0] = 0;
     }
-    char buf[4096];
-    const char *xdg = ts__getenv("XDG_CONFIG_HOME"), *home = ts__getenv("HOME");
-    if (xdg && *xdg)
-        snprintf(buf, sizeof buf, "%s/tessera/tessera.ini", xdg);
-    else if (home && *home)
-        snprintf(buf, sizeof buf, "%s/.config/tessera/tessera.ini", home);
+    /* The installed file under it ($TESSERA_SYSTEM_CONFIG replaces its path; empty: none).
+     * Skipped when it does not exist; anything else there (a directory, a FIFO, no read
+     * permission) is an error rather than a silently different configuration. */
+    const char *senv = ts__getenv("TESSERA_SYSTEM_CONFIG");
+    if (senv)
+        snprintf(sys, sizeof sys, "%s", senv);
     else
-        buf[0] = 0;
-    if (buf[0] && access(buf, F_OK) == 0)
-        return load_file(buf, out);
-    snprintf(buf, sizeof buf, "%s/tessera/tessera.ini", TS_SYSCONFDIR);
-    if (access(buf, F_OK) == 0)
-        return load_file(buf, out);
-    return ts_config_defaults(out);
+        snprintf(sys, sizeof sys, "%s/tessera/tessera.ini", TS_SYSCONFDIR);
+    struct stat st;
+    if (sys[0] && stat(sys, &st) != 0 && errno == ENOENT)
+        sys[0] = 0;
+    if (sys[0] && user[0] && same_file(sys, user))
+        sys[0] = 0;
+
+    ts_config *cfg = NULL, *top = NULL;
+    ts_status s;
+    if (sys[0]) {
+        s = load_file(sys, &cfg);
+        if (s) {
+            ts__fail_prefix(s, "the installed configuration: ");
+            return s;
+        }
+    }
+    if (user[0]) {
+        s = load_file(user, &top);
+        if (s) {
+            if (from_env)
+                ts__fail_prefix(s, "TESSERA_CONFIG: ");
+            ts_config_free(cfg);
+            return s;
+        }
+        if (!cfg) {
+            cfg = top;
+        } else if ((s = reserve_for(cfg, top)) != TS_OK) {
+            ts_config_free(top);
+            ts_config_free(cfg);
+            return s;
+        } else {
+            merge(cfg, top);
+        }
+    }
+    if (!cfg)
+        return ts_config_defaults(out);
+    *out = cfg;
+    return TS_OK;
 }
 
 TS_API void ts_config_free(ts_config *cfg)
@@ -535,19 +664,33 @@ TS_API void ts_config_free(ts_config *cfg)
     for (size_t i = 0; i < cfg->nsec; i++)
         free(cfg->sec[i].name);
     free(cfg->sec);
-    free(cfg->source);
-    free(cfg->dir);
+    for (int i = 0; i < cfg->nlayers; i++) {
+        free(cfg->layer[i].source);
+        free(cfg->layer[i].dir);
+    }
     free(cfg);
 }
 
 TS_API const char *ts_config_source(const ts_config *cfg)
 {
-    return cfg ? cfg->source : DEFAULTS_NAME;
+    return cfg && cfg->nlayers ? LAYER_FILE(cfg, cfg->nlayers - 1) : DEFAULTS_NAME;
 }
 
-const char *ts__config_dir(const ts_config *cfg)
+TS_API const char *ts_config_layer(const ts_config *cfg, size_t i)
 {
-    return cfg ? cfg->dir : NULL;
+    return cfg && i < (size_t)cfg->nlayers ? LAYER_FILE(cfg, i) : NULL;
+}
+
+TS_API const char *ts_config_file(const ts_config *cfg, const char *section, const char *key)
+{
+    const entry *e = cfg && section && key ? find_entry(cfg, section, key) : NULL;
+    return e ? LAYER_FILE(cfg, e->layer) : NULL;
+}
+
+const char *ts__config_dir_of(const ts_config *cfg, const char *section, const char *key)
+{
+    const entry *e = cfg ? find_entry(cfg, section, key) : NULL;
+    return e ? cfg->layer[e->layer].dir : NULL;
 }
 
 TS_API int ts_config_line(const ts_config *cfg, const char *section, const char *key)
@@ -638,7 +781,7 @@ ts_status ts__config_plugin_settings(const ts_config *cfg, const char *name,
                 snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s",
                          k ? ", " : "", list[k]->name);
             st = ts__fail(TS_ECONFIG, "%s:%d: [%s] unknown key '%s'; plugin '%s' accepts: %s",
-                          cfg->source, cfg->e[e].line, section, cfg->e[e].key, name, known);
+                          LAYER_FILE(cfg, cfg->e[e].layer), cfg->e[e].line, section, cfg->e[e].key, name, known);
             goto fail;
         }
     }
@@ -658,8 +801,8 @@ ts_status ts__config_plugin_settings(const ts_config *cfg, const char *name,
             continue;
         if (!parse_setting(k, text, &s[i], expected, sizeof expected)) {
             if (e)
-                st = ts__fail(TS_ECONFIG, "%s:%d: [%s] %s = '%s': expected %s", cfg->source,
-                              e->line, section, k->name, text, expected);
+                st = ts__fail(TS_ECONFIG, "%s:%d: [%s] %s = '%s': expected %s",
+                              LAYER_FILE(cfg, e->layer), e->line, section, k->name, text, expected);
             else
                 st = ts__fail(TS_EPLUGIN, "plugin '%s': default of '%s' ('%s') is not %s", name,
                               k->name, text, expected);
@@ -696,7 +839,8 @@ ts_status ts__config_check_reserve(const ts_config *cfg, const char *name, const
     snprintf(section, sizeof section, "plugin.%s", name);
     const entry *e = cfg ? find_entry(cfg, section, "memory_fraction") : NULL;
     if (e)
-        snprintf(where, sizeof where, "%s:%d: [%s] memory_fraction = %s", cfg->source, e->line,
+        snprintf(where, sizeof where, "%s:%d: [%s] memory_fraction = %s",
+                 LAYER_FILE(cfg, e->layer), e->line,
                  section, e->value);
     else
         snprintf(where, sizeof where, "%s: [%s] memory_fraction (default %s)",
@@ -822,6 +966,7 @@ void ts__config_check_plugin_sections(const ts_config *cfg)
     for (size_t i = 0; i < cfg->nsec; i++) {
         const char *name = cfg->sec[i].name;
         int line = cfg->sec[i].line, found = 0, shipped = 0, best;
+        const char *file = LAYER_FILE(cfg, cfg->sec[i].layer);
         for (size_t j = 0; j < k.n && !found; j++)
             found = strcmp(k.names[j], name) == 0;
         if (found) /* there, whether or not it loads: its load reports its own problems */
@@ -834,15 +979,15 @@ void ts__config_check_plugin_sections(const ts_config *cfg)
         if (shipped)
             ts__log(TS_LOG_INFO, "%s:%d: [plugin.%s]: tessera's %s plugin is not on the search "
                     "path here (not built or not installed); its settings are unused (plugins "
-                    "found: %s)", cfg->source, line, name, name, k.n ? list : "none");
+                    "found: %s)", file, line, name, name, k.n ? list : "none");
         else if (closest && misspelling(name, best))
             ts__log(TS_LOG_WARN, "%s:%d: [plugin.%s] names no plugin on the search path: did "
                     "you mean [plugin.%s]? Its settings are unused (plugins found: %s)",
-                    cfg->source, line, name, closest, list);
+                    file, line, name, closest, list);
         else
             ts__log(TS_LOG_WARN, "%s:%d: [plugin.%s] names no plugin on the search path; its "
                     "settings are unused until that plugin is installed (plugins found: %s; "
-                    "closest: %s)", cfg->source, line, name, k.n ? list : "none",
+                    "closest: %s)", file, line, name, k.n ? list : "none",
                     closest ? closest : "none");
     }
 }

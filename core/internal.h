@@ -70,7 +70,9 @@ int ts__config_plugin_guess(const ts_config *cfg, const char *name, char *out, s
 ts_status ts__config_check_reserve(const ts_config *cfg, const char *name, const ts_setting *s,
                                    size_t n, uint64_t total_bytes);
 /* The directory of the config file, or NULL for defaults/in-memory text. (transfer none) */
-const char *ts__config_dir(const ts_config *cfg);
+/* The directory of the file that set section.key (relative paths in it resolve there), or
+ * NULL when no file set it or the text had no directory. */
+const char *ts__config_dir_of(const ts_config *cfg, const char *section, const char *key);
 
 /* ---- hostmem.c ------------------------------------------------------------------------- */
 ts_status ts__host_memory(uint64_t *total, uint64_t *available);

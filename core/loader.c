@@ -127,7 +127,7 @@ static void build_tree_dirs(const char *build, void (*fn)(const char *, void *),
 TS_API void ts_plugin_search_path(const ts_config *cfg, void (*fn)(const char *dir, void *user),
                                   void *user)
 {
-    each_dir(ts_config_get(cfg, "core", "plugin_path"), ts__config_dir(cfg),
+    each_dir(ts_config_get(cfg, "core", "plugin_path"), ts__config_dir_of(cfg, "core", "plugin_path"),
              "[core] plugin_path", fn, user);
     each_dir(ts__getenv("TESSERA_PLUGIN_PATH"), NULL, "TESSERA_PLUGIN_PATH", fn, user);
     char build[4096];

@@ -20,11 +20,12 @@ TS_API const char *ts_version(void)
     return PACKAGE_VERSION;
 }
 
-/* A device value from the INI file: relative paths are relative to the file, not the cwd. */
-static char *resolve(const char *value, int from_file)
+/* A device value from the INI file ([core] key, NULL when not from a file): relative paths
+ * are relative to the file that set it, not the cwd. */
+static char *resolve(const char *value, const char *key)
 {
-    const char *dir = ts__config_dir(config);
-    if (from_file && strchr(value, '/') && value[0] != '/' && dir)
+    const char *dir = key ? ts__config_dir_of(config, "core", key) : NULL;
+    if (strchr(value, '/') && value[0] != '/' && dir)
         return ts__asprintf("%s/%s", dir, value);
     return ts__strdup(value);
 }
@@ -45,9 +46,9 @@ static ts_status guess_device(const char *want, ts_status s)
 }
 
 /* Loads (or finds loaded) the device named by value; lock held. */
-static ts_status get_locked(const char *value, int from_file, ts_device **out)
+static ts_status get_locked(const char *value, const char *key, ts_device **out)
 {
-    char *want = resolve(value, from_file);
+    char *want = resolve(value, key);
     if (!want)
         return ts__fail(TS_ENOMEM, "out of memory");
     for (int i = 0; i < ndevices; i++) {
@@ -91,11 +92,11 @@ TS_API ts_status ts_init(const char *config_path)
     int from_file = !(envdev && *envdev);
     const char *want = from_file ? ts_config_get(config, "core", "device") : envdev;
     const char *fallback = ts_config_get(config, "core", "fallback");
-    s = get_locked(want, from_file, &default_device);
+    s = get_locked(want, from_file ? "device" : NULL, &default_device);
     if (s && fallback && *fallback && strcmp(fallback, want) != 0) {
         char first[1024];
         snprintf(first, sizeof first, "%s", ts_last_error());
-        ts_status s2 = get_locked(fallback, 1, &default_device);
+        ts_status s2 = get_locked(fallback, "fallback", &default_device);
         if (s2 == TS_OK) {
             ts__log(TS_LOG_WARN, "%s; falling back to '%s'", first, fallback);
             s = TS_OK;
@@ -144,7 +145,7 @@ TS_API ts_status ts_device_get(const char *name, ts_device **out)
         return ts__fail(TS_EINVAL, "ts_device_get: NULL argument");
     *out = NULL;
     pthread_mutex_lock(&lock);
-    ts_status s = config ? get_locked(name, 0, out)
+    ts_status s = config ? get_locked(name, NULL, out)
                          : ts__fail(TS_ESTATE, "ts_device_get('%s'): call ts_init first", name);
     pthread_mutex_unlock(&lock);
     return s;

@@ -79,8 +79,9 @@ static void probe(const ts_config *cfg, const char *name, const char *path, void
         cJSON_AddStringToObject(e, "value", set[i].text);
         cJSON_AddBoolToObject(e, "from_file", set[i].from_file);
         int line = ts_config_line(cfg, section, set[i].name);
-        if (set[i].from_file && line) /* where it was set: FILE:LINE */
-            snprintf(origin, sizeof origin, "%s:%d", ts_config_source(cfg), line);
+        const char *file = ts_config_file(cfg, section, set[i].name);
+        if (set[i].from_file && file && line) /* where it was set: FILE:LINE */
+            snprintf(origin, sizeof origin, "%s:%d", file, line);
         else
             snprintf(origin, sizeof origin, "default");
         cJSON_AddStringToObject(e, "origin", origin);
@@ -145,7 +146,13 @@ static void print_text(const cJSON *root)
     char b1[32], b2[32];
     const cJSON *cfg = cJSON_GetObjectItem(root, "config");
     printf("tessera %s (plugin ABI %s)\n", str(root, "version"), str(root, "plugin_abi"));
-    printf("config:          %s\n", str(cfg, "file"));
+    /* The user's file, then the installed one under it, if any. */
+    const cJSON *files = cJSON_GetObjectItem(cfg, "files");
+    int nf = cJSON_GetArraySize(files);
+    printf("config:          %s", str(cfg, "file"));
+    for (int i = nf - 2; i >= 0; i--)
+        printf(" over %s", cJSON_GetStringValue(cJSON_GetArrayItem(files, i)));
+    printf("\n");
     printf("device:          %s (from %s; fallback: %s)\n", str(cfg, "device"),
            str(cfg, "device_origin"), *str(cfg, "fallback") ? str(cfg, "fallback") : "none");
     const cJSON *dd = cJSON_GetObjectItem(root, "default_device");
@@ -238,6 +245,9 @@ int cmd_info(int argc, char **argv, const cli_common *common)
     cJSON_AddStringToObject(root, "plugin_abi", abi);
     cJSON *c = cJSON_AddObjectToObject(root, "config");
     cJSON_AddStringToObject(c, "file", ts_config_source(cfg));
+    cJSON *layers = cJSON_AddArrayToObject(c, "files"); /* installed first, the user's on top */
+    for (size_t i = 0; ts_config_layer(cfg, i); i++)
+        cJSON_AddItemToArray(layers, cJSON_CreateString(ts_config_layer(cfg, i)));
     if (device && setenv("TESSERA_DEVICE", device, 1) != 0)
         return cli_fail(TS_ENOMEM, "info --device");
     const char *envdev = getenv("TESSERA_DEVICE");
@@ -250,8 +260,8 @@ int cmd_info(int argc, char **argv, const cli_common *common)
             snprintf(origin, sizeof origin, "--device");
         else if (envdev && *envdev)
             snprintf(origin, sizeof origin, "TESSERA_DEVICE");
-        else if (line)
-            snprintf(origin, sizeof origin, "%s:%d", ts_config_source(cfg), line);
+        else if (line && ts_config_file(cfg, "core", "device"))
+            snprintf(origin, sizeof origin, "%s:%d", ts_config_file(cfg, "core", "device"), line);
         else
             snprintf(origin, sizeof origin, "default");
         cJSON_AddStringToObject(c, "device_origin", origin);

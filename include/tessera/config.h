@@ -4,6 +4,8 @@
 #ifndef TESSERA_CONFIG_H
 #define TESSERA_CONFIG_H
 
+#include <stddef.h>
+
 #include <tessera/status.h>
 
 #ifdef __cplusplus
@@ -12,10 +14,13 @@ extern "C" {
 
 typedef struct ts_config ts_config;
 
-/* Loads and validates a configuration. With path non-NULL that file must exist. With path
- * NULL the first of these is used: $TESSERA_CONFIG (must exist if set), then
- * $XDG_CONFIG_HOME/tessera/tessera.ini (or ~/.config/tessera/tessera.ini), then the installed
- * $(sysconfdir)/tessera/tessera.ini, then built-in defaults.
+/* Loads and validates a configuration: the installed $(sysconfdir)/tessera/tessera.ini (if it
+ * exists; $TESSERA_SYSTEM_CONFIG replaces its path, empty for none), with the user's file on
+ * top of it key by key (a key the user's file sets replaces the installed value; every other
+ * installed value stays), over the built-in defaults. The user's file is path when non-NULL
+ * (it must exist), else $TESSERA_CONFIG (must exist if set), else
+ * $XDG_CONFIG_HOME/tessera/tessera.ini (or ~/.config/tessera/tessera.ini) if it exists.
+ * Within one file a key set twice is an error.
  * Errors: TS_ECONFIG naming file, line, key and the expected form; TS_EIO for an unreadable
  * file; TS_ENOMEM. (transfer full) on *out: free with ts_config_free. */
 ts_status ts_config_load(const char *path, ts_config **out);
@@ -31,10 +36,15 @@ ts_status ts_config_defaults(ts_config **out);
 /* NULL is a no-op. */
 void ts_config_free(ts_config *cfg);
 
-/* The file the configuration came from, or "(built-in defaults)". (transfer none) */
+/* The topmost file of the configuration (the user's when there is one), or
+ * "(built-in defaults)". (transfer none) */
 const char *ts_config_source(const ts_config *cfg);
-/* The line of ts_config_source(cfg) that set section.key, or 0 when the key is not in the
- * file (its value is the default): where a value came from, for tessera info. */
+/* The i-th file of the configuration, the installed one first; NULL past the last.
+ * (transfer none) */
+const char *ts_config_layer(const ts_config *cfg, size_t i);
+/* Where section.key came from: the file that set it (NULL when no file did and its value is
+ * the default) and the line in that file (0 then). For tessera info. (transfer none) */
+const char *ts_config_file(const ts_config *cfg, const char *section, const char *key);
 int ts_config_line(const ts_config *cfg, const char *section, const char *key);
 
 /* The value of section.key as written in the file, or the default for [core] keys and the

@@ -2,7 +2,7 @@
 # tests/cli/test-info.sh: `tessera info` as a user runs it: text and JSON, fallback,
 # TESSERA_DEVICE, bad configs and misuse give a one-line error and a non-zero exit.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 20
+plan 21
 
 out=$("$TESSERA" info 2>&1)
 if [ $? -eq 0 ] && contains "$out" "cpu_blas: 1 device" && contains "$out" "tests/data/test.ini" \
@@ -173,5 +173,28 @@ if contains "$out" "device:          cpu_blas (from $TMP/o.ini:2;" &&
     ok "info says where each value came from: file:line, TESSERA_DEVICE or default"
 else
     fail "info says where each value came from" "$out" "$out2"
+fi
+
+# Layers: the installed file (TESSERA_SYSTEM_CONFIG stands in for it) under the user's, key by
+# key; each value names its file, and a relative path resolves against the file that set it.
+mkdir -p "$TMP/sysd/plug" "$TMP/userd"
+printf '[core]\nplugin_path = plug\nlog_level = warn\n[plugin.cpu_blas]\ncache_limit = 32M\nthreads = 2\n[plugin.cpu_blass]\n' \
+    >"$TMP/sysd/tessera.ini"
+printf '[plugin.cpu_blas]\nthreads = 1\n[core]\ndevice = rel/nodevice.so\n' >"$TMP/userd/u.ini"
+out=$(TESSERA_SYSTEM_CONFIG="$TMP/sysd/tessera.ini" "$TESSERA" --config "$TMP/userd/u.ini" info 2>&1)
+rc=$?
+out2=$(TESSERA_SYSTEM_CONFIG="$TMP/sysd/tessera.ini" "$TESSERA" --config "$TMP/userd/u.ini" info --json 2>/dev/null |
+    "$JSON_CHECK" config.files.[0] config.files.[1] 2>&1)
+if [ $rc -eq 0 ] && contains "$out" "config:          $TMP/userd/u.ini over $TMP/sysd/tessera.ini" &&
+    contains "$out" "threads=1($TMP/userd/u.ini:2)" &&
+    contains "$out" "cache_limit=32M($TMP/sysd/tessera.ini:5)" &&
+    contains "$out" "  $TMP/sysd/plug" &&
+    contains "$out" "$TMP/userd/rel/nodevice.so" &&
+    contains "$out" "$TMP/sysd/tessera.ini:7: [plugin.cpu_blass]" &&
+    contains "$out2" "config.files.[0]=\"$TMP/sysd/tessera.ini\"" &&
+    contains "$out2" "config.files.[1]=\"$TMP/userd/u.ini\""; then
+    ok "the user's file goes on top of the installed one key by key, each value naming its file"
+else
+    fail "the user's file goes on top of the installed one key by key" "rc=$rc" "$out" "$out2"
 fi
 finish

@@ -194,6 +194,7 @@ static void test_lookup_order(void)
 
     /* Nothing at all: the installed file, or the built-in defaults. */
     unsetenv("TESSERA_CONFIG");
+    unsetenv("TESSERA_SYSTEM_CONFIG");
     setenv("XDG_CONFIG_HOME", "/nonexistent", 1);
     CHECK_OK(ts_config_load(NULL, &cfg));
     char installed[4200];
@@ -413,6 +414,117 @@ static void test_misspelt_device(void)
     CHECK_MSG(!strstr(ts_last_error(), "did you mean"), "%s", ts_last_error());
 }
 
+
+/* The installed file is the bottom layer and the user's file goes on top of it key by key:
+ * a user file that sets one key keeps every other installed setting, and each value says
+ * which file and line set it. TESSERA_SYSTEM_CONFIG stands in for the installed file here. */
+static void test_layers(void)
+{
+    const char *dir = tap_tmpdir();
+    char sys[4200], user[4200], bad[4200];
+    snprintf(sys, sizeof sys, "%s", tap_write_file(dir, "system.ini",
+             "[core]\n"
+             "device = sysdev\n"
+             "log_level = info\n"
+             "[plugin.cpu_blas]\n"
+             "memory_fraction = 0.25\n"
+             "cache_limit = 64M\n"));
+    snprintf(user, sizeof user, "%s", tap_write_file(dir, "user.ini",
+             "; mine\n"
+             "[plugin.cpu_blas]\n"
+             "cache_limit = 128M\n"
+             "[core]\n"
+             "device = userdev\n"));
+    setenv("TESSERA_SYSTEM_CONFIG", sys, 1);
+    unsetenv("TESSERA_CONFIG");
+    setenv("XDG_CONFIG_HOME", "/nonexistent", 1);
+
+    ts_config *cfg;
+    CHECK_OK(ts_config_load(user, &cfg));
+    CHECK(strcmp(ts_config_get(cfg, "core", "device"), "userdev") == 0);
+    CHECK(strcmp(ts_config_get(cfg, "core", "log_level"), "info") == 0);
+    CHECK(strcmp(ts_config_get(cfg, "plugin.cpu_blas", "cache_limit"), "128M") == 0);
+    CHECK(strcmp(ts_config_get(cfg, "plugin.cpu_blas", "memory_fraction"), "0.25") == 0);
+    CHECK(strcmp(ts_config_get(cfg, "core", "fallback"), "cpu_blas") == 0); /* default */
+    /* Where each value came from. */
+    CHECK(ts_config_file(cfg, "core", "device") &&
+          strcmp(ts_config_file(cfg, "core", "device"), user) == 0);
+    CHECK(ts_config_line(cfg, "core", "device") == 5);
+    CHECK(ts_config_file(cfg, "core", "log_level") &&
+          strcmp(ts_config_file(cfg, "core", "log_level"), sys) == 0);
+    CHECK(ts_config_line(cfg, "core", "log_level") == 3);
+    CHECK(strcmp(ts_config_file(cfg, "plugin.cpu_blas", "cache_limit"), user) == 0);
+    CHECK(ts_config_line(cfg, "plugin.cpu_blas", "cache_limit") == 3);
+    CHECK(strcmp(ts_config_file(cfg, "plugin.cpu_blas", "memory_fraction"), sys) == 0);
+    CHECK(ts_config_line(cfg, "plugin.cpu_blas", "memory_fraction") == 5);
+    CHECK(ts_config_file(cfg, "core", "fallback") == NULL);
+    CHECK(ts_config_line(cfg, "core", "fallback") == 0);
+    /* The layers, bottom first; the source is the top one. */
+    CHECK(ts_config_layer(cfg, 0) && strcmp(ts_config_layer(cfg, 0), sys) == 0);
+    CHECK(ts_config_layer(cfg, 1) && strcmp(ts_config_layer(cfg, 1), user) == 0);
+    CHECK(ts_config_layer(cfg, 2) == NULL);
+    CHECK(strcmp(ts_config_source(cfg), user) == 0);
+    ts_config_free(cfg);
+
+    /* The same layering for $TESSERA_CONFIG and the XDG file. */
+    setenv("TESSERA_CONFIG", user, 1);
+    CHECK_OK(ts_config_load(NULL, &cfg));
+    CHECK(strcmp(ts_config_get(cfg, "core", "log_level"), "info") == 0);
+    CHECK(strcmp(ts_config_get(cfg, "core", "device"), "userdev") == 0);
+    ts_config_free(cfg);
+    unsetenv("TESSERA_CONFIG");
+    char xdg[4300], cmd[4400];
+    snprintf(xdg, sizeof xdg, "%s/xdgl/tessera", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", xdg);
+    CHECK(system(cmd) == 0);
+    tap_write_file(xdg, "tessera.ini", "[plugin.cpu_blas]\nmemory_fraction = 0.125\n");
+    snprintf(xdg, sizeof xdg, "%s/xdgl", dir);
+    setenv("XDG_CONFIG_HOME", xdg, 1);
+    CHECK_OK(ts_config_load(NULL, &cfg));
+    CHECK(strcmp(ts_config_get(cfg, "plugin.cpu_blas", "memory_fraction"), "0.125") == 0);
+    CHECK(strcmp(ts_config_get(cfg, "plugin.cpu_blas", "cache_limit"), "64M") == 0);
+    CHECK(strcmp(ts_config_get(cfg, "core", "device"), "sysdev") == 0);
+    ts_config_free(cfg);
+    setenv("XDG_CONFIG_HOME", "/nonexistent", 1);
+
+    /* Only the installed file. */
+    CHECK_OK(ts_config_load(NULL, &cfg));
+    CHECK(strcmp(ts_config_source(cfg), sys) == 0);
+    CHECK(ts_config_layer(cfg, 1) == NULL);
+    CHECK(strcmp(ts_config_get(cfg, "core", "device"), "sysdev") == 0);
+    ts_config_free(cfg);
+
+    /* The installed file given as the user's too: read once. */
+    CHECK_OK(ts_config_load(sys, &cfg));
+    CHECK(ts_config_layer(cfg, 1) == NULL);
+    ts_config_free(cfg);
+
+    /* A key set twice in one file is still an error; once in each layer is an override. */
+    snprintf(bad, sizeof bad, "%s", tap_write_file(dir, "twice.ini",
+             "[core]\ndevice = a\ndevice = b\n"));
+    CHECK_FAILS(ts_config_load(bad, &cfg), TS_ECONFIG, "twice.ini:3:", "set twice");
+
+    /* A broken installed file is named as such, whatever the user's file says. */
+    const char *broken = tap_write_file(dir, "broken-system.ini", "[core]\nthreads = 2\n");
+    setenv("TESSERA_SYSTEM_CONFIG", broken, 1);
+    CHECK_FAILS(ts_config_load(user, &cfg), TS_ECONFIG, "broken-system.ini:2:", "'threads'");
+
+    /* Empty: no installed file (the test suite runs this way); a missing one is skipped. */
+    setenv("TESSERA_SYSTEM_CONFIG", "", 1);
+    CHECK_OK(ts_config_load(user, &cfg));
+    CHECK(ts_config_layer(cfg, 1) == NULL);
+    CHECK(strcmp(ts_config_get(cfg, "core", "log_level"), "warn") == 0);
+    ts_config_free(cfg);
+    setenv("TESSERA_SYSTEM_CONFIG", "/nonexistent/tessera.ini", 1);
+    CHECK_OK(ts_config_load(user, &cfg));
+    CHECK(strcmp(ts_config_layer(cfg, 0), user) == 0);
+    ts_config_free(cfg);
+    /* The installed file as a directory or FIFO is an error, not silently skipped. */
+    setenv("TESSERA_SYSTEM_CONFIG", dir, 1);
+    CHECK_FAILS(ts_config_load(user, &cfg), TS_EIO, dir);
+    unsetenv("TESSERA_SYSTEM_CONFIG");
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -422,7 +534,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_files),         TAP_TEST(test_lookup_order),
         TAP_TEST(test_unknown_plugin_sections), TAP_TEST(test_fraction_byte_limit),
         TAP_TEST(test_misspelt_device),
-        TAP_TEST(test_default_log_to_stderr),
+        TAP_TEST(test_default_log_to_stderr), TAP_TEST(test_layers),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
