@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "memtrace.h"
 #include "pool.h"
 
 struct ts_device {
@@ -1032,6 +1033,8 @@ ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *
     uint64_t t0 = ts__profile_begin();
     ts_status s = dev->vt.fill(dev->ctx, dst, nbytes, pattern, pattern_size);
     ts__profile_end(t0, TS_OP_FILL, -1, -1); /* raw bytes: no dtype */
+    if (s == TS_OK && ts__mem_debug_on())
+        ts__pool_name_block(dev->pool, dst, "fill", 1);
     return s;
 }
 
@@ -1090,5 +1093,15 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
         }
     }
     ts__profile_end_call(t0, call);
+    /* Debug mode: the first kernel to write a new tensor names its block for leak reports. */
+    if (s == TS_OK && ts__mem_debug_on())
+        for (int i = 0; i < call->noutputs && call->outputs; i++)
+            ts__pool_name_block(dev->pool, call->outputs[i].data, ts__call_name(call), 1);
     return s;
+}
+
+void ts__device_name_block(ts_device *dev, const void *ptr, const char *text)
+{
+    if (dev)
+        ts__pool_name_block(dev->pool, ptr, text, 0);
 }

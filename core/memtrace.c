@@ -293,7 +293,8 @@ typedef struct leak {
     char pool[64];
     const void *ptr;
     uint64_t nbytes, block_bytes, seq;
-    const char *tag;
+    char tag[160]; /* a copy: a debug-mode name goes with its block */
+    int has_tag;
 } leak;
 
 typedef struct leak_list {
@@ -321,7 +322,8 @@ static void leak_collect(const ts_memory_block_info *b, void *user)
     k->nbytes = b->nbytes;
     k->block_bytes = b->block_bytes;
     k->seq = b->seq;
-    k->tag = b->tag;
+    k->has_tag = b->tag != NULL;
+    snprintf(k->tag, sizeof k->tag, "%s", b->tag ? b->tag : "");
 }
 
 static int leak_cmp(const void *a, const void *b)
@@ -354,7 +356,7 @@ TS_API ts_status ts_memory_leak_report(FILE *out, uint64_t since, uint64_t *coun
         char sz[32];
         fprintf(out, "pool '%s': %s (%llu bytes asked) tag '%s' seq %llu at %p\n", l.v[i].pool,
                 ts__fmt_bytes(sz, l.v[i].block_bytes), (unsigned long long)l.v[i].nbytes,
-                l.v[i].tag ? l.v[i].tag : "(none)", (unsigned long long)l.v[i].seq, l.v[i].ptr);
+                l.v[i].has_tag ? l.v[i].tag : "(none)", (unsigned long long)l.v[i].seq, l.v[i].ptr);
         total += l.v[i].block_bytes;
     }
     if (l.n) {

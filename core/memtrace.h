@@ -16,6 +16,11 @@
 
 extern atomic_uint ts__mem_hooks;
 
+static inline int ts__mem_debug_on(void)
+{
+    return (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_DEBUG) != 0;
+}
+
 /* ---- memtrace.c ------------------------------------------------------------------------ */
 
 /* Reads TESSERA_DEBUG_MEMORY and TESSERA_MEMTRACE once per process; called by the registry
@@ -35,6 +40,17 @@ void ts__mem_dispatch(const ts_memory_event *ev);
 uint64_t ts__mem_next_seq(void);
 
 /* ---- pool.c ---------------------------------------------------------------------------- */
+
+/* Debug mode only (else a no-op): names the live block at ptr for leak reports. final 0 is
+ * its creator's name, set once, which starts with the block's tag ("tensor (64, 10)
+ * float32"); final 1 is the op whose kernel first wrote it, put in place of that tag
+ * ("matmul (64, 10) float32"), after which the name stays. A block without a creator's name
+ * is left alone. */
+struct ts_pool;
+void ts__pool_name_block(struct ts_pool *p, const void *ptr, const char *text, int final);
+/* The same for a device's pool, with final 0 (core/loader.c). */
+struct ts_device;
+void ts__device_name_block(struct ts_device *dev, const void *ptr, const char *text);
 
 /* Writes a counter event for every live pool (a trace that starts while pools exist). */
 void ts__pools_trace_snapshot(void);

@@ -53,6 +53,8 @@ struct block {
     block *fprev, *fnext; /* the free list of its size class, while free */
     size_t requested;     /* bytes asked for, while allocated */
     const char *tag;      /* the caller's static tag, while allocated */
+    char *name;           /* debug mode: what made it ("matmul (64,10) float32"), or NULL */
+    int name_final;       /* name is the op's, not only the creator's */
     uint64_t seq;         /* debug-mode sequence number, 0 otherwise */
     int is_free;
 };
@@ -344,6 +346,16 @@ static int map_reserve(ts_pool *p)
             map_put(p, old[i]);
     free(old);
     return 1;
+}
+
+static block *map_find(const ts_pool *p, uintptr_t addr)
+{
+    if (!p->map_cap)
+        return NULL;
+    size_t mask = p->map_cap - 1, i = map_slot(p, addr);
+    while (p->map[i] && p->map[i]->addr != addr)
+        i = (i + 1) & mask;
+    return p->map[i];
 }
 
 static block *map_take(ts_pool *p, uintptr_t addr)
@@ -793,11 +805,18 @@ fail_nomem:
     return ts__fail(TS_ENOMEM, "pool '%s': out of host memory creating the pool", name);
 }
 
+/* What a report calls the block: its debug-mode name, else the caller's tag. */
+static const char *block_tag(const block *b)
+{
+    return b->name ? b->name : b->tag;
+}
+
 static void log_leak(ts_pool *p, const block *b)
 {
     char sz[32];
     ts__log(TS_LOG_WARN, "pool '%s': leaked %s (%zu bytes asked) tag '%s' seq %llu at %p",
-            p->name, ts__fmt_bytes(sz, b->size), b->requested, b->tag ? b->tag : "(none)",
+            p->name, ts__fmt_bytes(sz, b->size), b->requested,
+            block_tag(b) ? block_tag(b) : "(none)",
             (unsigned long long)b->seq, (void *)b->addr);
 }
 
@@ -818,6 +837,11 @@ static void pool_destroy(ts_pool *p)
             if (p->map[i]) {
                 log_leak(p, p->map[i]);
                 shown++;
+            }
+        for (size_t i = 0; i < p->map_cap; i++)
+            if (p->map[i]) {
+                free(p->map[i]->name);
+                p->map[i]->name = NULL;
             }
         if (p->st.live_blocks > shown)
             ts__log(TS_LOG_WARN, "pool '%s': ... and %llu more", p->name,
@@ -933,6 +957,8 @@ static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **p
     split(p, b, s);
     b->requested = nbytes;
     b->tag = tag;
+    b->name = NULL;
+    b->name_final = 0;
     b->seq = (hooks & TS__MEM_DEBUG) ? ts__mem_next_seq() : 0;
     map_put(p, b);
     p->st.in_use += b->size;
@@ -979,7 +1005,9 @@ static void pool_free(ts_pool *p, void *ptr)
         return;
     }
     size_t size = b->size, requested = b->requested;
-    const char *tag = b->tag;
+    char *name = b->name; /* freed after the event that may show it */
+    const char *tag = name ? name : b->tag;
+    b->name = NULL;
     p->st.in_use -= size;
     p->st.requested -= requested;
     p->st.live_blocks--;
@@ -1001,6 +1029,33 @@ static void pool_free(ts_pool *p, void *ptr)
     pthread_mutex_unlock(&p->lock);
     if (hooks & TS__MEM_CALLBACK)
         ts__mem_dispatch(&ev);
+    free(name);
+}
+
+void ts__pool_name_block(ts_pool *p, const void *ptr, const char *text, int final)
+{
+    if (!p || !ptr || !text ||
+        !(atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_DEBUG))
+        return;
+    pthread_mutex_lock(&p->lock);
+    block *b = map_find(p, (uintptr_t)ptr);
+    if (b && !b->name_final && (!final || b->name)) {
+        char *n;
+        if (!final) { /* the creator's name: "tensor (64,10) float32" */
+            n = b->name ? NULL : ts__strdup(text);
+        } else { /* the op's: its name in place of the creator's word */
+            size_t keep = b->tag ? strlen(b->tag) : 0;
+            n = strncmp(b->name, b->tag ? b->tag : "", keep) == 0
+                    ? ts__asprintf("%s%s", text, b->name + keep)
+                    : NULL;
+        }
+        if (n) {
+            free(b->name);
+            b->name = n;
+            b->name_final = final;
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
 }
 
 static void stats_locked(ts_pool *p, ts_memory_stats *full)
@@ -1138,7 +1193,7 @@ TS_API uint64_t ts_memory_live_blocks(uint64_t since,
             if (fn) {
                 ts_memory_block_info info = {.pool = p->name, .ptr = (const void *)b->addr,
                                              .nbytes = b->requested, .block_bytes = b->size,
-                                             .tag = b->tag, .seq = b->seq};
+                                             .tag = block_tag(b), .seq = b->seq};
                 fn(&info, user);
             }
         }

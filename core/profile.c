@@ -45,6 +45,12 @@ static uint64_t stamp(void)
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec + 1;
 }
 
+const char *ts__call_name(const ts_kernel_call *call)
+{
+    const char *fn = ts_fn_name(call->op, call_fn(call));
+    return fn ? fn : ts_op_name(call->op);
+}
+
 uint64_t ts__profile_begin(void)
 {
     return atomic_load_explicit(&on, memory_order_relaxed) ? stamp() : 0;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "grad_fns.h"
+#include "memtrace.h"
 
 /* The bound on elements, and on the product of a shape's non-zero sizes: 2^59 - 1, so a byte
  * count (x 8) and every stride fit in int64_t with room to spare. */
@@ -320,6 +321,12 @@ TS_API ts_status ts_tensor_empty(ts_device *dev, int32_t dtype, int ndim, const 
     ts_storage *st = NULL;
     if ((s = storage_new(dev, (size_t)numel * ts_dtype_size(dtype), "tensor", &st)))
         return s;
+    if (ts__mem_debug_on()) { /* for leak reports: "tensor (64, 10) float32" */
+        char dims[256], name[320];
+        snprintf(name, sizeof name, "tensor %s %s", ts__shape_str(ndim, shape, dims,
+                 sizeof dims), ts_dtype_name(dtype));
+        ts__device_name_block(dev, st->data, name);
+    }
     int64_t strides[TS_MAX_DIMS] = {0};
     ts__contiguous_strides(ndim, shape, strides);
     s = ts__tensor_wrap(st, dtype, ndim, shape, strides, 0, out);

@@ -97,7 +97,8 @@ typedef struct ts_memory_block_info {
     const void *ptr;
     uint64_t nbytes;    /* bytes asked for */
     uint64_t block_bytes; /* bytes of the block (after rounding) */
-    const char *tag;    /* the allocation's tag, or NULL */
+    const char *tag;    /* the allocation's tag, or NULL; in debug mode what made a tensor's
+                         * block ("matmul (64, 10) float32"). Valid during the callback. */
     uint64_t seq;       /* its sequence number; 0 if debug mode was off when it was made */
 } ts_memory_block_info;
 
@@ -110,7 +111,8 @@ uint64_t ts_memory_live_blocks(uint64_t since, void (*fn)(const ts_memory_block_
                                void *user);
 
 /* Writes the blocks ts_memory_live_blocks(since, ...) would list to out, one line each in
- * allocation order ("pool 'cpu_blas': 4.00 MiB (4194304 bytes asked) tag 'matmul' seq 42
+ * allocation order ("pool 'cpu_blas': 2.50 KiB (2560 bytes asked) tag 'matmul (64, 10)
+ * float32' seq 42
  * at 0x..."), then a summary line; nothing if there are none. libtessera never prints on its
  * own: out is the caller's. *count (optional) receives the number of blocks.
  * Errors: TS_EINVAL if out is NULL, TS_ENOMEM (host memory to sort the list). */

@@ -391,6 +391,87 @@ static void test_huge_zero_shapes(void)
     tap_end();
 }
 
+static void count_named(const ts_memory_block_info *b, void *user)
+{
+    if (b->tag && strstr(b->tag, "(64, 10)"))
+        ++*(uint64_t *)user;
+}
+
+static char *report_text(uint64_t since, uint64_t *n)
+{
+    FILE *f = tmpfile();
+    CHECK(f != NULL);
+    CHECK_OK(ts_memory_leak_report(f, since, n));
+    long len = ftell(f);
+    rewind(f);
+    char *text = calloc(1, (size_t)len + 1);
+    CHECK(text && fread(text, 1, (size_t)len, f) == (size_t)len);
+    fclose(f);
+    return text;
+}
+
+/* In debug mode a leak report names the op and the shape that made each tensor block: the
+ * first kernel that writes a new storage names it ('matmul (64, 10) float32'); an uploaded or
+ * never-written tensor keeps 'tensor' with its shape; a later in-place write does not rename
+ * it; views share their base's block and name. */
+static void test_leak_report_names_op_and_shape(void)
+{
+    setup();
+    CHECK_INT_EQ(ts_memory_debug(1), 0);
+    ts_tensor *a, *b, *c, *d, *e, *up, *z, *g;
+    ts_rng rng = TS_RNG(1);
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, (const int64_t[]){64, 32}, 0, 1, &rng, &a));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, (const int64_t[]){32, 10}, 0, 1, &rng, &b));
+    uint64_t mark = ts_memory_mark();
+    CHECK_OK(ts_matmul(a, b, &c));
+    CHECK_OK(ts_add(c, c, &d));
+    CHECK_OK(ts_add_(d, c)); /* in place: d keeps its name */
+    CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){3},
+                                 (const double[]){1, 2, 3}, &up));
+    CHECK_OK(ts_tensor_empty(dev, TS_I32, 3, (const int64_t[]){2, 3, 4}, &e));
+    CHECK_OK(ts_tensor_zeros(dev, TS_F32, 1, (const int64_t[]){7}, &z));
+    /* Autograd's tensors: the gradient of a matmul input is made by a matmul. */
+    CHECK_OK(ts_tensor_set_requires_grad(a, 1));
+    ts_tensor *y, *loss;
+    CHECK_OK(ts_matmul(a, b, &y));
+    CHECK_OK(ts_sum(y, 0, NULL, 0, &loss));
+    CHECK_OK(ts_backward(loss, NULL, 0));
+    g = ts_tensor_grad(a);
+    CHECK(g != NULL);
+    ts_tensor_unref(y);
+    ts_tensor_unref(loss);
+
+    uint64_t n = 0;
+    char *text = report_text(mark, &n);
+    CHECK_STR_CONTAINS(text, "tag 'matmul (64, 10) float32'");
+    CHECK_STR_CONTAINS(text, "tag 'add (64, 10) float32'");
+    CHECK_STR_CONTAINS(text, "tag 'tensor (3) float64'");
+    CHECK_STR_CONTAINS(text, "tag 'tensor (2, 3, 4) int32'");
+    CHECK_STR_CONTAINS(text, "tag 'fill (7) float32'");
+    CHECK_STR_CONTAINS(text, "(64, 32) float32'"); /* a's gradient, named by its maker */
+    CHECK_MSG(!strstr(text, "tag 'tensor'"), "a tensor block without its shape:\n%s", text);
+    free(text);
+
+    ts_tensor_unref(c); /* the name goes with the block: no report of it, no leak of it */
+    ts_tensor_unref(d);
+    text = report_text(mark, &n);
+    CHECK_MSG(!strstr(text, "(64, 10)"), "%s", text);
+    free(text);
+    ts_tensor_unref(up);
+    ts_tensor_unref(e);
+    ts_tensor_unref(z);
+    CHECK_INT_EQ(ts_memory_debug(0), 1);
+    /* Outside debug mode blocks keep the plain tag and cost nothing more. */
+    CHECK_OK(ts_matmul(a, b, &c));
+    n = 0;
+    ts_memory_live_blocks(0, count_named, &n);
+    CHECK_INT_EQ(n, 0);
+    ts_tensor_unref(c);
+    ts_tensor_unref(a);
+    ts_tensor_unref(b);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -398,6 +479,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_clone_contiguous_to), TAP_TEST(test_metadata_and_version),
         TAP_TEST(test_philox_known_answers), TAP_TEST(test_random_streams),
         TAP_TEST(test_int_conversion),    TAP_TEST(test_huge_zero_shapes),
+        TAP_TEST(test_leak_report_names_op_and_shape),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
