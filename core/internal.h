@@ -28,10 +28,11 @@ _Noreturn void ts__assert_fail(const char *cond, const char *file, int line);
 
 /* ---- profile.c ------------------------------------------------------------------------- */
 
-/* 0 when the profile is off; else pass it to ts__profile_end* after the call. */
+/* 0 when the profile is off; else pass it to ts__profile_end* after the call, which return
+ * the end stamp (0 when not timed). */
 uint64_t ts__profile_begin(void);
-void ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype);
-void ts__profile_end_call(uint64_t t0, const ts_kernel_call *call);
+uint64_t ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype);
+uint64_t ts__profile_end_call(uint64_t t0, const ts_kernel_call *call);
 /* The name of the kernel call: its function ("mul", "sum") or its op ("matmul"). */
 const char *ts__call_name(const ts_kernel_call *call);
 

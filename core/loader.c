@@ -1032,7 +1032,9 @@ ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *
         return TS_OK;
     uint64_t t0 = ts__profile_begin();
     ts_status s = dev->vt.fill(dev->ctx, dst, nbytes, pattern, pattern_size);
-    ts__profile_end(t0, TS_OP_FILL, -1, -1); /* raw bytes: no dtype */
+    uint64_t t1 = ts__profile_end(t0, TS_OP_FILL, -1, -1); /* raw bytes: no dtype */
+    if (t1 && (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE))
+        ts__memtrace_kernel("fill", t0, t1, NULL);
     if (s == TS_OK && ts__mem_debug_on())
         ts__pool_name_block(dev->pool, dst, "fill", 1);
     return s;
@@ -1092,7 +1094,10 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
             s = ts__hostref_run(&dev->host, call);
         }
     }
-    ts__profile_end_call(t0, call);
+    uint64_t t1 = ts__profile_end_call(t0, call);
+    if (t1 && (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE))
+        ts__memtrace_kernel(ts__call_name(call), t0, t1,
+                            call->noutputs > 0 && call->outputs ? &call->outputs[0] : NULL);
     /* Debug mode: the first kernel to write a new tensor names its block for leak reports. */
     if (s == TS_OK && ts__mem_debug_on())
         for (int i = 0; i < call->noutputs && call->outputs; i++)

@@ -31,6 +31,12 @@ static size_t trace_len;
 static uint64_t trace_events;
 static struct timespec trace_t0;
 static int trace_pid;
+static unsigned trace_gen; /* which trace is open: a thread names its track once in each */
+
+/* Each thread's kernel track: tid 2, 3, ... in the order threads first write to a trace. */
+static atomic_int next_tid = 2;
+static _Thread_local int my_tid;
+static _Thread_local unsigned my_gen;
 
 /* ---- hooks ------------------------------------------------------------------------------ */
 
@@ -158,12 +164,66 @@ void ts__memtrace_oom(const char *pool, uint64_t nbytes)
     pthread_mutex_unlock(&trace_lock);
 }
 
+/* The calling thread's kernel track, named in the trace the first time it is used there.
+ * Called with trace_lock held and a trace open. */
+static int kernel_tid_locked(void)
+{
+    if (!my_tid)
+        my_tid = atomic_fetch_add(&next_tid, 1);
+    if (my_gen != trace_gen) {
+        my_gen = trace_gen;
+        char *w = trace_reserve();
+        trace_len += (size_t)snprintf(w, TRACE_EVENT_MAX,
+                                      "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,"
+                                      "\"tid\":%d,\"args\":{\"name\":\"kernels (thread %d)\"}}",
+                                      trace_pid, my_tid, my_tid - 1);
+    }
+    return my_tid;
+}
+
+/* Trace microseconds of a ts__profile_begin stamp (monotonic nanoseconds + 1). */
+static double stamp_us(uint64_t stamp)
+{
+    int64_t t0 = (int64_t)trace_t0.tv_sec * 1000000000 + trace_t0.tv_nsec;
+    return (double)((int64_t)(stamp - 1) - t0) / 1e3;
+}
+
+void ts__memtrace_kernel(const char *name, uint64_t t0, uint64_t t1, const ts_operand *out)
+{
+    char nm[128], dims[256] = "";
+    if (out && out->ndim >= 0 && out->ndim <= TS_MAX_DIMS)
+        ts__shape_str(out->ndim, out->shape, dims, sizeof dims);
+    pthread_mutex_lock(&trace_lock);
+    if (trace_file && t0 && t1 >= t0) {
+        int tid = kernel_tid_locked();
+        char *w = trace_reserve();
+        trace_len += (size_t)snprintf(
+            w, TRACE_EVENT_MAX,
+            "{\"name\":\"%s\",\"cat\":\"kernel\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
+            "\"pid\":%d,\"tid\":%d,\"args\":{\"dtype\":\"%s\",\"shape\":\"%s\"}}",
+            json_name(nm, name ? name : "?"), stamp_us(t0), (double)(t1 - t0) / 1e3, trace_pid,
+            tid, out ? ts_dtype_name(out->dtype) : "bytes", dims);
+    }
+    pthread_mutex_unlock(&trace_lock);
+}
+
 TS_API void ts_memtrace_marker(const char *name, int phase)
 {
     char nm[128];
-    if (!name)
+    if (!name || phase < -2 || phase > 2)
         return;
     pthread_mutex_lock(&trace_lock);
+    if (trace_file && (phase == 2 || phase == -2)) {
+        int tid = kernel_tid_locked();
+        char *w = trace_reserve();
+        trace_len += (size_t)snprintf(w, TRACE_EVENT_MAX,
+                                      "{\"name\":\"%s\",\"ph\":\"%s\",\"ts\":%.3f,\"pid\":%d,"
+                                      "\"tid\":%d}",
+                                      json_name(nm, name), phase > 0 ? "B" : "E",
+                                      trace_now_us(), trace_pid, tid);
+        pthread_mutex_unlock(&trace_lock);
+        return;
+    }
     char *w = trace_reserve();
     if (w) {
         /* phase 0: an instant across the whole trace; 1 / -1: a slice begins / ends (its own
@@ -235,6 +295,7 @@ static ts_status trace_open(const char *path)
     trace_file = f;
     trace_buf = buf;
     trace_events = 0;
+    trace_gen++;
     trace_pid = (int)getpid();
     clock_gettime(CLOCK_MONOTONIC, &trace_t0);
     trace_len = (size_t)snprintf(trace_buf, TRACE_BUF, "{\"displayTimeUnit\":\"ms\","
@@ -244,6 +305,14 @@ static ts_status trace_open(const char *path)
                                   "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,"
                                   "\"tid\":0,\"args\":{\"name\":\"tessera memory\"}}",
                                   trace_pid);
+    static const char *const tracks[] = {"pools", "marks"}; /* tid 0 and 1 */
+    for (int i = 0; i < 2; i++) {
+        w = trace_reserve();
+        trace_len += (size_t)snprintf(w, TRACE_EVENT_MAX,
+                                      "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,"
+                                      "\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+                                      trace_pid, i, tracks[i]);
+    }
     trace_flush_locked();
     atomic_fetch_or(&ts__mem_hooks, TS__MEM_TRACE);
     pthread_mutex_unlock(&trace_lock);

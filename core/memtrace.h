@@ -32,6 +32,11 @@ void ts__memtrace_counter(const char *pool, uint64_t in_use, uint64_t reserved,
                           uint64_t cached);
 /* An instant event for a failed request of nbytes. Same locking as ts__memtrace_counter. */
 void ts__memtrace_oom(const char *pool, uint64_t nbytes);
+/* A kernel slice from ts__profile_begin's t0 to t1 (same clock) on the calling thread's
+ * kernel track; out is the first output (NULL for a fill). Takes the trace lock. */
+struct ts_operand;
+void ts__memtrace_kernel(const char *name, uint64_t t0, uint64_t t1,
+                         const struct ts_operand *out);
 /* Writes out the buffer, leaving a valid file. */
 void ts__memtrace_flush(void);
 /* Calls the event hook, if any. Call with no pool lock held. */

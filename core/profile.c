@@ -56,23 +56,24 @@ uint64_t ts__profile_begin(void)
     return atomic_load_explicit(&on, memory_order_relaxed) ? stamp() : 0;
 }
 
-void ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype)
+uint64_t ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype)
 {
     if (!t0 || op <= TS_OP_NONE || op >= TS_OP_COUNT)
-        return;
+        return 0;
     if (dtype < 0 || dtype >= NDT - 1)
         dtype = NDT - 1;
     uint64_t now = stamp();
     slot *sl = &table[op][fn_slot(op, fn)][dtype];
     atomic_fetch_add_explicit(&sl->calls, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&sl->ns, now > t0 ? now - t0 : 0, memory_order_relaxed);
+    return now;
 }
 
-void ts__profile_end_call(uint64_t t0, const ts_kernel_call *call)
+uint64_t ts__profile_end_call(uint64_t t0, const ts_kernel_call *call)
 {
-    if (t0)
-        ts__profile_end(t0, call->op, call_fn(call),
-                        call->noutputs > 0 ? call->outputs[0].dtype : TS_F32);
+    return t0 ? ts__profile_end(t0, call->op, call_fn(call),
+                                call->noutputs > 0 ? call->outputs[0].dtype : TS_F32)
+              : 0;
 }
 
 TS_API void ts_profile_reset(void)

@@ -464,13 +464,6 @@ out:
 
 /* ---- the command ------------------------------------------------------------------------ */
 
-/* "unary relu float32", "conv2d float32", "fill". */
-static void kernel_name(const ts_profile_entry *e, char *buf, size_t n)
-{
-    const char *fn = ts_fn_name(e->op, e->fn);
-    snprintf(buf, n, "%s%s%s%s%s", ts_op_name(e->op), fn ? " " : "", fn ? fn : "",
-             e->dtype >= 0 ? " " : "", e->dtype >= 0 ? ts_dtype_name(e->dtype) : "");
-}
 
 static void print_profile(const result *r)
 {
@@ -483,7 +476,7 @@ static void print_profile(const result *r)
         const ts_profile_entry *e = &r->prof[j];
         double ms = e->seconds * 1e3 / r->prof_steps;
         char k[64];
-        kernel_name(e, k, sizeof k);
+        cli_kernel_name(e, k, sizeof k);
         printf("  %9.3f %6.1f%% %10.1f  %s\n", ms, total > 0 ? 100 * ms / total : 0,
                (double)e->calls / r->prof_steps, k);
     }
@@ -724,7 +717,7 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                 for (size_t j = 0; j < r->nprof; j++) {
                     const ts_profile_entry *e = &r->prof[j];
                     char k[64];
-                    kernel_name(e, k, sizeof k);
+                    cli_kernel_name(e, k, sizeof k);
                     printf("%s{\"kernel\": \"%s\", \"calls_per_step\": %.2f, \"ms_per_step\": "
                            "%.4f}", j ? ", " : "", k, (double)e->calls / r->prof_steps,
                            e->seconds * 1e3 / r->prof_steps);

@@ -76,6 +76,16 @@ int cli_ranks_agree(const uint64_t *mine, size_t n, const char *const *what, int
 /* "tessera: SIGTERM: stopped after step N[ (T of training)]; saved CKPT, continue with
  * --resume" (or that nothing was saved) on stderr. took may be NULL. */
 void cli_say_stopped(int sig, long long step, const char *took, const char *save);
+/* "unary relu float32", "matmul float32", "fill": a kernel profile entry's name. */
+void cli_kernel_name(const ts_profile_entry *e, char *buf, size_t n);
+/* --profile (on nonzero): the kernel profile, counted from now. */
+void cli_profile_begin(int on);
+/* With --profile, a "step N" slice around a training step on the trace's kernel track. */
+void cli_step_mark(int on, long long step, int begin);
+/* With --profile: the kernels with the most time, per step over steps (seconds: the run's
+ * wall time), as a table on stderr, or with json a {"event": "profile"} record on stdout;
+ * then the profile is turned off. */
+void cli_profile_report(int on, long long steps, double seconds, int json);
 /* qsort comparator for doubles, ascending. */
 int cli_cmp_double(const void *a, const void *b);
 

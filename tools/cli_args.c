@@ -267,3 +267,83 @@ void cli_say_stopped(int sig, long long step, const char *took, const char *save
             save ? "; saved " : "; nothing saved (no --save)", save ? save : "",
             save ? ", continue with --resume" : "");
 }
+
+void cli_kernel_name(const ts_profile_entry *e, char *buf, size_t n)
+{
+    const char *fn = ts_fn_name(e->op, e->fn);
+    snprintf(buf, n, "%s%s%s%s%s", ts_op_name(e->op), fn ? " " : "", fn ? fn : "",
+             e->dtype >= 0 ? " " : "", e->dtype >= 0 ? ts_dtype_name(e->dtype) : "");
+}
+
+void cli_profile_begin(int on)
+{
+    if (!on)
+        return;
+    ts_profile_reset();
+    ts_profile_enable(1);
+}
+
+void cli_step_mark(int on, long long step, int begin)
+{
+    if (!on)
+        return;
+    char mk[48];
+    snprintf(mk, sizeof mk, "step %lld", step);
+    ts_memtrace_marker(mk, begin ? 2 : -2);
+}
+
+#define PROFILE_SHOWN 15
+
+void cli_profile_report(int on, long long steps, double seconds, int json)
+{
+    if (!on)
+        return;
+    ts_profile_enable(0);
+    ts_profile_entry e[PROFILE_SHOWN];
+    size_t n = ts_profile_read(e, PROFILE_SHOWN), shown = n < PROFILE_SHOWN ? n : PROFILE_SHOWN;
+    /* the total over every kernel, not only those shown */
+    size_t all = n;
+    ts_profile_entry *every = calloc(all ? all : 1, sizeof *every);
+    double total = 0, per = steps > 0 ? (double)steps : 1;
+    if (every) {
+        all = ts_profile_read(every, all);
+        for (size_t i = 0; i < all && i < n; i++)
+            total += every[i].seconds;
+        free(every);
+    } else {
+        for (size_t i = 0; i < shown; i++)
+            total += e[i].seconds;
+    }
+    char k[96];
+    if (json) {
+        cJSON *o = cJSON_CreateObject(), *arr;
+        cJSON_AddStringToObject(o, "event", "profile");
+        cJSON_AddNumberToObject(o, "steps", (double)steps);
+        cJSON_AddNumberToObject(o, "in_kernels_ms_per_step", total * 1e3 / per);
+        cJSON_AddNumberToObject(o, "ms_per_step", seconds * 1e3 / per);
+        arr = cJSON_AddArrayToObject(o, "kernels");
+        for (size_t i = 0; i < shown; i++) {
+            cJSON *it = cJSON_CreateObject();
+            cli_kernel_name(&e[i], k, sizeof k);
+            cJSON_AddStringToObject(it, "kernel", k);
+            cJSON_AddNumberToObject(it, "calls", (double)e[i].calls);
+            cJSON_AddNumberToObject(it, "ms_per_step", e[i].seconds * 1e3 / per);
+            cJSON_AddNumberToObject(it, "share", total > 0 ? e[i].seconds / total : 0);
+            cJSON_AddItemToArray(arr, it);
+        }
+        cli_json_line(o);
+        return;
+    }
+    fprintf(stderr, "kernels over %lld steps (evaluation included), the most time first:\n"
+                    "  %9s %7s %10s  %s\n", steps, "ms/step", "share", "calls/step", "kernel");
+    for (size_t i = 0; i < shown; i++) {
+        cli_kernel_name(&e[i], k, sizeof k);
+        fprintf(stderr, "  %9.3f %6.1f%% %10.1f  %s\n", e[i].seconds * 1e3 / per,
+                total > 0 ? 100 * e[i].seconds / total : 0, (double)e[i].calls / per, k);
+    }
+    if (n > shown)
+        fprintf(stderr, "  (%zu more kernels)\n", n - shown);
+    fprintf(stderr, "  %9.3f ms in kernels, of %.3f ms a step: %.3f outside them (autograd, "
+                    "checks, the pool, data)\n", total * 1e3 / per, seconds * 1e3 / per,
+            (seconds - total) * 1e3 / per);
+}

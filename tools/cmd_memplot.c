@@ -106,6 +106,12 @@ static int take_event(plot *p, const cJSON *e)
     }
     if (p->nmarks == MAX_MARKS)
         return 0;
+    /* Slices are the marks track's (tid 1: evaluation); a kernel track's "step N" slices
+     * and kernels (--profile) are for a trace viewer, not this picture. */
+    const cJSON *tid = cJSON_GetObjectItemCaseSensitive(e, "tid");
+    if (cJSON_IsNumber(tid) && tid->valuedouble != 1 &&
+        (!strcmp(ph->valuestring, "B") || !strcmp(ph->valuestring, "E")))
+        return 0;
     if (!strcmp(ph->valuestring, "i")) { /* epoch and step marks, out-of-memory events */
         mark *m = &p->marks[p->nmarks++];
         m->t = m->t_end = t;

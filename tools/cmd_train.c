@@ -28,7 +28,7 @@ static const char usage[] =
     "                     [--device NAME] [--config FILE] [--data DIR] [--save CKPT]\n"
     "                     [--resume CKPT] [--seed S] [--max-steps N] [--train-limit N]\n"
     "                     [--save-every N] [--log-every N] [--log-steps] [--json]\n"
-    "                     [--memtrace TRACE] [--memplot FILE.svg]\n"
+    "                     [--memtrace TRACE] [--memplot FILE.svg] [--profile]\n"
     "\n"
     "Trains on Fashion-MNIST (default data: " TS_FASHION_MNIST_DIR ", Debian package\n"
     "dataset-fashion-mnist). Defaults: lenet5, 1 epoch, batch 64, adam, lr 1e-3, seed 1.\n"
@@ -58,6 +58,9 @@ static const char usage[] =
     "                  evaluation marks to F (one file a rank under mpirun: F.rankN)\n"
     "  --memplot F.svg draw the trace as an SVG at the end (tessera memplot); without\n"
     "                  --memtrace the trace is F.svg.trace.json\n"
+    "  --profile       time every kernel; at the end, where a step's time goes (stderr, or a\n"
+    "                  JSON record with --json); with --memtrace each kernel is also a slice\n"
+    "                  in the trace, inside \"step N\" slices, on the memory's timeline\n"
     "  --log-every N   when stderr is not a terminal, a progress line there every N steps\n"
     "                  (on a terminal a progress bar is drawn there instead)\n"
     "  --json          one JSON object per epoch instead of the progress bar and summary\n"
@@ -82,7 +85,7 @@ typedef struct train_opts {
     int64_t warmup_steps, lr_step_size, lr_decay_steps;
     double min_lr, lr_gamma, clip;
     uint64_t seed;
-    int json, log_steps, eval_only;
+    int json, log_steps, eval_only, profile;
     /* given on the command line (checked against a resumed checkpoint) */
     int set_optimizer, set_lr, set_momentum, set_weight_decay, set_epochs;
     int set_schedule, set_decay, set_clip; /* any schedule flag; --decay; --clip-grad-norm */
@@ -916,6 +919,7 @@ static ts_status run_epoch(trainer *t, int *stop)
     while ((s = ts_loader_next(t->loader, &x, &y)) == TS_OK && x) {
         ts_tensor *logits = NULL, *loss = NULL, *d = NULL;
         double lv = 0;
+        cli_step_mark(t->o.profile, (long long)t->step + 1, 1);
         int64_t bs = ts_tensor_size(x, 0), lo = 0, n = bs;
         if (t->world > 1) { /* this rank's rows of the global batch */
             ts_tensor *xs = NULL, *ys = NULL;
@@ -968,6 +972,7 @@ static ts_status run_epoch(trainer *t, int *stop)
         ts_tensor_unref(d);
         ts_tensor_unref(x);
         ts_tensor_unref(y);
+        cli_step_mark(t->o.profile, (long long)t->step + 1, 0);
         if (s)
             return s;
         t->step++;
@@ -1154,6 +1159,8 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
             o->json = 1;
         } else if (!strcmp(a, "--eval-only")) { /* tessera eval */
             o->eval_only = 1;
+        } else if (!strcmp(a, "--profile")) {
+            o->profile = 1;
         } else if (!strcmp(a, "--log-steps")) {
             o->log_steps = 1;
         } else if (!strcmp(a, "--config")) {
@@ -1479,6 +1486,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     int stop = 0;
     t.started = cli_now();
     t.first_step = t.step;
+    cli_profile_begin(t.o.profile);
     for (; t.epoch < (uint64_t)t.o.epochs && !stop; t.epoch++) {
         uint64_t ep;
         int64_t bi;
@@ -1508,6 +1516,9 @@ int cmd_train(int argc, char **argv, const cli_common *common)
             goto out;
         }
     }
+    if (t.rank == 0)
+        cli_profile_report(t.o.profile, (long long)(t.step - t.first_step),
+                           cli_now() - t.started, t.o.json);
     char took[32];
     cli_duration(cli_now() - t.started, took, sizeof took);
     if (t.o.json) { /* steps: cumulative, as in the epoch records */

@@ -32,6 +32,7 @@ static const char usage[] =
     "                     [--clip-grad-norm X] [--eval-every N] [--eval-batches N] [--seed S]\n"
     "                     [--device NAME] [--save CKPT] [--resume CKPT] [--save-initial CKPT]\n"
     "                     [--log-steps] [--json] [--memtrace TRACE] [--memplot FILE.svg]\n"
+    "                     [--profile]\n"
     "\n"
     "Trains a character-level GPT on a text file, bytes as tokens; the last 10% of the file is\n"
     "held out for validation. Default text: the Debian package fortunes (" FORTUNES_DIR
@@ -45,7 +46,10 @@ static const char usage[] =
     "in all (to resume later on the same schedule). --save-initial writes the freshly\n"
     "initialised weights (bench/gpt_compare.py starts PyTorch from them). Losses are in nats per token; bits per\n"
     "byte is that over ln 2. --save is written at each evaluation; SIGINT or SIGTERM finishes\n"
-    "the step, saves (with --save) and exits with 130 or 143.\n";
+    "the step, saves (with --save) and exits with 130 or 143.\n"
+    "--profile times every kernel and prints where a step's time goes at the end (a JSON\n"
+    "record with --json); with --memtrace each kernel is also a slice in the trace, inside\n"
+    "\"step N\" slices, on the same timeline as the memory (Perfetto, chrome://tracing).\n";
 
 typedef struct gpt_opts {
     const char *text, *device, *save, *resume, *save_initial, *memtrace, *memplot;
@@ -53,7 +57,7 @@ typedef struct gpt_opts {
     int64_t batch, steps, max_steps, warmup, eval_every, eval_batches;
     double lr, min_lr, weight_decay, clip;
     uint64_t seed;
-    int json, log_steps, eval_only;
+    int json, log_steps, eval_only, profile;
 } gpt_opts;
 
 /* ---- the text ------------------------------------------------------------------------- */
@@ -464,6 +468,8 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
             o->eval_only = 1;
         } else if (!strcmp(a, "--log-steps")) {
             o->log_steps = 1;
+        } else if (!strcmp(a, "--profile")) {
+            o->profile = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(usage, stdout);
             return -1;
@@ -694,9 +700,11 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         rc = r.step == stop ? 0 : 1;
         goto out;
     }
+    cli_profile_begin(r.o.profile);
     for (; r.step < stop; r.step++) {
         ts_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL, *d = NULL;
         double lv = 0;
+        cli_step_mark(r.o.profile, (long long)r.step + 1, 1);
         ts_module_train(r.gpt, 1);
         /* this rank's windows; its mean loss weighted by its share of the global batch, so
          * that the average of the ranks' gradients is the global batch's */
@@ -728,6 +736,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         ts_optim_zero_grad(r.opt);
         ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(logits);
         ts_tensor_unref(loss), ts_tensor_unref(d);
+        cli_step_mark(r.o.profile, (long long)r.step + 1, 0);
         if (s) {
             cli_fail(s, "training failed");
             goto out;
@@ -803,6 +812,9 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
             }
         }
     }
+    if (r.rank == 0)
+        cli_profile_report(r.o.profile, (long long)(r.step - first_step), cli_now() - started,
+                           r.o.json);
     if (r.o.json) { /* steps: cumulative */
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "event", "end");

@@ -77,7 +77,11 @@ void ts_memtrace_stop(void);
 /* Marks the running trace (a no-op without one): phase 0 an instant event named name
  * ("epoch 2", "step 100") drawn across the whole timeline; 1 and -1 begin and end a slice
  * ("train", "eval") on a track of its own, so that memory can be read against what the
- * program was doing. tessera memplot draws them. Thread safe. */
+ * program was doing (tessera memplot draws these); 2 and -2 begin and end a slice on the
+ * calling thread's kernel track ("step 12"), around the kernel slices of that thread.
+ * While the kernel profile is on (ts_profile_enable), every kernel call and fill is a
+ * slice on its thread's kernel track (name, start, duration, output dtype and shape), on
+ * the same timeline as the pool counters. Thread safe. */
 void ts_memtrace_marker(const char *name, int phase);
 
 /* ---- leak reports ----------------------------------------------------------------------- */
