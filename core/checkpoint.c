@@ -538,11 +538,13 @@ fail:
 }
 
 /* What one save is doing, for TS_FAULT_IO and for its messages. */
-typedef struct saver {
+struct ts__saver {
     const char *path;
-    char *tmp;      /* the temporary file's name */
-    int injected;   /* the last failure came from TS_FAULT_IO */
-} saver;
+    const char *what; /* "the checkpoint", "the array": for messages */
+    char *tmp;        /* the temporary file's name */
+    int injected;     /* the last failure came from TS_FAULT_IO */
+};
+typedef struct ts__saver saver;
 
 /* The TS_FAULT_IO hook in front of each disk step: 1 (errno EIO) when it fires. */
 static int io_fault(saver *sv)
@@ -640,24 +642,24 @@ static const char *io_error(const saver *sv, int err)
 
 /* Refuses a target that exists and is not a regular file; *st gets what lstat saw, *exists
  * whether there was anything. */
-static ts_status check_target(const char *path, struct stat *st, int *exists)
+static ts_status check_target(const char *path, const char *what, struct stat *st,
+                              int *exists)
 {
     *exists = 0;
     if (lstat(path, st) != 0) {
         if (errno == ENOENT)
             return TS_OK;
-        return ts__fail(TS_EIO, "%s: cannot save the checkpoint: %s", path, strerror(errno));
+        return ts__fail(TS_EIO, "%s: cannot save %s: %s", path, what, strerror(errno));
     }
     *exists = 1;
     if (S_ISLNK(st->st_mode))
-        return ts__fail(TS_EIO, "%s: cannot save the checkpoint: the path is a symbolic link, "
-                        "which a save never follows or replaces; save to the file it names "
-                        "instead",
-                        path);
+        return ts__fail(TS_EIO, "%s: cannot save %s: the path is a symbolic link, which a save "
+                        "never follows or replaces; save to the file it names instead",
+                        path, what);
     if (!S_ISREG(st->st_mode))
-        return ts__fail(TS_EIO, "%s: cannot save the checkpoint: the path is %s; a save only "
-                        "creates a new file or replaces a regular one",
-                        path, ts__file_kind(st->st_mode));
+        return ts__fail(TS_EIO, "%s: cannot save %s: the path is %s; a save only creates a new "
+                        "file or replaces a regular one",
+                        path, what, ts__file_kind(st->st_mode));
     return TS_OK;
 }
 
@@ -667,10 +669,10 @@ TS_API ts_status ts_checkpoint_check_path(const char *path)
         return ts__fail(TS_EINVAL, "ts_checkpoint_check_path: NULL or empty path");
     struct stat st;
     int exists = 0;
-    ts_status s = check_target(path, &st, &exists);
+    ts_status s = check_target(path, "the checkpoint", &st, &exists);
     if (s)
         return s;
-    saver sv = {.path = path};
+    saver sv = {.path = path, .what = "the checkpoint"};
     int fd = create_tmp(&sv, 0600);
     if (fd < 0) {
         int err = errno;
@@ -686,16 +688,19 @@ TS_API ts_status ts_checkpoint_check_path(const char *path)
     return s;
 }
 
-TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
+int ts__save_write(ts__saver *sv, int fd, const void *buf, size_t n)
 {
-    if (!ck || !path || !*path)
-        return ts__fail(TS_EINVAL, "ts_checkpoint_save: NULL argument or empty path");
+    return write_all(sv, fd, buf, n);
+}
+
+ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body, void *user)
+{
+    if (!path || !*path)
+        return ts__fail(TS_EINVAL, "saving %s: NULL or empty path", what);
     ts_status s = TS_OK;
-    char *header = NULL, *dir = NULL;
-    void *buf = NULL;
+    char *dir = NULL;
     int fd = -1, dfd = -1, created = 0, exists = 0, err = 0;
-    size_t hlen = 0, maxbytes = 0;
-    saver sv = {.path = path};
+    saver sv = {.path = path, .what = what};
     const char *step = "creating";
     struct stat old;
     /* Blocked, SIGXFSZ (the file size limit) cannot kill the process: write() fails with
@@ -710,13 +715,11 @@ TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
     sigpending(&pending);
     int xfsz_was_pending = sigismember(&pending, SIGXFSZ);
 
-    if ((s = check_target(path, &old, &exists)) || (s = build_header(ck, path, &header, &hlen)))
+    if ((s = check_target(path, what, &old, &exists)))
         goto out;
-    for (size_t i = 0; i < ck->n; i++)
-        maxbytes = ck->e[i].nbytes > maxbytes ? (size_t)ck->e[i].nbytes : maxbytes;
     dir = dir_of(path);
-    if (!dir || (maxbytes && !(buf = ts__malloc(maxbytes)))) {
-        s = ts__fail(TS_ENOMEM, "%s: out of memory saving the checkpoint", path);
+    if (!dir) {
+        s = ts__fail(TS_ENOMEM, "%s: out of memory saving %s", path, what);
         goto out;
     }
     /* A new file gets 0666 less the umask, like any file a program creates; a replaced one
@@ -734,22 +737,12 @@ TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
             goto io_fail;
     }
     step = "writing";
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++)
-        len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-    if (write_all(&sv, fd, len8, 8) || write_all(&sv, fd, header, hlen))
+    int b = body(&sv, fd, user);
+    if (b < 0)
         goto io_fail;
-    for (size_t i = 0; i < ck->n; i++) {
-        ck_entry *e = &ck->e[i];
-        ts_tensor *t = __atomic_load_n(&e->t, __ATOMIC_ACQUIRE);
-        /* A loaded checkpoint's unread tensors go from file to file, never to a device. */
-        s = t ? ts_tensor_to_host(t, buf, (size_t)e->nbytes) : read_bytes(ck, e, buf);
-        if (s) {
-            ts__fail_prefix(s, "%s: tensor '%s': ", path, e->name);
-            goto out;
-        }
-        if (write_all(&sv, fd, buf, (size_t)e->nbytes))
-            goto io_fail;
+    if (b > 0) {
+        s = (ts_status)b;
+        goto out;
     }
     step = "syncing the temporary file";
     if (io_fsync(&sv, fd) != 0)
@@ -760,7 +753,7 @@ TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
     if (rc != 0)
         goto io_fail;
     /* Narrow the window: something put at the target since the first look is refused too. */
-    if ((s = check_target(path, &old, &exists)))
+    if ((s = check_target(path, what, &old, &exists)))
         goto out;
     step = "renaming";
     if (io_rename(&sv, sv.tmp, path) != 0)
@@ -778,14 +771,14 @@ TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
 io_fail:
     err = errno;
     if (err == EFBIG && !sv.injected)
-        s = ts__fail(TS_EIO, "%s: cannot save the checkpoint: %s '%s' went past the file size "
-                     "limit (ulimit -f, RLIMIT_FSIZE): %s",
-                     path, step, sv.tmp, strerror(err));
+        s = ts__fail(TS_EIO, "%s: cannot save %s: %s '%s' went past the file size limit "
+                     "(ulimit -f, RLIMIT_FSIZE): %s",
+                     path, what, step, sv.tmp, strerror(err));
     else if (strcmp(step, "renaming") == 0)
-        s = ts__fail(TS_EIO, "%s: cannot save the checkpoint: renaming '%s' over it: %s", path,
+        s = ts__fail(TS_EIO, "%s: cannot save %s: renaming '%s' over it: %s", path, what,
                      sv.tmp, io_error(&sv, err));
     else
-        s = ts__fail(TS_EIO, "%s: cannot save the checkpoint (%s '%s'): %s", path, step,
+        s = ts__fail(TS_EIO, "%s: cannot save %s (%s '%s'): %s", path, what, step,
                      sv.tmp ? sv.tmp : path, io_error(&sv, err));
 out:
     if (fd >= 0)
@@ -803,9 +796,63 @@ out:
             ;
     }
     pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);
-    free(buf);
     free(dir);
     free(sv.tmp);
+    return s;
+}
+
+/* The checkpoint's bytes: length, header, every tensor (ts__save_body). */
+typedef struct ck_body {
+    const ts_checkpoint *ck;
+    const char *header;
+    size_t hlen, maxbytes;
+} ck_body;
+
+static int write_checkpoint(ts__saver *sv, int fd, void *user)
+{
+    ck_body *cb = user;
+    const ts_checkpoint *ck = cb->ck;
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)cb->hlen >> (8 * i));
+    if (write_all(sv, fd, len8, 8) || write_all(sv, fd, cb->header, cb->hlen))
+        return -1;
+    void *buf = cb->maxbytes ? ts__malloc(cb->maxbytes) : NULL;
+    if (cb->maxbytes && !buf)
+        return ts__fail(TS_ENOMEM, "%s: out of memory saving the checkpoint", sv->path);
+    for (size_t i = 0; i < ck->n; i++) {
+        ck_entry *e = &ck->e[i];
+        ts_tensor *t = __atomic_load_n(&e->t, __ATOMIC_ACQUIRE);
+        /* A loaded checkpoint's unread tensors go from file to file, never to a device. */
+        ts_status s = t ? ts_tensor_to_host(t, buf, (size_t)e->nbytes) : read_bytes(ck, e, buf);
+        if (s) {
+            free(buf);
+            return ts__fail_prefix(s, "%s: tensor '%s': ", sv->path, e->name);
+        }
+        if (write_all(sv, fd, buf, (size_t)e->nbytes)) {
+            int err = errno;
+            free(buf);
+            errno = err;
+            return -1;
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+TS_API ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path)
+{
+    if (!ck || !path || !*path)
+        return ts__fail(TS_EINVAL, "ts_checkpoint_save: NULL argument or empty path");
+    ck_body cb = {.ck = ck};
+    char *header = NULL;
+    ts_status s = build_header(ck, path, &header, &cb.hlen);
+    if (s)
+        return s;
+    cb.header = header;
+    for (size_t i = 0; i < ck->n; i++)
+        cb.maxbytes = ck->e[i].nbytes > cb.maxbytes ? (size_t)ck->e[i].nbytes : cb.maxbytes;
+    s = ts__save_atomic(path, "the checkpoint", write_checkpoint, &cb);
     free(header);
     return s;
 }

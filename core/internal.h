@@ -33,6 +33,14 @@ _Noreturn void ts__assert_fail(const char *cond, const char *file, int line);
 uint64_t ts__profile_begin(void);
 uint64_t ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype);
 uint64_t ts__profile_end_call(uint64_t t0, const ts_kernel_call *call);
+/* Atomic, link-safe saves (core/checkpoint.c; see checkpoint.h): body writes the file's bytes
+ * to fd with ts__save_write and returns 0, -1 for an I/O error (errno set) or a ts_status
+ * with its message set; the temporary file becomes path only when it returned 0. what names
+ * the file in messages ("the checkpoint"). */
+typedef struct ts__saver ts__saver;
+typedef int (*ts__save_body)(ts__saver *sv, int fd, void *user);
+ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body, void *user);
+int ts__save_write(ts__saver *sv, int fd, const void *buf, size_t n);
 /* The name of the kernel call: its function ("mul", "sum") or its op ("matmul"). */
 const char *ts__call_name(const ts_kernel_call *call);
 
