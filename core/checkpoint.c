@@ -89,7 +89,7 @@ static int st_converted_parse(const char *s)
 }
 
 /* IEEE half to float32, exactly (subnormals, infinities and NaN included). */
-static float half_to_float(uint16_t h)
+float ts__half_to_float(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0x1f) {
@@ -122,7 +122,7 @@ static void convert_stored(int kind, const unsigned char *src, void *dst, uint64
         uint16_t v = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
         float f;
         if (kind == ST_F16) {
-            f = half_to_float(v);
+            f = ts__half_to_float(v);
         } else {
             uint32_t bits = (uint32_t)v << 16;
             memcpy(&f, &bits, sizeof f);

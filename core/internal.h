@@ -33,6 +33,8 @@ _Noreturn void ts__assert_fail(const char *cond, const char *file, int line);
 uint64_t ts__profile_begin(void);
 uint64_t ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype);
 uint64_t ts__profile_end_call(uint64_t t0, const ts_kernel_call *call);
+/* IEEE half to float32, exactly (subnormals, infinities and NaN included). */
+float ts__half_to_float(uint16_t h);
 /* Atomic, link-safe saves (core/checkpoint.c; see checkpoint.h): body writes the file's bytes
  * to fd with ts__save_write and returns 0, -1 for an I/O error (errno set) or a ts_status
  * with its message set; the temporary file becomes path only when it returned 0. what names

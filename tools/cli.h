@@ -92,6 +92,8 @@ int cli_cmp_double(const void *a, const void *b);
 int cmd_info(int argc, char **argv, const cli_common *common);
 /* tools/cmd_inspect.c: `tessera inspect FILE`. */
 int cmd_inspect(int argc, char **argv, const cli_common *common);
+/* tools/cmd_convert.c: `tessera convert IN... -o OUT` (.npy <-> safetensors). */
+int cmd_convert(int argc, char **argv, const cli_common *common);
 /* tools/cmd_memplot.c: `tessera memplot TRACE -o FILE.svg`. */
 int cmd_memplot(int argc, char **argv, const cli_common *common);
 int cmd_train(int argc, char **argv, const cli_common *common);

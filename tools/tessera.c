@@ -45,6 +45,8 @@ static const command commands[] = {
     {"generate", "--resume CKPT", "sample text from a GPT checkpoint", cmd_generate},
     {"inspect", "FILE", "tensors, dtypes, shapes and metadata of a safetensors file",
      cmd_inspect},
+    {"convert", "IN... -o OUT", "NumPy .npy arrays to a safetensors file and back",
+     cmd_convert},
     {"memplot", "TRACE", "draw a memory trace as an SVG: in use, reserved, peaks, epochs",
      cmd_memplot},
     {"plugin-check", "NAME", "conformance suite of a plugin, by NAME or PATH.so",

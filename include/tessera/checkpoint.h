@@ -93,6 +93,25 @@ ts_status ts_module_load(ts_module *m, const char *prefix, const ts_checkpoint *
 ts_status ts_module_save_file(ts_module *m, const char *path);
 ts_status ts_module_load_file(ts_module *m, const char *path);
 
+/* ---- NumPy .npy files ---------------------------------------------------------------- */
+
+/* Writes t (any device, any strides) to path as a NumPy .npy file exactly as numpy.save
+ * writes it: format 1.0, C order, little-endian ('<f4' float32, '<f8' float64, '<i4' int32,
+ * '<i8' int64, '|u1' uint8), the data at a multiple of 64 bytes. Saved atomically and
+ * link-safe, like a checkpoint. TS_EIO naming the path and the step. */
+ts_status ts_npy_save(const ts_tensor *t, const char *path);
+/* Reads a .npy file (format 1.0, 2.0 or 3.0) into a new tensor on dev (NULL: the default
+ * device), C or Fortran order, little- or big-endian. float32, float64, int32, int64 and
+ * uint8 load as they are; float16 as float32, bool as uint8, int8, int16 and uint16 as
+ * int32, uint32 as int64 (all exact). The whole file is checked before any element is read:
+ * TS_ECORRUPT naming the file and the defect (no magic, a version other than 1.0/2.0/3.0, a
+ * header that is not numpy's dict literal or over 1 MiB, a shape whose byte count overflows,
+ * truncated data or bytes after it), TS_EDTYPE for a dtype tessera has no equivalent of
+ * (complex, objects, strings, structured arrays, uint64) naming it, TS_EINVAL for more than
+ * TS_MAX_DIMS dimensions, TS_EIO for what cannot be opened (a directory, a FIFO, a device).
+ * (transfer full) */
+ts_status ts_npy_load(const char *path, ts_device *dev, ts_tensor **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,7 +8,7 @@ plan 5
 usage=$("$TESSERA" help)
 cmds=$(echo "$usage" | sed -n '/^commands:/,/^$/p' | awk 'NF && $1 != "commands:" {print $1}')
 benches=$(echo "$usage" | sed -n '/^benchmarks:/,/^$/p' | awk '$1 == "bench" {print $2}')
-if [ "$(echo $cmds)" = "info train eval generate inspect memplot plugin-check bench help" ] &&
+if [ "$(echo $cmds)" = "info train eval generate inspect convert memplot plugin-check bench help" ] &&
     [ "$(echo $benches)" = "pool ops autograd compare train cuda gpt dist" ]; then
     ok "the usage lists every command and benchmark"
 else

@@ -47,4 +47,28 @@ static inline int fuzz_file(const uint8_t *data, size_t size, char *path, size_t
     return fd;
 }
 
+/* One input for a loader of a single tensor (ts_idx_load, ts_npy_load): a tensor whose
+ * bytes all read back, or an error with a message and no tensor; anything else aborts. */
+static inline int fuzz_tensor_loader(const uint8_t *data, size_t size, ts_device *dev,
+                                     ts_status (*load)(const char *, ts_device *, ts_tensor **))
+{
+    char path[64];
+    int fd = fuzz_file(data, size, path, sizeof path);
+    ts_tensor *t = NULL;
+    ts_status s = load(path, dev, &t);
+    close(fd);
+    if (s != TS_OK) {
+        if (t != NULL || !ts_last_error()[0])
+            abort();
+        return 0;
+    }
+    size_t n = (size_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
+    void *buf = malloc(n ? n : 1);
+    if (buf && ts_tensor_to_host(t, buf, n) != TS_OK)
+        abort();
+    free(buf);
+    ts_tensor_unref(t);
+    return 0;
+}
+
 #endif /* TESSERA_TESTS_FUZZ_H */

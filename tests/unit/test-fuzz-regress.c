@@ -1,4 +1,4 @@
-/* tests/unit/test-fuzz-regress.c: every input in tests/fuzz/corpus/{config,checkpoint,idx}
+/* tests/unit/test-fuzz-regress.c: every input in tests/fuzz/corpus/{config,checkpoint,idx,npy}
  * (the seeds, what libFuzzer's runs kept as new coverage, and any crash-* it found) goes
  * through its loader in the normal suite, so the sanitizer build re-checks them all on every
  * run and a fixed crash stays fixed. Inputs named ok-* must load; the rest may fail, but with
@@ -54,6 +54,22 @@ static ts_status feed_idx(const char *path, ts_device *dev)
 {
     ts_tensor *t = (ts_tensor *)1;
     ts_status s = ts_idx_load(path, dev, &t);
+    if (s != TS_OK) {
+        CHECK(t == NULL);
+        return s;
+    }
+    size_t n = (size_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
+    void *buf = malloc(n ? n : 1);
+    CHECK_OK(ts_tensor_to_host(t, buf, n));
+    free(buf);
+    ts_tensor_unref(t);
+    return s;
+}
+
+static ts_status feed_npy(const char *path, ts_device *dev)
+{
+    ts_tensor *t = (ts_tensor *)1;
+    ts_status s = ts_npy_load(path, dev, &t);
     if (s != TS_OK) {
         CHECK(t == NULL);
         return s;
@@ -126,10 +142,15 @@ static void test_idx_corpus(void)
     feed_dir("idx", feed_idx);
 }
 
+static void test_npy_corpus(void)
+{
+    feed_dir("npy", feed_npy);
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {TAP_TEST(test_config_corpus),
                                      TAP_TEST(test_checkpoint_corpus),
-                                     TAP_TEST(test_idx_corpus)};
+                                     TAP_TEST(test_idx_corpus), TAP_TEST(test_npy_corpus)};
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -1,0 +1,100 @@
+#!/bin/sh
+# tests/cli/test-convert.sh: `tessera convert`. numpy's own files (tests/data/npy) go into a
+# safetensors file and come back byte for byte; a tensor name that is no safe file name is
+# refused instead of becoming a path; hostile inputs and outputs (a corrupt array, a FIFO, a
+# symbolic link) are refused by name without hanging; misuse is exit status 2.
+. "${TS_SRCDIR:-.}/tests/cli/lib.sh"
+plan 7
+D="$TS_SRCDIR/tests/data/npy"
+
+out=$("$TESSERA" convert "$D/f32_2x3.npy" "$D/i8_scalar.npy" "$D/f32_4d_fortran.npy" \
+    "$D/bool_4.npy" -o "$TMP/m.safetensors" 2>&1)
+rc=$?
+ins=$("$TESSERA" inspect "$TMP/m.safetensors" 2>&1)
+if [ $rc -eq 0 ] && contains "$out" "4 tensors" && contains "$ins" "f32_2x3  F32  (2, 3)  24 B" &&
+    contains "$ins" "i8_scalar  I64  ()  8 B" && contains "$ins" "f32_4d_fortran  F32  (2, 3, 4, 5)" &&
+    contains "$ins" "bool_4  U8  (4)"; then
+    ok "arrays into one safetensors file, named after their files"
+else
+    fail "arrays into one safetensors file" "rc=$rc" "$out" "$ins"
+fi
+
+mkdir "$TMP/back"
+out=$("$TESSERA" convert "$TMP/m.safetensors" -o "$TMP/back/" 2>&1)
+rc=$?
+if [ $rc -eq 0 ] && contains "$out" "4 arrays" && cmp -s "$TMP/back/f32_2x3.npy" "$D/f32_2x3.npy" &&
+    cmp -s "$TMP/back/i8_scalar.npy" "$D/i8_scalar.npy" &&
+    cmp -s "$TMP/back/f32_4d_fortran.npy" "$D/f32_4d.npy"; then
+    ok "back to .npy: numpy's files byte for byte (Fortran order comes back as C order)"
+else
+    fail "back to .npy byte for byte" "rc=$rc" "$out" "$(ls -l "$TMP/back")"
+fi
+
+o1=$("$TESSERA" convert "$TMP/m.safetensors" --name i8_scalar -o "$TMP/one.npy" 2>&1); r1=$?
+o2=$("$TESSERA" convert "$TMP/m.safetensors" --name nosuch -o "$TMP/none.npy" 2>&1); r2=$?
+o3=$("$TESSERA" convert "$TMP/m.safetensors" -o "$TMP/all.npy" 2>&1); r3=$?
+o4=$("$TESSERA" convert "$D/i4_big_endian.npy" -o "$TMP/le.npy" 2>&1); r4=$?
+if [ $r1 -eq 0 ] && cmp -s "$TMP/one.npy" "$D/i8_scalar.npy" && [ $r2 -eq 1 ] &&
+    contains "$o2" "no tensor named 'nosuch'" && [ ! -e "$TMP/none.npy" ] && [ $r3 -eq 2 ] &&
+    contains "$o3" "holds 4 tensors" && [ $r4 -eq 0 ] &&
+    [ "$(od -An -tx1 -j128 -N4 "$TMP/le.npy" | tr -d ' ')" = "01000000" ]; then
+    ok "--name picks one tensor; a missing one or an ambiguous -o is an error; big-endian comes out little-endian"
+else
+    fail "--name and single files" "r1=$r1 $o1" "r2=$r2 $o2" "r3=$r3 $o3" "r4=$r4 $o4"
+fi
+
+# A safetensors file whose tensor name would be a path outside DIR.
+h='{"../escaped":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+{ printf "\\$(printf %o ${#h})\\000\\000\\000\\000\\000\\000\\000"; printf '%s' "$h"; printf '\000\000\200\077'; } \
+    >"$TMP/evil.safetensors"
+mkdir "$TMP/jail"
+out=$("$TESSERA" convert "$TMP/evil.safetensors" -o "$TMP/jail/" 2>&1); rc=$?
+if [ $rc -eq 1 ] && contains "$out" "not a safe file name" && [ ! -e "$TMP/escaped.npy" ] &&
+    [ -z "$(ls "$TMP/jail")" ]; then
+    ok "a tensor name with '/' is refused, not turned into a path"
+else
+    fail "a tensor name with '/' is refused" "rc=$rc" "$out" "$(ls "$TMP" "$TMP/jail")"
+fi
+
+# Hostile inputs: a truncated array, a FIFO nobody writes, a directory.
+head -c 150 "$D/f32_2x3.npy" >"$TMP/short.npy"
+mkfifo "$TMP/fifo.npy"
+o1=$(timeout 20 "$TESSERA" convert "$TMP/short.npy" -o "$TMP/s.safetensors" 2>&1); r1=$?
+o2=$(timeout 20 "$TESSERA" convert "$TMP/fifo.npy" -o "$TMP/f.safetensors" 2>&1); r2=$?
+o3=$(timeout 20 "$TESSERA" convert "$D/complex.npy" -o "$TMP/c.safetensors" 2>&1); r3=$?
+if [ $r1 -eq 1 ] && contains "$o1" "short.npy" && contains "$o1" "truncated" && [ $r2 -eq 1 ] &&
+    contains "$o2" "FIFO" && [ $r3 -eq 1 ] && contains "$o3" "complex numbers" &&
+    [ ! -e "$TMP/s.safetensors" ] && [ ! -e "$TMP/f.safetensors" ]; then
+    ok "a truncated array, a FIFO and a complex array are refused by name, nothing written"
+else
+    fail "hostile inputs" "r1=$r1 $o1" "r2=$r2 $o2" "r3=$r3 $o3"
+fi
+
+# Outputs: never through a symbolic link, never over a FIFO.
+ln -s "$TMP/target" "$TMP/link.safetensors"
+mkfifo "$TMP/out.npy"
+o1=$("$TESSERA" convert "$D/f32_2x3.npy" -o "$TMP/link.safetensors" 2>&1); r1=$?
+o2=$(timeout 20 "$TESSERA" convert "$D/f32_2x3.npy" -o "$TMP/out.npy" 2>&1); r2=$?
+if [ $r1 -eq 1 ] && contains "$o1" "symbolic link" && [ ! -e "$TMP/target" ] && [ $r2 -eq 1 ] &&
+    contains "$o2" "FIFO"; then
+    ok "an output that is a symbolic link or a FIFO is refused"
+else
+    fail "outputs that are links or FIFOs" "r1=$r1 $o1" "r2=$r2 $o2"
+fi
+
+o1=$("$TESSERA" convert "$D/f32_2x3.npy" 2>&1); r1=$?
+o2=$("$TESSERA" convert "$D/f32_2x3.npy" -o "$TMP/x.bin" 2>&1); r2=$?
+o3=$("$TESSERA" convert "$D/f32_2x3.npy" "$D/f2_3.npy" --name w -o "$TMP/w.safetensors" 2>&1); r3=$?
+mkdir "$TMP/a" "$TMP/b"
+cp "$D/f32_2x3.npy" "$TMP/a/w.npy"
+cp "$D/f2_3.npy" "$TMP/b/w.npy"
+o4=$("$TESSERA" convert "$TMP/a/w.npy" "$TMP/b/w.npy" -o "$TMP/w.safetensors" 2>&1); r4=$?
+o5=$("$TESSERA" convert --bogus 2>&1); r5=$?
+if [ $r1 -eq 2 ] && [ $r2 -eq 2 ] && contains "$o2" "converts .npy files" && [ $r3 -eq 2 ] &&
+    [ $r4 -eq 2 ] && contains "$o4" "two inputs give the tensor name 'w'" && [ $r5 -eq 2 ] &&
+    [ ! -e "$TMP/w.safetensors" ]; then
+    ok "misuse (no -o, unknown extension, --name with several inputs, two names alike) is exit 2"
+else
+    fail "misuse is exit 2" "r1=$r1 $o1" "r2=$r2 $o2" "r3=$r3 $o3" "r4=$r4 $o4" "r5=$r5 $o5"
+fi
+finish

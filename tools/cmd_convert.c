@@ -1,0 +1,246 @@
+/* tools/cmd_convert.c: `tessera convert`: NumPy .npy arrays to a safetensors file and back,
+ * chosen by the files' extensions. Every input is read through the validating loaders
+ * (ts_npy_load, ts_checkpoint_load) and every output written atomically and link-safe
+ * (ts_checkpoint_save, ts_npy_save); a tensor name that is no safe file name is refused
+ * rather than turned into a path. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+
+static const char usage[] =
+    "usage: tessera convert INPUT... -o OUTPUT [--name NAME]\n"
+    "\n"
+    "Converts between NumPy .npy files and safetensors files, by their extensions:\n"
+    "  tessera convert a.npy b.npy -o model.safetensors\n"
+    "      one tensor per array, named after its file (a, b); --name NAME names a single one\n"
+    "  tessera convert model.safetensors -o DIR/\n"
+    "      every tensor to DIR/NAME.npy (DIR must exist)\n"
+    "  tessera convert model.safetensors --name NAME -o w.npy\n"
+    "      one tensor\n"
+    "  tessera convert a.npy -o b.npy\n"
+    "      rewrites an array as float32/64, int32/64 or uint8, C order, little-endian\n"
+    "Arrays keep float32, float64, int32, int64 and uint8; float16 becomes float32, bool\n"
+    "uint8, int8/int16/uint16 int32 and uint32 int64 (exactly). safetensors F16, BF16 and BOOL\n"
+    "become float32 and uint8. Outputs are written atomically; an existing output that is not\n"
+    "a regular file (a link, a directory, a FIFO) is refused.\n";
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static int is_npy(const char *p)
+{
+    return ends_with(p, ".npy");
+}
+
+static int is_st(const char *p)
+{
+    return ends_with(p, ".safetensors");
+}
+
+/* The file's name without its directory and ".npy": a tensor's name. */
+static void stem(const char *path, char *out, size_t len)
+{
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    size_t n = strlen(base) - 4;
+    snprintf(out, len, "%.*s", (int)n, base);
+}
+
+/* A tensor name that can be a file name in DIR: no '/', not empty, not "." or "..", no
+ * control characters, not over 200 bytes. */
+static int safe_file_name(const char *name)
+{
+    if (!*name || strlen(name) > 200 || !strcmp(name, ".") || !strcmp(name, ".."))
+        return 0;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        if (*p == '/' || *p < 0x20 || *p == 0x7f)
+            return 0;
+    return 1;
+}
+
+static int npy_to_safetensors(char **in, int nin, const char *name, const char *out)
+{
+    ts_checkpoint *ck = NULL;
+    ts_status s = ts_checkpoint_new(&ck);
+    int rc = 1;
+    for (int i = 0; !s && i < nin; i++) {
+        char nm[4096];
+        if (name)
+            snprintf(nm, sizeof nm, "%s", name);
+        else
+            stem(in[i], nm, sizeof nm);
+        if (!*nm) {
+            rc = cli_usage_error("convert", "'%s' gives an empty tensor name: use --name", in[i]);
+            goto out;
+        }
+        for (size_t j = 0; j < ts_checkpoint_count(ck); j++)
+            if (!strcmp(ts_checkpoint_name(ck, j), nm)) {
+                rc = cli_usage_error("convert", "two inputs give the tensor name '%s' ('%s' "
+                                     "and an earlier one): rename one", nm, in[i]);
+                goto out;
+            }
+        ts_tensor *t = NULL;
+        if ((s = ts_npy_load(in[i], NULL, &t)))
+            break;
+        s = ts_checkpoint_add(ck, nm, t);
+        ts_tensor_unref(t); /* the checkpoint holds it */
+    }
+    if (!s)
+        s = ts_checkpoint_save(ck, out);
+    if (s) {
+        cli_fail(s, "convert");
+        goto out;
+    }
+    printf("%s: %zu tensor%s\n", out, ts_checkpoint_count(ck),
+           ts_checkpoint_count(ck) == 1 ? "" : "s");
+    rc = 0;
+out:
+    ts_checkpoint_free(ck);
+    return rc;
+}
+
+static int safetensors_to_npy(const char *in, const char *name, const char *out)
+{
+    ts_checkpoint *ck = NULL;
+    ts_status s = ts_checkpoint_load(in, NULL, &ck);
+    if (s)
+        return cli_fail(s, "convert");
+    int rc = 1;
+    struct stat st;
+    int to_dir = ends_with(out, "/") || (stat(out, &st) == 0 && S_ISDIR(st.st_mode));
+    size_t n = ts_checkpoint_count(ck);
+    if (!to_dir && !name && n != 1) {
+        rc = cli_usage_error("convert", "%s holds %zu tensors: name one with --name, or give a "
+                             "directory as -o DIR/ for all of them", in, n);
+        goto out;
+    }
+    if (to_dir && name) {
+        rc = cli_usage_error("convert", "--name writes one file: give -o FILE.npy, not a "
+                             "directory");
+        goto out;
+    }
+    if (to_dir && stat(out, &st) != 0) {
+        fprintf(stderr, "tessera: error: convert: directory '%s': %s\n", out, strerror(errno));
+        goto out;
+    }
+    size_t written = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *nm = ts_checkpoint_name(ck, i);
+        if (name && strcmp(nm, name))
+            continue;
+        char path[8192];
+        if (to_dir) {
+            if (!safe_file_name(nm)) {
+                fprintf(stderr, "tessera: error: convert: %s: tensor name '%.200s' is not a "
+                        "safe file name ('/', control characters, '.', '..', over 200 "
+                        "bytes): convert it alone with --name and -o FILE.npy\n", in, nm);
+                goto out;
+            }
+            snprintf(path, sizeof path, "%s%s%s.npy", out, ends_with(out, "/") ? "" : "/", nm);
+        } else {
+            snprintf(path, sizeof path, "%s", out);
+        }
+        ts_tensor *t = ts_checkpoint_get(ck, nm);
+        if (!t || (s = ts_npy_save(t, path))) {
+            cli_fail(t ? s : TS_ECORRUPT, "convert");
+            goto out;
+        }
+        written++;
+    }
+    if (!written) {
+        fprintf(stderr, "tessera: error: convert: %s has no tensor named '%s' (tessera inspect "
+                "%s lists them)\n", in, name, in);
+        goto out;
+    }
+    printf("%s: %zu array%s\n", out, written, written == 1 ? "" : "s");
+    rc = 0;
+out:
+    ts_checkpoint_free(ck);
+    return rc;
+}
+
+int cmd_convert(int argc, char **argv, const cli_common *common)
+{
+    const char *out = NULL, *name = NULL;
+    char **in = calloc((size_t)argc, sizeof *in);
+    int nin = 0, rc;
+    if (!in)
+        return cli_fail(TS_ENOMEM, "convert");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            free(in);
+            return 0;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--name")) {
+            if (!v || !*v) {
+                free(in);
+                return cli_usage_error("convert", "%s needs a value", a);
+            }
+            *(!strcmp(a, "-o") ? &out : &name) = v;
+            i++;
+        } else if (!strcmp(a, "--config")) {
+            i++; /* the caller's */
+        } else if (a[0] == '-' && a[1]) {
+            free(in);
+            return cli_usage_error("convert", "unknown option '%s'", a);
+        } else {
+            in[nin++] = argv[i];
+        }
+    }
+    if (!nin || !out) {
+        free(in);
+        return cli_usage_error("convert", "which files? (tessera convert INPUT... -o OUTPUT)");
+    }
+    int all_npy = 1;
+    for (int i = 0; i < nin; i++)
+        all_npy &= is_npy(in[i]);
+    struct stat st;
+    int out_dir = ends_with(out, "/") || (stat(out, &st) == 0 && S_ISDIR(st.st_mode));
+    int kind = all_npy && is_st(out)                                      ? 1
+               : nin == 1 && is_npy(in[0]) && is_npy(out)                 ? 2
+               : nin == 1 && is_st(in[0]) && (is_npy(out) || out_dir)    ? 3
+                                                                         : 0;
+    if (!kind) {
+        free(in);
+        return cli_usage_error("convert", "converts .npy files to one .safetensors file, a "
+                               ".safetensors file to .npy files (-o FILE.npy or DIR/), or a "
+                               ".npy file to a .npy file (tessera convert --help)");
+    }
+    if (kind == 1 && name && nin > 1) {
+        free(in);
+        return cli_usage_error("convert", "--name names one tensor, and %d inputs were given",
+                               nin);
+    }
+    if (kind == 2 && name) {
+        free(in);
+        return cli_usage_error("convert", "--name is for safetensors files");
+    }
+    ts_status s = ts_init(common->config);
+    if (s) {
+        free(in);
+        return cli_fail(s, "convert");
+    }
+    if (kind == 1) {
+        rc = npy_to_safetensors(in, nin, name, out);
+    } else if (kind == 3) {
+        rc = safetensors_to_npy(in[0], name, out);
+    } else {
+        ts_tensor *t = NULL;
+        if (!(s = ts_npy_load(in[0], NULL, &t)))
+            s = ts_npy_save(t, out);
+        ts_tensor_unref(t);
+        rc = s ? cli_fail(s, "convert") : (printf("%s: 1 array\n", out), 0);
+    }
+    ts_shutdown();
+    free(in);
+    return rc;
+}
