@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -198,12 +199,31 @@ void cli_json_str_or_null(struct cJSON *o, const char *key, const char *value)
         cJSON_AddNullToObject(o, key);
 }
 
+/* The same file: the same name, or the same inode (a hard link, another spelling). */
+static int same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return !strcmp(a, b) || (stat(a, &sa) == 0 && stat(b, &sb) == 0 &&
+                             sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino);
+}
+
 int cli_memtrace_begin(char *trace, size_t len, const char *memtrace, const char *memplot,
-                       int rank, int world)
+                       const char *save, const char *resume, int rank, int world)
 {
     trace[0] = 0;
     if (!memtrace && !memplot)
         return 0;
+    /* A trace or picture over the checkpoint would destroy it (the trace is created now,
+     * before --resume reads it; the picture is written after --save). */
+    const char *out[2] = {memtrace, memplot}, *keep[2] = {save, resume};
+    static const char *const oname[2] = {"--memtrace", "--memplot"},
+                             *kname[2] = {"--save", "--resume"};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            if (out[i] && keep[j] && same_file(out[i], keep[j]))
+                return cli_usage_error("train", "%s %s is the checkpoint of %s: it would "
+                                       "replace it; give the trace or picture a file of its own",
+                                       oname[i], out[i], kname[j]);
     /* the picture's path is checked now, not after the run */
     ts_status ps = memplot ? ts_checkpoint_check_path(memplot) : TS_OK;
     if (ps)

@@ -50,6 +50,7 @@ typedef struct plot {
     int npools;
     mark marks[MAX_MARKS];
     int nmarks, open_slice;
+    long long dropped_events; /* counter events of pools past the first MAX_POOLS */
     double t_max;
 } plot;
 
@@ -97,8 +98,10 @@ static int take_event(plot *p, const cJSON *e)
         while (k < p->npools && strcmp(p->pools[k].name, name->valuestring + 5))
             k++;
         if (k == p->npools) {
-            if (p->npools == MAX_POOLS)
+            if (p->npools == MAX_POOLS) {
+                p->dropped_events++; /* a pool past the first MAX_POOLS: said at the end */
                 return 0;
+            }
             snprintf(p->pools[p->npools++].name, sizeof p->pools[0].name, "%s",
                      name->valuestring + 5);
         }
@@ -359,6 +362,10 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
             fprintf(stderr, "tessera: error: memplot: writing '%s' failed\n", out);
         else
             printf("%s: %d pools, %d events -> %s\n", in, p->npools, events, out);
+        if (p->dropped_events)
+            fprintf(stderr, "tessera: memplot: %s has more than %d pools: the first %d are "
+                    "drawn, %lld events of the others are not\n", in, MAX_POOLS, MAX_POOLS,
+                    p->dropped_events);
     }
     for (int k = 0; p && k < p->npools; k++)
         free(p->pools[k].t), free(p->pools[k].in_use), free(p->pools[k].reserved);

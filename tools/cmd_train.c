@@ -1322,8 +1322,10 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         goto out;
     }
     cli_stop_signals_install();
-    if (cli_memtrace_begin(trace, sizeof trace, t.o.memtrace, t.o.memplot, t.rank, t.world))
+    if ((rc = cli_memtrace_begin(trace, sizeof trace, t.o.memtrace, t.o.memplot, t.o.save,
+                                 t.o.resume, t.rank, t.world)))
         goto out;
+    rc = 1;
     /* a device-buffer backend (NCCL) trains on its own device unless told otherwise */
     t.dev = ts_dist_device() ? ts_dist_device() : ts_default_device();
     if (t.o.device && (s = ts_device_get(t.o.device, &t.dev))) {

@@ -564,9 +564,10 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     r.rank = ts_dist_rank();
     r.world = ts_dist_size();
     cli_stop_signals_install();
-    if (cli_memtrace_begin(r.trace, sizeof r.trace, r.o.memtrace, r.o.memplot, r.rank,
-                           r.world))
+    if ((rc = cli_memtrace_begin(r.trace, sizeof r.trace, r.o.memtrace, r.o.memplot,
+                                 r.o.save, r.o.resume, r.rank, r.world)))
         goto out;
+    rc = 1;
     if (r.o.save && r.rank == 0 && (s = ts_checkpoint_check_path(r.o.save))) {
         cli_fail(s, "--save"); /* now, not after the first evaluation */
         if (r.world > 1) /* the other ranks go on into collectives: end the job */

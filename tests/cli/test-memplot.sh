@@ -5,7 +5,7 @@
 # SVG renderer (librsvg's rsvg-convert, when installed) renders; `tessera memplot` refuses a
 # FIFO, a missing file and a JSON file that is not a memory trace, without hanging.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 4
+plan 6
 awk 'BEGIN { for (i = 0; i < 600; i++) printf "the cat sat on the mat %d ", i }' >"$TMP/t.txt"
 "$TESSERA" train --model gpt --text "$TMP/t.txt" --context 16 --layers 1 --heads 2 --embd 16 \
     --batch-size 4 --steps 40 --eval-every 20 --eval-batches 2 --memtrace "$TMP/m.json" \
@@ -71,5 +71,37 @@ if [ $r1 -eq 1 ] && contains "$o1" "symbolic link" && [ $r2 -eq 1 ] && contains 
     ok "a symbolic link or FIFO as the trace or picture is refused; the link's target is untouched"
 else
     fail "planted output paths are refused" "$r1 $r2 $r3" "$o1" "$o2" "$o3" "$(cat "$TMP/victim")"
+fi
+# The trace or picture naming the checkpoint (--save or --resume, or a hard link to it): refused
+# before anything is written, so the checkpoint survives.
+G="--model gpt --text $TMP/t.txt --context 8 --layers 1 --heads 1 --embd 8 --batch-size 2 --eval-every 2 --eval-batches 1"
+"$TESSERA" train $G --steps 2 --save "$TMP/ck.safetensors" >/dev/null 2>&1
+cp "$TMP/ck.safetensors" "$TMP/ck.orig"
+ln "$TMP/ck.safetensors" "$TMP/hard.json"
+o1=$("$TESSERA" train $G --steps 4 --resume "$TMP/ck.safetensors" --memtrace "$TMP/ck.safetensors" 2>&1); r1=$?
+o2=$("$TESSERA" train $G --steps 4 --resume "$TMP/ck.safetensors" --save "$TMP/ck.safetensors" --memplot "$TMP/ck.safetensors" 2>&1); r2=$?
+o3=$("$TESSERA" train $G --steps 4 --save "$TMP/new.safetensors" --memtrace "$TMP/new.safetensors" 2>&1); r3=$?
+o4=$("$TESSERA" train $G --steps 4 --resume "$TMP/ck.safetensors" --memtrace "$TMP/hard.json" 2>&1); r4=$?
+if [ $r1 -eq 2 ] && contains "$o1" "--memtrace" && contains "$o1" "--resume" && [ $r2 -eq 2 ] &&
+    contains "$o2" "--memplot" && [ $r3 -eq 2 ] && contains "$o3" "--save" && [ $r4 -eq 2 ] &&
+    cmp -s "$TMP/ck.safetensors" "$TMP/ck.orig" && [ ! -e "$TMP/new.safetensors" ]; then
+    ok "a trace or picture naming the checkpoint (or a hard link to it) is refused; the checkpoint survives"
+else
+    fail "trace or picture naming the checkpoint" "r1=$r1 $o1" "r2=$r2 $o2" "r3=$r3 $o3" "r4=$r4 $o4" \
+        "$(cmp "$TMP/ck.safetensors" "$TMP/ck.orig" 2>&1)"
+fi
+# More pools than the picture has rows for: the first 8 drawn, and it says so.
+{ echo '{"traceEvents":['
+  for i in 1 2 3 4 5 6 7 8 9; do
+      echo "{\"name\":\"pool p$i\",\"ph\":\"C\",\"ts\":$i,\"pid\":1,\"tid\":0,\"args\":{\"in_use\":$i,\"reserved\":$i,\"cached\":0}},"
+  done
+  echo '{"name":"pool p9","ph":"C","ts":10,"pid":1,"tid":0,"args":{"in_use":1,"reserved":1,"cached":0}}'
+  echo ']}'; } >"$TMP/nine.json"
+o=$("$TESSERA" memplot "$TMP/nine.json" -o "$TMP/nine.svg" 2>&1); rc=$?
+if [ $rc -eq 0 ] && contains "$o" "8 pools" && contains "$o" "more than 8 pools" &&
+    contains "$o" "2 events of the others are not"; then
+    ok "a trace of 9 pools: 8 drawn, and memplot says the rest are not"
+else
+    fail "a trace of 9 pools" "rc=$rc" "$o"
 fi
 finish
