@@ -52,7 +52,7 @@ static const char *name_or(const char *name)
 /* o = EXPR(x): the dense and broadcast-input cases get their own loops so the compiler can
  * vectorise them; `omp simd` also licenses that when o is exactly a (in place). */
 #define EW_UNARY(name, TO, TA, EXPR)                                                               \
-    static int name(int64_t n, char *const *p, const int64_t *s)                                   \
+    HK_CLONES static int name(int64_t n, char *const *p, const int64_t *s)                                   \
     {                                                                                              \
         TO *o = (TO *)p[0];                                                                        \
         const TA *a = (const TA *)p[1];                                                            \
@@ -83,7 +83,7 @@ static const char *name_or(const char *name)
 
 /* o = EXPR(x, y), both inputs of type T. Scalar operands arrive as stride-0 inputs. */
 #define EW_BINARY(name, TO, T, EXPR)                                                               \
-    static int name(int64_t n, char *const *p, const int64_t *s)                                   \
+    HK_CLONES static int name(int64_t n, char *const *p, const int64_t *s)                                   \
     {                                                                                              \
         TO *o = (TO *)p[0];                                                                        \
         const T *a = (const T *)p[1], *b = (const T *)p[2];                                        \
@@ -119,7 +119,7 @@ static const char *name_or(const char *name)
 
 /* o = m ? x : y, m a uint8 mask. */
 #define EW_WHERE(name, T)                                                                          \
-    static int name(int64_t n, char *const *p, const int64_t *s)                                   \
+    HK_CLONES static int name(int64_t n, char *const *p, const int64_t *s)                                   \
     {                                                                                              \
         T *o = (T *)p[0];                                                                          \
         const uint8_t *m = (const uint8_t *)p[1];                                                  \

@@ -3,6 +3,7 @@
  * through log-sum-exp with its max subtracted, in double whatever the dtype, so logits in the
  * thousands stay finite; rows are independent and run on OpenMP threads. */
 #include "hostkern.h"
+#include "vmath.h"
 
 #include <math.h>
 
@@ -31,6 +32,43 @@ static int64_t target_at(const ts_operand *t, int64_t i)
     int64_t off = t->offset + i * t->strides[0];
     return t->dtype == TS_I64 ? ((const int64_t *)t->data)[off]
                               : (int64_t)((const int32_t *)t->data)[off];
+}
+
+/* One float32 row with unit strides, vectorized as softmax's is: the max (NaN if any logit
+ * is NaN), e_j = exp(x_j - max) and their sum in double lanes; the loss lse - x_t, or the
+ * gradient g (e_j / sum - [j == t]). out may be x itself (written after every read). */
+HK_CLONES static void ce_row_f32(const float *x, int64_t C, int64_t t, double g, float *out,
+                                 int bwd)
+{
+    const float xt = x[t];
+    float m = -__builtin_inff();
+    int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t j = 0; j < C; j++) {
+        m = x[j] > m ? x[j] : m;
+        nan |= x[j] != x[j];
+    }
+    if (nan)
+        m = __builtin_nanf("");
+    double sum = 0;
+    if (!bwd) {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < C; j++)
+            sum += (double)hk_expf(x[j] - m);
+        out[0] = (float)((double)m + log(sum) - (double)xt);
+        return;
+    }
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < C; j++) {
+        float e = hk_expf(x[j] - m);
+        out[j] = e;
+        sum += (double)e;
+    }
+    const float gs = (float)(g / sum), gf = (float)g;
+#pragma omp simd
+    for (int64_t j = 0; j < C; j++)
+        out[j] = out[j] * gs;
+    out[t] -= gf;
 }
 
 /* logits: (N, C), targets: (N) TS_I64/TS_I32, [gloss: (N)] -> loss: (N) or glogits: (N, C). */
@@ -73,6 +111,17 @@ ts_status hk_loss(hk_dev *hd, const ts_kernel_call *call)
     }
     int64_t xs0 = x->strides[0], xs1 = x->strides[1], os0 = out->strides[0];
     int64_t os1 = bwd ? out->strides[1] : 0;
+    if (dt == TS_F32 && xs1 == 1 && (!bwd || os1 == 1)) {
+        const float *xf = (const float *)x->data;
+        float *of = (float *)out->data;
+        _Pragma("omp parallel for num_threads(hd->threads) schedule(static) if(N * C > 16384)")
+        for (int64_t i = 0; i < N; i++) {
+            double g = gl ? ld(gl, gl->offset + i * gl->strides[0]) : 0.0;
+            ce_row_f32(xf + x->offset + i * xs0, C, target_at(t, i), g,
+                       of + out->offset + i * os0, bwd);
+        }
+        return TS_OK;
+    }
     _Pragma("omp parallel for num_threads(hd->threads) schedule(static) if(N * C > 16384)")
     for (int64_t i = 0; i < N; i++) {
         int64_t xo = x->offset + i * xs0, oo = out->offset + i * os0, ti = target_at(t, i);

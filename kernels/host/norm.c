@@ -25,7 +25,93 @@ static int64_t numel(const ts_operand *o)
     return n;
 }
 
-#define LN_FWD(T)                                                                           \
+/* One row of the forward: mean and variance in double (two passes), then y. The sums are
+ * vectorized (omp simd reductions: double lanes, so their order depends on the vector width,
+ * as any vectorized sum does). */
+#define LN_FWD_ROW(name, T)                                                                 \
+    HK_CLONES static void name(const T *xr, T *yr, const T *w, const T *b, int64_t D,       \
+                               double eps, T *mean, T *rstd)                                \
+    {                                                                                       \
+        double sum = 0, v = 0;                                                              \
+        _Pragma("omp simd reduction(+ : sum)")                                              \
+        for (int64_t j = 0; j < D; j++)                                                     \
+            sum += (double)xr[j];                                                           \
+        double mu = sum / (double)D;                                                        \
+        _Pragma("omp simd reduction(+ : v)")                                                \
+        for (int64_t j = 0; j < D; j++) {                                                   \
+            double d = (double)xr[j] - mu;                                                  \
+            v += d * d;                                                                     \
+        }                                                                                   \
+        double rs = 1 / sqrt(v / (double)D + eps);                                          \
+        *mean = (T)mu;                                                                      \
+        *rstd = (T)rs;                                                                      \
+        const T m_ = (T)mu, s_ = (T)rs;                                                     \
+        if (w) {                                                                            \
+            _Pragma("omp simd")                                                             \
+            for (int64_t j = 0; j < D; j++)                                                 \
+                yr[j] = (xr[j] - m_) * s_ * w[j] + b[j];                                    \
+        } else {                                                                            \
+            _Pragma("omp simd")                                                             \
+            for (int64_t j = 0; j < D; j++)                                                 \
+                yr[j] = (xr[j] - m_) * s_;                                                  \
+        }                                                                                   \
+    }
+
+/* One row of the gradient w.r.t. x:
+ * gx = rstd * (gy w - mean_j(gy w) - xhat mean_j(gy w xhat)), xhat = (x - mean) rstd. */
+#define LN_BWD_ROW(name, T)                                                                 \
+    HK_CLONES static void name(const T *gr, const T *xr, const T *w, T *gxr, int64_t D,     \
+                               double mu, double rs)                                        \
+    {                                                                                       \
+        double a = 0, c = 0;                                                                \
+        _Pragma("omp simd reduction(+ : a, c)")                                             \
+        for (int64_t j = 0; j < D; j++) {                                                   \
+            double gw_ = (double)gr[j] * (w ? (double)w[j] : 1.0);                          \
+            a += gw_;                                                                       \
+            c += gw_ * ((double)xr[j] - mu) * rs;                                           \
+        }                                                                                   \
+        a /= (double)D;                                                                     \
+        c /= (double)D;                                                                     \
+        _Pragma("omp simd")                                                                 \
+        for (int64_t j = 0; j < D; j++) {                                                   \
+            double gw_ = (double)gr[j] * (w ? (double)w[j] : 1.0);                          \
+            double xh = ((double)xr[j] - mu) * rs;                                          \
+            gxr[j] = (T)(rs * (gw_ - a - xh * c));                                          \
+        }                                                                                   \
+    }
+
+/* The affine gradients of columns [j0, j1) (at most 64): gw = sum_rows gy xhat,
+ * gb = sum_rows gy, row by row in order. */
+#define LN_AFFINE_COLS(name, T)                                                             \
+    HK_CLONES static void name(const T *gy, const T *x, const T *mean, const T *rstd,       \
+                               int64_t rows, int64_t D, int64_t j0, int64_t j1, T *gw,      \
+                               T *gb)                                                       \
+    {                                                                                       \
+        double sw[64] = {0}, sb[64] = {0};                                                  \
+        const int64_t n = j1 - j0;                                                          \
+        for (int64_t r = 0; r < rows; r++) {                                                \
+            const T *gr = gy + r * D + j0, *xr = x + r * D + j0;                            \
+            const double mu = (double)mean[r], rs = (double)rstd[r];                        \
+            _Pragma("omp simd")                                                             \
+            for (int64_t j = 0; j < n; j++) {                                               \
+                sw[j] += (double)gr[j] * ((double)xr[j] - mu) * rs;                         \
+                sb[j] += (double)gr[j];                                                     \
+            }                                                                               \
+        }                                                                                   \
+        for (int64_t j = 0; j < n; j++) {                                                   \
+            gw[j0 + j] = (T)sw[j];                                                          \
+            gb[j0 + j] = (T)sb[j];                                                          \
+        }                                                                                   \
+    }
+
+LN_FWD_ROW(ln_fwd_row_f32, float)
+LN_FWD_ROW(ln_fwd_row_f64, double)
+LN_BWD_ROW(ln_bwd_row_f32, float)
+LN_BWD_ROW(ln_bwd_row_f64, double)
+LN_AFFINE_COLS(ln_affine_cols_f32, float)
+LN_AFFINE_COLS(ln_affine_cols_f64, double)
+
+#define LN_FWD(T, SFX)                                                                      \
     do {                                                                                    \
         const T *x = AT(call->inputs[0], const T);                                          \
         const T *w = affine ? AT(call->inputs[1], const T) : NULL;                         \
@@ -33,77 +119,26 @@ static int64_t numel(const ts_operand *o)
         T *y = AT(call->outputs[0], T), *mean = AT(call->outputs[1], T),                    \
           *rstd = AT(call->outputs[2], T);                                                  \
         _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")             \
-        for (int64_t r = 0; r < rows; r++) {                                                \
-            const T *xr = x + r * D;                                                        \
-            T *yr = y + r * D;                                                              \
-            double sum = 0, v = 0;                                                          \
-            for (int64_t j = 0; j < D; j++)                                                 \
-                sum += (double)xr[j];                                                       \
-            double mu = sum / (double)D;                                                    \
-            for (int64_t j = 0; j < D; j++) {                                               \
-                double d = (double)xr[j] - mu;                                              \
-                v += d * d;                                                                 \
-            }                                                                               \
-            double rs = 1 / sqrt(v / (double)D + P->eps);                                   \
-            mean[r] = (T)mu;                                                                \
-            rstd[r] = (T)rs;                                                                \
-            const T m_ = (T)mu, s_ = (T)rs;                                                 \
-            if (w) {                                                                        \
-                for (int64_t j = 0; j < D; j++)                                             \
-                    yr[j] = (xr[j] - m_) * s_ * w[j] + b[j];                                \
-            } else {                                                                        \
-                for (int64_t j = 0; j < D; j++)                                             \
-                    yr[j] = (xr[j] - m_) * s_;                                              \
-            }                                                                               \
-        }                                                                                   \
+        for (int64_t r = 0; r < rows; r++)                                                  \
+            ln_fwd_row_##SFX(x + r * D, y + r * D, w, b, D, P->eps, mean + r, rstd + r);    \
     } while (0)
 
-/* gx = rstd * (gy w - mean_j(gy w) - xhat mean_j(gy w xhat)), xhat = (x - mean) rstd;
- * gw = sum_rows gy xhat, gb = sum_rows gy. */
-#define LN_BWD(T)                                                                           \
+#define LN_BWD(T, SFX)                                                                      \
     do {                                                                                    \
         const T *gy = AT(call->inputs[0], const T), *x = AT(call->inputs[1], const T);      \
         const T *mean = AT(call->inputs[2], const T), *rstd = AT(call->inputs[3], const T); \
         const T *w = affine ? AT(call->inputs[4], const T) : NULL;                         \
         T *gx = AT(call->outputs[0], T);                                                    \
         _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")             \
-        for (int64_t r = 0; r < rows; r++) {                                                \
-            const T *gr = gy + r * D, *xr = x + r * D;                                      \
-            T *gxr = gx + r * D;                                                            \
-            const double mu = (double)mean[r], rs = (double)rstd[r];                       \
-            double a = 0, c = 0;                                                            \
-            for (int64_t j = 0; j < D; j++) {                                               \
-                double gw_ = (double)gr[j] * (w ? (double)w[j] : 1.0);                     \
-                a += gw_;                                                                   \
-                c += gw_ * ((double)xr[j] - mu) * rs;                                       \
-            }                                                                               \
-            a /= (double)D;                                                                 \
-            c /= (double)D;                                                                 \
-            for (int64_t j = 0; j < D; j++) {                                               \
-                double gw_ = (double)gr[j] * (w ? (double)w[j] : 1.0);                     \
-                double xh = ((double)xr[j] - mu) * rs;                                      \
-                gxr[j] = (T)(rs * (gw_ - a - xh * c));                                      \
-            }                                                                               \
-        }                                                                                   \
+        for (int64_t r = 0; r < rows; r++)                                                  \
+            ln_bwd_row_##SFX(gy + r * D, x + r * D, w, gx + r * D, D, (double)mean[r],      \
+                             (double)rstd[r]);                                              \
         if (affine) {                                                                       \
             T *gw = AT(call->outputs[1], T), *gb = AT(call->outputs[2], T);                 \
             _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")         \
-            for (int64_t j0 = 0; j0 < D; j0 += 64) {                                        \
-                int64_t j1 = j0 + 64 < D ? j0 + 64 : D;                                     \
-                double sw[64] = {0}, sb[64] = {0};                                          \
-                for (int64_t r = 0; r < rows; r++) {                                        \
-                    const T *gr = gy + r * D, *xr = x + r * D;                              \
-                    const double mu = (double)mean[r], rs = (double)rstd[r];               \
-                    for (int64_t j = j0; j < j1; j++) {                                     \
-                        sw[j - j0] += (double)gr[j] * ((double)xr[j] - mu) * rs;            \
-                        sb[j - j0] += (double)gr[j];                                        \
-                    }                                                                       \
-                }                                                                           \
-                for (int64_t j = j0; j < j1; j++) {                                         \
-                    gw[j] = (T)sw[j - j0];                                                  \
-                    gb[j] = (T)sb[j - j0];                                                  \
-                }                                                                           \
-            }                                                                               \
+            for (int64_t j0 = 0; j0 < D; j0 += 64)                                          \
+                ln_affine_cols_##SFX(gy, x, mean, rstd, rows, D, j0,                        \
+                                     j0 + 64 < D ? j0 + 64 : D, gw, gb);                    \
         }                                                                                   \
     } while (0)
 
@@ -129,14 +164,14 @@ ts_status hk_norm(hk_dev *hd, const ts_kernel_call *call)
     (void)nt; /* the reference flavour has no parallel regions */
     if (call->inputs[0].dtype == TS_F32) {
         if (bwd)
-            LN_BWD(float);
+            LN_BWD(float, f32);
         else
-            LN_FWD(float);
+            LN_FWD(float, f32);
     } else {
         if (bwd)
-            LN_BWD(double);
+            LN_BWD(double, f64);
         else
-            LN_FWD(double);
+            LN_FWD(double, f64);
     }
     return TS_OK;
 }

@@ -400,7 +400,8 @@ static ts_status run_reduce(hk_dev *hd, const ts_kernel_call *call)
 
 /* A float32 slice with unit strides, vectorized: the max (NaN if any element is NaN, as the
  * strided loop gives), exp and its sum in double lanes, then the scale. */
-static void softmax_f32_contig(const float *x, float *y, int64_t len, int log_form)
+HK_CLONES static void softmax_f32_contig(const float *x, float *y, int64_t len,
+                                         int log_form)
 {
     float m = -__builtin_inff();
     int nan = 0;
