@@ -40,16 +40,7 @@ static int64_t target_at(const ts_operand *t, int64_t i)
 HK_CLONES static void ce_row_f32(const float *x, int64_t C, int64_t t, double g, float *out,
                                  int bwd)
 {
-    const float xt = x[t];
-    float m = -__builtin_inff();
-    int nan = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan)
-    for (int64_t j = 0; j < C; j++) {
-        m = x[j] > m ? x[j] : m;
-        nan |= x[j] != x[j];
-    }
-    if (nan)
-        m = __builtin_nanf("");
+    const float xt = x[t], m = hk_max_nan_f32(x, C);
     double sum = 0;
     if (!bwd) {
 #pragma omp simd reduction(+ : sum)

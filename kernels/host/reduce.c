@@ -403,15 +403,7 @@ static ts_status run_reduce(hk_dev *hd, const ts_kernel_call *call)
 HK_CLONES static void softmax_f32_contig(const float *x, float *y, int64_t len,
                                          int log_form)
 {
-    float m = -__builtin_inff();
-    int nan = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan)
-    for (int64_t i = 0; i < len; i++) {
-        m = x[i] > m ? x[i] : m;
-        nan |= x[i] != x[i];
-    }
-    if (nan)
-        m = __builtin_nanf("");
+    const float m = hk_max_nan_f32(x, len);
     double sum = 0;
     if (log_form) {
 #pragma omp simd reduction(+ : sum)

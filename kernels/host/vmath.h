@@ -85,4 +85,18 @@ static inline float hk_tanhf(float x)
     return x != x ? x : y;
 }
 
+/* The largest of x[0..n) (n >= 1), or NaN when any is NaN (as a strided loop that stops at
+ * the first NaN gives); a vectorized reduction, for softmax-like rows. */
+static inline float hk_max_nan_f32(const float *x, int64_t n)
+{
+    float m = -__builtin_inff();
+    int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t i = 0; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        nan |= x[i] != x[i];
+    }
+    return nan ? __builtin_nanf("") : m;
+}
+
 #endif /* TESSERA_KERNELS_HOST_VMATH_H */

@@ -50,10 +50,12 @@ static ts_status feed_checkpoint(const char *path, ts_device *dev)
     return s;
 }
 
-static ts_status feed_idx(const char *path, ts_device *dev)
+/* A loader of one tensor: an error without a tensor, or a tensor whose bytes all read. */
+static ts_status feed_tensor(const char *path, ts_device *dev,
+                             ts_status (*load)(const char *, ts_device *, ts_tensor **))
 {
     ts_tensor *t = (ts_tensor *)1;
-    ts_status s = ts_idx_load(path, dev, &t);
+    ts_status s = load(path, dev, &t);
     if (s != TS_OK) {
         CHECK(t == NULL);
         return s;
@@ -66,20 +68,14 @@ static ts_status feed_idx(const char *path, ts_device *dev)
     return s;
 }
 
+static ts_status feed_idx(const char *path, ts_device *dev)
+{
+    return feed_tensor(path, dev, ts_idx_load);
+}
+
 static ts_status feed_npy(const char *path, ts_device *dev)
 {
-    ts_tensor *t = (ts_tensor *)1;
-    ts_status s = ts_npy_load(path, dev, &t);
-    if (s != TS_OK) {
-        CHECK(t == NULL);
-        return s;
-    }
-    size_t n = (size_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
-    void *buf = malloc(n ? n : 1);
-    CHECK_OK(ts_tensor_to_host(t, buf, n));
-    free(buf);
-    ts_tensor_unref(t);
-    return s;
+    return feed_tensor(path, dev, ts_npy_load);
 }
 
 static int cmp_name(const void *a, const void *b)
