@@ -41,20 +41,11 @@ HK_CLONES static void ce_row_f32(const float *x, int64_t C, int64_t t, double g,
                                  int bwd)
 {
     const float xt = x[t], m = hk_max_nan_f32(x, C);
-    double sum = 0;
     if (!bwd) {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < C; j++)
-            sum += (double)hk_expf(x[j] - m);
-        out[0] = (float)((double)m + log(sum) - (double)xt);
+        out[0] = (float)((double)m + log(hk_exp_shift_sum_f32(x, m, NULL, C)) - (double)xt);
         return;
     }
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < C; j++) {
-        float e = hk_expf(x[j] - m);
-        out[j] = e;
-        sum += (double)e;
-    }
+    double sum = hk_exp_shift_sum_f32(x, m, out, C);
     const float gs = (float)(g / sum), gf = (float)g;
 #pragma omp simd
     for (int64_t j = 0; j < C; j++)

@@ -404,23 +404,14 @@ HK_CLONES static void softmax_f32_contig(const float *x, float *y, int64_t len,
                                          int log_form)
 {
     const float m = hk_max_nan_f32(x, len);
-    double sum = 0;
     if (log_form) {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < len; i++)
-            sum += (double)hk_expf(x[i] - m);
-        const float lse = (float)log(sum);
+        const float lse = (float)log(hk_exp_shift_sum_f32(x, m, NULL, len));
 #pragma omp simd
         for (int64_t i = 0; i < len; i++)
             y[i] = x[i] - m - lse;
         return;
     }
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < len; i++) {
-        float e = hk_expf(x[i] - m);
-        y[i] = e;
-        sum += (double)e;
-    }
+    double sum = hk_exp_shift_sum_f32(x, m, y, len);
     const float inv = (float)(1.0 / sum);
 #pragma omp simd
     for (int64_t i = 0; i < len; i++)

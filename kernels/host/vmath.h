@@ -99,4 +99,24 @@ static inline float hk_max_nan_f32(const float *x, int64_t n)
     return nan ? __builtin_nanf("") : m;
 }
 
+/* y[i] = e^(x[i] - m) (y may be NULL: the sum only); returns their sum, accumulated in
+ * double lanes. */
+static inline double hk_exp_shift_sum_f32(const float *x, float m, float *y, int64_t n)
+{
+    double sum = 0;
+    if (!y) {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < n; i++)
+            sum += (double)hk_expf(x[i] - m);
+        return sum;
+    }
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; i++) {
+        float e = hk_expf(x[i] - m);
+        y[i] = e;
+        sum += (double)e;
+    }
+    return sum;
+}
+
 #endif /* TESSERA_KERNELS_HOST_VMATH_H */
