@@ -1224,23 +1224,34 @@ static int arch_option(const char *a)
  * 500", "gpt --context 128 ...") goes in front of the command line, so the model needs no
  * repeating. The string comes from a file, maybe a hostile one: only a model name followed
  * by architecture options and their values is taken, nothing that could name a path or a
- * device. *nargv (transfer full, with *buf) or NULL to keep argv. */
-static void arch_from_checkpoint(int argc, char **argv, int *nargc, char ***nargv, char **buf)
+ * device. *nargv (transfer full, with *buf) or NULL to keep argv. Returns 0, or 1 after an
+ * error message when the checkpoint's train.arch is there but no description tessera writes
+ * (edited or damaged: training some other model instead would only confuse). */
+static int arch_from_checkpoint(int argc, char **argv, int *nargc, char ***nargv, char **buf)
 {
     const char *ckpt = NULL;
     *nargv = NULL;
     *buf = NULL;
     for (int i = 1; i < argc; i++) {
         if (arch_option(argv[i]))
-            return;
+            return 0;
         if (!strcmp(argv[i], "--resume") && i + 1 < argc)
             ckpt = argv[++i];
     }
     ts_checkpoint *ck = NULL;
     if (!ckpt || ts_checkpoint_load(ckpt, NULL, &ck) != TS_OK)
-        return; /* resume() reports it */
+        return 0; /* resume() reports it */
     const char *arch = ts_checkpoint_meta(ck, "train.arch");
-    char *copy = arch && strlen(arch) < 512 ? strdup(arch) : NULL;
+    if (!arch) { /* an older checkpoint: resume() checks the model it names */
+        ts_checkpoint_free(ck);
+        return 0;
+    }
+    char shown[96]; /* the file's text, printable and short */
+    size_t ns = 0;
+    for (const unsigned char *c = (const unsigned char *)arch; *c && ns < 80; c++)
+        shown[ns++] = *c >= 0x20 && *c < 0x7f ? (char)*c : '?';
+    snprintf(shown + ns, sizeof shown - ns, "%s", strlen(arch) > 80 ? "..." : "");
+    char *copy = strlen(arch) < 512 ? strdup(arch) : NULL;
     ts_checkpoint_free(ck);
     char *tok[40];
     int n = 0, ok = copy != NULL;
@@ -1250,10 +1261,18 @@ static void arch_from_checkpoint(int argc, char **argv, int *nargc, char ***narg
              (n == 0 ? t[0] != '-' : n % 2 == 1 ? arch_option(t) : t[0] != '-' || isdigit((unsigned char)t[1]));
         tok[n++] = t;
     }
-    char **nv = ok && n >= 1 && n % 2 == 1 ? calloc((size_t)(argc + n + 2), sizeof *nv) : NULL;
+    ok = ok && n >= 1 && n % 2 == 1;
+    char **nv = ok ? calloc((size_t)(argc + n + 2), sizeof *nv) : NULL;
     if (!nv) {
         free(copy);
-        return;
+        if (ok)
+            return cli_fail(TS_ENOMEM, "--resume");
+        fprintf(stderr, "tessera: error: %s: its train.arch '%s' is not a model description "
+                "tessera writes (a model name, then --hidden, --channels, --init, --context, "
+                "--layers, --heads, --embd or --dropout with values): the checkpoint was edited "
+                "or is damaged; give --model and its options on the command line\n", ckpt,
+                shown);
+        return 1;
     }
     int k = 0;
     nv[k++] = argv[0];
@@ -1269,13 +1288,15 @@ static void arch_from_checkpoint(int argc, char **argv, int *nargc, char ***narg
     *nargc = k;
     *nargv = nv;
     *buf = copy;
+    return 0;
 }
 
 int cmd_train(int argc, char **argv, const cli_common *common)
 {
     char **nargv, *nbuf;
     int nargc = argc;
-    arch_from_checkpoint(argc, argv, &nargc, &nargv, &nbuf);
+    if (arch_from_checkpoint(argc, argv, &nargc, &nargv, &nbuf))
+        return 1;
     if (nargv) {
         int rc = cmd_train(nargc, nargv, common); /* now with architecture options: once */
         free(nargv);

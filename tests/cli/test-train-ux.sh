@@ -114,13 +114,14 @@ else
     fail "--resume without --model takes the checkpoint's model" "rc=$rc" "$out"
 fi
 # A planted train.arch that would add another option (--save to a path of its choosing) is
-# not taken: only a model name and architecture options are.
-LC_ALL=C sed 's|"train.arch":"mlp --hidden 48"|"train.arch":"mlp --save /x..48"|' "$TMP/a.ckpt" >"$TMP/evil.ckpt"
+# not taken: only a model name and architecture options are; the run stops naming the file.
+LC_ALL=C sed 's|"train.arch":"mlp --hidden 48"|"train.arch":"mlp --save /x48"|' "$TMP/a.ckpt" >"$TMP/evil.ckpt"
 out=$(cd "$TMP" && "$TESSERA" train --train-limit 512 --max-steps 8 --resume "$TMP/evil.ckpt" 2>&1)
 rc=$?
-if grep -q -a 'mlp --save /x..48' "$TMP/evil.ckpt" && [ $rc -ne 0 ] &&
-    ! contains "$out" "the model from" && [ ! -e /x..48 ] && [ ! -e "$TMP/x..48" ]; then
-    ok "a checkpoint whose train.arch carries another option is not taken as the model"
+if grep -q -a 'mlp --save /x48' "$TMP/evil.ckpt" && [ $rc -eq 1 ] &&
+    ! contains "$out" "the model from" && [ ! -e /x48 ] && [ ! -e "$TMP/x48" ] &&
+    contains "$out" "evil.ckpt: its train.arch 'mlp --save /x48' is not a model description"; then
+    ok "a checkpoint whose train.arch carries another option is refused, naming the file and the text"
 else
     fail "a planted train.arch is not taken" "rc=$rc" "$out"
 fi
