@@ -218,12 +218,17 @@ static ts_status push_entry(ts_checkpoint *ck, char *name, ts_tensor *t)
     return TS_OK;
 }
 
+static int valid_utf8(const unsigned char *s, size_t n);
+
 TS_API ts_status ts_checkpoint_add(ts_checkpoint *ck, const char *name, ts_tensor *t)
 {
     if (!ck || !name || !t)
         return ts__fail(TS_EINVAL, "ts_checkpoint_add: NULL argument");
     if (!*name)
         return ts__fail(TS_EINVAL, "ts_checkpoint_add: empty tensor name");
+    if (!valid_utf8((const unsigned char *)name, strlen(name)))
+        return ts__fail(TS_EINVAL, "ts_checkpoint_add: the tensor name is not valid UTF-8, "
+                        "which a safetensors header (JSON) must be");
     if (strcmp(name, META_KEY) == 0)
         return ts__fail(TS_EINVAL, "ts_checkpoint_add: '%s' is reserved for the metadata",
                         META_KEY);
@@ -272,6 +277,11 @@ TS_API ts_status ts_checkpoint_set_meta(ts_checkpoint *ck, const char *key, cons
         return ts__fail(TS_EINVAL, "ts_checkpoint_set_meta: NULL argument");
     if (!*key)
         return ts__fail(TS_EINVAL, "ts_checkpoint_set_meta: empty key");
+    if (!valid_utf8((const unsigned char *)key, strlen(key)) ||
+        !valid_utf8((const unsigned char *)value, strlen(value)))
+        return ts__fail(TS_EINVAL, "ts_checkpoint_set_meta: the %s is not valid UTF-8, which a "
+                        "safetensors header (JSON) must be",
+                        valid_utf8((const unsigned char *)key, strlen(key)) ? "value" : "key");
     char *k = ts__strdup(key), *v = ts__strdup(value);
     ts_status s = TS_OK;
     if (!k || !v) {
@@ -738,9 +748,9 @@ ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body
     }
     step = "writing";
     int b = body(&sv, fd, user);
-    if (b < 0)
+    if (b == TS__SAVE_IO)
         goto io_fail;
-    if (b > 0) {
+    if (b != TS_OK) {
         s = (ts_status)b;
         goto out;
     }
@@ -816,7 +826,7 @@ static int write_checkpoint(ts__saver *sv, int fd, void *user)
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((uint64_t)cb->hlen >> (8 * i));
     if (write_all(sv, fd, len8, 8) || write_all(sv, fd, cb->header, cb->hlen))
-        return -1;
+        return TS__SAVE_IO;
     void *buf = cb->maxbytes ? ts__malloc(cb->maxbytes) : NULL;
     if (cb->maxbytes && !buf)
         return ts__fail(TS_ENOMEM, "%s: out of memory saving the checkpoint", sv->path);
@@ -833,7 +843,7 @@ static int write_checkpoint(ts__saver *sv, int fd, void *user)
             int err = errno;
             free(buf);
             errno = err;
-            return -1;
+            return TS__SAVE_IO;
         }
     }
     free(buf);

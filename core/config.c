@@ -843,8 +843,8 @@ ts_status ts__config_check_reserve(const ts_config *cfg, const char *name, const
                  LAYER_FILE(cfg, e->layer), e->line,
                  section, e->value);
     else
-        snprintf(where, sizeof where, "%s: [%s] memory_fraction (default %s)",
-                 ts_config_source(cfg), section, frac->text);
+        snprintf(where, sizeof where, "[%s] memory_fraction (not set in any file: the "
+                 "default, %s)", section, frac->text);
     ts__fmt_bytes(lim, limit);
     ts__fmt_bytes(tot, total_bytes);
     if (total_bytes < TS_MIN_RESERVE_BYTES)

@@ -36,9 +36,11 @@ uint64_t ts__profile_end_call(uint64_t t0, const ts_kernel_call *call);
 /* IEEE half to float32, exactly (subnormals, infinities and NaN included). */
 float ts__half_to_float(uint16_t h);
 /* Atomic, link-safe saves (core/checkpoint.c; see checkpoint.h): body writes the file's bytes
- * to fd with ts__save_write and returns 0, -1 for an I/O error (errno set) or a ts_status
- * with its message set; the temporary file becomes path only when it returned 0. what names
- * the file in messages ("the checkpoint"). */
+ * to fd with ts__save_write and returns TS_OK, TS__SAVE_IO for a failed write (errno set:
+ * the saver words the message) or another ts_status with its message set; the temporary
+ * file becomes path only when it returned TS_OK. what names the file in messages ("the
+ * checkpoint"). */
+#define TS__SAVE_IO 1 /* no ts_status: those are 0 and negative */
 typedef struct ts__saver ts__saver;
 typedef int (*ts__save_body)(ts__saver *sv, int fd, void *user);
 ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body, void *user);

@@ -362,7 +362,7 @@ typedef struct leak {
     char pool[64];
     const void *ptr;
     uint64_t nbytes, block_bytes, seq;
-    char tag[160]; /* a copy: a debug-mode name goes with its block */
+    char tag[352]; /* a copy: a debug-mode name goes with its block (op, 8 dims, dtype) */
     int has_tag;
 } leak;
 

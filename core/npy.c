@@ -101,7 +101,8 @@ static int word(header *h, const char *w)
     return 0;
 }
 
-/* (), (5,), (2, 3) or (2, 3,): non-negative decimal ints, at most TS_MAX_DIMS. */
+/* (), (5,), (2, 3) or (2, 3,): a Python tuple of non-negative decimal ints (no sign, no
+ * leading zero; a single one needs its comma: (5) is an int), at most TS_MAX_DIMS. */
 static ts_status shape(header *h, const char *path)
 {
     if (!eat(h, '('))
@@ -114,11 +115,16 @@ static ts_status shape(header *h, const char *path)
         if (h->p >= h->end || !isdigit((unsigned char)*h->p))
             return CORRUPT("%s: the header's 'shape' is not a tuple of non-negative integers",
                            path);
+        if (*h->p == '0' && h->p + 1 < h->end && isdigit((unsigned char)h->p[1]))
+            return CORRUPT("%s: a dimension of the header's 'shape' has a leading zero, which "
+                           "is no Python integer", path);
+        const uint64_t limit = (uint64_t)1 << 62;
         uint64_t v = 0;
         while (h->p < h->end && isdigit((unsigned char)*h->p)) {
-            v = v * 10 + (uint64_t)(*h->p++ - '0');
-            if (v > ((uint64_t)1 << 62))
+            uint64_t dgt = (uint64_t)(*h->p++ - '0');
+            if (v > (limit - dgt) / 10) /* checked before it could wrap */
                 return CORRUPT("%s: a dimension of the header's 'shape' is too large", path);
+            v = v * 10 + dgt;
         }
         if (h->ndim == TS_MAX_DIMS)
             return ts__fail(TS_EINVAL, "%s: the array has more than %d dimensions, the most a "
@@ -126,8 +132,13 @@ static ts_status shape(header *h, const char *path)
         h->shape[h->ndim++] = (int64_t)v;
         if (eat(h, ','))
             continue;
-        if (eat(h, ')'))
+        if (eat(h, ')')) {
+            if (h->ndim == 1)
+                return CORRUPT("%s: the header's 'shape' (%llu) is an integer, not a tuple "
+                               "(numpy writes (%llu,))", path, (unsigned long long)v,
+                               (unsigned long long)v);
             return TS_OK;
+        }
         return CORRUPT("%s: the header's 'shape' is not a tuple of integers", path);
     }
 }
@@ -446,7 +457,7 @@ static int write_npy(ts__saver *sv, int fd, void *user)
     npy_body *b = user;
     if (ts__save_write(sv, fd, b->head, b->hlen) ||
         (b->nbytes && ts__save_write(sv, fd, b->data, b->nbytes)))
-        return -1;
+        return TS__SAVE_IO;
     return 0;
 }
 

@@ -1005,8 +1005,10 @@ static void pool_free(ts_pool *p, void *ptr)
         return;
     }
     size_t size = b->size, requested = b->requested;
-    char *name = b->name; /* freed after the event that may show it */
-    const char *tag = name ? name : b->tag;
+    /* events carry the caller's static tag, as the allocation's did; the debug-mode name
+     * is only for live-block listings and leak reports */
+    char *name = b->name;
+    const char *tag = b->tag;
     b->name = NULL;
     p->st.in_use -= size;
     p->st.requested -= requested;
@@ -1027,9 +1029,9 @@ static void pool_free(ts_pool *p, void *ptr)
                                .in_use = p->st.in_use, .reserved = p->st.reserved};
     }
     pthread_mutex_unlock(&p->lock);
+    free(name);
     if (hooks & TS__MEM_CALLBACK)
         ts__mem_dispatch(&ev);
-    free(name);
 }
 
 void ts__pool_name_block(ts_pool *p, const void *ptr, const char *text, int final)

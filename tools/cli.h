@@ -58,12 +58,13 @@ struct cJSON;
 void cli_json_line(struct cJSON *o);
 /* key: value, or key: null when value is NULL. */
 void cli_json_str_or_null(struct cJSON *o, const char *key, const char *value);
-/* --memtrace/--memplot: refuses either naming the checkpoint (save or resume, NULL: none;
- * exit status 2), then starts the trace (memtrace, or memplot + ".trace.json"; ".rankN"
+/* --memtrace/--memplot: refuses the trace's file or the picture being one of the
+ * checkpoints keep names (--save, --resume, --save-initial; NULL: none) by any spelling or
+ * link (exit status 2), then starts the trace (memtrace, or memplot + ".trace.json"; ".rankN"
  * appended under mpirun) into trace (len bytes; "" when none). 0, or the exit status (1,
  * or 2 for the misuse) after an error message. */
 int cli_memtrace_begin(char *trace, size_t len, const char *memtrace, const char *memplot,
-                       const char *save, const char *resume, int rank, int world);
+                       const char *const keep[3], int rank, int world);
 /* Stops the trace started above and, when draw and memplot, draws it: 0, or 1 when the
  * drawing failed (its message printed). */
 int cli_memtrace_end(const char *trace, const char *memplot, int draw,

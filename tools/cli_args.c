@@ -199,41 +199,73 @@ void cli_json_str_or_null(struct cJSON *o, const char *key, const char *value)
         cJSON_AddNullToObject(o, key);
 }
 
-/* The same file: the same name, or the same inode (a hard link, another spelling). */
+/* path with its directory resolved (symbolic links, "." and ".."): the file it names
+ * whether or not it exists yet. 0 when the directory cannot be resolved. */
+static int canonical(const char *path, char *out, size_t len)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    char *real = realpath(dir, NULL);
+    if (!real)
+        return 0;
+    snprintf(out, len, "%s/%s", real, slash ? slash + 1 : path);
+    free(real);
+    return 1;
+}
+
+/* The same file: the same inode when both exist (a hard link, another spelling); else the
+ * same resolved path (a file neither has written yet). */
 static int same_file(const char *a, const char *b)
 {
     struct stat sa, sb;
-    return !strcmp(a, b) || (stat(a, &sa) == 0 && stat(b, &sb) == 0 &&
-                             sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino);
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char ca[8192], cb[8192];
+    if (canonical(a, ca, sizeof ca) && canonical(b, cb, sizeof cb))
+        return !strcmp(ca, cb);
+    return !strcmp(a, b);
 }
 
 int cli_memtrace_begin(char *trace, size_t len, const char *memtrace, const char *memplot,
-                       const char *save, const char *resume, int rank, int world)
+                       const char *const keep[3], int rank, int world)
 {
     trace[0] = 0;
     if (!memtrace && !memplot)
         return 0;
-    /* A trace or picture over the checkpoint would destroy it (the trace is created now,
-     * before --resume reads it; the picture is written after --save). */
-    const char *out[2] = {memtrace, memplot}, *keep[2] = {save, resume};
-    static const char *const oname[2] = {"--memtrace", "--memplot"},
-                             *kname[2] = {"--save", "--resume"};
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
-            if (out[i] && keep[j] && same_file(out[i], keep[j]))
-                return cli_usage_error("train", "%s %s is the checkpoint of %s: it would "
-                                       "replace it; give the trace or picture a file of its own",
-                                       oname[i], out[i], kname[j]);
-    /* the picture's path is checked now, not after the run */
-    ts_status ps = memplot ? ts_checkpoint_check_path(memplot) : TS_OK;
-    if (ps)
-        return cli_fail(ps, "--memplot");
     if (memtrace) /* --memplot alone: the trace next to the picture */
         snprintf(trace, len, "%s", memtrace);
     else
         snprintf(trace, len, "%s.trace.json", memplot);
     if (world > 1) /* one file a rank */
         snprintf(trace + strlen(trace), len - strlen(trace), ".rank%d", rank);
+    /* A trace or picture over a checkpoint would destroy it (the trace is created now,
+     * before --resume reads it; the picture is written after --save). The files written are
+     * compared, the trace by the name it gets. */
+    const char *out[2] = {trace, memplot};
+    static const char *const oname[2] = {"the trace", "--memplot"},
+                             *kname[3] = {"--save", "--resume", "--save-initial"};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            if (out[i] && keep[j] && same_file(out[i], keep[j])) {
+                int rc = cli_usage_error("train", "%s (%s) is the file of %s %s: it would "
+                                         "replace the checkpoint; give the trace and the "
+                                         "picture files of their own", oname[i], out[i],
+                                         kname[j], keep[j]);
+                trace[0] = 0;
+                return rc;
+            }
+    /* the picture's path is checked now, not after the run */
+    ts_status ps = memplot ? ts_checkpoint_check_path(memplot) : TS_OK;
+    if (ps) {
+        trace[0] = 0;
+        return cli_fail(ps, "--memplot");
+    }
     ts_status s = ts_memtrace_start(trace);
     if (s) {
         trace[0] = 0;

@@ -54,6 +54,21 @@ static void stem(const char *path, char *out, size_t len)
     snprintf(out, len, "%.*s", (int)n, base);
 }
 
+/* name, printable: control characters and bytes over 0x7e as \xNN, cut at 120 bytes. */
+static const char *shown(const char *name, char *buf, size_t len)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)name; *p && n + 5 < len; p++) {
+        if (p - (const unsigned char *)name >= 120) {
+            n += (size_t)snprintf(buf + n, len - n, "...");
+            break;
+        }
+        n += (size_t)snprintf(buf + n, len - n, *p >= 0x20 && *p < 0x7f ? "%c" : "\\x%02x", *p);
+    }
+    buf[n < len ? n : len - 1] = 0;
+    return buf;
+}
+
 /* A tensor name that can be a file name in DIR: no '/', not empty, not "." or "..", no
  * control characters, not over 200 bytes. */
 static int safe_file_name(const char *name)
@@ -139,9 +154,11 @@ static int safetensors_to_npy(const char *in, const char *name, const char *out)
         char path[8192];
         if (to_dir) {
             if (!safe_file_name(nm)) {
-                fprintf(stderr, "tessera: error: convert: %s: tensor name '%.200s' is not a "
-                        "safe file name ('/', control characters, '.', '..', over 200 "
-                        "bytes): convert it alone with --name and -o FILE.npy\n", in, nm);
+                char b[640];
+                fprintf(stderr, "tessera: error: convert: %s: tensor name '%s' is not a safe "
+                        "file name ('/', control characters, '.', '..', over 200 bytes): "
+                        "convert it alone with --name and -o FILE.npy\n", in,
+                        shown(nm, b, sizeof b));
                 goto out;
             }
             snprintf(path, sizeof path, "%s%s%s.npy", out, ends_with(out, "/") ? "" : "/", nm);
@@ -155,9 +172,10 @@ static int safetensors_to_npy(const char *in, const char *name, const char *out)
         }
         written++;
     }
-    if (!written) {
+    if (!written && name) {
+        char b[640];
         fprintf(stderr, "tessera: error: convert: %s has no tensor named '%s' (tessera inspect "
-                "%s lists them)\n", in, name, in);
+                "%s lists them)\n", in, shown(name, b, sizeof b), in);
         goto out;
     }
     printf("%s: %zu array%s\n", out, written, written == 1 ? "" : "s");

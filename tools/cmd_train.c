@@ -1343,8 +1343,9 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         goto out;
     }
     cli_stop_signals_install();
-    if ((rc = cli_memtrace_begin(trace, sizeof trace, t.o.memtrace, t.o.memplot, t.o.save,
-                                 t.o.resume, t.rank, t.world)))
+    if ((rc = cli_memtrace_begin(trace, sizeof trace, t.o.memtrace, t.o.memplot,
+                                 (const char *const[3]){t.o.save, t.o.resume, NULL}, t.rank,
+                                 t.world)))
         goto out;
     rc = 1;
     /* a device-buffer backend (NCCL) trains on its own device unless told otherwise */

@@ -565,7 +565,9 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     r.world = ts_dist_size();
     cli_stop_signals_install();
     if ((rc = cli_memtrace_begin(r.trace, sizeof r.trace, r.o.memtrace, r.o.memplot,
-                                 r.o.save, r.o.resume, r.rank, r.world)))
+                                 (const char *const[3]){r.o.save, r.o.resume,
+                                                        r.o.save_initial},
+                                 r.rank, r.world)))
         goto out;
     rc = 1;
     if (r.o.save && r.rank == 0 && (s = ts_checkpoint_check_path(r.o.save))) {

@@ -28,10 +28,12 @@ typedef struct ts_checkpoint ts_checkpoint;
 ts_status ts_checkpoint_new(ts_checkpoint **out);
 void ts_checkpoint_free(ts_checkpoint *ck);
 
-/* Adds a tensor under a unique name (TS_EINVAL for a duplicate or an empty name); keeps a
- * reference to t until the checkpoint is freed, so save it before changing t. */
+/* Adds a tensor under a unique name (TS_EINVAL for a duplicate or an empty name, or one that
+ * is not valid UTF-8, which the JSON header must be); keeps a reference to t until the
+ * checkpoint is freed, so save it before changing t. */
 ts_status ts_checkpoint_add(ts_checkpoint *ck, const char *name, ts_tensor *t);
-/* Sets a metadata string (replacing an earlier value of key). */
+/* Sets a metadata string (replacing an earlier value of key). Key and value must be valid
+ * UTF-8 (TS_EINVAL otherwise). */
 ts_status ts_checkpoint_set_meta(ts_checkpoint *ck, const char *key, const char *value);
 
 /* Writes the checkpoint to path atomically (see above). Replacing a file keeps its permission

@@ -49,11 +49,21 @@ h='{"../escaped":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
     >"$TMP/evil.safetensors"
 mkdir "$TMP/jail"
 out=$("$TESSERA" convert "$TMP/evil.safetensors" -o "$TMP/jail/" 2>&1); rc=$?
+# a name with terminal escapes is shown escaped, never sent to the terminal
+h='{"\u001b]0;x\u0007":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+{ printf "\\$(printf %o ${#h})\\000\\000\\000\\000\\000\\000\\000"; printf '%s' "$h"; printf '\000\000\200\077'; } \
+    >"$TMP/esc.safetensors"
+o2=$("$TESSERA" convert "$TMP/esc.safetensors" -o "$TMP/jail/" 2>&1); r2=$?
+# an input file name that is not UTF-8 cannot become a tensor name
+cp "$D/f32_2x3.npy" "$TMP/$(printf 'bad\377name').npy"
+o3=$("$TESSERA" convert "$TMP/$(printf 'bad\377name').npy" -o "$TMP/u.safetensors" 2>&1); r3=$?
 if [ $rc -eq 1 ] && contains "$out" "not a safe file name" && [ ! -e "$TMP/escaped.npy" ] &&
-    [ -z "$(ls "$TMP/jail")" ]; then
-    ok "a tensor name with '/' is refused, not turned into a path"
+    [ -z "$(ls "$TMP/jail")" ] && [ $r2 -eq 1 ] && contains "$o2" "'\\x1b]0;x\\x07'" &&
+    ! printf '%s' "$o2" | grep -q "$(printf '\033')" && [ $r3 -eq 1 ] && contains "$o3" "UTF-8" &&
+    [ ! -e "$TMP/u.safetensors" ]; then
+    ok "a tensor name with '/' is refused, not turned into a path; escapes are shown escaped; non-UTF-8 names refused"
 else
-    fail "a tensor name with '/' is refused" "rc=$rc" "$out" "$(ls "$TMP" "$TMP/jail")"
+    fail "a tensor name with '/' is refused" "rc=$rc" "$out" "r2=$r2 $o2" "r3=$r3 $o3" "$(ls "$TMP/jail")"
 fi
 
 # Hostile inputs: a truncated array, a FIFO nobody writes, a directory.

@@ -82,13 +82,23 @@ o1=$("$TESSERA" train $G --steps 4 --resume "$TMP/ck.safetensors" --memtrace "$T
 o2=$("$TESSERA" train $G --steps 4 --resume "$TMP/ck.safetensors" --save "$TMP/ck.safetensors" --memplot "$TMP/ck.safetensors" 2>&1); r2=$?
 o3=$("$TESSERA" train $G --steps 4 --save "$TMP/new.safetensors" --memtrace "$TMP/new.safetensors" 2>&1); r3=$?
 o4=$("$TESSERA" train $G --steps 4 --resume "$TMP/ck.safetensors" --memtrace "$TMP/hard.json" 2>&1); r4=$?
-if [ $r1 -eq 2 ] && contains "$o1" "--memtrace" && contains "$o1" "--resume" && [ $r2 -eq 2 ] &&
+# The same files by other names, before they exist: another spelling of --save, the trace
+# --memplot names after itself, --save-initial.
+mkdir "$TMP/sub"
+cp "$TMP/ck.safetensors" "$TMP/p.svg.trace.json"
+o5=$("$TESSERA" train $G --steps 4 --save "$TMP/sub/c.safetensors" --memplot "$TMP/sub/./c.safetensors" 2>&1); r5=$?
+o6=$("$TESSERA" train $G --steps 4 --resume "$TMP/p.svg.trace.json" --memplot "$TMP/p.svg" 2>&1); r6=$?
+o7=$("$TESSERA" train $G --steps 2 --save-initial "$TMP/sub/i.safetensors" --memplot "$TMP/sub/../sub/i.safetensors" 2>&1); r7=$?
+if [ $r1 -eq 2 ] && contains "$o1" "the trace" && contains "$o1" "--resume" && [ $r2 -eq 2 ] &&
     contains "$o2" "--memplot" && [ $r3 -eq 2 ] && contains "$o3" "--save" && [ $r4 -eq 2 ] &&
-    cmp -s "$TMP/ck.safetensors" "$TMP/ck.orig" && [ ! -e "$TMP/new.safetensors" ]; then
+    cmp -s "$TMP/ck.safetensors" "$TMP/ck.orig" && [ ! -e "$TMP/new.safetensors" ] &&
+    [ $r5 -eq 2 ] && [ ! -e "$TMP/sub/c.safetensors" ] && [ $r6 -eq 2 ] &&
+    cmp -s "$TMP/p.svg.trace.json" "$TMP/ck.orig" && [ $r7 -eq 2 ] && contains "$o7" "--save-initial" &&
+    [ ! -e "$TMP/sub/i.safetensors" ]; then
     ok "a trace or picture naming the checkpoint (or a hard link to it) is refused; the checkpoint survives"
 else
     fail "trace or picture naming the checkpoint" "r1=$r1 $o1" "r2=$r2 $o2" "r3=$r3 $o3" "r4=$r4 $o4" \
-        "$(cmp "$TMP/ck.safetensors" "$TMP/ck.orig" 2>&1)"
+        "r5=$r5 $o5" "r6=$r6 $o6" "r7=$r7 $o7" "$(cmp "$TMP/ck.safetensors" "$TMP/ck.orig" 2>&1)"
 fi
 # More pools than the picture has rows for: the first 8 drawn, and it says so.
 { echo '{"traceEvents":['

@@ -960,6 +960,42 @@ static void test_check_path(void)
     CHECK_FAILS(ts_checkpoint_check_path(""), TS_EINVAL, "empty path");
 }
 
+/* Saving a loaded checkpoint copies its unread tensors from the file: when that file was cut
+ * short meanwhile, the save fails saying so and naming the tensor (not as an I/O error of
+ * the new file), leaves no temporary file, and a name or metadata value that is not UTF-8
+ * (which no reader could parse) is refused when it is added. */
+static void test_save_source_errors(void)
+{
+    setup();
+    const char *dir = tap_tmpdir();
+    ts_tensor *w;
+    CHECK_OK(ts_tensor_full(dev, TS_F32, 2, (const int64_t[]){64, 64}, 0.5, &w));
+    ts_checkpoint *ck, *lazy;
+    CHECK_OK(ts_checkpoint_new(&ck));
+    CHECK_OK(ts_checkpoint_add(ck, "weight", w));
+    const char *src = tap_path_in(dir, "src.ckpt"), *dst = tap_path_in(dir, "dst.ckpt");
+    CHECK_OK(ts_checkpoint_save(ck, src));
+    CHECK_OK(ts_checkpoint_load(src, dev, &lazy));
+    struct stat st;
+    CHECK(stat(src, &st) == 0 && truncate(src, st.st_size - 100) == 0);
+    CHECK_FAILS(ts_checkpoint_save(lazy, dst), TS_ECORRUPT, "dst.ckpt", "tensor 'weight'");
+    CHECK(access(dst, F_OK) != 0);
+    CHECK_INT_EQ(count_tmp(dir), 0);
+    ts_checkpoint_free(lazy);
+
+    CHECK_FAILS(ts_checkpoint_add(ck, "bad\xff\x01name", w), TS_EINVAL, "UTF-8");
+    CHECK_FAILS(ts_checkpoint_set_meta(ck, "k", "\xc3("), TS_EINVAL, "UTF-8");
+    CHECK_FAILS(ts_checkpoint_set_meta(ck, "\xed\xa0\x80", "v"), TS_EINVAL, "UTF-8");
+    CHECK_OK(ts_checkpoint_add(ck, "caf\xc3\xa9 \xe2\x82\xac", w)); /* real UTF-8 is fine */
+    CHECK_OK(ts_checkpoint_save(ck, dst));
+    ts_checkpoint_free(ck);
+    CHECK_OK(ts_checkpoint_load(dst, dev, &ck));
+    CHECK(ts_checkpoint_get(ck, "caf\xc3\xa9 \xe2\x82\xac") != NULL);
+    ts_checkpoint_free(ck);
+    ts_tensor_unref(w);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -969,6 +1005,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_restore),           TAP_TEST(test_safetensors_layout),
         TAP_TEST(test_corrupt_files),     TAP_TEST(test_every_truncation),
         TAP_TEST(test_save_failures),     TAP_TEST(test_kill_during_save),
+        TAP_TEST(test_save_source_errors),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -234,6 +234,13 @@ static void test_hostile_files_refused(void)
          "4611686018427387904)}", "", TS_EINVAL},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}",
          "too large", TS_ECORRUPT},
+        /* 2^64 + 4: would wrap around to 4 (and match 16 bytes of data) */
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551620,)}",
+         "too large", TS_ECORRUPT},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (6)}", "an integer, not a tuple",
+         TS_ECORRUPT},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (0006,)}", "leading zero",
+         TS_ECORRUPT},
         {"{'descr': '<f4\\x00', 'fortran_order': False, 'shape': (2, 3)}", "'descr'",
          TS_ECORRUPT},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (100000, 100000)}",
