@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grad_fns.h"
 #include "internal.h"
 
 /* ---- grad mode ------------------------------------------------------------------------- */
@@ -506,6 +507,19 @@ static ts_status run_backward(ts_node *root, ts_tensor *gout, int retain, vec *v
             s = n->hook(g, n->hook_user);
         if (s == TS_OK)
             s = check_saved(n);
+        /* A slice's gradient straight into the part of its input's gradient so far, when
+         * that is this pass's own buffer: no zeroed whole per slice to be summed after. */
+        ts_node *up0 = n->nin == 1 && n->needs[0] ? n->next[0] : NULL;
+        if (s == TS_OK && up0 && up0->gacc && ts__view_backward_into(n, g, up0->gacc, &s)) {
+            ts_tensor_unref(g);
+            if (s == TS_OK && --up0->deps == 0 && !vec_push(ready, up0))
+                s = ts__fail(TS_ENOMEM, "backward: out of host memory");
+            if (!retain) {
+                node_clear(n);
+                n->released = 1;
+            }
+            continue;
+        }
         if (s == TS_OK)
             s = n->backward(n, g, gin);
         ts_tensor_unref(g);

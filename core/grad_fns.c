@@ -2,6 +2,7 @@
  * gradients of its inputs (with the public ops, grad mode off). ts__ag_* are called by the
  * forward ops right after they produce their output. */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "grad_fns.h"
@@ -720,6 +721,28 @@ static ts_status view_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
     }
     }
     return ts__fail(TS_ESTATE, "backward: unknown view kind %d", kind);
+}
+
+int ts__view_backward_into(ts_node *n, ts_tensor *g, ts_tensor *acc, ts_status *s)
+{
+    int kind = (int)n->p.i[0];
+    if (n->backward != view_backward || (kind != TS__VIEW_SLICE && kind != TS__VIEW_SELECT) ||
+        !acc || !g || acc->dtype != g->dtype || acc->storage->dev != g->storage->dev ||
+        acc->requires_grad || atomic_load(&acc->refcount) != 1 ||
+        atomic_load(&acc->storage->refcount) != 1 || !ts_tensor_is_contiguous(acc) ||
+        acc->ndim != n->in_ndim[0])
+        return 0; /* shared, broadcast (an expanded view) or another layout: the usual way */
+    for (int d = 0; d < acc->ndim; d++)
+        if (acc->shape[d] != n->in_shape[0][d])
+            return 0;
+    ts_tensor *part = NULL;
+    *s = kind == TS__VIEW_SLICE
+             ? ts_tensor_slice(acc, (int)n->p.i[1], n->p.i[2], n->p.i[3], n->p.i[4], &part)
+             : ts_tensor_select(acc, (int)n->p.i[1], n->p.i[2], &part);
+    if (*s == TS_OK)
+        *s = ts_add_(part, g);
+    ts_tensor_unref(part);
+    return 1;
 }
 
 ts_status ts__ag_view(int kind, const ts_tensor *x, ts_tensor *out, const int64_t *params,

@@ -28,6 +28,11 @@ ts_status ts__ag_matmul(const ts_tensor *a, const ts_tensor *b, ts_tensor *out);
 ts_status ts__ag_softmax(int log_form, const ts_tensor *x, int dim, ts_tensor *out);
 ts_status ts__ag_index_select(const ts_tensor *x, int dim, const ts_tensor *index,
                               ts_tensor *out);
+/* Backward of a slice or select node n straight into acc, the gradient its input has
+ * accumulated so far in this pass: acc's part += g in place. Only when acc is this pass's own
+ * (no other reference to it or its storage), contiguous, of the input's shape and of g's
+ * dtype and device: then 1 (*s says how the add went); else 0 and the usual backward runs. */
+int ts__view_backward_into(ts_node *n, ts_tensor *g, ts_tensor *acc, ts_status *s);
 ts_status ts__ag_view(int kind, const ts_tensor *x, ts_tensor *out, const int64_t *params,
                       int nparams);
 ts_status ts__ag_conv2d(const ts_tensor *x, const ts_tensor *w, const ts_tensor *bias,
