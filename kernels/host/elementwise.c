@@ -179,7 +179,7 @@ static inline int64_t ipow64(int64_t x, int64_t y)
 }
 
 /* Sigmoid without overflow: exp of a non-positive argument only. */
-static inline float sigmoid_f(float x)
+HK_VINLINE float sigmoid_f(float x)
 {
     float e = hk_expf(-fabsf(x));
     return x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
@@ -192,7 +192,7 @@ static inline double sigmoid_d(double x)
 }
 
 /* d/dx of GELU's tanh form: (1 + t)/2 + x/2 (1 - t^2) c (1 + 3 k x^2), t = tanh(c (x + k x^3)). */
-static inline float gelu_tanh_deriv_f(float x)
+HK_VINLINE float gelu_tanh_deriv_f(float x)
 {
     const float c = 0.7978845608028654f, k = 0.044715f;
     float x2 = x * x, t = hk_tanhf(c * x * (1.0f + k * x2));

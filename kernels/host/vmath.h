@@ -14,14 +14,22 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float hk_bits_float(int32_t i)
+/* Always inlined: a call from a loop compiled for AVX2 or AVX-512 (hostkern.h's HK_CLONES)
+ * into a function GCC kept out of line would run that function's baseline SSE2 code. */
+#if defined(__GNUC__)
+#define HK_VINLINE static inline __attribute__((always_inline))
+#else
+#define HK_VINLINE static inline
+#endif
+
+HK_VINLINE float hk_bits_float(int32_t i)
 {
     float f;
     memcpy(&f, &i, sizeof f);
     return f;
 }
 
-static inline int32_t hk_float_bits(float f)
+HK_VINLINE int32_t hk_float_bits(float f)
 {
     int32_t i;
     memcpy(&i, &f, sizeof i);
@@ -30,12 +38,15 @@ static inline int32_t hk_float_bits(float f)
 
 /* e^x. Overflows to +inf above 88.7228, underflows through the subnormals to +0 below
  * -103.98, NaN in gives NaN. */
-static inline float hk_expf(float x)
+HK_VINLINE float hk_expf(float x)
 {
     /* Clamp first so that every lane's arithmetic stays finite; the selects at the end give
      * the out-of-range results. */
-    float xc = x > 89.0f ? 89.0f : x < -104.0f ? -104.0f : x;
-    xc = xc == xc ? xc : 0.0f; /* NaN: any finite lane (the result is x); no NaN to int */
+    float xc = x > 89.0f ? 89.0f : x;
+    /* NaN, and x below the underflow bound (a softmax's masked -inf): 0, any lane whose
+     * result a select replaces; computing them would run on subnormals, which cost x86 CPUs
+     * a microcode assist per operation (a causal mask made softmax 3x slower). */
+    xc = x >= -103.97208404541015625f ? xc : 0.0f; /* false for NaN too */
     /* n = round(x / ln 2) by the 1.5 * 2^23 trick (exact for |v| < 2^22; no rint call). */
     const float shifter = 12582912.0f;
     float n = (xc * 1.44269504088896341f + shifter) - shifter;
@@ -63,7 +74,7 @@ static inline float hk_expf(float x)
 
 /* tanh(x): odd, correctly signed zero, exactly +-1 where tanh rounds to it, NaN in
  * gives NaN. */
-static inline float hk_tanhf(float x)
+HK_VINLINE float hk_tanhf(float x)
 {
     int32_t sign = hk_float_bits(x) & (int32_t)0x80000000u;
     float a = hk_bits_float(hk_float_bits(x) & 0x7fffffff);
@@ -87,7 +98,7 @@ static inline float hk_tanhf(float x)
 
 /* The largest of x[0..n) (n >= 1), or NaN when any is NaN (as a strided loop that stops at
  * the first NaN gives); a vectorized reduction, for softmax-like rows. */
-static inline float hk_max_nan_f32(const float *x, int64_t n)
+HK_VINLINE float hk_max_nan_f32(const float *x, int64_t n)
 {
     float m = -__builtin_inff();
     int nan = 0;
@@ -101,7 +112,7 @@ static inline float hk_max_nan_f32(const float *x, int64_t n)
 
 /* y[i] = e^(x[i] - m) (y may be NULL: the sum only); returns their sum, accumulated in
  * double lanes. */
-static inline double hk_exp_shift_sum_f32(const float *x, float m, float *y, int64_t n)
+HK_VINLINE double hk_exp_shift_sum_f32(const float *x, float m, float *y, int64_t n)
 {
     double sum = 0;
     if (!y) {
