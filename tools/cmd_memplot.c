@@ -219,8 +219,11 @@ static void draw(FILE *f, const plot *p)
                     "stroke-dasharray=\"3,3\"/>\n", x, y0 + PT, x, y0 + PT + ph,
                     oom ? "#d22" : "#bbb");
             if (x - last_label > 48 || oom) { /* labels that do not overlap */
-                fprintf(f, "<text x=\"%.1f\" y=\"%d\" fill=\"%s\" font-size=\"9\">", x + 2,
-                        y0 + PT + 9, oom ? "#d22" : "#777");
+                /* near the right edge the label ends at its mark instead of past the frame */
+                int at_end = x > PL + pw - 60;
+                fprintf(f, "<text x=\"%.1f\" y=\"%d\" fill=\"%s\" font-size=\"9\"%s>",
+                        at_end ? x - 2 : x + 2, y0 + PT + 9, oom ? "#d22" : "#777",
+                        at_end ? " text-anchor=\"end\"" : "");
                 put_text(f, mk->name);
                 fputs("</text>\n", f);
                 last_label = x;
