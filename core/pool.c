@@ -348,23 +348,25 @@ static int map_reserve(ts_pool *p)
     return 1;
 }
 
-static block *map_find(const ts_pool *p, uintptr_t addr)
+/* The slot holding addr, or the empty slot ending its probe run. map_cap > 0. */
+static size_t map_probe(const ts_pool *p, uintptr_t addr)
 {
-    if (!p->map_cap)
-        return NULL;
     size_t mask = p->map_cap - 1, i = map_slot(p, addr);
     while (p->map[i] && p->map[i]->addr != addr)
         i = (i + 1) & mask;
-    return p->map[i];
+    return i;
+}
+
+static block *map_find(const ts_pool *p, uintptr_t addr)
+{
+    return p->map_cap ? p->map[map_probe(p, addr)] : NULL;
 }
 
 static block *map_take(ts_pool *p, uintptr_t addr)
 {
     if (!p->map_cap)
         return NULL;
-    size_t mask = p->map_cap - 1, i = map_slot(p, addr);
-    while (p->map[i] && p->map[i]->addr != addr)
-        i = (i + 1) & mask;
+    size_t mask = p->map_cap - 1, i = map_probe(p, addr);
     block *b = p->map[i];
     if (!b)
         return NULL;
@@ -1029,7 +1031,8 @@ static void pool_free(ts_pool *p, void *ptr)
                                .in_use = p->st.in_use, .reserved = p->st.reserved};
     }
     pthread_mutex_unlock(&p->lock);
-    free(name);
+    if (name) /* debug mode only: no libc call on the usual path */
+        free(name);
     if (hooks & TS__MEM_CALLBACK)
         ts__mem_dispatch(&ev);
 }

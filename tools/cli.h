@@ -56,6 +56,9 @@ int ranks_at_same_step(int64_t step, int rank, int world, const char *ckpt);
 /* Prints a JSON object as one line on stdout, flushed, and frees it (cJSON). */
 struct cJSON;
 void cli_json_line(struct cJSON *o);
+/* The fields every `tessera eval` JSON record starts with: event "eval", checkpoint, model,
+ * checkpoint_step. (transfer full: for cli_json_line) */
+struct cJSON *cli_eval_record(const char *ckpt, const char *model, long long step);
 /* key: value, or key: null when value is NULL. */
 void cli_json_str_or_null(struct cJSON *o, const char *key, const char *value);
 /* --memtrace/--memplot: refuses the trace's file or the picture being one of the
@@ -88,6 +91,9 @@ void cli_step_mark(int on, long long step, int begin);
  * wall time), as a table on stderr, or with json a {"event": "profile"} record on stdout;
  * then the profile is turned off. */
 void cli_profile_report(int on, long long steps, double seconds, int json);
+/* Text from a file (a tensor name, metadata) made safe to print: control characters and bytes
+ * over 0x7e as \xNN, cut with "..." after max bytes, into buf (len bytes). Returns buf. */
+const char *cli_printable(const char *s, size_t max, char *buf, size_t len);
 /* qsort comparator for doubles, ascending. */
 int cli_cmp_double(const void *a, const void *b);
 

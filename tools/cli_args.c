@@ -351,21 +351,19 @@ void cli_profile_report(int on, long long steps, double seconds, int json)
     if (!on)
         return;
     ts_profile_enable(0);
-    ts_profile_entry e[PROFILE_SHOWN];
-    size_t n = ts_profile_read(e, PROFILE_SHOWN), shown = n < PROFILE_SHOWN ? n : PROFILE_SHOWN;
-    /* the total over every kernel, not only those shown */
-    size_t all = n;
-    ts_profile_entry *every = calloc(all ? all : 1, sizeof *every);
-    double total = 0, per = steps > 0 ? (double)steps : 1;
-    if (every) {
-        all = ts_profile_read(every, all);
-        for (size_t i = 0; i < all && i < n; i++)
-            total += every[i].seconds;
-        free(every);
-    } else {
-        for (size_t i = 0; i < shown; i++)
-            total += e[i].seconds;
+    /* every entry once (the total covers them all), the first PROFILE_SHOWN listed */
+    size_t n = ts_profile_read(NULL, 0);
+    ts_profile_entry *e = calloc(n ? n : 1, sizeof *e);
+    if (!e) {
+        cli_fail(TS_ENOMEM, "--profile");
+        return;
     }
+    size_t got = ts_profile_read(e, n);
+    n = got < n ? got : n;
+    size_t shown = n < PROFILE_SHOWN ? n : PROFILE_SHOWN;
+    double total = 0, per = steps > 0 ? (double)steps : 1;
+    for (size_t i = 0; i < n; i++)
+        total += e[i].seconds;
     char k[96];
     if (json) {
         cJSON *o = cJSON_CreateObject(), *arr;
@@ -384,6 +382,7 @@ void cli_profile_report(int on, long long steps, double seconds, int json)
             cJSON_AddItemToArray(arr, it);
         }
         cli_json_line(o);
+        free(e);
         return;
     }
     fprintf(stderr, "kernels over %lld steps (evaluation included), the most time first:\n"
@@ -398,4 +397,30 @@ void cli_profile_report(int on, long long steps, double seconds, int json)
     fprintf(stderr, "  %9.3f ms in kernels, of %.3f ms a step: %.3f outside them (autograd, "
                     "checks, the pool, data)\n", total * 1e3 / per, seconds * 1e3 / per,
             (seconds - total) * 1e3 / per);
+    free(e);
+}
+
+const char *cli_printable(const char *s, size_t max, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && n + 5 < len; p++) {
+        if ((size_t)(p - (const unsigned char *)s) >= max) {
+            n += (size_t)snprintf(buf + n, len - n, "...");
+            break;
+        }
+        n += (size_t)snprintf(buf + n, len - n, *p >= 0x20 && *p < 0x7f ? "%c" : "\\x%02x", *p);
+    }
+    buf[n < len ? n : len - 1] = 0;
+    return buf;
+}
+
+cJSON *cli_eval_record(const char *ckpt, const char *model, long long step)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "event", "eval");
+    cJSON_AddStringToObject(j, "checkpoint", ckpt);
+    cJSON_AddStringToObject(j, "model", model);
+    cJSON_AddNumberToObject(j, "checkpoint_step", (double)step);
+    return j;
 }

@@ -54,21 +54,6 @@ static void stem(const char *path, char *out, size_t len)
     snprintf(out, len, "%.*s", (int)n, base);
 }
 
-/* name, printable: control characters and bytes over 0x7e as \xNN, cut at 120 bytes. */
-static const char *shown(const char *name, char *buf, size_t len)
-{
-    size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)name; *p && n + 5 < len; p++) {
-        if (p - (const unsigned char *)name >= 120) {
-            n += (size_t)snprintf(buf + n, len - n, "...");
-            break;
-        }
-        n += (size_t)snprintf(buf + n, len - n, *p >= 0x20 && *p < 0x7f ? "%c" : "\\x%02x", *p);
-    }
-    buf[n < len ? n : len - 1] = 0;
-    return buf;
-}
-
 /* A tensor name that can be a file name in DIR: no '/', not empty, not "." or "..", no
  * control characters, not over 200 bytes. */
 static int safe_file_name(const char *name)
@@ -122,7 +107,8 @@ out:
     return rc;
 }
 
-static int safetensors_to_npy(const char *in, const char *name, const char *out)
+/* to_dir: out names a directory (ends with '/', or is one), as the caller found. */
+static int safetensors_to_npy(const char *in, const char *name, const char *out, int to_dir)
 {
     ts_checkpoint *ck = NULL;
     ts_status s = ts_checkpoint_load(in, NULL, &ck);
@@ -130,7 +116,6 @@ static int safetensors_to_npy(const char *in, const char *name, const char *out)
         return cli_fail(s, "convert");
     int rc = 1;
     struct stat st;
-    int to_dir = ends_with(out, "/") || (stat(out, &st) == 0 && S_ISDIR(st.st_mode));
     size_t n = ts_checkpoint_count(ck);
     if (!to_dir && !name && n != 1) {
         rc = cli_usage_error("convert", "%s holds %zu tensors: name one with --name, or give a "
@@ -158,7 +143,7 @@ static int safetensors_to_npy(const char *in, const char *name, const char *out)
                 fprintf(stderr, "tessera: error: convert: %s: tensor name '%s' is not a safe "
                         "file name ('/', control characters, '.', '..', over 200 bytes): "
                         "convert it alone with --name and -o FILE.npy\n", in,
-                        shown(nm, b, sizeof b));
+                        cli_printable(nm, 120, b, sizeof b));
                 goto out;
             }
             snprintf(path, sizeof path, "%s%s%s.npy", out, ends_with(out, "/") ? "" : "/", nm);
@@ -175,7 +160,7 @@ static int safetensors_to_npy(const char *in, const char *name, const char *out)
     if (!written && name) {
         char b[640];
         fprintf(stderr, "tessera: error: convert: %s has no tensor named '%s' (tessera inspect "
-                "%s lists them)\n", in, shown(name, b, sizeof b), in);
+                "%s lists them)\n", in, cli_printable(name, 120, b, sizeof b), in);
         goto out;
     }
     printf("%s: %zu array%s\n", out, written, written == 1 ? "" : "s");
@@ -250,7 +235,7 @@ int cmd_convert(int argc, char **argv, const cli_common *common)
     if (kind == 1) {
         rc = npy_to_safetensors(in, nin, name, out);
     } else if (kind == 3) {
-        rc = safetensors_to_npy(in[0], name, out);
+        rc = safetensors_to_npy(in[0], name, out, out_dir);
     } else {
         ts_tensor *t = NULL;
         if (!(s = ts_npy_load(in[0], NULL, &t)))

@@ -1246,11 +1246,8 @@ static int arch_from_checkpoint(int argc, char **argv, int *nargc, char ***nargv
         ts_checkpoint_free(ck);
         return 0;
     }
-    char shown[96]; /* the file's text, printable and short */
-    size_t ns = 0;
-    for (const unsigned char *c = (const unsigned char *)arch; *c && ns < 80; c++)
-        shown[ns++] = *c >= 0x20 && *c < 0x7f ? (char)*c : '?';
-    snprintf(shown + ns, sizeof shown - ns, "%s", strlen(arch) > 80 ? "..." : "");
+    char shown[400]; /* the file's text, printable and short */
+    cli_printable(arch, 80, shown, sizeof shown);
     char *copy = strlen(arch) < 512 ? strdup(arch) : NULL;
     ts_checkpoint_free(ck);
     char *tok[40];
@@ -1422,11 +1419,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
             goto out;
         }
         if (t.o.json) {
-            cJSON *j = cJSON_CreateObject();
-            cJSON_AddStringToObject(j, "event", "eval");
-            cJSON_AddStringToObject(j, "checkpoint", t.o.resume);
-            cJSON_AddStringToObject(j, "model", t.o.model);
-            cJSON_AddNumberToObject(j, "checkpoint_step", (double)t.step);
+            cJSON *j = cli_eval_record(t.o.resume, t.o.model, (long long)t.step);
             cJSON_AddNumberToObject(j, "test_acc", acc);
             cJSON_AddNumberToObject(j, "test_images", (double)ts_tensor_size(t.test_x, 0));
             cli_json_line(j);

@@ -642,11 +642,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
             goto out;
         }
         if (r.o.json) {
-            cJSON *j = cJSON_CreateObject();
-            cJSON_AddStringToObject(j, "event", "eval");
-            cJSON_AddStringToObject(j, "checkpoint", r.o.resume);
-            cJSON_AddStringToObject(j, "model", "gpt");
-            cJSON_AddNumberToObject(j, "checkpoint_step", (double)r.step);
+            cJSON *j = cli_eval_record(r.o.resume, "gpt", (long long)r.step);
             cJSON_AddNumberToObject(j, "val_loss", val);
             cJSON_AddNumberToObject(j, "val_bits_per_byte", val / log(2.0));
             cJSON_AddNumberToObject(j, "val_tokens", (double)(r.o.eval_batches * r.o.batch * T));
