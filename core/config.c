@@ -10,6 +10,8 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
 #include <unistd.h>
 
 #include <ini.h>
@@ -471,14 +473,87 @@ TS_API ts_status ts_config_parse(const char *text, const char *name, const char 
     return TS_OK;
 }
 
-static ts_status load_file(const char *path, ts_config **out)
+/* A configuration file decides which code runs in this process (device, fallback,
+ * plugin_path, [dist] backend), so it passes the plugins' trust rule before a byte of it is
+ * read: a regular file owned by root or this user, writable by no one else, in directories
+ * no one else can change. Pseudo-files (/proc, /sys and the like, whose sizes are not their
+ * contents: /proc/self/mem) and files over CONFIG_MAX bytes are refused unread. */
+#define CONFIG_MAX (1 << 20)
+
+static int pseudo_fs(int fd)
+{
+    struct statfs fs;
+    if (fstatfs(fd, &fs) != 0)
+        return 0;
+    switch ((unsigned long)fs.f_type) {
+    case PROC_SUPER_MAGIC: case SYSFS_MAGIC: case DEBUGFS_MAGIC: case TRACEFS_MAGIC:
+    case SECURITYFS_MAGIC: case CGROUP_SUPER_MAGIC: case CGROUP2_SUPER_MAGIC:
+    case EFIVARFS_MAGIC: case BPF_FS_MAGIC:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static ts_status open_trusted(const char *path, FILE **out, char **real_out)
+{
+    *out = NULL;
+    *real_out = NULL;
+    int fd;
+    struct stat got, want;
+    ts_status s = ts__open_input(path, "configuration file", &fd, &got);
+    if (s)
+        return s;
+    char why[1024];
+    char *real = realpath(path, NULL);
+    int r = real ? ts__trust_check(real, &want, why, sizeof why) : -1;
+    if (!real)
+        snprintf(why, sizeof why, "cannot resolve the path: %s", strerror(errno));
+    if (r == 0 && (got.st_dev != want.st_dev || got.st_ino != want.st_ino))
+        r = 1, snprintf(why, sizeof why, "'%s' changed while it was being checked", real);
+    if (r == 0 && pseudo_fs(fd))
+        r = 1, snprintf(why, sizeof why, "it is a pseudo-file of the kernel (/proc, /sys), "
+                                         "not a configuration file");
+    if (r == 0 && got.st_size > CONFIG_MAX)
+        r = 1, snprintf(why, sizeof why, "it is %lld bytes; a configuration file is at most "
+                                         "%d", (long long)got.st_size, CONFIG_MAX);
+    if (r != 0) {
+        close(fd);
+        free(real);
+        if (r < 0)
+            return ts__fail(errno == ENOMEM ? TS_ENOMEM : TS_ECONFIG,
+                            "configuration file '%s': %s", path, why);
+        return ts__fail(TS_ECONFIG,
+                        "refusing the configuration file '%s': %s. A configuration file "
+                        "chooses which plugin code runs, so it must belong to root or to you "
+                        "and be writable by no one else, in directories no one else can "
+                        "change; fix its ownership or permissions (chmod go-w), or name "
+                        "another file",
+                        path, why);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int err = errno;
+        close(fd);
+        free(real);
+        return ts__fail(err == ENOMEM ? TS_ENOMEM : TS_EIO,
+                        "configuration file '%s': cannot open: %s", path, strerror(err));
+    }
+    *out = f;
+    *real_out = real;
+    return TS_OK;
+}
+
+/* installed: the installed file (TS_SYSCONFDIR's, or the one $TESSERA_SYSTEM_CONFIG names),
+ * the only file that may turn the plugin trust rule off. */
+static ts_status load_file(const char *path, int installed, ts_config **out)
 {
     FILE *f;
-    ts_status os = ts__fopen_input(path, "configuration file", &f, NULL);
+    char *abs;
+    ts_status os = open_trusted(path, &f, &abs);
     if (os)
         return os;
-    char *abs = realpath(path, NULL);
-    char *dir = abs ? ts__strdup(abs) : NULL;
+    char *dir = ts__strdup(abs);
     if (dir) {
         char *slash = strrchr(dir, '/');
         if (slash)
@@ -495,6 +570,14 @@ static ts_status load_file(const char *path, ts_config **out)
     parse_state ps = {.cfg = cfg, .name = LAYER_FILE(cfg, 0), .file = f};
     s = parse(&ps);
     fclose(f);
+    const entry *e = s ? NULL : find_entry(cfg, "core", "allow_insecure_plugin_path");
+    int32_t on = 0;
+    if (!installed && e && parse_bool(e->value, &on) && on)
+        s = ts__fail(TS_ECONFIG,
+                     "%s:%d: allow_insecure_plugin_path = %s is honoured only in the installed "
+                     "configuration file (%s/tessera/tessera.ini), which only its owner can "
+                     "change; remove the line from this file",
+                     path, e->line, e->value, TS_SYSCONFDIR);
     if (s) {
         ts_config_free(cfg);
         return s;
@@ -590,16 +673,21 @@ TS_API ts_status ts_config_load(const char *path, ts_config **out)
     char user[4096] = "", sys[4096];
     int from_env = 0;
     const char *env = ts__getenv("TESSERA_CONFIG");
+    if (path && !*path)
+        return ts__fail(TS_EINVAL, "the configuration file's name is empty: name a file, or "
+                                   "leave the option out for the default configuration");
     if (path) {
         snprintf(user, sizeof user, "%s", path);
     } else if (env && *env) {
         snprintf(user, sizeof user, "%s", env);
         from_env = 1;
     } else {
+        /* A relative $XDG_CONFIG_HOME is invalid and ignored, as the XDG specification says
+         * (it would name a file under whatever directory this runs in). */
         const char *xdg = ts__getenv("XDG_CONFIG_HOME"), *home = ts__getenv("HOME");
-        if (xdg && *xdg)
+        if (xdg && xdg[0] == '/')
             snprintf(user, sizeof user, "%s/tessera/tessera.ini", xdg);
-        else if (home && *home)
+        else if (home && home[0] == '/')
             snprintf(user, sizeof user, "%s/.config/tessera/tessera.ini", home);
         if (user[0] && access(user, F_OK) != 0)
             user[0] = 0;
@@ -621,14 +709,14 @@ TS_API ts_status ts_config_load(const char *path, ts_config **out)
     ts_config *cfg = NULL, *top = NULL;
     ts_status s;
     if (sys[0]) {
-        s = load_file(sys, &cfg);
+        s = load_file(sys, 1, &cfg);
         if (s) {
             ts__fail_prefix(s, "the installed configuration: ");
             return s;
         }
     }
     if (user[0]) {
-        s = load_file(user, &top);
+        s = load_file(user, 0, &top);
         if (s) {
             if (from_env)
                 ts__fail_prefix(s, "TESSERA_CONFIG: ");

@@ -5,7 +5,9 @@
  * is checked again with fstat (so what is read is what was checked). */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -85,4 +87,80 @@ ts_status ts__fopen_input(const char *path, const char *what, FILE **out, struct
     }
     *out = f;
     return TS_OK;
+}
+
+/* ---- the trust rule -------------------------------------------------------------------- */
+
+int ts__trusted_owner(uid_t uid)
+{
+    return uid == 0 || uid == geteuid();
+}
+
+static int untrusted(char *why, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int untrusted(char *why, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+    return 1;
+}
+
+int ts__trust_check(const char *real, struct stat *st, char *why, size_t len)
+{
+    if (lstat(real, st) != 0) {
+        int err = errno;
+        snprintf(why, len, "cannot stat '%s': %s", real, strerror(err));
+        errno = err;
+        return -1;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        snprintf(why, len, "'%s' is %s, not a regular file", real, ts__file_kind(st->st_mode));
+        errno = EINVAL;
+        return -1;
+    }
+    if (!ts__trusted_owner(st->st_uid))
+        return untrusted(why, len, "the file '%s' is owned by uid %ld, neither root nor this user",
+                         real, (long)st->st_uid);
+    if (st->st_mode & (S_IWGRP | S_IWOTH))
+        return untrusted(why, len, "the file '%s' is writable by %s", real,
+                         st->st_mode & S_IWOTH ? "every user" : "its group");
+    size_t n = strlen(real);
+    char *dir = ts__malloc(n + 2);
+    if (!dir) {
+        snprintf(why, len, "out of host memory");
+        errno = ENOMEM;
+        return -1;
+    }
+    memcpy(dir, real, n + 1);
+    int r = 0;
+    for (;;) {
+        char *slash = strrchr(dir, '/');
+        if (!slash)
+            break; /* realpath gives absolute paths; nothing above a relative one to check */
+        slash == dir ? (void)(slash[1] = 0) : (void)(*slash = 0);
+        struct stat ds;
+        if (stat(dir, &ds) != 0) {
+            int err = errno;
+            snprintf(why, len, "cannot stat directory '%s': %s", dir, strerror(err));
+            errno = err;
+            r = -1;
+            break;
+        }
+        if (!ts__trusted_owner(ds.st_uid)) {
+            r = untrusted(why, len, "its directory '%s' is owned by uid %ld, neither root nor "
+                          "this user", dir, (long)ds.st_uid);
+            break;
+        }
+        if ((ds.st_mode & (S_IWGRP | S_IWOTH)) && !(ds.st_mode & S_ISVTX)) {
+            r = untrusted(why, len, "its directory '%s' is writable by %s and not sticky", dir,
+                          ds.st_mode & S_IWOTH ? "every user" : "its group");
+            break;
+        }
+        if (strcmp(dir, "/") == 0)
+            break;
+    }
+    free(dir);
+    return r;
 }

@@ -289,6 +289,16 @@ ts_status ts__open_input(const char *path, const char *what, int *fd_out, struct
 ts_status ts__fopen_input(const char *path, const char *what, FILE **out, struct stat *st_out);
 /* "a directory", "a FIFO (named pipe)", ... for a stat mode. */
 const char *ts__file_kind(mode_t mode);
+/* Who may own a file that decides what code runs (a plugin, a configuration file) or a
+ * directory above it: root or the effective user. */
+int ts__trusted_owner(uid_t uid);
+/* The trust rule, in the manner of OpenSSH's StrictModes, on a resolved path real (no
+ * symbolic link left in it): a regular file owned by a trusted owner and writable by neither
+ * group nor others; every directory from its own up to '/' likewise, unless it is sticky (as
+ * /tmp is: no one else can rename or remove an entry of ours there). *st gets the file's
+ * lstat. Returns 0 when trusted, 1 when not, -1 when it cannot tell (errno set); why gets
+ * the reason in both failing cases ("the file '/x' is writable by its group"). */
+int ts__trust_check(const char *real, struct stat *st, char *why, size_t len);
 
 /* ---- util ------------------------------------------------------------------------------ */
 /* getenv, but NULL in setuid/setgid programs (secure_getenv) where the platform has it. */

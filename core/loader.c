@@ -446,62 +446,17 @@ static ts_status refuse(const char *path, const char *fmt, ...)
     return s;
 }
 
-/* Who may own a plugin file or a directory above it: root or the user running this. */
-static int trusted_owner(uid_t uid)
-{
-    return uid == 0 || uid == geteuid();
-}
-
-/* The trust rule for plugin files, in the manner of OpenSSH's StrictModes, on the resolved
- * path real (no symbolic link left in it): the file is a regular file owned by root or the
- * effective user and writable by neither group nor others; every directory from its own up to
- * '/' is owned by root or the effective user and writable by neither group nor others, unless
- * it is sticky (as /tmp is), since then no one else can rename or remove an entry of ours.
- * *st gets the file's lstat, for the descriptor check after the open. */
+/* The trust rule (ts__trust_check) for a plugin file; *st gets the file's lstat, for the
+ * descriptor check after the open. */
 static ts_status check_chain(const char *path, const char *real, struct stat *st)
 {
-    if (lstat(real, st) != 0)
-        return ts__fail(TS_EPLUGIN, "plugin '%s': cannot stat '%s': %s", path, real,
-                        strerror(errno));
-    if (!S_ISREG(st->st_mode))
-        return ts__fail(TS_EPLUGIN, "plugin '%s': '%s' is %s, not a regular file", path, real,
-                        ts__file_kind(st->st_mode));
-    if (!trusted_owner(st->st_uid))
-        return refuse(path, "the file '%s' is owned by uid %ld, neither root nor this user",
-                      real, (long)st->st_uid);
-    if (st->st_mode & (S_IWGRP | S_IWOTH))
-        return refuse(path, "the file '%s' is writable by %s", real,
-                      st->st_mode & S_IWOTH ? "every user" : "its group");
-    char *dir = ts__strdup(real);
-    if (!dir)
-        return ts__fail(TS_ENOMEM, "out of host memory");
-    ts_status s = TS_OK;
-    for (;;) {
-        char *slash = strrchr(dir, '/');
-        if (!slash)
-            break; /* realpath gives absolute paths; nothing above a relative one to check */
-        slash == dir ? (void)(slash[1] = 0) : (void)(*slash = 0);
-        struct stat ds;
-        if (stat(dir, &ds) != 0) {
-            s = ts__fail(TS_EPLUGIN, "plugin '%s': cannot stat directory '%s': %s", path, dir,
-                         strerror(errno));
-            break;
-        }
-        if (!trusted_owner(ds.st_uid)) {
-            s = refuse(path, "its directory '%s' is owned by uid %ld, neither root nor this "
-                       "user", dir, (long)ds.st_uid);
-            break;
-        }
-        if ((ds.st_mode & (S_IWGRP | S_IWOTH)) && !(ds.st_mode & S_ISVTX)) {
-            s = refuse(path, "its directory '%s' is writable by %s and not sticky", dir,
-                       ds.st_mode & S_IWOTH ? "every user" : "its group");
-            break;
-        }
-        if (strcmp(dir, "/") == 0)
-            break;
-    }
-    free(dir);
-    return s;
+    char why[1024];
+    int r = ts__trust_check(real, st, why, sizeof why);
+    if (r > 0)
+        return refuse(path, "%s", why);
+    if (r < 0)
+        return ts__fail(errno == ENOMEM ? TS_ENOMEM : TS_EPLUGIN, "plugin '%s': %s", path, why);
+    return TS_OK;
 }
 
 /* Opens the plugin file for dlopen: resolves path, checks the trust rule (unless the config
@@ -541,7 +496,7 @@ static ts_status open_plugin(const ts_config *cfg, const char *path, int *fd_out
                      strerror(errno));
     } else if (got.st_dev != want.st_dev || got.st_ino != want.st_ino ||
                !S_ISREG(got.st_mode) ||
-               (!insecure && (!trusted_owner(got.st_uid) ||
+               (!insecure && (!ts__trusted_owner(got.st_uid) ||
                               (got.st_mode & (S_IWGRP | S_IWOTH))))) {
         s = refuse(path, "'%s' changed between its check and its open", real);
     }

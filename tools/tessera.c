@@ -232,6 +232,9 @@ int main(int argc, char **argv)
             return cli_usage_error(NULL, "unknown option '%s'", argv[i]);
         }
     }
+    if (common.config && !*common.config)
+        return cli_usage_error(NULL, "--config needs a FILE: an empty name means no file, not "
+                                     "the default (leave --config out for that)");
     if (i == argc) {
         print_usage(stderr);
         return 2;

@@ -525,6 +525,143 @@ static void test_layers(void)
     unsetenv("TESSERA_SYSTEM_CONFIG");
 }
 
+/* Loads path alone (no installed file) and expects a refusal naming it and needle. */
+static void refused(const char *path, const char *needle)
+{
+    ts_config *cfg = (ts_config *)1;
+    CHECK_FAILS(ts_config_load(path, &cfg), TS_ECONFIG, path, needle);
+    CHECK(cfg == NULL);
+}
+
+/* A configuration file names the code that runs (device, plugin_path, [dist] backend), so it
+ * passes the plugins' trust rule before anything in it is honoured. */
+static void test_untrusted_files_refused(void)
+{
+    setenv("TESSERA_SYSTEM_CONFIG", "", 1);
+    unsetenv("TESSERA_CONFIG");
+    const char *dir = tap_tmpdir();
+    char path[4200];
+    snprintf(path, sizeof path, "%s", tap_write_file(dir, "open.ini", "[core]\ndevice = x\n"));
+    CHECK(chmod(path, 0666) == 0);
+    refused(path, "writable by every user");
+    CHECK(chmod(path, 0664) == 0);
+    refused(path, "writable by its group");
+    CHECK(chmod(path, 0644) == 0);
+    ts_config *cfg = NULL;
+    CHECK_OK(ts_config_load(path, &cfg));
+    ts_config_free(cfg);
+    /* The same through $TESSERA_CONFIG (and the XDG file, below). */
+    CHECK(chmod(path, 0646) == 0);
+    setenv("TESSERA_CONFIG", path, 1);
+    CHECK_FAILS(ts_config_load(NULL, &cfg), TS_ECONFIG, path, "every user");
+    unsetenv("TESSERA_CONFIG");
+    CHECK(chmod(path, 0644) == 0);
+    /* A directory above it that others can write and that is not sticky. */
+    char sub[4200], in_sub[4300];
+    snprintf(sub, sizeof sub, "%s/shared", dir);
+    CHECK(mkdir(sub, 0700) == 0);
+    snprintf(in_sub, sizeof in_sub, "%s", tap_write_file(sub, "t.ini", "[core]\n"));
+    CHECK(chmod(sub, 0777) == 0);
+    refused(in_sub, "writable by every user and not sticky");
+    CHECK(chmod(sub, 0770) == 0);
+    refused(in_sub, "writable by its group and not sticky");
+    /* Sticky, as /tmp: no one else can rename or remove our entry. */
+    CHECK(chmod(sub, 01777) == 0);
+    CHECK_OK(ts_config_load(in_sub, &cfg));
+    ts_config_free(cfg);
+    /* The XDG file is checked as well. */
+    char xdg[4200], xdgdir[4300];
+    snprintf(xdg, sizeof xdg, "%s/xdg", dir);
+    snprintf(xdgdir, sizeof xdgdir, "%s/tessera", xdg);
+    CHECK(mkdir(xdg, 0700) == 0 && mkdir(xdgdir, 0700) == 0);
+    const char *x = tap_write_file(xdgdir, "tessera.ini", "[core]\n");
+    CHECK(chmod(x, 0666) == 0);
+    setenv("XDG_CONFIG_HOME", xdg, 1);
+    CHECK_FAILS(ts_config_load(NULL, &cfg), TS_ECONFIG, "tessera.ini", "every user");
+    setenv("XDG_CONFIG_HOME", "/nonexistent", 1);
+    /* Another user's file (root can make one to test with). */
+    if (geteuid() == 0) {
+        CHECK(chown(path, 65534, 65534) == 0);
+        refused(path, "owned by uid 65534");
+        CHECK(chown(path, 0, 0) == 0);
+        CHECK(chown(sub, 65534, 0) == 0);
+        refused(in_sub, "owned by uid 65534");
+        /* ...also as the installed file */
+        setenv("TESSERA_SYSTEM_CONFIG", in_sub, 1);
+        CHECK_FAILS(ts_config_load(NULL, &cfg), TS_ECONFIG, "installed", in_sub);
+        setenv("TESSERA_SYSTEM_CONFIG", "", 1);
+    }
+    unsetenv("TESSERA_SYSTEM_CONFIG");
+}
+
+/* Only the installed file may turn the plugin trust rule off: the user's file can choose the
+ * plugin, so together the two keys would load any code. */
+static void test_insecure_only_installed(void)
+{
+    const char *dir = tap_tmpdir();
+    char sys[4200], user[4200];
+    snprintf(sys, sizeof sys, "%s", tap_write_file(dir, "sys.ini",
+             "[core]\nallow_insecure_plugin_path = true\n"));
+    snprintf(user, sizeof user, "%s", tap_write_file(dir, "user.ini",
+             "[core]\ndevice = /tmp/x.so\nallow_insecure_plugin_path = yes\n"));
+    setenv("TESSERA_SYSTEM_CONFIG", "", 1);
+    unsetenv("TESSERA_CONFIG");
+    setenv("XDG_CONFIG_HOME", "/nonexistent", 1);
+    ts_config *cfg = NULL;
+    CHECK_FAILS(ts_config_load(user, &cfg), TS_ECONFIG, user, ":3:",
+                "honoured only in the installed configuration");
+    setenv("TESSERA_CONFIG", user, 1);
+    CHECK_FAILS(ts_config_load(NULL, &cfg), TS_ECONFIG, user, "allow_insecure_plugin_path");
+    unsetenv("TESSERA_CONFIG");
+    /* false is no risk */
+    const char *off = tap_write_file(dir, "off.ini", "[core]\nallow_insecure_plugin_path = no\n");
+    CHECK_OK(ts_config_load(off, &cfg));
+    ts_config_free(cfg);
+    /* The installed file may. */
+    setenv("TESSERA_SYSTEM_CONFIG", sys, 1);
+    CHECK_OK(ts_config_load(NULL, &cfg));
+    CHECK(strcmp(ts_config_get(cfg, "core", "allow_insecure_plugin_path"), "true") == 0);
+    ts_config_free(cfg);
+    unsetenv("TESSERA_SYSTEM_CONFIG");
+}
+
+/* An empty name is an error, not the installed file; a relative $XDG_CONFIG_HOME is ignored
+ * (the XDG specification); pseudo-files and oversized files are refused unread. */
+static void test_config_paths(void)
+{
+    setenv("TESSERA_SYSTEM_CONFIG", "", 1);
+    unsetenv("TESSERA_CONFIG");
+    ts_config *cfg = (ts_config *)1;
+    CHECK_FAILS(ts_config_load("", &cfg), TS_EINVAL, "empty");
+    CHECK(cfg == NULL);
+    const char *dir = tap_tmpdir();
+    char rel[4200];
+    snprintf(rel, sizeof rel, "%s/rel/tessera", dir);
+    CHECK(mkdir(tap_path_in(dir, "rel"), 0700) == 0 && mkdir(rel, 0700) == 0);
+    tap_write_file(rel, "tessera.ini", "[core]\ndevice = relative_xdg\n");
+    char cwd[4200];
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    CHECK(chdir(dir) == 0);
+    setenv("XDG_CONFIG_HOME", "rel", 1);
+    setenv("HOME", "/nonexistent", 1);
+    CHECK_OK(ts_config_load(NULL, &cfg));
+    CHECK(strcmp(ts_config_get(cfg, "core", "device"), "relative_xdg") != 0);
+    ts_config_free(cfg);
+    CHECK(chdir(cwd) == 0);
+    setenv("XDG_CONFIG_HOME", "/nonexistent", 1);
+    refused("/proc/self/mem", "pseudo-file");
+    refused("/proc/self/status", "pseudo-file");
+    char big[4200];
+    snprintf(big, sizeof big, "%s/big.ini", dir);
+    FILE *f = fopen(big, "w");
+    CHECK(f != NULL);
+    for (int i = 0; i < 70000; i++)
+        fputs("; a comment line\n", f);
+    CHECK(fclose(f) == 0);
+    refused(big, "at most");
+    unsetenv("TESSERA_SYSTEM_CONFIG");
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -535,6 +672,8 @@ int main(int argc, char **argv)
         TAP_TEST(test_unknown_plugin_sections), TAP_TEST(test_fraction_byte_limit),
         TAP_TEST(test_misspelt_device),
         TAP_TEST(test_default_log_to_stderr), TAP_TEST(test_layers),
+        TAP_TEST(test_untrusted_files_refused), TAP_TEST(test_insecure_only_installed),
+        TAP_TEST(test_config_paths),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -1,0 +1,117 @@
+#!/bin/sh
+# tests/cli/test-planted.sh: what another local user can plant for root's tessera. Configuration
+# files pass the plugin trust rule before anything in them is honoured, on every route the
+# CLI reads one from (--config, $TESSERA_CONFIG, the XDG file, ~/.config, the installed one);
+# only the installed file may turn the plugin trust rule off; --config with an empty name is
+# an error. The attacker is uid 65534 (files chowned to it, which needs root: those checks
+# skip otherwise), working in a sticky shared directory as /tmp is.
+. "${TS_SRCDIR:-.}/tests/cli/lib.sh"
+plan 11
+chmod 755 "$TMP"
+SHARED="$TMP/shared"
+mkdir -p "$SHARED" && chmod 1777 "$SHARED"
+MARK="$TMP/planted-ran"
+root=0
+[ "$(id -u)" -eq 0 ] && root=1
+
+# as_attacker PATH...: hand files and directories to uid 65534 (root only).
+as_attacker() { chown 65534:65534 "$@"; }
+
+cp "$FIXTURES/planted.so" "$SHARED/planted.so"
+cat >"$SHARED/evil.ini" <<INI
+[core]
+device = $SHARED/planted.so
+allow_insecure_plugin_path = true
+[dist]
+backend = $SHARED/planted.so
+INI
+chmod 644 "$SHARED/evil.ini"
+
+# refused NAME ENV... -- ARGS...: tessera info must fail naming the configuration file as
+# refused, and the planted plugin must never have run.
+refused() {
+    name=$1; shift
+    rm -f "$MARK"
+    out=$(env TS_PLANTED_MARKER="$MARK" "$@" 2>&1)
+    rc=$?
+    if [ "$rc" -ne 0 ] && contains "$out" "refusing the configuration file" && [ ! -e "$MARK" ]; then
+        ok "$name"
+    else
+        fail "$name" "exit $rc, planted ran: $([ -e "$MARK" ] && echo yes || echo no)" "$out"
+    fi
+}
+
+if [ "$root" -eq 0 ]; then
+    for n in 1 2 3 4 5 6 7; do skip "planted configuration route $n" "needs root to act as another user"; done
+else
+    as_attacker "$SHARED/planted.so" "$SHARED/evil.ini"
+    refused "--config naming another user's file" \
+        TESSERA_SYSTEM_CONFIG= "$TESSERA" --config "$SHARED/evil.ini" info
+    refused "\$TESSERA_CONFIG naming another user's file" \
+        TESSERA_SYSTEM_CONFIG= TESSERA_CONFIG="$SHARED/evil.ini" "$TESSERA" info
+    refused "\$TESSERA_CONFIG with \$TESSERA_DEVICE" \
+        TESSERA_SYSTEM_CONFIG= TESSERA_CONFIG="$SHARED/evil.ini" \
+        TESSERA_DEVICE="$SHARED/planted.so" "$TESSERA" info
+    refused "\$TESSERA_SYSTEM_CONFIG naming another user's file" \
+        TESSERA_SYSTEM_CONFIG="$SHARED/evil.ini" TESSERA_CONFIG= "$TESSERA" info
+    # The XDG file and ~/.config, as `su` without `-` or `sudo -E` leave them on root's path.
+    mkdir -p "$SHARED/xdg/tessera" "$SHARED/home/.config/tessera"
+    cp "$SHARED/evil.ini" "$SHARED/xdg/tessera/tessera.ini"
+    cp "$SHARED/evil.ini" "$SHARED/home/.config/tessera/tessera.ini"
+    chmod 755 "$SHARED/xdg" "$SHARED/xdg/tessera" "$SHARED/home" "$SHARED/home/.config" \
+        "$SHARED/home/.config/tessera"
+    as_attacker "$SHARED/xdg" "$SHARED/xdg/tessera" "$SHARED/xdg/tessera/tessera.ini" \
+        "$SHARED/home" "$SHARED/home/.config" "$SHARED/home/.config/tessera" \
+        "$SHARED/home/.config/tessera/tessera.ini"
+    refused "the XDG file of another user" \
+        TESSERA_SYSTEM_CONFIG= TESSERA_CONFIG= XDG_CONFIG_HOME="$SHARED/xdg" "$TESSERA" info
+    refused "~/.config of another user" \
+        TESSERA_SYSTEM_CONFIG= TESSERA_CONFIG= XDG_CONFIG_HOME= HOME="$SHARED/home" "$TESSERA" info
+    # Root's own file in a directory the attacker owns: they could swap it.
+    mkdir "$SHARED/theirs" && chmod 755 "$SHARED/theirs"
+    printf '[core]\ndevice = cpu_blas\n' >"$SHARED/theirs/mine.ini"
+    chmod 644 "$SHARED/theirs/mine.ini"
+    as_attacker "$SHARED/theirs"
+    refused "a file in another user's directory" \
+        TESSERA_SYSTEM_CONFIG= "$TESSERA" --config "$SHARED/theirs/mine.ini" info
+fi
+
+# One's own file may choose a plugin, but not turn the trust rule off for it.
+printf '[core]\ndevice = %s\nallow_insecure_plugin_path = true\n' "$SHARED/planted.so" >"$TMP/own.ini"
+chmod 644 "$TMP/own.ini"
+rm -f "$MARK"
+out=$(TS_PLANTED_MARKER="$MARK" TESSERA_SYSTEM_CONFIG= "$TESSERA" --config "$TMP/own.ini" info 2>&1)
+rc=$?
+if [ "$rc" -ne 0 ] && contains "$out" "$TMP/own.ini:3" &&
+    contains "$out" "honoured only in the installed configuration" && [ ! -e "$MARK" ]; then
+    ok "allow_insecure_plugin_path in the user's file is refused"
+else
+    fail "allow_insecure_plugin_path in the user's file is refused" "exit $rc" "$out"
+fi
+
+# The installed file may; with it off, the planted plugin is still refused by the rule itself.
+printf '[core]\nallow_insecure_plugin_path = false\n' >"$TMP/installed.ini"
+chmod 644 "$TMP/installed.ini"
+printf '[core]\ndevice = %s\nfallback =\n' "$SHARED/planted.so" >"$TMP/own2.ini"
+chmod 644 "$TMP/own2.ini"
+rm -f "$MARK"
+out=$(TS_PLANTED_MARKER="$MARK" TESSERA_SYSTEM_CONFIG="$TMP/installed.ini" \
+    "$TESSERA" --config "$TMP/own2.ini" info 2>&1)
+if [ "$root" -eq 0 ]; then
+    skip "a planted plugin named by one's own file is refused" "needs root to act as another user"
+elif contains "$out" "refusing to load" && [ ! -e "$MARK" ]; then
+    ok "a planted plugin named by one's own file is refused"
+else
+    fail "a planted plugin named by one's own file is refused" "$out"
+fi
+
+for arg in "--config=" "--config ''"; do
+    out=$(eval "\"\$TESSERA\" $arg info" 2>&1)
+    rc=$?
+    if [ "$rc" -eq 2 ] && contains "$out" "--config needs a FILE"; then
+        ok "tessera $arg is a usage error"
+    else
+        fail "tessera $arg is a usage error" "exit $rc" "$out"
+    fi
+done
+finish
