@@ -670,6 +670,13 @@ static ts_status check_target(const char *path, const char *what, struct stat *s
         return ts__fail(TS_EIO, "%s: cannot save %s: the path is %s; a save only creates a new "
                         "file or replaces a regular one",
                         path, what, ts__file_kind(st->st_mode));
+    /* Another user's file at the name we write (pre-created in a shared directory) would make
+     * what we save theirs to read and change: never adopted, never replaced. */
+    if (st->st_uid != geteuid())
+        return ts__fail(TS_EIO, "%s: cannot save %s: the file there belongs to uid %ld, not to "
+                        "you (uid %ld), and a save never replaces another user's file; remove "
+                        "it or save under another name",
+                        path, what, (long)st->st_uid, (long)geteuid());
     return TS_OK;
 }
 
@@ -732,20 +739,15 @@ ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body
         s = ts__fail(TS_ENOMEM, "%s: out of memory saving %s", path, what);
         goto out;
     }
-    /* A new file gets 0666 less the umask, like any file a program creates; a replaced one
-     * keeps its permission bits (set-id bits dropped) and, where allowed, its owner. */
+    /* A new file, the caller's: 0666 less the umask, like any file a program creates; a file
+     * of the caller's that it replaces keeps its permission bits (set-id bits dropped). */
     fd = create_tmp(&sv, exists ? 0600 : 0666);
     if (fd < 0)
         goto io_fail;
     created = 1;
-    if (exists) {
-        step = "setting the owner and mode of";
-        if ((old.st_uid != geteuid() || old.st_gid != getegid()) &&
-            fchown(fd, old.st_uid, old.st_gid) != 0 && errno != EPERM)
-            goto io_fail;
-        if (fchmod(fd, old.st_mode & 0777) != 0)
-            goto io_fail;
-    }
+    step = "setting the mode of";
+    if (exists && fchmod(fd, old.st_mode & 0777) != 0)
+        goto io_fail;
     step = "writing";
     int b = body(&sv, fd, user);
     if (b == TS__SAVE_IO)
@@ -807,6 +809,87 @@ out:
     }
     pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);
     free(dir);
+    free(sv.tmp);
+    return s;
+}
+
+/* ts_file_save's body: the caller's writer on a stdio stream over a duplicate of fd. */
+typedef struct file_body {
+    ts_file_writer write;
+    void *user;
+} file_body;
+
+static int write_file_body(ts__saver *sv, int fd, void *user)
+{
+    (void)sv;
+    file_body *fb = user;
+    int dfd = dup(fd);
+    FILE *f = dfd >= 0 ? fdopen(dfd, "wb") : NULL;
+    if (!f) {
+        int err = errno;
+        if (dfd >= 0)
+            close(dfd);
+        errno = err;
+        return TS__SAVE_IO;
+    }
+    int rc = fb->write(f, fb->user);
+    int werr = ferror(f) ? EIO : 0;
+    if (fflush(f) != 0 && !werr)
+        werr = errno;
+    if (fclose(f) != 0 && !werr)
+        werr = errno;
+    if (rc != 0)
+        return ts__fail(TS_EIO, "the writer gave up (%d)", rc);
+    if (werr) {
+        errno = werr;
+        return TS__SAVE_IO;
+    }
+    return TS_OK;
+}
+
+TS_API ts_status ts_file_save(const char *path, const char *what, ts_file_writer write,
+                              void *user)
+{
+    if (!write)
+        return ts__fail(TS_EINVAL, "ts_file_save: no writer");
+    file_body fb = {write, user};
+    return ts__save_atomic(path, what ? what : "the file", write_file_body, &fb);
+}
+
+ts_status ts__create_output(const char *path, const char *what, int *fd_out)
+{
+    *fd_out = -1;
+    if (!path || !*path)
+        return ts__fail(TS_EINVAL, "creating %s: NULL or empty path", what);
+    struct stat old;
+    int exists;
+    ts_status s = check_target(path, what, &old, &exists);
+    if (s)
+        return s;
+    saver sv = {.path = path, .what = what};
+    const char *step = "creating";
+    int fd = create_tmp(&sv, exists ? 0600 : 0666);
+    if (fd < 0)
+        goto io_fail;
+    step = "setting the mode of";
+    if (exists && fchmod(fd, old.st_mode & 0777) != 0)
+        goto io_fail;
+    if ((s = check_target(path, what, &old, &exists)))
+        goto out;
+    step = "renaming";
+    if (rename(sv.tmp, path) != 0)
+        goto io_fail;
+    free(sv.tmp);
+    *fd_out = fd;
+    return TS_OK;
+io_fail:
+    s = ts__fail(TS_EIO, "%s: cannot create %s (%s '%s'): %s", path, what, step,
+                 sv.tmp ? sv.tmp : path, strerror(errno));
+out:
+    if (fd >= 0) {
+        close(fd);
+        unlink(sv.tmp);
+    }
     free(sv.tmp);
     return s;
 }

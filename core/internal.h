@@ -45,6 +45,11 @@ typedef struct ts__saver ts__saver;
 typedef int (*ts__save_body)(ts__saver *sv, int fd, void *user);
 ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body, void *user);
 int ts__save_write(ts__saver *sv, int fd, const void *buf, size_t n);
+/* A file written as a stream over a long time (a memory trace): the same rule as a save
+ * (refuses links, special files and another user's file; the file is new and the caller's,
+ * created exclusively next to path), but renamed into place at once, so readers see it grow.
+ * (transfer full) on *fd_out: close() it. TS_EIO with the reason. */
+ts_status ts__create_output(const char *path, const char *what, int *fd_out);
 /* The name of the kernel call: its function ("mul", "sum") or its op ("matmul"). */
 const char *ts__call_name(const ts_kernel_call *call);
 

@@ -263,34 +263,24 @@ static ts_status trace_open(const char *path)
                                    "ts_memtrace_stop first");
     }
     char *buf = ts__malloc(TRACE_BUF);
-    /* Never through a symbolic link, never into a FIFO or device (a planted name in a shared
-     * directory must not redirect a root process's writes): a new or regular file only. */
-    int fd = buf ? open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644)
-                 : -1;
-    int err = errno == ENXIO ? EINVAL : errno; /* ENXIO: a FIFO without a reader */
-    struct stat st;
-    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
-        err = EINVAL;
-        close(fd);
-        fd = -1;
+    if (!buf) {
+        pthread_mutex_unlock(&trace_lock);
+        return ts__fail(TS_ENOMEM, "memtrace: out of memory");
     }
-    if (fd >= 0 && ftruncate(fd, 0) != 0) {
-        err = errno;
-        close(fd);
-        fd = -1;
-    }
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    /* Never through a symbolic link, never into a FIFO or device, never another user's file
+     * (a planted name in a shared directory must not redirect or take over a root process's
+     * writes): a new file of the caller's, renamed into place. */
+    int fd;
+    ts_status s = ts__create_output(path, "the memory trace", &fd);
+    FILE *f = s ? NULL : fdopen(fd, "w");
     if (!f) {
-        if (fd >= 0)
+        if (!s) {
             close(fd);
+            s = ts__fail(TS_ENOMEM, "memtrace: out of memory");
+        }
         free(buf);
         pthread_mutex_unlock(&trace_lock);
-        if (!buf)
-            return ts__fail(TS_ENOMEM, "memtrace: out of memory");
-        return ts__fail(TS_EIO, "memtrace: cannot create '%s': %s", path,
-                        err == EINVAL ? "not a regular file"
-                        : err == ELOOP ? "it is a symbolic link, which a trace never follows"
-                                       : strerror(err));
+        return ts__fail_prefix(s, "memtrace: ");
     }
     trace_file = f;
     trace_buf = buf;

@@ -254,31 +254,17 @@ static void draw(FILE *f, const plot *p)
     fputs("</svg>\n", f);
 }
 
-/* The SVG's file: new or regular, never through a symbolic link or into a FIFO or device. */
-static FILE *open_output(const char *out, const struct stat *in)
+static int write_svg(FILE *f, void *user)
 {
-    int fd = open(out, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    int err = errno == ENXIO ? EINVAL : errno; /* ENXIO: a FIFO without a reader */
+    draw(f, user);
+    return 0;
+}
+
+/* The trace itself (or a hard link to it) is never written over. */
+static int is_input(const char *out, const struct stat *in)
+{
     struct stat st;
-    FILE *f = NULL;
-    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)))
-        err = EINVAL;
-    else if (fd >= 0 && st.st_dev == in->st_dev && st.st_ino == in->st_ino)
-        err = EEXIST; /* the trace itself (or a hard link to it): never truncated */
-    else if (fd >= 0 && ftruncate(fd, 0) != 0)
-        err = errno;
-    else if (fd >= 0 && !(f = fdopen(fd, "w")))
-        err = errno;
-    if (!f) {
-        if (fd >= 0)
-            close(fd);
-        fprintf(stderr, "tessera: error: memplot: cannot create '%s': %s\n", out,
-                err == EEXIST ? "it is the trace being drawn"
-                : err == EINVAL ? "not a regular file"
-                : err == ELOOP ? "it is a symbolic link, which memplot never follows"
-                               : strerror(err));
-    }
-    return f;
+    return stat(out, &st) == 0 && st.st_dev == in->st_dev && st.st_ino == in->st_ino;
 }
 
 int cmd_memplot(int argc, char **argv, const cli_common *common)
@@ -356,15 +342,14 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
         fprintf(stderr, "tessera: error: memplot: '%s' holds no pool counter events (%d "
                 "events): is it a trace of tessera's memory (--memtrace, TESSERA_MEMTRACE)?\n",
                 in, events);
-    else if (!(f = open_output(out, &st)))
-        ; /* said why */
+    else if (is_input(out, &st))
+        fprintf(stderr, "tessera: error: memplot: cannot create '%s': it is the trace being "
+                "drawn\n", out);
+    else if (ts_file_save(out, "the picture", write_svg, p) != TS_OK)
+        fprintf(stderr, "tessera: error: memplot: %s\n", ts_last_error());
     else {
-        draw(f, p);
-        rc = fclose(f) ? 1 : 0;
-        if (rc)
-            fprintf(stderr, "tessera: error: memplot: writing '%s' failed\n", out);
-        else
-            printf("%s: %d pools, %d events -> %s\n", in, p->npools, events, out);
+        rc = 0;
+        printf("%s: %d pools, %d events -> %s\n", in, p->npools, events, out);
         if (p->dropped_events)
             fprintf(stderr, "tessera: memplot: %s has more than %d pools: the first %d are "
                     "drawn, %lld events of the others are not\n", in, MAX_POOLS, MAX_POOLS,

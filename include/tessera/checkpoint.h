@@ -15,6 +15,7 @@
 #define TESSERA_CHECKPOINT_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <tessera/tensor.h>
 
 #ifdef __cplusplus
@@ -36,18 +37,30 @@ ts_status ts_checkpoint_add(ts_checkpoint *ck, const char *name, ts_tensor *t);
  * UTF-8 (TS_EINVAL otherwise). */
 ts_status ts_checkpoint_set_meta(ts_checkpoint *ck, const char *key, const char *value);
 
-/* Writes the checkpoint to path atomically (see above). Replacing a file keeps its permission
- * bits and, where the caller may set it, its owner; a new file is 0666 less the umask. A file
+/* Writes the checkpoint to path atomically (see above). The file written is always a new one
+ * owned by the caller: 0666 less the umask, or the permission bits of the caller's own file it
+ * replaces. An existing file that belongs to another user is refused (TS_EIO saying so),
+ * never adopted: in a shared directory it may have been planted to take over the save. A file
  * size limit (RLIMIT_FSIZE) is an error, not a SIGXFSZ: the calling thread blocks SIGXFSZ
  * during the save. TS_EIO naming the path, the step and errno; the old file is left as it
  * was and no temporary file remains. */
 ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path);
 
-/* Whether ts_checkpoint_save could write path now: it is absent or a regular file (not a
- * link, directory, FIFO or device) and a file can be created next to it. Creates and removes
+/* Whether ts_checkpoint_save could write path now: it is absent or a regular file of the
+ * caller's (not a link, directory, FIFO, device or another user's file) and a file can be
+ * created next to it. Creates and removes
  * one temporary file there, touches nothing else. For a program to refuse a bad --save path
  * before hours of training rather than after. TS_EIO with the reason. */
 ts_status ts_checkpoint_check_path(const char *path);
+
+/* Writes whatever write puts on its stream to path with the same rule as ts_checkpoint_save:
+ * a temporary file created exclusively next to path, synced and renamed over it, never through
+ * a link, never over a special file or another user's file. write returns 0 on success;
+ * anything else (or a stream error) leaves path as it was. what names the file in messages
+ * ("the picture"). For a program's own outputs (tessera memplot's SVG). TS_EIO with the
+ * reason. */
+typedef int (*ts_file_writer)(FILE *f, void *user);
+ts_status ts_file_save(const char *path, const char *what, ts_file_writer write, void *user);
 
 /* Opens and validates path, and keeps it open until ts_checkpoint_free: tensors are read from
  * it when asked for, ts_checkpoint_get creating them on dev (NULL: the default device; dev

@@ -3,10 +3,12 @@
 # files pass the plugin trust rule before anything in them is honoured, on every route the
 # CLI reads one from (--config, $TESSERA_CONFIG, the XDG file, ~/.config, the installed one);
 # only the installed file may turn the plugin trust rule off; --config with an empty name is
-# an error. The attacker is uid 65534 (files chowned to it, which needs root: those checks
+# an error. Every output (checkpoints, convert -o, memplot -o, --memtrace, --memplot and its
+# side trace, TESSERA_MEMTRACE) refuses a file another user planted at its name and leaves
+# it as it was; one's own file there is replaced by a new one. The attacker is uid 65534 (files chowned to it, which needs root: those checks
 # skip otherwise), working in a sticky shared directory as /tmp is.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 11
+plan 20
 chmod 755 "$TMP"
 SHARED="$TMP/shared"
 mkdir -p "$SHARED" && chmod 1777 "$SHARED"
@@ -114,4 +116,88 @@ for arg in "--config=" "--config ''"; do
         fail "tessera $arg is a usage error" "exit $rc" "$out"
     fi
 done
+
+# ---- outputs planted by another user in a shared sticky directory ----------------------
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 40) >"$TMP/t.txt"
+GPT="--model gpt --text $TMP/t.txt --context 8 --layers 1 --heads 1 --embd 8 --batch-size 2
+  --steps 2 --eval-every 2 --eval-batches 1"
+NPY="$TS_SRCDIR/tests/data/npy/f32_2x3.npy"
+OUT="$SHARED/out"
+mkdir "$OUT" && chmod 1777 "$OUT"
+# plant NAME: a file of uid 65534, mode 0666 (so its owner could read and change what root
+# would write into it).
+plant() { echo planted >"$OUT/$1" && chmod 666 "$OUT/$1" && as_attacker "$OUT/$1"; }
+# untouched NAME: still the attacker's file, as planted.
+untouched() {
+    [ "$(stat -c %u "$OUT/$1")" = 65534 ] && [ "$(cat "$OUT/$1")" = planted ]
+}
+# outcome NAME RC OUT FILE...: the command failed saying whose file it is; each FILE untouched.
+outcome() {
+    name=$1 rc=$2 text=$3; shift 3
+    good=1
+    for f in "$@"; do untouched "$f" || good=0; done
+    if [ "$rc" -ne 0 ] && contains "$text" "belongs to uid 65534" && [ $good -eq 1 ]; then
+        ok "$name"
+    else
+        fail "$name" "exit $rc" "$text" "$(ls -l "$OUT")"
+    fi
+}
+if [ "$root" -eq 0 ]; then
+    for n in 1 2 3 4 5 6; do skip "planted output $n" "needs root to act as another user"; done
+else
+    plant model.st
+    # shellcheck disable=SC2086
+    o=$("$TESSERA" train $GPT --save "$OUT/model.st" 2>&1)
+    outcome "a planted checkpoint name is refused before training" $? "$o" model.st
+    plant conv.safetensors
+    o=$("$TESSERA" convert "$NPY" -o "$OUT/conv.safetensors" 2>&1)
+    outcome "convert -o refuses a planted output" $? "$o" conv.safetensors
+    "$TESSERA" convert "$NPY" -o "$TMP/one.safetensors" >/dev/null 2>&1
+    plant w.npy
+    o=$("$TESSERA" convert "$TMP/one.safetensors" --name f32_2x3 -o "$OUT/w.npy" 2>&1)
+    outcome "convert -o refuses a planted .npy" $? "$o" w.npy
+    plant trace.json
+    # shellcheck disable=SC2086
+    o=$("$TESSERA" train $GPT --memtrace "$OUT/trace.json" 2>&1)
+    outcome "--memtrace refuses a planted trace" $? "$o" trace.json
+    plant pic.svg.trace.json
+    # shellcheck disable=SC2086
+    o=$("$TESSERA" train $GPT --memplot "$OUT/pic.svg" 2>&1)
+    outcome "--memplot refuses a planted side trace" $? "$o" pic.svg.trace.json
+    # shellcheck disable=SC2086
+    "$TESSERA" train $GPT --memtrace "$TMP/mine.json" >/dev/null 2>&1
+    plant pic.svg
+    o=$("$TESSERA" memplot "$TMP/mine.json" -o "$OUT/pic.svg" 2>&1)
+    outcome "memplot -o refuses a planted picture" $? "$o" pic.svg
+fi
+# TESSERA_MEMTRACE: a warning, the planted file untouched, the run goes on.
+if [ "$root" -eq 0 ]; then
+    skip "TESSERA_MEMTRACE refuses a planted trace" "needs root to act as another user"
+else
+    plant env.json
+    # shellcheck disable=SC2086
+    o=$(TESSERA_MEMTRACE="$OUT/env.json" "$TESSERA" train $GPT 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ] && contains "$o" "TESSERA_MEMTRACE" && contains "$o" "belongs to uid 65534" &&
+        untouched env.json; then
+        ok "TESSERA_MEMTRACE refuses a planted trace"
+    else
+        fail "TESSERA_MEMTRACE refuses a planted trace" "exit $rc" "$o"
+    fi
+fi
+# One's own file at the name is replaced by a new file, the caller's, with its own mode.
+echo old >"$OUT/own.safetensors" && chmod 600 "$OUT/own.safetensors"
+ino=$(stat -c %i "$OUT/own.safetensors")
+o=$(umask 022 && "$TESSERA" convert "$NPY" -o "$OUT/own.safetensors" 2>&1)
+if [ $? -eq 0 ] && [ "$(stat -c '%u %a' "$OUT/own.safetensors")" = "$(id -u) 600" ] &&
+    [ "$(stat -c %i "$OUT/own.safetensors")" != "$ino" ] && [ "$(cat "$OUT/own.safetensors")" != old ]; then
+    ok "one's own output is replaced by a new file keeping its mode"
+else
+    fail "one's own output is replaced by a new file keeping its mode" "$o" "$(ls -li "$OUT")"
+fi
+if ls "$OUT" | grep -q '\.tmp\.'; then
+    fail "no temporary file is left" "$(ls "$OUT")"
+else
+    ok "no temporary file is left"
+fi
 finish

@@ -388,14 +388,22 @@ static void test_save_keeps_mode(void)
     CHECK(stat(fresh, &st) == 0);
     CHECK_INT_EQ(st.st_mode & 07777, 0600);
     umask(old_umask);
+    /* Another user's file at the name (planted in a shared directory, mode 0666 so that its
+     * owner could read and change what is saved) is refused and left as it was, never
+     * adopted; the check before a run says the same. */
     if (geteuid() == 0) {
         CHECK(chown(path, 4321, 8765) == 0);
-        CHECK(chmod(path, 0640) == 0);
-        CHECK_OK(ts_checkpoint_save(ck, path));
+        CHECK(chmod(path, 0666) == 0);
+        struct stat before;
+        CHECK(stat(path, &before) == 0);
+        CHECK_FAILS(ts_checkpoint_save(ck, path), TS_EIO, path, "belongs to uid 4321",
+                    "never replaces another user's file");
+        CHECK_FAILS(ts_checkpoint_check_path(path), TS_EIO, "belongs to uid 4321");
         CHECK(stat(path, &st) == 0);
         CHECK_INT_EQ(st.st_uid, 4321);
-        CHECK_INT_EQ(st.st_gid, 8765);
-        CHECK_INT_EQ(st.st_mode & 07777, 0640);
+        CHECK_INT_EQ(st.st_ino, before.st_ino);
+        CHECK_INT_EQ(st.st_mtime, before.st_mtime);
+        CHECK_INT_EQ(tap_count_entries(dir, ".tmp"), 0);
     }
     ts_checkpoint_free(ck);
     tap_end();
