@@ -28,6 +28,7 @@ int cli_parse_double(const char *cmd, const char *opt, const char *v, double min
 
 /* The same rule without a message: 0 (*out set), 1 not a number, 2 out of range. */
 int cli_strict_i64(const char *v, int64_t min, int64_t max, int64_t *out);
+int cli_strict_u64(const char *v, uint64_t min, uint64_t max, uint64_t *out);
 int cli_strict_double(const char *v, double min, int min_open, double max, double *out);
 
 /* Formats bytes as "1.50 GiB" into buf. */
@@ -94,6 +95,12 @@ void cli_profile_report(int on, long long steps, double seconds, int json);
 /* Text from a file (a tensor name, metadata) made safe to print: control characters and bytes
  * over 0x7e as \xNN, cut with "..." after max bytes, into buf (len bytes). Returns buf. */
 const char *cli_printable(const char *s, size_t max, char *buf, size_t len);
+/* Restores a model's parameters and buffers from ck (the file path, for messages) as every
+ * command that reads a checkpoint does: each must be there with its shape and dtype, the
+ * checkpoint may hold nothing else but optimizer state ("optim." names), and every restored
+ * floating-point value must be finite. Prints the error; returns 0, or the exit status. */
+int cli_restore_model(const ts_checkpoint *ck, const char *path, const ts_named_tensor *params,
+                      size_t np, const ts_named_tensor *buffers, size_t nb);
 /* qsort comparator for doubles, ascending. */
 int cli_cmp_double(const void *a, const void *b);
 

@@ -74,22 +74,34 @@ int cli_parse_i64(const char *cmd, const char *opt, const char *v, int64_t min, 
                                (long long)min, (long long)max);
     return 0;
 }
+int cli_strict_u64(const char *v, uint64_t min, uint64_t max, uint64_t *out)
+{
+    char *end;
+    if (!plain_start(v, 0))
+        return 1;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*end)
+        return 1;
+    if (errno == ERANGE || n < min || n > max)
+        return 2;
+    *out = n;
+    return 0;
+}
+
 int cli_parse_u64(const char *cmd, const char *opt, const char *v, uint64_t min, uint64_t max,
                   uint64_t *out)
 {
     if (!v)
         return cli_usage_error(cmd, "%s needs a value (a whole number %llu..%llu)", opt,
                                (unsigned long long)min, (unsigned long long)max);
-    char *end;
-    errno = 0;
-    unsigned long long n = plain_start(v, 0) ? strtoull(v, &end, 10) : 0;
-    if (!plain_start(v, 0) || *end)
+    int r = cli_strict_u64(v, min, max, out);
+    if (r == 1)
         return cli_usage_error(cmd, "%s '%s' is not a whole number (expected %llu..%llu)", opt,
                                v, (unsigned long long)min, (unsigned long long)max);
-    if (errno == ERANGE || n < min || n > max)
+    if (r == 2)
         return cli_usage_error(cmd, "%s '%s' is out of range: expected %llu..%llu", opt, v,
                                (unsigned long long)min, (unsigned long long)max);
-    *out = n;
     return 0;
 }
 

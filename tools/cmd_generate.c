@@ -73,19 +73,6 @@ static int64_t pick(const float *logits, int64_t vocab, double temp, int64_t top
     return chosen;
 }
 
-/* "gpt --context C --layers L --heads H --embd E --dropout D" into cfg; 0, or 1. */
-static int parse_arch(const char *arch, cli_gpt_config *cfg)
-{
-    char ctx[32], lay[32], hd[32], emb[32], dr[40];
-    if (!arch || sscanf(arch, "gpt --context %31s --layers %31s --heads %31s --embd %31s "
-                              "--dropout %39s", ctx, lay, hd, emb, dr) != 5)
-        return 1;
-    *cfg = (cli_gpt_config){.vocab = 256};
-    return cli_strict_i64(ctx, 1, 4096, &cfg->context) || cli_strict_i64(lay, 1, 64, &cfg->layers) ||
-           cli_strict_i64(hd, 1, 64, &cfg->heads) || cli_strict_i64(emb, 1, 8192, &cfg->embd) ||
-           cli_strict_double(dr, 0, 0, 0.99, &cfg->dropout) || cfg->embd % cfg->heads;
-}
-
 int cmd_generate(int argc, char **argv, const cli_common *common)
 {
     const char *resume = NULL, *prompt = "\n", *device = NULL;
@@ -136,37 +123,28 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
     cli_gpt_cache *cache = NULL;
     ts_tensor *logits = NULL;
     float *lv = NULL;
+    ts_named_tensor *params = NULL;
     if (device && (s = ts_device_get(device, &dev))) {
         cli_fail(s, "--device");
         goto out;
     }
-    if ((s = ts_checkpoint_load(resume, dev, &ck))) {
-        cli_fail(s, "--resume");
-        goto out;
-    }
-    const char *model = ts_checkpoint_meta(ck, "train.model");
     cli_gpt_config cfg;
-    if (!model || strcmp(model, "gpt") || parse_arch(ts_checkpoint_meta(ck, "train.arch"), &cfg)) {
-        fprintf(stderr, "tessera: error: generate: %s is not a checkpoint of tessera train "
-                        "--model gpt (train.model '%s', train.arch '%s')\n",
-                resume, model ? model : "(none)",
-                ts_checkpoint_meta(ck, "train.arch") ? ts_checkpoint_meta(ck, "train.arch")
-                                                      : "(none)");
+    if (cli_gpt_open(resume, dev, &ck, &cfg) || cli_gpt_too_big(&cfg, 1, 0, dev))
         goto out;
-    }
     ts_rng rng;
     ts_rng_init(&rng, 0);
     if ((s = cli_gpt_build(&cfg, dev, &rng, &gpt))) {
         cli_fail(s, "generate: cannot build the model");
         goto out;
     }
-    ts_named_tensor p[512];
-    size_t np = ts_module_parameters(gpt, p, 512);
-    for (size_t i = 0; i < np && np <= 512; i++)
-        if ((s = ts_checkpoint_restore(ck, p[i].name, p[i].tensor))) {
-            cli_fail(s, "--resume");
-            goto out;
-        }
+    size_t np = ts_module_parameters(gpt, NULL, 0);
+    if (!(params = calloc(np + 1, sizeof *params))) {
+        cli_fail(TS_ENOMEM, "generate");
+        goto out;
+    }
+    ts_module_parameters(gpt, params, np);
+    if (cli_restore_model(ck, resume, params, np, NULL, 0))
+        goto out;
     if (!(lv = malloc(sizeof *lv * (size_t)cfg.vocab))) {
         fprintf(stderr, "tessera: error: out of memory\n");
         goto out;
@@ -234,6 +212,7 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
     rc = 0;
 out:
     free(lv);
+    free(params);
     ts_tensor_unref(logits);
     cli_gpt_cache_free(cache);
     ts_module_free(gpt);

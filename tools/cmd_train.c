@@ -742,16 +742,8 @@ static int resume(trainer *t)
         rc = cli_fail(s, "--resume");
         goto out;
     }
-    for (size_t i = 0; i < t->nparams; i++)
-        if ((s = ts_checkpoint_restore(ck, t->params[i].name, t->params[i].tensor))) {
-            rc = cli_fail(s, "--resume");
-            goto out;
-        }
-    for (size_t i = 0; i < t->nbuffers; i++)
-        if ((s = ts_checkpoint_restore(ck, t->buffers[i].name, t->buffers[i].tensor))) {
-            rc = cli_fail(s, "--resume");
-            goto out;
-        }
+    if (cli_restore_model(ck, path, t->params, t->nparams, t->buffers, t->nbuffers))
+        goto out;
     if ((s = ts_optim_load_state(t->opt, ck)) ||
         (s = ts_loader_seek(t->loader, epoch, (int64_t)batch))) {
         rc = cli_fail(s, "--resume");

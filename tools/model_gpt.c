@@ -1,6 +1,7 @@
 /* tools/model_gpt.c: the GPT of model_gpt.h, from public modules of one's own: a block is a
  * custom module whose forward adds the attention and MLP branches to the residual stream. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -429,4 +430,51 @@ out:
     ts_tensor_unref(tok_id), ts_tensor_unref(pos_id), ts_tensor_unref(te), ts_tensor_unref(pe);
     ts_tensor_unref(x), ts_tensor_unref(wt);
     return s;
+}
+
+/* ---- checkpoints and sizes ----------------------------------------------------------- */
+
+const char *cli_gpt_describe(const cli_gpt_config *c, char *buf, size_t len)
+{
+    snprintf(buf, len, "gpt --context %lld --layers %lld --heads %lld --embd %lld --dropout %.17g",
+             (long long)c->context, (long long)c->layers, (long long)c->heads,
+             (long long)c->embd, c->dropout);
+    return buf;
+}
+
+double cli_gpt_params(const cli_gpt_config *c)
+{
+    double E = (double)c->embd;
+    return (double)c->vocab * E + (double)c->context * E +
+           (double)c->layers * (12 * E * E + 13 * E) + 2 * E;
+}
+
+double cli_gpt_bytes(const cli_gpt_config *c, int64_t batch, int training)
+{
+    double P = cli_gpt_params(c), E = (double)c->embd, T = (double)c->context;
+    double L = (double)c->layers, H = (double)c->heads, B = (double)batch;
+    if (!training) /* the weights and a key/value cache of one sequence */
+        return 4 * (P + 2 * L * T * E);
+    /* weights, gradients, AdamW's two moments; per layer and token at least the residual
+     * stream, q/k/v, the MLP's 4E in and out, and the attention's scores and weights */
+    return 4 * (4 * P + B * T * (L * (12 * E + 2 * H * T) + 2 * (double)c->vocab));
+}
+
+int cli_gpt_too_big(const cli_gpt_config *c, int64_t batch, int training, ts_device *dev)
+{
+    ts_memory_stats st = {.struct_size = sizeof st};
+    double need = cli_gpt_bytes(c, batch, training);
+    if (ts_device_memory_stats(dev, &st) != TS_OK || !st.reserve_limit ||
+        need <= (double)st.reserve_limit)
+        return 0;
+    char arch[256];
+    fprintf(stderr, "tessera: error: the model '%s'%s needs at least %.3g GiB (%.3g million "
+                    "parameters%s), more than the %.3g GiB the pool of %s may reserve; choose a "
+                    "smaller model%s, or raise memory_fraction in [plugin.%s]\n",
+            cli_gpt_describe(c, arch, sizeof arch), training ? " at this --batch-size" : "",
+            need / 1073741824.0, cli_gpt_params(c) / 1e6,
+            training ? ", their gradients, AdamW's moments and the activations" : "",
+            (double)st.reserve_limit / 1073741824.0, ts_device_name(dev),
+            training ? " or batch" : "", ts_device_name(dev));
+    return 1;
 }

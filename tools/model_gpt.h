@@ -39,4 +39,31 @@ void cli_gpt_cache_free(cli_gpt_cache *c);
 /* The configuration gpt was built with. */
 const cli_gpt_config *cli_gpt_config_of(const ts_module *gpt);
 
+/* Limits of the options (and of a checkpoint's train.arch). */
+#define CLI_GPT_MAX_CONTEXT 4096
+#define CLI_GPT_MAX_LAYERS 64
+#define CLI_GPT_MAX_HEADS 64
+#define CLI_GPT_MAX_EMBD 8192
+/* train.format of a GPT checkpoint. */
+#define CLI_GPT_FORMAT "tessera-train-gpt-1"
+
+/* The architecture as train.arch stores it: "gpt --context C --layers L --heads H --embd E
+ * --dropout D". Returns buf. */
+const char *cli_gpt_describe(const cli_gpt_config *c, char *buf, size_t len);
+/* (tools/cli_checkpoint.c) Parses that text strictly (within the limits above, heads dividing embd) into cfg
+ * (vocab 256): 0, or 1. */
+int cli_gpt_parse_arch(const char *arch, cli_gpt_config *cfg);
+/* Opens a GPT checkpoint the one way train --resume, eval and generate all do: train.model
+ * "gpt", train.format CLI_GPT_FORMAT, train.arch parsed into *cfg. The parameters are then
+ * restored with cli_restore_model, which checks them against the tensors present. Prints the
+ * error; returns 0 ((transfer full) on *ck), or the exit status. */
+int cli_gpt_open(const char *path, ts_device *dev, ts_checkpoint **ck, cli_gpt_config *cfg);
+/* The number of parameters of cfg, and a lower bound of the bytes a run needs (training: the
+ * weights, gradients, AdamW's moments and the activations of batch sequences; otherwise the
+ * weights and one key/value cache), computed before anything is built. */
+double cli_gpt_params(const cli_gpt_config *c);
+double cli_gpt_bytes(const cli_gpt_config *c, int64_t batch, int training);
+/* 1, after an error message naming the sizes, when that bound is over dev's pool limit. */
+int cli_gpt_too_big(const cli_gpt_config *c, int64_t batch, int training, ts_device *dev);
+
 #endif /* TESSERA_TOOLS_MODEL_GPT_H */

@@ -58,7 +58,12 @@ typedef struct gpt_opts {
     double lr, min_lr, weight_decay, clip;
     uint64_t seed;
     int json, log_steps, eval_only, profile;
+    unsigned given; /* GIVEN_* bits: the run settings given on the command line */
 } gpt_opts;
+
+/* Run settings a resumed run takes from its checkpoint unless given (then they must agree). */
+enum { GIVEN_LR = 1, GIVEN_MIN_LR = 2, GIVEN_WD = 4, GIVEN_STEPS = 8, GIVEN_WARMUP = 16,
+       GIVEN_BATCH = 32, GIVEN_SEED = 64 };
 
 /* ---- the text ------------------------------------------------------------------------- */
 
@@ -217,14 +222,6 @@ static ts_status eval_loss(ts_module *gpt, ts_tensor *x, ts_tensor *y, double *o
 
 /* ---- checkpoints ----------------------------------------------------------------------- */
 
-static const char *arch_text(const cli_gpt_config *c, char *buf, size_t len)
-{
-    snprintf(buf, len, "gpt --context %lld --layers %lld --heads %lld --embd %lld --dropout %.17g",
-             (long long)c->context, (long long)c->layers, (long long)c->heads,
-             (long long)c->embd, c->dropout);
-    return buf;
-}
-
 static void meta_u64(ts_checkpoint *ck, const char *key, uint64_t v)
 {
     char b[32];
@@ -239,6 +236,7 @@ typedef struct run {
     ts_named_tensor *params;
     size_t np;
     ts_optim *opt;
+    ts_checkpoint *ck; /* --resume's, open from adopt_settings to the end */
     ts_rng rng; /* initialisation and dropout */
     int64_t step;
     uint64_t text_hash;
@@ -290,8 +288,8 @@ static ts_status save_to(const run *r, const char *path)
     if (s == TS_OK) {
         char arch[256];
         ts_checkpoint_set_meta(ck, "train.model", "gpt");
-        ts_checkpoint_set_meta(ck, "train.arch", arch_text(&r->o.cfg, arch, sizeof arch));
-        ts_checkpoint_set_meta(ck, "train.format", "tessera-train-gpt-1");
+        ts_checkpoint_set_meta(ck, "train.arch", cli_gpt_describe(&r->o.cfg, arch, sizeof arch));
+        ts_checkpoint_set_meta(ck, "train.format", CLI_GPT_FORMAT);
         ts_checkpoint_set_meta(ck, "train.tokenizer", "bytes");
         meta_u64(ck, "train.seed", r->o.seed);
         meta_u64(ck, "train.batch_size", (uint64_t)r->o.batch);
@@ -328,66 +326,128 @@ static int meta_num(const ts_checkpoint *ck, const char *path, const char *key, 
     return 0;
 }
 
-/* Restores model, optimizer and position from --resume; refuses another model, text, seed or
- * batch size. 0, or the exit status. */
+/* The shortest decimal text that reads back as d ("0.05", not "0.050000000000000003"). */
+static void shortest(double d, char *buf, size_t len)
+{
+    for (int p = 6; p <= 17; p++) {
+        snprintf(buf, len, "%.*g", p, d);
+        if (strtod(buf, NULL) == d)
+            return;
+    }
+}
+
+/* A resumed run is the run its checkpoint was written by: the model and the run settings
+ * (seed, batch size, learning rate, schedule, weight decay) are the checkpoint's. A setting
+ * given on the command line must agree (a different --lr or --steps would otherwise be
+ * silently ignored by the restored optimizer, or run past the end of its schedule); one not
+ * given is taken from the checkpoint, each value checked as strictly as the option. r->ck
+ * stays open for resume(). 0, or the exit status. */
+static int adopt_settings(run *r)
+{
+    gpt_opts *o = &r->o;
+    const char *path = o->resume;
+    cli_gpt_config cfg;
+    if (cli_gpt_open(path, r->dev, &r->ck, &cfg))
+        return 1;
+    char want[256], have[256];
+    cli_gpt_describe(&cfg, have, sizeof have);
+    if (strcmp(have, cli_gpt_describe(&o->cfg, want, sizeof want)) != 0) {
+        fprintf(stderr, "tessera: error: %s is a '%s', not a '%s'; resume with the same "
+                        "--context, --layers, --heads, --embd and --dropout\n",
+                path, have, want);
+        return 2;
+    }
+    static const struct {
+        const char *opt, *key;
+        unsigned bit;
+    } keys[] = {
+        {"--seed", "train.seed", GIVEN_SEED},
+        {"--batch-size", "train.batch_size", GIVEN_BATCH},
+        {"--lr", "optim.schedule.base_lr", GIVEN_LR},
+        {"--steps", "optim.schedule.total_steps", GIVEN_STEPS},
+        {"--warmup-steps", "optim.schedule.warmup_steps", GIVEN_WARMUP},
+        {"--min-lr", "optim.schedule.min_lr", GIVEN_MIN_LR},
+        {"--weight-decay", "optim.weight_decay", GIVEN_WD},
+    };
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        const char *t = ts_checkpoint_meta(r->ck, keys[k].key);
+        uint64_t u = 0;
+        int64_t i = 0;
+        double d = 0;
+        int bad;
+        /* the ranges of the options themselves */
+        switch (k) {
+        case 0: bad = !t || cli_strict_u64(t, 0, UINT64_MAX, &u); break;
+        case 1: bad = !t || cli_strict_i64(t, 1, 4096, &i); break;
+        case 2: bad = !t || cli_strict_double(t, 0, 1, 1e6, &d); break;
+        case 3: bad = !t || cli_strict_i64(t, 1, (int64_t)1 << 40, &i); break;
+        case 4: bad = !t || cli_strict_i64(t, 0, o->steps, &i); break;
+        case 5: bad = !t || cli_strict_double(t, 0, 0, o->lr, &d); break;
+        default: bad = !t || cli_strict_double(t, 0, 0, 1e6, &d); break;
+        }
+        if (bad) {
+            char shown[200];
+            fprintf(stderr, "tessera: error: %s: metadata '%s' = '%s' is not a value %s "
+                            "accepts here: the checkpoint is damaged or was edited\n",
+                    path, keys[k].key, cli_printable(t ? t : "(none)", 60, shown, sizeof shown),
+                    keys[k].opt);
+            return 1;
+        }
+        char ck_text[64], mine[64];
+        uint64_t *pu = k == 0 ? &o->seed : NULL;
+        int64_t *pi = k == 1 ? &o->batch : k == 3 ? &o->steps : k == 4 ? &o->warmup : NULL;
+        double *pd = k == 2 ? &o->lr : k == 5 ? &o->min_lr : k == 6 ? &o->weight_decay : NULL;
+        int same = pu ? *pu == u : pi ? *pi == i : *pd == d;
+        if (pu)
+            snprintf(ck_text, sizeof ck_text, "%llu", (unsigned long long)u),
+                snprintf(mine, sizeof mine, "%llu", (unsigned long long)*pu);
+        else if (pi)
+            snprintf(ck_text, sizeof ck_text, "%lld", (long long)i),
+                snprintf(mine, sizeof mine, "%lld", (long long)*pi);
+        else
+            shortest(d, ck_text, sizeof ck_text), shortest(*pd, mine, sizeof mine);
+        if ((o->given & keys[k].bit) && !same) {
+            fprintf(stderr, "tessera: error: %s was trained with %s %s, and this run gives %s "
+                            "%s: a resumed run continues the checkpoint's run; resume without "
+                            "%s (or with %s %s), or start a new run\n",
+                    path, keys[k].opt, ck_text, keys[k].opt, mine, keys[k].opt, keys[k].opt,
+                    ck_text);
+            return 2;
+        }
+        if (pu)
+            *pu = u;
+        else if (pi)
+            *pi = i;
+        else
+            *pd = d;
+    }
+    return 0;
+}
+
+/* Restores model, optimizer and position from r->ck (adopt_settings opened and checked it);
+ * refuses another text. 0, or the exit status. */
 static int resume(run *r)
 {
     const char *path = r->o.resume;
-    ts_checkpoint *ck;
-    ts_status s = ts_checkpoint_load(path, r->dev, &ck);
-    if (s)
-        return cli_fail(s, "--resume");
-    int rc = 1;
-    char arch[256];
-    const char *model = ts_checkpoint_meta(ck, "train.model");
-    const char *saved_arch = ts_checkpoint_meta(ck, "train.arch");
-    uint64_t seed, batch, step, roff, hash;
-    if (!model || strcmp(model, "gpt") != 0) {
-        fprintf(stderr, "tessera: error: %s holds a '%s' model, not gpt\n", path,
-                model ? model : "(unknown)");
-        goto out;
-    }
-    if (!saved_arch || strcmp(saved_arch, arch_text(&r->o.cfg, arch, sizeof arch)) != 0) {
-        fprintf(stderr, "tessera: error: %s is a '%s', not a '%s'; resume with the same "
-                        "--context, --layers, --heads, --embd and --dropout\n",
-                path, saved_arch ? saved_arch : "(unknown)", arch);
-        rc = 2;
-        goto out;
-    }
-    if (meta_num(ck, path, "train.seed", UINT64_MAX, &seed) ||
-        meta_num(ck, path, "train.batch_size", (uint64_t)1 << 20, &batch) ||
-        meta_num(ck, path, "train.step", (uint64_t)1 << 53, &step) ||
+    ts_checkpoint *ck = r->ck;
+    uint64_t step, roff, hash;
+    if (meta_num(ck, path, "train.step", (uint64_t)1 << 53, &step) ||
         meta_num(ck, path, "train.rng_offset", UINT64_MAX, &roff) ||
         meta_num(ck, path, "train.text_hash", UINT64_MAX, &hash))
-        goto out;
-    if (seed != r->o.seed || batch != (uint64_t)r->o.batch) {
-        fprintf(stderr, "tessera: error: %s was trained with --seed %llu --batch-size %llu; "
-                        "resume with the same\n",
-                path, (unsigned long long)seed, (unsigned long long)batch);
-        rc = 2;
-        goto out;
-    }
+        return 1;
     if (hash != r->text_hash) {
         fprintf(stderr, "tessera: error: %s was trained on another text (its bytes differ "
                         "from this --text); resume on the same text\n", path);
-        rc = 2;
-        goto out;
+        return 2;
     }
-    for (size_t i = 0; i < r->np; i++)
-        if ((s = ts_checkpoint_restore(ck, r->params[i].name, r->params[i].tensor))) {
-            rc = cli_fail(s, "--resume");
-            goto out;
-        }
-    if ((s = ts_optim_load_state(r->opt, ck))) {
-        rc = cli_fail(s, "--resume");
-        goto out;
-    }
+    if (cli_restore_model(ck, path, r->params, r->np, NULL, 0))
+        return 1;
+    ts_status s = ts_optim_load_state(r->opt, ck);
+    if (s)
+        return cli_fail(s, "--resume");
     r->step = (int64_t)step;
     r->rng.offset = roff;
-    rc = 0;
-out:
-    ts_checkpoint_free(ck);
-    return rc;
+    return 0;
 }
 
 /* ---- options --------------------------------------------------------------------------- */
@@ -411,6 +471,16 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         set_warmup |= !strcmp(a, "--warmup-steps");
+        static const struct {
+            const char *opt;
+            unsigned bit;
+        } bits[] = {{"--lr", GIVEN_LR},         {"--min-lr", GIVEN_MIN_LR},
+                    {"--weight-decay", GIVEN_WD}, {"--steps", GIVEN_STEPS},
+                    {"--warmup-steps", GIVEN_WARMUP}, {"--batch-size", GIVEN_BATCH},
+                    {"--seed", GIVEN_SEED}};
+        for (size_t k = 0; k < sizeof bits / sizeof bits[0]; k++)
+            if (!strcmp(a, bits[k].opt))
+                o->given |= bits[k].bit;
         int64_t *i64 = !strcmp(a, "--context")        ? &o->cfg.context
                        : !strcmp(a, "--layers")       ? &o->cfg.layers
                        : !strcmp(a, "--heads")        ? &o->cfg.heads
@@ -479,6 +549,9 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
         if (bad)
             return 2;
     }
+    if (o->resume && o->save_initial)
+        return cli_usage_error("train", "--save-initial writes a new model's initial weights; "
+                               "with --resume there is none (leave one of them out)");
     if (o->cfg.embd % o->cfg.heads)
         return cli_usage_error("train", "--embd %lld is not a multiple of --heads %lld",
                                (long long)o->cfg.embd, (long long)o->cfg.heads);
@@ -586,6 +659,13 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         cli_fail(s, "--device");
         goto out;
     }
+    if (r.o.resume && (rc = adopt_settings(&r)))
+        goto out;
+    rc = 1;
+    /* An absurd shape is refused now, not after building for minutes. */
+    if (cli_gpt_too_big(&r.o.cfg, r.o.batch / r.world + (r.o.batch % r.world != 0),
+                        !r.o.eval_only, r.dev))
+        goto out;
     ts_rng_init(&r.rng, r.o.seed);
     if ((s = cli_gpt_build(&r.o.cfg, r.dev, &r.rng, &r.gpt))) {
         cli_fail(s, "cannot build the model");
@@ -605,7 +685,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         goto out;
     }
     cli_gpt_decay_groups(r.opt);
-    if (r.o.save_initial && !r.o.resume && r.rank == 0 && (s = save_to(&r, r.o.save_initial))) {
+    if (r.o.save_initial && r.rank == 0 && (s = save_to(&r, r.o.save_initial))) {
         cli_fail(s, "--save-initial");
         goto out;
     }
@@ -659,7 +739,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "event", "start");
         cJSON_AddStringToObject(j, "model", "gpt");
-        cJSON_AddStringToObject(j, "arch", arch_text(&r.o.cfg, arch, sizeof arch));
+        cJSON_AddStringToObject(j, "arch", cli_gpt_describe(&r.o.cfg, arch, sizeof arch));
         cJSON_AddNumberToObject(j, "parameters", (double)ts_module_num_params(r.gpt));
         cJSON_AddStringToObject(j, "device", ts_device_name(r.dev));
         cJSON_AddStringToObject(j, "optimizer", "adamw");
@@ -682,14 +762,19 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         cli_json_str_or_null(j, "resumed_from", r.o.resume);
         cJSON_AddNumberToObject(j, "start_step", (double)r.step);
         cli_json_line(j);
-    } else
+    } else {
+        char resumed_at[48] = "";
+        if (r.o.resume)
+            snprintf(resumed_at, sizeof resumed_at, " at step %lld", (long long)r.step);
         printf("tessera train: %s (%lld parameters) on '%s', %zu bytes of text (%zu to train, "
-               "%zu to validate), batch %lld x %lld tokens, adamw lr %g weight decay %g, "
-               "%lld steps%s\n",
-               arch_text(&r.o.cfg, arch, sizeof arch), (long long)ts_module_num_params(r.gpt),
+               "%zu to validate), batch %lld x %lld tokens, seed %llu, adamw lr %g weight decay "
+               "%g, %lld warm-up steps then cosine to %g, %lld steps%s%s%s\n",
+               cli_gpt_describe(&r.o.cfg, arch, sizeof arch), (long long)ts_module_num_params(r.gpt),
                ts_device_name(r.dev), n, ntrain, nval, (long long)r.o.batch, (long long)T,
-               r.o.lr, r.o.weight_decay, (long long)r.o.steps,
-               r.step ? " (resumed)" : "");
+               (unsigned long long)r.o.seed, r.o.lr, r.o.weight_decay, (long long)r.o.warmup,
+               r.o.min_lr, (long long)r.o.steps, r.o.resume ? ", resumed from " : "",
+               r.o.resume ? r.o.resume : "", resumed_at);
+    }
     double t0 = cli_now(), loss_sum = 0, started = t0, last_val = NAN, best_val = NAN;
     int64_t since = 0, first_step = r.step;
     int64_t stop = r.o.max_steps > 0 && r.o.max_steps < r.o.steps ? r.o.max_steps : r.o.steps;
@@ -841,6 +926,7 @@ out:
                       ts_last_error()[0] ? ts_last_error() : "see its error above");
     ts_ddp_free(r.ddp);
     ts_optim_free(r.opt);
+    ts_checkpoint_free(r.ck);
     free(r.params);
     ts_module_free(r.gpt);
     free(text);

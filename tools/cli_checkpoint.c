@@ -1,0 +1,159 @@
+/* tools/cli_checkpoint.c: restoring a model from a checkpoint, the one way train --resume,
+ * eval and generate all do it: every parameter and buffer the model has must be there with
+ * its shape and dtype, nothing else but optimizer state may be (a tensor no parameter takes
+ * means the checkpoint holds another model than its metadata says), and every restored
+ * floating-point value must be finite. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "model_gpt.h"
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first element of t (float32 or float64, contiguous) that is not finite, or -1. */
+static int64_t first_non_finite(ts_tensor *t, void *buf, size_t cap, ts_status *s)
+{
+    int32_t dt = ts_tensor_dtype(t);
+    size_t es = dt == TS_F32 ? sizeof(float) : dt == TS_F64 ? sizeof(double) : 0;
+    if (!es)
+        return -1;
+    size_t n = (size_t)ts_tensor_numel(t);
+    if (n * es > cap) {
+        *s = TS_ENOMEM;
+        return -1;
+    }
+    if ((*s = ts_tensor_to_host(t, buf, n * es)))
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (es == sizeof(float) ? !isfinite(((float *)buf)[i]) : !isfinite(((double *)buf)[i]))
+            return (int64_t)i;
+    return -1;
+}
+
+int cli_restore_model(const ts_checkpoint *ck, const char *path, const ts_named_tensor *params,
+                      size_t np, const ts_named_tensor *buffers, size_t nb)
+{
+    size_t n = np + nb, big = 0;
+    const char **names = malloc((n + 1) * sizeof *names);
+    if (!names)
+        return cli_fail(TS_ENOMEM, "--resume");
+    for (size_t i = 0; i < n; i++) {
+        ts_tensor *t = i < np ? params[i].tensor : buffers[i - np].tensor;
+        names[i] = i < np ? params[i].name : buffers[i - np].name;
+        size_t bytes = (size_t)ts_tensor_numel(t) * sizeof(double);
+        big = bytes > big ? bytes : big;
+    }
+    size_t nck = ts_checkpoint_count(ck);
+    const char **have = malloc((nck + 1) * sizeof *have);
+    if (!have) {
+        free(names);
+        return cli_fail(TS_ENOMEM, "--resume");
+    }
+    for (size_t i = 0; i < nck; i++)
+        have[i] = ts_checkpoint_name(ck, i);
+    qsort(names, n, sizeof *names, cmp_name);
+    qsort(have, nck, sizeof *have, cmp_name);
+    int rc = 0;
+    char shown[400];
+    /* Every tensor of the model... */
+    for (size_t i = 0; i < n && !rc; i++)
+        if (!bsearch(&names[i], have, nck, sizeof *have, cmp_name)) {
+            fprintf(stderr, "tessera: error: %s: the checkpoint has no tensor '%s', which this "
+                            "model needs: it holds another model than its metadata says "
+                            "(edited or damaged)\n", path, names[i]);
+            rc = 1;
+        }
+    /* ...and nothing but the model's tensors and the optimizer's state ("optim." names). */
+    for (size_t i = 0; i < nck && !rc; i++)
+        if (strncmp(have[i], "optim.", 6) && !bsearch(&have[i], names, n, sizeof *names, cmp_name)) {
+            fprintf(stderr, "tessera: error: %s: the checkpoint holds a tensor '%s' that this "
+                            "model has no parameter for: it holds another model than its "
+                            "metadata says (edited or damaged)\n",
+                    path, cli_printable(have[i], 120, shown, sizeof shown));
+            rc = 1;
+        }
+    free(names);
+    free(have);
+    if (rc)
+        return rc;
+    void *buf = malloc(big ? big : 1);
+    if (!buf)
+        return cli_fail(TS_ENOMEM, "--resume");
+    for (size_t i = 0; i < n && !rc; i++) {
+        const ts_named_tensor *p = i < np ? &params[i] : &buffers[i - np];
+        ts_status s = ts_checkpoint_restore(ck, p->name, p->tensor);
+        if (s) {
+            rc = cli_fail(s, "--resume");
+            break;
+        }
+        int64_t at = first_non_finite(p->tensor, buf, big, &s);
+        if (s) {
+            rc = cli_fail(s, "--resume");
+        } else if (at >= 0) {
+            fprintf(stderr, "tessera: error: %s: '%s' holds a value that is not finite (NaN or "
+                            "infinite) at element %lld: the checkpoint is damaged, or the run "
+                            "that wrote it diverged; resume from an earlier checkpoint\n",
+                    path, p->name, (long long)at);
+            rc = 1;
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+/* ---- the GPT's checkpoints (model_gpt.h) ---- */
+
+int cli_gpt_parse_arch(const char *arch, cli_gpt_config *cfg)
+{
+    char ctx[32], lay[32], hd[32], emb[32], dr[40];
+    int end = -1;
+    if (!arch || sscanf(arch, "gpt --context %31s --layers %31s --heads %31s --embd %31s "
+                              "--dropout %39s%n", ctx, lay, hd, emb, dr, &end) != 5 ||
+        arch[end] != 0)
+        return 1;
+    *cfg = (cli_gpt_config){.vocab = 256};
+    return cli_strict_i64(ctx, 1, CLI_GPT_MAX_CONTEXT, &cfg->context) ||
+           cli_strict_i64(lay, 1, CLI_GPT_MAX_LAYERS, &cfg->layers) ||
+           cli_strict_i64(hd, 1, CLI_GPT_MAX_HEADS, &cfg->heads) ||
+           cli_strict_i64(emb, 1, CLI_GPT_MAX_EMBD, &cfg->embd) ||
+           cli_strict_double(dr, 0, 0, 0.99, &cfg->dropout) || cfg->embd % cfg->heads;
+}
+
+int cli_gpt_open(const char *path, ts_device *dev, ts_checkpoint **out, cli_gpt_config *cfg)
+{
+    *out = NULL;
+    ts_checkpoint *ck;
+    ts_status s = ts_checkpoint_load(path, dev, &ck);
+    if (s)
+        return cli_fail(s, "--resume");
+    const char *model = ts_checkpoint_meta(ck, "train.model");
+    const char *format = ts_checkpoint_meta(ck, "train.format");
+    const char *arch = ts_checkpoint_meta(ck, "train.arch");
+    char a[400], b[400], c[400];
+    cli_printable(model ? model : "(none)", 60, a, sizeof a);
+    cli_printable(format ? format : "(none)", 60, b, sizeof b);
+    cli_printable(arch ? arch : "(none)", 160, c, sizeof c);
+    if (!model || strcmp(model, "gpt") != 0)
+        fprintf(stderr, "tessera: error: %s holds a '%s' model, not a GPT (metadata "
+                        "train.model)\n", path, a);
+    else if (!format || strcmp(format, CLI_GPT_FORMAT) != 0)
+        fprintf(stderr, "tessera: error: %s: metadata 'train.format' = '%s': this tessera reads "
+                        "GPT checkpoints of format '%s' only (a newer tessera wrote it, or it "
+                        "is damaged)\n", path, b, CLI_GPT_FORMAT);
+    else if (cli_gpt_parse_arch(arch, cfg))
+        fprintf(stderr, "tessera: error: %s: its train.arch '%s' is not a GPT description "
+                        "tessera writes: the checkpoint was edited or is damaged\n", path, c);
+    else {
+        *out = ck;
+        return 0;
+    }
+    ts_checkpoint_free(ck);
+    return 1;
+}
+
