@@ -1231,8 +1231,13 @@ static int arch_from_checkpoint(int argc, char **argv, int *nargc, char ***nargv
             ckpt = argv[++i];
     }
     ts_checkpoint *ck = NULL;
-    if (!ckpt || ts_checkpoint_load(ckpt, NULL, &ck) != TS_OK)
-        return 0; /* resume() reports it */
+    if (!ckpt)
+        return 0;
+    /* A missing or damaged checkpoint is said as such here: going on without its model
+     * would end in some option the default model does not take (--text). */
+    ts_status s = ts_checkpoint_load(ckpt, NULL, &ck);
+    if (s)
+        return cli_fail(s, "--resume");
     const char *arch = ts_checkpoint_meta(ck, "train.arch");
     if (!arch) { /* an older checkpoint: resume() checks the model it names */
         ts_checkpoint_free(ck);

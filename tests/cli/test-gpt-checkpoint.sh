@@ -4,9 +4,11 @@
 # array of 512 parameters and sampled from random weights past 42 layers) and refuse alike
 # what does not hold together: a train.arch over another body (more layers, fewer layers), an
 # unknown train.format, a NaN weight. A resumed run is its checkpoint's run: settings not given
-# are taken from it, settings given must agree, --save-initial with --resume is an error.
+# are taken from it, settings given must agree, --save-initial with --resume is an error. A
+# shape that cannot fit is refused before it is built; a missing or damaged checkpoint is
+# named as such.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 9
+plan 11
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 40) >"$TMP/t.txt"
 TINY="--model gpt --text $TMP/t.txt --context 8 --heads 1 --embd 8 --batch-size 2 --eval-batches 1"
 
@@ -105,5 +107,32 @@ if [ $rc -eq 2 ] && contains "$o" "--save-initial" && [ ! -e "$TMP/x.st" ]; then
     ok "--save-initial with --resume is a usage error"
 else
     fail "--save-initial with --resume is a usage error" "rc=$rc" "$o"
+fi
+
+# An absurd shape is refused at once, with the sizes, before anything is built (it once built
+# for over 15 minutes at 10.9 GB).
+printf 'abcdefghijklmnopqrstuvwxyz0123456789. %.0s' $(seq 1500) >"$TMP/long.txt"
+start=$(date +%s)
+o=$(timeout 60 "$TESSERA" train --model gpt --text "$TMP/long.txt" --context 4096 --layers 64 \
+    --heads 64 --embd 8192 --batch-size 4096 2>&1)
+rc=$?
+took=$(($(date +%s) - start))
+if [ $rc -eq 1 ] && contains "$o" "needs at least" && contains "$o" "million parameters" &&
+    contains "$o" "raise memory_fraction"; then
+    ok "a GPT too big for the pool is refused before it is built (${took} s)"
+else
+    fail "a GPT too big for the pool is refused before it is built" "rc=$rc after ${took} s" "$o"
+fi
+# A missing or damaged checkpoint is named as such by eval and train --resume.
+echo garbage >"$TMP/damaged.st"
+e1=$("$TESSERA" eval --resume "$TMP/none.st" --text "$TMP/t.txt" 2>&1); r1=$?
+e2=$("$TESSERA" eval --resume "$TMP/damaged.st" --text "$TMP/t.txt" 2>&1); r2=$?
+e3=$("$TESSERA" train --resume "$TMP/damaged.st" --text "$TMP/t.txt" 2>&1); r3=$?
+if [ $r1 -eq 1 ] && contains "$e1" "$TMP/none.st': cannot open: No such file" &&
+    [ $r2 -eq 1 ] && contains "$e2" "$TMP/damaged.st: header length" && [ $r3 -eq 1 ] &&
+    contains "$e3" "$TMP/damaged.st: header length" && ! contains "$e1$e2$e3" "unexpected argument"; then
+    ok "eval and train --resume name a missing or damaged checkpoint"
+else
+    fail "eval and train --resume name a missing or damaged checkpoint" "$r1: $e1" "$r2: $e2" "$r3: $e3"
 fi
 finish
