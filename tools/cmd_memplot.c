@@ -2,7 +2,9 @@
  * (TESSERA_MEMTRACE, ts_memtrace_start, tessera train --memtrace) drawn as an SVG a browser
  * shows: per pool, bytes in use and reserved over time and the peak, with the run's epoch
  * marks and evaluation slices. The trace is read one event per line, as tessera writes it, so
- * a trace of any length is drawn in bounded memory per sample (16 bytes). */
+ * a trace of any length is drawn in bounded memory per sample (16 bytes). A trace is outside
+ * input: a number no run could have written (non-finite, negative, or past MAX_BYTES or
+ * MAX_SECONDS) is skipped and counted, never drawn, so every label and coordinate is finite. */
 #include "config.h"
 
 #include <errno.h>
@@ -33,6 +35,11 @@ static const char usage[] =
 #define PR 20
 #define PT 36
 #define PB 34
+/* The largest byte count and time a sample may hold. 2^53 bytes (8 PiB) is past any device's
+ * memory and the last integer a double holds exactly (tessera writes counts as integers); 1e9
+ * seconds is 31 years of run. Past these a value is damage, and would overflow the axes. */
+#define MAX_BYTES 9007199254740992.0
+#define MAX_SECONDS 1e9
 
 typedef struct series {
     char name[80];
@@ -51,6 +58,7 @@ typedef struct plot {
     mark marks[MAX_MARKS];
     int nmarks, open_slice;
     long long dropped_events; /* counter events of pools past the first MAX_POOLS */
+    long long skipped;        /* events with a non-finite or out-of-range time or byte count */
     double t_max;
 } plot;
 
@@ -84,16 +92,21 @@ static int take_event(plot *p, const cJSON *e)
     if (!cJSON_IsString(ph) || !cJSON_IsString(name) || !cJSON_IsNumber(ts))
         return 0;
     double t = ts->valuedouble / 1e6;
-    if (!isfinite(t) || t < 0)
-        return 0; /* not a time of this trace */
+    if (!isfinite(t) || t < 0 || t > MAX_SECONDS) {
+        p->skipped++; /* not a time of this trace */
+        return 0;
+    }
     p->t_max = t > p->t_max ? t : p->t_max;
     if (!strcmp(ph->valuestring, "C") && !strncmp(name->valuestring, "pool ", 5)) {
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
         const cJSON *iu = cJSON_GetObjectItemCaseSensitive(args, "in_use"),
                     *rs = cJSON_GetObjectItemCaseSensitive(args, "reserved");
-        if (!cJSON_IsNumber(iu) || !cJSON_IsNumber(rs) || !isfinite(iu->valuedouble) ||
-            !isfinite(rs->valuedouble) || iu->valuedouble < 0 || rs->valuedouble < 0)
-            return 0; /* no byte count */
+        if (!cJSON_IsNumber(iu) || !cJSON_IsNumber(rs) || !(iu->valuedouble >= 0) ||
+            !(rs->valuedouble >= 0) || iu->valuedouble > MAX_BYTES ||
+            rs->valuedouble > MAX_BYTES) {
+            p->skipped++; /* no byte count, or not one a run could have (NaN fails >= 0) */
+            return 0;
+        }
         int k = 0;
         while (k < p->npools && strcmp(p->pools[k].name, name->valuestring + 5))
             k++;
@@ -133,9 +146,11 @@ static int take_event(plot *p, const cJSON *e)
 
 static const char *fmt_bytes(double b, char *buf, size_t len)
 {
-    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
     int i = 0;
-    while (b >= 1024 && i < 4)
+    if (!isfinite(b) || b < 0)
+        b = 0; /* never drawn: take_event keeps counts in [0, MAX_BYTES] */
+    while (b >= 1024 && i < 5)
         b /= 1024, i++;
     snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", b, u[i]);
     return buf;
@@ -178,7 +193,7 @@ static void put_line(FILE *f, const series *s, const double *v, double ymax, dou
 static void draw(FILE *f, const plot *p)
 {
     const int pw = W - PL - PR, ph = H - PT - PB;
-    double tmax = p->t_max > 0 ? p->t_max : 1;
+    double tmax = p->t_max > 0 && p->t_max <= MAX_SECONDS ? p->t_max : 1;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
             "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n"
             "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
@@ -192,7 +207,7 @@ static void draw(FILE *f, const plot *p)
             peak_res = s->reserved[i] > peak_res ? s->reserved[i] : peak_res;
         }
         double ymax = (peak_res > peak_in ? peak_res : peak_in) * 1.1;
-        ymax = ymax > 0 ? ymax : 1;
+        ymax = ymax > 0 && isfinite(ymax) ? ymax : 1;
         char b1[32], b2[32];
         fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"13\" font-weight=\"bold\">pool ", PL,
                 y0 + 16);
@@ -350,6 +365,11 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
     else {
         rc = 0;
         printf("%s: %d pools, %d events -> %s\n", in, p->npools, events, out);
+        if (p->skipped)
+            fprintf(stderr, "tessera: memplot: skipped %lld events with non-finite or "
+                    "out-of-range values (times must lie in 0 to %.0f s, byte counts in 0 to "
+                    "2^53): the trace is damaged or edited; the rest is drawn\n", p->skipped,
+                    MAX_SECONDS);
         if (p->dropped_events)
             fprintf(stderr, "tessera: memplot: %s has more than %d pools: the first %d are "
                     "drawn, %lld events of the others are not\n", in, MAX_POOLS, MAX_POOLS,

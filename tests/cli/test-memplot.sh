@@ -3,9 +3,11 @@
 # writes a Chrome/Perfetto trace (valid JSON, pool counters, step marks and evaluation slices)
 # and draws it as an SVG (a pool's in-use and reserved lines, the marks, the slices) that an
 # SVG renderer (librsvg's rsvg-convert, when installed) renders; `tessera memplot` refuses a
-# FIFO, a missing file and a JSON file that is not a memory trace, without hanging.
+# FIFO, a missing file and a JSON file that is not a memory trace, without hanging; a trace
+# holding absurd numbers (1e308 bytes, infinite or negative counts, times centuries away) is
+# drawn from its sane samples, says how many it skipped, and no label reads nan or inf.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 6
+plan 7
 awk 'BEGIN { for (i = 0; i < 600; i++) printf "the cat sat on the mat %d ", i }' >"$TMP/t.txt"
 "$TESSERA" train --model gpt --text "$TMP/t.txt" --context 16 --layers 1 --heads 2 --embd 16 \
     --batch-size 4 --steps 40 --eval-every 20 --eval-batches 2 --memtrace "$TMP/m.json" \
@@ -113,5 +115,26 @@ if [ $rc -eq 0 ] && contains "$o" "8 pools" && contains "$o" "more than 8 pools"
     ok "a trace of 9 pools: 8 drawn, and memplot says the rest are not"
 else
     fail "a trace of 9 pools" "rc=$rc" "$o"
+fi
+# Absurd numbers in a hand-edited or damaged trace: finite but huge byte counts (1e308 would
+# make the axis inf and its zero tick inf * 0 = nan), infinite and negative ones, a time 1e300
+# us away. Each such sample is skipped and counted; the sane ones are drawn with finite axes.
+{ echo '{"traceEvents":['
+  echo '{"name":"pool cpu","ph":"C","ts":1000,"pid":1,"tid":0,"args":{"in_use":1024,"reserved":2048,"cached":0}},'
+  echo '{"name":"pool cpu","ph":"C","ts":2000,"pid":1,"tid":0,"args":{"in_use":1e308,"reserved":1e308,"cached":0}},'
+  echo '{"name":"pool cpu","ph":"C","ts":3000,"pid":1,"tid":0,"args":{"in_use":1e999,"reserved":1,"cached":0}},'
+  echo '{"name":"pool cpu","ph":"C","ts":4000,"pid":1,"tid":0,"args":{"in_use":-1e999,"reserved":-3,"cached":0}},'
+  echo '{"name":"pool cpu","ph":"C","ts":1e300,"pid":1,"tid":0,"args":{"in_use":1,"reserved":2,"cached":0}},'
+  echo '{"name":"epoch 1","ph":"i","s":"g","ts":1e300,"pid":1,"tid":1},'
+  echo '{"name":"pool cpu","ph":"C","ts":5000,"pid":1,"tid":0,"args":{"in_use":4096,"reserved":8192,"cached":0}}'
+  echo ']}'; } >"$TMP/absurd.json"
+o=$(timeout 10 "$TESSERA" memplot "$TMP/absurd.json" -o "$TMP/absurd.svg" 2>"$TMP/absurd.err"); rc=$?
+e=$(cat "$TMP/absurd.err")
+if [ $rc -eq 0 ] && [ "$(tail -1 "$TMP/absurd.svg")" = "</svg>" ] &&
+    ! grep -qi 'nan\|inf' "$TMP/absurd.svg" && contains "$e" "skipped 5 events" &&
+    contains "$e" "non-finite or out-of-range" && grep -q 'peak in use 4.0 KiB, peak reserved 8.0 KiB, 2 events' "$TMP/absurd.svg"; then
+    ok "a trace with 1e308, infinite, negative and far-future values: those skipped and counted, no nan or inf label"
+else
+    fail "absurd values in a trace" "rc=$rc" "$o" "$e" "$(grep -i 'nan\|inf\|peak' "$TMP/absurd.svg" | head -5)"
 fi
 finish
