@@ -11,7 +11,6 @@
  * copies, so device memory need not be host-addressable. Exit status 0 iff every check passed. */
 #include "config.h"
 
-#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -25,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "elf_exports.h"
 #include "plugin_check.h"
 
 static const char usage[] =
@@ -92,20 +92,15 @@ static int valid_name(const char *s)
     return 1;
 }
 
-/* The dynamic symbols path defines and exports (global or weak, default or protected
- * visibility), the linker's own aside, other than the entry point: written to out as a list.
- * Returns the count, or -1 with why set when the file is no 64-bit ELF shared object it can
- * read. Every offset is checked against the file's size: the file may be hostile. */
+/* The dynamic symbols path exports besides the entry point (pc_elf_exports, elf_exports.c),
+ * written to out as a list. Returns the count, or -1 with why set when the file cannot be read
+ * as a 64-bit ELF shared object. */
 static int extra_exports(const char *path, char *out, size_t len, const char **why)
 {
-    static const char *const linker[] = {TS_PLUGIN_ENTRY_SYMBOL, "_init", "_fini", "_edata",
-                                         "_end", "__bss_start"};
-    *why = "";
     out[0] = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-        (size_t)st.st_size < sizeof(Elf64_Ehdr)) {
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
         *why = "cannot read the file as an ELF object";
         if (fd >= 0)
             close(fd);
@@ -118,49 +113,7 @@ static int extra_exports(const char *path, char *out, size_t len, const char **w
         *why = "cannot map the file";
         return -1;
     }
-    int n = -1;
-    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)m;
-    if (memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_ident[EI_CLASS] != ELFCLASS64 ||
-        eh->e_shentsize != sizeof(Elf64_Shdr) || eh->e_shoff > size ||
-        (size - eh->e_shoff) / sizeof(Elf64_Shdr) < eh->e_shnum) {
-        *why = "not a 64-bit ELF object with readable section headers";
-        goto out;
-    }
-    const Elf64_Shdr *sh = (const Elf64_Shdr *)(m + eh->e_shoff);
-    for (unsigned i = 0; i < eh->e_shnum; i++) {
-        if (sh[i].sh_type != SHT_DYNSYM)
-            continue;
-        if (sh[i].sh_link >= eh->e_shnum || sh[i].sh_entsize != sizeof(Elf64_Sym) ||
-            sh[i].sh_offset > size || sh[i].sh_size > size - sh[i].sh_offset)
-            break;
-        const Elf64_Shdr *strs = &sh[sh[i].sh_link];
-        if (strs->sh_offset > size || strs->sh_size > size - strs->sh_offset)
-            break;
-        const char *names = (const char *)m + strs->sh_offset;
-        const Elf64_Sym *sym = (const Elf64_Sym *)(m + sh[i].sh_offset);
-        size_t nsym = sh[i].sh_size / sizeof(Elf64_Sym), used = 0;
-        n = 0;
-        for (size_t k = 1; k < nsym; k++) {
-            int bind = ELF64_ST_BIND(sym[k].st_info), vis = ELF64_ST_VISIBILITY(sym[k].st_other);
-            if (sym[k].st_shndx == SHN_UNDEF || (bind != STB_GLOBAL && bind != STB_WEAK) ||
-                (vis != STV_DEFAULT && vis != STV_PROTECTED) || sym[k].st_name >= strs->sh_size)
-                continue;
-            const char *name = names + sym[k].st_name;
-            if (!memchr(name, 0, strs->sh_size - sym[k].st_name))
-                continue;
-            int known = 0;
-            for (size_t j = 0; j < sizeof linker / sizeof linker[0]; j++)
-                known |= strcmp(name, linker[j]) == 0;
-            if (known)
-                continue;
-            if (n++ < 8 && used < len)
-                used += (size_t)snprintf(out + used, len - used, "%s%s", n > 1 ? ", " : "", name);
-        }
-        break;
-    }
-    if (n < 0 && !**why)
-        *why = "no readable dynamic symbol table";
-out:
+    int n = pc_elf_exports(m, size, out, len, why);
     munmap((void *)m, size);
     return n;
 }

@@ -2,7 +2,8 @@
 # tests/cli/test-plugin-check.sh: `tessera plugin-check` passes every shipped plugin (cuda only
 # where it is built and a GPU answers), fails a plugin with a wrong kernel or a foreign ABI
 # with the reason on a FAIL line, fails a plugin exporting more than its entry point, and
-# every shipped plugin exports nothing but its entry point.
+# every shipped plugin exports nothing but its entry point; a plugin whose symbol table
+# lies at a misaligned offset is read without undefined behaviour.
 # The badkernel fixture fails exactly one check: its COPY ignores strides (its memory, under
 # the host's pool like every plugin's, passes; it reports no memory total, so the
 # memory_fraction check skips). The minimal fixture, the smallest complete ABI 2.0 plugin,
@@ -11,7 +12,7 @@
 # buffer: the concurrency check (several threads running kernels at once) must fail it, and
 # every shipped plugin must pass that check.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 13
+plan 14
 
 # check_plugin NAME: plugin-check passes it, or SKIP if it is not built.
 check_plugin() {
@@ -95,6 +96,20 @@ if [ $rc -eq 1 ] && contains "$out" "FAIL  exports: only the entry point: 1 more
     ok "a plugin exporting more than its entry point fails, the symbol named"
 else
     fail "a plugin exporting more than its entry point fails, the symbol named" "rc=$rc" "$out"
+fi
+# The same plugin with its section headers and dynamic symbols moved to odd offsets (the loader
+# does not read them, so it still loads): the reader copies each struct out of the file instead
+# of casting a misaligned pointer (undefined behaviour, stopped by UBSan in the sanitizer build),
+# and finds the same extra symbol.
+"$TS_BUILDDIR/tests/cli/elf-misalign" "$FIXTURES/extraexport.so" "$TMP/misaligned.so" 2>"$TMP/mis.err"
+out=$("$TESSERA" plugin-check --quick "$TMP/misaligned.so" 2>&1)
+rc=$?
+if [ $rc -eq 1 ] && contains "$out" "FAIL  exports: only the entry point: 1 more symbol(s): extraexport_helper" &&
+    contains "$out" " 1 failed" && ! contains "$out" "runtime error"; then
+    ok "misaligned section headers and symbols are read without undefined behaviour"
+else
+    fail "misaligned section headers and symbols are read without undefined behaviour" "rc=$rc" \
+        "$(cat "$TMP/mis.err")" "$(echo "$out" | grep -v '^PASS' | head -20)"
 fi
 
 # --coverage: what the built-in models need, recorded on a device that runs everything, against
