@@ -1,12 +1,17 @@
-/* tests/unit/test-fuzz-regress.c: every input in tests/fuzz/corpus/{config,checkpoint,idx,npy}
- * (the seeds, what libFuzzer's runs kept as new coverage, and any crash-* it found) goes
- * through its loader in the normal suite, so the sanitizer build re-checks them all on every
+/* tests/unit/test-fuzz-regress.c: every input in tests/fuzz/corpus/{config,checkpoint,idx,npy,
+ * elf} (the seeds, what libFuzzer's runs kept as new coverage, and any crash-* it found) goes
+ * through its loader (for elf: plugin-check's symbol reader, tools/elf_exports.c, compiled in)
+ * in the normal suite, so the sanitizer build re-checks them all on every
  * run and a fixed crash stays fixed. Inputs named ok-* must load; the rest may fail, but with
  * a status, a message and nothing left behind. */
 #include <dirent.h>
 #include <sys/stat.h>
 
 #include "../tap.h"
+#include "../../tools/elf_exports.h"
+
+/* The reason a reader that reports its own (not through ts_last_error) gave; "" if none. */
+static const char *feed_why = "";
 
 typedef ts_status (*feed_fn)(const char *path, ts_device *dev);
 
@@ -78,6 +83,25 @@ static ts_status feed_npy(const char *path, ts_device *dev)
     return feed_tensor(path, dev, ts_npy_load);
 }
 
+/* plugin-check's ELF symbol reader, on the file's bytes at an odd address (a file's structs
+ * need not be aligned): a count and a terminated list, or -1 and a reason. */
+static ts_status feed_elf(const char *path, ts_device *dev)
+{
+    (void)dev;
+    FILE *f = fopen(path, "rb");
+    CHECK(f);
+    static unsigned char bytes[1 << 20];
+    size_t n = fread(bytes + 1, 1, sizeof bytes - 1, f);
+    fclose(f);
+    char out[64];
+    int k = pc_elf_exports(bytes + 1, n, out, sizeof out, &feed_why);
+    CHECK(feed_why);
+    if (k < 0)
+        return TS_ECORRUPT;
+    CHECK(memchr(out, 0, sizeof out));
+    return TS_OK;
+}
+
 static int cmp_name(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -103,17 +127,18 @@ static void feed_dir(const char *name, feed_fn fn)
         char path[8300];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         ts_clear_error();
+        feed_why = "";
         ts_status s = fn(path, dev);
         if (strncmp(names[i], "ok-", 3) == 0) {
             CHECK_MSG(s == TS_OK, "%s/%s: %s: %s", name, names[i], ts_status_name(s),
-                      ts_last_error());
+                      feed_why[0] ? feed_why : ts_last_error());
             ok_seeds++;
         }
         if (s == TS_OK) {
             loaded++;
         } else {
-            CHECK_MSG(ts_last_error()[0], "%s/%s: %s without a message", name, names[i],
-                      ts_status_name(s));
+            CHECK_MSG(ts_last_error()[0] || feed_why[0], "%s/%s: %s without a message", name,
+                      names[i], ts_status_name(s));
             refused++;
         }
         free(names[i]);
@@ -143,10 +168,16 @@ static void test_npy_corpus(void)
     feed_dir("npy", feed_npy);
 }
 
+static void test_elf_corpus(void)
+{
+    feed_dir("elf", feed_elf);
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {TAP_TEST(test_config_corpus),
                                      TAP_TEST(test_checkpoint_corpus),
-                                     TAP_TEST(test_idx_corpus), TAP_TEST(test_npy_corpus)};
+                                     TAP_TEST(test_idx_corpus), TAP_TEST(test_npy_corpus),
+                                     TAP_TEST(test_elf_corpus)};
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
