@@ -391,6 +391,26 @@ static uint64_t fnv64(const char *p)
     return h;
 }
 
+/* A hash of t's bytes (64 bits at a time), into h; 0 when they cannot be read. */
+static uint64_t hash_tensor(ts_tensor *t, uint64_t h)
+{
+    size_t n = (size_t)ts_tensor_numel(t) * ts_dtype_size(ts_tensor_dtype(t));
+    unsigned char *b = malloc(n + 8);
+    if (!b || ts_tensor_to_host(t, b, n) != TS_OK) {
+        free(b);
+        return 0;
+    }
+    memset(b + n, 0, 8);
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    free(b);
+    return h ^ n;
+}
+
 /* Every rank must run the same training: the same model, data, seed (which orders the
  * batches), global batch size and optimizer. Compared at start; a rank started otherwise is
  * named, on every rank, before any step. */
@@ -401,12 +421,19 @@ static int same_run_everywhere(const trainer *t)
     snprintf(opt, sizeof opt, "%s %.17g %.17g %.17g %s %.17g %s %lld %lld", t->o.optimizer,
              t->o.lr, t->o.momentum, t->o.weight_decay, t->o.lr_schedule, t->o.clip, t->o.decay,
              (long long)t->o.epochs, (long long)t->o.max_steps);
+    /* the images and labels themselves: another --data directory, or other files in it */
+    uint64_t data = 0xcbf29ce484222325ull;
+    ts_tensor *sets[] = {t->train_x, t->train_y, t->test_x, t->test_y};
+    for (size_t i = 0; i < 4; i++)
+        data = hash_tensor(sets[i], data);
     const uint64_t mine[] = {fnv64(arch), t->o.seed, (uint64_t)t->o.batch, fnv64(opt),
-                             (uint64_t)t->o.train_limit ^ fnv64(t->o.resume ? t->o.resume : "")};
+                             (uint64_t)t->o.train_limit ^ fnv64(t->o.resume ? t->o.resume : ""),
+                             data};
     static const char *const what[] = {
         "another model (--model, --hidden, --channels, --init)", "another --seed",
         "another --batch-size", "other optimizer settings",
-        "other data (--train-limit or --resume)"};
+        "other data (--train-limit or --resume)",
+        "other images or labels (--data: the files differ)"};
     return cli_ranks_agree(mine, sizeof mine / sizeof mine[0], what, t->rank, t->world);
 }
 

@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 23
+plan 24
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -174,6 +174,24 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
     ok "a rank started with another --seed is refused on both ranks"
 else
     fail "a rank started with another --seed is refused on both ranks" "rc=$rc" "$out"
+fi
+# a rank given other images (--data naming a copy with one test label changed) is refused on
+# both ranks before any step
+FM=/usr/share/datasets/fashion-mnist
+mkdir -p "$TMP/fm2"
+cp "$FM"/*.gz "$TMP/fm2/" 2>/dev/null
+gunzip -c "$FM/t10k-labels-idx1-ubyte.gz" >"$TMP/labels"
+last=$(tail -c 1 "$TMP/labels" | od -An -tu1 | tr -d ' ')
+{ head -c $(($(wc -c <"$TMP/labels") - 1)) "$TMP/labels"; printf "\\$(printf %o $(((last + 1) % 10)))"; } |
+    gzip -c >"$TMP/fm2/t10k-labels-idx1-ubyte.gz"
+out=$(timeout 120 $MPIRUN --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
+    --mca pml ob1 -np 1 $T --model mlp : -np 1 $T --model mlp --data "$TMP/fm2" 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+    [ "$(echo "$out" | grep -c 'rank 1 was started with other images or labels')" -eq 2 ]; then
+    ok "a rank given other images or labels (--data) is refused on both ranks"
+else
+    fail "a rank given other images or labels (--data) is refused on both ranks" "rc=$rc" "$out"
 fi
 # a rank killed mid-epoch ends the job within 30 s, naming the rank
 timeout 100 $MPI $TESSERA train --model mlp --epochs 20 --json >"$TMP/k.out" 2>"$TMP/k.err" &
