@@ -1,6 +1,6 @@
-/* core/fault.c: the fault-injection hooks behind tessera/fault.h, and the host allocation
+/* core/fault.c: the fault-injection hooks behind tessera/fault.h, the host allocation
  * wrappers (ts__malloc and friends) that every core file uses so TS_FAULT_HOST can reach
- * them. Disarmed, a hook is one relaxed atomic load. */
+ * them, and the loader's test-only hook. Disarmed, a hook is one relaxed atomic load. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,3 +62,5 @@ void *ts__realloc(void *p, size_t n)
 {
     return ts__fault_hit(TS_FAULT_HOST) ? NULL : realloc(p, n);
 }
+
+void (*ts__loader_after_check_hook)(const char *real);

@@ -282,6 +282,11 @@ int ts__fault_hit(unsigned site);
 void *ts__malloc(size_t n);
 void *ts__calloc(size_t n, size_t size);
 void *ts__realloc(void *p, size_t n);
+/* Test-only: NULL in every real run. When set, loader.c's open_plugin calls it with the
+ * resolved path between the trust check and the open, so a test linked against libtscore
+ * (tests/unit/test-plugin-trust.c) can swap another file in there and see the swap refused.
+ * Not exported from libtessera. */
+extern void (*ts__loader_after_check_hook)(const char *real);
 
 /* ---- fileio.c ---------------------------------------------------------------------------- */
 /* Opens a user-named input file for reading (O_CLOEXEC). Refuses, with a message naming what

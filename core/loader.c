@@ -487,6 +487,8 @@ static ts_status open_plugin(const ts_config *cfg, const char *path, int *fd_out
         free(real);
         return s;
     }
+    if (ts__loader_after_check_hook) /* tests only: a swap between the check and the open */
+        ts__loader_after_check_hook(real);
     int fd = open(real, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0) {
         s = ts__fail(TS_EPLUGIN, "plugin '%s': cannot open '%s': %s", path, real,

@@ -5,13 +5,16 @@
  * in a place an attacker could have written, and checks that the load is refused by name and
  * that the marker never appears: the refusal comes before dlopen, not after the planted code
  * ran. Planted files owned by another user need root to make (chown); without root those cases
- * skip, saying so. */
+ * skip, saying so. The program links the core statically to reach the loader's test hook
+ * (ts__loader_after_check_hook, core/internal.h). */
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "../tap.h"
+#include "internal.h"
 
 static char src[4096], marker[4200];
 
@@ -157,7 +160,10 @@ static void test_plugin_path_env(void)
     char open_dir[4200];
     snprintf(open_dir, sizeof open_dir, "%s/open", tap_tmpdir());
     plant(open_dir, 0777, "planted", 0755);
-    CHECK(setenv("TESSERA_PLUGIN_PATH", open_dir, 1) == 0);
+    char path[8400];
+    const char *was = getenv("TESSERA_PLUGIN_PATH"); /* cpu_blas's directory: see main */
+    snprintf(path, sizeof path, "%s%s%s", open_dir, was ? ":" : "", was ? was : "");
+    CHECK(setenv("TESSERA_PLUGIN_PATH", path, 1) == 0);
     tap_start();
     refused("planted", open_dir, "writable by every user");
     tap_end();
@@ -231,14 +237,55 @@ static void test_each_load_gets_its_file(void)
     tap_end();
 }
 
+/* The file swapped between the trust check and the open: whoever can rename in the plugin's
+ * directory at that moment (the user's own other process, or anyone when insecure paths are
+ * allowed) puts another file there. The swapped-in copy is as trusted-looking as the checked
+ * one (same owner, mode 0755, a safe directory) and only its inode differs, so only the
+ * loader's dev/inode comparison of the opened descriptor with the checked file can see it. */
+static char swap_from[4400];
+static int swap_errno = -1; /* -1: the hook never ran; 0: renamed; else rename's errno */
+
+static void swap_in(const char *real)
+{
+    swap_errno = rename(swap_from, real) == 0 ? 0 : errno;
+}
+
+static void test_swap_between_check_and_open(void)
+{
+    tap_start();
+    char dir[4200], checked[4400];
+    snprintf(dir, sizeof dir, "%s/safe", tap_tmpdir());
+    snprintf(checked, sizeof checked, "%s", plant(dir, 0755, "planted", 0755));
+    snprintf(swap_from, sizeof swap_from, "%s", plant(dir, 0755, "other", 0755));
+    struct stat a, b;
+    CHECK(stat(checked, &a) == 0 && stat(swap_from, &b) == 0);
+    CHECK(a.st_ino != b.st_ino);
+    ts__loader_after_check_hook = swap_in;
+    refused(checked, "changed between its check and its open", "planted.so");
+    ts__loader_after_check_hook = NULL;
+    CHECK_MSG(swap_errno == 0, "the swap did not happen: %s",
+              swap_errno < 0 ? "the hook never ran" : strerror(swap_errno));
+    /* What was swapped in is itself loadable: the refusal was about the swap alone. */
+    loads(checked);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
+    /* Linked statically, the core cannot tell the build tree from where libtessera.so lies
+     * (core/loader.c, build_tree): name the default device's directory (tests/data/test.ini)
+     * instead. */
+    char dir[4200];
+    const char *b = getenv("TS_BUILDDIR");
+    snprintf(dir, sizeof dir, "%s/plugins/cpu_blas/.libs", b ? b : ".");
+    if (setenv("TESSERA_PLUGIN_PATH", dir, 1) != 0)
+        return 1;
     static const tap_test tests[] = {
         TAP_TEST(test_trusted_loads),          TAP_TEST(test_world_writable_ancestor),
         TAP_TEST(test_symlink_into_unsafe_dir), TAP_TEST(test_group_or_world_writable_file),
         TAP_TEST(test_other_owner),            TAP_TEST(test_plugin_path_env),
         TAP_TEST(test_special_files),          TAP_TEST(test_allow_insecure),
-        TAP_TEST(test_each_load_gets_its_file),
+        TAP_TEST(test_each_load_gets_its_file), TAP_TEST(test_swap_between_check_and_open),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
