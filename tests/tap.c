@@ -1,5 +1,6 @@
 /* tests/tap.c: the runner behind tap.h. Each test runs in a forked child so that a crash, an
- * abort or a hang fails that test alone; a pipe carries the failure or skip reason back. */
+ * abort or a hang fails that test alone; a pipe carries the failure or skip reason back, and
+ * the parent watches the child's wall and CPU time to stop it and say why. */
 #include "tap.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -8,11 +9,15 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TAP_SKIP_STATUS 77
@@ -171,8 +176,79 @@ const char *tap_write_safetensors(const char *dir, const char *name, uint64_t hl
     return path;
 }
 
-static int run_one(const tap_test *t, int num, int timeout, char *why, size_t whylen)
+static double now_s(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int cpu_count(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* The load average per CPU that lim says, or the machine's (0 if it cannot tell). */
+static double load_per_cpu(const tap_limits *lim)
+{
+    double l;
+    if (lim->load >= 0)
+        return lim->load;
+    return getloadavg(&l, 1) == 1 ? l / cpu_count() : 0;
+}
+
+/* CPU seconds (user and system, all threads, reaped children included) the running process
+ * pid has used, from /proc; -1 where there is no /proc. */
+static double live_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* Fields 14-17 (utime, stime, cutime, cstime), counted after the ')' ending field 2. */
+    const char *p = strrchr(buf, ')');
+    unsigned long long v[4];
+    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu %llu",
+                     &v[0], &v[1], &v[2], &v[3]) != 4)
+        return -1;
+    return (double)(v[0] + v[1] + v[2] + v[3]) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* The wall limit on a machine with load per CPU: limit_s when idle, stretched when busy. */
+static double wall_limit(const tap_limits *lim, double load)
+{
+    double stretch = load >= 1 ? 2 * load : 1;
+    stretch = stretch > lim->max_stretch ? lim->max_stretch : stretch;
+    return lim->limit_s * (stretch > 1 ? stretch : 1);
+}
+
+/* What a test stopped after wall seconds, with cpu seconds of CPU time, says. */
+static void explain_timeout(char *out, size_t len, const tap_limits *lim, double wall,
+                            double cpu, double load)
+{
+    int n = cpu_count();
+    int k = snprintf(out, len, "timed out after %.1f s wall, %.1f s CPU (limit %g s, load %.1f "
+                     "on %d CPUs): ", wall, cpu, lim->limit_s, load * n, n);
+    if (k < 0 || (size_t)k >= len)
+        return;
+    if (cpu >= lim->limit_s || cpu >= 0.5 * wall)
+        snprintf(out + k, len - k, "the test is spinning or far too slow");
+    else if (load >= 1)
+        snprintf(out + k, len - k, "the machine is busy; raise TS_TEST_TIMEOUT or "
+                 "TS_TEST_TIMEOUT_SCALE, or run fewer jobs at once");
+    else
+        snprintf(out + k, len - k, "the test is waiting, not running: a deadlock, or a wait "
+                 "for something that never comes");
+}
+
+int tap_run_one(const tap_test *t, const tap_limits *lim, char *why, size_t whylen)
+{
+    why[0] = 0;
     int fds[2];
     if (pipe(fds) != 0) {
         snprintf(why, whylen, "pipe: %s", strerror(errno));
@@ -182,12 +258,16 @@ static int run_one(const tap_test *t, int num, int timeout, char *why, size_t wh
     pid_t pid = fork();
     if (pid < 0) {
         snprintf(why, whylen, "fork: %s", strerror(errno));
+        close(fds[0]);
+        close(fds[1]);
         return 1;
     }
     if (pid == 0) {
         close(fds[0]);
         report_fd = fds[1];
-        alarm((unsigned)timeout);
+        /* The parent stops the test; this alarm only ends a child whose parent is gone. */
+        double backstop = lim->limit_s * (lim->max_stretch > 1 ? lim->max_stretch : 1) + 10;
+        alarm(backstop < 1e8 ? (unsigned)backstop : 100000000u);
         t->fn();
         fflush(NULL);
         tmpdir[0] ? rm_tmpdir() : (void)0;
@@ -200,33 +280,104 @@ static int run_one(const tap_test *t, int num, int timeout, char *why, size_t wh
         _exit(0);
     }
     close(fds[1]);
+    /* Read the report while watching the clock: past limit_s of wall time, the test is
+     * stopped unless the machine is busy and the test has had less than limit_s of CPU. */
+    double t0 = now_s(), wall = 0, cpu = -1, load = 0;
+    int rfd = fds[0], status = 0, stopped = 0;
     size_t got = 0;
-    ssize_t r;
-    while (got + 1 < whylen && (r = read(fds[0], why + got, whylen - 1 - got)) > 0)
-        got += (size_t)r;
+    long nap_ns = 1000000;
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    for (;;) {
+        if (rfd >= 0) {
+            struct pollfd p = {.fd = rfd, .events = POLLIN};
+            if (poll(&p, 1, 100) > 0) {
+                char sink[512];
+                int full = got + 1 >= whylen; /* drain the rest so the child never blocks */
+                ssize_t r = full ? read(rfd, sink, sizeof sink)
+                                 : read(rfd, why + got, whylen - 1 - got);
+                if (r > 0 && !full)
+                    got += (size_t)r;
+                else if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN))
+                    close(rfd), rfd = -1;
+            }
+        } else {
+            struct timespec nap = {0, nap_ns};
+            nanosleep(&nap, NULL);
+            nap_ns = nap_ns < 100000000 ? 2 * nap_ns : nap_ns;
+        }
+        pid_t w = wait4(pid, &status, WNOHANG, &ru);
+        if (w == pid)
+            break;
+        if (w < 0 && errno != EINTR) {
+            snprintf(why, whylen, "wait4: %s", strerror(errno));
+            if (rfd >= 0)
+                close(rfd);
+            return 1;
+        }
+        wall = now_s() - t0;
+        if (stopped || wall < lim->limit_s)
+            continue;
+        load = load_per_cpu(lim);
+        cpu = live_cpu_s(pid);
+        if (wall < wall_limit(lim, load) && (cpu < 0 || cpu < lim->limit_s))
+            continue; /* a busy machine: what counts is the CPU time the test had */
+        kill(pid, SIGKILL);
+        stopped = 1;
+    }
+    wall = now_s() - t0;
+    cpu = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+          (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+    if (rfd >= 0) {
+        /* The child is gone but something it started holds the pipe: take what is there. */
+        fcntl(rfd, F_SETFL, O_NONBLOCK);
+        ssize_t r;
+        while (got + 1 < whylen && (r = read(rfd, why + got, whylen - 1 - got)) > 0)
+            got += (size_t)r;
+        close(rfd);
+    }
     why[got] = 0;
-    close(fds[0]);
-    int status;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    (void)num;
+    if (stopped || (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)) {
+        size_t l = strlen(why);
+        if (!stopped)
+            snprintf(why + l, whylen - l, "%skilled by signal %d (%s): ", l ? "; " : "",
+                     SIGALRM, strsignal(SIGALRM));
+        else if (l)
+            snprintf(why + l, whylen - l, "; ");
+        l = strlen(why);
+        explain_timeout(why + l, whylen - l, lim, wall, cpu, stopped ? load : load_per_cpu(lim));
+        return 1;
+    }
     if (WIFSIGNALED(status)) {
         int sig = WTERMSIG(status);
         size_t l = strlen(why);
-        snprintf(why + l, whylen - l, "%skilled by signal %d (%s)%s", l ? "; " : "", sig,
-                 strsignal(sig), sig == SIGALRM ? ": timed out" : "");
+        snprintf(why + l, whylen - l, "%skilled by signal %d (%s)", l ? "; " : "", sig,
+                 strsignal(sig));
         return 1;
     }
     int code = WEXITSTATUS(status);
     if (code == TAP_SKIP_STATUS)
         return TAP_SKIP_STATUS;
+    if (code == 0 && wall >= lim->limit_s)
+        snprintf(why, whylen, "took %.1f s wall, %.1f s CPU, past its %g s limit: let run on, "
+                 "the machine being busy (load %.1f on %d CPUs)", wall, cpu, lim->limit_s,
+                 load_per_cpu(lim) * cpu_count(), cpu_count());
     return code == 0 ? 0 : 1;
+}
+
+/* A positive number from the environment variable name, or dflt. */
+static double env_positive(const char *name, double dflt)
+{
+    const char *v = getenv(name);
+    char *end;
+    double d = v && *v ? strtod(v, &end) : 0;
+    return v && *v && *end == 0 && d > 0 ? d : dflt;
 }
 
 int tap_run(const tap_test *tests, size_t n, int argc, char **argv)
 {
-    const char *to = getenv("TS_TEST_TIMEOUT");
-    int timeout = to && atoi(to) > 0 ? atoi(to) : 120;
+    double timeout = env_positive("TS_TEST_TIMEOUT", 120) *
+                     env_positive("TS_TEST_TIMEOUT_SCALE", 1);
     size_t count = 0;
     for (size_t i = 0; i < n; i++) {
         int wanted = argc <= 1;
@@ -243,12 +394,17 @@ int tap_run(const tap_test *tests, size_t n, int argc, char **argv)
         if (!wanted)
             continue;
         char why[4096];
-        int rc = run_one(&tests[i], ++num, timeout, why, sizeof why);
+        tap_limits lim = {.limit_s = timeout * (tests[i].limit > 0 ? tests[i].limit : 1),
+                          .max_stretch = TAP_MAX_STRETCH, .load = -1};
+        int rc = tap_run_one(&tests[i], &lim, why, sizeof why);
+        ++num;
         for (char *p = why; *p; p++)
             if (*p == '\n')
                 *p = ' ';
         if (rc == 0) {
             printf("ok %d - %s\n", num, tests[i].name);
+            if (why[0])
+                printf("# %s: %s\n", tests[i].name, why);
         } else if (rc == TAP_SKIP_STATUS) {
             printf("ok %d - %s # SKIP %s\n", num, tests[i].name, why);
             skipped++;

@@ -19,13 +19,39 @@
 typedef struct tap_test {
     const char *name;
     void (*fn)(void);
+    double limit; /* its time limit in units of $TS_TEST_TIMEOUT: 1, or TAP_SLOW */
 } tap_test;
 
-#define TAP_TEST(fn) {#fn, fn}
+#define TAP_TEST(fn) {#fn, fn, 1}
+/* A test that takes tens of seconds on an idle machine (thousands of training steps): its
+ * limit is TAP_SLOW times the default. */
+#define TAP_SLOW 3
+#define TAP_SLOW_TEST(fn) {#fn, fn, TAP_SLOW}
 
-/* Runs the tests named in argv (all if none), forked, each within $TS_TEST_TIMEOUT seconds
- * (default 120). Returns the process exit status. */
+/* Runs the tests named in argv (all if none), forked, each within its time limit:
+ * $TS_TEST_TIMEOUT seconds (default 120) times the test's limit times
+ * $TS_TEST_TIMEOUT_SCALE (default 1). What the limit bounds is the test's CPU time: on a
+ * busy machine (load average at or above the CPU count) a test past its limit in wall time
+ * runs on while it has used less than its limit in CPU time, up to TAP_MAX_STRETCH times
+ * the limit in wall time (less on a less loaded machine: see tap_limits). A test stopped
+ * is reported with its wall and CPU time and what they say: the machine is busy, the test
+ * spins, or it waits on something that never comes. Returns the process exit status. */
 int tap_run(const tap_test *tests, size_t n, int argc, char **argv);
+
+#define TAP_MAX_STRETCH 10
+
+/* What tap_run_one enforces on one test. */
+typedef struct tap_limits {
+    double limit_s;     /* seconds of wall time on an idle machine, of CPU time on a busy one */
+    double max_stretch; /* a busy machine stretches the wall limit at most this many times */
+    double load;        /* load average per CPU to assume; < 0: read it (getloadavg) */
+} tap_limits;
+
+/* Runs test t forked under lim, as tap_run runs each test: 0 if it passed, 77 if it
+ * skipped, 1 if it failed, with why (whylen bytes) the reason, or for a test that passed
+ * past limit_s of wall time a note of its times ("" otherwise). The runner's own test
+ * (tests/unit/test-tap.c) calls it with small limits. */
+int tap_run_one(const tap_test *t, const tap_limits *lim, char *why, size_t whylen);
 
 _Noreturn void tap_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
