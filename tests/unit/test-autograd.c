@@ -1043,7 +1043,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_deep_chain_releases_iteratively),
         TAP_TEST(test_checkpoint_lowers_peak),
         TAP_TEST(test_grad_mode_is_thread_local),
-        TAP_TEST(test_memory_flat_over_10000_steps),
+        TAP_SLOW_TEST(test_memory_flat_over_10000_steps),
         TAP_TEST(test_slice_gradients_accumulate_in_place),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);

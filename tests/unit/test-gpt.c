@@ -308,7 +308,7 @@ int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
         TAP_TEST(test_names_and_tying),
-        TAP_TEST(test_memorises_text),
+        TAP_SLOW_TEST(test_memorises_text),
         TAP_TEST(test_cache_matches_full_forward),
         TAP_TEST(test_gradcheck_float64),
     };
