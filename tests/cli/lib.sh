@@ -23,6 +23,22 @@ check() {
     name=$1; shift
     if out=$("$@" 2>&1); then ok "$name"; else fail "$name" "$(echo "$out" | tail -5)"; fi
 }
+# hang_limit SECONDS: a limit that guards against a hang, not one that tests speed, scaled as
+# tests/tap.c scales its limits: SECONDS times $TS_TEST_TIMEOUT_SCALE (default 1), times twice
+# the load average per CPU (at most 10) when the machine is busy (load at or above the CPU
+# count). For timeout(1): timeout "$(hang_limit 20)" "$TESSERA" ...
+hang_limit() {
+    awk -v s="$1" -v k="${TS_TEST_TIMEOUT_SCALE:-1}" -v n="$(getconf _NPROCESSORS_ONLN 2>/dev/null)" \
+        'BEGIN {
+            if (!(k + 0 > 0)) k = 1
+            if (!(n + 0 > 0)) n = 1
+            l = 0
+            if ((getline line < "/proc/loadavg") > 0) { split(line, f, " "); l = f[1] / n }
+            x = l >= 1 ? 2 * l : 1
+            if (x > 10) x = 10
+            printf "%d\n", s * k * x + 0.999
+        }'
+}
 # contains HAYSTACK NEEDLE
 contains() { case "$1" in *"$2"*) return 0;; *) return 1;; esac; }
 finish() { exit $TAP_FAILED; }

@@ -69,9 +69,9 @@ fi
 # Hostile inputs: a truncated array, a FIFO nobody writes, a directory.
 head -c 150 "$D/f32_2x3.npy" >"$TMP/short.npy"
 mkfifo "$TMP/fifo.npy"
-o1=$(timeout 20 "$TESSERA" convert "$TMP/short.npy" -o "$TMP/s.safetensors" 2>&1); r1=$?
-o2=$(timeout 20 "$TESSERA" convert "$TMP/fifo.npy" -o "$TMP/f.safetensors" 2>&1); r2=$?
-o3=$(timeout 20 "$TESSERA" convert "$D/complex.npy" -o "$TMP/c.safetensors" 2>&1); r3=$?
+o1=$(timeout "$(hang_limit 20)" "$TESSERA" convert "$TMP/short.npy" -o "$TMP/s.safetensors" 2>&1); r1=$?
+o2=$(timeout "$(hang_limit 20)" "$TESSERA" convert "$TMP/fifo.npy" -o "$TMP/f.safetensors" 2>&1); r2=$?
+o3=$(timeout "$(hang_limit 20)" "$TESSERA" convert "$D/complex.npy" -o "$TMP/c.safetensors" 2>&1); r3=$?
 if [ $r1 -eq 1 ] && contains "$o1" "short.npy" && contains "$o1" "truncated" && [ $r2 -eq 1 ] &&
     contains "$o2" "FIFO" && [ $r3 -eq 1 ] && contains "$o3" "complex numbers" &&
     [ ! -e "$TMP/s.safetensors" ] && [ ! -e "$TMP/f.safetensors" ]; then
@@ -84,7 +84,7 @@ fi
 ln -s "$TMP/target" "$TMP/link.safetensors"
 mkfifo "$TMP/out.npy"
 o1=$("$TESSERA" convert "$D/f32_2x3.npy" -o "$TMP/link.safetensors" 2>&1); r1=$?
-o2=$(timeout 20 "$TESSERA" convert "$D/f32_2x3.npy" -o "$TMP/out.npy" 2>&1); r2=$?
+o2=$(timeout "$(hang_limit 20)" "$TESSERA" convert "$D/f32_2x3.npy" -o "$TMP/out.npy" 2>&1); r2=$?
 if [ $r1 -eq 1 ] && contains "$o1" "symbolic link" && [ ! -e "$TMP/target" ] && [ $r2 -eq 1 ] &&
     contains "$o2" "FIFO"; then
     ok "an output that is a symbolic link or a FIFO is refused"

@@ -25,7 +25,7 @@ export OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
 MPI="$MPIRUN -np 2 --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none --mca pml ob1"
 
 run2() { # MODE: every rank's output, rank 0's TAP lines and the exit status
-    timeout 120 $MPI "$CHECK" "$1" >"$TMP/$1.out" 2>"$TMP/$1.err"
+    timeout "$(hang_limit 120)" $MPI "$CHECK" "$1" >"$TMP/$1.out" 2>"$TMP/$1.err"
 }
 for mode in collectives ddp steps mismatch; do
     if run2 $mode && ! grep -q "^not ok" "$TMP/$mode.out" && grep -q "^1\.\." "$TMP/$mode.out"; then
@@ -50,7 +50,7 @@ for mode in collectives ddp steps mismatch; do
         fail "device-buffer backend: dist-check $mode" "$(cat "$TMP/$mode.out")" "$(tail -20 "$TMP/$mode.err")"
     fi
 done
-out=$(TESSERA_CONFIG="$TMP/devtest.ini" TS_DEVTEST_DEVICE=no_such_device timeout 120 $MPI "$CHECK" collectives 2>&1)
+out=$(TESSERA_CONFIG="$TMP/devtest.ini" TS_DEVTEST_DEVICE=no_such_device timeout "$(hang_limit 120)" $MPI "$CHECK" collectives 2>&1)
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
     contains "$out" "comm plugin 'devtest' communicates from device 'no_such_device', which cannot be opened"; then
@@ -60,7 +60,7 @@ else
 fi
 # only rank 1's device cannot be opened: the job ends at once, naming it, instead of rank 0
 # waiting in its first collective
-out=$(TESSERA_CONFIG="$TMP/devtest.ini" timeout 60 $MPIRUN --oversubscribe --mca btl self,vader \
+out=$(TESSERA_CONFIG="$TMP/devtest.ini" timeout "$(hang_limit 60)" $MPIRUN --oversubscribe --mca btl self,vader \
     --mca btl_vader_single_copy_mechanism none --mca pml ob1 -np 1 "$CHECK" collectives : \
     -np 1 env TS_DEVTEST_DEVICE=no_such_device "$CHECK" collectives 2>&1)
 rc=$?
@@ -96,7 +96,7 @@ steps_of() { grep '"step"' "$1" | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
 for model in mlp lenet5; do
     for opt in sgd adam; do
         $T --model $model --optimizer $opt >"$TMP/one.json" 2>"$TMP/one.err"
-        timeout 300 $MPI $T --model $model --optimizer $opt >"$TMP/two.json" 2>"$TMP/two.err"
+        timeout "$(hang_limit 300)" $MPI $T --model $model --optimizer $opt >"$TMP/two.json" 2>"$TMP/two.err"
         rc=$?
         steps_of "$TMP/one.json" >"$TMP/one.l"
         steps_of "$TMP/two.json" >"$TMP/two.l"
@@ -113,7 +113,7 @@ for model in mlp lenet5; do
     done
 done
 # the same training through the device-buffer backend (buckets summed in device memory)
-TESSERA_CONFIG="$TMP/devtest.ini" timeout 300 $MPI $T --model mlp --optimizer adam >"$TMP/dv.json" 2>"$TMP/dv.err"
+TESSERA_CONFIG="$TMP/devtest.ini" timeout "$(hang_limit 300)" $MPI $T --model mlp --optimizer adam >"$TMP/dv.json" 2>"$TMP/dv.err"
 rc=$?
 $T --model mlp --optimizer adam --device cpu_blas >"$TMP/one.json" 2>"$TMP/one.err"
 steps_of "$TMP/one.json" >"$TMP/one.l"
@@ -135,7 +135,7 @@ awk 'BEGIN { split("the quick brown fox jumps over a lazy dog and a curious cat"
 G="$TESSERA train --model gpt --text $TMP/g.txt --context 16 --layers 1 --heads 2 --embd 16 \
 --batch-size 5 --steps 50 --warmup-steps 5 --lr 3e-3 --eval-every 25 --eval-batches 3 --log-steps --json"
 $G >"$TMP/g1.json" 2>"$TMP/g1.err"
-timeout 300 $MPI $G >"$TMP/g2.json" 2>"$TMP/g2.err"
+timeout "$(hang_limit 300)" $MPI $G >"$TMP/g2.json" 2>"$TMP/g2.err"
 rc=$?
 grep '"step": [0-9]*, "loss"' "$TMP/g1.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/g1.l"
 grep '"step": [0-9]*, "loss"' "$TMP/g2.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/g2.l"
@@ -154,9 +154,9 @@ fi
 # a --save path rank 0 cannot write ends the whole job at once (the other ranks would wait
 # for rank 0 in a collective); a rank with another --eval-every (another sequence of
 # collectives) is refused before any step
-out=$(timeout 60 $MPI $G --save "$TMP" 2>&1)
+out=$(timeout "$(hang_limit 60)" $MPI $G --save "$TMP" 2>&1)
 rc=$?
-out2=$(timeout 60 $MPIRUN --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
+out2=$(timeout "$(hang_limit 60)" $MPIRUN --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
     --mca pml ob1 -np 1 $G : -np 1 $G --eval-every 10 2>&1)
 rc2=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && contains "$out" "rank 0: --save: $TMP: cannot save the checkpoint" &&
@@ -166,7 +166,7 @@ else
     fail "gpt: bad --save ends the job, another --eval-every refused" "rc=$rc rc2=$rc2" "$out" "$out2"
 fi
 # a rank started otherwise is refused, on every rank, naming it
-out=$(timeout 120 $MPIRUN --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
+out=$(timeout "$(hang_limit 120)" $MPIRUN --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
     --mca pml ob1 -np 1 $T --model mlp : -np 1 $T --model mlp --seed 7 2>&1)
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
@@ -194,11 +194,12 @@ else
     fail "a rank given other images or labels (--data) is refused on both ranks" "rc=$rc" "$out"
 fi
 # a rank killed mid-epoch ends the job within 30 s, naming the rank
-timeout 100 $MPI $TESSERA train --model mlp --epochs 20 --json >"$TMP/k.out" 2>"$TMP/k.err" &
+timeout "$(hang_limit 100)" $MPI $TESSERA train --model mlp --epochs 20 --json >"$TMP/k.out" 2>"$TMP/k.err" &
 mp=$!
 killed=""
 i=0
-while [ -z "$killed" ] && [ $i -lt 300 ]; do
+tries=$((10 * $(hang_limit 30))) # 30 s for the first epoch, more on a busy machine
+while [ -z "$killed" ] && [ $i -lt $tries ]; do
     sleep 0.1
     i=$((i + 1))
     grep -q '"epoch": 1' "$TMP/k.out" 2>/dev/null || continue
@@ -221,7 +222,7 @@ else
 fi
 # a checkpoint written by 2 ranks (rank 0 alone writes it) resumes on 1: 25 + 25 = 50 straight
 R="$TESSERA train --model mlp --train-limit 1280 --epochs 3 --log-steps --json"
-timeout 120 $MPI $R --max-steps 25 --save "$TMP/dp.ckpt" >"$TMP/a.json" 2>"$TMP/a.err"
+timeout "$(hang_limit 120)" $MPI $R --max-steps 25 --save "$TMP/dp.ckpt" >"$TMP/a.json" 2>"$TMP/a.err"
 rc1=$?
 $R --max-steps 50 --resume "$TMP/dp.ckpt" >"$TMP/b.json" 2>"$TMP/b.err"
 rc2=$?
@@ -239,7 +240,7 @@ else
 fi
 # bench dist, short: tessera's all-reduce and the raw MPI_Allreduce both measured, the bucketed
 # averaging and training run, nothing allocated per steady step
-out=$(timeout 120 $MPI "$TESSERA" bench dist --iters 3 --max-mib 1 --steps 20 --json 2>&1)
+out=$(timeout "$(hang_limit 120)" $MPI "$TESSERA" bench dist --iters 3 --max-mib 1 --steps 20 --json 2>&1)
 vals=$(echo "$out" | "$JSON_CHECK" world_size backend train.raw_allocs_per_step 2>/dev/null)
 raw=$(echo "$out" | "$JSON_CHECK" allreduce.[0].raw_ms ddp.raw_ms 2>/dev/null)
 if contains "$vals" "world_size=2" && contains "$vals" 'backend="mpi"' &&

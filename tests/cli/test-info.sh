@@ -90,14 +90,14 @@ if [ $rc -eq 1 ] && contains "$out" "missing.ini"; then ok "a missing --config f
 else fail "a missing --config file is an error" "rc=$rc" "$out"; fi
 
 # Special files as --config: refused by name at once (a FIFO nobody writes must not hang).
-out=$(timeout 20 "$TESSERA" --config "$TMP" info 2>&1); rc=$?
+out=$(timeout "$(hang_limit 20)" "$TESSERA" --config "$TMP" info 2>&1); rc=$?
 if [ $rc -eq 1 ] && contains "$out" "is a directory, not a regular file"; then
     ok "a directory as --config is an error, not the built-in defaults"
 else
     fail "a directory as --config is an error, not the built-in defaults" "rc=$rc" "$out"
 fi
 mkfifo "$TMP/fifo.ini"
-out=$(timeout 20 "$TESSERA" --config "$TMP/fifo.ini" info 2>&1); rc=$?
+out=$(timeout "$(hang_limit 20)" "$TESSERA" --config "$TMP/fifo.ini" info 2>&1); rc=$?
 if [ $rc -eq 1 ] && contains "$out" "fifo.ini" && contains "$out" "FIFO"; then
     ok "a FIFO as --config is refused without blocking"
 else

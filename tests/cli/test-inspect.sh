@@ -46,7 +46,7 @@ head -c 40 "$TMP/g.ckpt" >"$TMP/cut.ckpt"
 mkfifo "$TMP/fifo"
 bad=""
 for f in "$TMP/cut.ckpt" "$TMP" "$TMP/fifo" "$TMP/missing"; do
-    o=$(timeout 10 "$TESSERA" inspect "$f" 2>&1)
+    o=$(timeout "$(hang_limit 10)" "$TESSERA" inspect "$f" 2>&1)
     r=$?
     if [ $r -ne 1 ] || ! contains "$o" "$f" || [ "$(echo "$o" | wc -l)" -ne 1 ]; then
         bad="$bad [$f: rc=$r: $o]"

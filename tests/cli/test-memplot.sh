@@ -37,18 +37,18 @@ mkfifo "$TMP/fifo"
 echo '{"traceEvents":[' >"$TMP/other.json"
 echo '{"name":"x","ph":"X","ts":1}' >>"$TMP/other.json"
 echo ']}' >>"$TMP/other.json"
-o1=$(timeout 10 "$TESSERA" memplot "$TMP/fifo" -o "$TMP/f.svg" 2>&1); r1=$?
-o2=$(timeout 10 "$TESSERA" memplot "$TMP/missing" 2>&1); r2=$?
-o3=$(timeout 10 "$TESSERA" memplot "$TMP/other.json" 2>&1); r3=$?
+o1=$(timeout "$(hang_limit 10)" "$TESSERA" memplot "$TMP/fifo" -o "$TMP/f.svg" 2>&1); r1=$?
+o2=$(timeout "$(hang_limit 10)" "$TESSERA" memplot "$TMP/missing" 2>&1); r2=$?
+o3=$(timeout "$(hang_limit 10)" "$TESSERA" memplot "$TMP/other.json" 2>&1); r3=$?
 o4=$("$TESSERA" memplot 2>&1); r4=$?
 # non-finite and negative numbers in a trace are not samples: the picture has no NaN in it
 { head -3 "$TMP/m.json"; echo '{"name":"pool cpu_blas","ph":"C","ts":-1e308,"pid":1,"tid":0,"args":{"in_use":1e309,"reserved":-5,"cached":0}},'
   echo '{"name":"pool cpu_blas","ph":"C","ts":1e999,"pid":1,"tid":0,"args":{"in_use":1,"reserved":2,"cached":0}},'
   tail -n +4 "$TMP/m.json"; } >"$TMP/odd.json"
-o5=$(timeout 10 "$TESSERA" memplot "$TMP/odd.json" -o "$TMP/odd.svg" 2>&1); r5=$?
+o5=$(timeout "$(hang_limit 10)" "$TESSERA" memplot "$TMP/odd.json" -o "$TMP/odd.svg" 2>&1); r5=$?
 # the trace as its own picture (or through a hard link): refused, the trace intact
 cp "$TMP/m.json" "$TMP/self.json"
-o6=$(timeout 10 "$TESSERA" memplot "$TMP/self.json" -o "$TMP/self.json" 2>&1); r6=$?
+o6=$(timeout "$(hang_limit 10)" "$TESSERA" memplot "$TMP/self.json" -o "$TMP/self.json" 2>&1); r6=$?
 if [ $r1 -eq 1 ] && contains "$o1" "not a regular file" && [ $r2 -eq 1 ] && contains "$o2" "$TMP/missing" &&
     [ $r3 -eq 1 ] && contains "$o3" "holds no pool counter events" && [ $r4 -eq 2 ] &&
     [ ! -e "$TMP/f.svg" ] && [ ! -e "$TMP/other.svg" ] && [ $r5 -eq 0 ] &&
@@ -64,10 +64,10 @@ echo precious >"$TMP/victim"
 ln -s "$TMP/victim" "$TMP/link.json"
 ln -s "$TMP/victim" "$TMP/link.svg"
 mkfifo "$TMP/fifo.svg"
-o1=$(timeout 30 "$TESSERA" train --model gpt --text "$TMP/t.txt" --context 8 --layers 1 --heads 1 --embd 8 \
+o1=$(timeout "$(hang_limit 30)" "$TESSERA" train --model gpt --text "$TMP/t.txt" --context 8 --layers 1 --heads 1 --embd 8 \
     --batch-size 2 --steps 2 --eval-every 2 --eval-batches 1 --memtrace "$TMP/link.json" 2>&1); r1=$?
-o2=$(timeout 10 "$TESSERA" memplot "$TMP/m.json" -o "$TMP/link.svg" 2>&1); r2=$?
-o3=$(timeout 10 "$TESSERA" memplot "$TMP/m.json" -o "$TMP/fifo.svg" 2>&1); r3=$?
+o2=$(timeout "$(hang_limit 10)" "$TESSERA" memplot "$TMP/m.json" -o "$TMP/link.svg" 2>&1); r2=$?
+o3=$(timeout "$(hang_limit 10)" "$TESSERA" memplot "$TMP/m.json" -o "$TMP/fifo.svg" 2>&1); r3=$?
 if [ $r1 -eq 1 ] && contains "$o1" "symbolic link" && [ $r2 -eq 1 ] && contains "$o2" "symbolic link" &&
     [ $r3 -eq 1 ] && contains "$o3" "FIFO" && [ "$(cat "$TMP/victim")" = precious ]; then
     ok "a symbolic link or FIFO as the trace or picture is refused; the link's target is untouched"

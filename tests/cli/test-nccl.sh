@@ -37,7 +37,7 @@ gpus=${gpus:-0}
 
 printf '[core]\ndevice = cuda\n[dist]\nbackend = nccl\n' >"$TMP/nccl.ini"
 if [ "$gpus" -eq 0 ]; then
-    out=$(TESSERA_CONFIG="$TMP/nccl.ini" timeout 60 $MPI -np 1 "$CHECK" collectives 2>&1)
+    out=$(TESSERA_CONFIG="$TMP/nccl.ini" timeout "$(hang_limit 60)" $MPI -np 1 "$CHECK" collectives 2>&1)
     rc=$?
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && contains "$out" "this rank has no usable GPU"; then
         ok "a rank without a GPU is refused with the reason: $(echo "$out" | grep -m1 'no usable GPU' | cut -c1-200)"
@@ -49,7 +49,7 @@ if [ "$gpus" -eq 0 ]; then
     finish
 fi
 skip "a rank without a GPU is refused" "this machine has $gpus GPU(s)"
-out=$(TESSERA_CONFIG="$TMP/nccl.ini" timeout 120 $MPI -np 1 "$CHECK" collectives 2>&1)
+out=$(TESSERA_CONFIG="$TMP/nccl.ini" timeout "$(hang_limit 120)" $MPI -np 1 "$CHECK" collectives 2>&1)
 rc=$?
 if [ $rc -eq 0 ] && contains "$out" "'nccl' takes device buffers of 'cuda'" && ! contains "$out" "not ok"; then
     ok "one rank joins NCCL on the cuda device"
@@ -64,7 +64,7 @@ n=$gpus
 [ "$n" -gt 4 ] && n=4
 bad=""
 for mode in collectives ddp steps mismatch; do
-    TESSERA_CONFIG="$TMP/nccl.ini" timeout 300 $MPI -np $n "$CHECK" $mode >"$TMP/$mode.out" 2>"$TMP/$mode.err"
+    TESSERA_CONFIG="$TMP/nccl.ini" timeout "$(hang_limit 300)" $MPI -np $n "$CHECK" $mode >"$TMP/$mode.out" 2>"$TMP/$mode.err"
     rc=$?
     if [ $rc -ne 0 ] || grep -q "^not ok" "$TMP/$mode.out" || ! grep -q "^1\.\." "$TMP/$mode.out"; then
         bad="$bad $mode(rc=$rc)"

@@ -304,7 +304,7 @@ done
 for case in $BAD_ARCH; do
     opt=${case%%=*}
     val=$(echo "${case#*=}" | tr _ ' ')
-    out=$(timeout 60 "$TESSERA" train --model mlp --train-limit 64 --max-steps 1 "$opt" "$val" 2>&1)
+    out=$(timeout "$(hang_limit 60)" "$TESSERA" train --model mlp --train-limit 64 --max-steps 1 "$opt" "$val" 2>&1)
     rc=$?
     if [ $rc -eq 2 ] && contains "$out" "$opt"; then
         ok "$opt '$val' is refused with exit 2"
@@ -317,7 +317,7 @@ done
 for case in $BAD_VALUES; do
     opt=${case%%=*}
     val=$(echo "${case#*=}" | tr _ ' ')
-    out=$(timeout 60 "$TESSERA" train --model mlp --train-limit 64 "$opt" "$val" 2>&1); rc=$?
+    out=$(timeout "$(hang_limit 60)" "$TESSERA" train --model mlp --train-limit 64 "$opt" "$val" 2>&1); rc=$?
     if [ $rc -eq 2 ] && contains "$out" "$opt"; then
         ok "$opt '$val' is refused with exit 2"
     else
@@ -330,7 +330,7 @@ for case in $BENCH_CASES; do
     rest=${case#*:}
     opt=${rest%%:*}
     val=${rest#*:}
-    out=$(timeout 60 "$TESSERA" bench "$cmd" "$opt" "$val" 2>&1); rc=$?
+    out=$(timeout "$(hang_limit 60)" "$TESSERA" bench "$cmd" "$opt" "$val" 2>&1); rc=$?
     case $cmd:$opt:$val in pool:--pairs:1000000000000) contains "$out" "1..10000000" || rc=99 ;; esac
     if [ $rc -eq 2 ] && contains "$out" "$opt"; then
         ok "bench $cmd $opt '$val' is refused with exit 2"

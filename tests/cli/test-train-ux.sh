@@ -16,10 +16,12 @@ if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
 fi
 C="--model lenet5 --train-limit 4096 --batch-size 32 --device cpu_blas"
 losses() { grep '"step": [0-9]*, "loss"' "$1" | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
-# Waits (up to 60 s) until FILE has a progress line of batch >= N; 0 when it has.
+# Waits (up to 60 s, scaled on a busy machine: hang_limit) until FILE has a progress line of
+# batch >= N; 0 when it has.
 wait_batch() {
     i=0
-    while [ $i -lt 600 ]; do
+    tries=$((10 * $(hang_limit 60)))
+    while [ $i -lt $tries ]; do
         b=$(sed -n 's/^epoch [0-9]*\/[0-9]* batch \([0-9]*\)\/.*/\1/p' "$1" 2>/dev/null | tail -1)
         [ -n "$b" ] && [ "$b" -ge "$2" ] && return 0
         sleep 0.1
