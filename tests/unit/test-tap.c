@@ -66,8 +66,7 @@ static void test_waiting_test_on_idle_machine(void)
 {
     char why[4096];
     double secs;
-    CHECK_INT_EQ(run(sleeps_30s, (tap_limits){0.3, TAP_MAX_STRETCH, 0}, why, sizeof why, &secs),
-                 1);
+    CHECK_INT_EQ(run(sleeps_30s, (tap_limits){0.3, TAP_MAX_STRETCH, 0}, why, sizeof why, &secs), 1);
     CHECK_MSG(secs < 5, "stopped after %.1f s, not at its 0.3 s limit", secs);
     CHECK_STR_CONTAINS(why, "timed out after 0.");
     CHECK_STR_CONTAINS(why, " s wall, 0.0 s CPU (limit 0.3 s");
@@ -80,8 +79,7 @@ static void test_waiting_test_on_busy_machine(void)
 {
     char why[4096];
     double secs;
-    CHECK_INT_EQ(run(sleeps_30s, (tap_limits){0.3, TAP_MAX_STRETCH, 4}, why, sizeof why, &secs),
-                 1);
+    CHECK_INT_EQ(run(sleeps_30s, (tap_limits){0.3, TAP_MAX_STRETCH, 4}, why, sizeof why, &secs), 1);
     CHECK_MSG(secs >= 2.4 && secs < 10, "stopped after %.1f s, not at 8 x 0.3 s", secs);
     CHECK_STR_CONTAINS(why, " s wall, 0.0 s CPU");
     CHECK_STR_CONTAINS(why, "the machine is busy; raise TS_TEST_TIMEOUT");
@@ -106,8 +104,7 @@ static void test_busy_machine_lets_a_test_finish(void)
 {
     char why[4096];
     double secs;
-    CHECK_INT_EQ(run(sleeps_1s, (tap_limits){0.3, TAP_MAX_STRETCH, 4}, why, sizeof why, &secs),
-                 0);
+    CHECK_INT_EQ(run(sleeps_1s, (tap_limits){0.3, TAP_MAX_STRETCH, 4}, why, sizeof why, &secs), 0);
     CHECK_STR_CONTAINS(why, "past its 0.3 s limit");
     CHECK_INT_EQ(run(passes, (tap_limits){0.3, TAP_MAX_STRETCH, 4}, why, sizeof why, &secs), 0);
     CHECK_MSG(why[0] == 0, "a quick test got a note: %s", why);
@@ -130,8 +127,10 @@ static void test_pass_fail_skip(void)
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
-        TAP_TEST(test_waiting_test_on_idle_machine), TAP_TEST(test_waiting_test_on_busy_machine),
-        TAP_TEST(test_spinning_test), TAP_TEST(test_busy_machine_lets_a_test_finish),
+        TAP_TEST(test_waiting_test_on_idle_machine),
+        TAP_TEST(test_waiting_test_on_busy_machine),
+        TAP_TEST(test_spinning_test),
+        TAP_TEST(test_busy_machine_lets_a_test_finish),
         TAP_TEST(test_pass_fail_skip),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
