@@ -184,7 +184,7 @@ gunzip -c "$FM/t10k-labels-idx1-ubyte.gz" >"$TMP/labels"
 last=$(tail -c 1 "$TMP/labels" | od -An -tu1 | tr -d ' ')
 { head -c $(($(wc -c <"$TMP/labels") - 1)) "$TMP/labels"; printf "\\$(printf %o $(((last + 1) % 10)))"; } |
     gzip -c >"$TMP/fm2/t10k-labels-idx1-ubyte.gz"
-out=$(timeout 120 $MPIRUN --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
+out=$(timeout "$(hang_limit 120)" $MPIRUN --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
     --mca pml ob1 -np 1 $T --model mlp : -np 1 $T --model mlp --data "$TMP/fm2" 2>&1)
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] &&

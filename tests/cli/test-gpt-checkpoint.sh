@@ -113,7 +113,7 @@ fi
 # for over 15 minutes at 10.9 GB).
 printf 'abcdefghijklmnopqrstuvwxyz0123456789. %.0s' $(seq 1500) >"$TMP/long.txt"
 start=$(date +%s)
-o=$(timeout 60 "$TESSERA" train --model gpt --text "$TMP/long.txt" --context 4096 --layers 64 \
+o=$(timeout "$(hang_limit 60)" "$TESSERA" train --model gpt --text "$TMP/long.txt" --context 4096 --layers 64 \
     --heads 64 --embd 8192 --batch-size 4096 2>&1)
 rc=$?
 took=$(($(date +%s) - start))
