@@ -792,6 +792,36 @@ static ts_status check_slot(const slot *sl, const ts_checkpoint *ck, int kslot, 
     return TS_OK;
 }
 
+/* A restored state tensor must be one a run could have written: finite, >= 0 for a second
+ * moment (a mean of squares), and all zero when no step was taken (state is only ever written
+ * by a step). Read on the host once, at load. */
+static ts_status check_state(const ts_tensor *t, const char *name, int64_t steps, int nonneg)
+{
+    int32_t dt = ts_tensor_dtype(t);
+    size_t n = (size_t)ts_tensor_numel(t);
+    size_t es = dt == TS_F64 ? sizeof(double) : dt == TS_F32 ? sizeof(float) : 0;
+    if (!es || !n)
+        return TS_OK;
+    void *buf = ts__malloc(n * es);
+    if (!buf)
+        return ts__fail(TS_ENOMEM, "optimizer state: out of host memory checking '%s'", name);
+    ts_status s = ts_tensor_to_host(t, buf, n * es);
+    for (size_t i = 0; i < n && s == TS_OK; i++) {
+        double v = es == sizeof(double) ? ((double *)buf)[i] : ((float *)buf)[i];
+        if (!isfinite(v))
+            s = ts__fail(TS_ECORRUPT, "optimizer state: tensor '%s' holds a value that is not "
+                         "finite (NaN or infinite) at element %zu", name, i);
+        else if (nonneg && v < 0)
+            s = ts__fail(TS_ECORRUPT, "optimizer state: tensor '%s' holds %g at element %zu, "
+                         "but a second moment is a mean of squares, never negative", name, v, i);
+        else if (steps == 0 && v != 0)
+            s = ts__fail(TS_ECORRUPT, "optimizer state: tensor '%s' holds %g at element %zu, "
+                         "but metadata 'optim.steps' = 0 says no step wrote it", name, v, i);
+    }
+    free(buf);
+    return s;
+}
+
 TS_API ts_status ts_optim_load_state(ts_optim *o, const ts_checkpoint *ck)
 {
     if (!o || !ck)
@@ -851,6 +881,8 @@ TS_API ts_status ts_optim_load_state(ts_optim *o, const ts_checkpoint *ck)
                                 ts_tensor_shape(p), &fresh[2 * i + k]);
             if (s == TS_OK)
                 s = ts_checkpoint_restore(ck, name, fresh[2 * i + k]);
+            if (s == TS_OK)
+                s = check_state(fresh[2 * i + k], name, steps, kslot == 1 && k == 1);
         }
     }
     if (s == TS_OK) {

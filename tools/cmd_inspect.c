@@ -37,6 +37,16 @@ static void print_clean(const char *s, size_t max)
         printf("... (%zu bytes)", n + strlen(s));
 }
 
+/* Prints item as cJSON writes it, and frees it. */
+static void print_json(cJSON *item)
+{
+    char *text = item ? cJSON_PrintUnformatted(item) : NULL;
+    if (text)
+        fputs(text, stdout);
+    cJSON_free(text);
+    cJSON_Delete(item);
+}
+
 int cmd_inspect(int argc, char **argv, const cli_common *common)
 {
     const char *file = NULL;
@@ -66,11 +76,12 @@ int cmd_inspect(int argc, char **argv, const cli_common *common)
         return cli_fail(s, "inspect");
     size_t n = ts_checkpoint_count(ck), nm = ts_checkpoint_meta_count(ck);
     unsigned long long total = 0;
-    cJSON *root = json ? cJSON_CreateObject() : NULL, *tensors = NULL, *meta = NULL;
-    if (root) {
-        cJSON_AddStringToObject(root, "file", file);
-        tensors = cJSON_AddArrayToObject(root, "tensors");
-        meta = cJSON_AddObjectToObject(root, "metadata");
+    /* The JSON is written entry by entry (the same text as one cJSON tree printed whole), so
+     * its memory is one entry's, not a multiple of a header of hundreds of thousands. */
+    if (json) {
+        fputs("{\"file\":", stdout);
+        print_json(cJSON_CreateString(file));
+        fputs(",\"tensors\":[", stdout);
     } else {
         printf("%s: %zu tensors, %zu metadata entries\n", file, n, nm);
     }
@@ -90,7 +101,7 @@ int cmd_inspect(int argc, char **argv, const cli_common *common)
         unsigned long long bytes = (unsigned long long)numel * esize;
         total += bytes;
         int converted = esize != ts_dtype_size(dtype) || !strcmp(stored, "BOOL");
-        if (root) {
+        if (json) {
             cJSON *t = cJSON_CreateObject(), *sh = cJSON_CreateArray();
             cJSON_AddStringToObject(t, "name", name);
             cJSON_AddStringToObject(t, "dtype", stored);
@@ -99,7 +110,9 @@ int cmd_inspect(int argc, char **argv, const cli_common *common)
                 cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)shape[d]));
             cJSON_AddItemToObject(t, "shape", sh);
             cJSON_AddNumberToObject(t, "bytes", (double)bytes);
-            cJSON_AddItemToArray(tensors, t);
+            if (i)
+                putchar(',');
+            print_json(t);
             continue;
         }
         char sh[160] = "(";
@@ -114,10 +127,16 @@ int cmd_inspect(int argc, char **argv, const cli_common *common)
                converted ? ts_dtype_name(dtype) : "", converted ? ")" : "", sh,
                cli_bytes(bytes, b, sizeof b));
     }
+    if (json)
+        fputs("],\"metadata\":{", stdout);
     for (size_t i = 0; i < nm; i++) {
         const char *k = ts_checkpoint_meta_key(ck, i), *v = ts_checkpoint_meta(ck, k);
-        if (root) {
-            cJSON_AddStringToObject(meta, k, v ? v : "");
+        if (json) {
+            if (i)
+                putchar(',');
+            print_json(cJSON_CreateString(k));
+            putchar(':');
+            print_json(cJSON_CreateString(v ? v : ""));
             continue;
         }
         printf("  meta ");
@@ -126,13 +145,10 @@ int cmd_inspect(int argc, char **argv, const cli_common *common)
         print_clean(v ? v : "", 200);
         putchar('\n');
     }
-    if (root) {
-        cJSON_AddNumberToObject(root, "bytes", (double)total);
-        char *text = cJSON_PrintUnformatted(root);
-        if (text)
-            puts(text);
-        cJSON_free(text);
-        cJSON_Delete(root);
+    if (json) {
+        fputs("},\"bytes\":", stdout);
+        print_json(cJSON_CreateNumber((double)total));
+        fputs("}\n", stdout);
     } else {
         char b[32];
         printf("%s of tensor data\n", cli_bytes(total, b, sizeof b));

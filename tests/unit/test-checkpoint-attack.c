@@ -982,6 +982,80 @@ static void test_optim_missing_state(void)
     tap_end();
 }
 
+/* State tensors a run could not have written: a moment after no step (optim.steps = 0), a NaN
+ * or infinite moment, a negative second moment. Refused; the optimizer left as it was. */
+static void test_optim_impossible_state(void)
+{
+    setup();
+    static const struct {
+        int kind;
+        const char *tensor, *steps;
+        double value;
+        const char *needle;
+    } cases[] = {
+        {1, "optim.w.exp_avg", "0", 0.25, "'optim.steps' = 0"},
+        {1, "optim.w.exp_avg_sq", "0", 0.25, "'optim.steps' = 0"},
+        {0, "optim.w.momentum_buffer", "0", -1, "'optim.steps' = 0"},
+        {1, "optim.w.exp_avg", NULL, NAN, "not finite"},
+        {1, "optim.w.exp_avg_sq", NULL, INFINITY, "not finite"},
+        {0, "optim.w.momentum_buffer", NULL, -INFINITY, "not finite"},
+        {1, "optim.w.exp_avg_sq", NULL, -1e-3, "never negative"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        optfix f;
+        optfix_init(&f, cases[c].kind, 2, 0);
+        ts_checkpoint *ck;
+        CHECK_OK(ts_checkpoint_new(&ck));
+        CHECK_OK(ts_optim_save_state(f.o, ck));
+        /* The metadata as saved, every state tensor zero (a state a run could have written
+         * at any step count) but for one value of the case's tensor. */
+        const char *const *keys = cases[c].kind ? adam_meta : sgd_meta;
+        ts_checkpoint *bad;
+        CHECK_OK(ts_checkpoint_new(&bad));
+        for (int i = 0; keys[i]; i++)
+            if (ts_checkpoint_meta(ck, keys[i]))
+                CHECK_OK(ts_checkpoint_set_meta(bad, keys[i], ts_checkpoint_meta(ck, keys[i])));
+        if (cases[c].steps)
+            CHECK_OK(ts_checkpoint_set_meta(bad, "optim.steps", cases[c].steps));
+        for (size_t i = 0; i < ts_checkpoint_count(ck); i++) {
+            const char *name = ts_checkpoint_name(ck, i);
+            double v[NP] = {0};
+            if (strcmp(name, cases[c].tensor) == 0)
+                v[NP - 1] = cases[c].value;
+            ts_tensor *t;
+            CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){NP}, v, &t));
+            CHECK_OK(ts_checkpoint_add(bad, name, t));
+            ts_tensor_unref(t);
+        }
+        /* zeros everywhere load */
+        if (c == 0) {
+            ts_checkpoint *zero;
+            CHECK_OK(ts_checkpoint_new(&zero));
+            for (int i = 0; keys[i]; i++)
+                if (ts_checkpoint_meta(bad, keys[i]))
+                    CHECK_OK(ts_checkpoint_set_meta(zero, keys[i], ts_checkpoint_meta(bad, keys[i])));
+            for (size_t i = 0; i < ts_checkpoint_count(ck); i++) {
+                ts_tensor *t;
+                CHECK_OK(ts_tensor_zeros(dev, TS_F64, 1, (const int64_t[]){NP}, &t));
+                CHECK_OK(ts_checkpoint_add(zero, ts_checkpoint_name(ck, i), t));
+                ts_tensor_unref(t);
+            }
+            ts_optim *z = fresh_optim(&f, cases[c].kind);
+            CHECK_OK(ts_optim_load_state(z, zero));
+            ts_optim_free(z);
+            ts_checkpoint_free(zero);
+        }
+        ts_optim *o = fresh_optim(&f, cases[c].kind);
+        CHECK_FAILS(ts_optim_load_state(o, bad), TS_ECORRUPT, cases[c].tensor, cases[c].needle);
+        check_untouched(o);
+        ts_optim_free(o);
+        ts_checkpoint_free(bad);
+        ts_checkpoint_free(ck);
+        optfix_fini(&f);
+    }
+    tap_end();
+}
+
 static void test_optim_bad_hyperparameters(void)
 {
     setup();
@@ -1067,6 +1141,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_loaded_resave),
         TAP_TEST(test_concurrent_gets),
         TAP_TEST(test_optim_missing_state),
+        TAP_TEST(test_optim_impossible_state),
         TAP_TEST(test_optim_bad_hyperparameters),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
