@@ -120,7 +120,8 @@ bad:
                     text);
 }
 
-static int parse_bool(const char *t, int32_t *out)
+
+int ts__config_bool(const char *t, int32_t *out)
 {
     static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no", "off", "0"};
     for (int i = 0; i < 4; i++) {
@@ -180,7 +181,7 @@ static int parse_setting(const ts_config_key *k, const char *text, ts_setting *s
         return 1;
     }
     case TS_SETTING_BOOL:
-        if (!parse_bool(text, &s->v.boolean)) {
+        if (!ts__config_bool(text, &s->v.boolean)) {
             snprintf(expected, elen, "a boolean: true/false, yes/no, on/off or 1/0");
             return 0;
         }
@@ -356,7 +357,7 @@ static int handler(void *user, const char *section, const char *key, const char 
         if (strcmp(key, "log_level") == 0 && ts__log_level_parse(value) < 0)
             return fail_at(ps, TS_ECONFIG, "[core] log_level = '%s': expected %s", value,
                            core_keys[i].expected);
-        if (strcmp(key, "allow_insecure_plugin_path") == 0 && !parse_bool(value, &b))
+        if (strcmp(key, "allow_insecure_plugin_path") == 0 && !ts__config_bool(value, &b))
             return fail_at(ps, TS_ECONFIG, "[core] %s = '%s': expected %s", key, value,
                            core_keys[i].expected);
         if (strcmp(key, "device") == 0 && !*value)
@@ -544,8 +545,10 @@ static ts_status open_trusted(const char *path, FILE **out, char **real_out)
     return TS_OK;
 }
 
-/* installed: the installed file (TS_SYSCONFDIR's, or the one $TESSERA_SYSTEM_CONFIG names),
- * the only file that may turn the plugin trust rule off. */
+/* installed: the installed file at its built-in path, the only file that may turn the plugin
+ * trust rule off. Not one $TESSERA_SYSTEM_CONFIG names: an environment a root shell kept from
+ * another user (sudo -E, su without -, mpirun -x) could name any root-owned file that happens
+ * to set the key, with $TESSERA_DEVICE naming that user's plugin. */
 static ts_status load_file(const char *path, int installed, ts_config **out)
 {
     FILE *f;
@@ -572,11 +575,12 @@ static ts_status load_file(const char *path, int installed, ts_config **out)
     fclose(f);
     const entry *e = s ? NULL : find_entry(cfg, "core", "allow_insecure_plugin_path");
     int32_t on = 0;
-    if (!installed && e && parse_bool(e->value, &on) && on)
+    if (!installed && e && ts__config_bool(e->value, &on) && on)
         s = ts__fail(TS_ECONFIG,
                      "%s:%d: allow_insecure_plugin_path = %s is honoured only in the installed "
-                     "configuration file (%s/tessera/tessera.ini), which only its owner can "
-                     "change; remove the line from this file",
+                     "configuration file (%s/tessera/tessera.ini, not one named by "
+                     "$TESSERA_SYSTEM_CONFIG), which only its owner can change; remove the line "
+                     "from this file",
                      path, e->line, e->value, TS_SYSCONFDIR);
     if (s) {
         ts_config_free(cfg);
@@ -709,7 +713,7 @@ TS_API ts_status ts_config_load(const char *path, ts_config **out)
     ts_config *cfg = NULL, *top = NULL;
     ts_status s;
     if (sys[0]) {
-        s = load_file(sys, 1, &cfg);
+        s = load_file(sys, !senv, &cfg);
         if (s) {
             ts__fail_prefix(s, "the installed configuration: ");
             return s;

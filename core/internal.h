@@ -288,6 +288,11 @@ void *ts__realloc(void *p, size_t n);
  * Not exported from libtessera. */
 extern void (*ts__loader_after_check_hook)(const char *real);
 
+/* ---- config.c ---------------------------------------------------------------------------- */
+/* A configuration boolean (true/yes/on/1, false/no/off/0, any case) into *out: 1, or 0 when
+ * text is none of those. */
+int ts__config_bool(const char *t, int32_t *out);
+
 /* ---- fileio.c ---------------------------------------------------------------------------- */
 /* Opens a user-named input file for reading (O_CLOEXEC). Refuses, with a message naming what
  * ("configuration file", "checkpoint", ...) and the path, anything that is not a regular file:

@@ -425,8 +425,8 @@ static const struct {
 static int insecure_allowed(const ts_config *cfg)
 {
     const char *allow = ts_config_get(cfg, "core", "allow_insecure_plugin_path");
-    return allow && (strcmp(allow, "true") == 0 || strcmp(allow, "yes") == 0 ||
-                     strcmp(allow, "on") == 0 || strcmp(allow, "1") == 0);
+    int32_t on = 0;
+    return allow && ts__config_bool(allow, &on) && on; /* as the configuration parsed it */
 }
 
 static ts_status refuse(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -8,7 +8,7 @@
 # it as it was; one's own file there is replaced by a new one. The attacker is uid 65534 (files chowned to it, which needs root: those checks
 # skip otherwise), working in a sticky shared directory as /tmp is.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 20
+plan 21
 chmod 755 "$TMP"
 SHARED="$TMP/shared"
 mkdir -p "$SHARED" && chmod 1777 "$SHARED"
@@ -91,7 +91,19 @@ else
     fail "allow_insecure_plugin_path in the user's file is refused" "exit $rc" "$out"
 fi
 
-# The installed file may; with it off, the planted plugin is still refused by the rule itself.
+# Nor a root-owned file $TESSERA_SYSTEM_CONFIG names, as an environment kept from another user
+# could (sudo -E), with $TESSERA_DEVICE naming that user's plugin.
+rm -f "$MARK"
+out=$(TS_PLANTED_MARKER="$MARK" TESSERA_SYSTEM_CONFIG="$TS_SRCDIR/tests/fuzz/corpus/config/ok-plugin.ini" \
+    TESSERA_CONFIG= TESSERA_DEVICE="$SHARED/planted.so" "$TESSERA" info 2>&1)
+rc=$?
+if [ "$rc" -ne 0 ] && contains "$out" "not one named by" && [ ! -e "$MARK" ]; then
+    ok "allow_insecure_plugin_path in a file \$TESSERA_SYSTEM_CONFIG names is refused"
+else
+    fail "allow_insecure_plugin_path in a file \$TESSERA_SYSTEM_CONFIG names is refused" "exit $rc" "$out"
+fi
+
+# With the rule on, the planted plugin is refused by the rule itself.
 printf '[core]\nallow_insecure_plugin_path = false\n' >"$TMP/installed.ini"
 chmod 644 "$TMP/installed.ini"
 printf '[core]\ndevice = %s\nfallback =\n' "$SHARED/planted.so" >"$TMP/own2.ini"
