@@ -751,6 +751,18 @@ static ts_status check_target(const char *path, const char *what, struct stat *s
     return TS_OK;
 }
 
+/* The mode of a file that replaces old, fd created with 0666 less the umask: old's permission
+ * bits where they are no wider than that (a user's 0600 stays 0600), never wider. The file at
+ * the name may not be one the caller chose: a hard link to some 0666 file of root's, or an old
+ * output renamed there by whoever can write the directory. */
+static int keep_mode(int fd, const struct stat *old)
+{
+    struct stat fresh;
+    if (fstat(fd, &fresh) != 0)
+        return -1;
+    return fchmod(fd, old->st_mode & fresh.st_mode & 0777);
+}
+
 TS_API ts_status ts_checkpoint_check_path(const char *path)
 {
     if (!path || !*path)
@@ -810,14 +822,12 @@ ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body
         s = ts__fail(TS_ENOMEM, "%s: out of memory saving %s", path, what);
         goto out;
     }
-    /* A new file, the caller's: 0666 less the umask, like any file a program creates; a file
-     * of the caller's that it replaces keeps its permission bits (set-id bits dropped). */
-    fd = create_tmp(&sv, exists ? 0600 : 0666);
+    fd = create_tmp(&sv, 0666);
     if (fd < 0)
         goto io_fail;
     created = 1;
     step = "setting the mode of";
-    if (exists && fchmod(fd, old.st_mode & 0777) != 0)
+    if (exists && keep_mode(fd, &old) != 0)
         goto io_fail;
     step = "writing";
     int b = body(&sv, fd, user);
@@ -939,11 +949,11 @@ ts_status ts__create_output(const char *path, const char *what, int *fd_out)
         return s;
     saver sv = {.path = path, .what = what};
     const char *step = "creating";
-    int fd = create_tmp(&sv, exists ? 0600 : 0666);
+    int fd = create_tmp(&sv, 0666);
     if (fd < 0)
         goto io_fail;
     step = "setting the mode of";
-    if (exists && fchmod(fd, old.st_mode & 0777) != 0)
+    if (exists && keep_mode(fd, &old) != 0)
         goto io_fail;
     if ((s = check_target(path, what, &old, &exists)))
         goto out;

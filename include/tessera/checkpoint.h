@@ -39,7 +39,8 @@ ts_status ts_checkpoint_set_meta(ts_checkpoint *ck, const char *key, const char 
 
 /* Writes the checkpoint to path atomically (see above). The file written is always a new one
  * owned by the caller: 0666 less the umask, or the permission bits of the caller's own file it
- * replaces. An existing file that belongs to another user is refused (TS_EIO saying so),
+ * replaces where they are no wider than that (a 0600 file stays 0600; a 0666 one does not
+ * stay 0666). An existing file that belongs to another user is refused (TS_EIO saying so),
  * never adopted: in a shared directory it may have been planted to take over the save. A file
  * size limit (RLIMIT_FSIZE) is an error, not a SIGXFSZ: the calling thread blocks SIGXFSZ
  * during the save. TS_EIO naming the path, the step and errno; the old file is left as it

@@ -8,7 +8,7 @@
 # it as it was; one's own file there is replaced by a new one. The attacker is uid 65534 (files chowned to it, which needs root: those checks
 # skip otherwise), working in a sticky shared directory as /tmp is.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 21
+plan 22
 chmod 755 "$TMP"
 SHARED="$TMP/shared"
 mkdir -p "$SHARED" && chmod 1777 "$SHARED"
@@ -206,6 +206,17 @@ if [ $? -eq 0 ] && [ "$(stat -c '%u %a' "$OUT/own.safetensors")" = "$(id -u) 600
     ok "one's own output is replaced by a new file keeping its mode"
 else
     fail "one's own output is replaced by a new file keeping its mode" "$o" "$(ls -li "$OUT")"
+fi
+# A hard link at the name to a file of one's own that everyone may write (some 0666 log): the
+# output replaces the link, never wider than a new file; the log is untouched.
+echo log >"$TMP/daemon.log" && chmod 666 "$TMP/daemon.log"
+ln "$TMP/daemon.log" "$OUT/linked.safetensors"
+o=$(umask 022 && "$TESSERA" convert "$NPY" -o "$OUT/linked.safetensors" 2>&1)
+if [ $? -eq 0 ] && [ "$(stat -c %a "$OUT/linked.safetensors")" = 644 ] &&
+    [ "$(cat "$TMP/daemon.log")" = log ] && [ "$(stat -c %a "$TMP/daemon.log")" = 666 ]; then
+    ok "an output over a hard link to a 0666 file is a new 0644 file; the linked file is untouched"
+else
+    fail "an output over a hard link to a 0666 file" "$o" "$(ls -l "$OUT" "$TMP/daemon.log")"
 fi
 if ls "$OUT" | grep -q '\.tmp\.'; then
     fail "no temporary file is left" "$(ls "$OUT")"

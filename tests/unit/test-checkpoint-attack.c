@@ -387,6 +387,17 @@ static void test_save_keeps_mode(void)
     CHECK_OK(ts_checkpoint_save(ck, fresh));
     CHECK(stat(fresh, &st) == 0);
     CHECK_INT_EQ(st.st_mode & 07777, 0600);
+    /* Never wider than a new file would be: the file at the name may be a hard link to some
+     * 0666 file, or an old output renamed there by whoever can write the directory. */
+    CHECK(chmod(path, 0666) == 0);
+    CHECK_OK(ts_checkpoint_save(ck, path));
+    CHECK(stat(path, &st) == 0);
+    CHECK_INT_EQ(st.st_mode & 07777, 0600);
+    umask(022);
+    CHECK(chmod(path, 0666) == 0);
+    CHECK_OK(ts_checkpoint_save(ck, path));
+    CHECK(stat(path, &st) == 0);
+    CHECK_INT_EQ(st.st_mode & 07777, 0644);
     umask(old_umask);
     /* Another user's file at the name (planted in a shared directory, mode 0666 so that its
      * owner could read and change what is saved) is refused and left as it was, never
