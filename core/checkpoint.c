@@ -723,11 +723,11 @@ static const char *io_error(const saver *sv, int err)
 
 /* Refuses a target that exists and is not a regular file; *st gets what lstat saw, *exists
  * whether there was anything. */
-static ts_status check_target(const char *path, const char *what, struct stat *st,
-                              int *exists)
+static ts_status check_target(const char *at, const char *path, const char *what,
+                              struct stat *st, int *exists)
 {
     *exists = 0;
-    if (lstat(path, st) != 0) {
+    if (lstat(at, st) != 0) {
         if (errno == ENOENT)
             return TS_OK;
         return ts__fail(TS_EIO, "%s: cannot save %s: %s", path, what, strerror(errno));
@@ -751,6 +751,48 @@ static ts_status check_target(const char *path, const char *what, struct stat *s
     return TS_OK;
 }
 
+/* Where path really is, for a file written there: its directory with every symbolic link
+ * resolved, following only links of root's or the caller's (one another user planted in a
+ * directory they can write would send the file anywhere: into a root-only directory, over
+ * another file of the same name), and that directory and every one above it changeable by no
+ * one else (owned by root or the caller, writable by no group or other unless sticky), so
+ * nothing can be swapped in along the way between the checks and the writes. *at gets the
+ * resolved path (transfer full); messages name path. */
+static ts_status resolve_output(const char *path, const char *what, char **at)
+{
+    *at = NULL;
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (!*base) /* "dir/": check_target says what is there */
+        return (*at = ts__strdup(path)) ? TS_OK : ts__fail(TS_ENOMEM, "out of host memory");
+    char *dir = dir_of(path), *real = NULL, why[1024];
+    if (!dir)
+        return ts__fail(TS_ENOMEM, "%s: out of memory saving %s", path, what);
+    int r = ts__resolve_trusted(dir, &real, why, sizeof why);
+    free(dir);
+    char *full = r == 0 ? ts__asprintf("%s%s%s", real, strcmp(real, "/") ? "/" : "", base)
+                        : NULL;
+    free(real);
+    if (r == 0 && !full)
+        return ts__fail(TS_ENOMEM, "%s: out of memory saving %s", path, what);
+    if (r == 0)
+        r = ts__trust_dirs(full, why, sizeof why);
+    if (r > 0) {
+        free(full);
+        return ts__fail(TS_EIO, "%s: refusing to save %s there: %s; another user could "
+                        "redirect or replace what is written (and what is read back later). "
+                        "Save it in a directory that only you or root can change",
+                        path, what, why);
+    }
+    if (r < 0) {
+        free(full);
+        return ts__fail(errno == ENOMEM ? TS_ENOMEM : TS_EIO, "%s: cannot save %s there: %s",
+                        path, what, why);
+    }
+    *at = full;
+    return TS_OK;
+}
+
 /* The mode of a file that replaces old, fd created with 0666 less the umask: old's permission
  * bits where they are no wider than that (a user's 0600 stays 0600), never wider. The file at
  * the name may not be one the caller chose: a hard link to some 0666 file of root's, or an old
@@ -767,24 +809,38 @@ TS_API ts_status ts_checkpoint_check_path(const char *path)
 {
     if (!path || !*path)
         return ts__fail(TS_EINVAL, "ts_checkpoint_check_path: NULL or empty path");
+    return ts_file_check_path(path, "the checkpoint");
+}
+
+TS_API ts_status ts_file_check_path(const char *path, const char *what)
+{
+    if (!path || !*path)
+        return ts__fail(TS_EINVAL, "ts_file_check_path: NULL or empty path");
+    what = what ? what : "the file";
     struct stat st;
     int exists = 0;
-    ts_status s = check_target(path, "the checkpoint", &st, &exists);
+    char *at;
+    ts_status s = resolve_output(path, what, &at);
     if (s)
         return s;
-    saver sv = {.path = path, .what = "the checkpoint"};
+    if ((s = check_target(at, path, what, &st, &exists))) {
+        free(at);
+        return s;
+    }
+    saver sv = {.path = at, .what = what};
     int fd = create_tmp(&sv, 0600);
     if (fd < 0) {
         int err = errno;
         char *dir = dir_of(path);
-        s = ts__fail(TS_EIO, "%s: cannot save a checkpoint there: creating a file in '%s' "
-                     "failed: %s", path, dir ? dir : ".", strerror(err));
+        s = ts__fail(TS_EIO, "%s: cannot save %s there: creating a file in '%s' failed: %s",
+                     path, what, dir ? dir : ".", strerror(err));
         free(dir);
     } else {
         close(fd);
         unlink(sv.tmp);
     }
     free(sv.tmp);
+    free(at);
     return s;
 }
 
@@ -798,7 +854,7 @@ ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body
     if (!path || !*path)
         return ts__fail(TS_EINVAL, "saving %s: NULL or empty path", what);
     ts_status s = TS_OK;
-    char *dir = NULL;
+    char *dir = NULL, *at = NULL;
     int fd = -1, dfd = -1, created = 0, exists = 0, err = 0;
     saver sv = {.path = path, .what = what};
     const char *step = "creating";
@@ -815,9 +871,12 @@ ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body
     sigpending(&pending);
     int xfsz_was_pending = sigismember(&pending, SIGXFSZ);
 
-    if ((s = check_target(path, what, &old, &exists)))
+    if ((s = resolve_output(path, what, &at)))
         goto out;
-    dir = dir_of(path);
+    sv.path = at;
+    if ((s = check_target(at, path, what, &old, &exists)))
+        goto out;
+    dir = dir_of(at);
     if (!dir) {
         s = ts__fail(TS_ENOMEM, "%s: out of memory saving %s", path, what);
         goto out;
@@ -846,10 +905,10 @@ ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body
     if (rc != 0)
         goto io_fail;
     /* Narrow the window: something put at the target since the first look is refused too. */
-    if ((s = check_target(path, what, &old, &exists)))
+    if ((s = check_target(at, path, what, &old, &exists)))
         goto out;
     step = "renaming";
-    if (io_rename(&sv, sv.tmp, path) != 0)
+    if (io_rename(&sv, sv.tmp, at) != 0)
         goto io_fail;
     created = 0;
     /* Make the rename itself durable. Some filesystems cannot fsync a directory (EINVAL). */
@@ -890,6 +949,7 @@ out:
     }
     pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);
     free(dir);
+    free(at);
     free(sv.tmp);
     return s;
 }
@@ -943,24 +1003,28 @@ ts_status ts__create_output(const char *path, const char *what, int *fd_out)
     if (!path || !*path)
         return ts__fail(TS_EINVAL, "creating %s: NULL or empty path", what);
     struct stat old;
-    int exists;
-    ts_status s = check_target(path, what, &old, &exists);
+    int exists, fd = -1;
+    char *at;
+    ts_status s = resolve_output(path, what, &at);
     if (s)
         return s;
-    saver sv = {.path = path, .what = what};
+    saver sv = {.path = at, .what = what};
     const char *step = "creating";
-    int fd = create_tmp(&sv, 0666);
+    if ((s = check_target(at, path, what, &old, &exists)))
+        goto out;
+    fd = create_tmp(&sv, 0666);
     if (fd < 0)
         goto io_fail;
     step = "setting the mode of";
     if (exists && keep_mode(fd, &old) != 0)
         goto io_fail;
-    if ((s = check_target(path, what, &old, &exists)))
+    if ((s = check_target(at, path, what, &old, &exists)))
         goto out;
     step = "renaming";
-    if (rename(sv.tmp, path) != 0)
+    if (rename(sv.tmp, at) != 0)
         goto io_fail;
     free(sv.tmp);
+    free(at);
     *fd_out = fd;
     return TS_OK;
 io_fail:
@@ -972,6 +1036,7 @@ out:
         unlink(sv.tmp);
     }
     free(sv.tmp);
+    free(at);
     return s;
 }
 

@@ -126,6 +126,11 @@ int ts__trust_check(const char *real, struct stat *st, char *why, size_t len)
     if (st->st_mode & (S_IWGRP | S_IWOTH))
         return untrusted(why, len, "the file '%s' is writable by %s", real,
                          st->st_mode & S_IWOTH ? "every user" : "its group");
+    return ts__trust_dirs(real, why, len);
+}
+
+int ts__trust_dirs(const char *real, char *why, size_t len)
+{
     size_t n = strlen(real);
     char *dir = ts__malloc(n + 2);
     if (!dir) {
@@ -162,5 +167,116 @@ int ts__trust_check(const char *real, struct stat *st, char *why, size_t len)
             break;
     }
     free(dir);
+    return r;
+}
+
+/* Appends "/" and the n bytes of name to buf (len bytes) unless it is "." or "..", which pop
+ * (".." of "/" is "/"). 0, or -1 when it does not fit. */
+static int push(char *buf, size_t len, const char *name, size_t n)
+{
+    if (n == 1 && name[0] == '.')
+        return 0;
+    if (n == 2 && name[0] == '.' && name[1] == '.') {
+        char *slash = strrchr(buf, '/');
+        if (slash)
+            slash == buf ? (void)(buf[1] = 0) : (void)(*slash = 0);
+        return 0;
+    }
+    size_t at = strlen(buf);
+    if (at + (at > 1) + n + 1 > len)
+        return -1;
+    if (at > 1)
+        buf[at++] = '/';
+    memcpy(buf + at, name, n);
+    buf[at + n] = 0;
+    return 0;
+}
+
+int ts__resolve_trusted(const char *path, char **real_out, char *why, size_t len)
+{
+    *real_out = NULL;
+    enum { CAP = 4096, MAX_LINKS = 40 };
+    char *cur = ts__malloc(CAP), *todo = ts__malloc(2 * CAP + 2), *link = ts__malloc(CAP);
+    int r = -1, links = 0;
+    if (!cur || !todo || !link) {
+        snprintf(why, len, "out of host memory");
+        errno = ENOMEM;
+        goto out;
+    }
+    /* cur: the part resolved so far (absolute, no link in it); todo: what is left. */
+    if (path[0] == '/') {
+        snprintf(cur, CAP, "/");
+    } else if (!getcwd(cur, CAP)) {
+        snprintf(why, len, "cannot tell the working directory: %s", strerror(errno));
+        goto out;
+    }
+    if (snprintf(todo, 2 * CAP + 2, "%s", path) >= 2 * CAP + 2)
+        goto too_long;
+    for (char *p = todo; *p;) {
+        while (*p == '/')
+            p++;
+        size_t n = strcspn(p, "/");
+        if (!n)
+            break;
+        char *name = p;
+        p += n;
+        size_t at = strlen(cur);
+        if (push(cur, CAP, name, n) != 0)
+            goto too_long;
+        struct stat st;
+        if (lstat(cur, &st) != 0) {
+            int err = errno;
+            snprintf(why, len, "'%s': %s", cur, strerror(err));
+            errno = err;
+            goto out;
+        }
+        if (!S_ISLNK(st.st_mode))
+            continue;
+        /* A link is followed only when root or this user made it: one another user put in a
+         * directory they can write (theirs, or a sticky one) would steer the path anywhere. */
+        if (!ts__trusted_owner(st.st_uid)) {
+            r = untrusted(why, len, "'%s' is a symbolic link owned by uid %ld, neither root "
+                          "nor this user", cur, (long)st.st_uid);
+            goto out;
+        }
+        if (++links > MAX_LINKS) {
+            snprintf(why, len, "more than %d symbolic links in '%s'", MAX_LINKS, path);
+            errno = ELOOP;
+            goto out;
+        }
+        ssize_t k = readlink(cur, link, CAP - 1);
+        if (k <= 0) {
+            snprintf(why, len, "cannot read the link '%s': %s", cur,
+                     k < 0 ? strerror(errno) : "empty");
+            goto out;
+        }
+        link[k] = 0;
+        cur[at] = 0; /* back to the link's directory */
+        if (link[0] == '/')
+            snprintf(cur, CAP, "/");
+        /* the rest after the link's text */
+        size_t rest = strlen(p);
+        if ((size_t)k + 1 + rest + 1 > 2 * CAP + 2)
+            goto too_long;
+        memmove(todo + k + 1, p, rest + 1);
+        memcpy(todo, link, (size_t)k);
+        todo[k] = '/';
+        p = todo;
+    }
+    *real_out = ts__strdup(cur);
+    if (!*real_out) {
+        snprintf(why, len, "out of host memory");
+        errno = ENOMEM;
+        goto out;
+    }
+    r = 0;
+    goto out;
+too_long:
+    snprintf(why, len, "the path '%s' is too long once its links are resolved", path);
+    errno = ENAMETOOLONG;
+out:
+    free(cur);
+    free(todo);
+    free(link);
     return r;
 }

@@ -314,6 +314,14 @@ int ts__trusted_owner(uid_t uid);
  * lstat. Returns 0 when trusted, 1 when not, -1 when it cannot tell (errno set); why gets
  * the reason in both failing cases ("the file '/x' is writable by its group"). */
 int ts__trust_check(const char *real, struct stat *st, char *why, size_t len);
+/* The directory part of the rule: every directory from real's own up to '/'. */
+int ts__trust_dirs(const char *real, char *why, size_t len);
+/* path made absolute with every symbolic link resolved, like realpath, but following only
+ * links owned by root or the effective user (one another user planted in a directory they
+ * can write would steer the path anywhere). Every component must exist. Returns 0 with
+ * *real (transfer full), 1 when an untrusted link is met, -1 on another failure (errno);
+ * why gets the reason. */
+int ts__resolve_trusted(const char *path, char **real, char *why, size_t len);
 
 /* ---- util ------------------------------------------------------------------------------ */
 /* getenv, but NULL in setuid/setgid programs (secure_getenv) where the platform has it. */

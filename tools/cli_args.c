@@ -273,7 +273,7 @@ int cli_memtrace_begin(char *trace, size_t len, const char *memtrace, const char
                 return rc;
             }
     /* the picture's path is checked now, not after the run */
-    ts_status ps = memplot ? ts_checkpoint_check_path(memplot) : TS_OK;
+    ts_status ps = memplot ? ts_file_check_path(memplot, "the picture") : TS_OK;
     if (ps) {
         trace[0] = 0;
         return cli_fail(ps, "--memplot");

@@ -328,11 +328,20 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
         return cli_fail(TS_ENOMEM, "memplot");
     }
     plot *p = calloc(1, sizeof *p);
-    char *line = NULL;
-    size_t cap = 0;
+    /* One event a line, each well under LINE_MAX bytes as tessera writes them: a longer line
+     * (a huge file of zeros, say) is refused, not read whole into memory. */
+    enum { LINE_MAX_BYTES = 65536 };
+    char *line = malloc(LINE_MAX_BYTES + 2);
     ssize_t len;
-    int bad = !p, events = 0;
-    while (!bad && (len = getline(&line, &cap, f)) > 0) {
+    long long lineno = 0;
+    int bad = !p || !line, events = 0, too_long = 0;
+    while (!bad && fgets(line, LINE_MAX_BYTES + 2, f)) {
+        lineno++;
+        len = (ssize_t)strlen(line);
+        if (len > LINE_MAX_BYTES || (line[len - 1] != '\n' && !feof(f))) {
+            too_long = 1;
+            break;
+        }
         while (len && (line[len - 1] == '\n' || line[len - 1] == ',' || line[len - 1] == ' '))
             line[--len] = 0;
         if (len < 2 || line[0] != '{' || line[len - 1] != '}')
@@ -350,7 +359,11 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
     fclose(f);
     free(line);
     int rc = 1;
-    if (bad || rerr)
+    if (too_long)
+        fprintf(stderr, "tessera: error: memplot: line %lld of '%s' is longer than %d bytes: "
+                "not a trace of tessera's memory (--memtrace, TESSERA_MEMTRACE)\n", lineno, in,
+                LINE_MAX_BYTES);
+    else if (bad || rerr)
         fprintf(stderr, "tessera: error: memplot: %s\n",
                 rerr ? "reading the trace failed" : "out of memory");
     else if (!p->npools)

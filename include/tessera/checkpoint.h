@@ -53,6 +53,8 @@ ts_status ts_checkpoint_save(const ts_checkpoint *ck, const char *path);
  * one temporary file there, touches nothing else. For a program to refuse a bad --save path
  * before hours of training rather than after. TS_EIO with the reason. */
 ts_status ts_checkpoint_check_path(const char *path);
+/* The same for any file ts_file_save would write; what names it in messages ("the picture"). */
+ts_status ts_file_check_path(const char *path, const char *what);
 
 /* Writes whatever write puts on its stream to path with the same rule as ts_checkpoint_save:
  * a temporary file created exclusively next to path, synced and renamed over it, never through

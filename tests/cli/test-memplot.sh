@@ -7,7 +7,7 @@
 # holding absurd numbers (1e308 bytes, infinite or negative counts, times centuries away) is
 # drawn from its sane samples, says how many it skipped, and no label reads nan or inf.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 7
+plan 8
 awk 'BEGIN { for (i = 0; i < 600; i++) printf "the cat sat on the mat %d ", i }' >"$TMP/t.txt"
 "$TESSERA" train --model gpt --text "$TMP/t.txt" --context 16 --layers 1 --heads 2 --embd 16 \
     --batch-size 4 --steps 40 --eval-every 20 --eval-batches 2 --memtrace "$TMP/m.json" \
@@ -136,5 +136,15 @@ if [ $rc -eq 0 ] && [ "$(tail -1 "$TMP/absurd.svg")" = "</svg>" ] &&
     ok "a trace with 1e308, infinite, negative and far-future values: those skipped and counted, no nan or inf label"
 else
     fail "absurd values in a trace" "rc=$rc" "$o" "$e" "$(grep -i 'nan\|inf\|peak' "$TMP/absurd.svg" | head -5)"
+fi
+# A file that is one endless line (a 1 GiB hole of zeros) is refused after its first 64 KiB,
+# not read whole into memory (it once grew past 2 GB).
+truncate -s 1G "$TMP/zeros.json"
+o=$(timeout "$(hang_limit 30)" "$TESSERA" memplot "$TMP/zeros.json" -o "$TMP/z.svg" 2>&1); rc=$?
+if [ $rc -eq 1 ] && contains "$o" "line 1 of '$TMP/zeros.json' is longer than 65536 bytes" &&
+    [ ! -e "$TMP/z.svg" ]; then
+    ok "memplot refuses a line longer than 64 KiB without reading it whole"
+else
+    fail "memplot refuses a line longer than 64 KiB" "rc=$rc" "$o"
 fi
 finish

@@ -8,7 +8,7 @@
 # it as it was; one's own file there is replaced by a new one. The attacker is uid 65534 (files chowned to it, which needs root: those checks
 # skip otherwise), working in a sticky shared directory as /tmp is.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 22
+plan 25
 chmod 755 "$TMP"
 SHARED="$TMP/shared"
 mkdir -p "$SHARED" && chmod 1777 "$SHARED"
@@ -182,6 +182,46 @@ else
     o=$("$TESSERA" memplot "$TMP/mine.json" -o "$OUT/pic.svg" 2>&1)
     outcome "memplot -o refuses a planted picture" $? "$o" pic.svg
 fi
+# A directory part of an output path that another user controls: a symbolic link of theirs
+# (in their directory, or in a sticky shared one) pointing at a root-only directory, or their
+# directory itself (they could swap what is written there, or what is read back). Refused;
+# nothing appears in the directory the link points at. One's own link is followed.
+if [ "$root" -eq 0 ]; then
+    for n in 1 2 3; do skip "planted directory link $n" "needs root to act as another user"; done
+else
+    mkdir -p "$TMP/private" "$OUT/theirs" && chmod 700 "$TMP/private" && chmod 755 "$OUT/theirs"
+    ln -s "$TMP/private" "$OUT/theirs/out"
+    ln -s "$TMP/private" "$OUT/run"
+    as_attacker "$OUT/theirs" "$OUT/theirs/out"
+    chown -h 65534:65534 "$OUT/theirs/out" "$OUT/run"
+    o1=$("$TESSERA" convert "$NPY" -o "$OUT/theirs/out/model.npy" 2>&1); r1=$?
+    o2=$("$TESSERA" convert "$NPY" -o "$OUT/run/model.npy" 2>&1); r2=$?
+    # shellcheck disable=SC2086
+    o3=$(TESSERA_MEMTRACE="$OUT/run/trace.json" "$TESSERA" train $GPT --memplot "$OUT/run/p.svg" 2>&1); r3=$?
+    if [ $r1 -ne 0 ] && contains "$o1" "symbolic link owned by uid 65534" && [ $r2 -ne 0 ] &&
+        contains "$o2" "symbolic link owned by uid 65534" && [ $r3 -ne 0 ] &&
+        contains "$o3" "symbolic link owned by uid 65534" && [ -z "$(ls -A "$TMP/private")" ]; then
+        ok "a link of another user's in an output's directory part is refused"
+    else
+        fail "a link of another user's in an output's directory part is refused" "$o1" "$o2" "$o3" \
+            "$(ls -la "$TMP/private")"
+    fi
+    o=$("$TESSERA" convert "$NPY" -o "$OUT/theirs/model.npy" 2>&1); rc=$?
+    if [ $rc -ne 0 ] && contains "$o" "its directory '$OUT/theirs' is owned by uid 65534" &&
+        [ ! -e "$OUT/theirs/model.npy" ]; then
+        ok "an output in another user's directory is refused"
+    else
+        fail "an output in another user's directory is refused" "rc=$rc" "$o"
+    fi
+    mkdir -p "$TMP/real" && ln -s "$TMP/real" "$TMP/mylink"
+    o=$("$TESSERA" convert "$NPY" -o "$TMP/mylink/mine.npy" 2>&1); rc=$?
+    if [ $rc -eq 0 ] && [ -f "$TMP/real/mine.npy" ]; then
+        ok "one's own link in an output's directory part is followed"
+    else
+        fail "one's own link in an output's directory part is followed" "rc=$rc" "$o"
+    fi
+fi
+
 # TESSERA_MEMTRACE: a warning, the planted file untouched, the run goes on.
 if [ "$root" -eq 0 ]; then
     skip "TESSERA_MEMTRACE refuses a planted trace" "needs root to act as another user"

@@ -80,7 +80,7 @@ out1=$("$TESSERA" train $C --save "$TMP/missing/x.ckpt" 2>&1)
 rc1=$?
 out2=$("$TESSERA" train $C --save "$TMP/adir" 2>&1)
 rc2=$?
-if [ $rc1 -eq 1 ] && [ $rc2 -eq 1 ] && contains "$out1" "$TMP/missing/x.ckpt: cannot save a checkpoint there" &&
+if [ $rc1 -eq 1 ] && [ $rc2 -eq 1 ] && contains "$out1" "$TMP/missing/x.ckpt: cannot save the checkpoint there" &&
     contains "$out2" "the path is a directory" && ! contains "$out1$out2" "epoch" &&
     [ -z "$(ls "$TMP/adir")" ]; then
     ok "a --save path in a missing directory or naming a directory is refused before training"

@@ -955,7 +955,7 @@ static void test_check_path(void)
     CHECK(symlink("new.ckpt", p) == 0);
     CHECK_FAILS(ts_checkpoint_check_path(p), TS_EIO, "symbolic link");
     snprintf(p, sizeof p, "%s/missing/x.ckpt", dir);
-    CHECK_FAILS(ts_checkpoint_check_path(p), TS_EIO, "cannot save a checkpoint there",
+    CHECK_FAILS(ts_checkpoint_check_path(p), TS_EIO, "cannot save the checkpoint there",
                 "No such file or directory");
     CHECK_FAILS(ts_checkpoint_check_path(""), TS_EINVAL, "empty path");
 }
