@@ -125,7 +125,7 @@ int ts__trust_check(const char *real, struct stat *st, char *why, size_t len)
                          real, (long)st->st_uid);
     if (st->st_mode & (S_IWGRP | S_IWOTH))
         return untrusted(why, len, "the file '%s' is writable by %s", real,
-                         st->st_mode & S_IWOTH ? "every user" : "its group");
+                         st->st_mode & S_IWOTH ? "every user" : "its group (or an ACL entry)");
     return ts__trust_dirs(real, why, len);
 }
 
@@ -160,7 +160,7 @@ int ts__trust_dirs(const char *real, char *why, size_t len)
         }
         if ((ds.st_mode & (S_IWGRP | S_IWOTH)) && !(ds.st_mode & S_ISVTX)) {
             r = untrusted(why, len, "its directory '%s' is writable by %s and not sticky", dir,
-                          ds.st_mode & S_IWOTH ? "every user" : "its group");
+                          ds.st_mode & S_IWOTH ? "every user" : "its group (or an ACL entry)");
             break;
         }
         if (strcmp(dir, "/") == 0)

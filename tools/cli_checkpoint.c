@@ -71,7 +71,8 @@ int cli_restore_model(const ts_checkpoint *ck, const char *path, const ts_named_
         }
     /* ...and nothing but the model's tensors and the optimizer's state ("optim." names). */
     for (size_t i = 0; i < nck && !rc; i++)
-        if (strncmp(have[i], "optim.", 6) && !bsearch(&have[i], names, n, sizeof *names, cmp_name)) {
+        if (strncmp(have[i], "optim.", 6) &&
+            !bsearch(&have[i], names, n, sizeof *names, cmp_name)) {
             fprintf(stderr, "tessera: error: %s: the checkpoint holds a tensor '%s' that this "
                             "model has no parameter for: it holds another model than its "
                             "metadata says (edited or damaged)\n",

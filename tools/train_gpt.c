@@ -769,7 +769,8 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         printf("tessera train: %s (%lld parameters) on '%s', %zu bytes of text (%zu to train, "
                "%zu to validate), batch %lld x %lld tokens, seed %llu, adamw lr %g weight decay "
                "%g, %lld warm-up steps then cosine to %g, %lld steps%s%s%s\n",
-               cli_gpt_describe(&r.o.cfg, arch, sizeof arch), (long long)ts_module_num_params(r.gpt),
+               cli_gpt_describe(&r.o.cfg, arch, sizeof arch),
+               (long long)ts_module_num_params(r.gpt),
                ts_device_name(r.dev), n, ntrain, nval, (long long)r.o.batch, (long long)T,
                (unsigned long long)r.o.seed, r.o.lr, r.o.weight_decay, (long long)r.o.warmup,
                r.o.min_lr, (long long)r.o.steps, r.o.resume ? ", resumed from " : "",

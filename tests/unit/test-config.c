@@ -564,7 +564,7 @@ static void test_untrusted_files_refused(void)
     CHECK(chmod(sub, 0777) == 0);
     refused(in_sub, "writable by every user and not sticky");
     CHECK(chmod(sub, 0770) == 0);
-    refused(in_sub, "writable by its group and not sticky");
+    refused(in_sub, "writable by its group (or an ACL entry) and not sticky");
     /* Sticky, as /tmp: no one else can rename or remove our entry. */
     CHECK(chmod(sub, 01777) == 0);
     CHECK_OK(ts_config_load(in_sub, &cfg));
