@@ -763,8 +763,9 @@ static ts_status resolve_output(const char *path, const char *what, char **at)
     *at = NULL;
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
-    if (!*base) /* "dir/": check_target says what is there */
-        return (*at = ts__strdup(path)) ? TS_OK : ts__fail(TS_ENOMEM, "out of host memory");
+    if (!*base)
+        return ts__fail(TS_EIO, "%s: cannot save %s: the name ends with '/', which names a "
+                        "directory; name a file", path, what);
     char *dir = dir_of(path), *real = NULL, why[1024];
     if (!dir)
         return ts__fail(TS_ENOMEM, "%s: out of memory saving %s", path, what);

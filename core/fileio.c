@@ -145,12 +145,19 @@ int ts__trust_dirs(const char *real, char *why, size_t len)
         if (!slash)
             break; /* realpath gives absolute paths; nothing above a relative one to check */
         slash == dir ? (void)(slash[1] = 0) : (void)(*slash = 0);
+        /* lstat: real has no link in it, so anything but a directory here means the path
+         * changed since it was resolved (a directory swapped for a link, say). */
         struct stat ds;
-        if (stat(dir, &ds) != 0) {
+        if (lstat(dir, &ds) != 0) {
             int err = errno;
             snprintf(why, len, "cannot stat directory '%s': %s", dir, strerror(err));
             errno = err;
             r = -1;
+            break;
+        }
+        if (!S_ISDIR(ds.st_mode)) {
+            r = untrusted(why, len, "'%s' is %s, not the directory it was a moment ago", dir,
+                          ts__file_kind(ds.st_mode));
             break;
         }
         if (!ts__trusted_owner(ds.st_uid)) {
@@ -230,8 +237,13 @@ int ts__resolve_trusted(const char *path, char **real_out, char *why, size_t len
             errno = err;
             goto out;
         }
-        if (!S_ISLNK(st.st_mode))
+        if (S_ISDIR(st.st_mode))
             continue;
+        if (!S_ISLNK(st.st_mode)) { /* every component of a directory path is one */
+            snprintf(why, len, "'%s': %s", cur, strerror(ENOTDIR));
+            errno = ENOTDIR;
+            goto out;
+        }
         /* A link is followed only when root or this user made it: one another user put in a
          * directory they can write (theirs, or a sticky one) would steer the path anywhere. */
         if (!ts__trusted_owner(st.st_uid)) {

@@ -316,9 +316,10 @@ int ts__trusted_owner(uid_t uid);
 int ts__trust_check(const char *real, struct stat *st, char *why, size_t len);
 /* The directory part of the rule: every directory from real's own up to '/'. */
 int ts__trust_dirs(const char *real, char *why, size_t len);
-/* path made absolute with every symbolic link resolved, like realpath, but following only
- * links owned by root or the effective user (one another user planted in a directory they
- * can write would steer the path anywhere). Every component must exist. Returns 0 with
+/* The directory path made absolute with every symbolic link resolved, like realpath, but
+ * following only links owned by root or the effective user (one another user planted in a
+ * directory they can write would steer the path anywhere). Every component must exist and
+ * be a directory (ENOTDIR otherwise). Returns 0 with
  * *real (transfer full), 1 when an untrusted link is met, -1 on another failure (errno);
  * why gets the reason. */
 int ts__resolve_trusted(const char *path, char **real, char *why, size_t len);

@@ -6,7 +6,7 @@
 
 #include "internal.h"
 
-#define TS_ERRMSG_MAX 1024
+#define TS_ERRMSG_MAX 8192 /* room for a PATH_MAX path and the reason after it */
 
 static _Thread_local char last_error[TS_ERRMSG_MAX];
 

@@ -313,7 +313,15 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
     }
     /* A regular file only: a FIFO or a device would block or never end. */
     struct stat st;
-    int fd = open(in, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    /* stat first: a device behind the name is never opened (a terminal would become the
+     * controlling one of a session leader without O_NOCTTY) */
+    int fd = stat(in, &st) != 0 ? -1
+             : !S_ISREG(st.st_mode) ? (errno = EINVAL, -1)
+                                     : open(in, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0 && errno == EINVAL) {
+        fprintf(stderr, "tessera: error: memplot: cannot read '%s': not a regular file\n", in);
+        return 1;
+    }
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         fprintf(stderr, "tessera: error: memplot: cannot read '%s': %s\n", in,
                 fd < 0 ? strerror(errno) : "not a regular file");

@@ -125,6 +125,39 @@ __attribute__((visibility("default"))) int rename(const char *from, const char *
     return real(from, to);
 }
 
+/* lstat, interposed too: when swap_dir is set, the second look at that directory (the
+ * directory rule's, after the path was resolved) first finds it moved away and a link to
+ * swap_link_to in its place: an attacker exchanging a directory for a link in the middle of
+ * a save's checks. */
+static const char *swap_dir, *swap_link_to;
+static int swap_looks;
+
+static int lstat_hook(const char *path, struct stat *st, const char *real_name)
+{
+    int (*real)(const char *, struct stat *) =
+        (int (*)(const char *, struct stat *))dlsym(RTLD_NEXT, real_name);
+    if (swap_dir && strcmp(path, swap_dir) == 0 && ++swap_looks == 2) {
+        char moved[4300];
+        snprintf(moved, sizeof moved, "%s.moved", swap_dir);
+        int (*real_rename)(const char *, const char *) =
+            (int (*)(const char *, const char *))dlsym(RTLD_NEXT, "rename");
+        if (real_rename(swap_dir, moved) == 0)
+            (void)!symlink(swap_link_to, swap_dir);
+        swap_dir = NULL;
+    }
+    return real(path, st);
+}
+
+__attribute__((visibility("default"))) int lstat(const char *path, struct stat *st)
+{
+    return lstat_hook(path, st, "lstat");
+}
+
+__attribute__((visibility("default"))) int lstat64(const char *path, struct stat64 *st)
+{
+    return lstat_hook(path, (struct stat *)st, "lstat64");
+}
+
 /* getrandom, interposed too: while forced is set, each call yields the next of forced_vals
  * (the last one repeating), so a test knows the temporary name a save will try and can
  * plant a link at exactly that name. */
@@ -561,6 +594,31 @@ static void test_save_durability_calls(void)
     struct stat st;
     CHECK(lstat(path, &st) == 0 && S_ISFIFO(st.st_mode));
     CHECK_INT_EQ(count_tmp(dir), 0);
+    ts_checkpoint_free(ck);
+    tap_end();
+}
+
+/* A directory of the path exchanged for a link (to a directory the caller may write, so only
+ * the exchange itself can be caught) between the save's resolving the path and its checking
+ * the directories: refused, nothing written through the link, no temporary left. */
+static void test_save_directory_swapped_for_link(void)
+{
+    setup();
+    const char *dir = tap_tmpdir();
+    char sub[4200], elsewhere[4200], path[4300];
+    snprintf(sub, sizeof sub, "%s/run", dir);
+    snprintf(elsewhere, sizeof elsewhere, "%s/elsewhere", dir);
+    CHECK(mkdir(sub, 0700) == 0 && mkdir(elsewhere, 0700) == 0);
+    snprintf(path, sizeof path, "%s/model.st", sub);
+    ts_checkpoint *ck = make_ck(8, 2);
+    swap_looks = 0;
+    swap_link_to = elsewhere;
+    swap_dir = sub;
+    CHECK_FAILS(ts_checkpoint_save(ck, path), TS_EIO, path, "not the directory it was");
+    CHECK(swap_dir == NULL); /* the exchange happened */
+    CHECK_INT_EQ(tap_count_entries(elsewhere, "model"), 0);
+    struct stat st;
+    CHECK(lstat(sub, &st) == 0 && S_ISLNK(st.st_mode));
     ts_checkpoint_free(ck);
     tap_end();
 }
@@ -1145,6 +1203,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_save_file_size_limit),
         TAP_TEST(test_save_io_faults),
         TAP_TEST(test_save_durability_calls),
+        TAP_TEST(test_save_directory_swapped_for_link),
         TAP_TEST(test_load_nul_escapes),
         TAP_TEST(test_load_huge_shapes),
         TAP_TEST(test_load_unused_tensor_not_read),

@@ -958,6 +958,11 @@ static void test_check_path(void)
     CHECK_FAILS(ts_checkpoint_check_path(p), TS_EIO, "cannot save the checkpoint there",
                 "No such file or directory");
     CHECK_FAILS(ts_checkpoint_check_path(""), TS_EINVAL, "empty path");
+    /* A name ending in '/' names a directory, whether or not one is there now (another user
+     * could put their directory there between the check and the write). */
+    snprintf(p, sizeof p, "%s/new/", dir);
+    CHECK_FAILS(ts_checkpoint_check_path(p), TS_EIO, "ends with '/'");
+    CHECK_FAILS(ts_file_check_path(p, "the picture"), TS_EIO, "the picture", "ends with '/'");
 }
 
 /* Saving a loaded checkpoint copies its unread tensors from the file: when that file was cut

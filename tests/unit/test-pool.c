@@ -1405,7 +1405,7 @@ static void test_memtrace_is_valid_json(void)
     for (int k = 0; k < 64; k++)
         ts__pool_api.free(p, v[k]);
     finish(p, r);
-    CHECK_FAILS(ts_memtrace_start("/nonexistent-dir/trace.json"), TS_EIO, "cannot create",
+    CHECK_FAILS(ts_memtrace_start("/nonexistent-dir/trace.json"), TS_EIO, "cannot save",
                 "/nonexistent-dir/trace.json");
 }
 
