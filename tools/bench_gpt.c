@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "model_gpt.h"
 
 static const char usage[] =
     "usage: tessera bench gpt [--steps N] [--context T] [--layers L] [--heads H] [--embd C]\n"
@@ -47,7 +46,7 @@ typedef struct mark {
 int cli_bench_gpt(int argc, char **argv, const cli_common *common)
 {
     int64_t steps = 10000, B = 8;
-    cli_gpt_config cfg = {256, 64, 2, 2, 64, 0};
+    ts_gpt_config cfg = {256, 64, 2, 2, 64, 0};
     const char *device = NULL;
     int json = common->json;
     for (int i = 1; i < argc; i++) {
@@ -92,7 +91,7 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
     }
     ts_rng rng;
     ts_rng_init(&rng, 1);
-    if ((s = cli_gpt_build(&cfg, dev, &rng, &gpt))) {
+    if ((s = ts_gpt_new(&cfg, dev, &rng, &gpt))) {
         cli_fail(s, "bench gpt");
         goto out;
     }
@@ -110,7 +109,7 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
         cli_fail(s, "bench gpt");
         goto out;
     }
-    cli_gpt_decay_groups(opt);
+    ts_gpt_decay_groups(opt);
     const char *paths[1] = {ts_device_path(dev)};
     int counted = cli_malloc_count_setup(paths, 1);
     mark marks[2];
@@ -132,7 +131,7 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
         const int64_t shape[2] = {B, cfg.context};
         if (!(s = ts_tensor_from_host(dev, TS_I64, 2, shape, xv, &x)) &&
             !(s = ts_tensor_from_host(dev, TS_I64, 2, shape, yv, &y)) &&
-            !(s = ts_module_forward(gpt, x, &logits)) && !(s = cli_gpt_loss(logits, y, &loss)) &&
+            !(s = ts_module_forward(gpt, x, &logits)) && !(s = ts_gpt_loss(logits, y, &loss)) &&
             !(s = ts_backward(loss, NULL, 0)) &&
             !(s = ts_clip_grad_norm(params, np, 1.0, NULL)))
             s = ts_optim_step(opt);

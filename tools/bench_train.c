@@ -15,7 +15,6 @@
 
 
 #include "cli.h"
-#include "model_gpt.h"
 
 static const char usage[] =
     "usage: tessera bench train [--model mlp|lenet5|cnn] [--hidden N,...] [--channels N,...]\n"
@@ -110,7 +109,7 @@ static void add_conv(floor_plan *f, int64_t B, int64_t C, int64_t K, int64_t RS,
  * S = Q K^T and Y = P V with their backward dP = dY V^T, dV = P^T dY, dQ = dS K and
  * dK = dS^T Q; then the head tied to wte (its input gradient too). Every input needs its
  * gradient (the embeddings train), so no layer is "first". */
-static void floor_plan_gpt(const cli_gpt_config *c, int64_t B, floor_plan *f)
+static void floor_plan_gpt(const ts_gpt_config *c, int64_t B, floor_plan *f)
 {
     memset(f, 0, sizeof *f);
     const int64_t N = B * c->context, T = c->context, C = c->embd, hd = c->embd / c->heads,
@@ -211,7 +210,7 @@ enum { BLOCK = 20 };        /* timed steps, then as many timed floors, per block
 typedef struct bench_opts {
     cli_model arch;
     int gpt;             /* --model gpt: gcfg, not arch */
-    cli_gpt_config gcfg;
+    ts_gpt_config gcfg;
     const char *optimizer, *data, *device;
     double lr;
     int64_t batch, steps, warmup;
@@ -308,7 +307,7 @@ static ts_status step(session *ss, ts_device *dev, int64_t i, int64_t batch)
     if ((s = ts_tensor_narrow(ss->x, 0, at, batch, &x)) == TS_OK &&
         (s = ts_tensor_narrow(ss->y, 0, at, batch, &y)) == TS_OK &&
         (s = ts_module_forward(ss->model, x, &logits)) == TS_OK &&
-        (s = ss->gpt ? cli_gpt_loss(logits, y, &loss)
+        (s = ss->gpt ? ts_gpt_loss(logits, y, &loss)
                      : ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) == TS_OK &&
         (s = ts_backward(loss, NULL, 0)) == TS_OK &&
         (!ss->gpt || (s = ts_clip_grad_norm(ss->params, ss->np, 1.0, NULL)) == TS_OK) &&
@@ -350,7 +349,7 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     }
     ts_rng rng;
     ts_rng_init(&rng, 1);
-    if ((s = o->gpt ? cli_gpt_build(&o->gcfg, dev, &rng, &ss.model)
+    if ((s = o->gpt ? ts_gpt_new(&o->gcfg, dev, &rng, &ss.model)
                     : cli_build_model_spec(&o->arch, dev, &rng, &ss.model)))
         goto out;
     size_t np = ts_module_parameters(ss.model, NULL, 0);
@@ -365,7 +364,7 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
         ts_adam_options ao = {o->lr, 0.9, 0.95, 1e-8, 0.1};
         if ((s = ts_optim_adamw(ss.params, np, &ao, &ss.opt)))
             goto out;
-        cli_gpt_decay_groups(ss.opt);
+        ts_gpt_decay_groups(ss.opt);
     } else if ((s = cli_make_optim(o->optimizer, o->lr, 0, 0, ss.params, np, &ss.opt))) {
         goto out;
     }

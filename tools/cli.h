@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include <tessera/tessera.h>
+#include <tessera/models.h>
 
 /* Options every subcommand takes. */
 typedef struct cli_common {
@@ -101,6 +102,17 @@ const char *cli_printable(const char *s, size_t max, char *buf, size_t len);
  * floating-point value must be finite. Prints the error; returns 0, or the exit status. */
 int cli_restore_model(const ts_checkpoint *ck, const char *path, const ts_named_tensor *params,
                       size_t np, const ts_named_tensor *buffers, size_t nb);
+/* The GPT's checkpoints as train --resume, eval and generate all read them: the model from
+ * the checkpoint's configuration (ts_model_load_config) must be gpt and train.format
+ * CLI_GPT_FORMAT; the parameters are then restored with cli_restore_model, which checks them
+ * against the tensors present. Prints the error; returns 0 ((transfer full) on *ck), or the
+ * exit status. */
+#define CLI_GPT_FORMAT "tessera-train-gpt-1"
+int cli_gpt_open(const char *path, ts_device *dev, ts_checkpoint **ck, ts_gpt_config *cfg);
+/* "gpt --context C --layers L --heads H --embd E --dropout D" (ts_model_describe). */
+const char *cli_gpt_describe(const ts_gpt_config *c, char *buf, size_t len);
+/* 1, after an error message naming the sizes, when ts_gpt_bytes is over dev's pool limit. */
+int cli_gpt_too_big(const ts_gpt_config *c, int64_t batch, int training, ts_device *dev);
 /* qsort comparator for doubles, ascending. */
 int cli_cmp_double(const void *a, const void *b);
 
@@ -122,8 +134,7 @@ int cmd_generate(int argc, char **argv, const cli_common *common);
 int cli_bench_gpt(int argc, char **argv, const cli_common *common);
 int cmd_plugin_check(int argc, char **argv, const cli_common *common);
 int cli_bench_compare(int argc, char **argv, const cli_common *common);
-/* The models of `tessera train`: "mlp", "lenet5", "cnn" (TS_EINVAL for another name), with
- * their default widths and initialisation. */
+/* A model of the registry by name, with its defaults (ts_model_defaults, ts_model_new). */
 ts_status cli_build_model(const char *name, ts_device *dev, ts_rng *rng, ts_module **out);
 /* Correct predictions of logits (B, 10) against labels (B), added to *correct: the
  * evaluation's kernels (argmax, eq, cast, sum). */
@@ -134,8 +145,9 @@ ts_status cli_count_correct(ts_tensor *logits, ts_tensor *labels, int64_t *corre
 int cli_plugin_coverage(ts_device *target);
 
 /* A configurable model (`--model`, `--hidden`, `--channels`, `--init`), shared by `tessera
- * train` and `tessera bench train`. */
-#define CLI_MAX_LAYERS 16
+ * train` and `tessera bench train`: the options as given, -1 for a list not given; checked,
+ * it becomes a ts_model_config of the registry (tessera/models.h). */
+#define CLI_MAX_LAYERS TS_MODEL_MAX_LAYERS
 typedef struct cli_model {
     const char *name;                /* "mlp", "lenet5" or "cnn" */
     int nhidden, nchannels;          /* -1: the model's default */
@@ -155,6 +167,8 @@ int cli_model_option(cli_model *m, const char *cmd, const char *opt, const char 
 int cli_model_check(cli_model *m, const char *cmd);
 /* "mlp --hidden 500 --init normal:0.01": the options that rebuild m. */
 const char *cli_model_describe(const cli_model *m, char *buf, size_t len);
+/* m (checked) as the registry's configuration. */
+void cli_model_config(const cli_model *m, ts_model_config *out);
 ts_status cli_build_model_spec(const cli_model *m, ts_device *dev, ts_rng *rng,
                                ts_module **out);
 /* "sgd" (with momentum), "adam" or "adamw" over params. (transfer full) on *out */

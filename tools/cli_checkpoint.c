@@ -8,8 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <tessera/models.h>
+
 #include "cli.h"
-#include "model_gpt.h"
 
 static int cmp_name(const void *a, const void *b)
 {
@@ -108,49 +109,38 @@ int cli_restore_model(const ts_checkpoint *ck, const char *path, const ts_named_
     return rc;
 }
 
-/* ---- the GPT's checkpoints (model_gpt.h) ---- */
+/* ---- the GPT's checkpoints ---------------------------------------------------------- */
 
-int cli_gpt_parse_arch(const char *arch, cli_gpt_config *cfg)
+const char *cli_gpt_describe(const ts_gpt_config *g, char *buf, size_t len)
 {
-    char ctx[32], lay[32], hd[32], emb[32], dr[40];
-    int end = -1;
-    if (!arch || sscanf(arch, "gpt --context %31s --layers %31s --heads %31s --embd %31s "
-                              "--dropout %39s%n", ctx, lay, hd, emb, dr, &end) != 5 ||
-        arch[end] != 0)
-        return 1;
-    *cfg = (cli_gpt_config){.vocab = 256};
-    return cli_strict_i64(ctx, 1, CLI_GPT_MAX_CONTEXT, &cfg->context) ||
-           cli_strict_i64(lay, 1, CLI_GPT_MAX_LAYERS, &cfg->layers) ||
-           cli_strict_i64(hd, 1, CLI_GPT_MAX_HEADS, &cfg->heads) ||
-           cli_strict_i64(emb, 1, CLI_GPT_MAX_EMBD, &cfg->embd) ||
-           cli_strict_double(dr, 0, 0, 0.99, &cfg->dropout) || cfg->embd % cfg->heads;
+    ts_model_config c;
+    ts_model_defaults("gpt", &c);
+    c.gpt = *g;
+    return ts_model_describe(&c, buf, len);
 }
 
-int cli_gpt_open(const char *path, ts_device *dev, ts_checkpoint **out, cli_gpt_config *cfg)
+int cli_gpt_open(const char *path, ts_device *dev, ts_checkpoint **out, ts_gpt_config *cfg)
 {
     *out = NULL;
     ts_checkpoint *ck;
     ts_status s = ts_checkpoint_load(path, dev, &ck);
     if (s)
         return cli_fail(s, "--resume");
-    const char *model = ts_checkpoint_meta(ck, "train.model");
+    ts_model_config mc;
     const char *format = ts_checkpoint_meta(ck, "train.format");
-    const char *arch = ts_checkpoint_meta(ck, "train.arch");
-    char a[400], b[400], c[400];
-    cli_printable(model ? model : "(none)", 60, a, sizeof a);
+    char b[400];
     cli_printable(format ? format : "(none)", 60, b, sizeof b);
-    cli_printable(arch ? arch : "(none)", 160, c, sizeof c);
-    if (!model || strcmp(model, "gpt") != 0)
+    if ((s = ts_model_load_config(ck, &mc)) != TS_OK)
+        fprintf(stderr, "tessera: error: %s: %s\n", path, ts_last_error());
+    else if (strcmp(mc.name, "gpt") != 0)
         fprintf(stderr, "tessera: error: %s holds a '%s' model, not a GPT (metadata "
-                        "train.model)\n", path, a);
+                        "model.name)\n", path, mc.name);
     else if (!format || strcmp(format, CLI_GPT_FORMAT) != 0)
         fprintf(stderr, "tessera: error: %s: metadata 'train.format' = '%s': this tessera reads "
                         "GPT checkpoints of format '%s' only (a newer tessera wrote it, or it "
                         "is damaged)\n", path, b, CLI_GPT_FORMAT);
-    else if (cli_gpt_parse_arch(arch, cfg))
-        fprintf(stderr, "tessera: error: %s: its train.arch '%s' is not a GPT description "
-                        "tessera writes: the checkpoint was edited or is damaged\n", path, c);
     else {
+        *cfg = mc.gpt;
         *out = ck;
         return 0;
     }
@@ -158,3 +148,21 @@ int cli_gpt_open(const char *path, ts_device *dev, ts_checkpoint **out, cli_gpt_
     return 1;
 }
 
+int cli_gpt_too_big(const ts_gpt_config *c, int64_t batch, int training, ts_device *dev)
+{
+    ts_memory_stats st = {.struct_size = sizeof st};
+    double need = ts_gpt_bytes(c, batch, training);
+    if (ts_device_memory_stats(dev, &st) != TS_OK || !st.reserve_limit ||
+        need <= (double)st.reserve_limit)
+        return 0;
+    char arch[256];
+    fprintf(stderr, "tessera: error: the model '%s'%s needs at least %.3g GiB (%.3g million "
+                    "parameters%s), more than the %.3g GiB the pool of %s may reserve; choose a "
+                    "smaller model%s, or raise memory_fraction in [plugin.%s]\n",
+            cli_gpt_describe(c, arch, sizeof arch), training ? " at this --batch-size" : "",
+            need / 1073741824.0, ts_gpt_params(c) / 1e6,
+            training ? ", their gradients, AdamW's moments and the activations" : "",
+            (double)st.reserve_limit / 1073741824.0, ts_device_name(dev),
+            training ? " or batch" : "", ts_device_name(dev));
+    return 1;
+}

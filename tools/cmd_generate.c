@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "model_gpt.h"
 
 static const char usage[] =
     "usage: tessera generate --resume CKPT [--prompt TEXT] [--tokens N] [--temperature T]\n"
@@ -120,7 +119,7 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
     ts_device *dev = ts_default_device();
     ts_checkpoint *ck = NULL;
     ts_module *gpt = NULL;
-    cli_gpt_cache *cache = NULL;
+    ts_gpt_cache *cache = NULL;
     ts_tensor *logits = NULL;
     float *lv = NULL;
     ts_named_tensor *params = NULL;
@@ -128,12 +127,12 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
         cli_fail(s, "--device");
         goto out;
     }
-    cli_gpt_config cfg;
+    ts_gpt_config cfg;
     if (cli_gpt_open(resume, dev, &ck, &cfg) || cli_gpt_too_big(&cfg, 1, 0, dev))
         goto out;
     ts_rng rng;
     ts_rng_init(&rng, 0);
-    if ((s = cli_gpt_build(&cfg, dev, &rng, &gpt))) {
+    if ((s = ts_gpt_new(&cfg, dev, &rng, &gpt))) {
         cli_fail(s, "generate: cannot build the model");
         goto out;
     }
@@ -165,7 +164,7 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
     double t0 = cli_now();
     /* feed the prompt (its last context positions) */
     size_t from = len > (size_t)cfg.context ? len - (size_t)cfg.context : 0;
-    if ((s = cli_gpt_cache_new(gpt, &cache))) {
+    if ((s = ts_gpt_cache_new(gpt, &cache))) {
         free(hist);
         cli_fail(s, "generate");
         goto out;
@@ -173,7 +172,7 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
     for (size_t i = from; i < len && !s; i++) {
         ts_tensor_unref(logits);
         logits = NULL;
-        s = cli_gpt_step(gpt, cache, hist[i], &logits);
+        s = ts_gpt_cache_step(gpt, cache, hist[i], &logits);
     }
     for (int64_t t = 0; t < tokens && !s; t++) {
         if ((s = ts_tensor_to_host(logits, lv, sizeof *lv * (size_t)cfg.vocab)))
@@ -186,19 +185,19 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
         if (t + 1 == tokens)
             break;
         if (len - from >= (size_t)cfg.context) { /* the cache is full: refeed the last half */
-            cli_gpt_cache_free(cache);
+            ts_gpt_cache_free(cache);
             cache = NULL;
             from = len - (size_t)cfg.context / 2;
-            if ((s = cli_gpt_cache_new(gpt, &cache)))
+            if ((s = ts_gpt_cache_new(gpt, &cache)))
                 break;
             for (size_t i = from; i + 1 < len && !s; i++) {
                 ts_tensor *l = NULL;
-                s = cli_gpt_step(gpt, cache, hist[i], &l);
+                s = ts_gpt_cache_step(gpt, cache, hist[i], &l);
                 ts_tensor_unref(l);
             }
         }
         if (!s)
-            s = cli_gpt_step(gpt, cache, next, &logits);
+            s = ts_gpt_cache_step(gpt, cache, next, &logits);
     }
     free(hist);
     fflush(stdout);
@@ -214,7 +213,7 @@ out:
     free(lv);
     free(params);
     ts_tensor_unref(logits);
-    cli_gpt_cache_free(cache);
+    ts_gpt_cache_free(cache);
     ts_module_free(gpt);
     ts_checkpoint_free(ck);
     ts_shutdown();

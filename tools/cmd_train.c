@@ -94,13 +94,6 @@ typedef struct train_opts {
 
 /* ---- models ------------------------------------------------------------------------------ */
 
-#define ADD(seq, name, call)                                                                \
-    do {                                                                                    \
-        ts_module *m_;                                                                      \
-        if ((s = (call)) || (s = ts_nn_sequential_add(seq, name, m_)))                       \
-            goto fail;                                                                      \
-    } while (0)
-
 void cli_model_init(cli_model *m)
 {
     *m = (cli_model){.name = "lenet5", .nhidden = -1, .nchannels = -1,
@@ -208,103 +201,45 @@ int cli_model_check(cli_model *m, const char *cmd)
     return 0;
 }
 
-static void put_list(char *buf, size_t len, const char *opt, const int64_t *v, int n)
+void cli_model_config(const cli_model *m, ts_model_config *out)
 {
-    size_t at = strlen(buf);
-    at += (size_t)snprintf(buf + at, at < len ? len - at : 0, " %s ", opt);
-    for (int i = 0; i < n && at < len; i++)
-        at += (size_t)snprintf(buf + at, len - at, "%s%lld", i ? "," : "", (long long)v[i]);
+    ts_model_defaults(m->name, out);
+    out->nhidden = m->nhidden > 0 ? m->nhidden : 0;
+    out->nchannels = m->nchannels > 0 ? m->nchannels : 0;
+    for (int i = 0; i < out->nhidden; i++)
+        out->hidden[i] = m->hidden[i];
+    for (int i = 0; i < TS_MODEL_MAX_LAYERS; i++)
+        out->channels[i] = i < out->nchannels ? m->channels[i] : 0;
+    for (int i = out->nhidden; i < TS_MODEL_MAX_LAYERS; i++)
+        out->hidden[i] = 0;
+    out->init = m->init;
+    out->init_std = m->init == TS_INIT_NORMAL ? m->init_std : 0;
 }
 
 const char *cli_model_describe(const cli_model *m, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s", m->name);
-    if (!strcmp(m->name, "cnn"))
-        put_list(buf, len, "--channels", m->channels, m->nchannels);
-    if (m->nhidden > 0)
-        put_list(buf, len, "--hidden", m->hidden, m->nhidden);
-    size_t at = strlen(buf);
-    if (m->init == TS_INIT_NORMAL && at < len)
-        snprintf(buf + at, len - at, " --init normal:%g", m->init_std);
-    else if (m->init != TS_INIT_KAIMING_UNIFORM && at < len)
-        snprintf(buf + at, len - at, " --init %s",
-                 m->init == TS_INIT_KAIMING_NORMAL ? "kaiming-normal" : "xavier");
-    return buf;
+    ts_model_config c;
+    cli_model_config(m, &c);
+    return ts_model_describe(&c, buf, len);
 }
 
 ts_status cli_build_model_spec(const cli_model *mp, ts_device *dev, ts_rng *rng,
                                ts_module **out)
 {
-    ts_module *seq;
     *out = NULL;
     cli_model m = *mp;
     if (cli_model_check(&m, NULL))
         return TS_EINVAL;
-    ts_status s = ts_nn_sequential(&seq);
-    if (s)
-        return s;
-    ts_weight_init init = {m.init, m.init_std, rng};
-    ts_pool2d_params pool2 = {.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2};
-    char name[32];
-    int64_t feat = 784; /* features entering the linear layers */
-    if (strcmp(m.name, "lenet5") == 0) { /* LeNet-5, the first conv padded for 28x28 */
-        ts_conv2d_params c1 = {1, 1, 2, 2, 1, 1, 1}, c2 = {1, 1, 0, 0, 1, 1, 1};
-        ADD(seq, "conv1", ts_nn_conv2d(dev, 1, 6, 5, 5, &c1, 1, &init, &m_));
-        ADD(seq, "relu1", ts_nn_relu(&m_));
-        ADD(seq, "pool1", ts_nn_max_pool2d(&pool2, &m_));
-        ADD(seq, "conv2", ts_nn_conv2d(dev, 6, 16, 5, 5, &c2, 1, &init, &m_));
-        ADD(seq, "relu2", ts_nn_relu(&m_));
-        ADD(seq, "pool2", ts_nn_max_pool2d(&pool2, &m_));
-        ADD(seq, "flatten", ts_nn_flatten(&m_));
-        ADD(seq, "fc1", ts_nn_linear(dev, 400, 120, 1, &init, &m_));
-        ADD(seq, "relu3", ts_nn_relu(&m_));
-        ADD(seq, "fc2", ts_nn_linear(dev, 120, 84, 1, &init, &m_));
-        ADD(seq, "relu4", ts_nn_relu(&m_));
-        ADD(seq, "fc3", ts_nn_linear(dev, 84, 10, 1, &init, &m_));
-        *out = seq;
-        return TS_OK;
-    }
-    /* cnn: blocks of 3x3 conv (pad 1) + ReLU + 2x2 max pool; then (cnn and mlp) the hidden
-     * linear layers with ReLU, and a linear layer to the 10 classes. */
-    ts_conv2d_params c = {1, 1, 1, 1, 1, 1, 1};
-    int64_t ch = 1, hw = 28;
-    for (int i = 0; i < m.nchannels; i++) {
-        snprintf(name, sizeof name, "conv%d", i + 1);
-        ADD(seq, name, ts_nn_conv2d(dev, ch, m.channels[i], 3, 3, &c, 1, &init, &m_));
-        snprintf(name, sizeof name, "relu%d", i + 1);
-        ADD(seq, name, ts_nn_relu(&m_));
-        snprintf(name, sizeof name, "pool%d", i + 1);
-        ADD(seq, name, ts_nn_max_pool2d(&pool2, &m_));
-        ch = m.channels[i];
-        hw /= 2;
-    }
-    feat = ch * hw * hw;
-    ADD(seq, "flatten", ts_nn_flatten(&m_));
-    for (int i = 0; i <= m.nhidden; i++) {
-        int64_t o = i < m.nhidden ? m.hidden[i] : 10;
-        snprintf(name, sizeof name, "fc%d", i + 1);
-        ADD(seq, name, ts_nn_linear(dev, feat, o, 1, &init, &m_));
-        if (i < m.nhidden) {
-            snprintf(name, sizeof name, "relu%d", m.nchannels + i + 1);
-            ADD(seq, name, ts_nn_relu(&m_));
-        }
-        feat = o;
-    }
-    *out = seq;
-    return TS_OK;
-fail:
-    ts_module_free(seq);
-    return s;
+    ts_model_config c;
+    cli_model_config(&m, &c);
+    return ts_model_new(&c, dev, rng, out);
 }
 
 ts_status cli_build_model(const char *name, ts_device *dev, ts_rng *rng, ts_module **out)
 {
-    cli_model m;
-    cli_model_init(&m);
-    m.name = name;
-    if (strcmp(name, "mlp") && strcmp(name, "lenet5") && strcmp(name, "cnn"))
-        return TS_EINVAL;
-    return cli_build_model_spec(&m, dev, rng, out);
+    ts_model_config c;
+    ts_status s = ts_model_defaults(name, &c);
+    return s ? s : ts_model_new(&c, dev, rng, out);
 }
 
 ts_status cli_make_optim(const char *name, double lr, double momentum, double weight_decay,
@@ -469,9 +404,12 @@ static ts_status save(trainer *t, const char *path)
         uint64_t epoch;
         int64_t batch;
         ts_loader_position(t->loader, &epoch, &batch);
-        char arch[256];
-        ts_checkpoint_set_meta(ck, "train.model", t->o.model);
-        ts_checkpoint_set_meta(ck, "train.arch", cli_model_describe(&t->o.arch, arch, sizeof arch));
+        ts_model_config mc;
+        cli_model_config(&t->o.arch, &mc);
+        if ((s = ts_model_save_config(&mc, ck)) != TS_OK) {
+            ts_checkpoint_free(ck);
+            return s;
+        }
         ts_checkpoint_set_meta(ck, "train.format", "tessera-train-1");
         meta_u64(ck, "train.seed", t->o.seed);
         meta_u64(ck, "train.batch_size", (uint64_t)t->o.batch);
@@ -678,20 +616,23 @@ static int resume(trainer *t)
     ts_status s = ts_checkpoint_load(t->o.resume, t->dev, &ck);
     if (s)
         return cli_fail(s, "--resume");
-    const char *model = ts_checkpoint_meta(ck, "train.model");
     uint64_t seed, batch_size, limit, step, epoch, batch, rseed, roff;
     int rc = 1;
-    if (!model || strcmp(model, t->o.model) != 0) {
-        fprintf(stderr, "tessera: error: %s holds a '%s' model, not '%s' (use --model %s)\n",
-                t->o.resume, model ? model : "(unknown)", t->o.model, model ? model : "...");
+    ts_model_config saved;
+    char want[256], have[256];
+    cli_model_describe(&t->o.arch, want, sizeof want);
+    if ((s = ts_model_load_config(ck, &saved)) != TS_OK) {
+        fprintf(stderr, "tessera: error: %s: %s\n", t->o.resume, ts_last_error());
         goto out;
     }
-    char arch[256];
-    const char *saved = ts_checkpoint_meta(ck, "train.arch");
-    cli_model_describe(&t->o.arch, arch, sizeof arch);
-    if (saved && strcmp(saved, arch) != 0) {
+    if (strcmp(saved.name, t->o.model) != 0) {
         fprintf(stderr, "tessera: error: %s holds a '%s' model, not '%s' (use --model %s)\n",
-                t->o.resume, saved, arch, saved);
+                t->o.resume, saved.name, t->o.model, saved.name);
+        goto out;
+    }
+    if (strcmp(ts_model_describe(&saved, have, sizeof have), want) != 0) {
+        fprintf(stderr, "tessera: error: %s holds a '%s' model, not '%s' (use --model %s)\n",
+                t->o.resume, have, want, have);
         goto out;
     }
     const char *path = t->o.resume;
@@ -1239,13 +1180,14 @@ static int arch_option(const char *a)
     return 0;
 }
 
-/* --resume CKPT without any architecture option: the checkpoint's train.arch ("mlp --hidden
- * 500", "gpt --context 128 ...") goes in front of the command line, so the model needs no
- * repeating. The string comes from a file, maybe a hostile one: only a model name followed
- * by architecture options and their values is taken, nothing that could name a path or a
- * device. *nargv (transfer full, with *buf) or NULL to keep argv. Returns 0, or 1 after an
- * error message when the checkpoint's train.arch is there but no description tessera writes
- * (edited or damaged: training some other model instead would only confuse). */
+/* --resume CKPT without any architecture option: the checkpoint's model configuration
+ * (ts_model_load_config), as options ("mlp --hidden 500", "gpt --context 128 ..."), goes in
+ * front of the command line, so the model needs no repeating. The file may be hostile: its
+ * values are checked on load, and only a model name followed by architecture options and
+ * their values is taken, nothing that could name a path or a device. *nargv (transfer full,
+ * with *buf) or NULL to keep argv. Returns 0, or 1 after an error message when the
+ * checkpoint's configuration is damaged or edited (training some other model instead would
+ * only confuse). */
 static int arch_from_checkpoint(int argc, char **argv, int *nargc, char ***nargv, char **buf)
 {
     const char *ckpt = NULL;
@@ -1265,12 +1207,17 @@ static int arch_from_checkpoint(int argc, char **argv, int *nargc, char ***nargv
     ts_status s = ts_checkpoint_load(ckpt, NULL, &ck);
     if (s)
         return cli_fail(s, "--resume");
-    const char *arch = ts_checkpoint_meta(ck, "train.arch");
-    if (!arch) { /* an older checkpoint: resume() checks the model it names */
+    /* The model's configuration, every value checked (model.* keys, or an older checkpoint's
+     * train.arch); as the options of tessera train, the text tessera itself writes. */
+    ts_model_config mc;
+    if ((s = ts_model_load_config(ck, &mc)) != TS_OK) {
+        fprintf(stderr, "tessera: error: %s: %s\n", ckpt, ts_last_error());
         ts_checkpoint_free(ck);
-        return 0;
+        return 1;
     }
-    char shown[400]; /* the file's text, printable and short */
+    char text[512];
+    const char *arch = ts_model_describe(&mc, text, sizeof text);
+    char shown[400]; /* printable and short */
     cli_printable(arch, 80, shown, sizeof shown);
     char *copy = strlen(arch) < 512 ? strdup(arch) : NULL;
     ts_checkpoint_free(ck);
@@ -1288,10 +1235,8 @@ static int arch_from_checkpoint(int argc, char **argv, int *nargc, char ***nargv
         free(copy);
         if (ok)
             return cli_fail(TS_ENOMEM, "--resume");
-        fprintf(stderr, "tessera: error: %s: its train.arch '%s' is not a model description "
-                "tessera writes (a model name, then --hidden, --channels, --init, --context, "
-                "--layers, --heads, --embd or --dropout with values): the checkpoint was edited "
-                "or is damaged; give --model and its options on the command line\n", ckpt,
+        fprintf(stderr, "tessera: error: %s: its model '%s' is not one tessera train can "
+                "build from options: give --model and its options on the command line\n", ckpt,
                 shown);
         return 1;
     }
@@ -1650,7 +1595,8 @@ int cmd_eval(int argc, char **argv, const cli_common *common)
         nv[n++] = argv[i];
     ts_checkpoint *ck = NULL;
     if (ckpt && ts_checkpoint_load(ckpt, NULL, &ck) == TS_OK) {
-        const char *model = ts_checkpoint_meta(ck, "train.model");
+        ts_model_config mc;
+        const char *model = ts_model_load_config(ck, &mc) == TS_OK ? mc.name : NULL;
         for (int k = 0; k < 3; k++) {
             const char *v = ts_checkpoint_meta(ck, keep[k][1]);
             int given = 0;

@@ -1,4 +1,4 @@
-/* tools/train_gpt.c: `tessera train --model gpt`: a character-level GPT (tools/model_gpt.c)
+/* tools/train_gpt.c: `tessera train --model gpt`: a character-level GPT (models/gpt.c)
  * on any text file, bytes as tokens (vocabulary 256). The last 10% of the file is held out
  * for validation; each step trains on a batch of random windows of --context tokens, drawn
  * from (seed, step) alone so that a resumed run draws what the straight run would. AdamW
@@ -20,7 +20,6 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "model_gpt.h"
 
 #define FORTUNES_DIR "/usr/share/games/fortunes"
 #define MAX_TEXT ((size_t)1 << 31)
@@ -53,7 +52,7 @@ static const char usage[] =
 
 typedef struct gpt_opts {
     const char *text, *device, *save, *resume, *save_initial, *memtrace, *memplot;
-    cli_gpt_config cfg;
+    ts_gpt_config cfg;
     int64_t batch, steps, max_steps, warmup, eval_every, eval_batches;
     double lr, min_lr, weight_decay, clip;
     uint64_t seed;
@@ -211,7 +210,7 @@ static ts_status eval_loss(ts_module *gpt, ts_tensor *x, ts_tensor *y, double *o
     ts_tensor *logits = NULL, *loss = NULL, *d = NULL;
     ts_status s = ts_module_forward(gpt, x, &logits);
     if (!s)
-        s = cli_gpt_loss(logits, y, &loss);
+        s = ts_gpt_loss(logits, y, &loss);
     if (!s)
         s = ts_cast(loss, TS_F64, &d);
     if (!s)
@@ -286,9 +285,13 @@ static ts_status save_to(const run *r, const char *path)
     if (s == TS_OK)
         s = ts_optim_save_state(r->opt, ck);
     if (s == TS_OK) {
-        char arch[256];
-        ts_checkpoint_set_meta(ck, "train.model", "gpt");
-        ts_checkpoint_set_meta(ck, "train.arch", cli_gpt_describe(&r->o.cfg, arch, sizeof arch));
+        ts_model_config mc;
+        ts_model_defaults("gpt", &mc);
+        mc.gpt = r->o.cfg;
+        if ((s = ts_model_save_config(&mc, ck)) != TS_OK) {
+            ts_checkpoint_free(ck);
+            return s;
+        }
         ts_checkpoint_set_meta(ck, "train.format", CLI_GPT_FORMAT);
         ts_checkpoint_set_meta(ck, "train.tokenizer", "bytes");
         meta_u64(ck, "train.seed", r->o.seed);
@@ -346,7 +349,7 @@ static int adopt_settings(run *r)
 {
     gpt_opts *o = &r->o;
     const char *path = o->resume;
-    cli_gpt_config cfg;
+    ts_gpt_config cfg;
     if (cli_gpt_open(path, r->dev, &r->ck, &cfg))
         return 1;
     char want[256], have[256];
@@ -667,7 +670,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
                         !r.o.eval_only, r.dev))
         goto out;
     ts_rng_init(&r.rng, r.o.seed);
-    if ((s = cli_gpt_build(&r.o.cfg, r.dev, &r.rng, &r.gpt))) {
+    if ((s = ts_gpt_new(&r.o.cfg, r.dev, &r.rng, &r.gpt))) {
         cli_fail(s, "cannot build the model");
         goto out;
     }
@@ -684,7 +687,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         cli_fail(s, "cannot set up the optimizer");
         goto out;
     }
-    cli_gpt_decay_groups(r.opt);
+    ts_gpt_decay_groups(r.opt);
     if (r.o.save_initial && r.rank == 0 && (s = save_to(&r, r.o.save_initial))) {
         cli_fail(s, "--save-initial");
         goto out;
@@ -795,7 +798,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
          * that the average of the ranks' gradients is the global batch's */
         if (nb > 0 &&
             !(s = windows(r.dev, text, ntrain, r.o.seed, (uint64_t)r.step, b0, nb, T, &x, &y)) &&
-            !(s = ts_module_forward(r.gpt, x, &logits)) && !(s = cli_gpt_loss(logits, y, &loss)) &&
+            !(s = ts_module_forward(r.gpt, x, &logits)) && !(s = ts_gpt_loss(logits, y, &loss)) &&
             !(s = ts_cast(loss, TS_F64, &d)) && !(s = ts_tensor_to_host(d, &lv, sizeof lv))) {
             if (share != 1.0) {
                 ts_tensor *w = NULL;

@@ -15,6 +15,7 @@
 #include <tessera/nn.h>
 #include <tessera/optim.h>
 #include <tessera/dist.h>
+#include <tessera/models.h>
 
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1

@@ -8,7 +8,7 @@
 # shape that cannot fit is refused before it is built; a missing or damaged checkpoint is
 # named as such.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 11
+plan 12
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 40) >"$TMP/t.txt"
 TINY="--model gpt --text $TMP/t.txt --context 8 --heads 1 --embd 8 --batch-size 2 --eval-batches 1"
 
@@ -31,10 +31,9 @@ done
 "$TESSERA" train $TINY --layers 1 --dropout 0.5 --steps 2 --eval-every 2 --save "$TMP/one.st" >/dev/null 2>&1
 # shellcheck disable=SC2086
 "$TESSERA" train $TINY --layers 2 --steps 2 --eval-every 2 --save "$TMP/two.st" >/dev/null 2>&1
-LC_ALL=C sed 's/--layers 1 --heads 1 --embd 8 --dropout 0.5/--layers 64 --heads 1 --embd 8 --dropout 0./' \
+LC_ALL=C sed 's/"model.layers":"1"/"model.layers":"64"/; s/"model.dropout":"0.5"/"model.dropout":"0."/' \
     "$TMP/one.st" >"$TMP/deep.st"
-LC_ALL=C sed 's/--layers 2 --heads 1 --embd 8 --dropout 0"/--layers 1 --heads 1 --embd 8 --dropout 0"/' \
-    "$TMP/two.st" >"$TMP/shallow.st"
+LC_ALL=C sed 's/"model.layers":"2"/"model.layers":"1"/' "$TMP/two.st" >"$TMP/shallow.st"
 LC_ALL=C sed 's/tessera-train-gpt-1/tessera-train-gpt-9/' "$TMP/one.st" >"$TMP/format.st"
 # NaN in the first element of transformer.wte.weight
 cp "$TMP/one.st" "$TMP/nan.st"
@@ -107,6 +106,20 @@ if [ $rc -eq 2 ] && contains "$o" "--save-initial" && [ ! -e "$TMP/x.st" ]; then
     ok "--save-initial with --resume is a usage error"
 else
     fail "--save-initial with --resume is a usage error" "rc=$rc" "$o"
+fi
+
+# A checkpoint of the format before the model.* keys (train.model and train.arch, written by
+# the previous release; tests/data/legacy) still generates, evaluates and resumes.
+LEGACY="$TS_SRCDIR/tests/data/legacy/gpt-1layer.safetensors"
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 200) >"$TMP/t200.txt"
+g=$("$TESSERA" generate --resume "$LEGACY" --tokens 20 --seed 2 2>/dev/null | wc -c)
+e=$("$TESSERA" eval --resume "$LEGACY" --text "$TMP/t200.txt" --eval-batches 1 2>&1); re=$?
+t=$("$TESSERA" train --resume "$LEGACY" --text "$TMP/t200.txt" --eval-batches 1 2>&1); rt=$?
+if [ "$g" -eq 21 ] && [ $re -eq 0 ] && contains "$e" "validation loss" && [ $rt -eq 0 ] &&
+    contains "$t" "the model from $LEGACY: gpt --context 8 --layers 1 --heads 1 --embd 8"; then
+    ok "a checkpoint of the previous format generates, evaluates and resumes"
+else
+    fail "a checkpoint of the previous format" "generate: $g bytes" "eval $re: $e" "train $rt: $t"
 fi
 
 # An absurd shape is refused at once, with the sizes, before anything is built (it once built

@@ -16,9 +16,9 @@ rc=$?
 js=$("$TESSERA" inspect --json "$TMP/g.ckpt" 2>&1)
 vals=$(echo "$js" | "$JSON_CHECK" file bytes tensors.[0].name tensors.[0].dtype tensors.[0].shape.[0] 2>&1)
 n=$(echo "$out" | sed -n 's/.*: \([0-9]*\) tensors, .*/\1/p')
-if [ $rc -eq 0 ] && [ -n "$n" ] && [ "$n" -gt 5 ] && contains "$out" "  meta train.model = gpt" &&
+if [ $rc -eq 0 ] && [ -n "$n" ] && [ "$n" -gt 5 ] && contains "$out" "  meta model.name = gpt" &&
     contains "$out" "of tensor data" && contains "$vals" 'tensors.[0].dtype="F32"' &&
-    contains "$js" '"metadata":{' && contains "$js" '"train.model":"gpt"'; then
+    contains "$js" '"metadata":{' && contains "$js" '"model.name":"gpt"'; then
     ok "inspect lists a checkpoint's $n tensors and its metadata; --json parses"
 else
     fail "inspect lists a checkpoint" "rc=$rc" "$out" "$js" "$vals"

@@ -1,10 +1,10 @@
-/* tests/unit/test-gpt.c: the GPT of tools/model_gpt.c, written with the public module API:
+/* tests/unit/test-gpt.c: the GPT of models/gpt.c (ts_gpt_new), written with the public API:
  * names like GPT-2's, a tied head (one tensor), the first step's loss ln(256) within a few
  * percent, a tiny model memorising a short repetitive text within a few hundred steps, and
  * a float64 gradient check of a whole tiny block's parameters. */
 #include <math.h>
 
-#include "../../tools/model_gpt.h"
+#include <tessera/tessera.h>
 #include "../tap.h"
 
 static ts_device *dev;
@@ -43,9 +43,9 @@ static void test_names_and_tying(void)
     setup();
     ts_rng rng;
     ts_rng_init(&rng, 1);
-    cli_gpt_config cfg = {256, 16, 2, 2, 32, 0};
+    ts_gpt_config cfg = {256, 16, 2, 2, 32, 0};
     ts_module *gpt;
-    CHECK_OK(cli_gpt_build(&cfg, dev, &rng, &gpt));
+    CHECK_OK(ts_gpt_new(&cfg, dev, &rng, &gpt));
     ts_named_tensor p[64];
     size_t n = ts_module_parameters(gpt, p, 64);
     /* wte, wpe, 12 per block, ln_f (2): the tied head adds nothing */
@@ -103,15 +103,15 @@ static void test_memorises_text(void)
     }
     ts_rng rng;
     ts_rng_init(&rng, 7);
-    cli_gpt_config cfg = {256, 32, 2, 2, 48, 0};
+    ts_gpt_config cfg = {256, 32, 2, 2, 48, 0};
     ts_module *gpt;
-    CHECK_OK(cli_gpt_build(&cfg, dev, &rng, &gpt));
+    CHECK_OK(ts_gpt_new(&cfg, dev, &rng, &gpt));
     size_t np = ts_module_parameters(gpt, NULL, 0);
     ts_named_tensor *params = calloc(np, sizeof *params);
     ts_module_parameters(gpt, params, np);
     ts_optim *opt;
     CHECK_OK(ts_optim_adamw(params, np, &(ts_adam_options){3e-3, 0.9, 0.95, 1e-8, 0.1}, &opt));
-    cli_gpt_decay_groups(opt);
+    ts_gpt_decay_groups(opt);
     CHECK(ts_optim_param_weight_decay(opt, "transformer.wte.weight") == 0);
     CHECK(ts_optim_param_weight_decay(opt, "transformer.h.0.attn.c_attn.bias") == 0);
     CHECK(ts_optim_param_weight_decay(opt, "transformer.h.0.attn.c_attn.weight") == 0.1);
@@ -128,7 +128,7 @@ static void test_memorises_text(void)
         ts_tensor *x, *y, *logits, *loss, *d;
         batch(text, starts, B, T, &x, &y);
         CHECK_OK(ts_module_forward(gpt, x, &logits));
-        CHECK_OK(cli_gpt_loss(logits, y, &loss));
+        CHECK_OK(ts_gpt_loss(logits, y, &loss));
         CHECK_OK(ts_backward(loss, NULL, 0));
         CHECK_OK(ts_clip_grad_norm(params, np, 1.0, NULL));
         CHECK_OK(ts_optim_step(opt));
@@ -161,7 +161,7 @@ static double loss_value(ts_module *gpt, ts_tensor *x, ts_tensor *y)
     double v = NAN;
     ts_no_grad_enter();
     CHECK_OK(ts_module_forward(gpt, x, &logits));
-    CHECK_OK(cli_gpt_loss(logits, y, &loss));
+    CHECK_OK(ts_gpt_loss(logits, y, &loss));
     ts_no_grad_exit();
     CHECK_INT_EQ(ts_tensor_dtype(loss), TS_F64);
     CHECK_OK(ts_tensor_to_host(loss, &v, sizeof v));
@@ -180,9 +180,9 @@ static void test_gradcheck_float64(void)
     setup();
     ts_rng rng;
     ts_rng_init(&rng, 3);
-    cli_gpt_config cfg = {11, 6, 2, 2, 8, 0};
+    ts_gpt_config cfg = {11, 6, 2, 2, 8, 0};
     ts_module *gpt;
-    CHECK_OK(cli_gpt_build(&cfg, dev, &rng, &gpt));
+    CHECK_OK(ts_gpt_new(&cfg, dev, &rng, &gpt));
     CHECK_OK(ts_module_to_dtype(gpt, TS_F64));
     size_t np = ts_module_parameters(gpt, NULL, 0);
     ts_named_tensor *p = calloc(np, sizeof *p);
@@ -207,7 +207,7 @@ static void test_gradcheck_float64(void)
     CHECK_OK(ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){B, T}, xv, &x));
     CHECK_OK(ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){B, T}, yv, &y));
     CHECK_OK(ts_module_forward(gpt, x, &logits));
-    CHECK_OK(cli_gpt_loss(logits, y, &loss));
+    CHECK_OK(ts_gpt_loss(logits, y, &loss));
     CHECK_OK(ts_backward(loss, NULL, 0));
     const double h = 1e-5;
     double worst = 0;
@@ -255,9 +255,9 @@ static void test_cache_matches_full_forward(void)
     setup();
     ts_rng rng;
     ts_rng_init(&rng, 3);
-    cli_gpt_config cfg = {256, 12, 2, 4, 32, 0};
+    ts_gpt_config cfg = {256, 12, 2, 4, 32, 0};
     ts_module *gpt;
-    CHECK_OK(cli_gpt_build(&cfg, dev, &rng, &gpt));
+    CHECK_OK(ts_gpt_new(&cfg, dev, &rng, &gpt));
     /* weights of a trained size: scale the small init up so that attention is not uniform */
     ts_named_tensor p[64];
     size_t np = ts_module_parameters(gpt, p, 64);
@@ -278,12 +278,12 @@ static void test_cache_matches_full_forward(void)
     ts_no_grad_exit();
     float *fv = malloc(sizeof(float) * 12 * 256), sv[256];
     CHECK_OK(ts_tensor_to_host(full, fv, sizeof(float) * 12 * 256));
-    cli_gpt_cache *c;
-    CHECK_OK(cli_gpt_cache_new(gpt, &c));
+    ts_gpt_cache *c;
+    CHECK_OK(ts_gpt_cache_new(gpt, &c));
     double worst = 0;
     for (int t = 0; t < 12; t++) {
         ts_tensor *l;
-        CHECK_OK(cli_gpt_step(gpt, c, ids[t], &l));
+        CHECK_OK(ts_gpt_cache_step(gpt, c, ids[t], &l));
         CHECK_INT_EQ(ts_tensor_numel(l), 256);
         CHECK_OK(ts_tensor_to_host(l, sv, sizeof sv));
         for (int j = 0; j < 256; j++) {
@@ -295,8 +295,8 @@ static void test_cache_matches_full_forward(void)
     printf("# worst relative difference, cached vs full: %.3g\n", worst);
     CHECK_MSG(worst < 1e-4, "cached logits differ from the full forward's by %.3g", worst);
     ts_tensor *l = (ts_tensor *)1;
-    CHECK_FAILS(cli_gpt_step(gpt, c, 1, &l), TS_ESHAPE, "whole context");
-    cli_gpt_cache_free(c);
+    CHECK_FAILS(ts_gpt_cache_step(gpt, c, 1, &l), TS_ESHAPE, "whole context");
+    ts_gpt_cache_free(c);
     free(fv);
     ts_tensor_unref(x), ts_tensor_unref(full);
     ts_module_free(gpt);

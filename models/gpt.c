@@ -1,23 +1,29 @@
-/* tools/model_gpt.c: the GPT of model_gpt.h, from public modules of one's own: a block is a
+/* models/gpt.c: the GPT of tessera/models.h, from public modules of one's own: a block is a
  * custom module whose forward adds the attention and MLP branches to the residual stream. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_gpt.h"
+#include <tessera/tessera.h>
+#include <tessera/models.h>
+
+#include "../core/internal.h" /* TS_API */
 
 typedef struct gpt_state {
-    cli_gpt_config cfg;
+    ts_gpt_config cfg;
     ts_rng *rng;
-    ts_tensor *mask; /* (context, context): 0 on and below the diagonal, -inf above */
+    ts_tensor *mask;      /* (context, context): 0 on and below the diagonal, -inf above */
+    ts_tensor *positions; /* (context) int64: 0, 1, ..., context - 1 */
 } gpt_state;
 
 static void free_state(void *u)
 {
     gpt_state *st = u;
-    if (st)
+    if (st) {
         ts_tensor_unref(st->mask);
+        ts_tensor_unref(st->positions);
+    }
     free(st);
 }
 
@@ -122,14 +128,7 @@ static ts_status gpt_forward(ts_module *m, ts_tensor *idx, ts_tensor **y)
                        (long long)st->cfg.context);
     }
     const int64_t T = ts_tensor_shape(idx)[1];
-    int64_t *ar = malloc(sizeof *ar * (size_t)T);
-    if (!ar)
-        return ts_fail(TS_ENOMEM, "out of host memory");
-    for (int64_t i = 0; i < T; i++)
-        ar[i] = i;
-    s = ts_tensor_from_host(ts_tensor_device(idx), TS_I64, 1, &T, ar, &positions);
-    free(ar);
-    if (s)
+    if ((s = ts_tensor_narrow(st->positions, 0, 0, T, &positions)))
         return s;
     TRY(ts_module_forward(ts_module_child(tr, "wte"), idx, &tok));
     TRY(ts_module_forward(ts_module_child(tr, "wpe"), positions, &pos));
@@ -178,7 +177,8 @@ static const ts_module_def container_def = {"gpt_transformer", no_forward, NULL}
 static const ts_module_def block_def = {"gpt_block", block_forward, NULL};
 static const ts_module_def attn_def = {"gpt_attention", attn_forward, NULL};
 
-ts_status cli_gpt_build(const cli_gpt_config *cfg, ts_device *dev, ts_rng *rng, ts_module **out)
+TS_API ts_status ts_gpt_new(const ts_gpt_config *cfg, ts_device *dev, ts_rng *rng,
+                          ts_module **out)
 {
     *out = NULL;
     if (!cfg || cfg->vocab < 1 || cfg->context < 1 || cfg->layers < 1 || cfg->heads < 1 ||
@@ -200,6 +200,8 @@ ts_status cli_gpt_build(const cli_gpt_config *cfg, ts_device *dev, ts_rng *rng, 
     if (!s)
         s = ts_tensor_from_host(dev, TS_F32, 2, (const int64_t[]){T, T}, mask, &st->mask);
     free(mask);
+    if (!s)
+        s = ts_tensor_arange(dev, TS_I64, 0, (double)T, 1, &st->positions);
     ts_module *gpt = NULL, *tr = NULL, *blocks = NULL;
     if (s) {
         free_state(st);
@@ -253,7 +255,7 @@ fail:
     return s ? s : TS_ESTATE;
 }
 
-ts_status cli_gpt_loss(ts_tensor *logits, ts_tensor *targets, ts_tensor **loss)
+TS_API ts_status ts_gpt_loss(ts_tensor *logits, ts_tensor *targets, ts_tensor **loss)
 {
     const int64_t *sh = ts_tensor_shape(logits);
     ts_tensor *l2 = NULL, *t1 = NULL;
@@ -267,7 +269,7 @@ ts_status cli_gpt_loss(ts_tensor *logits, ts_tensor *targets, ts_tensor **loss)
     return s;
 }
 
-void cli_gpt_decay_groups(ts_optim *opt)
+TS_API void ts_gpt_decay_groups(ts_optim *opt)
 {
     ts_optim_decay_matrices_only(opt);
     ts_optim_set_param_weight_decay(opt, "transformer.wte.weight", 0);
@@ -276,19 +278,19 @@ void cli_gpt_decay_groups(ts_optim *opt)
 
 /* ---- generation with a key/value cache ------------------------------------------------- */
 
-struct cli_gpt_cache {
+struct ts_gpt_cache {
     int64_t pos;          /* positions fed so far */
     int64_t layers;
     ts_tensor **k, **v;   /* per layer: (context, embd) */
 };
 
-const cli_gpt_config *cli_gpt_config_of(const ts_module *gpt)
+TS_API const ts_gpt_config *ts_gpt_config_of(const ts_module *gpt)
 {
     const gpt_state *st = ts_module_user(gpt);
     return st ? &st->cfg : NULL;
 }
 
-void cli_gpt_cache_free(cli_gpt_cache *c)
+TS_API void ts_gpt_cache_free(ts_gpt_cache *c)
 {
     if (!c)
         return;
@@ -301,13 +303,13 @@ void cli_gpt_cache_free(cli_gpt_cache *c)
     free(c);
 }
 
-ts_status cli_gpt_cache_new(ts_module *gpt, cli_gpt_cache **out)
+TS_API ts_status ts_gpt_cache_new(ts_module *gpt, ts_gpt_cache **out)
 {
     *out = NULL;
-    const cli_gpt_config *cfg = cli_gpt_config_of(gpt);
+    const ts_gpt_config *cfg = ts_gpt_config_of(gpt);
     if (!cfg)
-        return ts_fail(TS_EINVAL, "gpt cache: not a model from cli_gpt_build");
-    cli_gpt_cache *c = calloc(1, sizeof *c);
+        return ts_fail(TS_EINVAL, "gpt cache: not a model from ts_gpt_new");
+    ts_gpt_cache *c = calloc(1, sizeof *c);
     if (!c)
         return ts_fail(TS_ENOMEM, "gpt cache: out of host memory");
     c->layers = cfg->layers;
@@ -322,7 +324,7 @@ ts_status cli_gpt_cache_new(ts_module *gpt, cli_gpt_cache **out)
         if (!(s = ts_tensor_zeros(dev, dt, 2, shape, &c->k[l])))
             s = ts_tensor_zeros(dev, dt, 2, shape, &c->v[l]);
     if (s) {
-        cli_gpt_cache_free(c);
+        ts_gpt_cache_free(c);
         return s;
     }
     *out = c;
@@ -331,7 +333,7 @@ ts_status cli_gpt_cache_new(ts_module *gpt, cli_gpt_cache **out)
 
 /* One position of attention for layer l: x (1, C) -> (1, C), the key and value of this
  * position stored in the cache first. */
-static ts_status attn_step(ts_module *attn, const cli_gpt_config *cfg, cli_gpt_cache *c,
+static ts_status attn_step(ts_module *attn, const ts_gpt_config *cfg, ts_gpt_cache *c,
                            int64_t l, ts_tensor *x, ts_tensor **y)
 {
     const int64_t C = cfg->embd, H = cfg->heads, hd = C / H, n = c->pos + 1;
@@ -372,10 +374,11 @@ out:
     return s;
 }
 
-ts_status cli_gpt_step(ts_module *gpt, cli_gpt_cache *c, int64_t token, ts_tensor **logits)
+TS_API ts_status ts_gpt_cache_step(ts_module *gpt, ts_gpt_cache *c, int64_t token,
+                                   ts_tensor **logits)
 {
     *logits = NULL;
-    const cli_gpt_config *cfg = cli_gpt_config_of(gpt);
+    const ts_gpt_config *cfg = ts_gpt_config_of(gpt);
     if (!cfg || !c)
         return ts_fail(TS_EINVAL, "gpt step: no model or cache");
     if (c->pos >= cfg->context)
@@ -432,49 +435,22 @@ out:
     return s;
 }
 
-/* ---- checkpoints and sizes ----------------------------------------------------------- */
+/* ---- sizes ----------------------------------------------------------- */
 
-const char *cli_gpt_describe(const cli_gpt_config *c, char *buf, size_t len)
-{
-    snprintf(buf, len, "gpt --context %lld --layers %lld --heads %lld --embd %lld --dropout %.17g",
-             (long long)c->context, (long long)c->layers, (long long)c->heads,
-             (long long)c->embd, c->dropout);
-    return buf;
-}
-
-double cli_gpt_params(const cli_gpt_config *c)
+TS_API double ts_gpt_params(const ts_gpt_config *c)
 {
     double E = (double)c->embd;
     return (double)c->vocab * E + (double)c->context * E +
            (double)c->layers * (12 * E * E + 13 * E) + 2 * E;
 }
 
-double cli_gpt_bytes(const cli_gpt_config *c, int64_t batch, int training)
+TS_API double ts_gpt_bytes(const ts_gpt_config *c, int64_t batch, int training)
 {
-    double P = cli_gpt_params(c), E = (double)c->embd, T = (double)c->context;
+    double P = ts_gpt_params(c), E = (double)c->embd, T = (double)c->context;
     double L = (double)c->layers, H = (double)c->heads, B = (double)batch;
     if (!training) /* the weights and a key/value cache of one sequence */
         return 4 * (P + 2 * L * T * E);
     /* weights, gradients, AdamW's two moments; per layer and token at least the residual
      * stream, q/k/v, the MLP's 4E in and out, and the attention's scores and weights */
     return 4 * (4 * P + B * T * (L * (12 * E + 2 * H * T) + 2 * (double)c->vocab));
-}
-
-int cli_gpt_too_big(const cli_gpt_config *c, int64_t batch, int training, ts_device *dev)
-{
-    ts_memory_stats st = {.struct_size = sizeof st};
-    double need = cli_gpt_bytes(c, batch, training);
-    if (ts_device_memory_stats(dev, &st) != TS_OK || !st.reserve_limit ||
-        need <= (double)st.reserve_limit)
-        return 0;
-    char arch[256];
-    fprintf(stderr, "tessera: error: the model '%s'%s needs at least %.3g GiB (%.3g million "
-                    "parameters%s), more than the %.3g GiB the pool of %s may reserve; choose a "
-                    "smaller model%s, or raise memory_fraction in [plugin.%s]\n",
-            cli_gpt_describe(c, arch, sizeof arch), training ? " at this --batch-size" : "",
-            need / 1073741824.0, cli_gpt_params(c) / 1e6,
-            training ? ", their gradients, AdamW's moments and the activations" : "",
-            (double)st.reserve_limit / 1073741824.0, ts_device_name(dev),
-            training ? " or batch" : "", ts_device_name(dev));
-    return 1;
 }
