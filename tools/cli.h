@@ -80,9 +80,12 @@ int cli_memtrace_end(const char *trace, const char *memplot, int draw,
  * caller ends the job). */
 int cli_ranks_agree(const uint64_t *mine, size_t n, const char *const *what, int rank,
                     int world);
-/* "tessera: SIGTERM: stopped after step N[ (T of training)]; saved CKPT, continue with
- * --resume" (or that nothing was saved) on stderr. took may be NULL. */
-void cli_say_stopped(int sig, long long step, const char *took, const char *save);
+/* "tessera: SIGTERM: stopped after step N[ (T of training)]; saved CKPT; continue with:" and,
+ * on the next line, the exact command that continues the run (tessera train --resume CKPT,
+ * then each pair of keep (flag, value; NULL-terminated; a NULL value left out), every word
+ * quoted for the shell), or that nothing was saved, on stderr. took may be NULL. */
+void cli_say_stopped(int sig, long long step, const char *took, const char *save,
+                     const char *const *keep);
 /* "unary relu float32", "matmul float32", "fill": a kernel profile entry's name. */
 void cli_kernel_name(const ts_profile_entry *e, char *buf, size_t n);
 /* --profile (on nonzero): the kernel profile, counted from now. */

@@ -324,12 +324,39 @@ int cli_ranks_agree(const uint64_t *mine, size_t n, const char *const *what, int
     return 0;
 }
 
-void cli_say_stopped(int sig, long long step, const char *took, const char *save)
+/* text as one shell word: bare when it holds only safe characters, else single-quoted. */
+static void put_word(char *buf, size_t len, const char *text)
 {
+    size_t at = strlen(buf);
+    int bare = *text && strspn(text, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "0123456789_./:=,+-@%") == strlen(text);
+    at += (size_t)snprintf(buf + at, at < len ? len - at : 0, " %s", bare ? "" : "'");
+    for (const char *p = text; *p && at + 5 < len; p++)
+        at += (size_t)snprintf(buf + at, len - at, "%s", *p == '\'' ? "'\\''" : (char[]){*p, 0});
+    if (!bare && at + 1 < len)
+        snprintf(buf + at, len - at, "'");
+}
+
+void cli_say_stopped(int sig, long long step, const char *took, const char *save,
+                     const char *const *keep)
+{
+    char cont[8192] = "tessera";
+    if (save) {
+        put_word(cont, sizeof cont, "train");
+        put_word(cont, sizeof cont, "--resume");
+        put_word(cont, sizeof cont, save);
+        for (int i = 0; keep && keep[i]; i += 2)
+            if (keep[i + 1]) {
+                put_word(cont, sizeof cont, keep[i]);
+                put_word(cont, sizeof cont, keep[i + 1]);
+            }
+    }
     fprintf(stderr, "tessera: %s: stopped after step %lld%s%s%s%s%s%s\n", cli_signal_name(sig),
             step, took ? " (" : "", took ? took : "", took ? " of training)" : "",
             save ? "; saved " : "; nothing saved (no --save)", save ? save : "",
-            save ? ", continue with --resume" : "");
+            save ? "; continue with:" : "");
+    if (save)
+        fprintf(stderr, "  %s\n", cont);
 }
 
 void cli_kernel_name(const ts_profile_entry *e, char *buf, size_t n)

@@ -88,6 +88,7 @@ typedef struct train_opts {
     int json, log_steps, eval_only, profile;
     /* given on the command line (checked against a resumed checkpoint) */
     int set_optimizer, set_lr, set_momentum, set_weight_decay, set_epochs;
+    int set_seed, set_batch, set_limit;
     int set_schedule, set_decay, set_clip; /* any schedule flag; --decay; --clip-grad-norm */
     cli_model arch; /* --model, --hidden, --channels, --init */
 } train_opts;
@@ -414,6 +415,7 @@ static ts_status save(trainer *t, const char *path)
         meta_u64(ck, "train.seed", t->o.seed);
         meta_u64(ck, "train.batch_size", (uint64_t)t->o.batch);
         meta_u64(ck, "train.train_limit", (uint64_t)t->o.train_limit);
+        meta_u64(ck, "train.epochs", (uint64_t)t->o.epochs);
         meta_u64(ck, "train.step", (uint64_t)t->step);
         meta_u64(ck, "train.epoch", epoch);
         meta_u64(ck, "train.batch", (uint64_t)batch);
@@ -1066,6 +1068,7 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
             o->set_epochs = 1;
         } else if (!strcmp(a, "--batch-size")) {
             bad = cli_parse_i64("train", a, v, 1, MAX_BATCH, &o->batch), i++;
+            o->set_batch = 1;
         } else if (!strcmp(a, "--max-steps")) {
             bad = cli_parse_i64("train", a, v, 0, MAX_STEPS, &o->max_steps), i++;
         } else if (!strcmp(a, "--memtrace") || !strcmp(a, "--memplot")) {
@@ -1078,8 +1081,10 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
             bad = cli_parse_i64("train", a, v, 1, MAX_STEPS, &o->log_every), i++;
         } else if (!strcmp(a, "--train-limit")) {
             bad = cli_parse_i64("train", a, v, 0, MAX_LIMIT, &o->train_limit), i++;
+            o->set_limit = 1;
         } else if (!strcmp(a, "--seed")) {
             bad = cli_parse_u64("train", a, v, 0, UINT64_MAX, &o->seed), i++;
+            o->set_seed = 1;
         } else if (!strcmp(a, "--lr")) {
             bad = cli_parse_double("train", a, v, 0, 1, MAX_LR, &o->lr), i++;
             o->set_lr = 1;
@@ -1257,6 +1262,58 @@ static int arch_from_checkpoint(int argc, char **argv, int *nargc, char ***nargv
     return 0;
 }
 
+/* A resumed run is the run its checkpoint was written by: --seed, --batch-size and
+ * --train-limit not given are the checkpoint's (given, they must agree: resume() refuses
+ * another value, naming both), --epochs not given is the run's length as it was planned
+ * (given, it is an override: a longer or shorter run on the same schedule), and --save not
+ * given is the checkpoint resumed from. Each value is checked as strictly as its option. 0,
+ * or the exit status after a message. */
+static int adopt_run(train_opts *o)
+{
+    if (!o->resume)
+        return 0;
+    ts_checkpoint *ck;
+    ts_status s = ts_checkpoint_load(o->resume, NULL, &ck);
+    if (s)
+        return cli_fail(s, "--resume");
+    static const struct {
+        const char *key, *opt;
+        uint64_t lo, hi;
+    } keys[] = {{"train.seed", "--seed", 0, UINT64_MAX},
+                {"train.batch_size", "--batch-size", 1, MAX_BATCH},
+                {"train.train_limit", "--train-limit", 0, MAX_LIMIT},
+                {"train.epochs", "--epochs", 1, MAX_EPOCHS}};
+    int rc = 0;
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0] && !rc; k++) {
+        const char *t = ts_checkpoint_meta(ck, keys[k].key);
+        uint64_t v;
+        if (!t)
+            continue; /* a checkpoint from before the key: the options as given */
+        if (cli_strict_u64(t, keys[k].lo, keys[k].hi, &v)) {
+            char shown[200];
+            fprintf(stderr, "tessera: error: %s: '%s' = '%s' is not a whole number in [%llu, "
+                            "%llu] (the values %s takes); the checkpoint is damaged or was "
+                            "edited\n", o->resume, keys[k].key,
+                    cli_printable(t, 60, shown, sizeof shown),
+                    (unsigned long long)keys[k].lo, (unsigned long long)keys[k].hi,
+                    keys[k].opt);
+            rc = 1;
+        } else if (k == 0 && !o->set_seed) {
+            o->seed = v;
+        } else if (k == 1 && !o->set_batch) {
+            o->batch = (int64_t)v;
+        } else if (k == 2 && !o->set_limit) {
+            o->train_limit = (int64_t)v;
+        } else if (k == 3 && !o->set_epochs) {
+            o->epochs = (int64_t)v;
+        }
+    }
+    ts_checkpoint_free(ck);
+    if (!rc && !o->save && !o->eval_only)
+        o->save = o->resume;
+    return rc;
+}
+
 int cmd_train(int argc, char **argv, const cli_common *common)
 {
     char **nargv, *nbuf;
@@ -1281,6 +1338,8 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     int rc = parse(argc, argv, &t.o, common);
     if (rc)
         return rc < 0 ? 0 : rc;
+    if ((rc = adopt_run(&t.o)))
+        return rc;
     /* the progress bar: on stderr when it is a terminal (rank 0 alone), not mixed into
      * --log-steps lines or into JSON on the same terminal */
     t.tty = isatty(STDERR_FILENO) && !t.o.log_steps && !(t.o.json && isatty(STDOUT_FILENO));
@@ -1524,7 +1583,9 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     }
     if (t.stopped_by) {
         if (t.rank == 0)
-            cli_say_stopped(t.stopped_by, (long long)t.step, took, t.o.save);
+            cli_say_stopped(t.stopped_by, (long long)t.step, took, t.o.save,
+                            (const char *const[]){"--data", t.o.data, "--device", t.o.device,
+                                                  "--config", config, NULL});
         rc = 128 + t.stopped_by;
         t.world = 1; /* every rank stopped after the same step: nothing to abort */
         goto out;
@@ -1576,41 +1637,14 @@ int cmd_eval(int argc, char **argv, const cli_common *common)
     }
     if (!resume)
         return cli_usage_error("eval", "which checkpoint? (tessera eval --resume CKPT)");
-    /* The run's settings that --resume checks (seed, batch size, training slice) are the
-     * checkpoint's unless given: only their values are taken from the file, each parsed as
-     * strictly as on the command line. */
-    const char *ckpt = NULL;
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--resume"))
-            ckpt = argv[i + 1];
-    static const char *const keep[][2] = {{"--seed", "train.seed"},
-                                          {"--batch-size", "train.batch_size"},
-                                          {"--train-limit", "train.train_limit"}};
-    char vals[3][32];
-    char **nv = calloc((size_t)argc + 8, sizeof *nv);
+    /* The run's settings (seed, batch size, training slice) are the checkpoint's unless
+     * given: train --resume takes them from it (adopt_run). */
+    char **nv = calloc((size_t)argc + 2, sizeof *nv);
     if (!nv)
         return cli_fail(TS_ENOMEM, "eval");
     int n = 0;
     for (int i = 0; i < argc; i++)
         nv[n++] = argv[i];
-    ts_checkpoint *ck = NULL;
-    if (ckpt && ts_checkpoint_load(ckpt, NULL, &ck) == TS_OK) {
-        ts_model_config mc;
-        const char *model = ts_model_load_config(ck, &mc) == TS_OK ? mc.name : NULL;
-        for (int k = 0; k < 3; k++) {
-            const char *v = ts_checkpoint_meta(ck, keep[k][1]);
-            int given = 0;
-            for (int i = 1; i < argc; i++)
-                given |= !strcmp(argv[i], keep[k][0]);
-            if (given || !v || strlen(v) >= sizeof vals[k] ||
-                (k == 2 && model && !strcmp(model, "gpt")))
-                continue;
-            snprintf(vals[k], sizeof vals[k], "%s", v);
-            nv[n++] = (char *)keep[k][0];
-            nv[n++] = vals[k];
-        }
-        ts_checkpoint_free(ck);
-    }
     nv[n++] = "--eval-only";
     int rc = cmd_train(n, nv, common);
     free(nv);

@@ -552,6 +552,8 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
         if (bad)
             return 2;
     }
+    if (o->resume && !o->save && !o->eval_only)
+        o->save = o->resume; /* a resumed run saves where it was resumed from */
     if (o->resume && o->save_initial)
         return cli_usage_error("train", "--save-initial writes a new model's initial weights; "
                                "with --resume there is none (leave one of them out)");
@@ -845,7 +847,9 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
                 goto out;
             }
             if (r.rank == 0)
-                cli_say_stopped(sig, (long long)r.step, NULL, r.o.save);
+                cli_say_stopped(sig, (long long)r.step, NULL, r.o.save,
+                                (const char *const[]){"--text", r.o.text, "--device",
+                                                      r.o.device, "--config", config, NULL});
             r.stopped = sig;
             break;
         }

@@ -71,10 +71,11 @@ refused_by_all "a NaN weight" "$TMP/nan.st" "'transformer.wte.weight' holds a va
     --warmup-steps 2 --weight-decay 0.05 --batch-size 3 --seed 9 --eval-every 3 \
     --save "$TMP/run.st" >/dev/null 2>&1
 out=$("$TESSERA" train --model gpt --text "$TMP/t.txt" --context 8 --layers 1 --heads 1 \
-    --embd 8 --eval-batches 1 --eval-every 3 --resume "$TMP/run.st" --json 2>&1)
+    --embd 8 --eval-batches 1 --eval-every 3 --resume "$TMP/run.st" --save "$TMP/run2.st" --json 2>&1)
 last=$(echo "$out" | grep '"step"' | grep -v '"event"' | tail -1 | "$JSON_CHECK" step 2>/dev/null)
 banner=$("$TESSERA" train --model gpt --text "$TMP/t.txt" --context 8 --layers 1 --heads 1 \
-    --embd 8 --eval-batches 1 --eval-every 3 --max-steps 4 --resume "$TMP/run.st" 2>&1 | head -1)
+    --embd 8 --eval-batches 1 --eval-every 3 --max-steps 4 --resume "$TMP/run.st" \
+    --save "$TMP/run3.st" 2>&1 | head -1)
 if [ "$last" = "step=6" ] && contains "$banner" "batch 3 x 8 tokens, seed 9, adamw lr 0.002 weight decay 0.05, 2 warm-up steps then cosine to 0.0001, 6 steps, resumed from $TMP/run.st at step 3"; then
     ok "resume without settings takes the checkpoint's (ends at its step 6; the banner shows them)"
 else

@@ -1,0 +1,73 @@
+#!/bin/sh
+# tests/cli/test-resume-run.sh: resuming restores the whole run. A run stopped by --max-steps
+# or by SIGINT and resumed with only --resume CKPT (plus where the data is) finishes
+# byte-identical to the straight run, for an MNIST model and the GPT: model, optimizer,
+# schedule, seed, batch size, training slice and run length come from the checkpoint, and the
+# run saves where it was resumed from. The SIGINT message prints the command that continues.
+. "${TS_SRCDIR:-.}/tests/cli/lib.sh"
+plan 3
+DATA=/usr/share/datasets/fashion-mnist
+cd "$TMP" || exit 1
+
+# The GPT, split by --max-steps: needs no data set.
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 100) >t.txt
+G="--model gpt --text t.txt --context 16 --layers 1 --heads 2 --embd 16 --batch-size 3 --steps 20
+  --warmup-steps 4 --lr 0.003 --eval-every 5 --eval-batches 1 --seed 3"
+# shellcheck disable=SC2086
+"$TESSERA" train $G --save ga.ckpt >ga.out 2>&1
+# shellcheck disable=SC2086
+"$TESSERA" train $G --max-steps 7 --save gb.ckpt >gb.out 2>&1
+out=$("$TESSERA" train --resume gb.ckpt --text t.txt 2>&1)
+if cmp -s ga.ckpt gb.ckpt && contains "$out" "resumed from gb.ckpt at step 7"; then
+    ok "gpt: 7 steps, then train --resume CKPT --text alone: the straight run's checkpoint, byte for byte"
+else
+    fail "gpt: --max-steps then --resume alone" "$out" "$(cmp ga.ckpt gb.ckpt 2>&1)"
+fi
+
+if [ ! -d "$DATA" ]; then
+    skip "mlp: --max-steps then --resume alone" "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)"
+    skip "mlp: SIGINT then the printed command" "Fashion-MNIST is not installed"
+    finish
+fi
+M="--model mlp --hidden 32 --train-limit 640 --epochs 3 --batch-size 32 --seed 5 --lr 0.01
+  --optimizer sgd --momentum 0.9"
+# shellcheck disable=SC2086
+"$TESSERA" train $M --save a.ckpt >a.out 2>&1
+# shellcheck disable=SC2086
+"$TESSERA" train $M --max-steps 13 --save b.ckpt >b.out 2>&1
+out=$("$TESSERA" train --resume b.ckpt 2>&1)
+if cmp -s a.ckpt b.ckpt && contains "$out" "resumed from b.ckpt at epoch 1, step 13"; then
+    ok "mlp: 13 steps, then train --resume CKPT alone: the straight run's checkpoint, byte for byte"
+else
+    fail "mlp: --max-steps then --resume alone" "$out" "$(cmp a.ckpt b.ckpt 2>&1)"
+fi
+
+# SIGINT after the first steps: the message names the command that continues; running it
+# finishes the run as the straight one did.
+L="--model mlp --hidden 32 --train-limit 640 --epochs 30 --batch-size 32 --seed 5 --lr 0.01"
+# shellcheck disable=SC2086
+"$TESSERA" train $L --save straight.ckpt >st.out 2>&1
+# shellcheck disable=SC2086
+"$TESSERA" train $L --save cut.ckpt --log-steps >cut.out 2>cut.err &
+pid=$!
+end=$(($(date +%s) + $(hang_limit 60)))
+while ! grep -q '^step ' cut.out 2>/dev/null && kill -0 $pid 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do
+    sleep 0.05
+done
+kill -INT $pid 2>/dev/null
+wait $pid
+rc=$?
+cmd=$(grep -A1 'continue with:' cut.err | tail -1)
+if [ $rc -eq 130 ] && [ "$cmd" = "  tessera train --resume cut.ckpt" ]; then
+    out=$(eval "\"\$TESSERA\" ${cmd#  tessera }" 2>&1)
+    if cmp -s straight.ckpt cut.ckpt; then
+        ok "mlp: SIGINT prints '${cmd#  }'; running it ends byte-identical to the straight run"
+    else
+        fail "mlp: SIGINT then the printed command" "$out" "$(cmp straight.ckpt cut.ckpt 2>&1)"
+    fi
+elif [ $rc -eq 0 ]; then
+    skip "mlp: SIGINT then the printed command" "the run ended before the signal came"
+else
+    fail "mlp: SIGINT then the printed command" "rc=$rc" "$(cat cut.err)"
+fi
+finish
