@@ -343,14 +343,22 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
     ssize_t len;
     long long lineno = 0;
     int bad = !p || !line, events = 0, too_long = 0;
-    while (!bad && fgets(line, LINE_MAX_BYTES + 2, f)) {
+    for (int c = 0; !bad && c != EOF;) {
+        /* one line, counted in bytes (a NUL is a byte like any other) */
+        len = 0;
+        while ((c = getc(f)) != EOF && c != '\n' && len <= LINE_MAX_BYTES)
+            line[len++] = (char)c;
+        if (len == 0 && c == EOF)
+            break;
         lineno++;
-        len = (ssize_t)strlen(line);
-        if (len > LINE_MAX_BYTES || (line[len - 1] != '\n' && !feof(f))) {
+        if (len > LINE_MAX_BYTES) {
             too_long = 1;
             break;
         }
-        while (len && (line[len - 1] == '\n' || line[len - 1] == ',' || line[len - 1] == ' '))
+        line[len] = 0;
+        if (memchr(line, 0, (size_t)len))
+            continue; /* not text: no event of ours */
+        while (len && (line[len - 1] == ',' || line[len - 1] == ' '))
             line[--len] = 0;
         if (len < 2 || line[0] != '{' || line[len - 1] != '}')
             continue; /* the header and the closing "]}" */

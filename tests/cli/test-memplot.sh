@@ -91,7 +91,7 @@ cp "$TMP/ck.safetensors" "$TMP/p.svg.trace.json"
 o5=$("$TESSERA" train $G --steps 4 --save "$TMP/sub/c.safetensors" --memplot "$TMP/sub/./c.safetensors" 2>&1); r5=$?
 o6=$("$TESSERA" train $G --steps 4 --resume "$TMP/p.svg.trace.json" --memplot "$TMP/p.svg" 2>&1); r6=$?
 o7=$("$TESSERA" train $G --steps 2 --save-initial "$TMP/sub/i.safetensors" --memplot "$TMP/sub/../sub/i.safetensors" 2>&1); r7=$?
-if [ $r1 -eq 2 ] && contains "$o1" "the trace" && contains "$o1" "--resume" && [ $r2 -eq 2 ] &&
+if [ $r1 -eq 2 ] && contains "$o1" "the trace" && contains "$o1" "is the file of --" && [ $r2 -eq 2 ] &&
     contains "$o2" "--memplot" && [ $r3 -eq 2 ] && contains "$o3" "--save" && [ $r4 -eq 2 ] &&
     cmp -s "$TMP/ck.safetensors" "$TMP/ck.orig" && [ ! -e "$TMP/new.safetensors" ] &&
     [ $r5 -eq 2 ] && [ ! -e "$TMP/sub/c.safetensors" ] && [ $r6 -eq 2 ] &&
