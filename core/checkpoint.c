@@ -1,6 +1,5 @@
 /* core/checkpoint.c: named tensors and string metadata saved in the safetensors format. Saves
- * go to a temporary file created exclusively under an unpredictable name (never through a
- * link), fsynced and renamed over the target, whose mode and owner it takes. Loads validate the
+ * go through the atomic writer of core/fileio.c (ts__save_atomic). Loads validate the
  * whole header (cJSON does the parsing) and the layout of the data region, then keep the file
  * open and read a tensor's bytes only when it is asked for, with bounded reads only. No global
  * state: every call works on its own buffers. */
@@ -8,14 +7,10 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/stat.h>
-#include <sys/random.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -618,427 +613,11 @@ fail:
     return s;
 }
 
-/* What one save is doing, for TS_FAULT_IO and for its messages. */
-struct ts__saver {
-    const char *path;
-    const char *what; /* "the checkpoint", "the array": for messages */
-    char *tmp;        /* the temporary file's name */
-    int injected;     /* the last failure came from TS_FAULT_IO */
-};
-typedef struct ts__saver saver;
-
-/* The TS_FAULT_IO hook in front of each disk step: 1 (errno EIO) when it fires. */
-static int io_fault(saver *sv)
-{
-    sv->injected = ts__fault_hit(TS_FAULT_IO);
-    if (sv->injected)
-        errno = EIO;
-    return sv->injected;
-}
-
-/* fsync and rename behind the hook: each disk step is one call, so none can be dropped
- * without the fault walk noticing. */
-static int io_fsync(saver *sv, int fd)
-{
-    return io_fault(sv) ? -1 : fsync(fd);
-}
-
-static int io_rename(saver *sv, const char *from, const char *to)
-{
-    return io_fault(sv) ? -1 : rename(from, to);
-}
-
-static int write_all(saver *sv, int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        if (io_fault(sv))
-            return -1;
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            if (w == 0)
-                errno = EIO;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* The directory part of path ("." when none). (transfer full) */
-static char *dir_of(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        return ts__strdup(".");
-    while (slash > path && slash[-1] == '/')
-        slash--;
-    if (slash == path)
-        return ts__strdup("/");
-    size_t n = (size_t)(slash - path);
-    char *d = ts__malloc(n + 1);
-    if (d) {
-        memcpy(d, path, n);
-        d[n] = 0;
-    }
-    return d;
-}
-
-/* Creates the temporary file next to path, exclusively (O_EXCL | O_NOFOLLOW) under a name with
- * 64 random bits, so nothing planted in the directory can be opened, followed or predicted.
- * mode: the permission bits to create with (the umask applies). */
-static int create_tmp(saver *sv, mode_t mode)
-{
-    for (int tries = 0; tries < 64; tries++) {
-        uint64_t r = 0;
-        if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
-            /* No entropy yet (early boot): O_EXCL keeps this safe, only less unpredictable. */
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            r ^= (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15u ^ (uint64_t)ts.tv_sec ^
-                 (uint64_t)(uintptr_t)&r ^ (uint64_t)tries << 56;
-        }
-        free(sv->tmp);
-        sv->tmp = ts__asprintf("%s.tmp.%016" PRIx64, sv->path, r);
-        if (!sv->tmp) {
-            errno = ENOMEM;
-            return -1;
-        }
-        int fd = open(sv->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-        if (fd >= 0 || errno != EEXIST)
-            return fd;
-    }
-    errno = EEXIST;
-    return -1;
-}
-
-/* The text for a failed step: strerror, or what fault injection did. */
-static const char *io_error(const saver *sv, int err)
-{
-    return sv->injected ? "injected I/O error (TS_FAULT_IO)" : strerror(err);
-}
-
-/* Refuses a target that exists and is not a regular file; *st gets what lstat saw, *exists
- * whether there was anything. */
-static ts_status check_target(const char *at, const char *path, const char *what,
-                              struct stat *st, int *exists)
-{
-    *exists = 0;
-    if (lstat(at, st) != 0) {
-        if (errno == ENOENT)
-            return TS_OK;
-        return ts__fail(TS_EIO, "%s: cannot save %s: %s", path, what, strerror(errno));
-    }
-    *exists = 1;
-    if (S_ISLNK(st->st_mode))
-        return ts__fail(TS_EIO, "%s: cannot save %s: the path is a symbolic link, which a save "
-                        "never follows or replaces; save to the file it names instead",
-                        path, what);
-    if (!S_ISREG(st->st_mode))
-        return ts__fail(TS_EIO, "%s: cannot save %s: the path is %s; a save only creates a new "
-                        "file or replaces a regular one",
-                        path, what, ts__file_kind(st->st_mode));
-    /* Another user's file at the name we write (pre-created in a shared directory) would make
-     * what we save theirs to read and change: never adopted, never replaced. */
-    if (st->st_uid != geteuid())
-        return ts__fail(TS_EIO, "%s: cannot save %s: the file there belongs to uid %ld, not to "
-                        "you (uid %ld), and a save never replaces another user's file; remove "
-                        "it or save under another name",
-                        path, what, (long)st->st_uid, (long)geteuid());
-    return TS_OK;
-}
-
-/* Where path really is, for a file written there: its directory with every symbolic link
- * resolved, following only links of root's or the caller's (one another user planted in a
- * directory they can write would send the file anywhere: into a root-only directory, over
- * another file of the same name), and that directory and every one above it changeable by no
- * one else (owned by root or the caller, writable by no group or other unless sticky), so
- * nothing can be swapped in along the way between the checks and the writes. *at gets the
- * resolved path (transfer full); messages name path. */
-static ts_status resolve_output(const char *path, const char *what, char **at)
-{
-    *at = NULL;
-    const char *slash = strrchr(path, '/');
-    const char *base = slash ? slash + 1 : path;
-    if (!*base)
-        return ts__fail(TS_EIO, "%s: cannot save %s: the name ends with '/', which names a "
-                        "directory; name a file", path, what);
-    char *dir = dir_of(path), *real = NULL, why[1024];
-    if (!dir)
-        return ts__fail(TS_ENOMEM, "%s: out of memory saving %s", path, what);
-    int r = ts__resolve_trusted(dir, &real, why, sizeof why);
-    free(dir);
-    char *full = r == 0 ? ts__asprintf("%s%s%s", real, strcmp(real, "/") ? "/" : "", base)
-                        : NULL;
-    free(real);
-    if (r == 0 && !full)
-        return ts__fail(TS_ENOMEM, "%s: out of memory saving %s", path, what);
-    if (r == 0)
-        r = ts__trust_dirs(full, why, sizeof why);
-    if (r > 0) {
-        free(full);
-        return ts__fail(TS_EIO, "%s: refusing to save %s there: %s; another user could "
-                        "redirect or replace what is written (and what is read back later). "
-                        "Save it in a directory that only you or root can change",
-                        path, what, why);
-    }
-    if (r < 0) {
-        free(full);
-        return ts__fail(errno == ENOMEM ? TS_ENOMEM : TS_EIO, "%s: cannot save %s there: %s",
-                        path, what, why);
-    }
-    *at = full;
-    return TS_OK;
-}
-
-/* The mode of a file that replaces old, fd created with 0666 less the umask: old's permission
- * bits where they are no wider than that (a user's 0600 stays 0600), never wider. The file at
- * the name may not be one the caller chose: a hard link to some 0666 file of root's, or an old
- * output renamed there by whoever can write the directory. */
-static int keep_mode(int fd, const struct stat *old)
-{
-    struct stat fresh;
-    if (fstat(fd, &fresh) != 0)
-        return -1;
-    return fchmod(fd, old->st_mode & fresh.st_mode & 0777);
-}
-
 TS_API ts_status ts_checkpoint_check_path(const char *path)
 {
     if (!path || !*path)
         return ts__fail(TS_EINVAL, "ts_checkpoint_check_path: NULL or empty path");
     return ts_file_check_path(path, "the checkpoint");
-}
-
-TS_API ts_status ts_file_check_path(const char *path, const char *what)
-{
-    if (!path || !*path)
-        return ts__fail(TS_EINVAL, "ts_file_check_path: NULL or empty path");
-    what = what ? what : "the file";
-    struct stat st;
-    int exists = 0;
-    char *at;
-    ts_status s = resolve_output(path, what, &at);
-    if (s)
-        return s;
-    if ((s = check_target(at, path, what, &st, &exists))) {
-        free(at);
-        return s;
-    }
-    saver sv = {.path = at, .what = what};
-    int fd = create_tmp(&sv, 0600);
-    if (fd < 0) {
-        int err = errno;
-        char *dir = dir_of(path);
-        s = ts__fail(TS_EIO, "%s: cannot save %s there: creating a file in '%s' failed: %s",
-                     path, what, dir ? dir : ".", strerror(err));
-        free(dir);
-    } else {
-        close(fd);
-        unlink(sv.tmp);
-    }
-    free(sv.tmp);
-    free(at);
-    return s;
-}
-
-int ts__save_write(ts__saver *sv, int fd, const void *buf, size_t n)
-{
-    return write_all(sv, fd, buf, n);
-}
-
-ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body, void *user)
-{
-    if (!path || !*path)
-        return ts__fail(TS_EINVAL, "saving %s: NULL or empty path", what);
-    ts_status s = TS_OK;
-    char *dir = NULL, *at = NULL;
-    int fd = -1, dfd = -1, created = 0, exists = 0, err = 0;
-    saver sv = {.path = path, .what = what};
-    const char *step = "creating";
-    struct stat old;
-    /* Blocked, SIGXFSZ (the file size limit) cannot kill the process: write() fails with
-     * EFBIG instead, and the signal it leaves pending on this thread is taken back below. The
-     * mask is this thread's alone and is restored, so the process's dispositions stay as the
-     * caller set them. */
-    sigset_t xfsz, saved_mask, pending;
-    sigemptyset(&xfsz);
-    sigaddset(&xfsz, SIGXFSZ);
-    pthread_sigmask(SIG_BLOCK, &xfsz, &saved_mask);
-    sigemptyset(&pending);
-    sigpending(&pending);
-    int xfsz_was_pending = sigismember(&pending, SIGXFSZ);
-
-    if ((s = resolve_output(path, what, &at)))
-        goto out;
-    sv.path = at;
-    if ((s = check_target(at, path, what, &old, &exists)))
-        goto out;
-    dir = dir_of(at);
-    if (!dir) {
-        s = ts__fail(TS_ENOMEM, "%s: out of memory saving %s", path, what);
-        goto out;
-    }
-    fd = create_tmp(&sv, 0666);
-    if (fd < 0)
-        goto io_fail;
-    created = 1;
-    step = "setting the mode of";
-    if (exists && keep_mode(fd, &old) != 0)
-        goto io_fail;
-    step = "writing";
-    int b = body(&sv, fd, user);
-    if (b == TS__SAVE_IO)
-        goto io_fail;
-    if (b != TS_OK) {
-        s = (ts_status)b;
-        goto out;
-    }
-    step = "syncing the temporary file";
-    if (io_fsync(&sv, fd) != 0)
-        goto io_fail;
-    step = "closing";
-    int rc = close(fd);
-    fd = -1;
-    if (rc != 0)
-        goto io_fail;
-    /* Narrow the window: something put at the target since the first look is refused too. */
-    if ((s = check_target(at, path, what, &old, &exists)))
-        goto out;
-    step = "renaming";
-    if (io_rename(&sv, sv.tmp, at) != 0)
-        goto io_fail;
-    created = 0;
-    /* Make the rename itself durable. Some filesystems cannot fsync a directory (EINVAL). */
-    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || (io_fsync(&sv, dfd) != 0 && (sv.injected || errno != EINVAL))) {
-        s = ts__fail(TS_EIO, "%s: saved, but syncing the directory '%s' failed, so the rename "
-                     "may not survive a crash: %s",
-                     path, dir, io_error(&sv, errno));
-        goto out;
-    }
-    goto out;
-io_fail:
-    err = errno;
-    if (err == EFBIG && !sv.injected)
-        s = ts__fail(TS_EIO, "%s: cannot save %s: %s '%s' went past the file size limit "
-                     "(ulimit -f, RLIMIT_FSIZE): %s",
-                     path, what, step, sv.tmp, strerror(err));
-    else if (strcmp(step, "renaming") == 0)
-        s = ts__fail(TS_EIO, "%s: cannot save %s: renaming '%s' over it: %s", path, what,
-                     sv.tmp, io_error(&sv, err));
-    else
-        s = ts__fail(TS_EIO, "%s: cannot save %s (%s '%s'): %s", path, what, step,
-                     sv.tmp ? sv.tmp : path, io_error(&sv, err));
-out:
-    if (fd >= 0)
-        close(fd);
-    if (created)
-        unlink(sv.tmp);
-    if (dfd >= 0)
-        close(dfd);
-    /* Take back a SIGXFSZ this save raised, then unblock as before. */
-    sigemptyset(&pending);
-    sigpending(&pending);
-    if (!xfsz_was_pending && sigismember(&pending, SIGXFSZ)) {
-        struct timespec zero = {0, 0};
-        while (sigtimedwait(&xfsz, NULL, &zero) < 0 && errno == EINTR)
-            ;
-    }
-    pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);
-    free(dir);
-    free(at);
-    free(sv.tmp);
-    return s;
-}
-
-/* ts_file_save's body: the caller's writer on a stdio stream over a duplicate of fd. */
-typedef struct file_body {
-    ts_file_writer write;
-    void *user;
-} file_body;
-
-static int write_file_body(ts__saver *sv, int fd, void *user)
-{
-    (void)sv;
-    file_body *fb = user;
-    int dfd = dup(fd);
-    FILE *f = dfd >= 0 ? fdopen(dfd, "wb") : NULL;
-    if (!f) {
-        int err = errno;
-        if (dfd >= 0)
-            close(dfd);
-        errno = err;
-        return TS__SAVE_IO;
-    }
-    int rc = fb->write(f, fb->user);
-    int werr = ferror(f) ? EIO : 0;
-    if (fflush(f) != 0 && !werr)
-        werr = errno;
-    if (fclose(f) != 0 && !werr)
-        werr = errno;
-    if (rc != 0)
-        return ts__fail(TS_EIO, "the writer gave up (%d)", rc);
-    if (werr) {
-        errno = werr;
-        return TS__SAVE_IO;
-    }
-    return TS_OK;
-}
-
-TS_API ts_status ts_file_save(const char *path, const char *what, ts_file_writer write,
-                              void *user)
-{
-    if (!write)
-        return ts__fail(TS_EINVAL, "ts_file_save: no writer");
-    file_body fb = {write, user};
-    return ts__save_atomic(path, what ? what : "the file", write_file_body, &fb);
-}
-
-ts_status ts__create_output(const char *path, const char *what, int *fd_out)
-{
-    *fd_out = -1;
-    if (!path || !*path)
-        return ts__fail(TS_EINVAL, "creating %s: NULL or empty path", what);
-    struct stat old;
-    int exists, fd = -1;
-    char *at;
-    ts_status s = resolve_output(path, what, &at);
-    if (s)
-        return s;
-    saver sv = {.path = at, .what = what};
-    const char *step = "creating";
-    if ((s = check_target(at, path, what, &old, &exists)))
-        goto out;
-    fd = create_tmp(&sv, 0666);
-    if (fd < 0)
-        goto io_fail;
-    step = "setting the mode of";
-    if (exists && keep_mode(fd, &old) != 0)
-        goto io_fail;
-    if ((s = check_target(at, path, what, &old, &exists)))
-        goto out;
-    step = "renaming";
-    if (rename(sv.tmp, at) != 0)
-        goto io_fail;
-    free(sv.tmp);
-    free(at);
-    *fd_out = fd;
-    return TS_OK;
-io_fail:
-    s = ts__fail(TS_EIO, "%s: cannot create %s (%s '%s'): %s", path, what, step,
-                 sv.tmp ? sv.tmp : path, strerror(errno));
-out:
-    if (fd >= 0) {
-        close(fd);
-        unlink(sv.tmp);
-    }
-    free(sv.tmp);
-    free(at);
-    return s;
 }
 
 /* The checkpoint's bytes: length, header, every tensor (ts__save_body). */
@@ -1055,11 +634,11 @@ static int write_checkpoint(ts__saver *sv, int fd, void *user)
     unsigned char len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((uint64_t)cb->hlen >> (8 * i));
-    if (write_all(sv, fd, len8, 8) || write_all(sv, fd, cb->header, cb->hlen))
+    if (ts__save_write(sv, fd, len8, 8) || ts__save_write(sv, fd, cb->header, cb->hlen))
         return TS__SAVE_IO;
     void *buf = cb->maxbytes ? ts__malloc(cb->maxbytes) : NULL;
     if (cb->maxbytes && !buf)
-        return ts__fail(TS_ENOMEM, "%s: out of memory saving the checkpoint", sv->path);
+        return ts__fail(TS_ENOMEM, "%s: out of memory saving the checkpoint", ts__save_path(sv));
     for (size_t i = 0; i < ck->n; i++) {
         ck_entry *e = &ck->e[i];
         ts_tensor *t = __atomic_load_n(&e->t, __ATOMIC_ACQUIRE);
@@ -1067,9 +646,9 @@ static int write_checkpoint(ts__saver *sv, int fd, void *user)
         ts_status s = t ? ts_tensor_to_host(t, buf, (size_t)e->nbytes) : read_bytes(ck, e, buf);
         if (s) {
             free(buf);
-            return ts__fail_prefix(s, "%s: tensor '%s': ", sv->path, e->name);
+            return ts__fail_prefix(s, "%s: tensor '%s': ", ts__save_path(sv), e->name);
         }
-        if (write_all(sv, fd, buf, (size_t)e->nbytes)) {
+        if (ts__save_write(sv, fd, buf, (size_t)e->nbytes)) {
             int err = errno;
             free(buf);
             errno = err;

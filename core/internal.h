@@ -35,7 +35,7 @@ uint64_t ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype);
 uint64_t ts__profile_end_call(uint64_t t0, const ts_kernel_call *call);
 /* IEEE half to float32, exactly (subnormals, infinities and NaN included). */
 float ts__half_to_float(uint16_t h);
-/* Atomic, link-safe saves (core/checkpoint.c; see checkpoint.h): body writes the file's bytes
+/* Atomic, link-safe saves (core/fileio.c; see checkpoint.h): body writes the file's bytes
  * to fd with ts__save_write and returns TS_OK, TS__SAVE_IO for a failed write (errno set:
  * the saver words the message) or another ts_status with its message set; the temporary
  * file becomes path only when it returned TS_OK. what names the file in messages ("the
@@ -45,6 +45,8 @@ typedef struct ts__saver ts__saver;
 typedef int (*ts__save_body)(ts__saver *sv, int fd, void *user);
 ts_status ts__save_atomic(const char *path, const char *what, ts__save_body body, void *user);
 int ts__save_write(ts__saver *sv, int fd, const void *buf, size_t n);
+/* The path a save writes (with its directory resolved), for a body's messages. */
+const char *ts__save_path(const ts__saver *sv);
 /* A file written as a stream over a long time (a memory trace): the same rule as a save
  * (refuses links, special files and another user's file; the file is new and the caller's,
  * created exclusively next to path), but renamed into place at once, so readers see it grow.
