@@ -1,0 +1,326 @@
+/* core/device.c: the ts_device calls around a loaded plugin's vtable: accessors, memory
+ * through the host's pool, copies, fills, and kernel dispatch with the reference kernels
+ * standing in where a host-memory plugin declines. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "memtrace.h"
+
+/* ---- accessors and vtable wrappers ---------------------------------------------------- */
+
+TS_API const char *ts_device_name(const ts_device *dev)
+{
+    return dev ? dev->name : NULL;
+}
+
+TS_API const char *ts_device_path(const ts_device *dev)
+{
+    return dev ? dev->path : NULL;
+}
+
+TS_API const ts_plugin_desc *ts_device_desc(const ts_device *dev)
+{
+    return dev ? dev->desc : NULL;
+}
+
+TS_API const ts_setting *ts_device_settings(const ts_device *dev, size_t *n)
+{
+    if (n)
+        *n = dev ? dev->nsettings : 0;
+    return dev ? dev->settings : NULL;
+}
+
+TS_API ts_status ts_device_info_get(ts_device *dev, ts_device_info *info)
+{
+    if (!dev || !info)
+        return ts__fail(TS_EINVAL, "ts_device_info_get: NULL argument");
+    memset(info, 0, sizeof *info);
+    info->struct_size = sizeof *info;
+    ts_status s = dev->vt.device_info(dev->ctx, info);
+    if (s)
+        return s;
+    info->name[sizeof info->name - 1] = 0;
+    /* Figures no device can have are dropped (their valid bit cleared) with a warning, so
+     * nothing downstream divides by a zero total or trusts free > total. */
+    const char *why = NULL;
+    if ((info->valid & TS_DEVINFO_TOTAL) && info->total_bytes == 0)
+        why = "a total of 0 bytes";
+    else if ((info->valid & TS_DEVINFO_TOTAL) && info->total_bytes > DEVINFO_MAX_BYTES)
+        why = "an implausible total (over 64 PiB)";
+    else if ((info->valid & (TS_DEVINFO_TOTAL | TS_DEVINFO_FREE)) ==
+                 (TS_DEVINFO_TOTAL | TS_DEVINFO_FREE) &&
+             info->free_bytes > info->total_bytes)
+        why = "more free memory than total";
+    if (why) {
+        ts__log(TS_LOG_WARN, "plugin '%s' reports %s (total %llu, free %llu bytes); its memory "
+                "figures are ignored: fix the plugin's device_info", dev->name, why,
+                (unsigned long long)info->total_bytes, (unsigned long long)info->free_bytes);
+        info->valid &= ~(TS_DEVINFO_TOTAL | TS_DEVINFO_FREE);
+        info->total_bytes = info->free_bytes = 0;
+    }
+    return TS_OK;
+}
+
+TS_API int ts_device_supports(ts_device *dev, int op, int dtype)
+{
+    return dev && dev->vt.supports && dev->vt.run && dev->vt.supports(dev->ctx, op, dtype);
+}
+
+TS_API ts_status ts_device_memory_stats(ts_device *dev, ts_memory_stats *stats)
+{
+    if (!dev || !stats)
+        return ts__fail(TS_EINVAL, "ts_device_memory_stats: NULL argument");
+    memset(stats, 0, sizeof *stats);
+    stats->struct_size = sizeof *stats;
+    ts__pool_api.stats(dev->pool, stats);
+    return TS_OK;
+}
+
+TS_API void ts_device_reset_peak(ts_device *dev)
+{
+    if (dev)
+        ts__pool_api.reset_peak(dev->pool);
+}
+
+TS_API void ts_device_empty_cache(ts_device *dev)
+{
+    if (dev)
+        ts__pool_api.empty_cache(dev->pool);
+}
+
+TS_API ts_status ts_device_set_limits(ts_device *dev, uint64_t reserve_limit,
+                                     uint64_t cache_limit)
+{
+    if (!dev)
+        return ts__fail(TS_EINVAL, "ts_device_set_limits: device is NULL");
+    return ts__pool_api.set_limits(dev->pool, reserve_limit, cache_limit);
+}
+
+/* What a plugin's failing call looks like, for TS_FAULT_KERNEL (tessera/fault.h). */
+static ts_status injected(ts_device *dev, const char *what)
+{
+    return ts__fail(TS_EPLUGIN, "plugin '%s': %s failed (injected fault)", dev->name, what);
+}
+
+TS_API ts_status ts_device_alloc(ts_device *dev, size_t nbytes, const char *tag, void **ptr)
+{
+    if (!ptr)
+        return ts__fail(TS_EINVAL, "ts_device_alloc: ptr is NULL");
+    *ptr = NULL;
+    if (!dev)
+        return ts__fail(TS_EINVAL, "ts_device_alloc: device is NULL");
+    return ts__pool_api.alloc(dev->pool, nbytes, tag, ptr);
+}
+
+TS_API void ts_device_free(ts_device *dev, void *ptr)
+{
+    if (dev && ptr)
+        ts__pool_api.free(dev->pool, ptr);
+}
+
+TS_API ts_status ts_device_copy_from_host(ts_device *dev, void *dst, const void *src,
+                                          size_t nbytes)
+{
+    if (!dev || (nbytes && (!dst || !src)))
+        return ts__fail(TS_EINVAL, "ts_device_copy_from_host: NULL argument");
+    if (nbytes && ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, "copy_h2d");
+    return nbytes ? dev->vt.copy_h2d(dev->ctx, dst, src, nbytes) : TS_OK;
+}
+
+TS_API ts_status ts_device_copy_to_host(ts_device *dev, void *dst, const void *src,
+                                        size_t nbytes)
+{
+    if (!dev || (nbytes && (!dst || !src)))
+        return ts__fail(TS_EINVAL, "ts_device_copy_to_host: NULL argument");
+    if (nbytes && ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, "copy_d2h");
+    return nbytes ? dev->vt.copy_d2h(dev->ctx, dst, src, nbytes) : TS_OK;
+}
+
+TS_API ts_status ts_device_copy_device(ts_device *dev, void *dst, const void *src,
+                                      size_t nbytes)
+{
+    if (!dev || (nbytes && (!dst || !src)))
+        return ts__fail(TS_EINVAL, "ts_device_copy_device: NULL argument");
+    return nbytes ? dev->vt.copy_d2d(dev->ctx, dst, src, nbytes) : TS_OK;
+}
+
+TS_API ts_status ts_device_fill(ts_device *dev, void *dst, size_t nbytes, const void *pattern,
+                                size_t pattern_size)
+{
+    if (!dev || !pattern || (nbytes && !dst))
+        return ts__fail(TS_EINVAL, "ts_device_fill: NULL argument");
+    if ((pattern_size != 1 && pattern_size != 2 && pattern_size != 4 && pattern_size != 8) ||
+        nbytes % pattern_size)
+        return ts__fail(TS_EINVAL, "ts_device_fill: a pattern of %zu bytes (1, 2, 4 or 8) "
+                        "must divide the %zu bytes to fill", pattern_size, nbytes);
+    return ts__device_fill(dev, dst, nbytes, pattern, pattern_size);
+}
+
+TS_API ts_status ts_device_synchronize(ts_device *dev)
+{
+    if (!dev)
+        return ts__fail(TS_EINVAL, "ts_device_synchronize: device is NULL");
+    return dev->vt.synchronize(dev->ctx);
+}
+
+/* Whether dev's plugin knows everything call uses: a function appended to an enum after the
+ * minor ABI the plugin was built for is never sent to it (it would not know the value). */
+static int plugin_knows(const ts_device *dev, const ts_kernel_call *call)
+{
+    if (call->op == TS_OP_UNARY && call->params &&
+        call->params_size >= sizeof(ts_unary_params)) {
+        int32_t fn = ((const ts_unary_params *)call->params)->fn;
+        if (fn >= TS_UNARY_GELU_TANH && dev->vt.abi_minor < 1)
+            return 0;
+        if (fn >= TS_UNARY_GELU_TANH_DERIV && dev->vt.abi_minor < 2)
+            return 0;
+    }
+    return 1;
+}
+
+/* "float32 <- float32, int64": the output's dtype, then the inputs'. */
+static const char *call_dtypes(const ts_kernel_call *call, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < call->noutputs && i < 4 && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : "",
+                              ts_dtype_name(call->outputs[i].dtype));
+    if (n < len)
+        n += (size_t)snprintf(buf + n, len - n, " <-");
+    for (int i = 0; i < call->ninputs && i < 4 && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : " ",
+                              ts_dtype_name(call->inputs[i].dtype));
+    return buf;
+}
+
+TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
+{
+    if (!dev || !call)
+        return ts__fail(TS_EINVAL, "ts_device_run: NULL argument");
+    if (call->op <= TS_OP_NONE || call->op >= TS_OP_COUNT)
+        return ts__fail(TS_EINVAL, "ts_device_run: unknown op %d", (int)call->op);
+    if (call->ninputs < 0 || call->noutputs < 0 || (call->ninputs && !call->inputs) ||
+        (call->noutputs && !call->outputs))
+        return ts__fail(TS_EINVAL, "ts_device_run: inconsistent operand counts or arrays");
+    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    char dts[128];
+    if (!dev->vt.run || !dev->vt.supports || !dev->vt.supports(dev->ctx, call->op, dtype))
+        return ts__fail(TS_ENOTSUP, "plugin '%s' does not implement %s for %s (%s)", dev->name,
+                        ts_op_name(call->op), ts_dtype_name(dtype),
+                        call_dtypes(call, dts, sizeof dts));
+    if (!plugin_knows(dev, call))
+        return ts__fail(TS_ENOTSUP, "plugin '%s' was built for plugin ABI %u.%u, before %s %s "
+                        "(%s) was added; rebuild it against this tessera's headers",
+                        dev->name, (unsigned)dev->vt.abi_major, (unsigned)dev->vt.abi_minor,
+                        ts_op_name(call->op),
+                        ts_fn_name(call->op, ((const ts_unary_params *)call->params)->fn),
+                        call_dtypes(call, dts, sizeof dts));
+    if (ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, ts_op_name(call->op));
+    ts_clear_error();
+    ts_status s = dev->vt.run(dev->ctx, call);
+    if (s == TS_ENOTSUP && !ts_last_error()[0])
+        ts__fail(TS_ENOTSUP, "plugin '%s' declined %s (%s), which it claims for %s; %s",
+                 dev->name, ts_op_name(call->op), call_dtypes(call, dts, sizeof dts),
+                 ts_dtype_name(dtype),
+                 (dev->vt.flags & TS_PLUGIN_HOST_MEMORY)
+                     ? "the reference kernels have no such kernel either"
+                     : "it has no host memory the reference kernels could run on: implement "
+                       "the case or use another device");
+    return s;
+}
+
+ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *pattern,
+                          size_t pattern_size)
+{
+    if (nbytes && ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, "fill");
+    if (!nbytes)
+        return TS_OK;
+    uint64_t t0 = ts__profile_begin();
+    ts_status s = dev->vt.fill(dev->ctx, dst, nbytes, pattern, pattern_size);
+    uint64_t t1 = ts__profile_end(t0, TS_OP_FILL, -1, -1); /* raw bytes: no dtype */
+    if (t1 && (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE))
+        ts__memtrace_kernel("fill", t0, t1, NULL);
+    if (s == TS_OK && ts__mem_debug_on())
+        ts__pool_name_block(dev->pool, dst, "fill", 1);
+    return s;
+}
+
+/* Whether the core's reference kernels may stand in for dev: its memory is host memory. */
+static int host_memory(const ts_device *dev)
+{
+    return (dev->vt.flags & TS_PLUGIN_HOST_MEMORY) != 0;
+}
+
+/* Whether op runs on the core's reference kernels on dev: a host-memory plugin that does not
+ * claim it. */
+static int uses_reference(ts_device *dev, int32_t op, int32_t dtype)
+{
+    return host_memory(dev) && op > TS_OP_NONE && op < TS_OP_COUNT &&
+           !ts_device_supports(dev, op, dtype) && ts__hostref_supports(op, dtype);
+}
+
+int ts__device_is_host_memory(const ts_device *dev)
+{
+    return dev && host_memory(dev);
+}
+
+int ts__device_runs(ts_device *dev, int32_t op, int32_t dtype)
+{
+    return dev && (ts_device_supports(dev, op, dtype) || uses_reference(dev, op, dtype));
+}
+
+int ts__device_runs_unary(ts_device *dev, int32_t fn, int32_t dtype)
+{
+    if (!ts__device_runs(dev, TS_OP_UNARY, dtype))
+        return 0;
+    ts_unary_params p = {fn};
+    ts_kernel_call call = {.op = TS_OP_UNARY, .params = &p, .params_size = sizeof p};
+    return plugin_knows(dev, &call) ||
+           (host_memory(dev) && ts__hostref_supports(TS_OP_UNARY, dtype));
+}
+
+ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
+{
+    if (!dev || !call)
+        return ts_device_run(dev, call);
+    uint64_t t0 = ts__profile_begin();
+    ts_status s;
+    int32_t dtype = call->noutputs > 0 && call->outputs ? call->outputs[0].dtype : TS_F32;
+    if (uses_reference(dev, call->op, dtype) ||
+        (!plugin_knows(dev, call) && host_memory(dev) && ts__hostref_supports(call->op, dtype))) {
+        s = ts__hostref_run(&dev->host, call);
+    } else {
+        s = ts_device_run(dev, call);
+        /* A claimed op the plugin declined for this call: the reference kernels stand in on
+         * host memory. */
+        if (s == TS_ENOTSUP && host_memory(dev) && ts_device_supports(dev, call->op, dtype) &&
+            ts__hostref_supports(call->op, dtype)) {
+            ts_clear_error();
+            s = ts__hostref_run(&dev->host, call);
+        }
+    }
+    uint64_t t1 = ts__profile_end_call(t0, call);
+    if (t1 && (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE))
+        ts__memtrace_kernel(ts__call_name(call), t0, t1,
+                            call->noutputs > 0 && call->outputs ? &call->outputs[0] : NULL);
+    /* Debug mode: the first kernel to write a new tensor names its block for leak reports. */
+    if (s == TS_OK && ts__mem_debug_on())
+        for (int i = 0; i < call->noutputs && call->outputs; i++)
+            ts__pool_name_block(dev->pool, call->outputs[i].data, ts__call_name(call), 1);
+    return s;
+}
+
+void ts__device_name_block(ts_device *dev, const void *ptr, const char *text)
+{
+    if (dev)
+        ts__pool_name_block(dev->pool, ptr, text, 0);
+}

@@ -1,0 +1,25 @@
+/* core/device.h: a loaded device plugin, shared by core/loader.c (which loads it) and
+ * core/device.c (the ts_device calls around its vtable); never installed. */
+#ifndef TESSERA_CORE_DEVICE_H
+#define TESSERA_CORE_DEVICE_H
+
+#include "internal.h"
+#include "pool.h"
+
+struct ts_device {
+    char *name;             /* the descriptor's name */
+    char *path;             /* the .so */
+    void *handle;           /* dlopen handle */
+    const ts_plugin_desc *desc; /* the plugin's own descriptor */
+    ts_plugin_desc vt;      /* a full-size copy: members past the plugin's struct_size are NULL */
+    void *ctx;              /* from init */
+    ts_setting *settings;
+    size_t nsettings;
+    ts_host host;           /* this device's host table; host_private points back here */
+    ts_pool *pool;          /* the host's caching pool over the plugin's raw memory */
+};
+
+/* Larger device memory than this in ts_device_info is a plugin bug (64 PiB). */
+#define DEVINFO_MAX_BYTES ((uint64_t)1 << 56)
+
+#endif /* TESSERA_CORE_DEVICE_H */
