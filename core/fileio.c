@@ -675,7 +675,7 @@ TS_API ts_status ts_file_save(const char *path, const char *what, ts_file_writer
     return ts__save_atomic(path, what ? what : "the file", write_file_body, &fb);
 }
 
-ts_status ts__create_output(const char *path, const char *what, int *fd_out)
+ts_status ts__create_output(const char *path, const char *what, int new_only, int *fd_out)
 {
     *fd_out = -1;
     if (!path || !*path)
@@ -690,6 +690,20 @@ ts_status ts__create_output(const char *path, const char *what, int *fd_out)
     const char *step = "creating";
     if ((s = check_target(at, path, what, &old, &exists)))
         goto out;
+    if (new_only) { /* exclusively at the name itself: nothing is ever replaced */
+        fd = open(at, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+        if (fd < 0 && errno == EEXIST)
+            s = ts__fail(TS_EIO, "%s: cannot create %s: the file exists, and a name from the "
+                         "environment only ever makes a new file; remove it or choose another "
+                         "name", path, what);
+        else if (fd < 0)
+            s = ts__fail(TS_EIO, "%s: cannot create %s: %s", path, what, strerror(errno));
+        if (fd >= 0)
+            (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        free(at);
+        *fd_out = fd;
+        return s;
+    }
     fd = create_tmp(&sv, 0666);
     if (fd < 0)
         goto io_fail;

@@ -50,8 +50,10 @@ const char *ts__save_path(const ts__saver *sv);
 /* A file written as a stream over a long time (a memory trace): the same rule as a save
  * (refuses links, special files and another user's file; the file is new and the caller's,
  * created exclusively next to path), but renamed into place at once, so readers see it grow.
+ * new_only: path must not exist (a name from the environment, which a root shell may have
+ * kept from another user, must not replace root's files): created there exclusively.
  * (transfer full) on *fd_out: close() it. TS_EIO with the reason. */
-ts_status ts__create_output(const char *path, const char *what, int *fd_out);
+ts_status ts__create_output(const char *path, const char *what, int new_only, int *fd_out);
 /* The name of the kernel call: its function ("mul", "sum") or its op ("matmul"). */
 const char *ts__call_name(const ts_kernel_call *call);
 

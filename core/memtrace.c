@@ -252,7 +252,9 @@ void ts__memtrace_flush(void)
 
 /* ts_memtrace_start without the snapshot of existing pools, which needs the registry lock
  * (the environment's trace starts under it, before any pool exists). */
-static ts_status trace_open(const char *path)
+/* new_only: the path comes from the environment (TESSERA_MEMTRACE), which a root shell may
+ * have kept from another user (sudo -E): it may only create a new file, never replace one. */
+static ts_status trace_open(const char *path, int new_only)
 {
     if (!path || !*path)
         return ts__fail(TS_EINVAL, "memtrace: no path given");
@@ -271,7 +273,7 @@ static ts_status trace_open(const char *path)
      * (a planted name in a shared directory must not redirect or take over a root process's
      * writes): a new file of the caller's, renamed into place. */
     int fd;
-    ts_status s = ts__create_output(path, "the memory trace", &fd);
+    ts_status s = ts__create_output(path, "the memory trace", new_only, &fd);
     FILE *f = s ? NULL : fdopen(fd, "w");
     if (!f) {
         if (!s) {
@@ -311,7 +313,7 @@ static ts_status trace_open(const char *path)
 
 TS_API ts_status ts_memtrace_start(const char *path)
 {
-    ts_status st = trace_open(path);
+    ts_status st = trace_open(path, 0);
     if (st == TS_OK)
         ts__pools_trace_snapshot();
     return st;
@@ -342,7 +344,7 @@ void ts__memtrace_env_init(void)
     if (d && (!strcmp(d, "1") || !strcmp(d, "true") || !strcmp(d, "yes") || !strcmp(d, "on")))
         ts_memory_debug(1);
     const char *path = ts__getenv("TESSERA_MEMTRACE");
-    if (path && *path && trace_open(path) != TS_OK)
+    if (path && *path && trace_open(path, 1) != TS_OK)
         ts__log(TS_LOG_WARN, "TESSERA_MEMTRACE: %s", ts_last_error());
 }
 

@@ -145,6 +145,29 @@ TS_API ts_status ts_model_new(const ts_model_config *c, ts_device *dev, ts_rng *
     return ts__classifier_new(c, dev, rng, out);
 }
 
+TS_API double ts_model_params(const ts_model_config *c)
+{
+    if (ts_model_check(c) != TS_OK)
+        return -1;
+    if (is(c, "gpt"))
+        return ts_gpt_params(&c->gpt);
+    if (is(c, "lenet5")) /* conv1 156, conv2 2,416, fc 48,120 + 10,164 + 850 */
+        return 61706;
+    double n = 0, ch = 1, hw = 28;
+    for (int i = 0; i < c->nchannels; i++) { /* 3x3 convolutions with bias */
+        n += ch * (double)c->channels[i] * 9 + (double)c->channels[i];
+        ch = (double)c->channels[i];
+        hw = floor(hw / 2);
+    }
+    double feat = ch * hw * hw;
+    for (int i = 0; i <= c->nhidden; i++) { /* linear layers with bias */
+        double o = i < c->nhidden ? (double)c->hidden[i] : 10;
+        n += feat * o + o;
+        feat = o;
+    }
+    return n;
+}
+
 /* " OPT 1,2,3" appended to buf. */
 static void put_list(char *buf, size_t len, const char *opt, const int64_t *v, int n)
 {
@@ -284,10 +307,25 @@ static int parse_list(const char *t, int64_t max, int64_t *v, int32_t *n)
     }
 }
 
+/* Text from a file, safe to print: control characters and bytes over 0x7e as \xNN (a
+ * hostile checkpoint must not send a terminal escape sequences), cut after max bytes. */
+static const char *shown(const char *t, size_t max, char *buf, size_t len)
+{
+    size_t at = 0, i = 0;
+    for (; t[i] && i < max && at + 8 < len; i++) {
+        unsigned char c = (unsigned char)t[i];
+        at += (size_t)snprintf(buf + at, len - at, c < 0x20 || c > 0x7e ? "\\x%02x" : "%c", c);
+    }
+    snprintf(buf + at, len - at, "%s", t[i] ? "..." : "");
+    return buf;
+}
+
 static ts_status corrupt(const char *key, const char *value, const char *why)
 {
-    return ts_fail(TS_ECORRUPT, "model configuration: metadata '%s' = '%s': %s", key,
-                   value ? value : "(missing)", why);
+    char k[512], v[512];
+    return ts_fail(TS_ECORRUPT, "model configuration: metadata '%s' = '%s': %s",
+                   shown(key, 80, k, sizeof k), value ? shown(value, 80, v, sizeof v) : "(missing)",
+                   why);
 }
 
 /* The keys of each model, besides model.name. */

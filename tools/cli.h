@@ -111,6 +111,11 @@ int cli_restore_model(const ts_checkpoint *ck, const char *path, const ts_named_
  * against the tensors present. Prints the error; returns 0 ((transfer full) on *ck), or the
  * exit status. */
 #define CLI_GPT_FORMAT "tessera-train-gpt-1"
+/* Whether cfg, read from ck, has as many parameters as ck's tensors hold (optimizer state
+ * aside): checked before anything is built, so that a hostile configuration cannot make a
+ * run allocate and initialise a huge model first. 0, or 1 after a message naming path. */
+int cli_model_matches_tensors(const ts_checkpoint *ck, const char *path,
+                              const ts_model_config *cfg);
 int cli_gpt_open(const char *path, ts_device *dev, ts_checkpoint **ck, ts_gpt_config *cfg);
 /* "gpt --context C --layers L --heads H --embd E --dropout D" (ts_model_describe). */
 const char *cli_gpt_describe(const ts_gpt_config *c, char *buf, size_t len);

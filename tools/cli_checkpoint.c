@@ -109,6 +109,33 @@ int cli_restore_model(const ts_checkpoint *ck, const char *path, const ts_named_
     return rc;
 }
 
+int cli_model_matches_tensors(const ts_checkpoint *ck, const char *path,
+                              const ts_model_config *cfg)
+{
+    double stored = 0;
+    for (size_t i = 0; i < ts_checkpoint_count(ck); i++) {
+        const char *name = ts_checkpoint_name(ck, i);
+        int32_t dtype;
+        int ndim;
+        int64_t shape[TS_MAX_DIMS];
+        if (!strncmp(name, "optim.", 6) ||
+            ts_checkpoint_tensor_info(ck, name, &dtype, &ndim, shape) != TS_OK)
+            continue;
+        double n = 1;
+        for (int d = 0; d < ndim; d++)
+            n *= (double)shape[d];
+        stored += n;
+    }
+    double want = ts_model_params(cfg);
+    if (want == stored)
+        return 0;
+    char arch[512];
+    fprintf(stderr, "tessera: error: %s: its model configuration ('%s') has %.0f parameters, "
+                    "but the checkpoint holds %.0f: it was edited or is damaged (nothing was "
+                    "built)\n", path, ts_model_describe(cfg, arch, sizeof arch), want, stored);
+    return 1;
+}
+
 /* ---- the GPT's checkpoints ---------------------------------------------------------- */
 
 const char *cli_gpt_describe(const ts_gpt_config *g, char *buf, size_t len)
@@ -139,6 +166,8 @@ int cli_gpt_open(const char *path, ts_device *dev, ts_checkpoint **out, ts_gpt_c
         fprintf(stderr, "tessera: error: %s: metadata 'train.format' = '%s': this tessera reads "
                         "GPT checkpoints of format '%s' only (a newer tessera wrote it, or it "
                         "is damaged)\n", path, b, CLI_GPT_FORMAT);
+    else if (cli_model_matches_tensors(ck, path, &mc))
+        ; /* said why */
     else {
         *cfg = mc.gpt;
         *out = ck;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -70,6 +71,14 @@ static int64_t pick(const float *logits, int64_t vocab, double temp, int64_t top
     }
     free(w);
     return chosen;
+}
+
+static void put_byte(int c, int tty)
+{
+    if (tty && ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f))
+        printf("\\x%02x", c);
+    else
+        fputc(c, stdout);
 }
 
 int cmd_generate(int argc, char **argv, const cli_common *common)
@@ -159,7 +168,12 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
     }
     memcpy(hist, prompt, plen);
     len = plen;
-    fwrite(prompt, 1, plen, stdout);
+    /* On a terminal, control bytes the model writes are shown as \xNN: a checkpoint from
+     * someone else could otherwise send the terminal escape sequences (retitle it, clear it,
+     * rewrite what is on screen). Redirected, the bytes are written as they are. */
+    const int tty = isatty(STDOUT_FILENO);
+    for (size_t i = 0; i < plen; i++)
+        put_byte((unsigned char)prompt[i], tty);
     uint64_t r = seed;
     double t0 = cli_now();
     /* feed the prompt (its last context positions) */
@@ -179,7 +193,7 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
             break;
         int64_t next = pick(lv, cfg.vocab, temp, top_k, &r);
         hist[len++] = (unsigned char)next;
-        fputc((int)next, stdout);
+        put_byte((int)next, tty);
         ts_tensor_unref(logits);
         logits = NULL;
         if (t + 1 == tokens)

@@ -1220,6 +1220,10 @@ static int arch_from_checkpoint(int argc, char **argv, int *nargc, char ***nargv
         ts_checkpoint_free(ck);
         return 1;
     }
+    if (cli_model_matches_tensors(ck, ckpt, &mc)) {
+        ts_checkpoint_free(ck);
+        return 1;
+    }
     char text[512];
     const char *arch = ts_model_describe(&mc, text, sizeof text);
     char shown[400]; /* printable and short */

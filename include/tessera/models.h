@@ -104,6 +104,10 @@ ts_status ts_model_check(const ts_model_config *cfg);
  * state give the same weights, bit for bit. (transfer full) on *out. */
 ts_status ts_model_new(const ts_model_config *cfg, ts_device *dev, ts_rng *rng,
                        ts_module **out);
+/* How many parameters (learnable scalars) ts_model_new would make for cfg, computed from the
+ * configuration alone; -1 when ts_model_check refuses it. For checking a configuration read
+ * from a file against the tensors stored with it before building anything. */
+double ts_model_params(const ts_model_config *cfg);
 /* "mlp --hidden 256,128", "gpt --context 128 --layers 4 --heads 4 --embd 128 --dropout 0":
  * the configuration as the options of tessera train, for people and logs. Returns buf. */
 const char *ts_model_describe(const ts_model_config *cfg, char *buf, size_t len);

@@ -8,7 +8,7 @@
 # shape that cannot fit is refused before it is built; a missing or damaged checkpoint is
 # named as such.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 12
+plan 14
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 40) >"$TMP/t.txt"
 TINY="--model gpt --text $TMP/t.txt --context 8 --heads 1 --embd 8 --batch-size 2 --eval-batches 1"
 
@@ -59,9 +59,9 @@ refused_by_all() {
     fi
 }
 refused_by_all "a 64-layer header over a 1-layer body" "$TMP/deep.st" \
-    "has no tensor 'transformer.h.1."
+    "parameters, but the checkpoint holds 3000"
 refused_by_all "a 1-layer header over a 2-layer body" "$TMP/shallow.st" \
-    "holds a tensor 'transformer.h.1."
+    "(nothing was built)"
 refused_by_all "an unknown train.format" "$TMP/format.st" "'train.format' = 'tessera-train-gpt-9'"
 refused_by_all "a NaN weight" "$TMP/nan.st" "'transformer.wte.weight' holds a value that is not finite"
 
@@ -121,6 +121,33 @@ if [ "$g" -eq 21 ] && [ $re -eq 0 ] && contains "$e" "validation loss" && [ $rt 
     ok "a checkpoint of the previous format generates, evaluates and resumes"
 else
     fail "a checkpoint of the previous format" "generate: $g bytes" "eval $re: $e" "train $rt: $t"
+fi
+
+# A model configuration that does not match the tensors stored with it is refused before the
+# model is built (a hostile one could otherwise make root allocate and initialise gigabytes).
+LC_ALL=C sed 's/"mlp --hidden 4"/"mlp --hidden 9"/' "$TS_SRCDIR/tests/data/legacy/mlp-hidden4.safetensors" \
+    >"$TMP/wide.st"
+o=$("$TESSERA" train --resume "$TMP/wide.st" 2>&1); rc=$?
+if [ $rc -eq 1 ] && contains "$o" "('mlp --hidden 9') has 7165 parameters, but the checkpoint holds 3190" &&
+    contains "$o" "nothing was built"; then
+    ok "a model configuration that does not match its tensors is refused before building"
+else
+    fail "a model configuration that does not match its tensors" "rc=$rc" "$o"
+fi
+
+# On a terminal, control bytes generate writes (the prompt's, or a hostile model's) are shown
+# as \xNN, never sent to the terminal; redirected, bytes go out as they are.
+if command -v script >/dev/null 2>&1; then
+    P="$(printf 'a\033]0;X\007b')"
+    o=$(script -qec "\"$TESSERA\" generate --resume \"$LEGACY\" --prompt '$P' --tokens 3 --seed 1" /dev/null 2>&1)
+    r=$("$TESSERA" generate --resume "$LEGACY" --prompt "$P" --tokens 3 --seed 1 2>/dev/null | head -c 8)
+    if contains "$o" 'a\x1b]0;X\x07b' && ! contains "$o" "$(printf '\033')" && [ "$r" = "$P" ]; then
+        ok "generate shows control bytes as \\xNN on a terminal and writes them as they are when redirected"
+    else
+        fail "generate escapes control bytes on a terminal" "$o" "$r"
+    fi
+else
+    skip "generate escapes control bytes on a terminal" "no script(1) to make a terminal"
 fi
 
 # An absurd shape is refused at once, with the sizes, before anything is built (it once built

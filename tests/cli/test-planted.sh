@@ -8,7 +8,7 @@
 # it as it was; one's own file there is replaced by a new one. The attacker is uid 65534 (files chowned to it, which needs root: those checks
 # skip otherwise), working in a sticky shared directory as /tmp is.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 25
+plan 27
 chmod 755 "$TMP"
 SHARED="$TMP/shared"
 mkdir -p "$SHARED" && chmod 1777 "$SHARED"
@@ -237,6 +237,26 @@ else
         fail "TESSERA_MEMTRACE refuses a planted trace" "exit $rc" "$o"
     fi
 fi
+# A name from the environment only ever makes a new file: TESSERA_MEMTRACE naming an existing
+# file of root's own (a kept environment could name /etc/shadow) is refused, the file intact.
+echo "root's own" >"$TMP/precious.conf" && chmod 600 "$TMP/precious.conf"
+# shellcheck disable=SC2086
+o=$(TESSERA_MEMTRACE="$TMP/precious.conf" "$TESSERA" train $GPT 2>&1)
+rc=$?
+if [ $rc -eq 0 ] && contains "$o" "TESSERA_MEMTRACE" && contains "$o" "only ever makes a new file" &&
+    [ "$(cat "$TMP/precious.conf")" = "root's own" ]; then
+    ok "TESSERA_MEMTRACE never replaces an existing file, even one's own"
+else
+    fail "TESSERA_MEMTRACE never replaces an existing file" "rc=$rc" "$o"
+fi
+# shellcheck disable=SC2086
+TESSERA_MEMTRACE="$TMP/fresh-trace.json" "$TESSERA" train $GPT >/dev/null 2>&1
+if grep -q traceEvents "$TMP/fresh-trace.json" 2>/dev/null; then
+    ok "TESSERA_MEMTRACE naming a new file writes the trace there"
+else
+    fail "TESSERA_MEMTRACE naming a new file writes the trace there" "$(ls -l "$TMP")"
+fi
+
 # One's own file at the name is replaced by a new file, the caller's, with its own mode.
 echo old >"$OUT/own.safetensors" && chmod 600 "$OUT/own.safetensors"
 ino=$(stat -c %i "$OUT/own.safetensors")

@@ -171,6 +171,8 @@ static void test_hostile_metadata(void)
     refused("gpt", "model.dropout", "nan", "model.dropout");
     refused("gpt", "model.dropout", "1", "model.dropout");
     refused("gpt", "model.context", "99999999999999999999", "model.context");
+    /* a terminal escape in a value is shown, not sent */
+    refused("cnn", "model.init", "\x1b]0;PWNED\x07", "'\\x1b]0;PWNED\\x07'");
     /* none at all */
     ts_checkpoint *ck;
     CHECK_OK(ts_checkpoint_new(&ck));
@@ -248,18 +250,26 @@ static int same_weights(ts_module *a, ts_module *b)
 static void test_build_is_deterministic(void)
 {
     setup();
-    static const char *const names[] = {"mlp", "lenet5", "cnn", "gpt"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const names[] = {"mlp", "lenet5", "cnn", "gpt", "cnn", "mlp"};
+    for (int i = 0; i < 6; i++) {
         ts_model_config c;
         CHECK_OK(ts_model_defaults(names[i], &c));
         if (!strcmp(names[i], "gpt"))
             c.gpt = (ts_gpt_config){256, 8, 1, 2, 8, 0};
+        if (i == 4) /* 4 blocks (28 -> 14 -> 7 -> 3 -> 1) and hidden layers */
+            c.nchannels = 4, c.channels[2] = 3, c.channels[3] = 5, c.nhidden = 2,
+            c.hidden[0] = 7, c.hidden[1] = 3;
+        if (i == 5)
+            c.nhidden = 1, c.hidden[0] = 5;
         ts_rng r1 = TS_RNG(5), r2 = TS_RNG(5), r3 = TS_RNG(6);
         ts_module *a, *b, *d;
         CHECK_OK(ts_model_new(&c, dev, &r1, &a));
         CHECK_OK(ts_model_new(&c, NULL, &r2, &b)); /* NULL: the default device */
         CHECK_OK(ts_model_new(&c, dev, &r3, &d));
         CHECK_MSG(same_weights(a, b), "%s: the same seed built other weights", names[i]);
+        CHECK_MSG(ts_model_params(&c) == (double)ts_module_num_params(a),
+                  "%s: ts_model_params %g, the module has %lld", names[i], ts_model_params(&c),
+                  (long long)ts_module_num_params(a));
         CHECK_MSG(!same_weights(a, d), "%s: another seed built the same weights", names[i]);
         ts_module_free(a);
         ts_module_free(b);
