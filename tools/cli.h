@@ -121,6 +121,9 @@ int cli_gpt_open(const char *path, ts_device *dev, ts_checkpoint **ck, ts_gpt_co
 const char *cli_gpt_describe(const ts_gpt_config *c, char *buf, size_t len);
 /* 1, after an error message naming the sizes, when ts_gpt_bytes is over dev's pool limit. */
 int cli_gpt_too_big(const ts_gpt_config *c, int64_t batch, int training, ts_device *dev);
+/* Of names, the one a misspelt given is closest to (at most 2 edits: a letter added,
+ * dropped, changed, or two swapped; fewer than half the name), or NULL: for "did you mean". */
+const char *cli_did_you_mean(const char *given, const char *const *names, size_t n);
 /* qsort comparator for doubles, ascending. */
 int cli_cmp_double(const void *a, const void *b);
 

@@ -463,3 +463,45 @@ cJSON *cli_eval_record(const char *ckpt, const char *model, long long step)
     cJSON_AddNumberToObject(j, "checkpoint_step", (double)step);
     return j;
 }
+
+/* Edits between a and b (optimal string alignment: insert, delete, change, swap two
+ * neighbours), up to 8 characters longer than needed to tell "near" from "far". */
+static int edits(const char *a, const char *b)
+{
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 32 || m > 32)
+        return 99;
+    int d[33][33];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int cost = a[i - 1] != b[j - 1];
+            int v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v)
+                v = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < v)
+                v = d[i - 1][j - 1] + cost;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[n][m];
+}
+
+const char *cli_did_you_mean(const char *given, const char *const *names, size_t n)
+{
+    const char *best = NULL;
+    int best_d = 3; /* at most 2 edits, and fewer than half the word */
+    for (size_t i = 0; given && i < n; i++) {
+        int d = edits(given, names[i]);
+        if (d < best_d && (size_t)d * 2 < strlen(names[i])) {
+            best = names[i];
+            best_d = d;
+        }
+    }
+    return best;
+}

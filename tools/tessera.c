@@ -66,6 +66,25 @@ static const command *find(const command *table, size_t n, const char *name)
     return NULL;
 }
 
+/* The name of table closest to a misspelt one (at most 2 edits: a letter added, dropped,
+ * changed or two swapped), or NULL. */
+static const char *closest(const command *table, size_t n, const char *name)
+{
+    const char *names[64];
+    for (size_t i = 0; i < n && i < 64; i++)
+        names[i] = table[i].name;
+    return cli_did_you_mean(name, names, n < 64 ? n : 64);
+}
+
+/* "unknown command 'trian' (did you mean 'train'?)" */
+static int unknown(const char *cmd, const char *what, const command *table, size_t n,
+                   const char *name)
+{
+    const char *near = closest(table, n, name);
+    return cli_usage_error(cmd, "unknown %s '%s'%s%s%s", what, name,
+                           near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "");
+}
+
 static void print_table(FILE *f, const char *prefix, const command *table, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -142,7 +161,7 @@ static int cmd_help(int argc, char **argv, const cli_common *common)
     }
     const command *c = find(commands, COUNT(commands), argv[1]);
     if (!c)
-        return cli_usage_error("help", "unknown command '%s'", argv[1]);
+        return unknown("help", "command", commands, COUNT(commands), argv[1]);
     if (c->run == cmd_bench) {
         if (argc < 3) {
             print_bench_usage(stdout);
@@ -240,7 +259,25 @@ int main(int argc, char **argv)
         return 2;
     }
     const command *c = find(commands, COUNT(commands), argv[i]);
-    if (c)
-        return c->run(argc - i, argv + i, &common);
-    return cli_usage_error(NULL, "unknown command '%s'", argv[i]);
+    if (!c)
+        return unknown(NULL, "command", commands, COUNT(commands), argv[i]);
+    /* --name=value is --name value, for every command */
+    char **args = calloc(2 * (size_t)(argc - i) + 1, sizeof *args);
+    if (!args)
+        return cli_fail(TS_ENOMEM, "tessera");
+    int n = 0;
+    for (int k = i; k < argc; k++) {
+        const char *eq = argv[k][0] == '-' && argv[k][1] == '-' ? strchr(argv[k], '=') : NULL;
+        if (eq && eq > argv[k] + 2 && strspn(argv[k] + 2, "abcdefghijklmnopqrstuvwxyz"
+                                                          "0123456789-") == (size_t)(eq - argv[k] - 2)) {
+            *(char *)eq = 0; /* argv is ours to change */
+            args[n++] = argv[k];
+            args[n++] = (char *)eq + 1;
+        } else {
+            args[n++] = argv[k];
+        }
+    }
+    int rc = c->run(n, args, &common);
+    free(args);
+    return rc;
 }

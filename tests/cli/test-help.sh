@@ -3,7 +3,7 @@
 # `tessera help ...` prints (its own usage line, exit 0), the usage text is complete, and an
 # unknown command or benchmark exits 2 with a message.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 5
+plan 6
 
 usage=$("$TESSERA" help)
 cmds=$(echo "$usage" | sed -n '/^commands:/,/^$/p' | awk 'NF && $1 != "commands:" {print $1}')
@@ -67,5 +67,18 @@ if [ -z "$missing" ] && [ -z "$warn" ]; then
     ok "man/tessera.1 has every command, benchmark and environment variable of --help"
 else
     fail "man/tessera.1 keeps up with --help" "missing:$missing" "$warn"
+fi
+# A misspelt command gets the nearest one; --name=value is --name value for every command.
+o1=$("$TESSERA" trian 2>&1); r1=$?
+o2=$("$TESSERA" xyzzy 2>&1); r2=$?
+o3=$("$TESSERA" train --epochs=0 2>&1); r3=$?
+o4=$("$TESSERA" help generat 2>&1); r4=$?
+if [ $r1 -eq 2 ] && contains "$o1" "unknown command 'trian' (did you mean 'train'?)" &&
+    [ $r2 -eq 2 ] && ! contains "$o2" "did you mean" && [ $r3 -eq 2 ] &&
+    contains "$o3" "--epochs '0' is out of range" && [ $r4 -eq 2 ] &&
+    contains "$o4" "did you mean 'generate'?"; then
+    ok "a misspelt command gets 'did you mean'; --epochs=0 is read as --epochs 0"
+else
+    fail "did you mean, --name=value" "$r1 $o1" "$r2 $o2" "$r3 $o3" "$r4 $o4"
 fi
 finish
