@@ -120,7 +120,6 @@ bad:
                     text);
 }
 
-
 int ts__config_bool(const char *t, int32_t *out)
 {
     static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no", "off", "0"};

@@ -691,15 +691,14 @@ ts_status ts__create_output(const char *path, const char *what, int new_only, in
     if ((s = check_target(at, path, what, &old, &exists)))
         goto out;
     if (new_only) { /* exclusively at the name itself: nothing is ever replaced */
-        fd = open(at, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+        /* O_EXCL: a new regular file or nothing (no FIFO, link or device is ever opened) */
+        fd = open(at, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
         if (fd < 0 && errno == EEXIST)
             s = ts__fail(TS_EIO, "%s: cannot create %s: the file exists, and a name from the "
                          "environment only ever makes a new file; remove it or choose another "
                          "name", path, what);
         else if (fd < 0)
             s = ts__fail(TS_EIO, "%s: cannot create %s: %s", path, what, strerror(errno));
-        if (fd >= 0)
-            (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
         free(at);
         *fd_out = fd;
         return s;

@@ -15,11 +15,9 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "memtrace.h"
 #include "device.h"
+#include "memtrace.h"
 #include "pool.h"
-
-
 
 /* ---- search path ---------------------------------------------------------------------- */
 

@@ -121,6 +121,19 @@ int cli_gpt_open(const char *path, ts_device *dev, ts_checkpoint **ck, ts_gpt_co
 const char *cli_gpt_describe(const ts_gpt_config *c, char *buf, size_t len);
 /* 1, after an error message naming the sizes, when ts_gpt_bytes is over dev's pool limit. */
 int cli_gpt_too_big(const ts_gpt_config *c, int64_t batch, int training, ts_device *dev);
+/* A run setting a resumed run takes from its checkpoint: metadata key of the checkpoint, for
+ * option opt. Not given: *v becomes the checkpoint's value. Given with another value: with
+ * refuse, 2 after a message naming both values; without, left as given (an override, or
+ * checked later). A value outside [lo, hi] (the option's own range): 1 after a message. A
+ * missing key: 1 after a message when required, else 0 and *v as it was. */
+typedef struct cli_run_key {
+    const char *key, *opt;
+    int given, required, refuse;
+} cli_run_key;
+int cli_adopt_int(const ts_checkpoint *ck, const char *path, cli_run_key k, uint64_t lo,
+                  uint64_t hi, uint64_t *v);
+int cli_adopt_f64(const ts_checkpoint *ck, const char *path, cli_run_key k, double lo,
+                  int lo_open, double hi, double *v);
 /* Of names, the one a misspelt given is closest to (at most 2 edits: a letter added,
  * dropped, changed, or two swapped; fewer than half the name), or NULL: for "did you mean". */
 const char *cli_did_you_mean(const char *given, const char *const *names, size_t n);

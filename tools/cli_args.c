@@ -331,8 +331,12 @@ static void put_word(char *buf, size_t len, const char *text)
     int bare = *text && strspn(text, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                      "0123456789_./:=,+-@%") == strlen(text);
     at += (size_t)snprintf(buf + at, at < len ? len - at : 0, " %s", bare ? "" : "'");
-    for (const char *p = text; *p && at + 5 < len; p++)
-        at += (size_t)snprintf(buf + at, len - at, "%s", *p == '\'' ? "'\\''" : (char[]){*p, 0});
+    for (const char *p = text; *p && at + 5 < len; p++) {
+        if (*p == '\'') /* close the quote, an escaped quote, open again */
+            at += (size_t)snprintf(buf + at, len - at, "'\\''");
+        else
+            buf[at++] = *p, buf[at] = 0;
+    }
     if (!bare && at + 1 < len)
         snprintf(buf + at, len - at, "'");
 }
@@ -504,4 +508,96 @@ const char *cli_did_you_mean(const char *given, const char *const *names, size_t
         }
     }
     return best;
+}
+
+/* The shortest decimal text that reads back as d ("0.05", not "0.050000000000000003"). */
+static void shortest(double d, char *buf, size_t len)
+{
+    for (int p = 6; p <= 17; p++) {
+        snprintf(buf, len, "%.*g", p, d);
+        if (strtod(buf, NULL) == d)
+            return;
+    }
+}
+
+/* The checkpoint's value ck_text against the one given, mine: 2 after the message when k
+ * refuses another value, else 0. */
+static int run_key_differs(const char *path, const cli_run_key *k, const char *ck_text,
+                           const char *mine)
+{
+    if (!k->refuse)
+        return 0;
+    fprintf(stderr, "tessera: error: %s was trained with %s %s, and this run gives %s %s: a "
+                    "resumed run continues the checkpoint's run; resume without %s (or with "
+                    "%s %s), or start a new run\n",
+            path, k->opt, ck_text, k->opt, mine, k->opt, k->opt, ck_text);
+    return 2;
+}
+
+/* The text of k's key in ck, or NULL with *rc set: 1 after a message when it is required. */
+static const char *run_key_text(const ts_checkpoint *ck, const char *path, const cli_run_key *k,
+                                int *rc)
+{
+    const char *t = ts_checkpoint_meta(ck, k->key);
+    *rc = 0;
+    if (!t && k->required) {
+        fprintf(stderr, "tessera: error: %s: metadata '%s' is missing; the checkpoint is "
+                        "damaged or was edited\n", path, k->key);
+        *rc = 1;
+    }
+    return t;
+}
+
+int cli_adopt_int(const ts_checkpoint *ck, const char *path, cli_run_key k, uint64_t lo,
+                  uint64_t hi, uint64_t *v)
+{
+    int rc;
+    const char *t = run_key_text(ck, path, &k, &rc);
+    uint64_t got;
+    if (!t)
+        return rc;
+    if (cli_strict_u64(t, lo, hi, &got)) {
+        char shown[200];
+        fprintf(stderr, "tessera: error: %s: '%s' = '%s' is not a whole number in [%llu, %llu] "
+                        "(the values %s takes); the checkpoint is damaged or was edited\n",
+                path, k.key, cli_printable(t, 60, shown, sizeof shown), (unsigned long long)lo,
+                (unsigned long long)hi, k.opt);
+        return 1;
+    }
+    if (k.given && got != *v) {
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%llu", (unsigned long long)got);
+        snprintf(b, sizeof b, "%llu", (unsigned long long)*v);
+        return run_key_differs(path, &k, a, b);
+    }
+    if (!k.given)
+        *v = got;
+    return 0;
+}
+
+int cli_adopt_f64(const ts_checkpoint *ck, const char *path, cli_run_key k, double lo,
+                  int lo_open, double hi, double *v)
+{
+    int rc;
+    const char *t = run_key_text(ck, path, &k, &rc);
+    double got;
+    if (!t)
+        return rc;
+    if (cli_strict_double(t, lo, lo_open, hi, &got)) {
+        char shown[200];
+        fprintf(stderr, "tessera: error: %s: '%s' = '%s' is not a number in %s%g, %g] (the "
+                        "values %s takes); the checkpoint is damaged or was edited\n",
+                path, k.key, cli_printable(t, 60, shown, sizeof shown), lo_open ? "(" : "[", lo,
+                hi, k.opt);
+        return 1;
+    }
+    if (k.given && got != *v) {
+        char a[40], b[40];
+        shortest(got, a, sizeof a);
+        shortest(*v, b, sizeof b);
+        return run_key_differs(path, &k, a, b);
+    }
+    if (!k.given)
+        *v = got;
+    return 0;
 }

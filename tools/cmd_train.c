@@ -207,12 +207,10 @@ void cli_model_config(const cli_model *m, ts_model_config *out)
     ts_model_defaults(m->name, out);
     out->nhidden = m->nhidden > 0 ? m->nhidden : 0;
     out->nchannels = m->nchannels > 0 ? m->nchannels : 0;
-    for (int i = 0; i < out->nhidden; i++)
-        out->hidden[i] = m->hidden[i];
-    for (int i = 0; i < TS_MODEL_MAX_LAYERS; i++)
-        out->channels[i] = i < out->nchannels ? m->channels[i] : 0;
-    for (int i = out->nhidden; i < TS_MODEL_MAX_LAYERS; i++)
-        out->hidden[i] = 0;
+    memset(out->hidden, 0, sizeof out->hidden); /* no default width left past the lists */
+    memset(out->channels, 0, sizeof out->channels);
+    memcpy(out->hidden, m->hidden, (size_t)out->nhidden * sizeof *m->hidden);
+    memcpy(out->channels, m->channels, (size_t)out->nchannels * sizeof *m->channels);
     out->init = m->init;
     out->init_std = m->init == TS_INIT_NORMAL ? m->init_std : 0;
 }
@@ -1280,38 +1278,26 @@ static int adopt_run(train_opts *o)
     ts_status s = ts_checkpoint_load(o->resume, NULL, &ck);
     if (s)
         return cli_fail(s, "--resume");
-    static const struct {
-        const char *key, *opt;
-        uint64_t lo, hi;
-    } keys[] = {{"train.seed", "--seed", 0, UINT64_MAX},
-                {"train.batch_size", "--batch-size", 1, MAX_BATCH},
-                {"train.train_limit", "--train-limit", 0, MAX_LIMIT},
-                {"train.epochs", "--epochs", 1, MAX_EPOCHS}};
-    int rc = 0;
-    for (size_t k = 0; k < sizeof keys / sizeof keys[0] && !rc; k++) {
-        const char *t = ts_checkpoint_meta(ck, keys[k].key);
-        uint64_t v;
-        if (!t)
-            continue; /* a checkpoint from before the key: the options as given */
-        if (cli_strict_u64(t, keys[k].lo, keys[k].hi, &v)) {
-            char shown[200];
-            fprintf(stderr, "tessera: error: %s: '%s' = '%s' is not a whole number in [%llu, "
-                            "%llu] (the values %s takes); the checkpoint is damaged or was "
-                            "edited\n", o->resume, keys[k].key,
-                    cli_printable(t, 60, shown, sizeof shown),
-                    (unsigned long long)keys[k].lo, (unsigned long long)keys[k].hi,
-                    keys[k].opt);
-            rc = 1;
-        } else if (k == 0 && !o->set_seed) {
-            o->seed = v;
-        } else if (k == 1 && !o->set_batch) {
-            o->batch = (int64_t)v;
-        } else if (k == 2 && !o->set_limit) {
-            o->train_limit = (int64_t)v;
-        } else if (k == 3 && !o->set_epochs) {
-            o->epochs = (int64_t)v;
-        }
-    }
+    /* Given otherwise, --seed, --batch-size and --train-limit are refused by resume() (with
+     * the checkpoint's position checked too); --epochs is an override. */
+    uint64_t seed = o->seed, batch = (uint64_t)o->batch, limit = (uint64_t)o->train_limit,
+             epochs = (uint64_t)o->epochs;
+    const char *p = o->resume;
+    int rc = cli_adopt_int(ck, p, (cli_run_key){"train.seed", "--seed", o->set_seed, 0, 0}, 0,
+                           UINT64_MAX, &seed);
+    if (!rc)
+        rc = cli_adopt_int(ck, p, (cli_run_key){"train.batch_size", "--batch-size",
+                                                o->set_batch, 0, 0}, 1, MAX_BATCH, &batch);
+    if (!rc)
+        rc = cli_adopt_int(ck, p, (cli_run_key){"train.train_limit", "--train-limit",
+                                                o->set_limit, 0, 0}, 0, MAX_LIMIT, &limit);
+    if (!rc)
+        rc = cli_adopt_int(ck, p, (cli_run_key){"train.epochs", "--epochs", o->set_epochs, 0, 0},
+                           1, MAX_EPOCHS, &epochs);
+    o->seed = seed;
+    o->batch = (int64_t)batch;
+    o->train_limit = (int64_t)limit;
+    o->epochs = (int64_t)epochs;
     ts_checkpoint_free(ck);
     if (!rc && !o->save && !o->eval_only)
         o->save = o->resume;

@@ -329,16 +329,6 @@ static int meta_num(const ts_checkpoint *ck, const char *path, const char *key, 
     return 0;
 }
 
-/* The shortest decimal text that reads back as d ("0.05", not "0.050000000000000003"). */
-static void shortest(double d, char *buf, size_t len)
-{
-    for (int p = 6; p <= 17; p++) {
-        snprintf(buf, len, "%.*g", p, d);
-        if (strtod(buf, NULL) == d)
-            return;
-    }
-}
-
 /* A resumed run is the run its checkpoint was written by: the model and the run settings
  * (seed, batch size, learning rate, schedule, weight decay) are the checkpoint's. A setting
  * given on the command line must agree (a different --lr or --steps would otherwise be
@@ -360,70 +350,31 @@ static int adopt_settings(run *r)
                 path, have, want);
         return 2;
     }
-    static const struct {
-        const char *opt, *key;
-        unsigned bit;
-    } keys[] = {
-        {"--seed", "train.seed", GIVEN_SEED},
-        {"--batch-size", "train.batch_size", GIVEN_BATCH},
-        {"--lr", "optim.schedule.base_lr", GIVEN_LR},
-        {"--steps", "optim.schedule.total_steps", GIVEN_STEPS},
-        {"--warmup-steps", "optim.schedule.warmup_steps", GIVEN_WARMUP},
-        {"--min-lr", "optim.schedule.min_lr", GIVEN_MIN_LR},
-        {"--weight-decay", "optim.weight_decay", GIVEN_WD},
-    };
-    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-        const char *t = ts_checkpoint_meta(r->ck, keys[k].key);
-        uint64_t u = 0;
-        int64_t i = 0;
-        double d = 0;
-        int bad;
-        /* the ranges of the options themselves */
-        switch (k) {
-        case 0: bad = !t || cli_strict_u64(t, 0, UINT64_MAX, &u); break;
-        case 1: bad = !t || cli_strict_i64(t, 1, 4096, &i); break;
-        case 2: bad = !t || cli_strict_double(t, 0, 1, 1e6, &d); break;
-        case 3: bad = !t || cli_strict_i64(t, 1, (int64_t)1 << 40, &i); break;
-        case 4: bad = !t || cli_strict_i64(t, 0, o->steps, &i); break;
-        case 5: bad = !t || cli_strict_double(t, 0, 0, o->lr, &d); break;
-        default: bad = !t || cli_strict_double(t, 0, 0, 1e6, &d); break;
-        }
-        if (bad) {
-            char shown[200];
-            fprintf(stderr, "tessera: error: %s: metadata '%s' = '%s' is not a value %s "
-                            "accepts here: the checkpoint is damaged or was edited\n",
-                    path, keys[k].key, cli_printable(t ? t : "(none)", 60, shown, sizeof shown),
-                    keys[k].opt);
-            return 1;
-        }
-        char ck_text[64], mine[64];
-        uint64_t *pu = k == 0 ? &o->seed : NULL;
-        int64_t *pi = k == 1 ? &o->batch : k == 3 ? &o->steps : k == 4 ? &o->warmup : NULL;
-        double *pd = k == 2 ? &o->lr : k == 5 ? &o->min_lr : k == 6 ? &o->weight_decay : NULL;
-        int same = pu ? *pu == u : pi ? *pi == i : *pd == d;
-        if (pu)
-            snprintf(ck_text, sizeof ck_text, "%llu", (unsigned long long)u),
-                snprintf(mine, sizeof mine, "%llu", (unsigned long long)*pu);
-        else if (pi)
-            snprintf(ck_text, sizeof ck_text, "%lld", (long long)i),
-                snprintf(mine, sizeof mine, "%lld", (long long)*pi);
-        else
-            shortest(d, ck_text, sizeof ck_text), shortest(*pd, mine, sizeof mine);
-        if ((o->given & keys[k].bit) && !same) {
-            fprintf(stderr, "tessera: error: %s was trained with %s %s, and this run gives %s "
-                            "%s: a resumed run continues the checkpoint's run; resume without "
-                            "%s (or with %s %s), or start a new run\n",
-                    path, keys[k].opt, ck_text, keys[k].opt, mine, keys[k].opt, keys[k].opt,
-                    ck_text);
-            return 2;
-        }
-        if (pu)
-            *pu = u;
-        else if (pi)
-            *pi = i;
-        else
-            *pd = d;
-    }
+    /* in this order: each range may depend on a value adopted before it */
+    uint64_t seed = o->seed, batch = (uint64_t)o->batch, steps = (uint64_t)o->steps,
+             warmup = (uint64_t)o->warmup;
+#define KEY(key, opt, bit) ((cli_run_key){key, opt, (o->given & (bit)) != 0, 1, 1})
+    int rc;
+    if ((rc = cli_adopt_int(r->ck, path, KEY("train.seed", "--seed", GIVEN_SEED), 0, UINT64_MAX,
+                            &seed)) ||
+        (rc = cli_adopt_int(r->ck, path, KEY("train.batch_size", "--batch-size", GIVEN_BATCH), 1,
+                            4096, &batch)) ||
+        (rc = cli_adopt_f64(r->ck, path, KEY("optim.schedule.base_lr", "--lr", GIVEN_LR), 0, 1,
+                            1e6, &o->lr)) ||
+        (rc = cli_adopt_int(r->ck, path, KEY("optim.schedule.total_steps", "--steps",
+                                             GIVEN_STEPS), 1, (uint64_t)1 << 40, &steps)) ||
+        (rc = cli_adopt_int(r->ck, path, KEY("optim.schedule.warmup_steps", "--warmup-steps",
+                                             GIVEN_WARMUP), 0, steps, &warmup)) ||
+        (rc = cli_adopt_f64(r->ck, path, KEY("optim.schedule.min_lr", "--min-lr", GIVEN_MIN_LR),
+                            0, 0, o->lr, &o->min_lr)) ||
+        (rc = cli_adopt_f64(r->ck, path, KEY("optim.weight_decay", "--weight-decay", GIVEN_WD),
+                            0, 0, 1e6, &o->weight_decay)))
+        return rc;
+#undef KEY
+    o->seed = seed;
+    o->batch = (int64_t)batch;
+    o->steps = (int64_t)steps;
+    o->warmup = (int64_t)warmup;
     return 0;
 }
 

@@ -13,15 +13,6 @@
 
 #include "../tap.h"
 
-#if defined(__has_include)
-#if __has_include(<valgrind/valgrind.h>)
-#include <valgrind/valgrind.h>
-#endif
-#endif
-#ifndef RUNNING_ON_VALGRIND
-#define RUNNING_ON_VALGRIND 0
-#endif
-
 #define NT 200000 /* tensors */
 #define NM 50000  /* metadata keys */
 
