@@ -166,6 +166,12 @@ run_checks() {
     fi
     rm -f "$logs"/gpt-init-*.safetensors
     agree agree-gpt "$logs/train-gpt-cpu.log" "$logs/train-gpt-gpu.log" 0.02
+    # The expandable segment (expandable_segments = true): the same run, the same losses.
+    printf '[core]\ndevice = %s\nfallback = cpu_blas\nlog_level = warn\n\n[plugin.%s]\nexpandable_segments = true\n' \
+        "$gpu" "$gpu" >"$here/expandable.ini"
+    chmod 0644 "$here/expandable.ini"
+    TESSERA_CONFIG=$here/expandable.ini step train-gpt-expandable 300 "$t" $gpt --device "$gpu"
+    agree agree-expandable "$logs/train-gpt-gpu.log" "$logs/train-gpt-expandable.log" 0
 
     # Speed, each next to its baseline in the same run.
     if [ $dry = no ]; then
@@ -175,8 +181,10 @@ run_checks() {
         step "bench-train-$m" 240 "$t" bench train --model $m --device "$gpu" --steps 50 $data
     done
     step bench-train-gpt 240 "$t" bench train --model gpt --device "$gpu" --steps 50
+    TESSERA_CONFIG=$here/expandable.ini step bench-train-gpt-expandable 240 "$t" bench train \
+        --model gpt --device "$gpu" --steps 50
     # A steady step takes nothing from the driver: raw pool allocations per step are 0.
-    for m in mlp lenet5 cnn gpt; do
+    for m in mlp lenet5 cnn gpt gpt-expandable; do
         raw=$(awk -v d="$gpu" '$1 == d {print $8; exit}' "$logs/bench-train-$m.log")
         if [ -n "$raw" ] && awk -v r="$raw" 'BEGIN {exit !(r + 0 == 0)}'; then
             verdict "steady-allocs-$m" ok "0 raw allocations per steady step"
@@ -209,7 +217,8 @@ run_checks() {
 
     say "$passed passed, $failed failed, $skipped skipped"
     # Figures worth reading first, from the logs.
-    for f in bench-cuda bench-train-mlp bench-train-lenet5 bench-train-cnn bench-train-gpt bench-dist; do
+    for f in bench-cuda bench-train-mlp bench-train-lenet5 bench-train-cnn bench-train-gpt \
+        bench-train-gpt-expandable bench-dist; do
         [ -f "$logs/$f.log" ] || continue
         echo "---- $f" >>"$summary"
         grep -v '^$' "$logs/$f.log" | tail -30 >>"$summary"

@@ -25,6 +25,9 @@ static const ts_config_key keys[] = {
     {"memory_fraction", TS_SETTING_FRACTION, "0.8", 0, 0,
      "most bytes the pool may reserve, as a share of the GPU's memory"},
     {"cache_limit", TS_SETTING_SIZE, "4G", 0, 0, "most bytes kept in the pool's free lists"},
+    {"expandable_segments", TS_SETTING_BOOL, "false", 0, 0,
+     "blocks over 1 MiB share one reserved address range mapped 2 MiB at a time "
+     "(cuMemAddressReserve / cuMemCreate / cuMemMap), so freed neighbours always merge"},
     {NULL, 0, NULL, 0, 0, NULL},
 };
 
@@ -446,6 +449,11 @@ static const ts_plugin_desc desc = {
     .synchronize = cuda_sync,
     .supports = cuda_supports,
     .run = cuda_run,
+    .vm_granularity = cuda_vm_granularity,
+    .vm_reserve = cuda_vm_reserve,
+    .vm_release = cuda_vm_release,
+    .vm_commit = cuda_vm_commit,
+    .vm_decommit = cuda_vm_decommit,
 };
 
 TS_PLUGIN_DEFINE(desc)

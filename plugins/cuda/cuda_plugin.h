@@ -40,6 +40,9 @@ typedef struct cuda_ctx {
     pthread_mutex_t flag_lock;    /* d_flag, from cuda_flag_begin to cuda_flag_end */
     cuda_stage stage[CUDA_NSTAGE];
     int stage_next;
+    size_t vm_granule; /* expandable segment (vm.c): the commit unit, 0 before asked */
+    char *vm_base;     /* the pool's reserved range, mapped granule by granule ... */
+    size_t vm_mapped;  /* ... from vm_base up to here */
 } cuda_ctx;
 
 /* Fails with the CUDA call's name and error text (cudaGetErrorString), code TS_EKERNEL. */
@@ -87,6 +90,14 @@ int cuda_ops_supports(int32_t op, int32_t dtype);
 ts_status cuda_ops_run(cuda_ctx *c, const ts_kernel_call *call);
 int cuda_gemm_supports(int32_t op, int32_t dtype);
 ts_status cuda_gemm_run(cuda_ctx *c, const ts_kernel_call *call);
+
+/* The vm_* slots (vm.c): the pool's expandable segment through CUDA's virtual memory
+ * management; cuda_vm_granularity answers 0 where the driver or device cannot. */
+size_t cuda_vm_granularity(void *ctx);
+ts_status cuda_vm_reserve(void *ctx, size_t nbytes, void **base);
+void cuda_vm_release(void *ctx, void *base, size_t nbytes);
+ts_status cuda_vm_commit(void *ctx, void *addr, size_t nbytes);
+void cuda_vm_decommit(void *ctx, void *addr, size_t nbytes);
 
 /* Bytes per element; 0 for an unknown dtype. */
 /* Device pointer to op's element 0. */
