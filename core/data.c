@@ -567,6 +567,17 @@ struct ts_loader {
     ts_tensor *idx;         /* device int64 (cap) */
     ts_tensor *xbuf, *ybuf; /* (cap, ...) gather targets, reused every batch */
     int64_t cap;            /* min(batch_size, n) */
+    /* ts_loader_set_device: batches go to target through two slots used in turn, each a
+     * (cap, ...) tensor on target per stream (x, y) and a host staging buffer (pinned memory
+     * of target, or malloc'd), with the ticket of the upload that last read the buffer. */
+    ts_device *target;
+    int pinned, slot;
+    struct {
+        ts_tensor *t[2];  /* x, y on target */
+        void *host[2];    /* their staging buffers */
+        size_t bytes[2];  /* staging bytes */
+        uint64_t ticket;  /* the last upload from host[] (pinned only) */
+    } up[2];
 };
 
 /* A contiguous tensor shaped like t with dim 0 of size rows. (transfer full) */
@@ -647,10 +658,113 @@ fail:
     return s;
 }
 
+static ts_status buf_rows(const ts_tensor *buf, int64_t len, ts_tensor **out);
+static long storage_refs(const ts_tensor *t);
+
+/* Frees the upload slots (waiting for uploads in flight first). */
+static void upload_free(ts_loader *l)
+{
+    for (int k = 0; k < 2; k++) {
+        if (l->pinned)
+            ts_device_wait_copy(l->target, l->up[k].ticket);
+        for (int j = 0; j < 2; j++) {
+            ts_tensor_unref(l->up[k].t[j]);
+            if (l->pinned)
+                ts_device_pinned_free(l->target, l->up[k].host[j]);
+            else
+                free(l->up[k].host[j]);
+        }
+    }
+    memset(l->up, 0, sizeof l->up);
+    l->target = NULL;
+    l->pinned = 0;
+}
+
+TS_API ts_status ts_loader_set_device(ts_loader *l, ts_device *dev, int pinned)
+{
+    if (!l)
+        return ts__fail(TS_EINVAL, "ts_loader_set_device: loader is NULL");
+    upload_free(l);
+    if (!dev || dev == l->dev)
+        return TS_OK; /* batches stay where the data is */
+    l->target = dev;
+    l->pinned = pinned != 0;
+    l->slot = 0;
+    ts_status s = TS_OK;
+    for (int k = 0; k < 2 && !s; k++) {
+        for (int j = 0; j < 2 && !s; j++) {
+            ts_tensor *src = j ? l->labels : l->data;
+            if (!src)
+                continue;
+            int64_t shape[TS_MAX_DIMS];
+            memcpy(shape, src->shape, sizeof shape);
+            shape[0] = l->cap;
+            size_t bytes = (size_t)ts_tensor_numel(src) / (size_t)l->n * (size_t)l->cap *
+                           ts_dtype_size(src->dtype);
+            l->up[k].bytes[j] = bytes;
+            if ((s = ts_tensor_empty(dev, src->dtype, src->ndim, shape, &l->up[k].t[j])))
+                break;
+            if (l->pinned)
+                s = ts_device_pinned_alloc(dev, bytes ? bytes : 1, "loader staging",
+                                           &l->up[k].host[j]);
+            else if (!(l->up[k].host[j] = ts__malloc(bytes ? bytes : 1)))
+                s = ts__fail(TS_ENOMEM, "out of host memory for a %zu-byte staging buffer",
+                             bytes);
+        }
+    }
+    if (s) {
+        upload_free(l);
+        return ts__fail_prefix(s, "ts_loader_set_device: ");
+    }
+    return TS_OK;
+}
+
+/* Sends the host-side batch (bx, by) of len rows to the target through the next slot and
+ * replaces them with views of the slot's tensors. */
+static ts_status upload(ts_loader *l, ts_tensor **bx, ts_tensor **by, int64_t len)
+{
+    int k = l->slot;
+    for (int j = 0; j < 2; j++) {
+        long r = storage_refs(l->up[k].t[j]);
+        if (r > 1)
+            return ts__fail(TS_ESTATE,
+                            "ts_loader_next: the batch before the previous one is still "
+                            "referenced (%ld extra references): release each batch with "
+                            "ts_tensor_unref before asking for the one after the next; the "
+                            "loader uploads into two buffers used in turn",
+                            r - 1);
+    }
+    ts_status s;
+    if (l->pinned && (s = ts_device_wait_copy(l->target, l->up[k].ticket)))
+        return s;
+    l->up[k].ticket = 0;
+    for (int j = 0; j < 2; j++) {
+        ts_tensor **b = j ? by : bx, *dst = l->up[k].t[j], *view;
+        if (!*b || !dst)
+            continue;
+        size_t nbytes = (size_t)ts_tensor_numel(*b) * ts_dtype_size((*b)->dtype);
+        void *host = l->up[k].host[j], *dev_ptr = ts_tensor_data(dst);
+        uint64_t ticket = 0;
+        if ((s = ts_tensor_to_host(*b, host, nbytes)) ||
+            (s = l->pinned ? ts_device_copy_from_pinned(l->target, dev_ptr, host, nbytes, &ticket)
+                           : ts_device_copy_from_host(l->target, dev_ptr, host, nbytes)) ||
+            (s = buf_rows(dst, len, &view)))
+            return s;
+        if (ticket)
+            l->up[k].ticket = ticket;
+        ts__bump_version(dst);
+        ts_tensor_unref(*b);
+        *b = view;
+    }
+    l->slot ^= 1;
+    return TS_OK;
+}
+
 TS_API void ts_loader_free(ts_loader *l)
 {
     if (!l)
         return;
+    upload_free(l);
     ts_tensor_unref(l->data);
     ts_tensor_unref(l->labels);
     ts_tensor_unref(l->idx);
@@ -819,6 +933,8 @@ TS_API ts_status ts_loader_next(ts_loader *l, ts_tensor **x, ts_tensor **y)
         if ((s = buf_rows(l->xbuf, len, &bx)) || (l->labels && (s = buf_rows(l->ybuf, len, &by))))
             goto fail;
     }
+    if (l->target && (s = upload(l, &bx, &by, len)))
+        goto fail;
     l->batch++;
     *x = bx;
     if (y)

@@ -122,6 +122,73 @@ TS_API void ts_device_free(ts_device *dev, void *ptr)
         ts__pool_api.free(dev->pool, ptr);
 }
 
+static ts_status no_pinned(const ts_device *dev, const char *fn)
+{
+    return ts__fail(TS_ENOTSUP, "%s: plugin '%s' has no pinned host memory (its descriptor "
+                    "has no host_alloc slot and its memory is not host memory)", fn, dev->name);
+}
+
+TS_API ts_status ts_device_pinned_alloc(ts_device *dev, size_t nbytes, const char *tag,
+                                        void **ptr)
+{
+    if (!ptr)
+        return ts__fail(TS_EINVAL, "ts_device_pinned_alloc: ptr is NULL");
+    *ptr = NULL;
+    if (!dev)
+        return ts__fail(TS_EINVAL, "ts_device_pinned_alloc: device is NULL");
+    if (!dev->pinned)
+        return no_pinned(dev, "ts_device_pinned_alloc");
+    return ts__pool_api.alloc(dev->pinned, nbytes, tag ? tag : "pinned", ptr);
+}
+
+TS_API void ts_device_pinned_free(ts_device *dev, void *ptr)
+{
+    if (dev && dev->pinned && ptr)
+        ts__pool_api.free(dev->pinned, ptr);
+}
+
+TS_API ts_status ts_device_pinned_stats(ts_device *dev, ts_memory_stats *stats)
+{
+    if (!dev || !stats)
+        return ts__fail(TS_EINVAL, "ts_device_pinned_stats: NULL argument");
+    memset(stats, 0, sizeof *stats);
+    stats->struct_size = sizeof *stats;
+    if (dev->pinned)
+        ts__pool_api.stats(dev->pinned, stats);
+    return TS_OK;
+}
+
+TS_API ts_status ts_device_copy_from_pinned(ts_device *dev, void *dst, const void *src,
+                                            size_t nbytes, uint64_t *ticket)
+{
+    if (ticket)
+        *ticket = 0;
+    if (!dev || !ticket || (nbytes && (!dst || !src)))
+        return ts__fail(TS_EINVAL, "ts_device_copy_from_pinned: NULL argument");
+    if (!dev->pinned)
+        return no_pinned(dev, "ts_device_copy_from_pinned");
+    if (!nbytes)
+        return TS_OK;
+    if (ts__fault_hit(TS_FAULT_KERNEL))
+        return injected(dev, dev->vt.copy_h2d_async ? "copy_h2d_async" : "copy_h2d");
+    if (!dev->vt.copy_h2d_async)
+        return dev->vt.copy_h2d(dev->ctx, dst, src, nbytes);
+    ts_status s = dev->vt.copy_h2d_async(dev->ctx, dst, src, nbytes, ticket);
+    if (s == TS_OK && *ticket == 0)
+        return ts__fail(TS_EPLUGIN, "plugin '%s': copy_h2d_async returned ticket 0 (tickets "
+                        "are > 0)", dev->name);
+    return s;
+}
+
+TS_API ts_status ts_device_wait_copy(ts_device *dev, uint64_t ticket)
+{
+    if (!dev)
+        return ts__fail(TS_EINVAL, "ts_device_wait_copy: device is NULL");
+    if (ticket == 0 || !dev->vt.wait_copy)
+        return TS_OK;
+    return dev->vt.wait_copy(dev->ctx, ticket);
+}
+
 TS_API ts_status ts_device_copy_from_host(ts_device *dev, void *dst, const void *src,
                                           size_t nbytes)
 {

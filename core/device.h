@@ -17,6 +17,9 @@ struct ts_device {
     size_t nsettings;
     ts_host host;           /* this device's host table; host_private points back here */
     ts_pool *pool;          /* the host's caching pool over the plugin's raw memory */
+    ts_pool *pinned;        /* pinned host memory (host_alloc, or mem_alloc for host-memory
+                             * plugins); NULL when the device has none */
+    char *pinned_name;      /* "NAME pinned": its name in statistics and messages */
 };
 
 /* Larger device memory than this in ts_device_info is a plugin bug (64 PiB). */

@@ -315,6 +315,47 @@ static void raw_free(void *user, void *ptr, size_t nbytes)
     dev->vt.mem_free(dev->ctx, ptr, nbytes);
 }
 
+static ts_status pinned_raw_alloc(void *user, size_t nbytes, void **ptr)
+{
+    ts_device *dev = user;
+    return dev->vt.host_alloc(dev->ctx, nbytes, ptr);
+}
+
+static void pinned_raw_free(void *user, void *ptr, size_t nbytes)
+{
+    ts_device *dev = user;
+    dev->vt.host_free(dev->ctx, ptr, nbytes);
+}
+
+/* The pinned pool: over host_alloc, or over mem_alloc for a host-memory plugin (its memory
+ * is host memory: nothing to pin). None for a device without either. */
+static ts_status build_pinned_pool(ts_device *dev, const ts_pool_options *dev_opts)
+{
+    ts_raw_allocator raw = {.user = dev, .alloc = pinned_raw_alloc, .free = pinned_raw_free};
+    if (!dev->vt.host_alloc) {
+        if (!(dev->vt.flags & TS_PLUGIN_HOST_MEMORY))
+            return TS_OK;
+        raw.alloc = raw_alloc;
+        raw.free = raw_free;
+    }
+    char name[96];
+    snprintf(name, sizeof name, "%s pinned", dev->name);
+    if (!(dev->pinned_name = ts__strdup(name)))
+        return ts__fail(TS_ENOMEM, "out of memory");
+    ts_pool_options opts = *dev_opts;
+    opts.name = dev->pinned_name;
+    opts.alignment = dev_opts->alignment > 64 ? dev_opts->alignment : 64;
+    opts.reserve_limit = 0; /* host memory: the pinned buffers a program asks for */
+    opts.vm = NULL;
+    ts_status s = ts__pool_api.create(&opts, &raw, &dev->pinned);
+    if (s) {
+        char msg[900];
+        snprintf(msg, sizeof msg, "%s", ts_last_error());
+        return ts__fail(s, "plugin '%s' (%s): pinned memory: %s", dev->name, dev->path, msg);
+    }
+    return TS_OK;
+}
+
 static ts_status vm_reserve(void *user, size_t nbytes, void **base)
 {
     ts_device *dev = user;
@@ -390,7 +431,7 @@ static ts_status build_pool(const ts_config *cfg, ts_device *dev)
         snprintf(msg, sizeof msg, "%s", ts_last_error());
         return ts__fail(s, "plugin '%s' (%s): %s", dev->name, dev->path, msg);
     }
-    return TS_OK;
+    return build_pinned_pool(dev, &opts);
 }
 
 /* ---- loading -------------------------------------------------------------------------- */
@@ -655,6 +696,14 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
                      path, nvm);
         goto fail;
     }
+    if (!dev->vt.host_alloc != !dev->vt.host_free ||
+        !dev->vt.copy_h2d_async != !dev->vt.wait_copy) {
+        s = ts__fail(TS_EPLUGIN, "plugin '%s' (%s) fills only one of %s: fill both or neither",
+                     dev->vt.name, path,
+                     !dev->vt.host_alloc != !dev->vt.host_free ? "host_alloc / host_free"
+                                                               : "copy_h2d_async / wait_copy");
+        goto fail;
+    }
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
         void *fnp;
         memcpy(&fnp, (const char *)&dev->vt + required[i].offset, sizeof fnp);
@@ -721,6 +770,9 @@ TS_API void ts_device_unload(ts_device *dev)
         return;
     /* The pool first: its segments go back through the plugin's mem_free / vm_release, which
      * need the instance alive. */
+    ts__pool_api.destroy(dev->pinned);
+    dev->pinned = NULL;
+    free(dev->pinned_name);
     ts__pool_api.destroy(dev->pool);
     dev->pool = NULL;
     if (dev->ctx)

@@ -42,6 +42,15 @@ void ts_loader_free(ts_loader *l);
  * Unshuffled batches are views of data; shuffled ones are gathered into buffers the loader
  * reuses, so a caller must drop a batch before asking for the next (TS_ESTATE otherwise). */
 ts_status ts_loader_next(ts_loader *l, ts_tensor **x, ts_tensor **y);
+/* Delivers batches on dev rather than on the data's device (NULL, or the data's device:
+ * back to that). Each batch is made where the data is (a view or a gather), copied into a
+ * host staging buffer and uploaded into one of two batch buffers on dev used in turn; so a
+ * batch must be released before the one after the next is asked for (TS_ESTATE otherwise).
+ * pinned: the staging buffers are dev's pinned memory (ts_device_pinned_alloc) and the upload
+ * is queued asynchronously (ts_device_copy_from_pinned): the next batch is prepared while dev
+ * still works on this one, and the host waits only before it rewrites a staging buffer whose
+ * upload has not finished. TS_ENOTSUP for pinned = 1 on a device without pinned memory. */
+ts_status ts_loader_set_device(ts_loader *l, ts_device *dev, int pinned);
 /* Starts epoch number `epoch` from its first batch. */
 ts_status ts_loader_start_epoch(ts_loader *l, uint64_t epoch);
 /* Where the loader is (for checkpoints) and how to get back there. */

@@ -92,6 +92,30 @@ ts_status ts_device_fill(ts_device *dev, void *dst, size_t nbytes, const void *p
                          size_t pattern_size);
 ts_status ts_device_synchronize(ts_device *dev);
 
+/* ---- pinned host memory ----------------------------------------------------------------
+ * Page-locked host memory that dev copies from without staging and, with
+ * ts_device_copy_from_pinned, while the caller goes on (CUDA: cudaHostAlloc). Host-memory
+ * plugins (the CPU ones) give ordinary memory of their pool: the same calls work on every
+ * device. The blocks come from a caching pool of the device's own (cache_limit and caching as
+ * for the device; no reserve limit), with its own statistics. */
+/* Host memory the CPU reads and writes directly. TS_ENOTSUP naming the plugin when the device
+ * has no pinned memory (a GPU plugin without the host_alloc slot). (transfer full) on *ptr:
+ * ts_device_pinned_free. */
+ts_status ts_device_pinned_alloc(ts_device *dev, size_t nbytes, const char *tag, void **ptr);
+void ts_device_pinned_free(ts_device *dev, void *ptr);
+/* The pinned pool's statistics (in_use, reserved, cached, n_raw_alloc, ...); all zero with
+ * valid = 0 when the device has no pinned memory. */
+ts_status ts_device_pinned_stats(ts_device *dev, ts_memory_stats *stats);
+/* Queues the copy of nbytes from src, which must lie in one block of ts_device_pinned_alloc
+ * of the same device, to device memory dst, and returns: kernels queued later see the data.
+ * src must stay unwritten until ts_device_wait_copy(dev, *ticket) returns. Where the plugin
+ * has no asynchronous upload the copy is done on return and *ticket is 0. */
+ts_status ts_device_copy_from_pinned(ts_device *dev, void *dst, const void *src, size_t nbytes,
+                                     uint64_t *ticket);
+/* Returns once the copy named by ticket (and every earlier one) has completed; 0 returns at
+ * once. */
+ts_status ts_device_wait_copy(ts_device *dev, uint64_t ticket);
+
 /* Runs one kernel on the device exactly as given: no shape, dtype or overlap checks (the
  * tensor API does those). For conformance tests and plugin authors. TS_ENOTSUP if the plugin
  * does not implement the op for the output's dtype. */

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define TS_PLUGIN_ABI_MAJOR 2
-#define TS_PLUGIN_ABI_MINOR 2
+#define TS_PLUGIN_ABI_MINOR 3
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
@@ -624,6 +624,24 @@ typedef struct ts_plugin_desc {
     ts_status (*vm_commit)(void *ctx, void *addr, size_t nbytes);
     /* Return the memory behind [addr, addr + nbytes); the addresses stay reserved. */
     void (*vm_decommit)(void *ctx, void *addr, size_t nbytes);
+
+    /* ABI 2.3. (optional, both or neither) Pinned host memory: page-locked host addresses the
+     * CPU reads and writes directly and the device copies from without staging (CUDA:
+     * cudaHostAlloc / cudaFreeHost). The host keeps them under a second caching pool of its
+     * own (ts_device_pinned_alloc); a plugin without them that sets TS_PLUGIN_HOST_MEMORY gets
+     * that pool over mem_alloc / mem_free, since its memory is host memory already. host_free
+     * may be called while copies are queued: it waits for them. */
+    ts_status (*host_alloc)(void *ctx, size_t nbytes, void **ptr);
+    void (*host_free)(void *ctx, void *ptr, size_t nbytes);
+    /* (optional, both or neither) Asynchronous upload from host_alloc memory: queues the copy
+     * of nbytes from src to device memory dst in the order of the instance's other work (a
+     * kernel queued later sees the data) and returns at once, with *ticket (> 0, increasing)
+     * naming it. src must not be written until wait_copy(ticket) has returned; wait_copy
+     * returns once that copy (and every earlier one) has completed. Without them the host
+     * uses copy_h2d, and a ticket of 0 needs no wait. */
+    ts_status (*copy_h2d_async)(void *ctx, void *dst, const void *src, size_t nbytes,
+                                uint64_t *ticket);
+    ts_status (*wait_copy)(void *ctx, uint64_t ticket);
 } ts_plugin_desc;
 
 /* Bits of ts_plugin_desc.flags. */

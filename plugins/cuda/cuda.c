@@ -144,8 +144,12 @@ static void cuda_shutdown(void *ctx)
         cudaFreeHost(c->h_flag);
     if (c->stream)
         cudaStreamDestroy(c->stream);
+    for (int i = 0; i < CUDA_NUPLOAD; i++)
+        if (c->up_ev[i])
+            cudaEventDestroy(c->up_ev[i]);
     pthread_mutex_destroy(&c->stage_lock);
     pthread_mutex_destroy(&c->flag_lock);
+    pthread_mutex_destroy(&c->up_lock);
     free(c);
 }
 
@@ -181,6 +185,7 @@ static ts_status cuda_init(const ts_host *host, const ts_setting *settings, size
     c->device = device;
     pthread_mutex_init(&c->stage_lock, NULL);
     pthread_mutex_init(&c->flag_lock, NULL);
+    pthread_mutex_init(&c->up_lock, NULL);
     ts_status s;
     size_t free_b = 0, total_b = 0;
     const char *what = "cudaSetDevice";
@@ -404,6 +409,85 @@ static ts_status cuda_sync(void *ctx)
     return TS_OK;
 }
 
+/* ---- pinned memory and asynchronous uploads ---------------------------------------------- */
+
+static ts_status cuda_host_alloc(void *ctx, size_t nbytes, void **ptr)
+{
+    cuda_ctx *c = ctx;
+    if (cudaSetDevice(c->device) != cudaSuccess ||
+        cudaHostAlloc(ptr, nbytes, cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError();
+        *ptr = NULL;
+        return TS_ENOMEM; /* the pool trims its cache, retries, then reports its figures */
+    }
+    return TS_OK;
+}
+
+static void cuda_host_free(void *ctx, void *ptr, size_t nbytes)
+{
+    (void)nbytes;
+    cuda_ctx *c = ctx;
+    cudaError_t e;
+    if ((e = cudaSetDevice(c->device)) != cudaSuccess ||
+        (e = cudaStreamSynchronize(c->stream)) != cudaSuccess || (e = cudaFreeHost(ptr)))
+        c->host->log(c->host, TS_LOG_ERROR, "cudaFreeHost of pinned memory failed: %s (%s)",
+                     cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+static ts_status cuda_h2d_async(void *ctx, void *dst, const void *src, size_t n,
+                                uint64_t *ticket)
+{
+    cuda_ctx *c = ctx;
+    CU_CHECK(c, cudaSetDevice(c->device));
+    pthread_mutex_lock(&c->up_lock);
+    uint64_t t = c->up_next + 1;
+    cudaEvent_t *ev = &c->up_ev[t % CUDA_NUPLOAD];
+    cudaError_t e = cudaSuccess;
+    const char *what = "cudaEventCreateWithFlags";
+    if (!*ev)
+        e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
+    else if (t > CUDA_NUPLOAD && t - CUDA_NUPLOAD > c->up_done) {
+        /* The slot's previous ticket: complete before its event is recorded again. */
+        what = "cudaEventSynchronize";
+        if ((e = cudaEventSynchronize(*ev)) == cudaSuccess)
+            c->up_done = t - CUDA_NUPLOAD;
+    }
+    if (e == cudaSuccess) {
+        what = "cudaMemcpyAsync";
+        e = cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream);
+    }
+    if (e == cudaSuccess) {
+        what = "cudaEventRecord";
+        e = cudaEventRecord(*ev, c->stream);
+    }
+    if (e == cudaSuccess)
+        c->up_next = *ticket = t;
+    pthread_mutex_unlock(&c->up_lock);
+    return e == cudaSuccess ? TS_OK : cuda_fail_cu(c, what, e);
+}
+
+static ts_status cuda_wait_copy(void *ctx, uint64_t ticket)
+{
+    cuda_ctx *c = ctx;
+    pthread_mutex_lock(&c->up_lock);
+    cudaError_t e = cudaSuccess;
+    if (ticket > c->up_next) {
+        pthread_mutex_unlock(&c->up_lock);
+        return c->host->fail(c->host, TS_EINVAL, "wait_copy: ticket %llu was never issued "
+                             "(the last is %llu)", (unsigned long long)ticket,
+                             (unsigned long long)c->up_next);
+    }
+    if (ticket > c->up_done && (e = cudaSetDevice(c->device)) == cudaSuccess) {
+        /* Tickets older than the ring were waited for when their slot was reused. */
+        if (c->up_next - ticket < CUDA_NUPLOAD)
+            e = cudaEventSynchronize(c->up_ev[ticket % CUDA_NUPLOAD]);
+        if (e == cudaSuccess)
+            c->up_done = ticket;
+    }
+    pthread_mutex_unlock(&c->up_lock);
+    return e == cudaSuccess ? TS_OK : cuda_fail_cu(c, "cudaEventSynchronize", e);
+}
+
 /* ---- kernels --------------------------------------------------------------------------- */
 
 static int cuda_supports(void *ctx, int32_t op, int32_t dtype)
@@ -454,6 +538,10 @@ static const ts_plugin_desc desc = {
     .vm_release = cuda_vm_release,
     .vm_commit = cuda_vm_commit,
     .vm_decommit = cuda_vm_decommit,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .copy_h2d_async = cuda_h2d_async,
+    .wait_copy = cuda_wait_copy,
 };
 
 TS_PLUGIN_DEFINE(desc)

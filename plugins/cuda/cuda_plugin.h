@@ -19,6 +19,8 @@
  * that last used it. */
 #define CUDA_NSTAGE 4
 #define CUDA_STAGE_BYTES ((size_t)4 << 20)
+/* Events naming the asynchronous uploads in flight (copy_h2d_async tickets). */
+#define CUDA_NUPLOAD 16
 /* cuBLAS workspace, set once so cuBLAS never allocates behind the pool's back. */
 #define CUDA_CUBLAS_WS_BYTES ((size_t)32 << 20)
 
@@ -40,6 +42,12 @@ typedef struct cuda_ctx {
     pthread_mutex_t flag_lock;    /* d_flag, from cuda_flag_begin to cuda_flag_end */
     cuda_stage stage[CUDA_NSTAGE];
     int stage_next;
+    /* Asynchronous uploads from pinned memory: ticket t's completion event is
+     * up_ev[t % CUDA_NUPLOAD] until ticket t + CUDA_NUPLOAD reuses the slot (after waiting
+     * for it). up_done: every ticket up to it is known complete. */
+    pthread_mutex_t up_lock;
+    cudaEvent_t up_ev[CUDA_NUPLOAD];
+    uint64_t up_next, up_done;
     size_t vm_granule; /* expandable segment (vm.c): the commit unit, 0 before asked */
     char *vm_base;     /* the pool's reserved range, mapped granule by granule ... */
     size_t vm_mapped;  /* ... from vm_base up to here */

@@ -30,7 +30,7 @@ static void test_layout_matches_version(void)
 {
     if (sizeof(void *) != 8)
         SKIP("layouts are recorded for LP64 only");
-    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 2,
+    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 3,
               "ABI is %d.%d: add its layout row to this test", TS_PLUGIN_ABI_MAJOR,
               TS_PLUGIN_ABI_MINOR);
     /* ABI 2.0: the host owns the pool. The descriptor lost alloc, free, memory_stats,
@@ -51,7 +51,7 @@ static void test_layout_matches_version(void)
         L(offsetof(ts_plugin_desc, run), 144),
         L(offsetof(ts_plugin_desc, vm_granularity), 152),
         L(offsetof(ts_plugin_desc, vm_decommit), 184),
-        L(sizeof(ts_plugin_desc), 192),
+        L(offsetof(ts_plugin_desc, host_alloc), 192), /* the end of the 2.0 descriptor */
         L(sizeof(ts_host), 56),
         L(offsetof(ts_host, fail), 8),
         L(offsetof(ts_host, host_memory), 24),
@@ -76,6 +76,15 @@ static void test_layout_matches_version(void)
      * and its backward to ts_op, with ts_layer_norm_params (tests below). ABI 2.2: no layout
      * change; TS_UNARY_GELU_TANH_DERIV appended to ts_unary_fn. */
     CHECK_INT_EQ(TS_PLUGIN_HOST_MEMORY, 1);
+    /* ABI 2.3: pinned host memory and asynchronous uploads appended to the descriptor. */
+    static const layout v2_3[] = {
+        L(offsetof(ts_plugin_desc, host_alloc), 192),
+        L(offsetof(ts_plugin_desc, host_free), 200),
+        L(offsetof(ts_plugin_desc, copy_h2d_async), 208),
+        L(offsetof(ts_plugin_desc, wait_copy), 216),
+        L(sizeof(ts_plugin_desc), 224),
+    };
+    check_rows("2.3", v2_3, sizeof v2_3 / sizeof v2_3[0]);
 }
 
 /* The inline helpers of plugin.h are what the core's public functions answer. */
