@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
 #include "device.h"
 #include "memtrace.h"
 
@@ -116,10 +118,121 @@ TS_API ts_status ts_device_alloc(ts_device *dev, size_t nbytes, const char *tag,
     return ts__pool_api.alloc(dev->pool, nbytes, tag, ptr);
 }
 
+static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void ts__device_pool_free(ts_device *dev, void *ptr)
+{
+    pthread_mutex_lock(&hold_lock);
+    ts_graph *g = dev->capturing;
+    if (g) {
+        if (g->nheld == g->cap) {
+            size_t cap = g->cap ? 2 * g->cap : 64;
+            void **h = realloc(g->held, cap * sizeof *h);
+            if (!h) {
+                /* Cannot keep it out of the pool: the recording is unsafe to replay. */
+                g->failed = TS_ENOMEM;
+                pthread_mutex_unlock(&hold_lock);
+                ts__pool_api.free(dev->pool, ptr);
+                return;
+            }
+            g->held = h;
+            g->cap = cap;
+        }
+        g->held[g->nheld++] = ptr;
+        pthread_mutex_unlock(&hold_lock);
+        return;
+    }
+    pthread_mutex_unlock(&hold_lock);
+    ts__pool_api.free(dev->pool, ptr);
+}
+
 TS_API void ts_device_free(ts_device *dev, void *ptr)
 {
     if (dev && ptr)
-        ts__pool_api.free(dev->pool, ptr);
+        ts__device_pool_free(dev, ptr);
+}
+
+/* ---- graph capture ------------------------------------------------------------------------ */
+
+TS_API int ts_device_can_capture(const ts_device *dev)
+{
+    return dev && dev->vt.graph_begin != NULL;
+}
+
+TS_API ts_status ts_graph_capture_begin(ts_device *dev)
+{
+    if (!dev)
+        return ts__fail(TS_EINVAL, "ts_graph_capture_begin: device is NULL");
+    if (!dev->vt.graph_begin)
+        return ts__fail(TS_ENOTSUP, "ts_graph_capture_begin: plugin '%s' cannot record graphs "
+                        "(no graph_* slots): run the step as it is", dev->name);
+    if (dev->capturing)
+        return ts__fail(TS_ESTATE, "ts_graph_capture_begin: plugin '%s' is already recording a "
+                        "graph; end it with ts_graph_capture_end first", dev->name);
+    ts_graph *g = ts__calloc(1, sizeof *g);
+    if (!g)
+        return ts__fail(TS_ENOMEM, "ts_graph_capture_begin: out of host memory");
+    g->dev = dev;
+    ts_status s = dev->vt.graph_begin(dev->ctx);
+    if (s) {
+        free(g);
+        return ts__fail_prefix(s, "ts_graph_capture_begin: plugin '%s': ", dev->name);
+    }
+    pthread_mutex_lock(&hold_lock);
+    dev->capturing = g;
+    pthread_mutex_unlock(&hold_lock);
+    return TS_OK;
+}
+
+TS_API ts_status ts_graph_capture_end(ts_device *dev, ts_graph **out)
+{
+    if (out)
+        *out = NULL;
+    if (!dev || !out)
+        return ts__fail(TS_EINVAL, "ts_graph_capture_end: NULL argument");
+    if (!dev->capturing)
+        return ts__fail(TS_ESTATE, "ts_graph_capture_end: plugin '%s' is not recording a "
+                        "graph (ts_graph_capture_begin first)", dev->name);
+    pthread_mutex_lock(&hold_lock);
+    ts_graph *g = dev->capturing;
+    dev->capturing = NULL;
+    pthread_mutex_unlock(&hold_lock);
+    ts_status s = dev->vt.graph_end(dev->ctx, &g->handle);
+    if (s == TS_OK && g->failed)
+        s = ts__fail(g->failed, "ts_graph_capture_end: out of host memory keeping the blocks "
+                     "freed while recording");
+    else if (s)
+        s = ts__fail_prefix(s, "ts_graph_capture_end: plugin '%s': the recording failed: ",
+                            dev->name);
+    if (s) {
+        ts_graph_free(g);
+        return s;
+    }
+    *out = g;
+    return TS_OK;
+}
+
+TS_API ts_status ts_graph_replay(ts_graph *g)
+{
+    if (!g)
+        return ts__fail(TS_EINVAL, "ts_graph_replay: graph is NULL");
+    if (g->dev->capturing)
+        return ts__fail(TS_ESTATE, "ts_graph_replay: plugin '%s' is recording a graph",
+                        g->dev->name);
+    ts_status s = g->dev->vt.graph_launch(g->dev->ctx, g->handle);
+    return s ? ts__fail_prefix(s, "ts_graph_replay: plugin '%s': ", g->dev->name) : TS_OK;
+}
+
+TS_API void ts_graph_free(ts_graph *g)
+{
+    if (!g)
+        return;
+    if (g->handle)
+        g->dev->vt.graph_free(g->dev->ctx, g->handle);
+    for (size_t i = 0; i < g->nheld; i++)
+        ts__pool_api.free(g->dev->pool, g->held[i]);
+    free(g->held);
+    free(g);
 }
 
 static ts_status no_pinned(const ts_device *dev, const char *fn)

@@ -20,8 +20,20 @@ struct ts_device {
     ts_pool *pinned;        /* pinned host memory (host_alloc, or mem_alloc for host-memory
                              * plugins); NULL when the device has none */
     char *pinned_name;      /* "NAME pinned": its name in statistics and messages */
+    struct ts_graph *capturing; /* the graph being recorded: frees are held for it */
 };
 
+/* A recorded graph: the plugin's handle and the pool blocks freed while recording, kept out
+ * of the pool until the graph is freed. */
+struct ts_graph {
+    ts_device *dev;
+    void *handle;
+    void **held;
+    size_t nheld, cap;
+    ts_status failed; /* a hold that could not be recorded (out of host memory) */
+};
+/* Frees a block of dev's pool, or holds it for the graph being recorded. */
+void ts__device_pool_free(ts_device *dev, void *ptr);
 /* Larger device memory than this in ts_device_info is a plugin bug (64 PiB). */
 #define DEVINFO_MAX_BYTES ((uint64_t)1 << 56)
 

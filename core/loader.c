@@ -296,9 +296,9 @@ static ts_status host_scratch_alloc(const ts_host *self, size_t nbytes, const ch
 
 static void host_scratch_free(const ts_host *self, void *ptr)
 {
-    const ts_device *dev = self->host_private;
+    ts_device *dev = (ts_device *)self->host_private;
     if (dev->pool)
-        ts__pool_api.free(dev->pool, ptr);
+        ts__device_pool_free(dev, ptr);
 }
 
 /* ---- the pool over the plugin's raw memory ---------------------------------------------- */
@@ -694,6 +694,14 @@ TS_API ts_status ts_device_load(const ts_config *cfg, const char *name_or_path, 
         s = ts__fail(TS_EPLUGIN, "plugin '%s' (%s) fills %d of the five vm_* members of its "
                      "descriptor: fill all five (an expandable segment) or none", dev->vt.name,
                      path, nvm);
+        goto fail;
+    }
+    int ngraph = !!dev->vt.graph_begin + !!dev->vt.graph_end + !!dev->vt.graph_launch +
+                 !!dev->vt.graph_free;
+    if (ngraph != 0 && ngraph != 4) {
+        s = ts__fail(TS_EPLUGIN, "plugin '%s' (%s) fills %d of the four graph_* members of "
+                     "its descriptor: fill all four (graph capture) or none", dev->vt.name,
+                     path, ngraph);
         goto fail;
     }
     if (!dev->vt.host_alloc != !dev->vt.host_free ||

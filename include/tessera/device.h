@@ -116,6 +116,30 @@ ts_status ts_device_copy_from_pinned(ts_device *dev, void *dst, const void *src,
  * once. */
 ts_status ts_device_wait_copy(ts_device *dev, uint64_t ticket);
 
+/* ---- graph capture ----------------------------------------------------------------------
+ * Records the work a stretch of code gives a device (a training step's forward and backward)
+ * once, and replays it with one call: on CUDA a CUDA graph, which removes the launch cost of
+ * every kernel. Between begin and end the device records instead of running: nothing is
+ * computed until the first replay. A replay redoes the recorded work on the same addresses:
+ * tensors that live across replays (parameters, their gradients, the inputs the caller
+ * rewrites before each replay, the loss it reads after) keep their places, and blocks freed
+ * while recording stay out of the pool until ts_graph_free. So the recorded code must have
+ * static shapes and must not read device data on the host (copies to the host fail while
+ * recording; index range checks are skipped); bytes copied from the host while recording are
+ * replayed as they were then. One recording at a time per device; no other thread may use the
+ * device meanwhile. */
+typedef struct ts_graph ts_graph;
+/* Non-zero if the device's plugin can record graphs (the cuda plugin). */
+int ts_device_can_capture(const ts_device *dev);
+/* TS_ENOTSUP naming the plugin when it cannot; TS_ESTATE when already recording. */
+ts_status ts_graph_capture_begin(ts_device *dev);
+/* Ends the recording. On failure (a call the device cannot record) the recording is dropped
+ * and the device runs work again. (transfer full) on *out: ts_graph_free. */
+ts_status ts_graph_capture_end(ts_device *dev, ts_graph **out);
+/* Queues one replay, in order with the device's other work. */
+ts_status ts_graph_replay(ts_graph *g);
+void ts_graph_free(ts_graph *g);
+
 /* Runs one kernel on the device exactly as given: no shape, dtype or overlap checks (the
  * tensor API does those). For conformance tests and plugin authors. TS_ENOTSUP if the plugin
  * does not implement the op for the output's dtype. */

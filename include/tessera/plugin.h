@@ -642,6 +642,21 @@ typedef struct ts_plugin_desc {
     ts_status (*copy_h2d_async)(void *ctx, void *dst, const void *src, size_t nbytes,
                                 uint64_t *ticket);
     ts_status (*wait_copy)(void *ctx, uint64_t ticket);
+
+    /* ABI 2.3. (optional, all four or none) Graph capture (CUDA graphs): between graph_begin
+     * and graph_end the instance records the work it is given instead of running it: kernels,
+     * fills, device copies, and copies from host memory (whose bytes it keeps, so a replay
+     * uploads what was given at capture). Copies to host memory and synchronize fail while
+     * recording; checks that need the host (index range checks) are skipped. graph_end
+     * returns the recording as *graph (also on the way out of a failed recording it must
+     * leave recording mode); graph_launch queues one replay of it, in order with other work;
+     * graph_free releases it (waiting for replays in flight). The host keeps every block freed
+     * while recording out of its pool until graph_free, so the addresses a replay touches
+     * stay the recording's. */
+    ts_status (*graph_begin)(void *ctx);
+    ts_status (*graph_end)(void *ctx, void **graph);
+    ts_status (*graph_launch)(void *ctx, void *graph);
+    void (*graph_free)(void *ctx, void *graph);
 } ts_plugin_desc;
 
 /* Bits of ts_plugin_desc.flags. */

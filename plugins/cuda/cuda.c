@@ -102,7 +102,7 @@ ts_status cuda_flag_begin(cuda_ctx *c)
 ts_status cuda_flag_end(cuda_ctx *c, ts_status status, int64_t *pos)
 {
     *pos = -1;
-    if (status != TS_OK) {
+    if (status != TS_OK || c->rec) { /* while recording, nothing has run to check */
         pthread_mutex_unlock(&c->flag_lock);
         return status;
     }
@@ -349,15 +349,26 @@ static ts_status cuda_h2d(void *ctx, void *dst, const void *src, size_t n)
 {
     cuda_ctx *c = ctx;
     CU_CHECK(c, cudaSetDevice(c->device));
+    if (c->rec)
+        return cuda_graph_h2d(c, dst, src, n);
     pthread_mutex_lock(&c->stage_lock);
     ts_status s = h2d_locked(c, dst, src, n);
     pthread_mutex_unlock(&c->stage_lock);
     return s;
 }
 
+static ts_status recording(cuda_ctx *c, const char *what)
+{
+    return c->host->fail(c->host, TS_ESTATE, "%s while a graph is being recorded: the data "
+                         "exists only once the graph is replayed; end the recording first",
+                         what);
+}
+
 static ts_status cuda_d2h(void *ctx, void *dst, const void *src, size_t n)
 {
     cuda_ctx *c = ctx;
+    if (c->rec)
+        return recording(c, "a copy to host memory");
     CU_CHECK(c, cudaSetDevice(c->device));
     pthread_mutex_lock(&c->stage_lock);
     ts_status s = d2h_locked(c, dst, src, n);
@@ -404,6 +415,8 @@ static ts_status cuda_fill(void *ctx, void *dst, size_t nbytes, const void *patt
 static ts_status cuda_sync(void *ctx)
 {
     cuda_ctx *c = ctx;
+    if (c->rec)
+        return recording(c, "synchronize");
     CU_CHECK(c, cudaSetDevice(c->device));
     CU_CHECK(c, cudaStreamSynchronize(c->stream));
     return TS_OK;
@@ -438,6 +451,8 @@ static ts_status cuda_h2d_async(void *ctx, void *dst, const void *src, size_t n,
                                 uint64_t *ticket)
 {
     cuda_ctx *c = ctx;
+    if (c->rec)
+        return recording(c, "an asynchronous upload");
     CU_CHECK(c, cudaSetDevice(c->device));
     pthread_mutex_lock(&c->up_lock);
     uint64_t t = c->up_next + 1;
@@ -542,6 +557,10 @@ static const ts_plugin_desc desc = {
     .host_free = cuda_host_free,
     .copy_h2d_async = cuda_h2d_async,
     .wait_copy = cuda_wait_copy,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
 };
 
 TS_PLUGIN_DEFINE(desc)

@@ -30,6 +30,8 @@ typedef struct cuda_stage {
     int pending;    /* ev has been recorded */
 } cuda_stage;
 
+typedef struct cuda_graph cuda_graph;
+
 typedef struct cuda_ctx {
     const ts_host *host;
     int device;
@@ -48,6 +50,7 @@ typedef struct cuda_ctx {
     pthread_mutex_t up_lock;
     cudaEvent_t up_ev[CUDA_NUPLOAD];
     uint64_t up_next, up_done;
+    cuda_graph *rec;   /* the graph being recorded (graph.c), or NULL */
     size_t vm_granule; /* expandable segment (vm.c): the commit unit, 0 before asked */
     char *vm_base;     /* the pool's reserved range, mapped granule by granule ... */
     size_t vm_mapped;  /* ... from vm_base up to here */
@@ -106,6 +109,13 @@ ts_status cuda_vm_reserve(void *ctx, size_t nbytes, void **base);
 void cuda_vm_release(void *ctx, void *base, size_t nbytes);
 ts_status cuda_vm_commit(void *ctx, void *addr, size_t nbytes);
 void cuda_vm_decommit(void *ctx, void *addr, size_t nbytes);
+
+/* The graph_* slots (graph.c), and the upload from host memory while recording. */
+ts_status cuda_graph_begin(void *ctx);
+ts_status cuda_graph_end(void *ctx, void **graph);
+ts_status cuda_graph_launch(void *ctx, void *graph);
+void cuda_graph_free(void *ctx, void *graph);
+ts_status cuda_graph_h2d(cuda_ctx *c, void *dst, const void *src, size_t n);
 
 /* Bytes per element; 0 for an unknown dtype. */
 /* Device pointer to op's element 0. */

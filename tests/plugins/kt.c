@@ -2,6 +2,7 @@
 #include "kt.h"
 
 #include <math.h>
+#include <time.h>
 
 static ts_device *loaded[8];
 static int nloaded;
@@ -191,4 +192,176 @@ void kt_fetch(kt_buf *h, const kt_buf *d)
 {
     CHECK(h->nbytes == d->nbytes);
     CHECK_OK(ts_device_copy_to_host(d->dev, h->base, d->base, d->nbytes));
+}
+
+/* ---- graph capture against eager execution ---------------------------------------------- */
+
+typedef struct gnet {
+    ts_module *seq;
+    ts_optim *opt;
+    ts_tensor *x, *y; /* the fixed input batch and labels, rewritten before each step */
+} gnet;
+
+static void gnet_make(ts_device *dev, gnet *n)
+{
+    ts_rng rng;
+    ts_rng_init(&rng, 7);
+    ts_weight_init init = {TS_INIT_KAIMING_UNIFORM, 0, &rng};
+    ts_conv2d_params c1 = {1, 1, 1, 1, 1, 1, 1};
+    ts_pool2d_params pool = {2, 2, 2, 2, 0, 0, 0};
+    ts_module *m;
+    CHECK_OK(ts_nn_sequential(&n->seq));
+    CHECK_OK(ts_nn_conv2d(dev, 1, 4, 3, 3, &c1, 1, &init, &m));
+    CHECK_OK(ts_nn_sequential_add(n->seq, "conv", m));
+    CHECK_OK(ts_nn_relu(&m));
+    CHECK_OK(ts_nn_sequential_add(n->seq, "relu", m));
+    CHECK_OK(ts_nn_max_pool2d(&pool, &m));
+    CHECK_OK(ts_nn_sequential_add(n->seq, "pool", m));
+    CHECK_OK(ts_nn_flatten(&m));
+    CHECK_OK(ts_nn_sequential_add(n->seq, "flatten", m));
+    CHECK_OK(ts_nn_linear(dev, 4 * 6 * 6, 10, 1, &init, &m));
+    CHECK_OK(ts_nn_sequential_add(n->seq, "fc", m));
+    ts_named_tensor params[8];
+    size_t np = ts_module_parameters(n->seq, params, 8);
+    ts_adam_options ao = {1e-2, 0.9, 0.999, 1e-8, 0};
+    CHECK_OK(ts_optim_adam(params, np, &ao, &n->opt));
+    CHECK_OK(ts_tensor_zeros(dev, TS_F32, 4, (const int64_t[]){16, 1, 12, 12}, &n->x));
+    CHECK_OK(ts_tensor_zeros(dev, TS_I64, 1, (const int64_t[]){16}, &n->y));
+}
+
+/* Batch k (two batches in turn), written into the fixed input tensors. */
+static void gnet_batch(gnet *n, int k)
+{
+    k %= 2;
+    float xs[16 * 144];
+    int64_t ys[16];
+    for (int i = 0; i < 16 * 144; i++)
+        xs[i] = (float)((i * 37 + k * 101) % 97) / 97.0f;
+    for (int i = 0; i < 16; i++)
+        ys[i] = (i + k) % 10;
+    ts_device *dev = ts_tensor_device(n->x);
+    CHECK_OK(ts_device_copy_from_host(dev, ts_tensor_data(n->x), xs, sizeof xs));
+    CHECK_OK(ts_device_copy_from_host(dev, ts_tensor_data(n->y), ys, sizeof ys));
+}
+
+static void gnet_forward_backward(gnet *n, ts_tensor **loss)
+{
+    ts_tensor *logits;
+    CHECK_OK(ts_module_forward(n->seq, n->x, &logits));
+    CHECK_OK(ts_cross_entropy(logits, n->y, TS_REDUCTION_MEAN, loss));
+    ts_tensor_unref(logits);
+    CHECK_OK(ts_backward(*loss, NULL, 0));
+}
+
+static void gnet_free(gnet *n)
+{
+    ts_tensor_unref(n->x);
+    ts_tensor_unref(n->y);
+    ts_optim_free(n->opt);
+    ts_module_free(n->seq);
+}
+
+static double kt_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+void kt_check_graph_step(ts_device *dev, int steps)
+{
+    gnet a, b;
+    gnet_make(dev, &a);
+    gnet_make(dev, &b);
+    float la[64], lb[64];
+    CHECK(steps >= 4 && steps <= 64);
+    /* Eager. */
+    double t0 = kt_now();
+    for (int k = 0; k < steps; k++) {
+        ts_tensor *loss;
+        gnet_batch(&a, k);
+        ts_optim_zero_grad(a.opt);
+        gnet_forward_backward(&a, &loss);
+        CHECK_OK(ts_optim_step(a.opt));
+        CHECK_OK(ts_tensor_to_host(loss, &la[k], sizeof la[k]));
+        ts_tensor_unref(loss);
+    }
+    double t_eager = kt_now() - t0;
+    /* Step 0 eager (warms the pool), step 1 recorded, then replayed. */
+    ts_tensor *loss = NULL, *sentinel[4] = {NULL};
+    static const int64_t sentinel_shape[4][4] = {
+        {16, 4, 12, 12}, {16, 4, 6, 6}, {16, 1, 1, 144}, {16, 1, 1, 10}};
+    ts_graph *g = NULL;
+    t0 = kt_now();
+    for (int k = 0; k < steps; k++) {
+        gnet_batch(&b, k);
+        if (k == 0) {
+            ts_optim_zero_grad(b.opt);
+            gnet_forward_backward(&b, &loss);
+            CHECK_OK(ts_optim_step(b.opt));
+            CHECK_OK(ts_tensor_to_host(loss, &lb[k], sizeof lb[k]));
+            ts_tensor_unref(loss);
+            continue;
+        }
+        if (k == 1) {
+            ts_optim_zero_grad(b.opt); /* the recorded backward writes fresh gradients */
+            ts_memory_stats before, after;
+            CHECK_OK(ts_device_memory_stats(dev, &before));
+            CHECK_OK(ts_graph_capture_begin(dev));
+            CHECK_FAILS(ts_graph_capture_begin(dev), TS_ESTATE, "already recording");
+            gnet_forward_backward(&b, &loss);
+            CHECK_OK(ts_graph_capture_end(dev, &g));
+            CHECK_OK(ts_device_memory_stats(dev, &after));
+            CHECK(after.live_blocks > before.live_blocks);
+            /* Tensors made now, of the activations' sizes, must not be given the blocks the
+             * recording freed: every replay writes those. */
+            for (int i = 0; i < 4; i++)
+                CHECK_OK(ts_tensor_full(dev, TS_F32, 4, sentinel_shape[i], 7.0, &sentinel[i]));
+        }
+        CHECK_OK(ts_graph_replay(g));
+        CHECK_OK(ts_optim_step(b.opt));
+        CHECK_OK(ts_tensor_to_host(loss, &lb[k], sizeof lb[k]));
+    }
+    CHECK_OK(ts_device_synchronize(dev));
+    double t_graph = kt_now() - t0;
+    for (int i = 0; i < 4; i++) {
+        size_t cnt = (size_t)ts_tensor_numel(sentinel[i]);
+        float *h = malloc(cnt * sizeof *h);
+        CHECK(h);
+        CHECK_OK(ts_tensor_to_host(sentinel[i], h, cnt * sizeof *h));
+        for (size_t j = 0; j < cnt; j++)
+            CHECK_MSG(h[j] == 7.0f, "a tensor made after the recording was overwritten by a "
+                      "replay (element %zu of tensor %d is %g): the recording's freed blocks "
+                      "were handed out again", j, i, (double)h[j]);
+        free(h);
+        ts_tensor_unref(sentinel[i]);
+    }
+    for (int k = 0; k < steps; k++)
+        CHECK_MSG(memcmp(&la[k], &lb[k], sizeof la[k]) == 0,
+                  "step %d: loss %.9g eagerly, %.9g replayed", k, (double)la[k], (double)lb[k]);
+    /* The last step saw the same batch as step last - 2 (a replay, as long as steps >= 4). */
+    CHECK_MSG(lb[steps - 1] < lb[steps - 3], "the replayed steps did not train: loss %g -> %g "
+              "on the same batch", (double)lb[steps - 3], (double)lb[steps - 1]);
+    ts_named_tensor pa[8], pb[8];
+    size_t np = ts_module_parameters(a.seq, pa, 8);
+    CHECK(ts_module_parameters(b.seq, pb, 8) == np);
+    for (size_t i = 0; i < np; i++) {
+        size_t bytes = (size_t)ts_tensor_numel(pa[i].tensor) * sizeof(float);
+        float *ha = malloc(bytes), *hb = malloc(bytes);
+        CHECK(ha && hb);
+        CHECK_OK(ts_tensor_to_host(pa[i].tensor, ha, bytes));
+        CHECK_OK(ts_tensor_to_host(pb[i].tensor, hb, bytes));
+        CHECK_MSG(memcmp(ha, hb, bytes) == 0, "parameter %s differs after %d steps",
+                  pa[i].name, steps);
+        free(ha);
+        free(hb);
+    }
+    printf("# %d steps: %.3f ms per step eagerly, %.3f ms recorded and replayed; loss %.4f -> "
+           "%.4f\n",
+           steps, t_eager * 1e3 / steps, t_graph * 1e3 / steps, (double)lb[0],
+           (double)lb[steps - 1]);
+    ts_tensor_unref(loss);
+    ts_graph_free(g);
+    gnet_free(&a);
+    gnet_free(&b);
 }

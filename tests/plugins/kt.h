@@ -64,4 +64,12 @@ void kt_fetch(kt_buf *h, const kt_buf *d);
 /* Tolerances for a dtype: float32 1e-5 rel, float64 1e-12 rel, ints exact. */
 double kt_rtol(int32_t dtype);
 
+/* Graph capture against eager execution on dev: two identical small CNNs trained with Adam
+ * for `steps` steps on changing batches written into a fixed input tensor, one eagerly, one
+ * by recording its forward and backward at step 1 and replaying it after (the optimizer step
+ * runs eagerly in both); every loss and every final weight must be bit for bit the same. The
+ * recording's held blocks stay out of the pool until the graph is freed. Prints the time per
+ * step of each. */
+void kt_check_graph_step(ts_device *dev, int steps);
+
 #endif

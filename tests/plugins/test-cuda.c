@@ -773,6 +773,15 @@ static void test_pinned_upload(void)
     free(back);
 }
 
+/* A training step recorded as a CUDA graph and replayed gives the eager step's bytes. */
+static void test_graph_step(void)
+{
+    ts_device *dut = load_dut();
+    if (!ts_device_can_capture(dut))
+        SKIP("%s cannot record graphs", dut_name());
+    kt_check_graph_step(dut, 30);
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -789,6 +798,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_steady_state_no_raw_alloc),
         TAP_TEST(test_expandable_segments),
         TAP_TEST(test_pinned_upload),
+        TAP_TEST(test_graph_step),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -76,13 +76,16 @@ static void test_layout_matches_version(void)
      * and its backward to ts_op, with ts_layer_norm_params (tests below). ABI 2.2: no layout
      * change; TS_UNARY_GELU_TANH_DERIV appended to ts_unary_fn. */
     CHECK_INT_EQ(TS_PLUGIN_HOST_MEMORY, 1);
-    /* ABI 2.3: pinned host memory and asynchronous uploads appended to the descriptor. */
+    /* ABI 2.3: pinned host memory, asynchronous uploads and graph capture appended to the
+     * descriptor. */
     static const layout v2_3[] = {
         L(offsetof(ts_plugin_desc, host_alloc), 192),
         L(offsetof(ts_plugin_desc, host_free), 200),
         L(offsetof(ts_plugin_desc, copy_h2d_async), 208),
         L(offsetof(ts_plugin_desc, wait_copy), 216),
-        L(sizeof(ts_plugin_desc), 224),
+        L(offsetof(ts_plugin_desc, graph_begin), 224),
+        L(offsetof(ts_plugin_desc, graph_free), 248),
+        L(sizeof(ts_plugin_desc), 256),
     };
     check_rows("2.3", v2_3, sizeof v2_3 / sizeof v2_3[0]);
 }
