@@ -20,10 +20,10 @@ static const char usage[] =
     "usage: tessera bench train [--model mlp|lenet5|cnn] [--hidden N,...] [--channels N,...]\n"
     "                           [--init KIND] [--optimizer sgd|adam|adamw] [--lr X]\n"
     "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
-    "                           [--data DIR] [--synthetic] [--profile] [--json]\n"
+    "                           [--data DIR] [--synthetic] [--graph] [--profile] [--json]\n"
     "       tessera bench train --model gpt [--context T] [--layers L] [--heads H] [--embd C]\n"
     "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
-    "                           [--profile] [--json]\n"
+    "                           [--graph] [--profile] [--json]\n"
     "\n"
     "Times --steps training steps (default 50) after --warmup steps (default 5) at batch\n"
     "--batch-size (default 100) on consecutive batches of the Fashion-MNIST training set held\n"
@@ -37,6 +37,10 @@ static const char usage[] =
     "step / floor. --device all: every cpu_* plugin on the plugin search path. --profile: also\n"
     "the time per step in each kernel (op, function, dtype), the most first, and the time\n"
     "outside kernels (the core's own work: autograd, shape checks, the pool).\n"
+    "--graph: each batch is copied into fixed input tensors, and the forward and backward are\n"
+    "recorded once after the warm-up (ts_graph_capture_begin; a CUDA graph on cuda) and\n"
+    "replayed every step, the optimizer step running as before; devices that cannot record\n"
+    "are reported as such.\n"
     "\n"
     "--model gpt: the step of `tessera train --model gpt` (AdamW betas 0.9, 0.95, weight decay\n"
     "0.1 on the blocks' matrices, clipping at norm 1; default context 128, 4 layers, 4 heads,\n"
@@ -214,7 +218,7 @@ typedef struct bench_opts {
     const char *optimizer, *data, *device;
     double lr;
     int64_t batch, steps, warmup;
-    int json, synthetic, profile;
+    int json, synthetic, profile, graph;
 } bench_opts;
 
 enum { PROFILE_MAX = 64 };
@@ -297,10 +301,54 @@ typedef struct session {
     ts_tensor *x, *y;
     int64_t nbatches;
     int gpt;
+    /* --graph: fixed inputs, the recording and the loss it writes */
+    int use_graph;
+    ts_tensor *gx, *gy, *gloss;
+    ts_graph *graph;
 } session;
+
+/* --graph: the batch copied into the fixed inputs; the forward and backward recorded on the
+ * first call and replayed on every call; clipping and the optimizer step run eagerly. */
+static ts_status step_graph(session *ss, ts_device *dev, int64_t i, int64_t batch)
+{
+    ts_tensor *x = NULL, *y = NULL, *logits = NULL;
+    int64_t at = (i % ss->nbatches) * batch;
+    ts_status s;
+    if ((s = ts_tensor_narrow(ss->x, 0, at, batch, &x)) ||
+        (s = ts_tensor_narrow(ss->y, 0, at, batch, &y)) ||
+        (!ss->gx && ((s = ts_tensor_empty(dev, ts_tensor_dtype(x), ts_tensor_ndim(x),
+                                           ts_tensor_shape(x), &ss->gx)) ||
+                     (s = ts_tensor_empty(dev, ts_tensor_dtype(y), ts_tensor_ndim(y),
+                                          ts_tensor_shape(y), &ss->gy)))) ||
+        (s = ts_copy_(ss->gx, x)) || (s = ts_copy_(ss->gy, y)))
+        goto out;
+    if (!ss->graph) {
+        ts_optim_zero_grad(ss->opt); /* the recorded backward writes fresh gradients */
+        if ((s = ts_graph_capture_begin(dev)))
+            goto out;
+        if ((s = ts_module_forward(ss->model, ss->gx, &logits)) == TS_OK &&
+            (s = ss->gpt ? ts_gpt_loss(logits, ss->gy, &ss->gloss)
+                         : ts_cross_entropy(logits, ss->gy, TS_REDUCTION_MEAN, &ss->gloss)) ==
+                TS_OK)
+            s = ts_backward(ss->gloss, NULL, 0);
+        ts_tensor_unref(logits);
+        ts_status e = ts_graph_capture_end(dev, &ss->graph);
+        if (s || (s = e))
+            goto out;
+    }
+    if ((s = ts_graph_replay(ss->graph)) == TS_OK &&
+        (!ss->gpt || (s = ts_clip_grad_norm(ss->params, ss->np, 1.0, NULL)) == TS_OK) &&
+        (s = ts_optim_step(ss->opt)) == TS_OK)
+        s = ts_device_synchronize(dev);
+out:
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    return s;
+}
 
 static ts_status step(session *ss, ts_device *dev, int64_t i, int64_t batch)
 {
+    if (ss->use_graph)
+        return step_graph(ss, dev, i, batch);
     ts_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL;
     int64_t at = (i % ss->nbatches) * batch;
     ts_status s;
@@ -337,6 +385,13 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     *r = (result){.device = name, .threads = device_threads(dev), .mallocs = -1,
                   .threads_created = -1};
     ss.gpt = o->gpt;
+    ss.use_graph = o->graph;
+    if (o->graph && !ts_device_can_capture(dev)) {
+        fprintf(stderr, "tessera: error: bench train: --graph: '%s' cannot record graphs\n",
+                name);
+        s = TS_ENOTSUP;
+        goto out;
+    }
     if ((s = o->gpt ? load_text(o, dev, &ss.x, &ss.y) : load_data(o, dev, &ss.x, &ss.y, synthetic)))
         goto out;
     ss.nbatches = ts_tensor_size(ss.x, 0) / o->batch;
@@ -452,6 +507,10 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     r->floor_ms = quantile(ftimes, ns, 0.5);
     r->floor_min = ftimes[0];
 out:
+    ts_graph_free(ss.graph);
+    ts_tensor_unref(ss.gloss);
+    ts_tensor_unref(ss.gx);
+    ts_tensor_unref(ss.gy);
     ts_optim_free(ss.opt);
     ts_module_free(ss.model);
     free(ss.params);
@@ -545,6 +604,10 @@ static int parse(int argc, char **argv, bench_opts *o)
         }
         if (!strcmp(a, "--profile")) {
             o->profile = 1;
+            continue;
+        }
+        if (!strcmp(a, "--graph")) {
+            o->graph = 1;
             continue;
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

@@ -83,6 +83,9 @@ run_checks() {
             [ -z "$cs" ] && [ -x "$c" ] && cs=$c
         done
     fi
+    # The packed test configuration, with cpu_blas on every core of this machine.
+    sed "s/^threads = .*/threads = $(nproc)/" "$here/tessera.ini" >"$here/tessera.ini.new"
+    mv "$here/tessera.ini.new" "$here/tessera.ini"
     chmod 0644 "$here/tessera.ini"
     sed "s/@COMM@/$comm/; s/@GPU@/$gpu/" "$here/dist.ini.in" >"$here/dist.ini"
     chmod 0644 "$here/dist.ini"
@@ -183,8 +186,16 @@ run_checks() {
     step bench-train-gpt 240 "$t" bench train --model gpt --device "$gpu" --steps 50
     TESSERA_CONFIG=$here/expandable.ini step bench-train-gpt-expandable 240 "$t" bench train \
         --model gpt --device "$gpu" --steps 50
+    # The same steps recorded once and replayed (CUDA graphs), next to the plain ones above.
+    if [ $dry = no ]; then
+        step bench-train-lenet5-graph 240 "$t" bench train --model lenet5 --device "$gpu" \
+            --steps 50 --graph $data
+        step bench-train-gpt-graph 240 "$t" bench train --model gpt --device "$gpu" --steps 50 \
+            --graph
+    fi
     # A steady step takes nothing from the driver: raw pool allocations per step are 0.
     for m in mlp lenet5 cnn gpt gpt-expandable; do
+        [ -f "$logs/bench-train-$m.log" ] || continue
         raw=$(awk -v d="$gpu" '$1 == d {print $8; exit}' "$logs/bench-train-$m.log")
         if [ -n "$raw" ] && awk -v r="$raw" 'BEGIN {exit !(r + 0 == 0)}'; then
             verdict "steady-allocs-$m" ok "0 raw allocations per steady step"
@@ -218,7 +229,7 @@ run_checks() {
     say "$passed passed, $failed failed, $skipped skipped"
     # Figures worth reading first, from the logs.
     for f in bench-cuda bench-train-mlp bench-train-lenet5 bench-train-cnn bench-train-gpt \
-        bench-train-gpt-expandable bench-dist; do
+        bench-train-gpt-expandable bench-train-lenet5-graph bench-train-gpt-graph bench-dist; do
         [ -f "$logs/$f.log" ] || continue
         echo "---- $f" >>"$summary"
         grep -v '^$' "$logs/$f.log" | tail -30 >>"$summary"
