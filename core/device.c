@@ -417,6 +417,8 @@ TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
     return s;
 }
 
+static int host_memory(const ts_device *dev);
+
 ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *pattern,
                           size_t pattern_size)
 {
@@ -426,6 +428,8 @@ ts_status ts__device_fill(ts_device *dev, void *dst, size_t nbytes, const void *
         return TS_OK;
     uint64_t t0 = ts__profile_begin();
     ts_status s = dev->vt.fill(dev->ctx, dst, nbytes, pattern, pattern_size);
+    if (t0 && s == TS_OK && !host_memory(dev) && !dev->capturing)
+        s = dev->vt.synchronize(dev->ctx); /* as in ts__device_run */
     uint64_t t1 = ts__profile_end(t0, TS_OP_FILL, -1, -1); /* raw bytes: no dtype */
     if (t1 && (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE))
         ts__memtrace_kernel("fill", t0, t1, NULL);
@@ -488,6 +492,10 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
             s = ts__hostref_run(&dev->host, call);
         }
     }
+    /* Profiling an asynchronous device (cuda): wait for the kernel, so that its time is its
+     * own rather than its launch's (not while recording a graph: nothing runs then). */
+    if (t0 && s == TS_OK && !host_memory(dev) && !dev->capturing)
+        s = dev->vt.synchronize(dev->ctx);
     uint64_t t1 = ts__profile_end_call(t0, call);
     if (t1 && (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE))
         ts__memtrace_kernel(ts__call_name(call), t0, t1,

@@ -149,9 +149,10 @@ ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call);
  * Process-wide. While enabled, every kernel call the core makes on any device (fills
  * included) is counted, with the wall-clock seconds around the plugin's run, per op, function
  * (unary/binary/reduce) and output dtype. Counts add up across enabled periods until
- * ts_profile_reset. A plugin that runs kernels asynchronously (cuda) is timed for the launch
- * only: synchronize before reading. Disabled (the default), it costs one relaxed atomic load
- * per call. */
+ * ts_profile_reset. On a device whose memory is not host memory (cuda, which runs kernels
+ * asynchronously) the core waits for each kernel while counting, so the time is the kernel's
+ * own, not its launch's (and the device runs slower meanwhile). Disabled (the default), it
+ * costs one relaxed atomic load per call. */
 typedef struct ts_profile_entry {
     int32_t op;     /* ts_op */
     int32_t fn;     /* for TS_OP_UNARY / _BINARY / _BINARY_SCALAR / _REDUCE; else -1 */
