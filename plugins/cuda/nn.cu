@@ -542,22 +542,38 @@ __global__ void k_ln_bwd_x(const T *gy, const T *x, const T *mean, const T *rstd
     }
 }
 
-/* gw[j] = sum over rows of g xhat, gb[j] = sum of g: one thread per column (adjacent threads
- * read adjacent columns of each row). */
+/* gw[j] = sum over rows of g xhat, gb[j] = sum of g. */
 template <typename T>
 __global__ void k_ln_bwd_w(const T *gy, const T *x, const T *mean, const T *rstd, T *gw, T *gb,
                            int64_t R, int64_t D)
 {
-    CU_GRID_LOOP(j, D)
-    {
-        double sw = 0, sb = 0;
-        for (int64_t r = 0; r < R; r++) {
-            double g = (double)gy[r * D + j];
-            sw += g * ((double)x[r * D + j] - (double)mean[r]) * (double)rstd[r];
-            sb += g;
+    /* 32 columns per block, 32 row lanes per column: lane ty sums rows ty, ty + 32, ...; the
+     * lanes' sums are then added in lane order (deterministic). Reads of a row's 32 adjacent
+     * columns coalesce. */
+    __shared__ double sw[32][33], sb[32][33];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int64_t j0 = (int64_t)blockIdx.x * 32; j0 < D; j0 += (int64_t)gridDim.x * 32) {
+        const int64_t j = j0 + tx;
+        double aw = 0, ab = 0;
+        if (j < D)
+            for (int64_t r = ty; r < R; r += 32) {
+                double g = (double)gy[r * D + j];
+                aw += g * ((double)x[r * D + j] - (double)mean[r]) * (double)rstd[r];
+                ab += g;
+            }
+        sw[ty][tx] = aw;
+        sb[ty][tx] = ab;
+        __syncthreads();
+        if (ty == 0 && j < D) {
+            double tw = 0, tb = 0;
+            for (int k = 0; k < 32; k++) {
+                tw += sw[k][tx];
+                tb += sb[k][tx];
+            }
+            gw[j] = (T)tw;
+            gb[j] = (T)tb;
         }
-        gw[j] = (T)sw;
-        gb[j] = (T)sb;
+        __syncthreads();
     }
 }
 
@@ -602,14 +618,16 @@ extern "C" cudaError_t cu_layer_norm_bwd(cudaStream_t st, int32_t dtype, const v
         cudaError_t e = cudaMemsetAsync(gw, 0, nb, st);
         return e != cudaSuccess ? e : cudaMemsetAsync(gb, 0, nb, st);
     }
-    const unsigned blocks = row_blocks(rows), wblocks = cu_blocks(D, CU_THREADS);
+    const unsigned blocks = row_blocks(rows);
+    const unsigned wblocks = (unsigned)((D + 31) / 32 < CU_MAX_BLOCKS ? (D + 31) / 32 : CU_MAX_BLOCKS);
+    const dim3 wthreads(32, 32);
     const int threads = cu_row_threads(D);
     if (dtype == TS_F32) {
         k_ln_bwd_x<float><<<blocks, threads, 0, st>>>(
             (const float *)gy, (const float *)x, (const float *)mean, (const float *)rstd,
             (const float *)w, (float *)gx, rows, D);
         if (gw)
-            k_ln_bwd_w<float><<<wblocks, CU_THREADS, 0, st>>>(
+            k_ln_bwd_w<float><<<wblocks, wthreads, 0, st>>>(
                 (const float *)gy, (const float *)x, (const float *)mean, (const float *)rstd,
                 (float *)gw, (float *)gb, rows, D);
     } else if (dtype == TS_F64) {
@@ -617,7 +635,7 @@ extern "C" cudaError_t cu_layer_norm_bwd(cudaStream_t st, int32_t dtype, const v
             (const double *)gy, (const double *)x, (const double *)mean, (const double *)rstd,
             (const double *)w, (double *)gx, rows, D);
         if (gw)
-            k_ln_bwd_w<double><<<wblocks, CU_THREADS, 0, st>>>(
+            k_ln_bwd_w<double><<<wblocks, wthreads, 0, st>>>(
                 (const double *)gy, (const double *)x, (const double *)mean,
                 (const double *)rstd, (double *)gw, (double *)gb, rows, D);
     } else {
