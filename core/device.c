@@ -249,9 +249,13 @@ TS_API ts_status ts_device_pinned_alloc(ts_device *dev, size_t nbytes, const cha
     *ptr = NULL;
     if (!dev)
         return ts__fail(TS_EINVAL, "ts_device_pinned_alloc: device is NULL");
-    if (!dev->pinned)
+    ts_pool *pool;
+    ts_status s = ts__device_pinned_pool(dev, 1, &pool);
+    if (s)
+        return s;
+    if (!pool)
         return no_pinned(dev, "ts_device_pinned_alloc");
-    return ts__pool_api.alloc(dev->pinned, nbytes, tag ? tag : "pinned", ptr);
+    return ts__pool_api.alloc(pool, nbytes, tag ? tag : "pinned", ptr);
 }
 
 TS_API void ts_device_pinned_free(ts_device *dev, void *ptr)
@@ -266,8 +270,12 @@ TS_API ts_status ts_device_pinned_stats(ts_device *dev, ts_memory_stats *stats)
         return ts__fail(TS_EINVAL, "ts_device_pinned_stats: NULL argument");
     memset(stats, 0, sizeof *stats);
     stats->struct_size = sizeof *stats;
-    if (dev->pinned)
-        ts__pool_api.stats(dev->pinned, stats);
+    ts_pool *pool;
+    ts__device_pinned_pool(dev, 0, &pool);
+    if (pool)
+        ts__pool_api.stats(pool, stats);
+    else if (dev->pinned_ok)
+        stats->valid = TS_STATS_POOL; /* none asked for yet: all zero */
     return TS_OK;
 }
 
@@ -278,7 +286,7 @@ TS_API ts_status ts_device_copy_from_pinned(ts_device *dev, void *dst, const voi
         *ticket = 0;
     if (!dev || !ticket || (nbytes && (!dst || !src)))
         return ts__fail(TS_EINVAL, "ts_device_copy_from_pinned: NULL argument");
-    if (!dev->pinned)
+    if (!dev->pinned_ok)
         return no_pinned(dev, "ts_device_copy_from_pinned");
     if (!nbytes)
         return TS_OK;

@@ -17,8 +17,9 @@ struct ts_device {
     size_t nsettings;
     ts_host host;           /* this device's host table; host_private points back here */
     ts_pool *pool;          /* the host's caching pool over the plugin's raw memory */
-    ts_pool *pinned;        /* pinned host memory (host_alloc, or mem_alloc for host-memory
-                             * plugins); NULL when the device has none */
+    int pinned_ok;          /* has pinned host memory: host_alloc, or host memory itself */
+    ts_pool_options pinned_opts; /* its pool's options (name set when made) */
+    ts_pool *pinned;        /* that pool, made on first use (ts__device_pinned_pool) */
     char *pinned_name;      /* "NAME pinned": its name in statistics and messages */
     struct ts_graph *capturing; /* the graph being recorded: frees are held for it */
 };
@@ -32,6 +33,9 @@ struct ts_graph {
     size_t nheld, cap;
     ts_status failed; /* a hold that could not be recorded (out of host memory) */
 };
+/* dev's pinned pool (core/loader.c), made first when create is set; *out NULL when the
+ * device has no pinned memory (or, without create, none was asked for yet). */
+ts_status ts__device_pinned_pool(ts_device *dev, int create, ts_pool **out);
 /* Frees a block of dev's pool, or holds it for the graph being recorded. */
 void ts__device_pool_free(ts_device *dev, void *ptr);
 /* Larger device memory than this in ts_device_info is a plugin bug (64 PiB). */

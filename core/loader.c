@@ -327,33 +327,55 @@ static void pinned_raw_free(void *user, void *ptr, size_t nbytes)
     dev->vt.host_free(dev->ctx, ptr, nbytes);
 }
 
-/* The pinned pool: over host_alloc, or over mem_alloc for a host-memory plugin (its memory
- * is host memory: nothing to pin). None for a device without either. */
-static ts_status build_pinned_pool(ts_device *dev, const ts_pool_options *dev_opts)
+/* The pinned pool, made on first use (a program that never asks for pinned memory has no
+ * such pool in its statistics): over host_alloc, or over mem_alloc for a host-memory plugin
+ * (its memory is host memory: nothing to pin). *out NULL when the device has none. */
+static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+
+ts_status ts__device_pinned_pool(ts_device *dev, int create, ts_pool **out)
 {
-    ts_raw_allocator raw = {.user = dev, .alloc = pinned_raw_alloc, .free = pinned_raw_free};
-    if (!dev->vt.host_alloc) {
-        if (!(dev->vt.flags & TS_PLUGIN_HOST_MEMORY))
-            return TS_OK;
-        raw.alloc = raw_alloc;
-        raw.free = raw_free;
+    *out = NULL;
+    if (!dev->pinned_ok)
+        return TS_OK;
+    pthread_mutex_lock(&pinned_lock);
+    ts_status s = TS_OK;
+    if (!dev->pinned && create) {
+        ts_raw_allocator raw = {.user = dev, .alloc = pinned_raw_alloc, .free = pinned_raw_free};
+        if (!dev->vt.host_alloc) {
+            raw.alloc = raw_alloc;
+            raw.free = raw_free;
+        }
+        char name[96];
+        snprintf(name, sizeof name, "%s pinned", dev->name);
+        free(dev->pinned_name);
+        if (!(dev->pinned_name = ts__strdup(name))) {
+            s = ts__fail(TS_ENOMEM, "out of memory");
+        } else {
+            ts_pool_options opts = dev->pinned_opts;
+            opts.name = dev->pinned_name;
+            if ((s = ts__pool_api.create(&opts, &raw, &dev->pinned))) {
+                char msg[900];
+                snprintf(msg, sizeof msg, "%s", ts_last_error());
+                s = ts__fail(s, "plugin '%s' (%s): pinned memory: %s", dev->name, dev->path,
+                             msg);
+            }
+        }
     }
-    char name[96];
-    snprintf(name, sizeof name, "%s pinned", dev->name);
-    if (!(dev->pinned_name = ts__strdup(name)))
-        return ts__fail(TS_ENOMEM, "out of memory");
-    ts_pool_options opts = *dev_opts;
-    opts.name = dev->pinned_name;
-    opts.alignment = dev_opts->alignment > 64 ? dev_opts->alignment : 64;
-    opts.reserve_limit = 0; /* host memory: the pinned buffers a program asks for */
-    opts.vm = NULL;
-    ts_status s = ts__pool_api.create(&opts, &raw, &dev->pinned);
-    if (s) {
-        char msg[900];
-        snprintf(msg, sizeof msg, "%s", ts_last_error());
-        return ts__fail(s, "plugin '%s' (%s): pinned memory: %s", dev->name, dev->path, msg);
-    }
-    return TS_OK;
+    *out = dev->pinned;
+    pthread_mutex_unlock(&pinned_lock);
+    return s;
+}
+
+/* What the pinned pool will be: the device pool's caching, host alignment, no reserve limit
+ * (host memory: the pinned buffers a program asks for). */
+static void plan_pinned_pool(ts_device *dev, const ts_pool_options *dev_opts)
+{
+    dev->pinned_ok = dev->vt.host_alloc || (dev->vt.flags & TS_PLUGIN_HOST_MEMORY);
+    dev->pinned_opts = *dev_opts;
+    dev->pinned_opts.alignment = dev_opts->alignment > 64 ? dev_opts->alignment : 64;
+    dev->pinned_opts.reserve_limit = 0;
+    dev->pinned_opts.vm = NULL;
+    dev->pinned_opts.name = NULL;
 }
 
 static ts_status vm_reserve(void *user, size_t nbytes, void **base)
@@ -431,7 +453,8 @@ static ts_status build_pool(const ts_config *cfg, ts_device *dev)
         snprintf(msg, sizeof msg, "%s", ts_last_error());
         return ts__fail(s, "plugin '%s' (%s): %s", dev->name, dev->path, msg);
     }
-    return build_pinned_pool(dev, &opts);
+    plan_pinned_pool(dev, &opts);
+    return TS_OK;
 }
 
 /* ---- loading -------------------------------------------------------------------------- */
@@ -778,6 +801,11 @@ TS_API void ts_device_unload(ts_device *dev)
         return;
     /* The pool first: its segments go back through the plugin's mem_free / vm_release, which
      * need the instance alive. */
+    if (dev->capturing) { /* a recording left open: dropped */
+        ts_graph *g = NULL;
+        ts_graph_capture_end(dev, &g);
+        ts_graph_free(g);
+    }
     ts__pool_api.destroy(dev->pinned);
     dev->pinned = NULL;
     free(dev->pinned_name);

@@ -138,6 +138,8 @@ ts_status ts_graph_capture_begin(ts_device *dev);
 ts_status ts_graph_capture_end(ts_device *dev, ts_graph **out);
 /* Queues one replay, in order with the device's other work. */
 ts_status ts_graph_replay(ts_graph *g);
+/* Frees the recording and gives its held blocks back; before the device is unloaded (a
+ * recording still open at unload is dropped). NULL is a no-op. */
 void ts_graph_free(ts_graph *g);
 
 /* Runs one kernel on the device exactly as given: no shape, dtype or overlap checks (the

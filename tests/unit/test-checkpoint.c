@@ -858,7 +858,7 @@ static void test_converted_dtypes(void)
         file[at] = (unsigned char)(bf[i] & 0xff), file[at + 1] = (unsigned char)(bf[i] >> 8);
     memcpy(file + at, m, 4);
     at += 4;
-    char *p = tap_path_in(dir, "half.safetensors");
+    const char *p = tap_path_in(dir, "half.safetensors");
     tap_write_bytes(p, (const char *)file, at);
     ts_checkpoint *ck = NULL;
     logged_ck[0] = 0;
@@ -879,7 +879,7 @@ static void test_converted_dtypes(void)
     CHECK(!strcmp(ts_checkpoint_meta_key(ck, 0), "format"));
     CHECK(ts_checkpoint_meta_key(ck, 1) == NULL);
     /* a save of the loaded checkpoint, its tensors unread: float32 and uint8 on disk */
-    char *p2 = tap_path_in(dir, "half-as-f32.safetensors");
+    const char *p2 = tap_path_in(dir, "half-as-f32.safetensors");
     CHECK_OK(ts_checkpoint_save(ck, p2));
     ts_checkpoint *ck2 = NULL;
     CHECK_OK(ts_checkpoint_load(p2, dev, &ck2));
