@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include <tessera/tessera.h>
-#include <tessera/models.h>
 
 #include "../core/internal.h" /* TS_API */
 
@@ -33,18 +32,19 @@ static void free_state(void *u)
             goto out;                                                                       \
     } while (0)
 
+static ts_module *child(ts_module *m, const char *name)
+{
+    return ts_module_child(m, name);
+}
+
 /* ---- attention ------------------------------------------------------------------------- */
 
 /* (B, T, C) -> (B, H, T, C/H): the heads as a batch dim. */
-static ts_status split_heads(ts_tensor *t, int64_t H, ts_tensor **out)
+static ts_tensor *heads(ts_tensor *t, int64_t H)
 {
-    const int64_t *sh = ts_tensor_shape(t);
-    ts_tensor *v = NULL;
-    ts_status s = ts_tensor_view(t, 4, (const int64_t[]){sh[0], sh[1], H, sh[2] / H}, &v);
-    if (!s)
-        s = ts_tensor_transpose(v, 1, 2, out);
-    ts_tensor_unref(v);
-    return s;
+    const int64_t *sh = t ? ts_tensor_shape(t) : NULL;
+    return sh ? ts_s_transpose(ts_s_view(t, 4, (const int64_t[]){sh[0], sh[1], H, sh[2] / H}), 1, 2)
+              : NULL;
 }
 
 static ts_status attn_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
@@ -52,63 +52,28 @@ static ts_status attn_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     const gpt_state *st = ts_module_user(m);
     const int64_t B = ts_tensor_shape(x)[0], T = ts_tensor_shape(x)[1], C = st->cfg.embd;
     const int64_t H = st->cfg.heads;
-    ts_tensor *qkv = NULL, *q = NULL, *k = NULL, *v = NULL, *qh = NULL, *kh = NULL, *vh = NULL;
-    ts_tensor *kt = NULL, *att = NULL, *mask = NULL, *masked = NULL, *p = NULL, *pd = NULL;
-    ts_tensor *oh = NULL, *o = NULL, *oc = NULL, *o2 = NULL, *drop = NULL, *mcast = NULL;
-    ts_status s;
-    TRY(ts_module_forward(ts_module_child(m, "c_attn"), x, &qkv));
-    TRY(ts_tensor_narrow(qkv, 2, 0, C, &q));
-    TRY(ts_tensor_narrow(qkv, 2, C, C, &k));
-    TRY(ts_tensor_narrow(qkv, 2, 2 * C, C, &v));
-    TRY(split_heads(q, H, &qh));
-    TRY(split_heads(k, H, &kh));
-    TRY(split_heads(v, H, &vh));
-    TRY(ts_tensor_transpose(kh, 2, 3, &kt));
-    TRY(ts_matmul(qh, kt, &o)); /* (B, H, T, T) */
-    TRY(ts_mul_scalar(o, 1.0 / sqrt((double)(C / H)), &att));
-    ts_tensor_unref(o);
-    o = NULL;
-    /* the mask in the model's dtype (float64 after ts_module_to_dtype) */
-    if (ts_tensor_dtype(st->mask) != ts_tensor_dtype(att))
-        TRY(ts_cast(st->mask, ts_tensor_dtype(att), &mcast));
-    TRY(ts_tensor_narrow(mcast ? mcast : st->mask, 0, 0, T, &o));
-    TRY(ts_tensor_narrow(o, 1, 0, T, &mask));
-    ts_tensor_unref(o);
-    o = NULL;
-    TRY(ts_add(att, mask, &masked));
-    TRY(ts_softmax(masked, 3, &p));
-    TRY(ts_module_forward(ts_module_child(m, "attn_dropout"), p, &pd));
-    TRY(ts_matmul(pd, vh, &oh)); /* (B, H, T, C/H) */
-    TRY(ts_tensor_transpose(oh, 1, 2, &o));
-    TRY(ts_tensor_contiguous(o, &oc));
-    TRY(ts_tensor_view(oc, 3, (const int64_t[]){B, T, C}, &o2));
-    TRY(ts_module_forward(ts_module_child(m, "c_proj"), o2, &drop));
-    s = ts_module_forward(ts_module_child(m, "resid_dropout"), drop, y);
-out:
-    ts_tensor_unref(qkv), ts_tensor_unref(q), ts_tensor_unref(k), ts_tensor_unref(v);
-    ts_tensor_unref(qh), ts_tensor_unref(kh), ts_tensor_unref(vh), ts_tensor_unref(kt);
-    ts_tensor_unref(att), ts_tensor_unref(mask), ts_tensor_unref(masked), ts_tensor_unref(p);
-    ts_tensor_unref(pd), ts_tensor_unref(oh), ts_tensor_unref(o), ts_tensor_unref(oc);
-    ts_tensor_unref(o2), ts_tensor_unref(drop), ts_tensor_unref(mcast);
-    return s;
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *qkv = ts_s_forward(child(m, "c_attn"), x);
+    ts_tensor *q = heads(ts_s_narrow(qkv, 2, 0, C), H), *k = heads(ts_s_narrow(qkv, 2, C, C), H);
+    ts_tensor *v = heads(ts_s_narrow(qkv, 2, 2 * C, C), H);
+    ts_tensor *att = ts_s_mul_scalar(ts_s_matmul(q, ts_s_transpose(k, 2, 3)), 1 / sqrt(C / H));
+    /* causal: -inf above the diagonal, in the model's dtype (float64 after to_dtype) */
+    ts_tensor *mask = ts_s_cast(st->mask, att ? ts_tensor_dtype(att) : TS_F32);
+    att = ts_s_add(att, ts_s_narrow(ts_s_narrow(mask, 0, 0, T), 1, 0, T));
+    att = ts_s_forward(child(m, "attn_dropout"), ts_s_softmax(att, 3));
+    ts_tensor *o = ts_s_contiguous(ts_s_transpose(ts_s_matmul(att, v), 1, 2)); /* (B, T, H, C/H) */
+    o = ts_s_forward(child(m, "c_proj"), ts_s_view(o, 3, (const int64_t[]){B, T, C}));
+    return ts_scope_return(sc, ts_s_forward(child(m, "resid_dropout"), o), y);
 }
 
 /* ---- a block: x + attn(ln_1(x)), then + mlp(ln_2(x)) --------------------------------------- */
 
 static ts_status block_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
 {
-    ts_tensor *a = NULL, *b = NULL, *x1 = NULL, *c = NULL, *d = NULL;
-    ts_status s;
-    TRY(ts_module_forward(ts_module_child(m, "ln_1"), x, &a));
-    TRY(ts_module_forward(ts_module_child(m, "attn"), a, &b));
-    TRY(ts_add(x, b, &x1));
-    TRY(ts_module_forward(ts_module_child(m, "ln_2"), x1, &c));
-    TRY(ts_module_forward(ts_module_child(m, "mlp"), c, &d));
-    s = ts_add(x1, d, y);
-out:
-    ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(x1), ts_tensor_unref(c);
-    ts_tensor_unref(d);
-    return s;
+    ts_scope *sc = ts_scope_begin();
+    x = ts_s_add(x, ts_s_forward(child(m, "attn"), ts_s_forward(child(m, "ln_1"), x)));
+    x = ts_s_add(x, ts_s_forward(child(m, "mlp"), ts_s_forward(child(m, "ln_2"), x)));
+    return ts_scope_return(sc, x, y);
 }
 
 /* ---- the whole model ------------------------------------------------------------------- */
@@ -116,10 +81,7 @@ out:
 static ts_status gpt_forward(ts_module *m, ts_tensor *idx, ts_tensor **y)
 {
     const gpt_state *st = ts_module_user(m);
-    ts_module *tr = ts_module_child(m, "transformer");
-    ts_tensor *tok = NULL, *pos = NULL, *pe = NULL, *h = NULL, *hn = NULL, *wt = NULL;
-    ts_tensor *positions = NULL;
-    ts_status s;
+    ts_module *tr = child(m, "transformer");
     if (ts_tensor_ndim(idx) != 2 || ts_tensor_shape(idx)[1] > st->cfg.context ||
         ts_tensor_shape(idx)[1] < 1) {
         char b[96];
@@ -127,23 +89,15 @@ static ts_status gpt_forward(ts_module *m, ts_tensor *idx, ts_tensor **y)
                        "context", ts_tensor_describe(idx, b, sizeof b),
                        (long long)st->cfg.context);
     }
-    const int64_t T = ts_tensor_shape(idx)[1];
-    if ((s = ts_tensor_narrow(st->positions, 0, 0, T, &positions)))
-        return s;
-    TRY(ts_module_forward(ts_module_child(tr, "wte"), idx, &tok));
-    TRY(ts_module_forward(ts_module_child(tr, "wpe"), positions, &pos));
-    TRY(ts_add(tok, pos, &pe));
-    TRY(ts_module_forward(ts_module_child(tr, "drop"), pe, &h));
-    TRY(ts_module_forward(ts_module_child(tr, "h"), h, &hn));
-    ts_tensor_unref(h);
-    h = NULL;
-    TRY(ts_module_forward(ts_module_child(tr, "ln_f"), hn, &h));
-    TRY(ts_tensor_transpose(ts_module_param(m, "lm_head_weight"), 0, 1, &wt));
-    s = ts_matmul(h, wt, y); /* the head tied to wte: (B, T, C) @ (C, V) */
-out:
-    ts_tensor_unref(tok), ts_tensor_unref(pos), ts_tensor_unref(pe), ts_tensor_unref(h);
-    ts_tensor_unref(hn), ts_tensor_unref(wt), ts_tensor_unref(positions);
-    return s;
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *positions = ts_s_narrow(st->positions, 0, 0, ts_tensor_shape(idx)[1]);
+    ts_tensor *tok = ts_s_forward(child(tr, "wte"), idx);
+    ts_tensor *h = ts_s_add(tok, ts_s_forward(child(tr, "wpe"), positions));
+    h = ts_s_forward(child(tr, "h"), ts_s_forward(child(tr, "drop"), h));
+    h = ts_s_forward(child(tr, "ln_f"), h);
+    /* the head tied to wte: (B, T, C) @ (C, V) */
+    ts_tensor *wt = ts_s_transpose(ts_module_param(m, "lm_head_weight"), 0, 1);
+    return ts_scope_return(sc, ts_s_matmul(h, wt), y);
 }
 
 static ts_status linear(ts_device *dev, int64_t in, int64_t out, double std, ts_rng *rng,

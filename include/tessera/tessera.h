@@ -16,6 +16,7 @@
 #include <tessera/optim.h>
 #include <tessera/dist.h>
 #include <tessera/models.h>
+#include <tessera/scope.h>
 
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1
