@@ -15,19 +15,6 @@ static ts_status to_input(const ts_node *n, int i, ts_tensor *g, ts_tensor **out
     return ts__sum_to(g, n->in_ndim[i], n->in_shape[i], out);
 }
 
-/* *out = a * b, then reduced to input i's shape. */
-static ts_status mul_to(const ts_node *n, int i, const ts_tensor *a, const ts_tensor *b,
-                        ts_tensor **out)
-{
-    ts_tensor *m;
-    ts_status s = ts_mul(a, b, &m);
-    if (s)
-        return s;
-    s = to_input(n, i, m, out);
-    ts_tensor_unref(m);
-    return s;
-}
-
 /* The float mask (x OP y) as x's dtype. */
 static ts_status mask(int fn, const ts_tensor *x, const ts_tensor *y, ts_tensor **out)
 {
@@ -89,88 +76,86 @@ static ts_status relu_backward(ts_tensor *g, const ts_tensor *x, ts_tensor **out
             goto out;                                                                       \
     } while (0)
 
-/* ---- binary ---------------------------------------------------------------------------- */
+/* ---- binary ----------------------------------------------------------------------------
+ * Each formula builds the gradients of both inputs in a scope; give() reduces each to its
+ * input's shape (broadcast dims summed) and hands out those the inputs need. */
+
+/* x OP y as a float mask of x's dtype. */
+static ts_tensor *s_mask(int fn, const ts_tensor *x, const ts_tensor *y)
+{
+    ts_tensor *m = NULL;
+    m = ts_scope_adopt(ts_binary(fn, x, y, &m), &m);
+    return ts_s_cast(m, x ? ts_tensor_dtype(x) : TS_F32);
+}
+
+static ts_tensor *s_mask_scalar(int fn, const ts_tensor *x, double v)
+{
+    return x ? ts_s_cast(ts_s_binary_scalar(fn, x, v, 0), ts_tensor_dtype(x)) : NULL;
+}
+
+/* Ends a formula's scope: r[i] reduced to input i's shape goes to gin[i] where input i needs
+ * a gradient (r[i] may be NULL where it does not). */
+static ts_status give(ts_node *n, ts_scope *sc, int nin, ts_tensor *const *r, ts_tensor **gin)
+{
+    for (int i = 0; i < nin; i++) {
+        if (!n->needs[i])
+            continue;
+        ts_tensor *t = NULL;
+        ts_tensor *red = r[i] ? ts_scope_adopt(to_input(n, i, r[i], &t), &t) : NULL;
+        if (!red && ts_scope_status(sc) == TS_OK)
+            ts_scope_adopt(ts__fail(TS_ESTATE, "backward: %s computed no gradient for input "
+                                    "%d", n->name, i), NULL);
+        gin[i] = ts_scope_keep(red);
+    }
+    ts_status s = ts_scope_end(sc);
+    for (int i = 0; s && i < nin; i++) {
+        ts_tensor_unref(gin[i]);
+        gin[i] = NULL;
+    }
+    return s;
+}
 
 static ts_status binary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
 {
     int fn = (int)n->p.i[0];
     ts_tensor *a = n->saved[0], *b = n->saved[1]; /* NULL for add and sub */
-    ts_tensor *t1 = NULL, *t2 = NULL, *t3 = NULL;
-    ts_status s = TS_OK;
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *r[2] = {NULL, NULL};
     switch (fn) {
-    case TS_BINARY_ADD:
-    case TS_BINARY_SUB:
-        if (n->needs[0])
-            TRY(to_input(n, 0, g, &gin[0]));
-        if (n->needs[1]) {
-            if (fn == TS_BINARY_SUB) {
-                TRY(ts_neg(g, &t1));
-                TRY(to_input(n, 1, t1, &gin[1]));
-            } else {
-                TRY(to_input(n, 1, g, &gin[1]));
-            }
-        }
+    case TS_BINARY_ADD: /* g, g */
+        r[0] = r[1] = g;
         break;
-    case TS_BINARY_MUL:
-        if (n->needs[0])
-            TRY(mul_to(n, 0, g, b, &gin[0]));
-        if (n->needs[1])
-            TRY(mul_to(n, 1, g, a, &gin[1]));
+    case TS_BINARY_SUB: /* g, -g */
+        r[0] = g;
+        r[1] = n->needs[1] ? ts_s_neg(g) : NULL;
         break;
-    case TS_BINARY_DIV: /* d(a/b) = da / b - a db / b^2 */
-        TRY(ts_div(g, b, &t1));
-        if (n->needs[0])
-            TRY(to_input(n, 0, t1, &gin[0]));
-        if (n->needs[1]) {
-            TRY(ts_div(t1, b, &t2));
-            TRY(ts_mul(t2, a, &t3));
-            ts_tensor_unref(t2);
-            TRY(ts_neg(t3, &t2));
-            TRY(to_input(n, 1, t2, &gin[1]));
-        }
+    case TS_BINARY_MUL: /* g b, g a */
+        r[0] = n->needs[0] ? ts_s_mul(g, b) : NULL;
+        r[1] = n->needs[1] ? ts_s_mul(g, a) : NULL;
         break;
-    case TS_BINARY_POW: /* d(a^b) = b a^(b-1) da + a^b ln(a) db */
-        if (n->needs[0]) {
-            TRY(ts_binary_scalar(TS_BINARY_SUB, b, 1, 0, &t1));
-            TRY(ts_pow(a, t1, &t2));
-            ts_tensor_unref(t1);
-            TRY(ts_mul(t2, b, &t1));
-            TRY(mul_to(n, 0, g, t1, &gin[0]));
-            ts_tensor_unref(t1);
-            ts_tensor_unref(t2);
-            t1 = t2 = NULL;
-        }
-        if (n->needs[1]) {
-            TRY(ts_log(a, &t1));
-            TRY(ts_mul(t1, n->saved[2], &t2));
-            TRY(mul_to(n, 1, g, t2, &gin[1]));
-        }
+    case TS_BINARY_DIV: /* g / b, -(g / b) / b a */
+        r[0] = ts_s_div(g, b);
+        r[1] = n->needs[1] ? ts_s_neg(ts_s_mul(ts_s_div(r[0], b), a)) : NULL;
+        break;
+    case TS_BINARY_POW: /* g b a^(b-1), g a^b ln a */
+        r[0] = n->needs[0] ? ts_s_mul(g, ts_s_mul(ts_s_pow(a, ts_s_binary_scalar(TS_BINARY_SUB, b,
+                                                                             1, 0)), b))
+                           : NULL;
+        r[1] = n->needs[1] ? ts_s_mul(g, ts_s_mul(ts_s_log(a), n->saved[2])) : NULL;
         break;
     case TS_BINARY_MAXIMUM:
-    case TS_BINARY_MINIMUM: { /* the gradient goes to the winner; ties split it evenly */
-        int win = fn == TS_BINARY_MAXIMUM ? TS_BINARY_GT : TS_BINARY_LT;
-        TRY(mask(win, a, b, &t1));
-        TRY(mask(TS_BINARY_EQ, a, b, &t2));
-        TRY(ts_mul_scalar_(t2, 0.5));
-        TRY(ts_add(t1, t2, &t3)); /* a's share */
-        if (n->needs[0])
-            TRY(mul_to(n, 0, g, t3, &gin[0]));
-        if (n->needs[1]) {
-            ts_tensor *rest;
-            TRY(ts_binary_scalar(TS_BINARY_SUB, t3, 1, 1, &rest));
-            s = mul_to(n, 1, g, rest, &gin[1]);
-            ts_tensor_unref(rest);
-        }
+    case TS_BINARY_MINIMUM: { /* to the winner; ties split evenly */
+        ts_tensor *share = ts_s_add(s_mask(fn == TS_BINARY_MAXIMUM ? TS_BINARY_GT : TS_BINARY_LT,
+                                           a, b),
+                                    ts_s_mul_scalar(s_mask(TS_BINARY_EQ, a, b), 0.5));
+        r[0] = n->needs[0] ? ts_s_mul(g, share) : NULL;
+        r[1] = n->needs[1] ? ts_s_mul(g, ts_s_binary_scalar(TS_BINARY_SUB, share, 1, 1)) : NULL;
         break;
     }
     default:
-        s = ts__fail(TS_ESTATE, "backward: %s has no gradient", n->name);
+        ts_scope_adopt(ts__fail(TS_ESTATE, "backward: %s has no gradient", n->name), NULL);
     }
-out:
-    ts_tensor_unref(t1);
-    ts_tensor_unref(t2);
-    ts_tensor_unref(t3);
-    return s;
+    return give(n, sc, 2, r, gin);
 }
 
 ts_status ts__ag_binary(int fn, const ts_tensor *a, const ts_tensor *b, ts_tensor *out)
@@ -192,52 +177,37 @@ static ts_status scalar_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
 {
     int fn = (int)n->p.i[0], first = (int)n->p.i[1];
     double c = n->p.d[2];
-    ts_tensor *x = n->saved[0], *t1 = NULL, *t2 = NULL; /* x, or the output for c^x */
-    ts_status s = TS_OK;
+    ts_tensor *x = n->saved[0]; /* x, or the output for c^x */
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *r = NULL, *t = NULL;
     switch (fn) {
-    case TS_BINARY_ADD:
-        s = ts_tensor_detach(g, &gin[0]);
+    case TS_BINARY_ADD: /* g */
+        r = ts_scope_adopt(ts_tensor_detach(g, &t), &t);
         break;
-    case TS_BINARY_SUB:
-        s = first ? ts_neg(g, &gin[0]) : ts_tensor_detach(g, &gin[0]);
+    case TS_BINARY_SUB: /* g, or -g for c - x */
+        r = first ? ts_s_neg(g) : ts_scope_adopt(ts_tensor_detach(g, &t), &t);
         break;
     case TS_BINARY_MUL:
-        s = ts_mul_scalar(g, c, &gin[0]);
+        r = ts_s_mul_scalar(g, c);
         break;
-    case TS_BINARY_DIV:
-        if (!first) {
-            s = ts_mul_scalar(g, 1.0 / c, &gin[0]);
-        } else { /* d(c / x) = -c / x^2 */
-            TRY(ts_mul(x, x, &t1));
-            TRY(ts_div(g, t1, &t2));
-            s = ts_mul_scalar(t2, -c, &gin[0]);
-        }
+    case TS_BINARY_DIV: /* g / c, or -c g / x^2 for c / x */
+        r = !first ? ts_s_mul_scalar(g, 1.0 / c) : ts_s_mul_scalar(ts_s_div(g, ts_s_mul(x, x)), -c);
         break;
-    case TS_BINARY_POW:
-        if (!first) { /* d(x^c) = c x^(c-1) */
-            TRY(ts_pow_scalar(x, c - 1, &t1));
-            TRY(ts_mul_scalar_(t1, c));
-            s = ts_mul(g, t1, &gin[0]);
-        } else { /* d(c^x) = c^x ln c */
-            TRY(ts_mul_scalar(x, log(c), &t1)); /* saved[0] is the output here */
-            s = ts_mul(g, t1, &gin[0]);
-        }
+    case TS_BINARY_POW: /* g c x^(c-1), or g c^x ln c */
+        r = !first ? ts_s_mul(g, ts_s_mul_scalar(ts_s_pow_scalar(x, c - 1), c))
+                   : ts_s_mul(g, ts_s_mul_scalar(x, log(c)));
         break;
     case TS_BINARY_MAXIMUM:
-    case TS_BINARY_MINIMUM:
-        TRY(mask_scalar(fn == TS_BINARY_MAXIMUM ? TS_BINARY_GT : TS_BINARY_LT, x, c, &t1));
-        TRY(mask_scalar(TS_BINARY_EQ, x, c, &t2));
-        TRY(ts_mul_scalar_(t2, 0.5));
-        TRY(ts_add_(t1, t2));
-        s = ts_mul(g, t1, &gin[0]);
+    case TS_BINARY_MINIMUM: { /* where x wins; ties split evenly */
+        int win = fn == TS_BINARY_MAXIMUM ? TS_BINARY_GT : TS_BINARY_LT;
+        r = ts_s_mul(g, ts_s_add(s_mask_scalar(win, x, c),
+                                 ts_s_mul_scalar(s_mask_scalar(TS_BINARY_EQ, x, c), 0.5)));
         break;
-    default:
-        s = ts__fail(TS_ESTATE, "backward: %s has no gradient", n->name);
     }
-out:
-    ts_tensor_unref(t1);
-    ts_tensor_unref(t2);
-    return s;
+    default:
+        ts_scope_adopt(ts__fail(TS_ESTATE, "backward: %s has no gradient", n->name), NULL);
+    }
+    return ts_scope_return(sc, r, &gin[0]);
 }
 
 ts_status ts__ag_scalar(int fn, const ts_tensor *x, double c, int first, ts_tensor *out)
@@ -266,127 +236,73 @@ ts_status ts__ag_scalar(int fn, const ts_tensor *x, double c, int first, ts_tens
 
 /* ---- unary ----------------------------------------------------------------------------- */
 
+/* GELU's tanh form: y = x/2 (1 + t), t = tanh(c (x + k x^3)), c = sqrt(2 / pi), k = 0.044715:
+ * dy/dx = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3 k x^2). One pass (ABI 2.2) where the device runs
+ * it, else composed. */
+static ts_tensor *gelu_tanh_deriv(const ts_tensor *x)
+{
+    if (ts__device_runs_unary(x->storage->dev, TS_UNARY_GELU_TANH_DERIV, x->dtype))
+        return ts_s_unary(TS_UNARY_GELU_TANH_DERIV, x);
+    const double c = 0.7978845608028654, k = 0.044715;
+    ts_tensor *x2 = ts_s_mul(x, x);
+    ts_tensor *d = ts_s_add_scalar(ts_s_mul_scalar(x2, 3 * k), 1);                   /* 1 + 3k x^2 */
+    ts_tensor *u = ts_s_mul_scalar(ts_s_mul(ts_s_add_scalar(ts_s_mul_scalar(x2, k), 1), x), c);
+    ts_tensor *t = ts_s_tanh(u);
+    ts_tensor *om = ts_s_binary_scalar(TS_BINARY_SUB, ts_s_mul(t, t), 1, 1);         /* 1 - t^2 */
+    om = ts_s_mul_scalar(ts_s_mul(ts_s_mul(om, d), x), 0.5 * c);
+    return ts_s_add(ts_s_mul_scalar(ts_s_add_scalar(t, 1), 0.5), om);
+}
+
 static ts_status unary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
 {
     int fn = (int)n->p.i[0];
     /* One saved tensor: the input or the output, whichever the formula reads. */
-    ts_tensor *x = n->saved[0], *y = n->saved[0], *t1 = NULL, *t2 = NULL;
-    ts_status s = TS_OK;
+    ts_tensor *x = n->saved[0], *y = n->saved[0], *r = NULL, *t = NULL;
+    if (fn == TS_UNARY_RELU) /* one fused pass where the device has it */
+        return relu_backward(g, x, &gin[0]);
+    ts_scope *sc = ts_scope_begin();
     switch (fn) {
     case TS_UNARY_NEG:
-        s = ts_neg(g, &gin[0]);
+        r = ts_s_neg(g);
         break;
-    case TS_UNARY_ABS: /* sign(x), 0 at 0 */
-        TRY(mask_scalar(TS_BINARY_GT, x, 0, &t1));
-        TRY(mask_scalar(TS_BINARY_LT, x, 0, &t2));
-        TRY(ts_sub_(t1, t2));
-        s = ts_mul(g, t1, &gin[0]);
+    case TS_UNARY_ABS: /* g sign(x), 0 at 0 */
+        r = ts_s_mul(g, ts_s_sub(s_mask_scalar(TS_BINARY_GT, x, 0),
+                                 s_mask_scalar(TS_BINARY_LT, x, 0)));
         break;
-    case TS_UNARY_EXP:
-        s = ts_mul(g, y, &gin[0]);
+    case TS_UNARY_EXP: /* g y */
+        r = ts_s_mul(g, y);
         break;
-    case TS_UNARY_LOG:
-        s = ts_div(g, x, &gin[0]);
+    case TS_UNARY_LOG: /* g / x */
+        r = ts_s_div(g, x);
         break;
-    case TS_UNARY_SQRT: /* 0.5 / sqrt(x) */
-        TRY(ts_div(g, y, &t1));
-        s = ts_mul_scalar(t1, 0.5, &gin[0]);
+    case TS_UNARY_SQRT: /* g 0.5 / y */
+        r = ts_s_mul_scalar(ts_s_div(g, y), 0.5);
         break;
-    case TS_UNARY_RSQRT: /* -0.5 x^-1.5 = -0.5 y^3 */
-        TRY(ts_pow_scalar(y, 3, &t1));
-        TRY(ts_mul_scalar_(t1, -0.5));
-        s = ts_mul(g, t1, &gin[0]);
+    case TS_UNARY_RSQRT: /* g (-0.5 y^3) */
+        r = ts_s_mul(g, ts_s_mul_scalar(ts_s_pow_scalar(y, 3), -0.5));
         break;
-    case TS_UNARY_TANH: /* 1 - y^2 */
-        TRY(ts_mul(y, y, &t1));
-        TRY(ts_binary_scalar(TS_BINARY_SUB, t1, 1, 1, &t2));
-        s = ts_mul(g, t2, &gin[0]);
+    case TS_UNARY_TANH: /* g (1 - y^2) */
+        r = ts_s_mul(g, ts_s_binary_scalar(TS_BINARY_SUB, ts_s_mul(y, y), 1, 1));
         break;
-    case TS_UNARY_SIGMOID: /* y (1 - y) */
-        TRY(ts_binary_scalar(TS_BINARY_SUB, y, 1, 1, &t1));
-        TRY(ts_mul(t1, y, &t2));
-        s = ts_mul(g, t2, &gin[0]);
+    case TS_UNARY_SIGMOID: /* g (1 - y) y */
+        r = ts_s_mul(g, ts_s_mul(ts_s_binary_scalar(TS_BINARY_SUB, y, 1, 1), y));
         break;
-    case TS_UNARY_RELU:
-        s = relu_backward(g, x, &gin[0]);
-        break;
-    case TS_UNARY_GELU: { /* Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 */
-        ts_tensor *t3 = NULL;
-        TRY(ts_mul_scalar(x, M_SQRT1_2, &t1));
-        TRY(ts_unary(TS_UNARY_ERF, t1, &t2));
-        ts_tensor_unref(t1);
-        t1 = NULL;
-        TRY(ts_add_scalar_(t2, 1));
-        TRY(ts_mul_scalar_(t2, 0.5)); /* Phi */
-        TRY(ts_mul(x, x, &t1));
-        TRY(ts_mul_scalar_(t1, -0.5));
-        s = ts_exp(t1, &t3); /* exp(-x^2/2) */
-        if (s == TS_OK)
-            s = ts_mul_scalar_(t3, 0.3989422804014327); /* phi = that / sqrt(2 pi) */
-        if (s == TS_OK)
-            s = ts_mul_(t3, x);
-        if (s == TS_OK)
-            s = ts_add_(t2, t3);
-        ts_tensor_unref(t3);
-        if (s == TS_OK)
-            s = ts_mul(g, t2, &gin[0]);
+    case TS_UNARY_GELU: { /* g (Phi(x) + x phi(x)), Phi(x) = (1 + erf(x / sqrt 2)) / 2 */
+        ts_tensor *phi_cdf = ts_s_mul_scalar(
+            ts_s_add_scalar(ts_s_unary(TS_UNARY_ERF, ts_s_mul_scalar(x, M_SQRT1_2)), 1), 0.5);
+        ts_tensor *phi = ts_s_mul_scalar(ts_s_exp(ts_s_mul_scalar(ts_s_mul(x, x), -0.5)),
+                                         0.3989422804014327); /* exp(-x^2/2) / sqrt(2 pi) */
+        r = ts_s_mul(g, ts_s_add(phi_cdf, ts_s_mul(phi, x)));
         break;
     }
-    case TS_UNARY_GELU_TANH: {
-        /* y = x/2 (1 + t), t = tanh(u), u = c (x + k x^3): dy/dx = (1 + t)/2 +
-         * x/2 (1 - t^2) c (1 + 3 k x^2), c = sqrt(2 / pi), k = 0.044715. One pass of the
-         * derivative (ABI 2.2) where the device runs it, else composed from plain ops. */
-        if (ts__device_runs_unary(x->storage->dev, TS_UNARY_GELU_TANH_DERIV, x->dtype)) {
-            TRY(ts_unary(TS_UNARY_GELU_TANH_DERIV, x, &t1));
-            s = ts_mul(g, t1, &gin[0]);
-            break;
-        }
-        const double c = 0.7978845608028654, k = 0.044715;
-        ts_tensor *d = NULL, *t = NULL, *t2sq = NULL, *om = NULL;
-        TRY(ts_mul(x, x, &t1));                     /* x^2 */
-        TRY(ts_mul_scalar(t1, 3 * k, &d));          /* d = 3 k x^2 ... */
-        s = ts_add_scalar_(d, 1);                   /*   ... + 1 */
-        if (s == TS_OK)
-            s = ts_mul_scalar_(t1, k);              /* t1 = k x^2 */
-        if (s == TS_OK)
-            s = ts_add_scalar_(t1, 1);              /*      1 + k x^2 */
-        if (s == TS_OK)
-            s = ts_mul_(t1, x);                     /*      x + k x^3 */
-        if (s == TS_OK)
-            s = ts_mul_scalar_(t1, c);              /* u */
-        if (s == TS_OK)
-            s = ts_tanh(t1, &t);                    /* t */
-        if (s == TS_OK)
-            s = ts_mul(t, t, &t2sq);                /* t^2 */
-        if (s == TS_OK)
-            s = ts_binary_scalar(TS_BINARY_SUB, t2sq, 1, 1, &om); /* 1 - t^2 */
-        if (s == TS_OK)
-            s = ts_mul_(om, d);
-        if (s == TS_OK)
-            s = ts_mul_(om, x);
-        if (s == TS_OK)
-            s = ts_mul_scalar_(om, 0.5 * c);        /* x/2 (1 - t^2) c (1 + 3 k x^2) */
-        if (s == TS_OK)
-            s = ts_add_scalar_(t, 1);
-        if (s == TS_OK)
-            s = ts_mul_scalar_(t, 0.5);             /* (1 + t)/2 */
-        if (s == TS_OK)
-            s = ts_add_(t, om);
-        if (s == TS_OK)
-            s = ts_mul(g, t, &gin[0]);
-        ts_tensor_unref(d);
-        ts_tensor_unref(t);
-        ts_tensor_unref(t2sq);
-        ts_tensor_unref(om);
+    case TS_UNARY_GELU_TANH:
+        r = ts_s_mul(g, gelu_tanh_deriv(x));
         break;
-    }
     default:
-        s = ts__fail(TS_ESTATE, "backward: unary function %d has no gradient", fn);
+        ts_scope_adopt(ts__fail(TS_ESTATE, "backward: unary function %d has no gradient", fn),
+                       &t);
     }
-out:
-    ts_tensor_unref(t1);
-    ts_tensor_unref(t2);
-    return s;
+    return ts_scope_return(sc, r, &gin[0]);
 }
 
 ts_status ts__ag_unary(int fn, const ts_tensor *x, ts_tensor *out)

@@ -201,6 +201,7 @@ TS_API ts_tensor *ts_s_add(const ts_tensor *a, const ts_tensor *b) { IN2(a, b); 
 TS_API ts_tensor *ts_s_sub(const ts_tensor *a, const ts_tensor *b) { IN2(a, b); RUN(ts_sub(a, b, &o_)); }
 TS_API ts_tensor *ts_s_mul(const ts_tensor *a, const ts_tensor *b) { IN2(a, b); RUN(ts_mul(a, b, &o_)); }
 TS_API ts_tensor *ts_s_div(const ts_tensor *a, const ts_tensor *b) { IN2(a, b); RUN(ts_div(a, b, &o_)); }
+TS_API ts_tensor *ts_s_pow(const ts_tensor *a, const ts_tensor *b) { IN2(a, b); RUN(ts_pow(a, b, &o_)); }
 TS_API ts_tensor *ts_s_add_scalar(const ts_tensor *x, double s) { IN1(x); RUN(ts_add_scalar(x, s, &o_)); }
 TS_API ts_tensor *ts_s_mul_scalar(const ts_tensor *x, double s) { IN1(x); RUN(ts_mul_scalar(x, s, &o_)); }
 TS_API ts_tensor *ts_s_pow_scalar(const ts_tensor *x, double s) { IN1(x); RUN(ts_pow_scalar(x, s, &o_)); }

@@ -12,6 +12,9 @@
  * message is the first failure's. The ts_s_* functions are thin forms of the status API
  * (tessera/ops.h, tensor.h), which stays the stable base: same kernels, same results.
  *
+ * C evaluates a call's arguments in no set order: where the order of two ops matters (random
+ * draws, as dropout's), give each its own statement.
+ *
  * Scopes nest per thread (the innermost one owns what is made); a scope and its tensors
  * belong to the thread that began it. The bookkeeping reuses its memory: a steady training
  * step that uses scopes makes no host allocation for them. */
@@ -51,6 +54,7 @@ ts_tensor *ts_s_add(const ts_tensor *a, const ts_tensor *b);
 ts_tensor *ts_s_sub(const ts_tensor *a, const ts_tensor *b);
 ts_tensor *ts_s_mul(const ts_tensor *a, const ts_tensor *b);
 ts_tensor *ts_s_div(const ts_tensor *a, const ts_tensor *b);
+ts_tensor *ts_s_pow(const ts_tensor *a, const ts_tensor *b);
 ts_tensor *ts_s_add_scalar(const ts_tensor *x, double s);
 ts_tensor *ts_s_mul_scalar(const ts_tensor *x, double s);
 ts_tensor *ts_s_pow_scalar(const ts_tensor *x, double s);
