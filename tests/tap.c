@@ -124,6 +124,16 @@ const char *tap_path_in(const char *dir, const char *name)
     return b;
 }
 
+const char *tap_fixture(const char *name)
+{
+    const char *b = getenv("TS_BUILDDIR");
+    char so[300];
+    snprintf(so, sizeof so, "%s.so", name);
+    const char *path = tap_path_in(tap_path_in(b ? b : ".", "tests/fixtures/.libs"), so);
+    CHECK_MSG(access(path, F_OK) == 0, "fixture %s missing", path);
+    return path;
+}
+
 void tap_write_bytes(const char *path, const void *data, size_t n)
 {
     FILE *f = fopen(path, "wb");

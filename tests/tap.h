@@ -96,6 +96,9 @@ const char *tap_write_file(const char *dir, const char *name, const char *text);
 
 /* dir/name in one of 64 rotating buffers (dir may be an earlier result). (transfer none) */
 const char *tap_path_in(const char *dir, const char *name);
+/* The absolute path of fixture plugin NAME in the build tree ($TS_BUILDDIR/tests/fixtures/
+ * .libs/NAME.so), in one of those buffers; fails the test if it is not built. */
+const char *tap_fixture(const char *name);
 /* Writes n bytes to path, or fails the test. */
 void tap_write_bytes(const char *path, const void *data, size_t n);
 /* The whole file, malloc'd (one spare byte); *n its size. (transfer full) */

@@ -6,20 +6,11 @@
 
 #include "../plugins/kt.h"
 
-static char fxbuf[4096];
-
-static const char *fx(const char *name)
-{
-    const char *b = getenv("TS_BUILDDIR");
-    snprintf(fxbuf, sizeof fxbuf, "%s/tests/fixtures/.libs/%s.so", b ? b : ".", name);
-    CHECK_MSG(access(fxbuf, F_OK) == 0, "fixture %s missing", fxbuf);
-    return fxbuf;
-}
 
 static void test_replay_matches_eager(void)
 {
     ts_device *d;
-    CHECK_OK(ts_device_load(NULL, fx("graphrec"), &d));
+    CHECK_OK(ts_device_load(NULL, tap_fixture("graphrec"), &d));
     CHECK(ts_device_can_capture(d));
     kt_check_graph_step(d, 8);
     kt_check_no_live_blocks(d); /* the held blocks went back with the graph */
@@ -29,7 +20,7 @@ static void test_replay_matches_eager(void)
 static void test_misuse(void)
 {
     ts_device *d, *plain;
-    CHECK_OK(ts_device_load(NULL, fx("graphrec"), &d));
+    CHECK_OK(ts_device_load(NULL, tap_fixture("graphrec"), &d));
     ts_graph *g;
     CHECK_FAILS(ts_graph_capture_end(d, &g), TS_ESTATE, "not recording", "capture_begin");
     CHECK(g == NULL);
@@ -56,7 +47,7 @@ static void test_misuse(void)
     ts_tensor_unref(u);
     ts_device_unload(d);
 
-    CHECK_OK(ts_device_load(NULL, fx("hostonly"), &plain));
+    CHECK_OK(ts_device_load(NULL, tap_fixture("hostonly"), &plain));
     CHECK(!ts_device_can_capture(plain));
     CHECK_FAILS(ts_graph_capture_begin(plain), TS_ENOTSUP, "'hostonly' cannot record");
     ts_device_unload(plain);

@@ -6,16 +6,6 @@
 
 #include "../tap.h"
 
-static char fxbuf[4096];
-
-/* Absolute path of a fixture plugin in the build tree. */
-static const char *fx(const char *name)
-{
-    const char *b = getenv("TS_BUILDDIR");
-    snprintf(fxbuf, sizeof fxbuf, "%s/tests/fixtures/.libs/%s.so", b ? b : ".", name);
-    CHECK_MSG(access(fxbuf, F_OK) == 0, "fixture %s missing", fxbuf);
-    return fxbuf;
-}
 
 static char logged[4096];
 
@@ -32,7 +22,7 @@ static void test_alloc_fails(void)
 {
     tap_start();
     ts_device *dev;
-    CHECK_OK(ts_device_get(fx("allocfail"), &dev));
+    CHECK_OK(ts_device_get(tap_fixture("allocfail"), &dev));
     int64_t shape[] = {4, 4};
     ts_tensor *t = (ts_tensor *)1;
     CHECK_FAILS(ts_tensor_zeros(dev, TS_F32, 2, shape, &t), TS_ENOMEM, "allocate failed on "
@@ -55,7 +45,7 @@ static void test_kernel_fails(void)
 {
     tap_start();
     ts_device *dev;
-    CHECK_OK(ts_device_get(fx("kernfail"), &dev));
+    CHECK_OK(ts_device_get(tap_fixture("kernfail"), &dev));
     int64_t shape[] = {3, 3};
     ts_tensor *a, *c = NULL;
     CHECK_OK(ts_tensor_full(dev, TS_F32, 2, shape, 2.0, &a)); /* fill is no kernel */
@@ -88,7 +78,7 @@ static void test_absurd_memory(void)
         ts_config *cfg;
         CHECK_OK(ts_config_parse(text, "badmem.ini", NULL, &cfg));
         ts_device *dev;
-        CHECK_OK(ts_device_load(cfg, fx("badmem"), &dev));
+        CHECK_OK(ts_device_load(cfg, tap_fixture("badmem"), &dev));
         ts_device_info info;
         logged[0] = 0;
         CHECK_OK(ts_device_info_get(dev, &info));
@@ -114,13 +104,13 @@ static void test_absurd_memory(void)
 static void test_missing_library(void)
 {
     ts_device *dev = (ts_device *)1;
-    CHECK_FAILS(ts_device_load(NULL, fx("needslib"), &dev), TS_EPLUGIN, "needslib.so",
+    CHECK_FAILS(ts_device_load(NULL, tap_fixture("needslib"), &dev), TS_EPLUGIN, "needslib.so",
                 "libtessera-fixture-gone.so.1");
     CHECK(dev == NULL);
 
     ts_set_log_handler(capture_log, NULL);
     char text[8400];
-    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback = cpu_blas\n", fx("needslib"));
+    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback = cpu_blas\n", tap_fixture("needslib"));
     const char *ini = tap_write_file(tap_tmpdir(), "fb.ini", text);
     logged[0] = 0;
     CHECK_OK(ts_init(ini));
@@ -129,7 +119,7 @@ static void test_missing_library(void)
     CHECK_STR_CONTAINS(logged, "falling back to 'cpu_blas'");
     ts_shutdown();
 
-    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback =\n", fx("needslib"));
+    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback =\n", tap_fixture("needslib"));
     ini = tap_write_file(tap_tmpdir(), "nofb.ini", text);
     CHECK_FAILS(ts_init(ini), TS_EPLUGIN, "libtessera-fixture-gone.so.1");
     CHECK(ts_default_device() == NULL);
@@ -141,7 +131,7 @@ static void test_missing_library(void)
 static void copy_fixture(const char *name, const char *dir, const char *as)
 {
     char cmd[9000];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/%s'", dir, fx(name), dir, as);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/%s'", dir, tap_fixture(name), dir, as);
     CHECK(system(cmd) == 0);
 }
 

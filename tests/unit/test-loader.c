@@ -8,16 +8,6 @@
 
 #include "../tap.h"
 
-static char fxbuf[4096];
-
-/* Absolute path of a fixture plugin in the build tree. */
-static const char *fx(const char *name)
-{
-    const char *b = getenv("TS_BUILDDIR");
-    snprintf(fxbuf, sizeof fxbuf, "%s/tests/fixtures/.libs/%s.so", b ? b : ".", name);
-    CHECK_MSG(access(fxbuf, F_OK) == 0, "fixture %s missing", fxbuf);
-    return fxbuf;
-}
 
 static ts_config *cfg_text(const char *text, const char *dir)
 {
@@ -30,7 +20,7 @@ static ts_config *cfg_text(const char *text, const char *dir)
 static void install_fixture(const char *name, const char *dir)
 {
     char cmd[9000];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/%s.so'", dir, fx(name), dir, name);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/%s.so'", dir, tap_fixture(name), dir, name);
     CHECK(system(cmd) == 0);
 }
 
@@ -49,7 +39,7 @@ static void test_not_found(void)
 static void test_not_a_plugin(void)
 {
     ts_device *dev;
-    CHECK_FAILS(ts_device_load(NULL, fx("noentry"), &dev), TS_EPLUGIN, "not a tessera plugin",
+    CHECK_FAILS(ts_device_load(NULL, tap_fixture("noentry"), &dev), TS_EPLUGIN, "not a tessera plugin",
                 "tessera_plugin_entry", "noentry.so");
     const char *garbage = tap_write_file(tap_tmpdir(), "garbage.so", "this is not an ELF file\n");
     CHECK_FAILS(ts_device_load(NULL, garbage, &dev), TS_EPLUGIN, "cannot load", "garbage.so");
@@ -62,9 +52,9 @@ static void test_abi_mismatch(void)
     snprintf(want, sizeof want, "ABI %d.%d", TS_PLUGIN_ABI_MAJOR + 1, 3);
     char have[64];
     snprintf(have, sizeof have, "speaks ABI %d.%d", TS_PLUGIN_ABI_MAJOR, TS_PLUGIN_ABI_MINOR);
-    CHECK_FAILS(ts_device_load(NULL, fx("badabi"), &dev), TS_EPLUGIN, want, have, "rebuild");
+    CHECK_FAILS(ts_device_load(NULL, tap_fixture("badabi"), &dev), TS_EPLUGIN, want, have, "rebuild");
     /* A 1.x plugin: both versions, what to do, and where the porting notes are. */
-    CHECK_FAILS(ts_device_load(NULL, fx("abi1"), &dev), TS_EPLUGIN, "built for plugin ABI 1.3",
+    CHECK_FAILS(ts_device_load(NULL, tap_fixture("abi1"), &dev), TS_EPLUGIN, "built for plugin ABI 1.3",
                 have, "rebuild the plugin against this tessera's headers", "mem_alloc",
                 "Porting from ABI 1");
     CHECK(dev == NULL);
@@ -73,14 +63,14 @@ static void test_abi_mismatch(void)
 static void test_missing_required_member(void)
 {
     ts_device *dev;
-    CHECK_FAILS(ts_device_load(NULL, fx("missingslot"), &dev), TS_EPLUGIN, "'mem_alloc'",
+    CHECK_FAILS(ts_device_load(NULL, tap_fixture("missingslot"), &dev), TS_EPLUGIN, "'mem_alloc'",
                 "missingslot");
 }
 
 static void test_older_minor_loads(void)
 {
     ts_device *dev;
-    CHECK_OK(ts_device_load(NULL, fx("oldminor"), &dev));
+    CHECK_OK(ts_device_load(NULL, tap_fixture("oldminor"), &dev));
     CHECK(ts_device_desc(dev)->struct_size < sizeof(ts_plugin_desc));
     /* The trap behind the short descriptor is never called. */
     CHECK(ts_device_supports(dev, TS_OP_COPY, TS_F32) == 0);
@@ -95,7 +85,7 @@ static void test_older_minor_loads(void)
 static void test_host_memory_composes(void)
 {
     ts_device *dev, *old;
-    CHECK_OK(ts_device_load(NULL, fx("hostonly"), &dev));
+    CHECK_OK(ts_device_load(NULL, tap_fixture("hostonly"), &dev));
     CHECK(!ts_device_supports(dev, TS_OP_MATMUL, TS_F32)); /* the plugin itself claims none */
     float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1}, c[4];
     int64_t sa[2] = {2, 3}, sb[2] = {3, 2};
@@ -124,7 +114,7 @@ static void test_host_memory_composes(void)
     ts_tensor_unref(tr);
     ts_device_unload(dev);
 
-    CHECK_OK(ts_device_load(NULL, fx("oldminor"), &old)); /* no TS_PLUGIN_HOST_MEMORY */
+    CHECK_OK(ts_device_load(NULL, tap_fixture("oldminor"), &old)); /* no TS_PLUGIN_HOST_MEMORY */
     CHECK_OK(ts_tensor_from_host(old, TS_F32, 2, sa, a, &ta));
     CHECK_FAILS(ts_relu(ta, &tr), TS_ENOTSUP, "'oldminor' does not implement");
     ts_tensor_unref(ta);
@@ -137,7 +127,7 @@ static void test_limits_hold_for_any_plugin(void)
 {
     ts_device *dev;
     ts_config *cfg = cfg_text("[plugin.greedy]\nmemory_fraction = 0.25\ncache_limit = 1M\n", NULL);
-    CHECK_OK(ts_device_load(cfg, fx("greedy"), &dev));
+    CHECK_OK(ts_device_load(cfg, tap_fixture("greedy"), &dev));
     ts_memory_stats st;
     CHECK_OK(ts_device_memory_stats(dev, &st));
     CHECK(st.valid & TS_STATS_POOL);
@@ -203,7 +193,7 @@ static void test_declined_calls(void)
     float a[4] = {1, 2, 3, 4}, b[4] = {10, 20, 30, 40}, c[4];
     int64_t n = 4;
     ts_tensor *ta, *tb, *tc;
-    CHECK_OK(ts_device_load(NULL, fx("decline"), &dev));
+    CHECK_OK(ts_device_load(NULL, tap_fixture("decline"), &dev));
     CHECK(ts_device_supports(dev, TS_OP_BINARY, TS_F32));
     CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n, a, &ta));
     CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n, b, &tb));
@@ -215,7 +205,7 @@ static void test_declined_calls(void)
     ts_tensor_unref(tb);
     ts_device_unload(dev);
 
-    CHECK_OK(ts_device_load(NULL, fx("declinedev"), &dev));
+    CHECK_OK(ts_device_load(NULL, tap_fixture("declinedev"), &dev));
     CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n, a, &ta));
     CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n, b, &tb));
     CHECK_FAILS(ts_add(ta, tb, &tc), TS_ENOTSUP, "plugin 'declinedev' declined binary",
@@ -230,7 +220,7 @@ static void test_declined_calls(void)
 static void test_newer_functions_not_sent(void)
 {
     ts_device *dev;
-    CHECK_OK(ts_device_load(NULL, fx("minor0"), &dev));
+    CHECK_OK(ts_device_load(NULL, tap_fixture("minor0"), &dev));
     float a[4] = {-1, 0, 0.5f, 2}, y[4];
     int64_t n = 4;
     ts_tensor *ta, *tg;
@@ -257,9 +247,9 @@ static void test_newer_functions_not_sent(void)
 static void test_init_failures(void)
 {
     ts_device *dev;
-    CHECK_FAILS(ts_device_load(NULL, fx("initfail"), &dev), TS_EPLUGIN,
+    CHECK_FAILS(ts_device_load(NULL, tap_fixture("initfail"), &dev), TS_EPLUGIN,
                 "plugin 'initfail': init failed on purpose");
-    CHECK_FAILS(ts_device_load(NULL, fx("nodevice"), &dev), TS_ENODEV,
+    CHECK_FAILS(ts_device_load(NULL, tap_fixture("nodevice"), &dev), TS_ENODEV,
                 "plugin 'nodevice': no fixture driver found");
 }
 
@@ -267,7 +257,7 @@ static void test_plugin_settings(void)
 {
     ts_device *dev;
     ts_config *cfg = cfg_text("[plugin.withkeys]\nwidgets = 7\nmode = slow\n", NULL);
-    CHECK_OK(ts_device_load(cfg, fx("withkeys"), &dev));
+    CHECK_OK(ts_device_load(cfg, tap_fixture("withkeys"), &dev));
     ts_device_info info;
     CHECK_OK(ts_device_info_get(dev, &info));
     CHECK(strcmp(info.name, "widgets=7") == 0);
@@ -281,11 +271,11 @@ static void test_plugin_settings(void)
     ts_config_free(cfg);
 
     cfg = cfg_text("[plugin.withkeys]\n\nwidgets = 11\n", NULL);
-    CHECK_FAILS(ts_device_load(cfg, fx("withkeys"), &dev), TS_ECONFIG, "test.ini:3:",
+    CHECK_FAILS(ts_device_load(cfg, tap_fixture("withkeys"), &dev), TS_ECONFIG, "test.ini:3:",
                 "widgets = '11'", "from 1 to 10");
     ts_config_free(cfg);
     cfg = cfg_text("[plugin.withkeys]\ngizmos = 1\n", NULL);
-    CHECK_FAILS(ts_device_load(cfg, fx("withkeys"), &dev), TS_ECONFIG,
+    CHECK_FAILS(ts_device_load(cfg, tap_fixture("withkeys"), &dev), TS_ECONFIG,
                 "test.ini:2:", "unknown key 'gizmos'",
                 "memory_fraction, cache_limit, caching, expandable_segments, widgets, mode");
     ts_config_free(cfg);
@@ -386,7 +376,7 @@ static void test_fallback(void)
 {
     ts_set_log_handler(capture_log, NULL);
     char text[8400];
-    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback = cpu_blas\n", fx("nodevice"));
+    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback = cpu_blas\n", tap_fixture("nodevice"));
     const char *ini = tap_write_file(tap_tmpdir(), "fb.ini", text);
     logged[0] = 0;
     CHECK_OK(ts_init(ini));
@@ -398,14 +388,14 @@ static void test_fallback(void)
     CHECK(ts_default_device() == NULL);
 
     /* Both fail: one error with both reasons. */
-    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback = nosuchplugin\n", fx("initfail"));
+    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback = nosuchplugin\n", tap_fixture("initfail"));
     ini = tap_write_file(tap_tmpdir(), "fb2.ini", text);
     CHECK_FAILS(ts_init(ini), TS_EPLUGIN, "init failed on purpose", "the fallback failed too",
                 "'nosuchplugin' not found");
     CHECK(ts_runtime_config() == NULL);
 
     /* No fallback configured: the device's own error. */
-    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback =\n", fx("nodevice"));
+    snprintf(text, sizeof text, "[core]\ndevice = %s\nfallback =\n", tap_fixture("nodevice"));
     ini = tap_write_file(tap_tmpdir(), "fb3.ini", text);
     CHECK_FAILS(ts_init(ini), TS_ENODEV, "no fixture driver found");
 }
@@ -413,7 +403,7 @@ static void test_fallback(void)
 static void test_tessera_device_env(void)
 {
     const char *ini = tap_write_file(tap_tmpdir(), "env.ini", "[core]\ndevice = cpu_blas\n");
-    setenv("TESSERA_DEVICE", fx("withkeys"), 1);
+    setenv("TESSERA_DEVICE", tap_fixture("withkeys"), 1);
     CHECK_OK(ts_init(ini));
     CHECK(strcmp(ts_device_name(ts_default_device()), "withkeys") == 0);
     /* Another device by name; the same pointer the second time. */

@@ -6,20 +6,11 @@
 
 #include "../tap.h"
 
-static char fxbuf[4096];
-
-static const char *fx(const char *name)
-{
-    const char *b = getenv("TS_BUILDDIR");
-    snprintf(fxbuf, sizeof fxbuf, "%s/tests/fixtures/.libs/%s.so", b ? b : ".", name);
-    CHECK_MSG(access(fxbuf, F_OK) == 0, "fixture %s missing", fxbuf);
-    return fxbuf;
-}
 
 static ts_device *load(const char *name)
 {
     ts_device *d;
-    CHECK_OK(ts_device_load(NULL, strchr(name, '/') ? name : fx(name), &d));
+    CHECK_OK(ts_device_load(NULL, strchr(name, '/') ? name : tap_fixture(name), &d));
     return d;
 }
 
