@@ -15,18 +15,6 @@ static ts_status to_input(const ts_node *n, int i, ts_tensor *g, ts_tensor **out
     return ts__sum_to(g, n->in_ndim[i], n->in_shape[i], out);
 }
 
-/* The float mask (x OP y) as x's dtype. */
-static ts_status mask(int fn, const ts_tensor *x, const ts_tensor *y, ts_tensor **out)
-{
-    ts_tensor *m;
-    ts_status s = ts_binary(fn, x, y, &m);
-    if (s)
-        return s;
-    s = ts_cast(m, ts_tensor_dtype(x), out);
-    ts_tensor_unref(m);
-    return s;
-}
-
 static ts_status mask_scalar(int fn, const ts_tensor *x, double v, ts_tensor **out)
 {
     ts_tensor *m;
@@ -75,6 +63,9 @@ static ts_status relu_backward(ts_tensor *g, const ts_tensor *x, ts_tensor **out
         if ((s = (expr)))                                                                   \
             goto out;                                                                       \
     } while (0)
+
+/* The scoped form of a call of the status API that makes one tensor in *t. */
+#define SCOPED(call, t) (t = NULL, ts_scope_adopt((call), &t))
 
 /* ---- binary ----------------------------------------------------------------------------
  * Each formula builds the gradients of both inputs in a scope; give() reduces each to its
@@ -324,24 +315,14 @@ ts_status ts__ag_unary(int fn, const ts_tensor *x, ts_tensor *out)
 
 static ts_status where_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
 {
-    ts_tensor *zero = NULL, *t = NULL;
-    ts_status s = ts_tensor_zeros(ts_tensor_device(g), ts_tensor_dtype(g), 0, NULL, &zero);
-    if (s)
-        return s;
-    if (n->needs[1]) {
-        TRY(ts_where(n->saved[0], g, zero, &t));
-        TRY(to_input(n, 1, t, &gin[1]));
-        ts_tensor_unref(t);
-        t = NULL;
-    }
-    if (n->needs[2]) {
-        TRY(ts_where(n->saved[0], zero, g, &t));
-        TRY(to_input(n, 2, t, &gin[2]));
-    }
-out:
-    ts_tensor_unref(zero);
-    ts_tensor_unref(t);
-    return s;
+    ts_tensor *t, *r[3] = {NULL, NULL, NULL}; /* the condition has none */
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *zero = SCOPED(ts_tensor_zeros(ts_tensor_device(g), ts_tensor_dtype(g), 0, NULL, &t), t);
+    if (n->needs[1]) /* g where c, else 0 */
+        r[1] = SCOPED(ts_where(n->saved[0], g, zero, &t), t);
+    if (n->needs[2]) /* 0 where c, else g */
+        r[2] = SCOPED(ts_where(n->saved[0], zero, g, &t), t);
+    return give(n, sc, 3, r, gin);
 }
 
 ts_status ts__ag_where(const ts_tensor *c, const ts_tensor *a, const ts_tensor *b, ts_tensor *out)
@@ -393,14 +374,11 @@ static ts_status reduce_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
 {
     int fn = (int)n->p.i[0];
     int64_t reduced = n->p.i[1]; /* bit d: dim d was reduced */
-    ts_tensor *x = n->saved[0], *gk = NULL, *ge = NULL, *t1 = NULL, *t2 = NULL, *cnt = NULL;
-    ts_status s;
-    /* g has the result's shape: view it with the reduced dims kept (size 1), then broadcast
-     * it back over them. */
+    const int nd_in = n->in_ndim[0];
     int64_t keep[TS_MAX_DIMS];
     int dims[TS_MAX_DIMS], nd = 0;
     double count = 1;
-    for (int d = 0; d < n->in_ndim[0]; d++) {
+    for (int d = 0; d < nd_in; d++) {
         int r = (reduced >> d) & 1;
         keep[d] = r ? 1 : n->in_shape[0][d];
         if (r) {
@@ -408,30 +386,18 @@ static ts_status reduce_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
             count *= (double)n->in_shape[0][d];
         }
     }
-    TRY(ts_tensor_reshape(g, n->in_ndim[0], keep, &gk));
-    TRY(ts_tensor_expand(gk, n->in_ndim[0], n->in_shape[0], &ge));
+    ts_scope *sc = ts_scope_begin();
+    /* g has the result's shape: viewed with the reduced dims kept (size 1), broadcast back. */
+    ts_tensor *ge = ts_s_expand(ts_s_reshape(g, nd_in, keep), nd_in, n->in_shape[0]), *r;
     if (fn == TS_REDUCE_SUM) {
-        s = ts_tensor_contiguous(ge, &gin[0]);
+        r = ts_s_contiguous(ge);
     } else if (fn == TS_REDUCE_MEAN) {
-        s = ts_mul_scalar(ge, 1.0 / count, &gin[0]);
+        r = ts_s_mul_scalar(ge, 1.0 / count);
     } else { /* max/min: to every element equal to the result, split among ties */
-        ts_tensor *rk;
-        TRY(ts_tensor_reshape(n->saved[1], n->in_ndim[0], keep, &rk));
-        s = mask(TS_BINARY_EQ, x, rk, &t1);
-        ts_tensor_unref(rk);
-        if (s)
-            goto out;
-        TRY(ts_sum(t1, nd, dims, 1, &cnt));
-        TRY(ts_div(ge, cnt, &t2));
-        s = ts_mul(t2, t1, &gin[0]);
+        ts_tensor *hit = s_mask(TS_BINARY_EQ, n->saved[0], ts_s_reshape(n->saved[1], nd_in, keep));
+        r = ts_s_mul(ts_s_div(ge, ts_s_sum(hit, nd, dims, 1)), hit);
     }
-out:
-    ts_tensor_unref(gk);
-    ts_tensor_unref(ge);
-    ts_tensor_unref(t1);
-    ts_tensor_unref(t2);
-    ts_tensor_unref(cnt);
-    return s;
+    return ts_scope_return(sc, r, &gin[0]);
 }
 
 ts_status ts__ag_reduce(int fn, const ts_tensor *x, int64_t reduced_mask, ts_tensor *out)
@@ -448,12 +414,6 @@ ts_status ts__ag_reduce(int fn, const ts_tensor *x, int64_t reduced_mask, ts_ten
 
 /* ---- matmul ---------------------------------------------------------------------------- */
 
-/* t with its last two dims swapped (a view). */
-static ts_status mT(const ts_tensor *t, ts_tensor **out)
-{
-    return ts_tensor_transpose((ts_tensor *)t, -1, -2, out);
-}
-
 /* Promotes a 1-D operand as matmul did: (K) -> (1, K) for a, (K, 1) for b. */
 static ts_status promote(const ts_tensor *t, int as_b, ts_tensor **out)
 {
@@ -462,66 +422,63 @@ static ts_status promote(const ts_tensor *t, int as_b, ts_tensor **out)
     return ts_tensor_unsqueeze((ts_tensor *)t, as_b ? 1 : 0, out);
 }
 
+static ts_tensor *s_mT(const ts_tensor *t)
+{
+    return ts_s_transpose((ts_tensor *)t, -1, -2);
+}
+
+/* t summed over the dims broadcast to reach it from `like`'s shape, then given input i's. */
+static ts_tensor *s_sum_to(const ts_node *n, int i, ts_tensor *t, const ts_tensor *like)
+{
+    ts_tensor *r;
+    if (!t || !like)
+        return NULL;
+    r = SCOPED(ts__sum_to(t, ts_tensor_ndim(like), ts_tensor_shape(like), &r), r);
+    return ts_s_reshape(r, n->in_ndim[i], n->in_shape[i]);
+}
+
 static ts_status matmul_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
 {
-    ts_tensor *a = NULL, *b = NULL, *g2 = NULL, *t = NULL, *u = NULL, *r = NULL;
-    ts_status s;
-    TRY(promote(n->saved[0], 0, &a));
-    TRY(promote(n->saved[1], 1, &b));
+    ts_tensor *t;
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *a = SCOPED(promote(n->saved[0], 0, &t), t);
+    ts_tensor *b = SCOPED(promote(n->saved[1], 1, &t), t);
     /* g with the promoted dims put back: (batch..., M, N). */
-    TRY(ts_tensor_detach(g, &g2));
-    if (n->in_ndim[0] == 1) {
-        TRY(ts_tensor_unsqueeze(g2, ts_tensor_ndim(g2) - (n->in_ndim[1] == 1 ? 0 : 1), &t));
-        ts_tensor_unref(g2);
-        g2 = t;
-        t = NULL;
-    }
-    if (n->in_ndim[1] == 1) {
-        TRY(ts_tensor_unsqueeze(g2, -1, &t));
-        ts_tensor_unref(g2);
-        g2 = t;
-        t = NULL;
-    }
-    if (n->needs[0]) { /* ga = g @ b^T, summed over broadcast batch dims */
-        TRY(mT(b, &t));
-        TRY(ts_matmul(g2, t, &u));
-        TRY(ts__sum_to(u, ts_tensor_ndim(a), ts_tensor_shape(a), &r));
-        TRY(ts_tensor_reshape(r, n->in_ndim[0], n->in_shape[0], &gin[0]));
-        ts_tensor_unref(t), ts_tensor_unref(u), ts_tensor_unref(r);
-        t = u = r = NULL;
-    }
-    const int64_t *bs = ts_tensor_strides(b);
-    if (n->needs[1] && n->in_ndim[1] == 2 && ts_tensor_ndim(a) > 2) {
+    ts_tensor *g2 = SCOPED(ts_tensor_detach(g, &t), t);
+    if (g2 && n->in_ndim[0] == 1)
+        g2 = ts_s_unsqueeze(g2, ts_tensor_ndim(g2) - (n->in_ndim[1] == 1 ? 0 : 1));
+    if (g2 && n->in_ndim[1] == 1)
+        g2 = ts_s_unsqueeze(g2, -1);
+    ts_tensor *ga = NULL, *gb = NULL;
+    if (n->needs[0]) /* ga = g @ b^T, summed over broadcast batch dims */
+        ga = s_sum_to(n, 0, ts_s_matmul(g2, s_mT(b)), a);
+    if (n->needs[1] && a && g2 && n->in_ndim[1] == 2 && ts_tensor_ndim(a) > 2) {
         /* b is one matrix broadcast over a's batch dims (a linear layer on (B, T, in)): fold
          * the batch into the rows, (B*T, K) and (B*T, N), and make gb with one GEMM instead
          * of a (B, K, N) stack of them summed over B afterwards. */
         const int64_t K = ts_tensor_shape(a)[ts_tensor_ndim(a) - 1];
         const int64_t N = ts_tensor_shape(g2)[ts_tensor_ndim(g2) - 1];
-        ts_tensor *af = NULL, *gf = NULL;
-        s = ts_tensor_reshape(a, 2, (const int64_t[]){ts_tensor_numel(a) / K, K}, &af);
-        if (!s)
-            s = ts_tensor_reshape(g2, 2, (const int64_t[]){ts_tensor_numel(g2) / N, N}, &gf);
-        ts_tensor_unref(a), ts_tensor_unref(g2);
-        a = af, g2 = gf;
-        if (s)
-            goto out;
+        a = ts_s_reshape(a, 2, (const int64_t[]){ts_tensor_numel(a) / K, K});
+        g2 = ts_s_reshape(g2, 2, (const int64_t[]){ts_tensor_numel(g2) / N, N});
     }
-    if (n->needs[1] && ts_tensor_ndim(a) == 2 && n->in_ndim[1] == 2 && bs[0] == 1 &&
-        bs[1] == ts_tensor_shape(b)[0] && ts_tensor_shape(b)[1] > 1) {
+    const int64_t *bs = b ? ts_tensor_strides(b) : NULL;
+    if (n->needs[1] && a && bs && ts_tensor_ndim(a) == 2 && n->in_ndim[1] == 2 && bs[0] == 1 &&
+        bs[1] == ts_tensor_shape(b)[0] && ts_tensor_shape(b)[1] > 1)
         /* b is a transposed view of a dense matrix (linear's W^T): gb^T = g^T @ a is made
          * dense, so the transpose's backward hands the weight a dense gradient (no copy). */
-        TRY(mT(g2, &t));
-        TRY(ts_matmul(t, a, &u));
-        TRY(mT(u, &gin[1]));
-    } else if (n->needs[1]) { /* gb = a^T @ g */
-        TRY(mT(a, &t));
-        TRY(ts_matmul(t, g2, &u));
-        TRY(ts__sum_to(u, ts_tensor_ndim(b), ts_tensor_shape(b), &r));
-        TRY(ts_tensor_reshape(r, n->in_ndim[1], n->in_shape[1], &gin[1]));
-    }
-out:
-    ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(g2);
-    ts_tensor_unref(t), ts_tensor_unref(u), ts_tensor_unref(r);
+        gb = s_mT(ts_s_matmul(s_mT(g2), a));
+    else if (n->needs[1]) /* gb = a^T @ g */
+        gb = s_sum_to(n, 1, ts_s_matmul(s_mT(a), g2), b);
+    if (n->needs[0])
+        gin[0] = ts_scope_keep(ga);
+    if (n->needs[1])
+        gin[1] = ts_scope_keep(gb);
+    ts_status s = ts_scope_end(sc);
+    for (int i = 0; s && i < 2; i++)
+        if (n->needs[i]) {
+            ts_tensor_unref(gin[i]);
+            gin[i] = NULL;
+        }
     return s;
 }
 

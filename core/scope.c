@@ -229,6 +229,7 @@ TS_API ts_tensor *ts_s_narrow(ts_tensor *t, int dim, int64_t start, int64_t len)
 TS_API ts_tensor *ts_s_transpose(ts_tensor *t, int d0, int d1) { IN1(t); RUN(ts_tensor_transpose(t, d0, d1, &o_)); }
 TS_API ts_tensor *ts_s_contiguous(ts_tensor *t) { IN1(t); RUN(ts_tensor_contiguous(t, &o_)); }
 TS_API ts_tensor *ts_s_unsqueeze(ts_tensor *t, int dim) { IN1(t); RUN(ts_tensor_unsqueeze(t, dim, &o_)); }
+TS_API ts_tensor *ts_s_expand(ts_tensor *t, int nd, const int64_t *shape) { IN1(t); RUN(ts_tensor_expand(t, nd, shape, &o_)); }
 TS_API ts_tensor *ts_s_forward(ts_module *m, ts_tensor *x) { IN1(x); RUN(ts_module_forward(m, x, &o_)); }
 /* clang-format on */
 
