@@ -78,20 +78,20 @@ TS_API ts_status ts_device_memory_stats(ts_device *dev, ts_memory_stats *stats)
         return ts__fail(TS_EINVAL, "ts_device_memory_stats: NULL argument");
     memset(stats, 0, sizeof *stats);
     stats->struct_size = sizeof *stats;
-    ts__pool_api.stats(dev->pool, stats);
+    ts__pool_stats(dev->pool, stats);
     return TS_OK;
 }
 
 TS_API void ts_device_reset_peak(ts_device *dev)
 {
     if (dev)
-        ts__pool_api.reset_peak(dev->pool);
+        ts__pool_reset_peak(dev->pool);
 }
 
 TS_API void ts_device_empty_cache(ts_device *dev)
 {
     if (dev)
-        ts__pool_api.empty_cache(dev->pool);
+        ts__pool_empty_cache(dev->pool);
 }
 
 TS_API ts_status ts_device_set_limits(ts_device *dev, uint64_t reserve_limit,
@@ -99,7 +99,7 @@ TS_API ts_status ts_device_set_limits(ts_device *dev, uint64_t reserve_limit,
 {
     if (!dev)
         return ts__fail(TS_EINVAL, "ts_device_set_limits: device is NULL");
-    return ts__pool_api.set_limits(dev->pool, reserve_limit, cache_limit);
+    return ts__pool_set_limits(dev->pool, reserve_limit, cache_limit);
 }
 
 /* What a plugin's failing call looks like, for TS_FAULT_KERNEL (tessera/fault.h). */
@@ -115,7 +115,7 @@ TS_API ts_status ts_device_alloc(ts_device *dev, size_t nbytes, const char *tag,
     *ptr = NULL;
     if (!dev)
         return ts__fail(TS_EINVAL, "ts_device_alloc: device is NULL");
-    return ts__pool_api.alloc(dev->pool, nbytes, tag, ptr);
+    return ts__pool_alloc(dev->pool, nbytes, tag, ptr);
 }
 
 static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -132,7 +132,7 @@ void ts__device_pool_free(ts_device *dev, void *ptr)
                 /* Cannot keep it out of the pool: the recording is unsafe to replay. */
                 g->failed = TS_ENOMEM;
                 pthread_mutex_unlock(&hold_lock);
-                ts__pool_api.free(dev->pool, ptr);
+                ts__pool_free(dev->pool, ptr);
                 return;
             }
             g->held = h;
@@ -143,7 +143,7 @@ void ts__device_pool_free(ts_device *dev, void *ptr)
         return;
     }
     pthread_mutex_unlock(&hold_lock);
-    ts__pool_api.free(dev->pool, ptr);
+    ts__pool_free(dev->pool, ptr);
 }
 
 TS_API void ts_device_free(ts_device *dev, void *ptr)
@@ -230,7 +230,7 @@ TS_API void ts_graph_free(ts_graph *g)
     if (g->handle)
         g->dev->vt.graph_free(g->dev->ctx, g->handle);
     for (size_t i = 0; i < g->nheld; i++)
-        ts__pool_api.free(g->dev->pool, g->held[i]);
+        ts__pool_free(g->dev->pool, g->held[i]);
     free(g->held);
     free(g);
 }
@@ -255,13 +255,13 @@ TS_API ts_status ts_device_pinned_alloc(ts_device *dev, size_t nbytes, const cha
         return s;
     if (!pool)
         return no_pinned(dev, "ts_device_pinned_alloc");
-    return ts__pool_api.alloc(pool, nbytes, tag ? tag : "pinned", ptr);
+    return ts__pool_alloc(pool, nbytes, tag ? tag : "pinned", ptr);
 }
 
 TS_API void ts_device_pinned_free(ts_device *dev, void *ptr)
 {
     if (dev && dev->pinned && ptr)
-        ts__pool_api.free(dev->pinned, ptr);
+        ts__pool_free(dev->pinned, ptr);
 }
 
 TS_API ts_status ts_device_pinned_stats(ts_device *dev, ts_memory_stats *stats)
@@ -273,7 +273,7 @@ TS_API ts_status ts_device_pinned_stats(ts_device *dev, ts_memory_stats *stats)
     ts_pool *pool;
     ts__device_pinned_pool(dev, 0, &pool);
     if (pool)
-        ts__pool_api.stats(pool, stats);
+        ts__pool_stats(pool, stats);
     else if (dev->pinned_ok)
         stats->valid = TS_STATS_POOL; /* none asked for yet: all zero */
     return TS_OK;

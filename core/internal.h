@@ -101,9 +101,6 @@ const char *ts__config_dir_of(const ts_config *cfg, const char *section, const c
 /* ---- hostmem.c ------------------------------------------------------------------------- */
 ts_status ts__host_memory(uint64_t *total, uint64_t *available);
 
-/* ---- pool.c ---------------------------------------------------------------------------- */
-extern const ts_pool_api ts__pool_api;
-
 /* ---- hostref.c ------------------------------------------------------------------------- */
 /* Non-zero if the reference host kernels implement op for dtype. */
 int ts__hostref_supports(int32_t op, int32_t dtype);

@@ -291,7 +291,7 @@ static ts_status host_scratch_alloc(const ts_host *self, size_t nbytes, const ch
     if (!dev->pool)
         return ts__fail(TS_EINVAL, "plugin '%s': scratch_alloc called before init returned",
                         dev->name);
-    return ts__pool_api.alloc(dev->pool, nbytes, tag ? tag : "kernel scratch", ptr);
+    return ts__pool_alloc(dev->pool, nbytes, tag ? tag : "kernel scratch", ptr);
 }
 
 static void host_scratch_free(const ts_host *self, void *ptr)
@@ -353,7 +353,7 @@ ts_status ts__device_pinned_pool(ts_device *dev, int create, ts_pool **out)
         } else {
             ts_pool_options opts = dev->pinned_opts;
             opts.name = dev->pinned_name;
-            if ((s = ts__pool_api.create(&opts, &raw, &dev->pinned))) {
+            if ((s = ts__pool_create(&opts, &raw, &dev->pinned))) {
                 char msg[900];
                 snprintf(msg, sizeof msg, "%s", ts_last_error());
                 s = ts__fail(s, "plugin '%s' (%s): pinned memory: %s", dev->name, dev->path,
@@ -433,14 +433,13 @@ static ts_status build_pool(const ts_config *cfg, ts_device *dev)
     const ts_setting *caching = ts_setting_find(dev->settings, dev->nsettings, "caching");
     const ts_setting *exp = ts_setting_find(dev->settings, dev->nsettings, "expandable_segments");
     ts_pool_options opts = {
-        .struct_size = sizeof opts,
         .name = dev->name,
         .alignment = dev->vt.alignment,
         .reserve_limit = reserve_limit(frac, total),
         .cache_limit = cache ? cache->v.size : (uint64_t)512 << 20,
         .caching = caching ? caching->v.boolean : 1,
     };
-    ts_raw_vm vm = {.struct_size = sizeof vm, .user = dev, .reserve = vm_reserve,
+    ts_raw_vm vm = {.user = dev, .reserve = vm_reserve,
                     .release = vm_release, .commit = vm_commit, .decommit = vm_decommit};
     if ((!exp || exp->v.boolean) && dev->vt.vm_granularity && total &&
         (vm.granularity = dev->vt.vm_granularity(dev->ctx)) != 0) {
@@ -448,7 +447,7 @@ static ts_status build_pool(const ts_config *cfg, ts_device *dev)
         opts.vm = &vm;
     }
     ts_raw_allocator raw = {.user = dev, .alloc = raw_alloc, .free = raw_free};
-    if ((s = ts__pool_api.create(&opts, &raw, &dev->pool)) != TS_OK) {
+    if ((s = ts__pool_create(&opts, &raw, &dev->pool)) != TS_OK) {
         char msg[900];
         snprintf(msg, sizeof msg, "%s", ts_last_error());
         return ts__fail(s, "plugin '%s' (%s): %s", dev->name, dev->path, msg);
@@ -806,10 +805,10 @@ TS_API void ts_device_unload(ts_device *dev)
         ts_graph_capture_end(dev, &g);
         ts_graph_free(g);
     }
-    ts__pool_api.destroy(dev->pinned);
+    ts__pool_destroy(dev->pinned);
     dev->pinned = NULL;
     free(dev->pinned_name);
-    ts__pool_api.destroy(dev->pool);
+    ts__pool_destroy(dev->pool);
     dev->pool = NULL;
     if (dev->ctx)
         dev->vt.shutdown(dev->ctx);

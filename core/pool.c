@@ -1,5 +1,5 @@
-/* core/pool.c: the caching pool component (ts_pool_api in plugin.h) that each plugin
- * instantiates over its raw allocator, and the registry of live pools behind memory.h.
+/* core/pool.c: the caching pool (ts__pool_* in core/pool.h) that the host builds over each
+ * plugin instance's raw memory, and the registry of live pools behind memory.h.
  * Requests are rounded to the alignment and served best-fit from segmented free lists: small
  * ones (<= 1 MiB) carved from shared 2 MiB segments, medium ones (<= 10 MiB) from shared
  * 20 MiB segments, large ones from segments of at least 64 MiB that later host any large
@@ -744,7 +744,7 @@ static void trace_locked(ts_pool *p)
     ts__memtrace_counter(p->name, p->st.in_use, p->st.reserved, p->st.reserved - p->st.in_use);
 }
 
-static ts_status pool_create(const ts_pool_options *opts, const ts_raw_allocator *raw,
+ts_status ts__pool_create(const ts_pool_options *opts, const ts_raw_allocator *raw,
                              ts_pool **out)
 {
     if (!out)
@@ -753,9 +753,6 @@ static ts_status pool_create(const ts_pool_options *opts, const ts_raw_allocator
     if (!opts || !raw || !raw->alloc || !raw->free)
         return ts__fail(TS_EINVAL, "pool: options and a raw allocator with alloc and free are "
                                    "required");
-    if (opts->struct_size < offsetof(ts_pool_options, alignment) + sizeof(size_t))
-        return ts__fail(TS_EINVAL, "pool: ts_pool_options.struct_size %u is too small",
-                        opts->struct_size);
     const char *name = opts->name ? opts->name : "pool";
     size_t a = opts->alignment;
     if (a == 0 || (a & (a - 1)) || a > SMALL_SEGMENT / 2)
@@ -775,23 +772,20 @@ static ts_status pool_create(const ts_pool_options *opts, const ts_raw_allocator
     p->large_round = p->align > LARGE_ROUND ? p->align : LARGE_ROUND;
     p->st.struct_size = sizeof p->st;
     p->st.valid = TS_STATS_POOL;
-    p->st.reserve_limit = TS_HAS_MEMBER(opts, ts_pool_options, reserve_limit)
-                              ? opts->reserve_limit : 0;
-    p->st.cache_limit = TS_HAS_MEMBER(opts, ts_pool_options, cache_limit)
-                            ? opts->cache_limit : (uint64_t)512 * MIB;
-    p->caching = TS_HAS_MEMBER(opts, ts_pool_options, caching) ? opts->caching != 0 : 1;
-    const ts_raw_vm *vm = TS_HAS_MEMBER(opts, ts_pool_options, vm) ? opts->vm : NULL;
+    p->st.reserve_limit = opts->reserve_limit;
+    p->st.cache_limit = opts->cache_limit;
+    p->caching = opts->caching != 0;
+    const ts_raw_vm *vm = opts->vm;
     if (vm) {
-        size_t g = TS_HAS_MEMBER(vm, ts_raw_vm, decommit) ? vm->granularity : 0;
+        size_t g = vm->granularity;
         if (!g || (g & (g - 1)) || g < p->large_round || !vm->reserve || !vm->release ||
             !vm->commit || !vm->decommit) {
             size_t need = p->large_round;
             pthread_mutex_destroy(&p->lock);
             free(p->name);
             free(p);
-            return ts__fail(TS_EINVAL, "pool '%s': ts_raw_vm needs struct_size >= %zu, all four "
-                            "calls and a power-of-two granularity >= %zu (got %zu)", name,
-                            sizeof(ts_raw_vm), need, g);
+            return ts__fail(TS_EINVAL, "pool '%s': ts_raw_vm needs all four calls and a "
+                            "power-of-two granularity >= %zu (got %zu)", name, need, g);
         }
         p->vm = *vm;
     }
@@ -822,7 +816,7 @@ static void log_leak(ts_pool *p, const block *b)
             (unsigned long long)b->seq, (void *)b->addr);
 }
 
-static void pool_destroy(ts_pool *p)
+void ts__pool_destroy(ts_pool *p)
 {
     if (!p)
         return;
@@ -902,7 +896,7 @@ static ts_status oom(ts_pool *p, size_t nbytes, grow_result why, const char *raw
                     p->name, req, used, resv, cached, lfree, lim, p->name);
 }
 
-static ts_status pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **ptr)
+ts_status ts__pool_alloc(ts_pool *p, size_t nbytes, const char *tag, void **ptr)
 {
     if (!ptr)
         return ts__fail(TS_EINVAL, "pool alloc: ptr is NULL");
@@ -992,7 +986,7 @@ out:
     return st;
 }
 
-static void pool_free(ts_pool *p, void *ptr)
+void ts__pool_free(ts_pool *p, void *ptr)
 {
     if (!p || !ptr)
         return;
@@ -1075,7 +1069,7 @@ static void stats_locked(ts_pool *p, ts_memory_stats *full)
     }
 }
 
-static void pool_stats(ts_pool *p, ts_memory_stats *out)
+void ts__pool_stats(ts_pool *p, ts_memory_stats *out)
 {
     if (!out)
         return;
@@ -1093,7 +1087,7 @@ static void pool_stats(ts_pool *p, ts_memory_stats *out)
     memcpy(out, &full, size < sizeof full ? size : sizeof full);
 }
 
-static void pool_reset_peak(ts_pool *p)
+void ts__pool_reset_peak(ts_pool *p)
 {
     if (!p)
         return;
@@ -1103,7 +1097,7 @@ static void pool_reset_peak(ts_pool *p)
     pthread_mutex_unlock(&p->lock);
 }
 
-static void pool_empty_cache(ts_pool *p)
+void ts__pool_empty_cache(ts_pool *p)
 {
     if (!p)
         return;
@@ -1114,7 +1108,7 @@ static void pool_empty_cache(ts_pool *p)
     pthread_mutex_unlock(&p->lock);
 }
 
-static ts_status pool_set_limits(ts_pool *p, uint64_t reserve_limit, uint64_t cache_limit)
+ts_status ts__pool_set_limits(ts_pool *p, uint64_t reserve_limit, uint64_t cache_limit)
 {
     if (!p)
         return ts__fail(TS_EINVAL, "pool set_limits: pool is NULL");
@@ -1128,17 +1122,6 @@ static ts_status pool_set_limits(ts_pool *p, uint64_t reserve_limit, uint64_t ca
 
 /* Internal: the loader builds each device's pool with it; tests/unit/test-pool links the core
  * statically (core/libtscore.la) to drive it directly. libtessera does not export it. */
-const ts_pool_api ts__pool_api = {
-    .struct_size = sizeof(ts_pool_api),
-    .create = pool_create,
-    .destroy = pool_destroy,
-    .alloc = pool_alloc,
-    .free = pool_free,
-    .stats = pool_stats,
-    .reset_peak = pool_reset_peak,
-    .empty_cache = pool_empty_cache,
-    .set_limits = pool_set_limits,
-};
 
 /* ---- memory.h: across every pool -------------------------------------------------------- */
 
@@ -1178,7 +1161,7 @@ TS_API void ts_memory_empty_cache(void)
 {
     pthread_mutex_lock(&reg_lock);
     for (ts_pool *p = reg_head; p; p = p->reg_next)
-        pool_empty_cache(p);
+        ts__pool_empty_cache(p);
     pthread_mutex_unlock(&reg_lock);
 }
 

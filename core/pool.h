@@ -25,7 +25,6 @@ typedef struct ts_raw_allocator {
  * no fragmentation between separate raw allocations. Host memory: mmap; CUDA: the driver's
  * cuMemAddressReserve/cuMemCreate/cuMemMap. */
 typedef struct ts_raw_vm {
-    uint32_t struct_size; /* sizeof(ts_raw_vm) */
     void *user;           /* handed back to every call */
     size_t granularity;   /* power of two >= the pool's alignment: commit sizes and offsets */
     uint64_t max_reserve; /* address space to reserve when the pool has no reserve_limit */
@@ -40,11 +39,10 @@ typedef struct ts_raw_vm {
 } ts_raw_vm;
 
 typedef struct ts_pool_options {
-    uint32_t struct_size;   /* sizeof(ts_pool_options) */
     const char *name;       /* used in messages and statistics: the plugin's name */
     size_t alignment;       /* power of two: every block is aligned to it (64 CPU, 256 CUDA) */
     uint64_t reserve_limit; /* most bytes reserved from the raw allocator; 0 = no limit */
-    uint64_t cache_limit;   /* most bytes kept in free lists */
+    uint64_t cache_limit;   /* most bytes kept in free lists (the plugins' default: 512 MiB) */
     int32_t caching;        /* 0: frees go straight back to the raw allocator */
     const ts_raw_vm *vm;    /* optional (NULL): an expandable segment; copied */
 } ts_pool_options;
@@ -52,24 +50,21 @@ typedef struct ts_pool_options {
 typedef struct ts_pool ts_pool;
 
 /* All calls are thread safe. */
-typedef struct ts_pool_api {
-    uint32_t struct_size;
-    /* Creates a pool; the raw allocator table is copied. (transfer full) on *out. */
-    ts_status (*create)(const ts_pool_options *opts, const ts_raw_allocator *raw, ts_pool **out);
-    /* Returns every cached block to the raw allocator and frees the pool. Blocks still live
-     * are reported as leaks (log) and returned too. NULL is a no-op. */
-    void (*destroy)(ts_pool *pool);
-    /* A block of at least nbytes (0 gives a valid unique block). tag: a static string naming
-     * the caller (an op name) for leak reports; may be NULL. TS_ENOMEM with a message giving
-     * the request, in use, reserved, cached and the limits when it cannot be met. */
-    ts_status (*alloc)(ts_pool *pool, size_t nbytes, const char *tag, void **ptr);
-    /* Returns a block to the pool. NULL is a no-op. */
-    void (*free)(ts_pool *pool, void *ptr);
-    void (*stats)(ts_pool *pool, ts_memory_stats *out);
-    void (*reset_peak)(ts_pool *pool);
-    /* Returns every cached (free) block to the raw allocator. */
-    void (*empty_cache)(ts_pool *pool);
-    ts_status (*set_limits)(ts_pool *pool, uint64_t reserve_limit, uint64_t cache_limit);
-} ts_pool_api;
+/* Creates a pool; the raw allocator table and the options are copied. (transfer full) */
+ts_status ts__pool_create(const ts_pool_options *opts, const ts_raw_allocator *raw, ts_pool **out);
+/* Returns every cached block to the raw allocator and frees the pool. Blocks still live are
+ * reported as leaks (log) and returned too. NULL is a no-op. */
+void ts__pool_destroy(ts_pool *pool);
+/* A block of at least nbytes (0 gives a valid unique block). tag: a static string naming the
+ * caller (an op name) for leak reports; may be NULL. TS_ENOMEM with a message giving the
+ * request, in use, reserved, cached and the limits when it cannot be met. */
+ts_status ts__pool_alloc(ts_pool *pool, size_t nbytes, const char *tag, void **ptr);
+/* Returns a block to the pool. NULL is a no-op. */
+void ts__pool_free(ts_pool *pool, void *ptr);
+void ts__pool_stats(ts_pool *pool, ts_memory_stats *out);
+void ts__pool_reset_peak(ts_pool *pool);
+/* Returns every cached (free) block to the raw allocator. */
+void ts__pool_empty_cache(ts_pool *pool);
+ts_status ts__pool_set_limits(ts_pool *pool, uint64_t reserve_limit, uint64_t cache_limit);
 
 #endif /* TESSERA_CORE_POOL_H */

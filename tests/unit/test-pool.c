@@ -1,5 +1,5 @@
 /* tests/unit/test-pool.c: the caching pool component (core/pool.c) driven through
- * ts__pool_api over a counting raw allocator that can fail its N-th call or act as a device
+ * the pool (ts__pool_*) over a counting raw allocator that can fail its N-th call or act as a device
  * of fixed capacity, plus the memory.h observers (registry, hook, trace, leak report). */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -96,12 +96,12 @@ static rawctl *raw_new(size_t align)
 static ts_pool *pool_new_ex(const char *name, rawctl *r, uint64_t reserve_limit,
                             uint64_t cache_limit, int caching)
 {
-    ts_pool_options o = {.struct_size = sizeof o, .name = name, .alignment = r->align,
+    ts_pool_options o = {.name = name, .alignment = r->align,
                          .reserve_limit = reserve_limit, .cache_limit = cache_limit,
                          .caching = caching};
     ts_raw_allocator ra = {.user = r, .alloc = raw_alloc, .free = raw_free};
     ts_pool *p = NULL;
-    CHECK_OK(ts__pool_api.create(&o, &ra, &p));
+    CHECK_OK(ts__pool_create(&o, &ra, &p));
     CHECK(p);
     return p;
 }
@@ -116,7 +116,7 @@ static ts_memory_stats stats(ts_pool *p)
     ts_memory_stats s;
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
-    ts__pool_api.stats(p, &s);
+    ts__pool_stats(p, &s);
     return s;
 }
 
@@ -142,7 +142,7 @@ static void finish(ts_pool *p, rawctl *r)
     check_balance(p);
     CHECK_INT_EQ(stats(p).live_blocks, 0);
     CHECK_INT_EQ(ts_memory_live_count(), 0);
-    ts__pool_api.destroy(p);
+    ts__pool_destroy(p);
     CHECK_INT_EQ(r->n_alloc, r->n_free);
     CHECK_INT_EQ(r->outstanding, 0);
     free(r);
@@ -151,7 +151,7 @@ static void finish(ts_pool *p, rawctl *r)
 static void *xalloc(ts_pool *p, size_t n, const char *tag)
 {
     void *ptr = NULL;
-    CHECK_OK(ts__pool_api.alloc(p, n, tag, &ptr));
+    CHECK_OK(ts__pool_alloc(p, n, tag, &ptr));
     CHECK(ptr);
     return ptr;
 }
@@ -167,12 +167,12 @@ static void test_round_and_reuse(void)
     CHECK_INT_EQ(s.in_use, 1024);
     CHECK_INT_EQ(s.requested, 1000);
     CHECK_INT_EQ(s.reserved, 2 * MIB);
-    ts__pool_api.free(p, a);
+    ts__pool_free(p, a);
     for (size_t n = 961; n <= 1024; n += 7) {
         void *b = xalloc(p, n, "b");
         CHECK_MSG(b == a, "alloc of %zu after free gave %p, not %p", n, b, a);
         CHECK_INT_EQ(stats(p).in_use, 1024);
-        ts__pool_api.free(p, b);
+        ts__pool_free(p, b);
     }
     CHECK_INT_EQ(stats(p).n_raw_alloc, 1);
     finish(p, r);
@@ -192,7 +192,7 @@ static void test_steady_state_no_raw_allocs(void)
         for (size_t i = 0; i < n; i++)
             v[i] = xalloc(p, shapes[(i + (size_t)step % 2) % n], "step");
         for (size_t i = n; i-- > 0;)
-            ts__pool_api.free(p, v[i]);
+            ts__pool_free(p, v[i]);
         if (step == 2)
             raw_after_warmup = stats(p).n_raw_alloc;
         check_balance(p);
@@ -220,13 +220,13 @@ static void test_alignment(void)
             memset(v[i], i & 0xff, n);
         }
         for (int i = 0; i < 200; i += 2)
-            ts__pool_api.free(p, v[i]);
+            ts__pool_free(p, v[i]);
         for (int i = 0; i < 200; i += 2) {
             v[i] = xalloc(p, (size_t)i * 13, "align2");
             CHECK((uintptr_t)v[i] % aligns[k] == 0);
         }
         for (int i = 0; i < 200; i++)
-            ts__pool_api.free(p, v[i]);
+            ts__pool_free(p, v[i]);
         finish(p, r);
     }
 }
@@ -240,9 +240,9 @@ static void test_zero_bytes(void)
     CHECK_INT_EQ(stats(p).live_blocks, 2);
     CHECK_INT_EQ(stats(p).requested, 0);
     CHECK(stats(p).in_use >= 2 * 16);
-    ts__pool_api.free(p, a);
-    ts__pool_api.free(p, b);
-    ts__pool_api.free(p, NULL); /* a no-op */
+    ts__pool_free(p, a);
+    ts__pool_free(p, b);
+    ts__pool_free(p, NULL); /* a no-op */
     finish(p, r);
 }
 
@@ -265,7 +265,7 @@ static void test_split_coalesce(void)
         for (int i = 0; i < 3; i++)
             CHECK_MSG(v[i] == first[i], "order %d: block %d moved", k, i);
         for (int i = 0; i < 3; i++) {
-            ts__pool_api.free(p, v[orders[k][i]]);
+            ts__pool_free(p, v[orders[k][i]]);
             check_balance(p);
         }
         ts_memory_stats s = stats(p);
@@ -276,12 +276,12 @@ static void test_split_coalesce(void)
     /* best fit: a hole of exactly the size is preferred to the segment's tail */
     char *a = xalloc(p, 256 * KIB, "a"), *b = xalloc(p, 256 * KIB, "b"),
          *c = xalloc(p, 256 * KIB, "c");
-    ts__pool_api.free(p, b);
+    ts__pool_free(p, b);
     char *d = xalloc(p, 200 * KIB, "d");
     CHECK(d == b);
-    ts__pool_api.free(p, a);
-    ts__pool_api.free(p, c);
-    ts__pool_api.free(p, d);
+    ts__pool_free(p, a);
+    ts__pool_free(p, c);
+    ts__pool_free(p, d);
     CHECK_INT_EQ(stats(p).largest_free, 2 * MIB);
     finish(p, r);
 }
@@ -291,7 +291,7 @@ static void test_large_block_serves_smaller(void)
     rawctl *r = raw_new(256);
     ts_pool *p = pool_new(r);
     char *big = xalloc(p, 64 * MIB, "big");
-    ts__pool_api.free(p, big);
+    ts__pool_free(p, big);
     char *a = xalloc(p, 12 * MIB, "a"), *b = xalloc(p, 16 * MIB, "b");
     CHECK(a == big && b == big + 12 * MIB);
     CHECK_INT_EQ(stats(p).n_raw_alloc, 1);
@@ -303,10 +303,10 @@ static void test_large_block_serves_smaller(void)
     char *m = xalloc(p, 4 * MIB, "medium");
     CHECK(m < big || m >= big + 64 * MIB);
     CHECK_INT_EQ(stats(p).n_raw_alloc, 3);
-    ts__pool_api.free(p, a);
-    ts__pool_api.free(p, b);
-    ts__pool_api.free(p, s);
-    ts__pool_api.free(p, m);
+    ts__pool_free(p, a);
+    ts__pool_free(p, b);
+    ts__pool_free(p, s);
+    ts__pool_free(p, m);
     CHECK_INT_EQ(stats(p).largest_free, 64 * MIB);
     finish(p, r);
 }
@@ -316,15 +316,15 @@ static void test_huge_block_not_split_for_small_request(void)
     rawctl *r = raw_new(256);
     ts_pool *p = pool_new(r);
     char *huge = xalloc(p, 256 * MIB, "huge");
-    ts__pool_api.free(p, huge);
+    ts__pool_free(p, huge);
     char *a = xalloc(p, 4 * MIB, "a");
     CHECK(a < huge || a >= huge + 256 * MIB);
     CHECK_INT_EQ(stats(p).n_raw_alloc, 2);
     char *b = xalloc(p, 240 * MIB, "near fit");
     CHECK(b == huge);
     CHECK_INT_EQ(stats(p).n_raw_alloc, 2);
-    ts__pool_api.free(p, a);
-    ts__pool_api.free(p, b);
+    ts__pool_free(p, a);
+    ts__pool_free(p, b);
     finish(p, r);
 }
 
@@ -338,15 +338,15 @@ static void test_medium_blocks_share_a_segment(void)
     CHECK_INT_EQ(s.n_raw_alloc, 1);
     CHECK_INT_EQ(s.reserved, 20 * MIB);
     CHECK_INT_EQ(r->last_size, 20 * MIB);
-    ts__pool_api.free(p, b);
-    ts__pool_api.free(p, a);
-    ts__pool_api.free(p, c);
+    ts__pool_free(p, b);
+    ts__pool_free(p, a);
+    ts__pool_free(p, c);
     CHECK_INT_EQ(stats(p).largest_free, 20 * MIB);
     /* a 20 MiB segment never serves a large (> 10 MiB) request */
     char *d = xalloc(p, 11 * MIB, "large");
     CHECK(d < a || d >= a + 20 * MIB);
     CHECK_INT_EQ(stats(p).n_raw_alloc, 2);
-    ts__pool_api.free(p, d);
+    ts__pool_free(p, d);
     finish(p, r);
 }
 
@@ -357,28 +357,28 @@ static void test_large_segments_are_interchangeable(void)
     /* a large request gets a segment of at least 64 MiB ... */
     char *a = xalloc(p, 20 * MIB, "a");
     CHECK_INT_EQ(r->last_size, 64 * MIB);
-    ts__pool_api.free(p, a);
+    ts__pool_free(p, a);
     /* ... so that, once free, it hosts any other large request up to 64 MiB */
     char *b = xalloc(p, 60 * MIB, "b");
     CHECK(b == a);
     CHECK_INT_EQ(stats(p).n_raw_alloc, 1);
-    ts__pool_api.free(p, b);
+    ts__pool_free(p, b);
     /* above 64 MiB: rounded to 2 MiB only */
     char *c = xalloc(p, 65 * MIB, "c");
     CHECK_INT_EQ(r->last_size, 66 * MIB);
-    ts__pool_api.free(p, c);
-    ts__pool_api.empty_cache(p);
+    ts__pool_free(p, c);
+    ts__pool_empty_cache(p);
     /* near reserve_limit, or when the device lacks room, the exact rounded size */
-    CHECK_OK(ts__pool_api.set_limits(p, 40 * MIB, (uint64_t)1 << 40));
+    CHECK_OK(ts__pool_set_limits(p, 40 * MIB, (uint64_t)1 << 40));
     char *d = xalloc(p, 30 * MIB, "d");
     CHECK_INT_EQ(r->last_size, 30 * MIB);
-    ts__pool_api.free(p, d);
-    ts__pool_api.empty_cache(p);
-    CHECK_OK(ts__pool_api.set_limits(p, 0, (uint64_t)1 << 40));
+    ts__pool_free(p, d);
+    ts__pool_empty_cache(p);
+    CHECK_OK(ts__pool_set_limits(p, 0, (uint64_t)1 << 40));
     r->capacity = 32 * MIB;
     char *e = xalloc(p, 30 * MIB, "e");
     CHECK_INT_EQ(r->last_size, 30 * MIB);
-    ts__pool_api.free(p, e);
+    ts__pool_free(p, e);
     finish(p, r);
 }
 
@@ -393,7 +393,7 @@ static void test_cache_limit_after_burst(void)
         v[i] = xalloc(p, 3 * MIB, "burst");
     CHECK(stats(p).reserved >= 60 * MIB);
     for (int i = 0; i < 20; i++)
-        ts__pool_api.free(p, v[i]);
+        ts__pool_free(p, v[i]);
     ts_memory_stats s = stats(p);
     CHECK_MSG(s.cached <= 8 * MIB, "cached %llu", (unsigned long long)s.cached);
     /* A 20 MiB medium segment would not fit the 8 MiB budget of shared segments: each block
@@ -403,7 +403,7 @@ static void test_cache_limit_after_burst(void)
     for (int i = 0; i < 200; i++)
         v[i] = xalloc(p, 100 * KIB, "small burst");
     for (int i = 0; i < 200; i++)
-        ts__pool_api.free(p, v[i]);
+        ts__pool_free(p, v[i]);
     CHECK(stats(p).cached <= 8 * MIB);
     finish(p, r);
 }
@@ -415,22 +415,22 @@ static void test_cache_limit_largest_oldest_first(void)
     ts_pool *p = pool_new_ex("test", r, 0, 140 * MIB, 1);
     void *a = xalloc(p, 66 * MIB, "66"), *b = xalloc(p, 68 * MIB, "68"),
          *c = xalloc(p, 70 * MIB, "70");
-    ts__pool_api.free(p, a);
-    ts__pool_api.free(p, b);
+    ts__pool_free(p, a);
+    ts__pool_free(p, b);
     CHECK_INT_EQ(stats(p).n_raw_free, 0);
-    ts__pool_api.free(p, c);
+    ts__pool_free(p, c);
     CHECK_INT_EQ(stats(p).n_raw_free, 1);
     CHECK(r->last_freed == c); /* the largest */
     CHECK_INT_EQ(stats(p).reserved, 134 * MIB);
-    ts__pool_api.empty_cache(p);
+    ts__pool_empty_cache(p);
     CHECK_INT_EQ(stats(p).reserved, 0);
 
-    CHECK_OK(ts__pool_api.set_limits(p, 0, 136 * MIB));
+    CHECK_OK(ts__pool_set_limits(p, 0, 136 * MIB));
     void *x = xalloc(p, 68 * MIB, "x"), *y = xalloc(p, 68 * MIB, "y"),
          *z = xalloc(p, 68 * MIB, "z");
-    ts__pool_api.free(p, z);
-    ts__pool_api.free(p, y);
-    ts__pool_api.free(p, x);
+    ts__pool_free(p, z);
+    ts__pool_free(p, y);
+    ts__pool_free(p, x);
     CHECK(r->last_freed == x); /* same sizes: the oldest */
     CHECK_INT_EQ(stats(p).reserved, 136 * MIB);
     finish(p, r);
@@ -443,7 +443,7 @@ static void test_reserve_limit(void)
     void *v[4], *extra = (void *)1;
     for (int i = 0; i < 4; i++)
         v[i] = xalloc(p, 4 * MIB, "quarter");
-    CHECK_FAILS(ts__pool_api.alloc(p, 4 * MIB, "fifth", &extra), TS_ENOMEM, "pool 'test'",
+    CHECK_FAILS(ts__pool_alloc(p, 4 * MIB, "fifth", &extra), TS_ENOMEM, "pool 'test'",
                 "out of memory allocating 4.00 MiB", "16.00 MiB in use", "16.00 MiB reserved",
                 "largest free block 0 B", "limit 16.00 MiB", "memory_fraction", "cache_limit",
                 "[plugin.test]");
@@ -451,18 +451,18 @@ static void test_reserve_limit(void)
     CHECK_INT_EQ(stats(p).n_oom, 1);
     CHECK_INT_EQ(stats(p).reserved, 16 * MIB);
     check_balance(p);
-    ts__pool_api.free(p, v[3]);
+    ts__pool_free(p, v[3]);
     v[3] = xalloc(p, 4 * MIB, "retry");
-    CHECK_FAILS(ts__pool_api.alloc(p, 32 * MIB, "too big", &extra), TS_ENOMEM,
+    CHECK_FAILS(ts__pool_alloc(p, 32 * MIB, "too big", &extra), TS_ENOMEM,
                 "allocating 32.00 MiB");
     for (int i = 0; i < 4; i++)
-        ts__pool_api.free(p, v[i]);
-    ts__pool_api.empty_cache(p);
+        ts__pool_free(p, v[i]);
+    ts__pool_empty_cache(p);
     /* a large request whose 2 MiB rounding alone would cross the limit still fits */
-    CHECK_OK(ts__pool_api.set_limits(p, 5 * MIB, (uint64_t)1 << 40));
+    CHECK_OK(ts__pool_set_limits(p, 5 * MIB, (uint64_t)1 << 40));
     void *w = xalloc(p, 4 * MIB + 512 * KIB, "squeezed");
     CHECK_INT_EQ(stats(p).reserved, 4 * MIB + 512 * KIB);
-    ts__pool_api.free(p, w);
+    ts__pool_free(p, w);
     CHECK_INT_EQ(stats(p).n_oom, 2);
     finish(p, r);
 }
@@ -472,15 +472,15 @@ static void test_oom_releases_cache_and_retries(void)
     rawctl *r = raw_new(64);
     ts_pool *p = pool_new_ex("test", r, 16 * MIB, (uint64_t)1 << 40, 1);
     void *a = xalloc(p, 6 * MIB, "a"), *b = xalloc(p, 6 * MIB, "b");
-    ts__pool_api.free(p, a);
-    ts__pool_api.free(p, b);
+    ts__pool_free(p, a);
+    ts__pool_free(p, b);
     CHECK_INT_EQ(stats(p).cached, 12 * MIB);
     void *c = xalloc(p, 10 * MIB, "needs the cache back");
     ts_memory_stats s = stats(p);
     CHECK_INT_EQ(s.n_raw_free, 2);
     CHECK_INT_EQ(s.n_oom, 0);
     CHECK_INT_EQ(s.reserved, 10 * MIB);
-    ts__pool_api.free(p, c);
+    ts__pool_free(p, c);
     finish(p, r);
 }
 
@@ -490,17 +490,17 @@ static void test_device_full_releases_cache(void)
     r->capacity = 10 * MIB;
     ts_pool *p = pool_new(r);
     void *a = xalloc(p, 6 * MIB, "a");
-    ts__pool_api.free(p, a);
+    ts__pool_free(p, a);
     void *b = xalloc(p, 8 * MIB, "b"); /* the device lacks room until the cache goes */
     CHECK_INT_EQ(stats(p).n_raw_free, 1);
     void *c = (void *)1;
-    CHECK_FAILS(ts__pool_api.alloc(p, 4 * MIB, "c", &c), TS_ENOMEM, "pool 'test'",
+    CHECK_FAILS(ts__pool_alloc(p, 4 * MIB, "c", &c), TS_ENOMEM, "pool 'test'",
                 "allocating 4.00 MiB", "8.00 MiB in use", "no limit", "device allocator failed",
                 "cache_limit", "memory_fraction");
     CHECK(c == NULL);
-    ts__pool_api.free(p, b);
+    ts__pool_free(p, b);
     c = xalloc(p, 4 * MIB, "c again");
-    ts__pool_api.free(p, c);
+    ts__pool_free(p, c);
     finish(p, r);
 }
 
@@ -519,13 +519,13 @@ static int scenario(ts_pool *p)
     for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
         int j = steps[k];
         if (k == 15)
-            ts__pool_api.empty_cache(p);
+            ts__pool_empty_cache(p);
         if (v[j]) {
-            ts__pool_api.free(p, v[j]);
+            ts__pool_free(p, v[j]);
             v[j] = NULL;
             continue;
         }
-        ts_status s = ts__pool_api.alloc(p, sizes[j], "scenario", &v[j]);
+        ts_status s = ts__pool_alloc(p, sizes[j], "scenario", &v[j]);
         if (s != TS_OK) {
             CHECK_INT_EQ(s, TS_ENOMEM);
             CHECK(v[j] == NULL);
@@ -535,7 +535,7 @@ static int scenario(ts_pool *p)
         check_balance(p);
     }
     for (int j = 0; j < 10; j++)
-        ts__pool_api.free(p, v[j]);
+        ts__pool_free(p, v[j]);
     return fails;
 }
 
@@ -558,8 +558,8 @@ static void test_raw_failure_at_every_call(void)
         /* usable afterwards */
         void *x = xalloc(p, 1000, "after");
         void *y = xalloc(p, 3 * MIB, "after");
-        ts__pool_api.free(p, x);
-        ts__pool_api.free(p, y);
+        ts__pool_free(p, x);
+        ts__pool_free(p, y);
         finish(p, r);
     }
     CHECK(surfaced > 0); /* some failures reached the caller (others the retry absorbed) */
@@ -573,12 +573,12 @@ static void test_caching_off(void)
     CHECK_INT_EQ(r->last_size, 128);
     CHECK_INT_EQ(stats(p).in_use, 128);
     CHECK_INT_EQ(stats(p).reserved, 128);
-    ts__pool_api.free(p, a);
+    ts__pool_free(p, a);
     CHECK_INT_EQ(r->n_free, 1);
     CHECK_INT_EQ(stats(p).reserved, 0);
     for (int i = 0; i < 10; i++) {
         void *b = xalloc(p, 100, "again");
-        ts__pool_api.free(p, b);
+        ts__pool_free(p, b);
     }
     void *c = xalloc(p, 3 * MIB + 5, "large");
     CHECK_INT_EQ(r->last_size, 3 * MIB + 512);
@@ -588,7 +588,7 @@ static void test_caching_off(void)
     CHECK_INT_EQ(s.cache_hits, 0);
     CHECK_INT_EQ(s.n_alloc, 12);
     CHECK_INT_EQ(s.requested, 3 * MIB + 5);
-    ts__pool_api.free(p, c);
+    ts__pool_free(p, c);
     finish(p, r);
 }
 
@@ -605,7 +605,7 @@ static void test_stats_honour_struct_size(void)
     } u;
     memset(&u, 0xab, sizeof u);
     u.s.struct_size = (uint32_t)offsetof(ts_memory_stats, reserved);
-    ts__pool_api.stats(p, &u.s);
+    ts__pool_stats(p, &u.s);
     CHECK_INT_EQ(u.s.struct_size, offsetof(ts_memory_stats, reserved));
     CHECK_INT_EQ(u.s.valid, TS_STATS_POOL);
     CHECK_INT_EQ(u.s.in_use, 5056);
@@ -620,7 +620,7 @@ static void test_stats_honour_struct_size(void)
     CHECK_INT_EQ(s.live_blocks, 1);
     CHECK_INT_EQ(s.n_raw_alloc, 1);
     CHECK_INT_EQ(s.cache_misses, 1);
-    ts__pool_api.free(p, a);
+    ts__pool_free(p, a);
     finish(p, r);
 }
 
@@ -629,17 +629,17 @@ static void test_peaks_and_reset(void)
     rawctl *r = raw_new(64);
     ts_pool *p = pool_new(r);
     void *a = xalloc(p, 66 * MIB, "a"), *b = xalloc(p, 66 * MIB, "b");
-    ts__pool_api.free(p, a);
-    ts__pool_api.empty_cache(p);
+    ts__pool_free(p, a);
+    ts__pool_empty_cache(p);
     ts_memory_stats s = stats(p);
     CHECK_INT_EQ(s.peak_in_use, 132 * MIB);
     CHECK_INT_EQ(s.peak_reserved, 132 * MIB);
     CHECK_INT_EQ(s.in_use, 66 * MIB);
-    ts__pool_api.reset_peak(p);
+    ts__pool_reset_peak(p);
     s = stats(p);
     CHECK_INT_EQ(s.peak_in_use, 66 * MIB);
     CHECK_INT_EQ(s.peak_reserved, 66 * MIB);
-    ts__pool_api.free(p, b);
+    ts__pool_free(p, b);
     finish(p, r);
 }
 
@@ -649,13 +649,13 @@ static void test_empty_cache_keeps_used_segments(void)
     ts_pool *p = pool_new(r);
     void *small = xalloc(p, 64, "pins a small segment");
     void *big = xalloc(p, 4 * MIB, "big");
-    ts__pool_api.free(p, big);
-    ts__pool_api.empty_cache(p);
+    ts__pool_free(p, big);
+    ts__pool_empty_cache(p);
     ts_memory_stats s = stats(p);
     CHECK_INT_EQ(s.reserved, 2 * MIB);
     CHECK_INT_EQ(s.n_raw_free, 1);
-    ts__pool_api.free(p, small);
-    ts__pool_api.empty_cache(p);
+    ts__pool_free(p, small);
+    ts__pool_empty_cache(p);
     CHECK_INT_EQ(stats(p).reserved, 0);
     finish(p, r);
 }
@@ -668,14 +668,14 @@ static void test_set_limits_trims_cache(void)
     for (int i = 0; i < 5; i++)
         v[i] = xalloc(p, 66 * MIB, "v");
     for (int i = 0; i < 5; i++)
-        ts__pool_api.free(p, v[i]);
+        ts__pool_free(p, v[i]);
     CHECK_INT_EQ(stats(p).reserved, 330 * MIB);
-    CHECK_OK(ts__pool_api.set_limits(p, 200 * MIB, 66 * MIB));
+    CHECK_OK(ts__pool_set_limits(p, 200 * MIB, 66 * MIB));
     CHECK_INT_EQ(stats(p).reserved, 66 * MIB);
     CHECK_INT_EQ(stats(p).reserve_limit, 200 * MIB);
     void *a = xalloc(p, 130 * MIB, "a"), *b = NULL;
-    CHECK_FAILS(ts__pool_api.alloc(p, 72 * MIB, "b", &b), TS_ENOMEM, "limit 200.00 MiB");
-    ts__pool_api.free(p, a);
+    CHECK_FAILS(ts__pool_alloc(p, 72 * MIB, "b", &b), TS_ENOMEM, "limit 200.00 MiB");
+    ts__pool_free(p, a);
     finish(p, r);
 }
 
@@ -727,20 +727,20 @@ static void *stress_thread(void *arg)
         if (ptr[i]) {
             CHECK_MSG(stamped(ptr[i], len[i], key[i]), "block %p (%zu bytes) was overwritten",
                       (void *)ptr[i], len[i]);
-            ts__pool_api.free(a->pool, ptr[i]);
+            ts__pool_free(a->pool, ptr[i]);
             ptr[i] = NULL;
             continue;
         }
         int r = rand_r(&a->seed);
         len[i] = r % 50 == 0 ? (size_t)r % (4 * MIB) : (size_t)r % (64 * KIB);
         key[i] = (uint32_t)rand_r(&a->seed);
-        CHECK_OK(ts__pool_api.alloc(a->pool, len[i], "stress", (void **)&ptr[i]));
+        CHECK_OK(ts__pool_alloc(a->pool, len[i], "stress", (void **)&ptr[i]));
         stamp(ptr[i], len[i], key[i]);
     }
     for (int i = 0; i < SLOTS; i++)
         if (ptr[i]) {
             CHECK(stamped(ptr[i], len[i], key[i]));
-            ts__pool_api.free(a->pool, ptr[i]);
+            ts__pool_free(a->pool, ptr[i]);
         }
     return NULL;
 }
@@ -877,15 +877,15 @@ static vmctl *vm_new(void)
 
 static ts_pool *vm_pool(rawctl *r, vmctl *v, uint64_t reserve_limit, uint64_t cache_limit)
 {
-    ts_raw_vm vm = {.struct_size = sizeof vm, .user = v, .granularity = VM_GRAN,
+    ts_raw_vm vm = {.user = v, .granularity = VM_GRAN,
                     .max_reserve = 512 * MIB, .reserve = vm_reserve, .release = vm_release,
                     .commit = vm_commit, .decommit = vm_decommit};
-    ts_pool_options o = {.struct_size = sizeof o, .name = "test", .alignment = r->align,
+    ts_pool_options o = {.name = "test", .alignment = r->align,
                          .reserve_limit = reserve_limit, .cache_limit = cache_limit,
                          .caching = 1, .vm = &vm};
     ts_raw_allocator ra = {.user = r, .alloc = raw_alloc, .free = raw_free};
     ts_pool *p = NULL;
-    CHECK_OK(ts__pool_api.create(&o, &ra, &p));
+    CHECK_OK(ts__pool_create(&o, &ra, &p));
     return p;
 }
 
@@ -923,19 +923,19 @@ static void test_vm_blocks_share_one_range(void)
     void *small = xalloc(p, 1000, "small"); /* small blocks keep their own segments */
     CHECK_INT_EQ(r->n_alloc, 1);
     uint64_t commits = v->commits;
-    ts__pool_api.free(p, a);
-    ts__pool_api.free(p, b);
+    ts__pool_free(p, a);
+    ts__pool_free(p, b);
     char *d = xalloc(p, 8 * MIB, "d"); /* a and b merged: no commit */
     CHECK(d == a);
     CHECK_INT_EQ(v->commits, commits);
-    ts__pool_api.free(p, c); /* the end is free now ... */
+    ts__pool_free(p, c); /* the end is free now ... */
     char *e = xalloc(p, 16 * MIB, "e"); /* ... and grows in place: commit only the difference */
     CHECK(e == c);
     CHECK_INT_EQ(v->commits, commits + 1);
     CHECK_INT_EQ(stats(p).reserved, 24 * MIB + 2 * MIB); /* + the small segment */
-    ts__pool_api.free(p, d);
-    ts__pool_api.free(p, e);
-    ts__pool_api.free(p, small);
+    ts__pool_free(p, d);
+    ts__pool_free(p, e);
+    ts__pool_free(p, small);
     check_balance(p);
     vm_finish(p, r, v);
 }
@@ -952,14 +952,14 @@ static void test_vm_training_steps_reach_steady_state(void)
     for (int step = 0; step < 20; step++) {
         void *z[L], *g = NULL;
         for (int l = 0; l < L; l++) /* forward keeps activations; a workspace comes and goes */
-            z[l] = xalloc(p, act[l], "act"), ts__pool_api.free(p, xalloc(p, act[l] / 2, "ws"));
+            z[l] = xalloc(p, act[l], "act"), ts__pool_free(p, xalloc(p, act[l] / 2, "ws"));
         for (int l = L; l-- > 0;) { /* backward frees them in reverse while gradients come */
             void *gin = xalloc(p, act[l], "grad");
-            ts__pool_api.free(p, g);
-            ts__pool_api.free(p, z[l]);
+            ts__pool_free(p, g);
+            ts__pool_free(p, z[l]);
             g = gin;
         }
-        ts__pool_api.free(p, g);
+        ts__pool_free(p, g);
         if (step == 0)
             raw_after_first = v->commits + r->n_alloc;
         check_balance(p);
@@ -981,28 +981,28 @@ static void test_vm_cache_limit_trims_the_end(void)
     void *a = xalloc(p, 4 * MIB, "a"), *b = xalloc(p, 30 * MIB, "b");
     CHECK_INT_EQ(stats(p).reserved, 34 * MIB);
     CHECK_INT_EQ(v->committed, 34 * MIB); /* both in the range: within the 40 MiB budget */
-    ts__pool_api.free(p, b);
+    ts__pool_free(p, b);
     CHECK_INT_EQ(stats(p).reserved, 34 * MIB); /* 30 MiB cached, under the limit */
-    CHECK_OK(ts__pool_api.set_limits(p, 0, 3 * MIB)); /* 30 MiB cached > 3 MiB: the end is */
+    CHECK_OK(ts__pool_set_limits(p, 0, 3 * MIB)); /* 30 MiB cached > 3 MiB: the end is */
     CHECK_INT_EQ(stats(p).reserved, 6 * MIB); /* the limit (28 of 30 MiB, in 2 MiB granules) */
     CHECK_INT_EQ(v->committed, 6 * MIB);
     CHECK(stats(p).cached <= 3 * MIB);
     CHECK(v->decommits >= 1);
     check_balance(p);
-    CHECK_OK(ts__pool_api.set_limits(p, 0, 40 * MIB));
+    CHECK_OK(ts__pool_set_limits(p, 0, 40 * MIB));
     void *c = xalloc(p, 3 * MIB, "c"); /* commits again at the end */
     CHECK(vm_backed(v, c, 3 * MIB));
-    ts__pool_api.free(p, a); /* a hole before c: cached, but not at the end, so it stays */
+    ts__pool_free(p, a); /* a hole before c: cached, but not at the end, so it stays */
     CHECK_INT_EQ(stats(p).reserved, 8 * MIB);
-    CHECK_OK(ts__pool_api.set_limits(p, 0, 3 * MIB));
-    ts__pool_api.free(p, c); /* the whole range is free: it goes back in one piece */
+    CHECK_OK(ts__pool_set_limits(p, 0, 3 * MIB));
+    ts__pool_free(p, c); /* the whole range is free: it goes back in one piece */
     CHECK_INT_EQ(stats(p).reserved, 0);
     CHECK_INT_EQ(v->releases, 1);
-    CHECK_OK(ts__pool_api.set_limits(p, 0, 40 * MIB));
+    CHECK_OK(ts__pool_set_limits(p, 0, 40 * MIB));
     void *d = xalloc(p, 6 * MIB, "d"); /* and a new range is reserved on demand */
     CHECK_INT_EQ(v->reserves, 2);
-    ts__pool_api.free(p, d);
-    ts__pool_api.empty_cache(p);
+    ts__pool_free(p, d);
+    ts__pool_empty_cache(p);
     CHECK_INT_EQ(stats(p).reserved, 0);
     vm_finish(p, r, v);
 }
@@ -1018,7 +1018,7 @@ static void hard_cache_limit(ts_pool *p)
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         int i = (int)((seed >> 33) % 96);
         if (v[i]) {
-            ts__pool_api.free(p, v[i]);
+            ts__pool_free(p, v[i]);
             v[i] = NULL;
         } else {
             v[i] = xalloc(p, sizes[(seed >> 45) % 7] + (seed >> 20) % 999, "mix");
@@ -1031,7 +1031,7 @@ static void hard_cache_limit(ts_pool *p)
            (unsigned long long)limit);
     CHECK_MSG(worst <= limit, "cached reached %llu", (unsigned long long)worst);
     for (int i = 0; i < 96; i++)
-        ts__pool_api.free(p, v[i]);
+        ts__pool_free(p, v[i]);
 }
 
 static void test_cache_limit_is_hard(void)
@@ -1057,20 +1057,20 @@ static void test_vm_reserve_limit_and_oom(void)
     ts_pool *p = vm_pool(r, v, 16 * MIB, (uint64_t)1 << 40);
     void *a = xalloc(p, 10 * MIB, "a"), *extra = (void *)1;
     CHECK_INT_EQ(v->span, 16 * MIB); /* the reservation is the limit */
-    CHECK_FAILS(ts__pool_api.alloc(p, 10 * MIB, "b", &extra), TS_ENOMEM, "pool 'test'",
+    CHECK_FAILS(ts__pool_alloc(p, 10 * MIB, "b", &extra), TS_ENOMEM, "pool 'test'",
                 "out of memory allocating 10.00 MiB", "10.00 MiB in use", "limit 16.00 MiB",
                 "memory_fraction", "cache_limit");
     CHECK(extra == NULL);
     check_balance(p);
-    ts__pool_api.free(p, a);
+    ts__pool_free(p, a);
     void *b = xalloc(p, 14 * MIB, "b after the free");
-    ts__pool_api.free(p, b);
+    ts__pool_free(p, b);
     v->capacity = 4 * MIB; /* now the device itself is short */
-    ts__pool_api.empty_cache(p);
-    CHECK_FAILS(ts__pool_api.alloc(p, 6 * MIB, "c", &extra), TS_ENOMEM, "allocating 6.00 MiB",
+    ts__pool_empty_cache(p);
+    CHECK_FAILS(ts__pool_alloc(p, 6 * MIB, "c", &extra), TS_ENOMEM, "allocating 6.00 MiB",
                 "device allocator failed");
     void *c = xalloc(p, 3 * MIB, "c fits");
-    ts__pool_api.free(p, c);
+    ts__pool_free(p, c);
     vm_finish(p, r, v);
 }
 
@@ -1091,8 +1091,8 @@ static void test_vm_commit_failure_at_every_call(void)
         p = vm_pool(r, v, 0, (uint64_t)1 << 40);
         scenario(p);
         void *x = xalloc(p, 1000, "after"), *y = xalloc(p, 3 * MIB, "after");
-        ts__pool_api.free(p, x);
-        ts__pool_api.free(p, y);
+        ts__pool_free(p, x);
+        ts__pool_free(p, y);
         vm_finish(p, r, v);
     }
 }
@@ -1106,7 +1106,7 @@ static void test_vm_reserve_failure_falls_back(void)
     void *a = xalloc(p, 5 * MIB, "a"); /* from a plain segment */
     CHECK_INT_EQ(v->reserves, 0);
     CHECK(r->n_alloc >= 1);
-    ts__pool_api.free(p, a);
+    ts__pool_free(p, a);
     vm_finish(p, r, v);
 }
 
@@ -1114,24 +1114,22 @@ static void test_vm_bad_options(void)
 {
     rawctl *r = raw_new(64);
     vmctl *v = vm_new();
-    ts_raw_vm vm = {.struct_size = sizeof vm, .user = v, .granularity = 3 * MIB,
+    ts_raw_vm vm = {.user = v, .granularity = 3 * MIB,
                     .reserve = vm_reserve, .release = vm_release, .commit = vm_commit,
                     .decommit = vm_decommit};
-    ts_pool_options o = {.struct_size = sizeof o, .name = "bad", .alignment = 64, .vm = &vm};
+    ts_pool_options o = {.name = "bad", .alignment = 64, .vm = &vm};
     ts_raw_allocator ra = {.user = r, .alloc = raw_alloc, .free = raw_free};
     ts_pool *p = (ts_pool *)1;
-    CHECK_FAILS(ts__pool_api.create(&o, &ra, &p), TS_EINVAL, "pool 'bad'", "ts_raw_vm",
+    CHECK_FAILS(ts__pool_create(&o, &ra, &p), TS_EINVAL, "pool 'bad'", "ts_raw_vm",
                 "granularity", "got 3145728");
     CHECK(p == NULL);
     vm.granularity = VM_GRAN;
     vm.commit = NULL;
-    CHECK_FAILS(ts__pool_api.create(&o, &ra, &p), TS_EINVAL, "all four calls");
+    CHECK_FAILS(ts__pool_create(&o, &ra, &p), TS_EINVAL, "all four calls");
     vm.commit = vm_commit;
-    vm.struct_size = 8;
-    CHECK_FAILS(ts__pool_api.create(&o, &ra, &p), TS_EINVAL, "struct_size");
-    o.struct_size = offsetof(ts_pool_options, vm); /* an ABI 1.0 caller: vm is not read */
-    CHECK_OK(ts__pool_api.create(&o, &ra, &p));
-    ts__pool_api.free(p, xalloc(p, 5 * MIB, "plain"));
+    o.vm = NULL; /* without one, no reservation */
+    CHECK_OK(ts__pool_create(&o, &ra, &p));
+    ts__pool_free(p, xalloc(p, 5 * MIB, "plain"));
     CHECK_INT_EQ(v->reserves, 0);
     finish(p, r);
     free(v);
@@ -1175,11 +1173,11 @@ static void test_registry(void)
     CHECK(strcmp(names, "p1;p2;") == 0);
     void *a = xalloc(p1, 100, "a"), *b = xalloc(p2, 100, "b"), *c = xalloc(p2, 4 * MIB, "c");
     CHECK_INT_EQ(ts_memory_live_count(), 3);
-    ts__pool_api.free(p2, c);
+    ts__pool_free(p2, c);
     ts_memory_empty_cache();
     CHECK_INT_EQ(stats(p2).reserved, 2 * MIB);
-    ts__pool_api.free(p1, a);
-    ts__pool_api.free(p2, b);
+    ts__pool_free(p1, a);
+    ts__pool_free(p2, b);
     ts_memory_empty_cache();
     CHECK_INT_EQ(stats(p1).reserved + stats(p2).reserved, 0);
     finish(p1, r1);
@@ -1206,7 +1204,7 @@ static void test_leak_report_finds_planted_leak(void)
     uint64_t mark = ts_memory_mark();
     void *leak = xalloc(p, 1000, "planted_leak");
     void *tmp = xalloc(p, 2000, "transient");
-    ts__pool_api.free(p, tmp);
+    ts__pool_free(p, tmp);
     CHECK_INT_EQ(ts_memory_live_count(), 2);
 
     FILE *f = tmpfile();
@@ -1231,8 +1229,8 @@ static void test_leak_report_finds_planted_leak(void)
     fclose(f);
     CHECK_FAILS(ts_memory_leak_report(NULL, 0, NULL), TS_EINVAL, "out is NULL");
 
-    ts__pool_api.free(p, old);
-    ts__pool_api.free(p, leak);
+    ts__pool_free(p, old);
+    ts__pool_free(p, leak);
     f = tmpfile();
     CHECK_OK(ts_memory_leak_report(f, 0, &n));
     CHECK_INT_EQ(n, 0);
@@ -1260,7 +1258,7 @@ static void test_destroy_reports_leaks(void)
     ts_pool *p = pool_new(r);
     xalloc(p, 3000, "forgotten_tensor");
     xalloc(p, 5 * MIB, "forgotten_weight");
-    ts__pool_api.destroy(p);
+    ts__pool_destroy(p);
     CHECK_STR_CONTAINS(logged, "pool 'test': 2 blocks");
     CHECK_STR_CONTAINS(logged, "still live at destroy");
     CHECK_STR_CONTAINS(logged, "forgotten_tensor");
@@ -1272,10 +1270,10 @@ static void test_destroy_reports_leaks(void)
     r->n_alloc = r->n_free = 0;
     p = pool_new(r);
     void *a = xalloc(p, 10, "a");
-    ts__pool_api.free(p, (char *)a + 64);
+    ts__pool_free(p, (char *)a + 64);
     CHECK_STR_CONTAINS(logged, "not a live block of this pool");
     CHECK_INT_EQ(stats(p).live_blocks, 1);
-    ts__pool_api.free(p, a);
+    ts__pool_free(p, a);
     ts_set_log_handler(NULL, NULL);
     finish(p, r);
 }
@@ -1313,10 +1311,10 @@ static void test_callback_sees_every_event(void)
         CHECK_INT_EQ(e.last.reserved, stats(p).reserved);
     }
     void *x = NULL;
-    CHECK(ts__pool_api.alloc(p, 9 * MIB, "cb_tag", &x) == TS_ENOMEM);
+    CHECK(ts__pool_alloc(p, 9 * MIB, "cb_tag", &x) == TS_ENOMEM);
     CHECK(e.last.kind == TS_MEMORY_OOM && e.last.ptr == NULL && e.last.nbytes == 9 * MIB);
     for (int i = 0; i < 3; i++) {
-        ts__pool_api.free(p, v[i]);
+        ts__pool_free(p, v[i]);
         CHECK(e.last.kind == TS_MEMORY_FREE && e.last.ptr == v[i]);
         CHECK_INT_EQ(e.last.in_use, stats(p).in_use);
     }
@@ -1326,7 +1324,7 @@ static void test_callback_sees_every_event(void)
     CHECK_INT_EQ(e.n[TS_MEMORY_OOM], s.n_oom);
     CHECK_INT_EQ(e.tagged, 7);
     ts_memory_set_callback(NULL, NULL);
-    ts__pool_api.free(p, xalloc(p, 10, "after"));
+    ts__pool_free(p, xalloc(p, 10, "after"));
     CHECK_INT_EQ(e.n[TS_MEMORY_ALLOC], 3);
     finish(p, r);
 }
@@ -1389,7 +1387,7 @@ static void test_memtrace_is_valid_json(void)
     for (int i = 0; i < 3000; i++) { /* enough events to flush the buffer a few times */
         int k = rand_r(&seed) % 64;
         if (v[k]) {
-            ts__pool_api.free(p, v[k]);
+            ts__pool_free(p, v[k]);
             v[k] = NULL;
         } else {
             v[k] = xalloc(p, (size_t)rand_r(&seed) % (3 * MIB), "traced");
@@ -1403,7 +1401,7 @@ static void test_memtrace_is_valid_json(void)
     CHECK_INT_EQ(n, s.n_alloc + s.n_free);
     CHECK_INT_EQ(last, s.in_use);
     for (int k = 0; k < 64; k++)
-        ts__pool_api.free(p, v[k]);
+        ts__pool_free(p, v[k]);
     finish(p, r);
     CHECK_FAILS(ts_memtrace_start("/nonexistent-dir/trace.json"), TS_EIO, "cannot save",
                 "/nonexistent-dir/trace.json");
@@ -1417,8 +1415,8 @@ static void test_memtrace_from_environment(void)
     rawctl *r = raw_new(64);
     ts_pool *p = pool_new_ex("envpool", r, 0, 16 * MIB, 1);
     void *a = xalloc(p, 5000, "e"), *b = xalloc(p, 3 * MIB, "e");
-    ts__pool_api.free(p, a);
-    ts__pool_api.free(p, b);
+    ts__pool_free(p, a);
+    ts__pool_free(p, b);
     finish(p, r); /* the last pool gone: the file is complete without a stop */
     uint64_t last = 1;
     CHECK_INT_EQ(check_trace(path, "envpool", &last), 5); /* 4 events, then destroy's */
@@ -1430,19 +1428,19 @@ static void test_bad_arguments(void)
 {
     rawctl *r = raw_new(64);
     ts_raw_allocator ra = {.user = r, .alloc = raw_alloc, .free = raw_free};
-    ts_pool_options o = {.struct_size = sizeof o, .name = "bad", .alignment = 48,
+    ts_pool_options o = {.name = "bad", .alignment = 48,
                          .cache_limit = MIB, .caching = 1};
     ts_pool *p = (ts_pool *)1;
-    CHECK_FAILS(ts__pool_api.create(&o, &ra, &p), TS_EINVAL, "pool 'bad'", "alignment 48");
+    CHECK_FAILS(ts__pool_create(&o, &ra, &p), TS_EINVAL, "pool 'bad'", "alignment 48");
     CHECK(p == NULL);
     o.alignment = 64;
-    CHECK_FAILS(ts__pool_api.create(&o, NULL, &p), TS_EINVAL, "raw allocator");
+    CHECK_FAILS(ts__pool_create(&o, NULL, &p), TS_EINVAL, "raw allocator");
     p = pool_new(r);
-    CHECK_FAILS(ts__pool_api.alloc(p, 10, "x", NULL), TS_EINVAL, "ptr is NULL");
+    CHECK_FAILS(ts__pool_alloc(p, 10, "x", NULL), TS_EINVAL, "ptr is NULL");
     void *x = (void *)1;
-    CHECK_FAILS(ts__pool_api.alloc(p, SIZE_MAX, "x", &x), TS_ENOMEM, "out of memory");
+    CHECK_FAILS(ts__pool_alloc(p, SIZE_MAX, "x", &x), TS_ENOMEM, "out of memory");
     CHECK(x == NULL);
-    ts__pool_api.destroy(NULL);
+    ts__pool_destroy(NULL);
     finish(p, r);
 }
 
