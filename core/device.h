@@ -33,7 +33,10 @@ struct ts_graph {
     size_t nheld, cap;
     ts_status failed; /* a hold that could not be recorded (out of host memory) */
 };
-/* dev's pinned pool (core/loader.c), made first when create is set; *out NULL when the
+/* Builds dev's caching pool after init (core/device_pool.c): limits from its settings and
+ * cfg, the expandable segment where the plugin has the vm_* slots. */
+ts_status ts__device_build_pool(const ts_config *cfg, ts_device *dev);
+/* dev's pinned pool (core/device_pool.c), made first when create is set; *out NULL when the
  * device has no pinned memory (or, without create, none was asked for yet). */
 ts_status ts__device_pinned_pool(ts_device *dev, int create, ts_pool **out);
 /* Frees a block of dev's pool, or holds it for the graph being recorded. */
