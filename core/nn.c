@@ -519,68 +519,20 @@ TS_API int ts_module_is_training(const ts_module *m)
 
 /* ---- forward --------------------------------------------------------------------------- */
 
-/* y = (x - mean) / sqrt(var + eps) over dims, then * weight + shift (shaped to broadcast). */
-static ts_status normalise(const ts_tensor *x, int nd, const int *dims, double eps,
-                           const ts_tensor *mean_in, const ts_tensor *var_in, ts_tensor **xhat,
-                           ts_tensor **mean_out, ts_tensor **var_out)
+/* (x - mean) / sqrt(var + eps) over dims, in the current scope: with *mean NULL, the mean and
+ * the (biased) variance of x over dims, left in *mean and *var; else the ones given. */
+static ts_tensor *normalise(const ts_tensor *x, int nd, const int *dims, double eps,
+                            ts_tensor **mean, ts_tensor **var)
 {
-    ts_tensor *mean = NULL, *xc = NULL, *sq = NULL, *var = NULL, *inv = NULL;
-    ts_status s;
-    if (mean_in) {
-        mean = ts_tensor_ref((ts_tensor *)mean_in);
-        var = ts_tensor_ref((ts_tensor *)var_in);
-        s = ts_sub(x, mean, &xc);
+    ts_tensor *xc;
+    if (!*mean) {
+        *mean = ts_s_mean(x, nd, dims, 1);
+        xc = ts_s_sub(x, *mean);
+        *var = ts_s_mean(ts_s_mul(xc, xc), nd, dims, 1);
     } else {
-        s = ts_mean(x, nd, dims, 1, &mean);
-        if (s == TS_OK)
-            s = ts_sub(x, mean, &xc);
-        if (s == TS_OK)
-            s = ts_mul(xc, xc, &sq);
-        if (s == TS_OK)
-            s = ts_mean(sq, nd, dims, 1, &var);
+        xc = ts_s_sub(x, *mean);
     }
-    if (s == TS_OK)
-        s = ts_add_scalar(var, eps, &inv);
-    if (s == TS_OK) {
-        ts_tensor *r;
-        s = ts_rsqrt(inv, &r);
-        ts_tensor_unref(inv);
-        inv = r;
-    }
-    if (s == TS_OK)
-        s = ts_mul(xc, inv, xhat);
-    if (s == TS_OK && mean_out) {
-        *mean_out = ts_tensor_ref(mean);
-        *var_out = ts_tensor_ref(var);
-    }
-    ts_tensor_unref(mean);
-    ts_tensor_unref(xc);
-    ts_tensor_unref(sq);
-    ts_tensor_unref(var);
-    ts_tensor_unref(inv);
-    return s;
-}
-
-/* y = a * w + b with w, b viewed as (1, C, 1, ...) for batch norm or as is for layer norm. */
-static ts_status affine(const ts_tensor *a, ts_tensor *w, ts_tensor *b, int nd_view,
-                        const int64_t *view, ts_tensor **y)
-{
-    ts_tensor *wv = NULL, *bv = NULL, *t = NULL;
-    ts_status s;
-    if (view) {
-        if ((s = ts_tensor_view(w, nd_view, view, &wv)) || (s = ts_tensor_view(b, nd_view, view, &bv)))
-            goto out;
-    } else {
-        wv = ts_tensor_ref(w);
-        bv = ts_tensor_ref(b);
-    }
-    if ((s = ts_mul(a, wv, &t)) == TS_OK)
-        s = ts_add(t, bv, y);
-out:
-    ts_tensor_unref(wv);
-    ts_tensor_unref(bv);
-    ts_tensor_unref(t);
-    return s;
+    return ts_s_mul(xc, ts_s_rsqrt(ts_s_add_scalar(*var, eps)));
 }
 
 /* running = (1 - m) running + m * batch, under no_grad; batch is (1, C, 1, 1). */
@@ -610,34 +562,26 @@ static ts_status batchnorm_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
         return ts__fail(TS_ESHAPE, "batchnorm2d: input %s must be (N, %lld, H, W)",
                         ts_tensor_describe(x, b, sizeof b),
                         (long long)ts_tensor_numel(m->weight));
-    int64_t C = ts_tensor_numel(m->weight);
+    const int64_t C = ts_tensor_numel(m->weight), n = ts_tensor_numel(x) / C;
     const int64_t view[4] = {1, C, 1, 1};
     static const int dims[3] = {0, 2, 3};
-    ts_tensor *xhat = NULL, *mean = NULL, *var = NULL, *rm = NULL, *rv = NULL;
-    ts_status s;
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *mean = NULL, *var = NULL, *xhat;
     if (m->training) {
-        s = normalise(x, 3, dims, m->eps, NULL, NULL, &xhat, &mean, &var);
-        int64_t n = ts_tensor_numel(x) / C;
-        if (s == TS_OK)
-            s = update_running(m->running_mean, mean, m->momentum, 1.0);
-        if (s == TS_OK) /* the running variance is the unbiased one */
-            s = update_running(m->running_var, var, m->momentum,
-                               n > 1 ? (double)n / (double)(n - 1) : 1.0);
+        xhat = normalise(x, 3, dims, m->eps, &mean, &var);
+        if (ts_scope_status(sc) == TS_OK) /* the running variance is the unbiased one */
+            ts_scope_adopt(update_running(m->running_mean, mean, m->momentum, 1.0), NULL);
+        if (ts_scope_status(sc) == TS_OK)
+            ts_scope_adopt(update_running(m->running_var, var, m->momentum,
+                                          n > 1 ? (double)n / (double)(n - 1) : 1.0), NULL);
     } else {
-        s = ts_tensor_view(m->running_mean, 4, view, &rm);
-        if (s == TS_OK)
-            s = ts_tensor_view(m->running_var, 4, view, &rv);
-        if (s == TS_OK)
-            s = normalise(x, 3, dims, m->eps, rm, rv, &xhat, NULL, NULL);
+        mean = ts_s_view(m->running_mean, 4, view);
+        var = ts_s_view(m->running_var, 4, view);
+        xhat = normalise(x, 3, dims, m->eps, &mean, &var);
     }
-    if (s == TS_OK)
-        s = affine(xhat, m->weight, m->bias, 4, view, y);
-    ts_tensor_unref(xhat);
-    ts_tensor_unref(mean);
-    ts_tensor_unref(var);
-    ts_tensor_unref(rm);
-    ts_tensor_unref(rv);
-    return s;
+    ts_tensor *out = ts_s_add(ts_s_mul(xhat, ts_s_view(m->weight, 4, view)),
+                              ts_s_view(m->bias, 4, view));
+    return ts_scope_return(sc, out, y);
 }
 
 static ts_status layernorm_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
@@ -661,22 +605,12 @@ static ts_status dropout_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
         *y = ts_tensor_ref(x);
         return TS_OK;
     }
-    ts_tensor *r = NULL, *keep = NULL, *mask = NULL, *t = NULL;
-    ts_status s = ts_tensor_rand(ts_tensor_device(x), ts_tensor_dtype(x), ts_tensor_ndim(x),
-                                 ts_tensor_shape(x), 0, 1, m->rng, &r);
-    if (s == TS_OK)
-        s = ts_binary_scalar(TS_BINARY_GE, r, m->p, 0, &keep);
-    if (s == TS_OK)
-        s = ts_cast(keep, ts_tensor_dtype(x), &mask);
-    if (s == TS_OK)
-        s = ts_mul(x, mask, &t);
-    if (s == TS_OK)
-        s = ts_mul_scalar(t, 1.0 / (1.0 - m->p), y);
-    ts_tensor_unref(r);
-    ts_tensor_unref(keep);
-    ts_tensor_unref(mask);
-    ts_tensor_unref(t);
-    return s;
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *r = NULL; /* keep where uniform [0, 1) >= p, scaled by 1 / (1 - p) */
+    r = ts_scope_adopt(ts_tensor_rand(ts_tensor_device(x), ts_tensor_dtype(x), ts_tensor_ndim(x),
+                                      ts_tensor_shape(x), 0, 1, m->rng, &r), &r);
+    ts_tensor *keep = ts_s_cast(ts_s_binary_scalar(TS_BINARY_GE, r, m->p, 0), ts_tensor_dtype(x));
+    return ts_scope_return(sc, ts_s_mul_scalar(ts_s_mul(x, keep), 1.0 / (1.0 - m->p)), y);
 }
 
 static ts_status linear_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
@@ -688,16 +622,10 @@ static ts_status linear_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
                         ts_tensor_describe(x, b1, sizeof b1),
                         (long long)ts_tensor_shape(m->weight)[1],
                         ts_tensor_describe(m->weight, b2, sizeof b2));
-    ts_tensor *wt = NULL, *xw = NULL;
     /* x @ W^T: the transposed view reaches BLAS as a column-major operand, never copied. */
-    ts_status s = ts_tensor_transpose(m->weight, 0, 1, &wt);
-    if (s == TS_OK)
-        s = ts_matmul(x, wt, m->bias ? &xw : y);
-    if (s == TS_OK && m->bias)
-        s = ts_add(xw, m->bias, y);
-    ts_tensor_unref(wt);
-    ts_tensor_unref(xw);
-    return s;
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *xw = ts_s_matmul(x, ts_s_transpose(m->weight, 0, 1));
+    return ts_scope_return(sc, m->bias ? ts_s_add(xw, m->bias) : xw, y);
 }
 
 TS_API ts_status ts_module_forward(ts_module *m, ts_tensor *x, ts_tensor **y)

@@ -129,6 +129,8 @@ TS_API ts_tensor *ts_scope_adopt(ts_status status, ts_tensor **tp)
         ts__fail(TS_ESTATE, "a scoped call outside any scope: call ts_scope_begin first");
         return NULL;
     }
+    if (!status && !tp)
+        return NULL; /* a call that makes no tensor, and succeeded */
     if (status || !t) {
         ts_tensor_unref(t);
         record(sc, status ? status : TS_EINVAL);

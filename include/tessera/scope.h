@@ -43,7 +43,8 @@ ts_tensor *ts_scope_keep(ts_tensor *t);
 /* Hands *t, made by the status API, to the innermost scope (transfer full; *t is set to NULL)
  * and returns it; with status non-zero, records the failure instead and returns NULL. So
  * `ts_scope_adopt(ts_foo(a, &t), &t)` is the scoped form of any call (t is read only after
- * the call has run, whatever order C evaluates the arguments in). */
+ * the call has run, whatever order C evaluates the arguments in). With t NULL, for a call that
+ * makes no tensor (an in-place op), only a failure is recorded. */
 ts_tensor *ts_scope_adopt(ts_status status, ts_tensor **t);
 /* Ends the scope and hands r to the caller in *out (a reference of its own): the usual end of
  * a function that builds its result in a scope. On failure *out is NULL. */

@@ -68,6 +68,12 @@ static void test_sticky_failure(void)
     CHECK(out == NULL);
     CHECK_INT_EQ(ts_memory_live_count(), live);
 
+    /* An in-place call brought in with no tensor: success records nothing, failure does. */
+    sc = ts_scope_begin();
+    CHECK(ts_scope_adopt(ts_mul_scalar_(a, 2), NULL) == NULL);
+    CHECK_OK(ts_scope_status(sc));
+    CHECK(ts_scope_adopt(ts_add_(a, b), NULL) == NULL);
+    CHECK_FAILS(ts_scope_end(sc), TS_ESHAPE, "(3)");
     /* A NULL input that no failure explains is one, named. */
     sc = ts_scope_begin();
     CHECK(ts_s_neg(NULL) == NULL);
