@@ -331,4 +331,8 @@ const char *ts__getenv(const char *name);
 char *ts__strdup(const char *s);
 char *ts__asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* The communication plugin's all-reduce (sum) of buf as it lies, under the world's lock
+ * (core/dist.c, for core/ddp.c). */
+ts_status ts__dist_allreduce_in_place(void *buf, size_t count, int32_t dtype);
+
 #endif /* TESSERA_CORE_INTERNAL_H */
