@@ -214,24 +214,24 @@ static ts_status simple(int k, ts_module **m)
     return new_module(k, m);
 }
 
-TS_API ts_status ts_nn_max_pool2d(const ts_pool2d_params *p, ts_module **m)
+static ts_status pool2d(int k, const char *who, const ts_pool2d_params *p, ts_module **m)
 {
     if (!p)
-        return ts__fail(TS_EINVAL, "max_pool2d: params are NULL");
-    ts_status s = simple(M_MAXPOOL, m);
+        return ts__fail(TS_EINVAL, "%s: params are NULL", who);
+    ts_status s = simple(k, m);
     if (s == TS_OK)
         (*m)->pool = *p;
     return s;
 }
 
+TS_API ts_status ts_nn_max_pool2d(const ts_pool2d_params *p, ts_module **m)
+{
+    return pool2d(M_MAXPOOL, "max_pool2d", p, m);
+}
+
 TS_API ts_status ts_nn_avg_pool2d(const ts_pool2d_params *p, ts_module **m)
 {
-    if (!p)
-        return ts__fail(TS_EINVAL, "avg_pool2d: params are NULL");
-    ts_status s = simple(M_AVGPOOL, m);
-    if (s == TS_OK)
-        (*m)->pool = *p;
-    return s;
+    return pool2d(M_AVGPOOL, "avg_pool2d", p, m);
 }
 
 TS_API ts_status ts_nn_relu(ts_module **m)
@@ -535,24 +535,19 @@ static ts_tensor *normalise(const ts_tensor *x, int nd, const int *dims, double 
     return ts_s_mul(xc, ts_s_rsqrt(ts_s_add_scalar(*var, eps)));
 }
 
-/* running = (1 - m) running + m * batch, under no_grad; batch is (1, C, 1, 1). */
-static ts_status update_running(ts_tensor *running, const ts_tensor *batch, double m,
-                                double scale)
+/* running = (1 - m) running + m scale batch, in place under no_grad, in scope sc (nothing once
+ * it failed); batch is (1, C, 1, 1). */
+static void update_running(ts_scope *sc, ts_tensor *running, ts_tensor *batch, double m,
+                           double scale)
 {
-    ts_tensor *flat = NULL, *t = NULL;
     int64_t c = ts_tensor_numel(running);
     ts_no_grad_enter();
-    ts_status s = ts_tensor_reshape((ts_tensor *)batch, 1, &c, &flat);
-    if (s == TS_OK)
-        s = ts_mul_scalar(flat, m * scale, &t);
-    if (s == TS_OK)
-        s = ts_mul_scalar_(running, 1 - m);
-    if (s == TS_OK)
-        s = ts_add_(running, t);
+    ts_tensor *t = ts_s_mul_scalar(ts_s_reshape(batch, 1, &c), m * scale);
+    if (t && ts_scope_status(sc) == TS_OK)
+        ts_scope_adopt(ts_mul_scalar_(running, 1 - m), NULL);
+    if (t && ts_scope_status(sc) == TS_OK)
+        ts_scope_adopt(ts_add_(running, t), NULL);
     ts_no_grad_exit();
-    ts_tensor_unref(flat);
-    ts_tensor_unref(t);
-    return s;
 }
 
 static ts_status batchnorm_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
@@ -569,11 +564,9 @@ static ts_status batchnorm_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     ts_tensor *mean = NULL, *var = NULL, *xhat;
     if (m->training) {
         xhat = normalise(x, 3, dims, m->eps, &mean, &var);
-        if (ts_scope_status(sc) == TS_OK) /* the running variance is the unbiased one */
-            ts_scope_adopt(update_running(m->running_mean, mean, m->momentum, 1.0), NULL);
-        if (ts_scope_status(sc) == TS_OK)
-            ts_scope_adopt(update_running(m->running_var, var, m->momentum,
-                                          n > 1 ? (double)n / (double)(n - 1) : 1.0), NULL);
+        update_running(sc, m->running_mean, mean, m->momentum, 1.0);
+        update_running(sc, m->running_var, var, m->momentum, /* the unbiased variance */
+                       n > 1 ? (double)n / (double)(n - 1) : 1.0);
     } else {
         mean = ts_s_view(m->running_mean, 4, view);
         var = ts_s_view(m->running_var, 4, view);
@@ -735,13 +728,10 @@ static void collect(ts_module *m, const char *prefix, int buffers, ts_named_tens
         }
         return;
     }
-    if (buffers) {
-        add_named(out, cap, n, prefix, "running_mean", m->running_mean);
-        add_named(out, cap, n, prefix, "running_var", m->running_var);
-    } else {
-        add_named(out, cap, n, prefix, "weight", m->weight);
-        add_named(out, cap, n, prefix, "bias", m->bias);
-    }
+    add_named(out, cap, n, prefix, buffers ? "running_mean" : "weight",
+              buffers ? m->running_mean : m->weight);
+    add_named(out, cap, n, prefix, buffers ? "running_var" : "bias",
+              buffers ? m->running_var : m->bias);
 }
 
 TS_API size_t ts_module_parameters(ts_module *m, ts_named_tensor *out, size_t cap)
