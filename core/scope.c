@@ -225,6 +225,8 @@ TS_API ts_tensor *ts_s_softmax(const ts_tensor *x, int dim) { IN1(x); RUN(ts_sof
 TS_API ts_tensor *ts_s_log_softmax(const ts_tensor *x, int dim) { IN1(x); RUN(ts_log_softmax(x, dim, &o_)); }
 TS_API ts_tensor *ts_s_embedding(const ts_tensor *w, const ts_tensor *i) { IN2(w, i); RUN(ts_embedding(w, i, &o_)); }
 TS_API ts_tensor *ts_s_layer_norm(const ts_tensor *x, const ts_tensor *w, const ts_tensor *b, int nd, double eps) { IN1(x); RUN(ts_layer_norm(x, w, b, nd, eps, &o_)); }
+TS_API ts_tensor *ts_s_cross_entropy(const ts_tensor *l, const ts_tensor *t, int r) { IN2(l, t); RUN(ts_cross_entropy(l, t, r, &o_)); }
+TS_API ts_tensor *ts_s_mse_loss(const ts_tensor *i, const ts_tensor *t, int r) { IN2(i, t); RUN(ts_mse_loss(i, t, r, &o_)); }
 TS_API ts_tensor *ts_s_view(ts_tensor *t, int nd, const int64_t *shape) { IN1(t); RUN(ts_tensor_view(t, nd, shape, &o_)); }
 TS_API ts_tensor *ts_s_reshape(ts_tensor *t, int nd, const int64_t *shape) { IN1(t); RUN(ts_tensor_reshape(t, nd, shape, &o_)); }
 TS_API ts_tensor *ts_s_narrow(ts_tensor *t, int dim, int64_t start, int64_t len) { IN1(t); RUN(ts_tensor_narrow(t, dim, start, len, &o_)); }

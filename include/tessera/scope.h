@@ -79,6 +79,9 @@ ts_tensor *ts_s_log_softmax(const ts_tensor *x, int dim);
 ts_tensor *ts_s_embedding(const ts_tensor *weight, const ts_tensor *index);
 ts_tensor *ts_s_layer_norm(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
                            int ndim, double eps);
+/* Losses (tessera/autograd.h). */
+ts_tensor *ts_s_cross_entropy(const ts_tensor *logits, const ts_tensor *targets, int reduction);
+ts_tensor *ts_s_mse_loss(const ts_tensor *input, const ts_tensor *target, int reduction);
 /* Views (tessera/tensor.h). */
 ts_tensor *ts_s_view(ts_tensor *t, int ndim, const int64_t *shape);
 ts_tensor *ts_s_reshape(ts_tensor *t, int ndim, const int64_t *shape);

@@ -17,6 +17,7 @@
 #include <tessera/dist.h>
 #include <tessera/models.h>
 #include <tessera/scope.h>
+#include <tessera/train.h>
 
 #define TESSERA_VERSION_MAJOR 0
 #define TESSERA_VERSION_MINOR 1
