@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "device.h"
 #include "memtrace.h"
@@ -260,8 +261,14 @@ TS_API ts_status ts_device_pinned_alloc(ts_device *dev, size_t nbytes, const cha
 
 TS_API void ts_device_pinned_free(ts_device *dev, void *ptr)
 {
-    if (dev && dev->pinned && ptr)
-        ts__pool_free(dev->pinned, ptr);
+    if (!dev || !dev->pinned || !ptr)
+        return;
+    /* The pool hands the block out again at once: no upload may still be reading it. */
+    uint64_t t = atomic_load(&dev->last_upload);
+    if (t && ts_device_wait_copy(dev, t) != TS_OK)
+        ts__log(TS_LOG_WARN, "ts_device_pinned_free: waiting for the uploads from pinned memory "
+                "failed: %s", ts_last_error());
+    ts__pool_free(dev->pinned, ptr);
 }
 
 TS_API ts_status ts_device_pinned_stats(ts_device *dev, ts_memory_stats *stats)
@@ -298,6 +305,11 @@ TS_API ts_status ts_device_copy_from_pinned(ts_device *dev, void *dst, const voi
     if (s == TS_OK && *ticket == 0)
         return ts__fail(TS_EPLUGIN, "plugin '%s': copy_h2d_async returned ticket 0 (tickets "
                         "are > 0)", dev->name);
+    if (s == TS_OK) { /* tickets grow: keep the largest */
+        uint64_t last = atomic_load(&dev->last_upload);
+        while (last < *ticket && !atomic_compare_exchange_weak(&dev->last_upload, &last, *ticket))
+            ;
+    }
     return s;
 }
 

@@ -22,6 +22,7 @@ struct ts_device {
     ts_pool *pinned;        /* that pool, made on first use (ts__device_pinned_pool) */
     char *pinned_name;      /* "NAME pinned": its name in statistics and messages */
     struct ts_graph *capturing; /* the graph being recorded: frees are held for it */
+    _Atomic uint64_t last_upload; /* the last ts_device_copy_from_pinned ticket */
 };
 
 /* A recorded graph: the plugin's handle and the pool blocks freed while recording, kept out

@@ -27,14 +27,21 @@ static _Thread_local scope_stack *stack;
 static pthread_key_t stack_key;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 
+/* At thread exit: the tensors of scopes left open are released, then the lists. */
 static void stack_free(void *p)
 {
     scope_stack *st = p;
     if (!st)
         return;
+    while (st->depth > 0) {
+        ts_scope *sc = &st->s[--st->depth];
+        while (sc->n)
+            ts_tensor_unref(sc->items[--sc->n]);
+    }
     for (int i = 0; i < MAX_DEPTH; i++)
         free(st->s[i].items);
     free(st);
+    stack = NULL;
 }
 
 static void key_make(void)
@@ -71,10 +78,13 @@ TS_API ts_scope *ts_scope_begin(void)
 {
     scope_stack *st = this_stack();
     if (!st || st->depth == MAX_DEPTH) {
-        ts__fail(st ? TS_ESTATE : TS_ENOMEM,
-                 st ? "ts_scope_begin: %d scopes are open on this thread: end one first"
-                    : "ts_scope_begin: out of host memory",
-                 MAX_DEPTH);
+        ts_status s = ts__fail(st ? TS_ESTATE : TS_ENOMEM,
+                               st ? "ts_scope_begin: %d scopes are open on this thread: end one "
+                                    "first"
+                                  : "ts_scope_begin: out of host memory",
+                               MAX_DEPTH);
+        if (st) /* what was to run in the new scope must not run in the one below */
+            record(&st->s[MAX_DEPTH - 1], s);
         return NULL;
     }
     ts_scope *sc = &st->s[st->depth++];
@@ -133,7 +143,9 @@ TS_API ts_tensor *ts_scope_adopt(ts_status status, ts_tensor **tp)
         return NULL; /* a call that makes no tensor, and succeeded */
     if (status || !t) {
         ts_tensor_unref(t);
-        record(sc, status ? status : TS_EINVAL);
+        record(sc, status ? status
+                          : ts__fail(TS_EINVAL, "ts_scope_adopt: the call succeeded but made no "
+                                     "tensor (pass NULL for a call that makes none)"));
         return NULL;
     }
     if (sc->n == sc->cap) {

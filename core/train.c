@@ -54,6 +54,13 @@ TS_API ts_status ts_evaluate(ts_module *m, ts_tensor *x, ts_tensor *y, int64_t b
 {
     if (!m || !x || !y || !accuracy || batch < 0)
         return ts__fail(TS_EINVAL, "ts_evaluate: NULL argument or a negative batch size");
+    if (ts_tensor_ndim(x) < 1 || ts_tensor_ndim(y) < 1 ||
+        ts_tensor_shape(x)[0] != ts_tensor_shape(y)[0]) {
+        char bx[96], by[96];
+        return ts__fail(TS_ESHAPE, "ts_evaluate: inputs %s and labels %s must have the same "
+                        "number of rows", ts_tensor_describe(x, bx, sizeof bx),
+                        ts_tensor_describe(y, by, sizeof by));
+    }
     int64_t n = ts_tensor_shape(x)[0], correct = 0;
     if (batch == 0 || batch > n)
         batch = n > 0 ? n : 1;

@@ -102,6 +102,7 @@ ts_status ts_device_synchronize(ts_device *dev);
  * has no pinned memory (a GPU plugin without the host_alloc slot). (transfer full) on *ptr:
  * ts_device_pinned_free. */
 ts_status ts_device_pinned_alloc(ts_device *dev, size_t nbytes, const char *tag, void **ptr);
+/* Waits for the device's uploads from pinned memory first: the block is handed out again. */
 void ts_device_pinned_free(ts_device *dev, void *ptr);
 /* The pinned pool's statistics (in_use, reserved, cached, n_raw_alloc, ...); all zero with
  * valid = 0 when the device has no pinned memory. */
@@ -125,7 +126,9 @@ ts_status ts_device_wait_copy(ts_device *dev, uint64_t ticket);
  * rewrites before each replay, the loss it reads after) keep their places, and blocks freed
  * while recording stay out of the pool until ts_graph_free. So the recorded code must have
  * static shapes and must not read device data on the host (copies to the host fail while
- * recording; index range checks are skipped); bytes copied from the host while recording are
+ * recording; index range checks are skipped, and a replay ignores an out-of-range index of
+ * index_select / index_add rather than read or write outside the tensor); bytes copied from
+ * the host while recording are
  * replayed as they were then. One recording at a time per device; no other thread may use the
  * device meanwhile. */
 typedef struct ts_graph ts_graph;

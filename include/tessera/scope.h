@@ -29,8 +29,9 @@ extern "C" {
 
 typedef struct ts_scope ts_scope;
 
-/* Begins a scope on this thread. NULL only when 64 scopes are already open on it (then every
- * ts_s_* call fails until one ends); ts_scope_end(NULL) returns that failure. */
+/* Begins a scope on this thread. NULL only when 64 scopes are already open on it: the
+ * innermost open one then records the failure (its ts_s_* calls do nothing from there on), and
+ * ts_scope_end(NULL) returns it. A thread that exits with scopes open releases their tensors. */
 ts_scope *ts_scope_begin(void);
 /* Releases every tensor the scope owns (a kept reference stays valid) and returns its status:
  * TS_OK, or the first failure with its message. Ending a scope that is not the innermost ends

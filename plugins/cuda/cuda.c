@@ -68,8 +68,10 @@ static void cuda_mem_free(void *ctx, void *ptr, size_t nbytes)
     (void)nbytes;
     cuda_ctx *c = ctx;
     cudaError_t e;
+    /* While a graph is recorded nothing runs on the stream (graph_begin waited for it), and
+     * waiting on a capturing stream would break the recording. */
     if ((e = cudaSetDevice(c->device)) != cudaSuccess ||
-        (c->stream && (e = cudaStreamSynchronize(c->stream)) != cudaSuccess) ||
+        (c->stream && !c->rec && (e = cudaStreamSynchronize(c->stream)) != cudaSuccess) ||
         (e = cudaFree(ptr)) != cudaSuccess)
         c->host->log(c->host, TS_LOG_ERROR, "cudaFree of a pool segment failed: %s (%s)",
                      cudaGetErrorString(e), cudaGetErrorName(e));
@@ -442,7 +444,8 @@ static void cuda_host_free(void *ctx, void *ptr, size_t nbytes)
     cuda_ctx *c = ctx;
     cudaError_t e;
     if ((e = cudaSetDevice(c->device)) != cudaSuccess ||
-        (e = cudaStreamSynchronize(c->stream)) != cudaSuccess || (e = cudaFreeHost(ptr)))
+        (!c->rec && (e = cudaStreamSynchronize(c->stream)) != cudaSuccess) ||
+        (e = cudaFreeHost(ptr)))
         c->host->log(c->host, TS_LOG_ERROR, "cudaFreeHost of pinned memory failed: %s (%s)",
                      cudaGetErrorString(e), cudaGetErrorName(e));
 }

@@ -23,7 +23,8 @@ static void graph_release(cuda_ctx *c, cuda_graph *g)
     if (!g)
         return;
     cudaSetDevice(c->device);
-    cudaStreamSynchronize(c->stream);
+    if (!c->rec) /* replays in flight; none can be while another graph is recorded */
+        cudaStreamSynchronize(c->stream);
     if (g->exec)
         cudaGraphExecDestroy(g->exec);
     for (size_t i = 0; i < g->nbufs; i++)
@@ -41,7 +42,11 @@ ts_status cuda_graph_begin(void *ctx)
     if (!g)
         return c->host->fail(c->host, TS_ENOMEM, "out of host memory for a graph");
     CU_CHECK(c, cudaSetDevice(c->device));
-    cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed);
+    /* Nothing queued before may still run while recording: frees during the recording (the
+     * pool trimming its cache) cannot wait on the capturing stream. */
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed);
     if (e != cudaSuccess) {
         free(g);
         return cuda_fail_cu(c, "cudaStreamBeginCapture", e);
@@ -59,10 +64,9 @@ ts_status cuda_graph_end(void *ctx, void **graph)
         return c->host->fail(c->host, TS_ESTATE, "not recording a graph");
     c->rec = NULL;
     cudaGraph_t raw = NULL;
-    cudaError_t e = cudaSetDevice(c->device);
+    cudaSetDevice(c->device);
     const char *what = "cudaStreamEndCapture";
-    if (e == cudaSuccess)
-        e = cudaStreamEndCapture(c->stream, &raw);
+    cudaError_t e = cudaStreamEndCapture(c->stream, &raw); /* whatever else failed */
     if (e == cudaSuccess) {
         what = "cudaGraphInstantiate";
         e = cudaGraphInstantiate(&g->exec, raw, 0);

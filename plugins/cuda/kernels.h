@@ -114,6 +114,8 @@ typedef struct cu_index_arg {
     const char *ix;
     int32_t ix_dtype;
     int64_t ix_stride;
+    int64_t bound; /* the indexed dim's size: an index outside [0, bound) is skipped (the host
+                    * checks first, except in a recorded graph, where nothing may be read) */
 } cu_index_arg;
 cudaError_t cu_index(cudaStream_t st, const cu_index_arg *a);
 

@@ -69,6 +69,8 @@ template <typename T> __global__ void k_index(cu_index_arg a, int64_t n)
             soff += c * a.src_strides[d];
         }
         int64_t j = load_index(a.ix, a.ix_dtype, i * a.ix_stride);
+        if (j < 0 || j >= a.bound)
+            continue;
         if (a.add)
             atomic_add((T *)a.dst + doff + j * a.dst_strides[a.dim],
                        ((const T *)a.src)[soff + i * a.src_strides[a.dim]]);

@@ -446,6 +446,7 @@ static ts_status run_index(cuda_ctx *c, const ts_kernel_call *call)
     a.ix = cuda_elem0(ix);
     a.ix_dtype = ix->dtype;
     a.ix_stride = ix->strides[0];
+    a.bound = size;
     LAUNCH(c, cu_index(c->stream, &a));
     return TS_OK;
 }

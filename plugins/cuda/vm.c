@@ -127,7 +127,7 @@ ts_status cuda_vm_reserve(void *ctx, size_t nbytes, void **base)
 static void unmap_range(cuda_ctx *c, char *addr, size_t nbytes)
 {
     cudaSetDevice(c->device);
-    if (c->stream)
+    if (c->stream && !c->rec) /* recording: nothing runs (graph_begin waited) */
         cudaStreamSynchronize(c->stream);
     for (size_t off = 0; off < nbytes; off += c->vm_granule) {
         CUresult r = api.cuMemUnmap_p((CUdeviceptr)(uintptr_t)(addr + off), c->vm_granule);

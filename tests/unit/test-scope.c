@@ -151,6 +151,9 @@ static void test_depth_limit(void)
         CHECK((sc[i] = ts_scope_begin()) != NULL);
     CHECK(ts_scope_begin() == NULL);
     CHECK(strstr(ts_last_error(), "64 scopes") != NULL);
+    CHECK_INT_EQ(ts_scope_status(sc[63]), TS_ESTATE); /* nothing runs in the one below */
+    CHECK_FAILS(ts_scope_end(sc[63]), TS_ESTATE, "64 scopes");
+    CHECK((sc[63] = ts_scope_begin()) != NULL);
     CHECK_FAILS(ts_scope_end(NULL), TS_ESTATE, "no scope");
     CHECK_OK(ts_scope_end(sc[0]));
     CHECK((sc[0] = ts_scope_begin()) != NULL);

@@ -149,6 +149,10 @@ static void test_mse_and_errors(void)
     CHECK_FAILS(ts_train_epoch(m, l, o, TS_LOSS_CROSS_ENTROPY, NULL), TS_EDTYPE, "cross");
     double acc;
     CHECK_FAILS(ts_evaluate(m, x, y, -1, &acc), TS_EINVAL, "negative");
+    ts_tensor *few;
+    CHECK_OK(ts_tensor_narrow(y, 0, 0, N - 1, &few));
+    CHECK_FAILS(ts_evaluate(m, x, few, 0, &acc), TS_ESHAPE, "same number of rows");
+    ts_tensor_unref(few);
     ts_loader_free(l), ts_optim_free(o), ts_module_free(m);
     ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(t);
     tap_end();
