@@ -128,9 +128,8 @@ ts_status ts_device_wait_copy(ts_device *dev, uint64_t ticket);
  * static shapes and must not read device data on the host (copies to the host fail while
  * recording; index range checks are skipped, and a replay ignores an out-of-range index of
  * index_select / index_add rather than read or write outside the tensor); bytes copied from
- * the host while recording are
- * replayed as they were then. One recording at a time per device; no other thread may use the
- * device meanwhile. */
+ * the host while recording are replayed as they were then. One recording at a time per
+ * device; no other thread may use the device meanwhile. */
 typedef struct ts_graph ts_graph;
 /* Non-zero if the device's plugin can record graphs (the cuda plugin). */
 int ts_device_can_capture(const ts_device *dev);
