@@ -261,98 +261,58 @@ TS_API void ts_optim_zero_grad(ts_optim *o)
 
 /* ---- the updates, composed --------------------------------------------------------------- */
 
-#define TRY(expr)                                                                           \
-    do {                                                                                    \
-        if ((s = (expr)))                                                                   \
-            goto out;                                                                       \
-    } while (0)
+/* In scope sc, an op that updates in place: run while the scope is fine, a failure recorded. */
+#define INPLACE(sc, call)                                                                   \
+    (ts_scope_status(sc) == TS_OK ? (void)ts_scope_adopt((call), NULL) : (void)0)
 
+/* p -= lr d, where d = g + wd p, through the momentum buffer: buf = momentum buf +
+ * (1 - dampening) d (d itself at the first step), then d = buf, or d + momentum buf with
+ * Nesterov. */
 static ts_status sgd_composed(const ts_sgd_options *o, slot *sl, ts_tensor *g, int first)
 {
-    ts_tensor *d = ts_tensor_ref(g), *t = NULL;
-    ts_status s = TS_OK;
-    if (o->weight_decay != 0) {
-        TRY(ts_mul_scalar(sl->param, o->weight_decay, &t));
-        ts_tensor *d2;
-        TRY(ts_add(d, t, &d2));
-        ts_tensor_unref(d);
-        d = d2;
-        ts_tensor_unref(t);
-        t = NULL;
-    }
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *d = g, *buf = sl->state[0], *t;
+    if (o->weight_decay != 0)
+        d = ts_s_add(d, ts_s_mul_scalar(sl->param, o->weight_decay));
     if (o->momentum != 0) {
-        ts_tensor *buf = sl->state[0];
-        if (first) {
-            TRY(ts_copy_(buf, d));
+        if (first && d) {
+            INPLACE(sc, ts_copy_(buf, d));
         } else {
-            TRY(ts_mul_scalar_(buf, o->momentum));
-            TRY(ts_mul_scalar(d, 1 - o->dampening, &t));
-            TRY(ts_add_(buf, t));
-            ts_tensor_unref(t);
-            t = NULL;
+            INPLACE(sc, ts_mul_scalar_(buf, o->momentum));
+            if ((t = ts_s_mul_scalar(d, 1 - o->dampening)))
+                INPLACE(sc, ts_add_(buf, t));
         }
-        if (o->nesterov) {
-            TRY(ts_mul_scalar(buf, o->momentum, &t));
-            ts_tensor *d2;
-            TRY(ts_add(d, t, &d2));
-            ts_tensor_unref(d);
-            d = d2;
-            ts_tensor_unref(t);
-            t = NULL;
-        } else {
-            ts_tensor_unref(d);
-            d = ts_tensor_ref(buf);
-        }
+        d = o->nesterov ? ts_s_add(d, ts_s_mul_scalar(buf, o->momentum)) : buf;
     }
-    TRY(ts_mul_scalar(d, o->lr, &t));
-    s = ts_sub_(sl->param, t);
-out:
-    ts_tensor_unref(d);
-    ts_tensor_unref(t);
-    return s;
+    if ((t = ts_s_mul_scalar(d, o->lr)))
+        INPLACE(sc, ts_sub_(sl->param, t));
+    return ts_scope_end(sc);
 }
 
+/* m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+ * p -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps), with weight decay added to
+ * g (Adam) or taken from p first (AdamW, decoupled). */
 static ts_status adam_composed(const ts_adam_options *o, int decoupled, int64_t step, slot *sl,
                                ts_tensor *g)
 {
-    ts_tensor *gw = ts_tensor_ref(g), *t = NULL, *d = NULL;
-    ts_tensor *m = sl->state[0], *v = sl->state[1];
-    ts_status s = TS_OK;
-    if (decoupled) {
-        TRY(ts_mul_scalar_(sl->param, 1 - o->lr * o->weight_decay));
-    } else if (o->weight_decay != 0) {
-        TRY(ts_mul_scalar(sl->param, o->weight_decay, &t));
-        ts_tensor *g2;
-        TRY(ts_add(gw, t, &g2));
-        ts_tensor_unref(gw);
-        gw = g2;
-        ts_tensor_unref(t);
-        t = NULL;
-    }
-    TRY(ts_mul_scalar_(m, o->beta1));
-    TRY(ts_mul_scalar(gw, 1 - o->beta1, &t));
-    TRY(ts_add_(m, t));
-    ts_tensor_unref(t);
-    t = NULL;
-    TRY(ts_mul_scalar_(v, o->beta2));
-    TRY(ts_mul(gw, gw, &t));
-    TRY(ts_mul_scalar_(t, 1 - o->beta2));
-    TRY(ts_add_(v, t));
-    ts_tensor_unref(t);
-    t = NULL;
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *m = sl->state[0], *v = sl->state[1], *gw = g, *t;
+    if (decoupled)
+        INPLACE(sc, ts_mul_scalar_(sl->param, 1 - o->lr * o->weight_decay));
+    else if (o->weight_decay != 0)
+        gw = ts_s_add(gw, ts_s_mul_scalar(sl->param, o->weight_decay));
+    INPLACE(sc, ts_mul_scalar_(m, o->beta1));
+    if ((t = ts_s_mul_scalar(gw, 1 - o->beta1)))
+        INPLACE(sc, ts_add_(m, t));
+    INPLACE(sc, ts_mul_scalar_(v, o->beta2));
+    if ((t = ts_s_mul_scalar(ts_s_mul(gw, gw), 1 - o->beta2)))
+        INPLACE(sc, ts_add_(v, t));
     double inv_bc2 = 1 / sqrt(1 - pow(o->beta2, (double)step));
     double step_size = o->lr / (1 - pow(o->beta1, (double)step));
-    TRY(ts_sqrt(v, &d));
-    TRY(ts_mul_scalar_(d, inv_bc2));
-    TRY(ts_add_scalar_(d, o->eps));
-    TRY(ts_div(m, d, &t));
-    TRY(ts_mul_scalar_(t, step_size));
-    s = ts_sub_(sl->param, t);
-out:
-    ts_tensor_unref(gw);
-    ts_tensor_unref(t);
-    ts_tensor_unref(d);
-    return s;
+    ts_tensor *den = ts_s_add_scalar(ts_s_mul_scalar(ts_s_sqrt(v), inv_bc2), o->eps);
+    if ((t = ts_s_mul_scalar(ts_s_div(m, den), step_size)))
+        INPLACE(sc, ts_sub_(sl->param, t));
+    return ts_scope_end(sc);
 }
 
 /* ---- step -------------------------------------------------------------------------------- */
