@@ -8,20 +8,19 @@
 
 #include "internal.h"
 
-/* out = the per-element loss reduced per reduction; takes over per. */
-static ts_status reduce_loss(const char *what, ts_tensor *per, int reduction, ts_tensor **out)
+/* The per-element loss reduced per reduction, in the current scope. */
+static ts_tensor *s_reduce(ts_tensor *per, int reduction)
 {
-    ts_status s;
-    if (reduction == TS_REDUCTION_NONE) {
-        *out = per;
-        return TS_OK;
-    }
-    s = reduction == TS_REDUCTION_MEAN ? ts_mean(per, 0, NULL, 0, out)
-                                       : ts_sum(per, 0, NULL, 0, out);
-    ts_tensor_unref(per);
-    if (s)
-        ts__fail_prefix(s, "%s: ", what);
-    return s;
+    return reduction == TS_REDUCTION_NONE   ? per
+           : reduction == TS_REDUCTION_MEAN ? ts_s_mean(per, 0, NULL, 0)
+                                            : ts_s_sum(per, 0, NULL, 0);
+}
+
+/* Ends a loss's scope with r in *out; a failure is named by the loss. */
+static ts_status loss_return(const char *what, ts_scope *sc, ts_tensor *r, ts_tensor **out)
+{
+    ts_status s = ts_scope_return(sc, r, out);
+    return s ? ts__fail_prefix(s, "%s: ", what) : TS_OK;
 }
 
 /* Both float, the same dtype, device and shape. */
@@ -46,12 +45,6 @@ static ts_status same_float_pair(const char *what, const ts_tensor *a, const ts_
     return TS_OK;
 }
 
-#define TRY(call)                                                                           \
-    do {                                                                                    \
-        if ((s = (call)))                                                                   \
-            goto out;                                                                       \
-    } while (0)
-
 TS_API ts_status ts_mse_loss(const ts_tensor *input, const ts_tensor *target, int reduction,
                              ts_tensor **out)
 {
@@ -59,21 +52,13 @@ TS_API ts_status ts_mse_loss(const ts_tensor *input, const ts_tensor *target, in
         return ts__fail(TS_EINVAL, "mse_loss: out is NULL");
     *out = NULL;
     ts_status s = same_float_pair("mse_loss", input, target, reduction);
-    ts_tensor *d = NULL, *sq = NULL;
     if (s)
         return s;
-    TRY(ts_sub(input, target, &d));
-    TRY(ts_mul(d, d, &sq));
-    s = reduce_loss("mse_loss", sq, reduction, out);
-    sq = NULL;
-out:
-    ts_tensor_unref(d);
-    ts_tensor_unref(sq);
-    return s;
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *d = ts_s_sub(input, target); /* (input - target)^2 */
+    return loss_return("mse_loss", sc, s_reduce(ts_s_mul(d, d), reduction), out);
 }
 
-/* softplus(x) - x y, softplus(x) = max(x, 0) + log(1 + exp(-|x|)): no overflow for any x, and
- * at x = 0 the gradient is sigmoid(0) - y = 0.5 - y (max splits a tie, |x|' is 0 at 0). */
 TS_API ts_status ts_bce_with_logits(const ts_tensor *logits, const ts_tensor *target,
                                     int reduction, ts_tensor **out)
 {
@@ -81,27 +66,17 @@ TS_API ts_status ts_bce_with_logits(const ts_tensor *logits, const ts_tensor *ta
         return ts__fail(TS_EINVAL, "bce_with_logits: out is NULL");
     *out = NULL;
     ts_status s = same_float_pair("bce_with_logits", logits, target, reduction);
-    ts_tensor *pos = NULL, *ab = NULL, *nab = NULL, *e = NULL, *e1 = NULL, *l = NULL,
-              *sp = NULL, *xy = NULL, *per = NULL;
     if (s)
         return s;
-    /* out of place throughout: exp's backward reads its output */
-    TRY(ts_binary_scalar(TS_BINARY_MAXIMUM, logits, 0.0, 0, &pos));
-    TRY(ts_abs(logits, &ab));
-    TRY(ts_neg(ab, &nab));
-    TRY(ts_exp(nab, &e));
-    TRY(ts_add_scalar(e, 1.0, &e1));
-    TRY(ts_log(e1, &l));
-    TRY(ts_add(pos, l, &sp));
-    TRY(ts_mul(logits, target, &xy));
-    TRY(ts_sub(sp, xy, &per));
-    s = reduce_loss("bce_with_logits", per, reduction, out);
-    per = NULL;
-out:
-    ts_tensor_unref(pos), ts_tensor_unref(ab), ts_tensor_unref(nab), ts_tensor_unref(e);
-    ts_tensor_unref(e1), ts_tensor_unref(l);
-    ts_tensor_unref(sp), ts_tensor_unref(xy), ts_tensor_unref(per);
-    return s;
+    /* softplus(x) - x y, softplus(x) = max(x, 0) + log(1 + exp(-|x|)); one statement per use
+     * of x, so its gradients accumulate in a fixed order; out of place throughout (exp's
+     * backward reads its output) */
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *pos = ts_s_binary_scalar(TS_BINARY_MAXIMUM, logits, 0.0, 0);
+    ts_tensor *l = ts_s_log(ts_s_add_scalar(ts_s_exp(ts_s_neg(ts_s_abs(logits))), 1.0));
+    ts_tensor *sp = ts_s_add(pos, l);
+    ts_tensor *per = ts_s_sub(sp, ts_s_mul(logits, target));
+    return loss_return("bce_with_logits", sc, s_reduce(per, reduction), out);
 }
 
 TS_API ts_status ts_nll_loss(const ts_tensor *logp, const ts_tensor *targets, int reduction,
@@ -126,36 +101,26 @@ TS_API ts_status ts_nll_loss(const ts_tensor *logp, const ts_tensor *targets, in
                         "%s (N)", ts__shape_str(logp->ndim, logp->shape, b1, sizeof b1),
                         ts__shape_str(targets->ndim, targets->shape, b2, sizeof b2));
     const int64_t n = logp->shape[0], c = logp->shape[1];
-    ts_status s = TS_OK;
-    ts_tensor *t64 = NULL, *col = NULL, *cls = NULL, *hit = NULL, *mask = NULL, *pick = NULL,
-              *row = NULL, *per = NULL;
     /* every target a class: checked on the host (N indices) before anything is computed */
     int64_t *tv = malloc(sizeof *tv * (size_t)(n ? n : 1));
     if (!tv)
         return ts__fail(TS_ENOMEM, "nll_loss: out of host memory");
-    TRY(ts_cast(targets, TS_I64, &t64));
-    TRY(ts_tensor_to_host(t64, tv, sizeof *tv * (size_t)n));
-    for (int64_t i = 0; i < n; i++)
-        if (tv[i] < 0 || tv[i] >= c) {
-            s = ts__fail(TS_EINVAL, "nll_loss: target %lld of row %lld is not a class in [0, "
-                         "%lld)", (long long)tv[i], (long long)i, (long long)c);
-            goto out;
-        }
-    /* -logp[i, t_i] as the row sums of logp masked by one-hot rows */
-    TRY(ts_tensor_unsqueeze(t64, 1, &col)); /* (N, 1) */
-    TRY(ts_tensor_arange(logp->storage->dev, TS_I64, 0, (double)c, 1, &cls)); /* (C) */
-    TRY(ts_eq(col, cls, &hit));                                               /* (N, C) */
-    TRY(ts_cast(hit, logp->dtype, &mask));
-    TRY(ts_mul(logp, mask, &pick));
-    TRY(ts_sum(pick, 1, (const int[]){1}, 0, &row));
-    TRY(ts_neg(row, &per));
-    s = reduce_loss("nll_loss", per, reduction, out);
-    per = NULL;
-out:
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *t64 = ts_s_cast(targets, TS_I64), *t;
+    if (t64)
+        ts_scope_adopt(ts_tensor_to_host(t64, tv, sizeof *tv * (size_t)n), NULL);
+    for (int64_t i = 0; ts_scope_status(sc) == TS_OK && i < n; i++)
+        if (tv[i] < 0 || tv[i] >= c)
+            ts_scope_adopt(ts__fail(TS_EINVAL, "target %lld of row %lld is not a class in [0, "
+                                    "%lld)", (long long)tv[i], (long long)i, (long long)c),
+                           NULL);
     free(tv);
-    ts_tensor_unref(t64), ts_tensor_unref(col), ts_tensor_unref(cls), ts_tensor_unref(hit);
-    ts_tensor_unref(mask), ts_tensor_unref(pick), ts_tensor_unref(row), ts_tensor_unref(per);
-    return s;
+    /* -logp[i, t_i]: the row sums of logp masked by one-hot rows */
+    ts_tensor *cls = (t = NULL, ts_scope_adopt(ts_tensor_arange(logp->storage->dev, TS_I64, 0,
+                                                                (double)c, 1, &t), &t));
+    ts_tensor *hit = (t = NULL, ts_scope_adopt(ts_eq(ts_s_unsqueeze(t64, 1), cls, &t), &t));
+    ts_tensor *row = ts_s_sum(ts_s_mul(logp, ts_s_cast(hit, logp->dtype)), 1, (const int[]){1}, 0);
+    return loss_return("nll_loss", sc, s_reduce(ts_s_neg(row), reduction), out);
 }
 
 TS_API ts_status ts_tensor_item(const ts_tensor *t, double *value)

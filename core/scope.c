@@ -220,6 +220,7 @@ TS_API ts_tensor *ts_s_add_scalar(const ts_tensor *x, double s) { IN1(x); RUN(ts
 TS_API ts_tensor *ts_s_mul_scalar(const ts_tensor *x, double s) { IN1(x); RUN(ts_mul_scalar(x, s, &o_)); }
 TS_API ts_tensor *ts_s_pow_scalar(const ts_tensor *x, double s) { IN1(x); RUN(ts_pow_scalar(x, s, &o_)); }
 TS_API ts_tensor *ts_s_neg(const ts_tensor *x) { IN1(x); RUN(ts_neg(x, &o_)); }
+TS_API ts_tensor *ts_s_abs(const ts_tensor *x) { IN1(x); RUN(ts_abs(x, &o_)); }
 TS_API ts_tensor *ts_s_exp(const ts_tensor *x) { IN1(x); RUN(ts_exp(x, &o_)); }
 TS_API ts_tensor *ts_s_log(const ts_tensor *x) { IN1(x); RUN(ts_log(x, &o_)); }
 TS_API ts_tensor *ts_s_sqrt(const ts_tensor *x) { IN1(x); RUN(ts_sqrt(x, &o_)); }

@@ -61,6 +61,7 @@ ts_tensor *ts_s_add_scalar(const ts_tensor *x, double s);
 ts_tensor *ts_s_mul_scalar(const ts_tensor *x, double s);
 ts_tensor *ts_s_pow_scalar(const ts_tensor *x, double s);
 ts_tensor *ts_s_neg(const ts_tensor *x);
+ts_tensor *ts_s_abs(const ts_tensor *x);
 ts_tensor *ts_s_exp(const ts_tensor *x);
 ts_tensor *ts_s_log(const ts_tensor *x);
 ts_tensor *ts_s_sqrt(const ts_tensor *x);
