@@ -244,6 +244,7 @@ TS_API ts_tensor *ts_s_view(ts_tensor *t, int nd, const int64_t *shape) { IN1(t)
 TS_API ts_tensor *ts_s_reshape(ts_tensor *t, int nd, const int64_t *shape) { IN1(t); RUN(ts_tensor_reshape(t, nd, shape, &o_)); }
 TS_API ts_tensor *ts_s_narrow(ts_tensor *t, int dim, int64_t start, int64_t len) { IN1(t); RUN(ts_tensor_narrow(t, dim, start, len, &o_)); }
 TS_API ts_tensor *ts_s_transpose(ts_tensor *t, int d0, int d1) { IN1(t); RUN(ts_tensor_transpose(t, d0, d1, &o_)); }
+TS_API ts_tensor *ts_s_permute(ts_tensor *t, const int *dims) { IN1(t); RUN(ts_tensor_permute(t, dims, &o_)); }
 TS_API ts_tensor *ts_s_contiguous(ts_tensor *t) { IN1(t); RUN(ts_tensor_contiguous(t, &o_)); }
 TS_API ts_tensor *ts_s_unsqueeze(ts_tensor *t, int dim) { IN1(t); RUN(ts_tensor_unsqueeze(t, dim, &o_)); }
 TS_API ts_tensor *ts_s_expand(ts_tensor *t, int nd, const int64_t *shape) { IN1(t); RUN(ts_tensor_expand(t, nd, shape, &o_)); }

@@ -26,11 +26,6 @@ static void free_state(void *u)
     free(st);
 }
 
-#define TRY(x)                                                                              \
-    do {                                                                                    \
-        if ((s = (x)))                                                                      \
-            goto out;                                                                       \
-    } while (0)
 
 static ts_module *child(ts_module *m, const char *name)
 {
@@ -287,45 +282,33 @@ TS_API ts_status ts_gpt_cache_new(ts_module *gpt, ts_gpt_cache **out)
 
 /* One position of attention for layer l: x (1, C) -> (1, C), the key and value of this
  * position stored in the cache first. */
+/* A status-API call that makes *t, in the current scope. */
+#define SCOPED(call, t) (t = NULL, ts_scope_adopt((call), &t))
+
+/* One position of one layer's attention: its key and value into the cache, then attention of
+ * its query over the n positions cached so far (no mask: there is nothing after it). */
 static ts_status attn_step(ts_module *attn, const ts_gpt_config *cfg, ts_gpt_cache *c,
                            int64_t l, ts_tensor *x, ts_tensor **y)
 {
     const int64_t C = cfg->embd, H = cfg->heads, hd = C / H, n = c->pos + 1;
-    ts_tensor *qkv = NULL, *q = NULL, *k = NULL, *v = NULL, *krow = NULL, *vrow = NULL;
-    ts_tensor *keys = NULL, *vals = NULL, *qh = NULL, *kh = NULL, *kt = NULL, *vh = NULL;
-    ts_tensor *vt = NULL, *att = NULL, *sc = NULL, *p = NULL, *oh = NULL, *o = NULL;
-    ts_tensor *oc = NULL, *o2 = NULL;
-    ts_status s;
-    TRY(ts_module_forward(ts_module_child(attn, "c_attn"), x, &qkv));
-    TRY(ts_tensor_narrow(qkv, 1, 0, C, &q));
-    TRY(ts_tensor_narrow(qkv, 1, C, C, &k));
-    TRY(ts_tensor_narrow(qkv, 1, 2 * C, C, &v));
-    TRY(ts_tensor_narrow(c->k[l], 0, c->pos, 1, &krow));
-    TRY(ts_tensor_narrow(c->v[l], 0, c->pos, 1, &vrow));
-    TRY(ts_copy_(krow, k));
-    TRY(ts_copy_(vrow, v));
-    TRY(ts_tensor_narrow(c->k[l], 0, 0, n, &keys)); /* (n, C) */
-    TRY(ts_tensor_narrow(c->v[l], 0, 0, n, &vals));
-    TRY(ts_tensor_view(q, 3, (const int64_t[]){H, 1, hd}, &qh));       /* (H, 1, hd) */
-    TRY(ts_tensor_view(keys, 3, (const int64_t[]){n, H, hd}, &kh));    /* (n, H, hd) */
-    TRY(ts_tensor_permute(kh, (const int[]){1, 2, 0}, &kt));          /* (H, hd, n) */
-    TRY(ts_tensor_view(vals, 3, (const int64_t[]){n, H, hd}, &vh));
-    TRY(ts_tensor_transpose(vh, 0, 1, &vt));                          /* (H, n, hd) */
-    TRY(ts_matmul(qh, kt, &att));                                     /* (H, 1, n) */
-    TRY(ts_mul_scalar(att, 1.0 / sqrt((double)hd), &sc));
-    TRY(ts_softmax(sc, 2, &p));  /* only positions <= this one are in the cache: no mask */
-    TRY(ts_matmul(p, vt, &oh));                                       /* (H, 1, hd) */
-    TRY(ts_tensor_transpose(oh, 0, 1, &o));                           /* (1, H, hd) */
-    TRY(ts_tensor_contiguous(o, &oc));
-    TRY(ts_tensor_view(oc, 2, (const int64_t[]){1, C}, &o2));
-    s = ts_module_forward(ts_module_child(attn, "c_proj"), o2, y);
-out:
-    ts_tensor_unref(qkv), ts_tensor_unref(q), ts_tensor_unref(k), ts_tensor_unref(v);
-    ts_tensor_unref(krow), ts_tensor_unref(vrow), ts_tensor_unref(keys), ts_tensor_unref(vals);
-    ts_tensor_unref(qh), ts_tensor_unref(kh), ts_tensor_unref(kt), ts_tensor_unref(vh);
-    ts_tensor_unref(vt), ts_tensor_unref(att), ts_tensor_unref(sc), ts_tensor_unref(p);
-    ts_tensor_unref(oh), ts_tensor_unref(o), ts_tensor_unref(oc), ts_tensor_unref(o2);
-    return s;
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *qkv = ts_s_forward(ts_module_child(attn, "c_attn"), x);
+    ts_tensor *q = ts_s_narrow(qkv, 1, 0, C), *k = ts_s_narrow(qkv, 1, C, C);
+    ts_tensor *v = ts_s_narrow(qkv, 1, 2 * C, C);
+    ts_tensor *krow = ts_s_narrow(c->k[l], 0, c->pos, 1), *vrow = ts_s_narrow(c->v[l], 0, c->pos, 1);
+    if (krow && vrow && k && v) { /* this position's key and value into the cache */
+        ts_scope_adopt(ts_copy_(krow, k), NULL);
+        if (ts_scope_status(sc) == TS_OK)
+            ts_scope_adopt(ts_copy_(vrow, v), NULL);
+    }
+    ts_tensor *keys = ts_s_view(ts_s_narrow(c->k[l], 0, 0, n), 3, (const int64_t[]){n, H, hd});
+    ts_tensor *vals = ts_s_view(ts_s_narrow(c->v[l], 0, 0, n), 3, (const int64_t[]){n, H, hd});
+    ts_tensor *kt = ts_s_permute(keys, (const int[]){1, 2, 0}), *vt = ts_s_transpose(vals, 0, 1);
+    ts_tensor *qh = ts_s_view(q, 3, (const int64_t[]){H, 1, hd});
+    ts_tensor *att = ts_s_mul_scalar(ts_s_matmul(qh, kt), 1.0 / sqrt((double)hd)); /* (H, 1, n) */
+    ts_tensor *o = ts_s_transpose(ts_s_matmul(ts_s_softmax(att, 2), vt), 0, 1);    /* (1, H, hd) */
+    o = ts_s_view(ts_s_contiguous(o), 2, (const int64_t[]){1, C});
+    return ts_scope_return(sc, ts_s_forward(ts_module_child(attn, "c_proj"), o), y);
 }
 
 TS_API ts_status ts_gpt_cache_step(ts_module *gpt, ts_gpt_cache *c, int64_t token,
@@ -341,55 +324,36 @@ TS_API ts_status ts_gpt_cache_step(ts_module *gpt, ts_gpt_cache *c, int64_t toke
     if (token < 0 || token >= cfg->vocab)
         return ts_fail(TS_EINVAL, "gpt step: token %lld is outside the vocabulary of %lld",
                        (long long)token, (long long)cfg->vocab);
-    ts_module *tr = ts_module_child(gpt, "transformer"), *h = ts_module_child(tr, "h");
+    ts_module *tr = child(gpt, "transformer"), *h = child(tr, "h");
     ts_device *dev = ts_tensor_device(ts_module_param(gpt, "lm_head_weight"));
-    ts_tensor *tok_id = NULL, *pos_id = NULL, *te = NULL, *pe = NULL, *x = NULL, *wt = NULL;
-    ts_status s;
     ts_module_train(gpt, 0);
     ts_no_grad_enter();
-    TRY(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){1}, &token, &tok_id));
-    TRY(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){1}, &c->pos, &pos_id));
-    TRY(ts_module_forward(ts_module_child(tr, "wte"), tok_id, &te)); /* (1, C) */
-    TRY(ts_module_forward(ts_module_child(tr, "wpe"), pos_id, &pe));
-    TRY(ts_add(te, pe, &x));
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *t;
+    ts_tensor *tok_id = SCOPED(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){1}, &token,
+                                                   &t), t);
+    ts_tensor *pos_id = SCOPED(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){1},
+                                                   &c->pos, &t), t);
+    ts_tensor *te = ts_s_forward(child(tr, "wte"), tok_id); /* (1, C) */
+    ts_tensor *x = ts_s_add(te, ts_s_forward(child(tr, "wpe"), pos_id));
     for (int64_t l = 0; l < cfg->layers; l++) {
         char name[24];
         snprintf(name, sizeof name, "%lld", (long long)l);
-        ts_module *blk = ts_module_child(h, name);
-        ts_tensor *a = NULL, *b = NULL, *x1 = NULL, *m = NULL, *d = NULL;
-        s = ts_module_forward(ts_module_child(blk, "ln_1"), x, &a);
-        if (!s)
-            s = attn_step(ts_module_child(blk, "attn"), cfg, c, l, a, &b);
-        if (!s)
-            s = ts_add(x, b, &x1);
-        if (!s)
-            s = ts_module_forward(ts_module_child(blk, "ln_2"), x1, &m);
-        if (!s)
-            s = ts_module_forward(ts_module_child(blk, "mlp"), m, &d);
-        ts_tensor_unref(x);
-        x = NULL;
-        if (!s)
-            s = ts_add(x1, d, &x);
-        ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(x1), ts_tensor_unref(m);
-        ts_tensor_unref(d);
-        if (s)
-            goto out;
+        ts_module *blk = child(h, name);
+        ts_tensor *a = ts_s_forward(child(blk, "ln_1"), x), *b = NULL;
+        if (a)
+            b = SCOPED(attn_step(child(blk, "attn"), cfg, c, l, a, &t), t);
+        x = ts_s_add(x, b);
+        x = ts_s_add(x, ts_s_forward(child(blk, "mlp"), ts_s_forward(child(blk, "ln_2"), x)));
     }
-    ts_tensor *xf = NULL;
-    TRY(ts_module_forward(ts_module_child(tr, "ln_f"), x, &xf));
-    ts_tensor_unref(x);
-    x = xf;
-    TRY(ts_tensor_transpose(ts_module_param(gpt, "lm_head_weight"), 0, 1, &wt));
-    TRY(ts_matmul(x, wt, logits)); /* (1, vocab) */
-    c->pos++;
-out:
+    x = ts_s_forward(child(tr, "ln_f"), x);
+    ts_tensor *wt = ts_s_transpose(ts_module_param(gpt, "lm_head_weight"), 0, 1);
+    ts_status s = ts_scope_return(sc, ts_s_matmul(x, wt), logits); /* (1, vocab) */
+    if (s == TS_OK)
+        c->pos++;
     ts_no_grad_exit();
-    ts_tensor_unref(tok_id), ts_tensor_unref(pos_id), ts_tensor_unref(te), ts_tensor_unref(pe);
-    ts_tensor_unref(x), ts_tensor_unref(wt);
     return s;
 }
-
-/* ---- sizes ----------------------------------------------------------- */
 
 TS_API double ts_gpt_params(const ts_gpt_config *c)
 {

@@ -89,6 +89,7 @@ ts_tensor *ts_s_view(ts_tensor *t, int ndim, const int64_t *shape);
 ts_tensor *ts_s_reshape(ts_tensor *t, int ndim, const int64_t *shape);
 ts_tensor *ts_s_narrow(ts_tensor *t, int dim, int64_t start, int64_t length);
 ts_tensor *ts_s_transpose(ts_tensor *t, int dim0, int dim1);
+ts_tensor *ts_s_permute(ts_tensor *t, const int *dims);
 ts_tensor *ts_s_contiguous(ts_tensor *t);
 ts_tensor *ts_s_unsqueeze(ts_tensor *t, int dim);
 ts_tensor *ts_s_expand(ts_tensor *t, int ndim, const int64_t *shape);
