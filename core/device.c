@@ -295,12 +295,12 @@ TS_API ts_status ts_device_copy_from_pinned(ts_device *dev, void *dst, const voi
         return ts__fail(TS_EINVAL, "ts_device_copy_from_pinned: NULL argument");
     if (!dev->pinned_ok)
         return no_pinned(dev, "ts_device_copy_from_pinned");
+    if (!dev->vt.copy_h2d_async) /* done on return */
+        return ts_device_copy_from_host(dev, dst, src, nbytes);
     if (!nbytes)
         return TS_OK;
     if (ts__fault_hit(TS_FAULT_KERNEL))
-        return injected(dev, dev->vt.copy_h2d_async ? "copy_h2d_async" : "copy_h2d");
-    if (!dev->vt.copy_h2d_async)
-        return dev->vt.copy_h2d(dev->ctx, dst, src, nbytes);
+        return injected(dev, "copy_h2d_async");
     ts_status s = dev->vt.copy_h2d_async(dev->ctx, dst, src, nbytes, ticket);
     if (s == TS_OK && *ticket == 0)
         return ts__fail(TS_EPLUGIN, "plugin '%s': copy_h2d_async returned ticket 0 (tickets "

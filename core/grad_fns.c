@@ -64,9 +64,6 @@ static ts_status relu_backward(ts_tensor *g, const ts_tensor *x, ts_tensor **out
             goto out;                                                                       \
     } while (0)
 
-/* The scoped form of a call of the status API that makes one tensor in *t. */
-#define SCOPED(call, t) (t = NULL, ts_scope_adopt((call), &t))
-
 /* ---- binary ----------------------------------------------------------------------------
  * Each formula builds the gradients of both inputs in a scope; give() reduces each to its
  * input's shape (broadcast dims summed) and hands out those the inputs need. */
@@ -75,7 +72,7 @@ static ts_status relu_backward(ts_tensor *g, const ts_tensor *x, ts_tensor **out
 static ts_tensor *s_mask(int fn, const ts_tensor *x, const ts_tensor *y)
 {
     ts_tensor *m = NULL;
-    m = ts_scope_adopt(ts_binary(fn, x, y, &m), &m);
+    m = TS_SCOPED(ts_binary(fn, x, y, &m), m);
     return ts_s_cast(m, x ? ts_tensor_dtype(x) : TS_F32);
 }
 
@@ -173,10 +170,10 @@ static ts_status scalar_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
     ts_tensor *r = NULL, *t = NULL;
     switch (fn) {
     case TS_BINARY_ADD: /* g */
-        r = ts_scope_adopt(ts_tensor_detach(g, &t), &t);
+        r = TS_SCOPED(ts_tensor_detach(g, &t), t);
         break;
     case TS_BINARY_SUB: /* g, or -g for c - x */
-        r = first ? ts_s_neg(g) : ts_scope_adopt(ts_tensor_detach(g, &t), &t);
+        r = first ? ts_s_neg(g) : TS_SCOPED(ts_tensor_detach(g, &t), t);
         break;
     case TS_BINARY_MUL:
         r = ts_s_mul_scalar(g, c);
@@ -317,11 +314,11 @@ static ts_status where_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
 {
     ts_tensor *t, *r[3] = {NULL, NULL, NULL}; /* the condition has none */
     ts_scope *sc = ts_scope_begin();
-    ts_tensor *zero = SCOPED(ts_tensor_zeros(ts_tensor_device(g), ts_tensor_dtype(g), 0, NULL, &t), t);
+    ts_tensor *zero = TS_SCOPED(ts_tensor_zeros(ts_tensor_device(g), ts_tensor_dtype(g), 0, NULL, &t), t);
     if (n->needs[1]) /* g where c, else 0 */
-        r[1] = SCOPED(ts_where(n->saved[0], g, zero, &t), t);
+        r[1] = TS_SCOPED(ts_where(n->saved[0], g, zero, &t), t);
     if (n->needs[2]) /* 0 where c, else g */
-        r[2] = SCOPED(ts_where(n->saved[0], zero, g, &t), t);
+        r[2] = TS_SCOPED(ts_where(n->saved[0], zero, g, &t), t);
     return give(n, sc, 3, r, gin);
 }
 
@@ -433,7 +430,7 @@ static ts_tensor *s_sum_to(const ts_node *n, int i, ts_tensor *t, const ts_tenso
     ts_tensor *r;
     if (!t || !like)
         return NULL;
-    r = SCOPED(ts__sum_to(t, ts_tensor_ndim(like), ts_tensor_shape(like), &r), r);
+    r = TS_SCOPED(ts__sum_to(t, ts_tensor_ndim(like), ts_tensor_shape(like), &r), r);
     return ts_s_reshape(r, n->in_ndim[i], n->in_shape[i]);
 }
 
@@ -441,10 +438,10 @@ static ts_status matmul_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
 {
     ts_tensor *t;
     ts_scope *sc = ts_scope_begin();
-    ts_tensor *a = SCOPED(promote(n->saved[0], 0, &t), t);
-    ts_tensor *b = SCOPED(promote(n->saved[1], 1, &t), t);
+    ts_tensor *a = TS_SCOPED(promote(n->saved[0], 0, &t), t);
+    ts_tensor *b = TS_SCOPED(promote(n->saved[1], 1, &t), t);
     /* g with the promoted dims put back: (batch..., M, N). */
-    ts_tensor *g2 = SCOPED(ts_tensor_detach(g, &t), t);
+    ts_tensor *g2 = TS_SCOPED(ts_tensor_detach(g, &t), t);
     if (g2 && n->in_ndim[0] == 1)
         g2 = ts_s_unsqueeze(g2, ts_tensor_ndim(g2) - (n->in_ndim[1] == 1 ? 0 : 1));
     if (g2 && n->in_ndim[1] == 1)

@@ -116,9 +116,9 @@ TS_API ts_status ts_nll_loss(const ts_tensor *logp, const ts_tensor *targets, in
                            NULL);
     free(tv);
     /* -logp[i, t_i]: the row sums of logp masked by one-hot rows */
-    ts_tensor *cls = (t = NULL, ts_scope_adopt(ts_tensor_arange(logp->storage->dev, TS_I64, 0,
-                                                                (double)c, 1, &t), &t));
-    ts_tensor *hit = (t = NULL, ts_scope_adopt(ts_eq(ts_s_unsqueeze(t64, 1), cls, &t), &t));
+    ts_tensor *cls = TS_SCOPED(ts_tensor_arange(logp->storage->dev, TS_I64, 0, (double)c, 1, &t),
+                               t);
+    ts_tensor *hit = TS_SCOPED(ts_eq(ts_s_unsqueeze(t64, 1), cls, &t), t);
     ts_tensor *row = ts_s_sum(ts_s_mul(logp, ts_s_cast(hit, logp->dtype)), 1, (const int[]){1}, 0);
     return loss_return("nll_loss", sc, s_reduce(ts_s_neg(row), reduction), out);
 }

@@ -535,18 +535,15 @@ static ts_tensor *normalise(const ts_tensor *x, int nd, const int *dims, double 
     return ts_s_mul(xc, ts_s_rsqrt(ts_s_add_scalar(*var, eps)));
 }
 
-/* running = (1 - m) running + m scale batch, in place under no_grad, in scope sc (nothing once
- * it failed); batch is (1, C, 1, 1). */
-static void update_running(ts_scope *sc, ts_tensor *running, ts_tensor *batch, double m,
-                           double scale)
+/* running = (1 - m) running + m scale batch, in place under no_grad, in the current scope;
+ * batch is (1, C, 1, 1). */
+static void update_running(ts_tensor *running, ts_tensor *batch, double m, double scale)
 {
     int64_t c = ts_tensor_numel(running);
     ts_no_grad_enter();
     ts_tensor *t = ts_s_mul_scalar(ts_s_reshape(batch, 1, &c), m * scale);
-    if (t && ts_scope_status(sc) == TS_OK)
-        ts_scope_adopt(ts_mul_scalar_(running, 1 - m), NULL);
-    if (t && ts_scope_status(sc) == TS_OK)
-        ts_scope_adopt(ts_add_(running, t), NULL);
+    if (t)
+        ts_s_add_(ts_s_mul_scalar_(running, 1 - m), t);
     ts_no_grad_exit();
 }
 
@@ -564,8 +561,8 @@ static ts_status batchnorm_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     ts_tensor *mean = NULL, *var = NULL, *xhat;
     if (m->training) {
         xhat = normalise(x, 3, dims, m->eps, &mean, &var);
-        update_running(sc, m->running_mean, mean, m->momentum, 1.0);
-        update_running(sc, m->running_var, var, m->momentum, /* the unbiased variance */
+        update_running(m->running_mean, mean, m->momentum, 1.0);
+        update_running(m->running_var, var, m->momentum, /* the unbiased variance */
                        n > 1 ? (double)n / (double)(n - 1) : 1.0);
     } else {
         mean = ts_s_view(m->running_mean, 4, view);
@@ -600,8 +597,8 @@ static ts_status dropout_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     }
     ts_scope *sc = ts_scope_begin();
     ts_tensor *r = NULL; /* keep where uniform [0, 1) >= p, scaled by 1 / (1 - p) */
-    r = ts_scope_adopt(ts_tensor_rand(ts_tensor_device(x), ts_tensor_dtype(x), ts_tensor_ndim(x),
-                                      ts_tensor_shape(x), 0, 1, m->rng, &r), &r);
+    r = TS_SCOPED(ts_tensor_rand(ts_tensor_device(x), ts_tensor_dtype(x), ts_tensor_ndim(x),
+                                      ts_tensor_shape(x), 0, 1, m->rng, &r), r);
     ts_tensor *keep = ts_s_cast(ts_s_binary_scalar(TS_BINARY_GE, r, m->p, 0), ts_tensor_dtype(x));
     return ts_scope_return(sc, ts_s_mul_scalar(ts_s_mul(x, keep), 1.0 / (1.0 - m->p)), y);
 }

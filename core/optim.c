@@ -261,31 +261,23 @@ TS_API void ts_optim_zero_grad(ts_optim *o)
 
 /* ---- the updates, composed --------------------------------------------------------------- */
 
-/* In scope sc, an op that updates in place: run while the scope is fine, a failure recorded. */
-#define INPLACE(sc, call)                                                                   \
-    (ts_scope_status(sc) == TS_OK ? (void)ts_scope_adopt((call), NULL) : (void)0)
-
 /* p -= lr d, where d = g + wd p, through the momentum buffer: buf = momentum buf +
  * (1 - dampening) d (d itself at the first step), then d = buf, or d + momentum buf with
  * Nesterov. */
 static ts_status sgd_composed(const ts_sgd_options *o, slot *sl, ts_tensor *g, int first)
 {
     ts_scope *sc = ts_scope_begin();
-    ts_tensor *d = g, *buf = sl->state[0], *t;
+    ts_tensor *d = g, *buf = sl->state[0];
     if (o->weight_decay != 0)
         d = ts_s_add(d, ts_s_mul_scalar(sl->param, o->weight_decay));
     if (o->momentum != 0) {
-        if (first && d) {
-            INPLACE(sc, ts_copy_(buf, d));
-        } else {
-            INPLACE(sc, ts_mul_scalar_(buf, o->momentum));
-            if ((t = ts_s_mul_scalar(d, 1 - o->dampening)))
-                INPLACE(sc, ts_add_(buf, t));
-        }
+        if (first)
+            ts_s_copy_(buf, d);
+        else
+            ts_s_add_(ts_s_mul_scalar_(buf, o->momentum), ts_s_mul_scalar(d, 1 - o->dampening));
         d = o->nesterov ? ts_s_add(d, ts_s_mul_scalar(buf, o->momentum)) : buf;
     }
-    if ((t = ts_s_mul_scalar(d, o->lr)))
-        INPLACE(sc, ts_sub_(sl->param, t));
+    ts_s_sub_(sl->param, ts_s_mul_scalar(d, o->lr));
     return ts_scope_end(sc);
 }
 
@@ -296,22 +288,17 @@ static ts_status adam_composed(const ts_adam_options *o, int decoupled, int64_t 
                                ts_tensor *g)
 {
     ts_scope *sc = ts_scope_begin();
-    ts_tensor *m = sl->state[0], *v = sl->state[1], *gw = g, *t;
+    ts_tensor *m = sl->state[0], *v = sl->state[1], *gw = g;
     if (decoupled)
-        INPLACE(sc, ts_mul_scalar_(sl->param, 1 - o->lr * o->weight_decay));
+        ts_s_mul_scalar_(sl->param, 1 - o->lr * o->weight_decay);
     else if (o->weight_decay != 0)
         gw = ts_s_add(gw, ts_s_mul_scalar(sl->param, o->weight_decay));
-    INPLACE(sc, ts_mul_scalar_(m, o->beta1));
-    if ((t = ts_s_mul_scalar(gw, 1 - o->beta1)))
-        INPLACE(sc, ts_add_(m, t));
-    INPLACE(sc, ts_mul_scalar_(v, o->beta2));
-    if ((t = ts_s_mul_scalar(ts_s_mul(gw, gw), 1 - o->beta2)))
-        INPLACE(sc, ts_add_(v, t));
+    ts_s_add_(ts_s_mul_scalar_(m, o->beta1), ts_s_mul_scalar(gw, 1 - o->beta1));
+    ts_s_add_(ts_s_mul_scalar_(v, o->beta2), ts_s_mul_scalar(ts_s_mul(gw, gw), 1 - o->beta2));
     double inv_bc2 = 1 / sqrt(1 - pow(o->beta2, (double)step));
     double step_size = o->lr / (1 - pow(o->beta1, (double)step));
     ts_tensor *den = ts_s_add_scalar(ts_s_mul_scalar(ts_s_sqrt(v), inv_bc2), o->eps);
-    if ((t = ts_s_mul_scalar(ts_s_div(m, den), step_size)))
-        INPLACE(sc, ts_sub_(sl->param, t));
+    ts_s_sub_(sl->param, ts_s_mul_scalar(ts_s_div(m, den), step_size));
     return ts_scope_end(sc);
 }
 

@@ -251,6 +251,37 @@ TS_API ts_tensor *ts_s_expand(ts_tensor *t, int nd, const int64_t *shape) { IN1(
 TS_API ts_tensor *ts_s_forward(ts_module *m, ts_tensor *x) { IN1(x); RUN(ts_module_forward(m, x, &o_)); }
 /* clang-format on */
 
+/* An in-place op: its target, or NULL with the failure recorded. */
+static ts_tensor *in_place(ts_status s, ts_tensor *target)
+{
+    ts_scope_adopt(s, NULL);
+    return s ? NULL : target;
+}
+
+TS_API ts_tensor *ts_s_copy_(ts_tensor *dst, const ts_tensor *src)
+{
+    IN2(dst, src);
+    return in_place(ts_copy_(dst, src), dst);
+}
+
+TS_API ts_tensor *ts_s_add_(ts_tensor *a, const ts_tensor *b)
+{
+    IN2(a, b);
+    return in_place(ts_add_(a, b), a);
+}
+
+TS_API ts_tensor *ts_s_sub_(ts_tensor *a, const ts_tensor *b)
+{
+    IN2(a, b);
+    return in_place(ts_sub_(a, b), a);
+}
+
+TS_API ts_tensor *ts_s_mul_scalar_(ts_tensor *x, double s)
+{
+    IN1(x);
+    return in_place(ts_mul_scalar_(x, s), x);
+}
+
 TS_API ts_tensor *ts_s_cast(const ts_tensor *x, int32_t dtype)
 {
     IN1(x);

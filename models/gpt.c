@@ -282,9 +282,6 @@ TS_API ts_status ts_gpt_cache_new(ts_module *gpt, ts_gpt_cache **out)
 
 /* One position of attention for layer l: x (1, C) -> (1, C), the key and value of this
  * position stored in the cache first. */
-/* A status-API call that makes *t, in the current scope. */
-#define SCOPED(call, t) (t = NULL, ts_scope_adopt((call), &t))
-
 /* One position of one layer's attention: its key and value into the cache, then attention of
  * its query over the n positions cached so far (no mask: there is nothing after it). */
 static ts_status attn_step(ts_module *attn, const ts_gpt_config *cfg, ts_gpt_cache *c,
@@ -296,11 +293,8 @@ static ts_status attn_step(ts_module *attn, const ts_gpt_config *cfg, ts_gpt_cac
     ts_tensor *q = ts_s_narrow(qkv, 1, 0, C), *k = ts_s_narrow(qkv, 1, C, C);
     ts_tensor *v = ts_s_narrow(qkv, 1, 2 * C, C);
     ts_tensor *krow = ts_s_narrow(c->k[l], 0, c->pos, 1), *vrow = ts_s_narrow(c->v[l], 0, c->pos, 1);
-    if (krow && vrow && k && v) { /* this position's key and value into the cache */
-        ts_scope_adopt(ts_copy_(krow, k), NULL);
-        if (ts_scope_status(sc) == TS_OK)
-            ts_scope_adopt(ts_copy_(vrow, v), NULL);
-    }
+    ts_s_copy_(krow, k); /* this position's key and value into the cache */
+    ts_s_copy_(vrow, v);
     ts_tensor *keys = ts_s_view(ts_s_narrow(c->k[l], 0, 0, n), 3, (const int64_t[]){n, H, hd});
     ts_tensor *vals = ts_s_view(ts_s_narrow(c->v[l], 0, 0, n), 3, (const int64_t[]){n, H, hd});
     ts_tensor *kt = ts_s_permute(keys, (const int[]){1, 2, 0}), *vt = ts_s_transpose(vals, 0, 1);
@@ -330,9 +324,9 @@ TS_API ts_status ts_gpt_cache_step(ts_module *gpt, ts_gpt_cache *c, int64_t toke
     ts_no_grad_enter();
     ts_scope *sc = ts_scope_begin();
     ts_tensor *t;
-    ts_tensor *tok_id = SCOPED(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){1}, &token,
+    ts_tensor *tok_id = TS_SCOPED(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){1}, &token,
                                                    &t), t);
-    ts_tensor *pos_id = SCOPED(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){1},
+    ts_tensor *pos_id = TS_SCOPED(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){1},
                                                    &c->pos, &t), t);
     ts_tensor *te = ts_s_forward(child(tr, "wte"), tok_id); /* (1, C) */
     ts_tensor *x = ts_s_add(te, ts_s_forward(child(tr, "wpe"), pos_id));
@@ -342,7 +336,7 @@ TS_API ts_status ts_gpt_cache_step(ts_module *gpt, ts_gpt_cache *c, int64_t toke
         ts_module *blk = child(h, name);
         ts_tensor *a = ts_s_forward(child(blk, "ln_1"), x), *b = NULL;
         if (a)
-            b = SCOPED(attn_step(child(blk, "attn"), cfg, c, l, a, &t), t);
+            b = TS_SCOPED(attn_step(child(blk, "attn"), cfg, c, l, a, &t), t);
         x = ts_s_add(x, b);
         x = ts_s_add(x, ts_s_forward(child(blk, "mlp"), ts_s_forward(child(blk, "ln_2"), x)));
     }

@@ -42,6 +42,9 @@ run_checks() {
         *) echo "verify.sh run: unknown option $1" >&2; exit 2 ;;
         esac
     done
+    case $budget in
+    '' | *[!0-9]*) echo "verify.sh run: --budget takes whole seconds, not '$budget'" >&2; exit 2 ;;
+    esac
     deadline=$(($(date +%s) + budget))
     here=$(cd "$(dirname "$0")" && pwd)
     out=${OUT:-$PWD}

@@ -50,6 +50,10 @@ ts_tensor *ts_scope_adopt(ts_status status, ts_tensor **t);
 /* Ends the scope and hands r to the caller in *out (a reference of its own): the usual end of
  * a function that builds its result in a scope. On failure *out is NULL. */
 ts_status ts_scope_return(ts_scope *sc, ts_tensor *r, ts_tensor **out);
+/* The scoped form of a status-API call that makes one tensor in t (a ts_tensor * variable):
+ * t is cleared first, so a call that fails without writing it brings in nothing stale.
+ *     ts_tensor *t, *z = TS_SCOPED(ts_tensor_zeros(dev, TS_F32, 1, &n, &t), t); */
+#define TS_SCOPED(call, t) ((t) = NULL, ts_scope_adopt((call), &(t)))
 
 /* ---- the ops, in the innermost scope (each as the ts_ function of the same name) ---------- */
 ts_tensor *ts_s_add(const ts_tensor *a, const ts_tensor *b);
@@ -93,6 +97,12 @@ ts_tensor *ts_s_permute(ts_tensor *t, const int *dims);
 ts_tensor *ts_s_contiguous(ts_tensor *t);
 ts_tensor *ts_s_unsqueeze(ts_tensor *t, int dim);
 ts_tensor *ts_s_expand(ts_tensor *t, int ndim, const int64_t *shape);
+/* In place (tessera/ops.h): the updated tensor itself, which stays the caller's (not the
+ * scope's), or NULL; nothing is written once the scope has failed. */
+ts_tensor *ts_s_copy_(ts_tensor *dst, const ts_tensor *src);
+ts_tensor *ts_s_add_(ts_tensor *a, const ts_tensor *b);
+ts_tensor *ts_s_sub_(ts_tensor *a, const ts_tensor *b);
+ts_tensor *ts_s_mul_scalar_(ts_tensor *x, double s);
 /* A module's forward (tessera/nn.h). */
 ts_tensor *ts_s_forward(ts_module *m, ts_tensor *x);
 
