@@ -672,9 +672,15 @@ static ts_status checkpoint_backward(ts_node *n, ts_tensor *gout, ts_tensor **gi
             d[i]->requires_grad = 1;
     }
     if (s == TS_OK) {
+        ts_rng *rng = n->p.seg.rng;
+        uint64_t now = rng ? rng->offset : 0;
+        if (rng) /* the forward's draws again (dropout's masks) */
+            rng->offset = n->p.seg.offset;
         ts__grad_push(1); /* record the recomputation */
         s = n->p.seg.fn(n->p.seg.user, n->nin, d, &out);
         ts__grad_pop();
+        if (rng)
+            rng->offset = now;
     }
     if (s == TS_OK && out->requires_grad)
         s = ts_backward(out, gout, 0);
@@ -692,8 +698,8 @@ static ts_status checkpoint_backward(ts_node *n, ts_tensor *gout, ts_tensor **gi
     return s;
 }
 
-TS_API ts_status ts_grad_checkpoint(ts_segment_fn fn, void *user, int nin, ts_tensor *const *inputs,
-                               ts_tensor **out)
+static ts_status checkpoint(ts_segment_fn fn, void *user, ts_rng *rng, int nin,
+                            ts_tensor *const *inputs, ts_tensor **out)
 {
     if (!out)
         return ts__fail(TS_EINVAL, "checkpoint: out is NULL");
@@ -702,6 +708,7 @@ TS_API ts_status ts_grad_checkpoint(ts_segment_fn fn, void *user, int nin, ts_te
         return ts__fail(TS_EINVAL, "checkpoint: a segment function and 0 to %d inputs",
                         TS_NODE_MAX_IN);
     int record = ts_grad_enabled();
+    const uint64_t offset = rng ? rng->offset : 0;
     ts__grad_push(0); /* keep nothing from inside the segment */
     ts_tensor *o = NULL;
     ts_status s = fn(user, nin, inputs, &o);
@@ -714,7 +721,9 @@ TS_API ts_status ts_grad_checkpoint(ts_segment_fn fn, void *user, int nin, ts_te
         struct {
             ts_segment_fn fn;
             void *user;
-        } seg = {fn, user};
+            ts_rng *rng;
+            uint64_t offset;
+        } seg = {fn, user, rng, offset};
         int any = 0;
         for (int i = 0; i < nin; i++)
             any |= inputs[i]->requires_grad;
@@ -754,4 +763,16 @@ TS_API ts_status ts_grad_checkpoint(ts_segment_fn fn, void *user, int nin, ts_te
     }
     *out = o;
     return TS_OK;
+}
+
+TS_API ts_status ts_grad_checkpoint(ts_segment_fn fn, void *user, int nin,
+                                    ts_tensor *const *inputs, ts_tensor **out)
+{
+    return checkpoint(fn, user, NULL, nin, inputs, out);
+}
+
+TS_API ts_status ts_grad_checkpoint_rng(ts_segment_fn fn, void *user, ts_rng *rng, int nin,
+                                        ts_tensor *const *inputs, ts_tensor **out)
+{
+    return checkpoint(fn, user, rng, nin, inputs, out);
 }

@@ -50,6 +50,7 @@ struct ts_ddp {
     int restage; /* a gradient changed after its bucket was staged: redo the sums at sync */
     int twice;   /* in place: a second backward added into a bucket being summed */
     int devmode; /* buckets on the device-buffer backend's device, summed there */
+    int deferred; /* ts_ddp_no_sync: backward's gradients are summed at a later backward */
     ts_status err;
     char errmsg[512];
     uint64_t step;
@@ -205,6 +206,8 @@ static ts_status on_ready(ts_tensor *t, void *user)
     (void)t;
     ddp_param *p = user;
     ts_ddp *d = p->d;
+    if (d->deferred) /* a micro-batch before the last: its gradient stays in .grad */
+        return TS_OK;
     if (p->copied == d->step + 1) { /* a second backward before the sync */
         if (d->st.in_place) /* it added into the bucket, maybe while it was being summed */
             d->twice = 1;
@@ -391,6 +394,12 @@ TS_API ts_status ts_ddp_sync(ts_ddp *d)
     d->st.buckets += d->nb;
     d->step++;
     return s;
+}
+
+TS_API void ts_ddp_no_sync(ts_ddp *d, int on)
+{
+    if (d)
+        d->deferred = on != 0;
 }
 
 TS_API void ts_ddp_get_stats(const ts_ddp *d, ts_ddp_stats *st)

@@ -241,6 +241,8 @@ struct ts_node {
         struct {
             ts_segment_fn fn;
             void *user;
+            ts_rng *rng;     /* replayed from offset in the recomputation (NULL: none) */
+            uint64_t offset;
         } seg;
     } p;
     int32_t released;                    /* backward ran without retain_graph */

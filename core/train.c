@@ -1,51 +1,193 @@
-/* core/train.c: the training loop's pieces (tessera/train.h), written with scoped tensors. */
+/* core/train.c: the training loop (tessera/train.h): the trainer's step, the epoch over a
+ * loader, the evaluation; written with scoped tensors. */
 #include "internal.h"
+
+struct ts_trainer {
+    ts_module *m;
+    ts_optim *opt;
+    ts_trainer_options o;
+    ts_named_tensor *params; /* for clipping */
+    size_t np;
+    ts_ddp *ddp;     /* world > 1 */
+    int rank, world; /* world 1: this process alone */
+    int64_t steps;
+};
+
+static ts_status check_options(const ts_trainer_options *o, const char *fn)
+{
+    if (!o->loss_fn && o->loss != TS_LOSS_CROSS_ENTROPY && o->loss != TS_LOSS_MSE)
+        return ts__fail(TS_EINVAL, "%s: loss %d is not a ts_loss_kind", fn, (int)o->loss);
+    if (!(o->clip_grad_norm >= 0) || o->accumulate < 0)
+        return ts__fail(TS_EINVAL, "%s: clip_grad_norm %g and accumulate %lld must not be "
+                        "negative", fn, o->clip_grad_norm, (long long)o->accumulate);
+    return TS_OK;
+}
+
+TS_API ts_status ts_trainer_new(ts_module *m, ts_optim *opt, const ts_trainer_options *o,
+                                ts_trainer **out)
+{
+    static const ts_trainer_options defaults = TS_TRAINER_OPTIONS_INIT;
+    if (!out)
+        return ts__fail(TS_EINVAL, "ts_trainer_new: out is NULL");
+    *out = NULL;
+    if (!m || !opt)
+        return ts__fail(TS_EINVAL, "ts_trainer_new: model or optimizer is NULL");
+    ts_status s = check_options(o ? o : &defaults, "ts_trainer_new");
+    if (s)
+        return s;
+    ts_trainer *t = ts__calloc(1, sizeof *t);
+    size_t np = ts_module_parameters(m, NULL, 0);
+    if (!t || !(t->params = ts__calloc(np + 1, sizeof *t->params))) {
+        free(t);
+        return ts__fail(TS_ENOMEM, "ts_trainer_new: out of host memory");
+    }
+    t->m = m;
+    t->opt = opt;
+    t->o = o ? *o : defaults;
+    t->np = ts_module_parameters(m, t->params, np);
+    t->rank = ts_dist_rank();
+    t->world = ts_dist_size();
+    if (t->world > 1 && ((s = ts_dist_broadcast_module(m, 0)) ||
+                         (s = ts_ddp_new(t->params, t->np, 0, &t->ddp)))) {
+        ts_trainer_free(t);
+        return s;
+    }
+    *out = t;
+    return TS_OK;
+}
+
+TS_API void ts_trainer_free(ts_trainer *t)
+{
+    if (!t)
+        return;
+    ts_ddp_free(t->ddp);
+    free(t->params);
+    free(t);
+}
+
+TS_API int64_t ts_trainer_steps(const ts_trainer *t)
+{
+    return t ? t->steps : 0;
+}
+
+/* Rows [*lo, *lo + *n) of n_all are part `i` of `parts`: contiguous, the first n_all % parts
+ * one row longer (the ranks' shares, and a share's micro-batches). */
+static void split(int64_t n_all, int64_t parts, int64_t i, int64_t *lo, int64_t *n)
+{
+    int64_t q = n_all / parts, r = n_all % parts;
+    *lo = i * q + (i < r ? i : r);
+    *n = q + (i < r);
+}
+
+/* Forward, loss and backward of rows [lo, lo + n) of the global batch of `rows`; adds the
+ * global-batch-weighted mean loss to *loss. */
+static ts_status micro_batch(ts_trainer *t, ts_tensor *x, ts_tensor *y, int64_t lo, int64_t n,
+                             int64_t rows, double *loss)
+{
+    ts_scope *sc = ts_scope_begin();
+    if (n < rows) { /* a view of the rows (the whole batch passed as it is) */
+        x = ts_s_narrow(x, 0, lo, n);
+        y = ts_s_narrow(y, 0, lo, n);
+    }
+    ts_tensor *out = ts_s_forward(t->m, x), *l = NULL;
+    if (t->o.loss_fn)
+        l = TS_SCOPED(t->o.loss_fn(t->o.user, out, y, &l), l);
+    else
+        l = t->o.loss == TS_LOSS_MSE ? ts_s_mse_loss(out, y, TS_REDUCTION_MEAN)
+                                     : ts_s_cross_entropy(out, y, TS_REDUCTION_MEAN);
+    double lv = 0;
+    if (l)
+        ts_scope_adopt(ts_tensor_item(l, &lv), NULL);
+    /* weighted by its share of the global batch, so that the gradients, summed over the
+     * micro-batches and averaged over the ranks, are the global batch's mean loss's */
+    double w = (double)n * (double)t->world / (double)rows;
+    if (w != 1.0)
+        l = ts_s_mul_scalar(l, w);
+    if (l)
+        ts_scope_adopt(ts_backward(l, NULL, 0), NULL);
+    if (t->o.on_output && out && ts_scope_status(sc) == TS_OK) {
+        ts_no_grad_enter();
+        ts_scope_adopt(t->o.on_output(t->o.user, out, y), NULL);
+        ts_no_grad_exit();
+    }
+    *loss += lv * (double)n / (double)rows;
+    return ts_scope_end(sc);
+}
+
+static ts_status step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_step_result *r)
+{
+    if (!t || !x || !y)
+        return ts__fail(TS_EINVAL, "ts_trainer_step: trainer, inputs or targets is NULL");
+    int64_t rows = ts_tensor_ndim(x) > 0 ? ts_tensor_shape(x)[0] : 0;
+    if (rows < 1 || ts_tensor_ndim(y) < 1 || ts_tensor_shape(y)[0] != rows) {
+        char bx[96], by[96];
+        return ts__fail(TS_ESHAPE, "ts_trainer_step: inputs %s and targets %s need the same "
+                        "number of rows, at least one", ts_tensor_describe(x, bx, sizeof bx),
+                        ts_tensor_describe(y, by, sizeof by));
+    }
+    int64_t lo, n, k = t->o.accumulate > 1 ? t->o.accumulate : 1;
+    split(rows, t->world, t->rank, &lo, &n);
+    int64_t last = (n < k ? n : k) - 1; /* the last micro-batch with rows */
+    double loss = 0;
+    ts_status s = TS_OK;
+    ts_module_train(t->m, 1);
+    for (int64_t i = 0; i <= last && s == TS_OK; i++) {
+        int64_t mlo, mn;
+        split(n, k, i, &mlo, &mn);
+        ts_ddp_no_sync(t->ddp, i < last);
+        s = micro_batch(t, x, y, lo + mlo, mn, rows, &loss);
+    }
+    ts_ddp_no_sync(t->ddp, 0);
+    if (s == TS_OK && t->ddp) /* every rank, even one without rows */
+        s = ts_ddp_sync(t->ddp);
+    if (s == TS_OK && t->o.clip_grad_norm > 0)
+        s = ts_clip_grad_norm(t->params, t->np, t->o.clip_grad_norm, NULL);
+    if (s == TS_OK)
+        s = ts_optim_step(t->opt);
+    ts_optim_zero_grad(t->opt);
+    int stop = r && r->stop;
+    if (s == TS_OK && t->world > 1) { /* the global batch's loss; a stop rides on the sum */
+        double red[2] = {loss, stop};
+        s = ts_dist_allreduce_sum(red, 2, TS_F64);
+        loss = red[0];
+        stop = red[1] > 0;
+    }
+    if (s)
+        return s;
+    t->steps++;
+    if (r)
+        *r = (ts_step_result){loss, n, stop};
+    return TS_OK;
+}
+
+TS_API ts_status ts_trainer_step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_step_result *r)
+{
+    return step(t, x, y, r);
+}
 
 TS_API ts_status ts_train_epoch(ts_module *m, ts_loader *l, ts_optim *opt, ts_loss_kind loss,
                                 double *mean_loss)
 {
     if (!m || !l || !opt)
         return ts__fail(TS_EINVAL, "ts_train_epoch: model, loader or optimizer is NULL");
-    if (loss != TS_LOSS_CROSS_ENTROPY && loss != TS_LOSS_MSE)
-        return ts__fail(TS_EINVAL, "ts_train_epoch: loss %d is not a ts_loss_kind", (int)loss);
-    ts_module_train(m, 1);
-    ts_tensor *sum = NULL; /* the losses so far, on the device */
+    ts_trainer t = {.m = m, .opt = opt, .o = TS_TRAINER_OPTIONS_INIT, .world = 1};
+    t.o.loss = loss;
+    ts_status s = check_options(&t.o, "ts_train_epoch");
+    double sum = 0;
     int64_t steps = 0;
-    ts_status s = TS_OK;
-    for (;;) {
+    while (s == TS_OK) {
         ts_tensor *x, *y;
+        ts_step_result r = {0};
         if ((s = ts_loader_next(l, &x, &y)) || !x)
             break;
-        ts_scope *sc = ts_scope_begin();
-        x = ts_scope_adopt(TS_OK, &x);
-        y = y ? ts_scope_adopt(TS_OK, &y) : NULL;
-        ts_tensor *out = ts_s_forward(m, x);
-        ts_tensor *l_ = loss == TS_LOSS_MSE ? ts_s_mse_loss(out, y, TS_REDUCTION_MEAN)
-                                            : ts_s_cross_entropy(out, y, TS_REDUCTION_MEAN);
-        if (l_)
-            ts_scope_adopt(ts_backward(l_, NULL, 0), NULL);
-        if (l_ && ts_scope_status(sc) == TS_OK)
-            ts_scope_adopt(ts_optim_step(opt), NULL);
-        ts_optim_zero_grad(opt);
-        if (mean_loss && l_ && ts_scope_status(sc) == TS_OK) {
-            ts_tensor *prev = sum;
-            ts_no_grad_enter();
-            sum = ts_scope_keep(prev ? ts_s_add(prev, l_) : ts_s_mul_scalar(l_, 1)); /* no graph */
-            ts_no_grad_exit();
-            ts_tensor_unref(prev);
-        }
+        s = step(&t, x, y, &r);
+        ts_tensor_unref(x);
+        ts_tensor_unref(y);
+        sum += r.loss;
         steps++;
-        if ((s = ts_scope_end(sc)))
-            break;
     }
-    if (s == TS_OK && mean_loss) {
-        double v = 0;
-        if (sum && (s = ts_tensor_item(sum, &v)) == TS_OK)
-            *mean_loss = v / (double)steps;
-        else if (!sum)
-            *mean_loss = 0;
-    }
-    ts_tensor_unref(sum);
+    if (s == TS_OK && mean_loss)
+        *mean_loss = steps ? sum / (double)steps : 0;
     return s;
 }
 

@@ -69,7 +69,7 @@ TS_API ts_status ts_model_defaults(const char *name, ts_model_config *out)
         out->nchannels = 2;
         out->channels[0] = 32, out->channels[1] = 64;
     } else if (is(out, "gpt")) {
-        out->gpt = (ts_gpt_config){256, 128, 4, 4, 128, 0};
+        out->gpt = (ts_gpt_config){256, 128, 4, 4, 128, 0, 0};
     }
     return TS_OK;
 }

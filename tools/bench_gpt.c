@@ -46,7 +46,7 @@ typedef struct mark {
 int cli_bench_gpt(int argc, char **argv, const cli_common *common)
 {
     int64_t steps = 10000, B = 8;
-    ts_gpt_config cfg = {256, 64, 2, 2, 64, 0};
+    ts_gpt_config cfg = {256, 64, 2, 2, 64, 0, 0};
     const char *device = NULL;
     int json = common->json;
     for (int i = 1; i < argc; i++) {

@@ -678,7 +678,7 @@ static void read_loadavg(double out[3])
 int cli_bench_train(int argc, char **argv, const cli_common *common)
 {
     bench_opts o = {.optimizer = "adam", .lr = 1e-3, .batch = 100, .steps = 50, .warmup = 5,
-                    .json = common->json, .gcfg = {256, 128, 4, 4, 128, 0}};
+                    .json = common->json, .gcfg = {256, 128, 4, 4, 128, 0, 0}};
     cli_model_init(&o.arch);
     int rc = parse(argc, argv, &o);
     if (rc)

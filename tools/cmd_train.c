@@ -25,6 +25,7 @@ static const char usage[] =
     "                     [--decay all|matrices] [--lr-schedule constant|step|cosine]\n"
     "                     [--warmup-steps N] [--min-lr X] [--lr-decay-steps N]\n"
     "                     [--lr-step-size N] [--lr-gamma G] [--clip-grad-norm X]\n"
+    "                     [--accumulate K]\n"
     "                     [--device NAME] [--config FILE] [--data DIR] [--save CKPT]\n"
     "                     [--resume CKPT] [--seed S] [--max-steps N] [--train-limit N]\n"
     "                     [--save-every N] [--log-every N] [--log-steps] [--json]\n"
@@ -51,6 +52,9 @@ static const char usage[] =
     "                  --lr-decay-steps, default the run's last); each after a linear\n"
     "                  warm-up from 0 over --warmup-steps (default 0)\n"
     "  --clip-grad-norm X  scale the gradients to a global L2 norm of at most X (0: off)\n"
+    "  --accumulate K  each step's batch in K micro-batches, their gradients summed: the\n"
+    "                  activations of a batch/K at a time, the same step to float rounding\n"
+    "                  (default 1; on --resume the checkpoint's unless given)\n"
     "  --max-steps N   stop after N optimizer steps in all (then evaluate and save)\n"
     "  --train-limit N train on the first N training images only\n"
     "  --log-steps     print every step's loss (one line each; JSON lines with --json)\n"
@@ -79,7 +83,7 @@ static const char usage[] =
 
 typedef struct train_opts {
     const char *model, *optimizer, *device, *data, *save, *resume, *memtrace, *memplot;
-    int64_t epochs, batch, max_steps, train_limit, save_every, log_every;
+    int64_t epochs, batch, max_steps, train_limit, save_every, log_every, accumulate;
     double lr, momentum, weight_decay;
     const char *lr_schedule, *decay; /* "constant" / "step" / "cosine"; "all" / "matrices" */
     int64_t warmup_steps, lr_step_size, lr_decay_steps;
@@ -88,7 +92,7 @@ typedef struct train_opts {
     int json, log_steps, eval_only, profile;
     /* given on the command line (checked against a resumed checkpoint) */
     int set_optimizer, set_lr, set_momentum, set_weight_decay, set_epochs;
-    int set_seed, set_batch, set_limit;
+    int set_seed, set_batch, set_limit, set_accumulate;
     int set_schedule, set_decay, set_clip; /* any schedule flag; --decay; --clip-grad-norm */
     cli_model arch; /* --model, --hidden, --channels, --init */
 } train_opts;
@@ -309,7 +313,8 @@ typedef struct trainer {
     int diverged; /* run_epoch stopped on a non-finite loss and said so */
     int64_t saved_step; /* the step of this run's last --save, or -1 */
     int rank, world;    /* data parallelism: this rank of world (1: a single process) */
-    ts_ddp *ddp;        /* gradient averaging when world > 1 */
+    ts_trainer *tr;     /* the step (data-parallel when world > 1) */
+    int64_t correct;    /* this rank's correct predictions in the epoch so far */
     int stopped_by;     /* the signal that stopped training, or 0 */
     double started;     /* cli_now() when training began */
     int64_t first_step; /* t->step then (a resumed run's start) */
@@ -414,6 +419,7 @@ static ts_status save(trainer *t, const char *path)
         meta_u64(ck, "train.batch_size", (uint64_t)t->o.batch);
         meta_u64(ck, "train.train_limit", (uint64_t)t->o.train_limit);
         meta_u64(ck, "train.epochs", (uint64_t)t->o.epochs);
+        meta_u64(ck, "train.accumulate", (uint64_t)t->o.accumulate);
         meta_u64(ck, "train.step", (uint64_t)t->step);
         meta_u64(ck, "train.epoch", epoch);
         meta_u64(ck, "train.batch", (uint64_t)batch);
@@ -792,6 +798,12 @@ ts_status cli_count_correct(ts_tensor *logits, ts_tensor *labels, int64_t *corre
     return s;
 }
 
+/* The trainer's on_output: a running count of correct predictions. */
+static ts_status count_correct(void *user, ts_tensor *logits, ts_tensor *labels)
+{
+    return cli_count_correct(logits, labels, &((trainer *)user)->correct);
+}
+
 static ts_status evaluate(trainer *t, double *acc)
 {
     int64_t n = ts_tensor_size(t->test_x, 0), correct = 0, lo, mine;
@@ -871,65 +883,19 @@ static ts_status run_epoch(trainer *t, int *stop)
 {
     ts_tensor *x, *y;
     double loss_sum = 0, t0 = cli_now();
-    int64_t seen = 0, correct = 0, nb = ts_loader_batches(t->loader), bi;
+    int64_t seen = 0, nb = ts_loader_batches(t->loader), bi;
     uint64_t ep;
     ts_loader_position(t->loader, &ep, &bi);
     const int64_t first_bi = bi; /* > 0 in an epoch resumed part-way */
     ts_status s;
     while ((s = ts_loader_next(t->loader, &x, &y)) == TS_OK && x) {
-        ts_tensor *logits = NULL, *loss = NULL, *d = NULL;
-        double lv = 0;
         cli_step_mark(t->o.profile, (long long)t->step + 1, 1);
-        int64_t bs = ts_tensor_size(x, 0), lo = 0, n = bs;
-        if (t->world > 1) { /* this rank's rows of the global batch */
-            ts_tensor *xs = NULL, *ys = NULL;
-            shard(t, bs, &lo, &n);
-            if ((s = ts_tensor_narrow(x, 0, lo, n, &xs)) == TS_OK)
-                s = ts_tensor_narrow(y, 0, lo, n, &ys);
-            ts_tensor_unref(x);
-            ts_tensor_unref(y);
-            x = xs, y = ys;
-        }
-        /* A shard's mean loss, weighted by its share so that the average over ranks of the
-         * gradients is the global batch's mean (the weight is 1 with equal shards). */
-        double share = (double)n * (double)t->world / (double)bs;
-        if (s == TS_OK && n > 0 &&
-            (s = ts_module_forward(t->model, x, &logits)) == TS_OK &&
-            (s = ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) == TS_OK) {
-            if (share != 1.0) {
-                ts_tensor *w = NULL;
-                s = ts_mul_scalar(loss, share, &w);
-                ts_tensor_unref(loss);
-                loss = w;
-            }
-            if (s == TS_OK)
-                s = ts_backward(loss, NULL, 0);
-        }
-        if (s == TS_OK && t->ddp) /* every rank, even one with no rows */
-            s = ts_ddp_sync(t->ddp);
-        if (s == TS_OK &&
-            (t->o.clip <= 0 ||
-             (s = ts_clip_grad_norm(t->params, t->nparams, t->o.clip, NULL)) == TS_OK) &&
-            (s = ts_optim_step(t->opt)) == TS_OK && n > 0 &&
-            (s = ts_cast(loss, TS_F64, &d)) == TS_OK && (s = ts_tensor_to_host(d, &lv, sizeof lv)) == TS_OK) {
-            ts_no_grad_enter();
-            s = cli_count_correct(logits, y, &correct);
-            ts_no_grad_exit();
-        }
-        if (s == TS_OK)
-            ts_optim_zero_grad(t->opt);
-        /* A stop signal: every rank stops after the same step (the first to see one tells
-         * the others in the loss's sum). */
-        int stop_now = cli_stop_requested() != 0;
-        if (s == TS_OK && t->world > 1) { /* the global batch's loss: the shards' weighted sum */
-            double red[2] = {n > 0 ? lv / share * (double)n / (double)bs : 0, stop_now};
-            s = ts_dist_allreduce_sum(red, 2, TS_F64);
-            lv = red[0];
-            stop_now = red[1] > 0;
-        }
-        ts_tensor_unref(logits);
-        ts_tensor_unref(loss);
-        ts_tensor_unref(d);
+        int64_t bs = ts_tensor_size(x, 0);
+        /* a stop signal: every rank stops after the same step */
+        ts_step_result r = {.stop = cli_stop_requested() != 0};
+        s = ts_trainer_step(t->tr, x, y, &r);
+        double lv = r.loss;
+        int stop_now = r.stop;
         ts_tensor_unref(x);
         ts_tensor_unref(y);
         cli_step_mark(t->o.profile, (long long)t->step + 1, 0);
@@ -992,6 +958,8 @@ static ts_status run_epoch(trainer *t, int *stop)
         fflush(stderr);
     }
     double secs = cli_now() - t0, test_acc = 0;
+    int64_t correct = t->correct;
+    t->correct = 0;
     s = ts_dist_allreduce_sum(&correct, 1, TS_I64);
     ts_memtrace_marker("eval", 1);
     if (s == TS_OK)
@@ -1039,7 +1007,7 @@ static ts_status run_epoch(trainer *t, int *stop)
 static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
 {
     *o = (train_opts){.model = "lenet5", .optimizer = "adam", .epochs = 1, .batch = 64,
-                      .seed = 1, .json = common->json, .lr_schedule = "constant",
+                      .accumulate = 1, .seed = 1, .json = common->json, .lr_schedule = "constant",
                       .decay = "all", .min_lr = -1, .lr_gamma = 0.5};
     cli_model_init(&o->arch);
     for (int i = 1; i < argc; i++) {
@@ -1067,6 +1035,9 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
         } else if (!strcmp(a, "--batch-size")) {
             bad = cli_parse_i64("train", a, v, 1, MAX_BATCH, &o->batch), i++;
             o->set_batch = 1;
+        } else if (!strcmp(a, "--accumulate")) {
+            bad = cli_parse_i64("train", a, v, 1, MAX_BATCH, &o->accumulate), i++;
+            o->set_accumulate = 1;
         } else if (!strcmp(a, "--max-steps")) {
             bad = cli_parse_i64("train", a, v, 0, MAX_STEPS, &o->max_steps), i++;
         } else if (!strcmp(a, "--memtrace") || !strcmp(a, "--memplot")) {
@@ -1281,7 +1252,7 @@ static int adopt_run(train_opts *o)
     /* Given otherwise, --seed, --batch-size and --train-limit are refused by resume() (with
      * the checkpoint's position checked too); --epochs is an override. */
     uint64_t seed = o->seed, batch = (uint64_t)o->batch, limit = (uint64_t)o->train_limit,
-             epochs = (uint64_t)o->epochs;
+             epochs = (uint64_t)o->epochs, accumulate = (uint64_t)o->accumulate;
     const char *p = o->resume;
     int rc = cli_adopt_int(ck, p, (cli_run_key){"train.seed", "--seed", o->set_seed, 0, 0}, 0,
                            UINT64_MAX, &seed);
@@ -1294,8 +1265,13 @@ static int adopt_run(train_opts *o)
     if (!rc)
         rc = cli_adopt_int(ck, p, (cli_run_key){"train.epochs", "--epochs", o->set_epochs, 0, 0},
                            1, MAX_EPOCHS, &epochs);
+    if (!rc) /* given: an override (the same step to float rounding, in other pieces) */
+        rc = cli_adopt_int(ck, p, (cli_run_key){"train.accumulate", "--accumulate",
+                                                o->set_accumulate, 0, 0}, 1, MAX_BATCH,
+                           &accumulate);
     o->seed = seed;
     o->batch = (int64_t)batch;
+    o->accumulate = (int64_t)accumulate;
     o->train_limit = (int64_t)limit;
     o->epochs = (int64_t)epochs;
     ts_checkpoint_free(ck);
@@ -1330,6 +1306,12 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         return rc < 0 ? 0 : rc;
     if ((rc = adopt_run(&t.o)))
         return rc;
+    if (t.o.accumulate > t.o.batch) {
+        fprintf(stderr, "tessera: error: train: --accumulate %lld is more than the batch size "
+                        "%lld: each micro-batch needs one row at least\n",
+                (long long)t.o.accumulate, (long long)t.o.batch);
+        return 2;
+    }
     /* the progress bar: on stderr when it is a terminal (rank 0 alone), not mixed into
      * --log-steps lines or into JSON on the same terminal */
     t.tty = isatty(STDERR_FILENO) && !t.o.log_steps && !(t.o.json && isatty(STDOUT_FILENO));
@@ -1422,11 +1404,6 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         t.world = 1; /* each rank stops on its own: none waits in a collective */
         goto out;
     }
-    if (t.world > 1 && ((s = ts_dist_broadcast_module(t.model, 0)) ||
-                        (s = ts_ddp_new(t.params, t.nparams, 0, &t.ddp)))) {
-        cli_fail(s, "data parallelism");
-        goto out;
-    }
     if (t.o.resume && t.o.eval_only) { /* tessera eval: the checkpoint's test accuracy */
         double acc = 0;
         if ((rc = resume(&t)))
@@ -1485,6 +1462,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         cJSON_AddStringToObject(j, "lr_schedule", t.o.lr_schedule);
         cJSON_AddNumberToObject(j, "clip_grad_norm", t.o.clip);
         cJSON_AddNumberToObject(j, "batch_size", (double)t.o.batch);
+        cJSON_AddNumberToObject(j, "accumulate", (double)t.o.accumulate);
         cJSON_AddNumberToObject(j, "epochs", (double)t.o.epochs);
         cJSON_AddNumberToObject(j, "max_steps", (double)t.o.max_steps);
         if (t.o.seed < ((uint64_t)1 << 53)) /* exact as a JSON number */
@@ -1510,6 +1488,9 @@ int cmd_train(int argc, char **argv, const cli_common *common)
             printf("  data parallel: %d ranks over '%s', each a %lld-row part of every batch "
                    "of %lld\n", t.world, ts_dist_backend(), (long long)(t.o.batch / t.world),
                    (long long)t.o.batch);
+        if (t.o.accumulate > 1)
+            printf("  gradient accumulation: each batch in %lld micro-batches\n",
+                   (long long)t.o.accumulate);
         char clip_txt[48] = "off";
         if (t.o.clip > 0)
             snprintf(clip_txt, sizeof clip_txt, "at norm %g", t.o.clip);
@@ -1517,6 +1498,12 @@ int cmd_train(int argc, char **argv, const cli_common *common)
             printf("  lr schedule %s; weight decay on %s; gradient clipping %s\n",
                    schedule_text(t.opt, sched_txt, sizeof sched_txt),
                    strcmp(t.o.decay, "all") ? "matrices only" : "every parameter", clip_txt);
+    }
+    ts_trainer_options to = {.on_output = count_correct, .user = &t, .clip_grad_norm = t.o.clip,
+                             .accumulate = t.o.accumulate};
+    if ((s = ts_trainer_new(t.model, t.opt, &to, &t.tr))) {
+        cli_fail(s, t.world > 1 ? "data parallelism" : "cannot set up training");
+        goto out;
     }
     int stop = 0;
     t.started = cli_now();
@@ -1596,7 +1583,7 @@ out:
     if (rc && t.world > 1) /* the other ranks would wait for this one in a collective */
         ts_dist_abort(rc, "rank %d of %d stopped: %s", t.rank, t.world,
                       ts_last_error()[0] ? ts_last_error() : "see its error above");
-    ts_ddp_free(t.ddp);
+    ts_trainer_free(t.tr);
     trainer_free(&t);
     ts_dist_shutdown();
     ts_shutdown();

@@ -31,7 +31,7 @@ static const char usage[] =
     "                     [--clip-grad-norm X] [--eval-every N] [--eval-batches N] [--seed S]\n"
     "                     [--device NAME] [--save CKPT] [--resume CKPT] [--save-initial CKPT]\n"
     "                     [--log-steps] [--json] [--memtrace TRACE] [--memplot FILE.svg]\n"
-    "                     [--profile]\n"
+    "                     [--profile] [--accumulate K] [--checkpoint-activations on|off]\n"
     "\n"
     "Trains a character-level GPT on a text file, bytes as tokens; the last 10% of the file is\n"
     "held out for validation. Default text: the Debian package fortunes (" FORTUNES_DIR
@@ -46,6 +46,11 @@ static const char usage[] =
     "initialised weights (bench/gpt_compare.py starts PyTorch from them). Losses are in nats per token; bits per\n"
     "byte is that over ln 2. --save is written at each evaluation; SIGINT or SIGTERM finishes\n"
     "the step, saves (with --save) and exits with 130 or 143.\n"
+    "--accumulate K runs each batch as K micro-batches whose gradients add up (the same step\n"
+    "to float rounding, a K-th of the activations); --checkpoint-activations on keeps only\n"
+    "each block's input and recomputes the block in backward (the same gradients, about a\n"
+    "third more compute). On --resume both are the checkpoint's unless given; given, they\n"
+    "change how the run computes, not what it computes.\n"
     "--profile times every kernel and prints where a step's time goes at the end (a JSON\n"
     "record with --json); with --memtrace each kernel is also a slice in the trace, inside\n"
     "\"step N\" slices, on the same timeline as the memory (Perfetto, chrome://tracing).\n";
@@ -53,7 +58,7 @@ static const char usage[] =
 typedef struct gpt_opts {
     const char *text, *device, *save, *resume, *save_initial, *memtrace, *memplot;
     ts_gpt_config cfg;
-    int64_t batch, steps, max_steps, warmup, eval_every, eval_batches;
+    int64_t batch, steps, max_steps, warmup, eval_every, eval_batches, accumulate;
     double lr, min_lr, weight_decay, clip;
     uint64_t seed;
     int json, log_steps, eval_only, profile;
@@ -62,7 +67,7 @@ typedef struct gpt_opts {
 
 /* Run settings a resumed run takes from its checkpoint unless given (then they must agree). */
 enum { GIVEN_LR = 1, GIVEN_MIN_LR = 2, GIVEN_WD = 4, GIVEN_STEPS = 8, GIVEN_WARMUP = 16,
-       GIVEN_BATCH = 32, GIVEN_SEED = 64 };
+       GIVEN_BATCH = 32, GIVEN_SEED = 64, GIVEN_ACCUMULATE = 128, GIVEN_CHECKPOINT = 256 };
 
 /* ---- the text ------------------------------------------------------------------------- */
 
@@ -204,6 +209,13 @@ static ts_status windows(ts_device *dev, const unsigned char *text, size_t n, ui
     return s;
 }
 
+/* The trainer's loss: the mean next-token cross-entropy. */
+static ts_status gpt_loss(void *user, ts_tensor *logits, ts_tensor *targets, ts_tensor **loss)
+{
+    (void)user;
+    return ts_gpt_loss(logits, targets, loss);
+}
+
 /* Mean loss (nats per token) of the model on batch x, y; grad mode off. */
 static ts_status eval_loss(ts_module *gpt, ts_tensor *x, ts_tensor *y, double *out)
 {
@@ -240,7 +252,7 @@ typedef struct run {
     int64_t step;
     uint64_t text_hash;
     int rank, world; /* data parallelism: this rank of world (1: a single process) */
-    ts_ddp *ddp;
+    ts_trainer *tr; /* the step (data-parallel when world > 1) */
     int stopped; /* the signal that stopped training, or 0 */
     char trace[4200]; /* --memtrace's file, while one is written */
 } run;
@@ -296,6 +308,8 @@ static ts_status save_to(const run *r, const char *path)
         ts_checkpoint_set_meta(ck, "train.tokenizer", "bytes");
         meta_u64(ck, "train.seed", r->o.seed);
         meta_u64(ck, "train.batch_size", (uint64_t)r->o.batch);
+        meta_u64(ck, "train.accumulate", (uint64_t)r->o.accumulate);
+        meta_u64(ck, "train.checkpoint_activations", (uint64_t)r->o.cfg.checkpoint);
         meta_u64(ck, "train.step", (uint64_t)r->step);
         meta_u64(ck, "train.rng_offset", r->rng.offset);
         meta_u64(ck, "train.text_hash", r->text_hash);
@@ -352,7 +366,8 @@ static int adopt_settings(run *r)
     }
     /* in this order: each range may depend on a value adopted before it */
     uint64_t seed = o->seed, batch = (uint64_t)o->batch, steps = (uint64_t)o->steps,
-             warmup = (uint64_t)o->warmup;
+             warmup = (uint64_t)o->warmup, accumulate = (uint64_t)o->accumulate,
+             ckpt = (uint64_t)o->cfg.checkpoint;
 #define KEY(key, opt, bit) ((cli_run_key){key, opt, (o->given & (bit)) != 0, 1, 1})
     int rc;
     if ((rc = cli_adopt_int(r->ck, path, KEY("train.seed", "--seed", GIVEN_SEED), 0, UINT64_MAX,
@@ -371,6 +386,18 @@ static int adopt_settings(run *r)
                             0, 0, 1e6, &o->weight_decay)))
         return rc;
 #undef KEY
+    /* how the run computes, not what: an older checkpoint has neither, and given they are
+     * overrides */
+#define KEY(key, opt, bit) ((cli_run_key){key, opt, (o->given & (bit)) != 0, 0, 0})
+    if ((rc = cli_adopt_int(r->ck, path, KEY("train.accumulate", "--accumulate",
+                                             GIVEN_ACCUMULATE), 1, batch, &accumulate)) ||
+        (rc = cli_adopt_int(r->ck, path, KEY("train.checkpoint_activations",
+                                             "--checkpoint-activations", GIVEN_CHECKPOINT), 0, 1,
+                            &ckpt)))
+        return rc;
+#undef KEY
+    o->accumulate = (int64_t)accumulate;
+    o->cfg.checkpoint = (int)ckpt;
     o->seed = seed;
     o->batch = (int64_t)batch;
     o->steps = (int64_t)steps;
@@ -408,8 +435,9 @@ static int resume(run *r)
 
 static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
 {
-    *o = (gpt_opts){.cfg = {256, 128, 4, 4, 128, 0},
+    *o = (gpt_opts){.cfg = {256, 128, 4, 4, 128, 0, 0},
                     .batch = 16,
+                    .accumulate = 1,
                     .steps = 2000,
                     .warmup = 100,
                     .eval_every = 200,
@@ -431,7 +459,8 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
         } bits[] = {{"--lr", GIVEN_LR},         {"--min-lr", GIVEN_MIN_LR},
                     {"--weight-decay", GIVEN_WD}, {"--steps", GIVEN_STEPS},
                     {"--warmup-steps", GIVEN_WARMUP}, {"--batch-size", GIVEN_BATCH},
-                    {"--seed", GIVEN_SEED}};
+                    {"--seed", GIVEN_SEED}, {"--accumulate", GIVEN_ACCUMULATE},
+                    {"--checkpoint-activations", GIVEN_CHECKPOINT}};
         for (size_t k = 0; k < sizeof bits / sizeof bits[0]; k++)
             if (!strcmp(a, bits[k].opt))
                 o->given |= bits[k].bit;
@@ -445,6 +474,7 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
                        : !strcmp(a, "--warmup-steps") ? &o->warmup
                        : !strcmp(a, "--eval-every")   ? &o->eval_every
                        : !strcmp(a, "--eval-batches") ? &o->eval_batches
+                       : !strcmp(a, "--accumulate")   ? &o->accumulate
                                                       : NULL;
         double *dbl = !strcmp(a, "--lr")               ? &o->lr
                       : !strcmp(a, "--min-lr")         ? &o->min_lr
@@ -463,12 +493,17 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
                          : i64 == &o->cfg.heads  ? 64
                          : i64 == &o->cfg.embd   ? 8192
                          : i64 == &o->batch      ? 4096
+                         : i64 == &o->accumulate ? 4096
                                                  : (int64_t)1 << 40;
             bad = cli_parse_i64("train", a, v, lo, hi, i64), i++;
         } else if (dbl) {
             double hi = dbl == &o->cfg.dropout ? 0.99 : dbl == &o->clip ? 1e12 : 1e6;
             int open = dbl == &o->lr;
             bad = cli_parse_double("train", a, v, 0, open, hi, dbl), i++;
+        } else if (!strcmp(a, "--checkpoint-activations")) {
+            if (!v || (strcmp(v, "on") && strcmp(v, "off")))
+                return cli_usage_error("train", "--checkpoint-activations takes on or off");
+            o->cfg.checkpoint = !strcmp(v, "on"), i++;
         } else if (!strcmp(a, "--seed")) {
             bad = cli_parse_u64("train", a, v, 0, UINT64_MAX, &o->seed), i++;
         } else if (!strcmp(a, "--text") || !strcmp(a, "--device") || !strcmp(a, "--save") ||
@@ -508,6 +543,10 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
     if (o->resume && o->save_initial)
         return cli_usage_error("train", "--save-initial writes a new model's initial weights; "
                                "with --resume there is none (leave one of them out)");
+    if (o->accumulate > o->batch)
+        return cli_usage_error("train", "--accumulate %lld is more than --batch-size %lld: each "
+                               "micro-batch needs one row at least",
+                               (long long)o->accumulate, (long long)o->batch);
     if (o->cfg.embd % o->cfg.heads)
         return cli_usage_error("train", "--embd %lld is not a multiple of --heads %lld",
                                (long long)o->cfg.embd, (long long)o->cfg.heads);
@@ -657,19 +696,16 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         r.world = 1; /* each rank stops on its own */
         goto out;
     }
-    if (r.world > 1 && ((s = ts_dist_broadcast_module(r.gpt, 0)) ||
-                        (s = ts_ddp_new(r.params, r.np, 0, &r.ddp)))) {
-        cli_fail(s, "data parallelism");
+    ts_trainer_options to = {.loss_fn = gpt_loss, .clip_grad_norm = r.o.clip,
+                             .accumulate = r.o.accumulate};
+    if ((s = ts_trainer_new(r.gpt, r.opt, &to, &r.tr))) {
+        cli_fail(s, r.world > 1 ? "data parallelism" : "cannot set up training");
         goto out;
     }
     /* Dropout: each rank draws from a stream of its own (the same seed on every rank would
      * give row i of every rank the same mask); rank 0's is the single process's. */
     if (r.rank > 0)
         r.rng.seed = mix(r.rng.seed ^ mix(0x6a09e667f3bcc909ull * (uint64_t)r.rank));
-    /* this rank's rows of every global batch */
-    const int64_t q = r.o.batch / r.world, rem = r.o.batch % r.world;
-    const int64_t b0 = r.rank * q + (r.rank < rem ? r.rank : rem), nb = q + (r.rank < rem);
-    const double share = (double)nb * (double)r.world / (double)r.o.batch;
     char arch[256];
     if (r.o.eval_only) { /* tessera eval: the checkpoint's validation loss, no step */
         double val = 0;
@@ -705,6 +741,8 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         cJSON_AddNumberToObject(j, "clip_grad_norm", r.o.clip);
         cJSON_AddNumberToObject(j, "warmup_steps", (double)r.o.warmup);
         cJSON_AddNumberToObject(j, "batch_size", (double)r.o.batch);
+        cJSON_AddNumberToObject(j, "accumulate", (double)r.o.accumulate);
+        cJSON_AddBoolToObject(j, "checkpoint_activations", r.o.cfg.checkpoint);
         cJSON_AddNumberToObject(j, "steps", (double)r.o.steps);
         cJSON_AddNumberToObject(j, "max_steps", (double)r.o.max_steps);
         char sd[24];
@@ -731,6 +769,11 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
                (unsigned long long)r.o.seed, r.o.lr, r.o.weight_decay, (long long)r.o.warmup,
                r.o.min_lr, (long long)r.o.steps, r.o.resume ? ", resumed from " : "",
                r.o.resume ? r.o.resume : "", resumed_at);
+        if (r.o.accumulate > 1)
+            printf("  gradient accumulation: each batch in %lld micro-batches\n",
+                   (long long)r.o.accumulate);
+        if (r.o.cfg.checkpoint)
+            printf("  activation checkpointing: each block recomputed in backward\n");
     }
     double t0 = cli_now(), loss_sum = 0, started = t0, last_val = NAN, best_val = NAN;
     int64_t since = 0, first_step = r.step;
@@ -743,40 +786,16 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     }
     cli_profile_begin(r.o.profile);
     for (; r.step < stop; r.step++) {
-        ts_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL, *d = NULL;
-        double lv = 0;
+        ts_tensor *x = NULL, *y = NULL;
         cli_step_mark(r.o.profile, (long long)r.step + 1, 1);
-        ts_module_train(r.gpt, 1);
-        /* this rank's windows; its mean loss weighted by its share of the global batch, so
-         * that the average of the ranks' gradients is the global batch's */
-        if (nb > 0 &&
-            !(s = windows(r.dev, text, ntrain, r.o.seed, (uint64_t)r.step, b0, nb, T, &x, &y)) &&
-            !(s = ts_module_forward(r.gpt, x, &logits)) && !(s = ts_gpt_loss(logits, y, &loss)) &&
-            !(s = ts_cast(loss, TS_F64, &d)) && !(s = ts_tensor_to_host(d, &lv, sizeof lv))) {
-            if (share != 1.0) {
-                ts_tensor *w = NULL;
-                s = ts_mul_scalar(loss, share, &w);
-                ts_tensor_unref(loss);
-                loss = w;
-            }
-            if (!s)
-                s = ts_backward(loss, NULL, 0);
-        }
-        if (!s && r.ddp)
-            s = ts_ddp_sync(r.ddp);
-        if (!s && (r.o.clip <= 0 || !(s = ts_clip_grad_norm(r.params, r.np, r.o.clip, NULL))))
-            s = ts_optim_step(r.opt);
-        /* SIGINT/SIGTERM: every rank stops after this step (the flag rides on the sum) */
-        int stop_now = cli_stop_requested() != 0;
-        if (!s && r.world > 1) { /* the global batch's loss */
-            double red[2] = {lv * (double)nb / (double)r.o.batch, stop_now};
-            s = ts_dist_allreduce_sum(red, 2, TS_F64);
-            lv = red[0];
-            stop_now = red[1] > 0;
-        }
-        ts_optim_zero_grad(r.opt);
-        ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(logits);
-        ts_tensor_unref(loss), ts_tensor_unref(d);
+        /* SIGINT/SIGTERM: every rank stops after this step */
+        ts_step_result res = {.stop = cli_stop_requested() != 0};
+        if (!(s = windows(r.dev, text, ntrain, r.o.seed, (uint64_t)r.step, 0, r.o.batch, T, &x,
+                          &y)))
+            s = ts_trainer_step(r.tr, x, y, &res);
+        double lv = res.loss;
+        int stop_now = res.stop;
+        ts_tensor_unref(x), ts_tensor_unref(y);
         cli_step_mark(r.o.profile, (long long)r.step + 1, 0);
         if (s) {
             cli_fail(s, "training failed");
@@ -883,7 +902,7 @@ out:
     if (rc && r.world > 1 && !r.stopped)
         ts_dist_abort(rc, "rank %d of %d stopped: %s", r.rank, r.world,
                       ts_last_error()[0] ? ts_last_error() : "see its error above");
-    ts_ddp_free(r.ddp);
+    ts_trainer_free(r.tr);
     ts_optim_free(r.opt);
     ts_checkpoint_free(r.ck);
     free(r.params);

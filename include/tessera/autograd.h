@@ -96,6 +96,11 @@ typedef ts_status (*ts_segment_fn)(void *user, int nin, ts_tensor *const *in, ts
  * extra forward of the segment for its activation memory. (transfer full) on *out. */
 ts_status ts_grad_checkpoint(ts_segment_fn fn, void *user, int nin, ts_tensor *const *inputs,
                         ts_tensor **out);
+/* The same for a segment that draws random numbers from rng (dropout): the recomputation
+ * draws what the forward drew (rng's offset set back for it, then restored), so the
+ * gradients are those of the forward that ran. */
+ts_status ts_grad_checkpoint_rng(ts_segment_fn fn, void *user, ts_rng *rng, int nin,
+                                 ts_tensor *const *inputs, ts_tensor **out);
 
 /* ---- losses ----------------------------------------------------------------------------- */
 

@@ -82,6 +82,10 @@ ts_status ts_ddp_new(const ts_named_tensor *params, size_t n, size_t bucket_byte
 /* After ts_backward (every rank calls it once per step): gradients averaged. A parameter
  * without a gradient on this rank counts as zeros. */
 ts_status ts_ddp_sync(ts_ddp *d);
+/* Gradient accumulation (PyTorch's no_sync): with on, the backwards that follow leave their
+ * gradients in .grad without starting any sum; turn it off before the last micro-batch's
+ * backward, whose buckets then carry the accumulated gradients. */
+void ts_ddp_no_sync(ts_ddp *d, int on);
 typedef struct ts_ddp_stats {
     uint64_t steps;            /* ts_ddp_sync calls */
     uint64_t buckets;          /* bucket reductions, in all */

@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 24
+plan 26
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -150,6 +150,33 @@ if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst$vworst\" !~ /n/ && $worst <= 1e-4
 else
     fail "mpirun -np 2 train --model gpt" "rc=$rc worst=$worst validation=$vworst" \
         "$(paste "$TMP/g1.l" "$TMP/g2.l" | head -5)" "$(tail -5 "$TMP/g2.err")" "$(tail -3 "$TMP/g2.json")"
+fi
+# Gradient accumulation under data parallelism: each rank's share in micro-batches (the GPT's
+# 3 + 2 rows as 2 + 1 and 1 + 1), the buckets summed once, after the last micro-batch; with
+# checkpointed blocks. The same losses as one process without either, to the bound above.
+timeout "$(hang_limit 300)" $MPI $G --accumulate 2 --checkpoint-activations on >"$TMP/g3.json" 2>"$TMP/g3.err"
+rc=$?
+grep '"step": [0-9]*, "loss"' "$TMP/g3.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/g3.l"
+worst=$(paste "$TMP/g1.l" "$TMP/g3.l" | awk 'BEGIN{w=0; n=0}
+    {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n/ && $worst <= 1e-4)}"; then
+    ok "mpirun -np 2 train --model gpt --accumulate 2 --checkpoint-activations on: 50 losses equal one process's (worst $worst)"
+else
+    fail "mpirun -np 2 train --model gpt --accumulate 2" "rc=$rc worst=$worst" \
+        "$(paste "$TMP/g1.l" "$TMP/g3.l" | head -5)" "$(tail -5 "$TMP/g3.err")"
+fi
+$T --model mlp --optimizer sgd >"$TMP/one.json" 2>"$TMP/one.err"
+timeout "$(hang_limit 300)" $MPI $T --model mlp --optimizer sgd --accumulate 3 >"$TMP/acc.json" 2>"$TMP/acc.err"
+rc=$?
+steps_of "$TMP/one.json" >"$TMP/one.l"
+steps_of "$TMP/acc.json" >"$TMP/acc.l"
+worst=$(paste "$TMP/one.l" "$TMP/acc.l" | awk 'BEGIN{w=0; n=0}
+    {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n=/ && $worst <= 1e-4)}"; then
+    ok "mpirun -np 2 train --model mlp --accumulate 3: 50 losses equal one process's without (worst $worst)"
+else
+    fail "mpirun -np 2 train --model mlp --accumulate 3" "rc=$rc worst=$worst" \
+        "$(paste "$TMP/one.l" "$TMP/acc.l" | head -5)" "$(tail -5 "$TMP/acc.err")"
 fi
 # a --save path rank 0 cannot write ends the whole job at once (the other ranks would wait
 # for rank 0 in a collective); a rank with another --eval-every (another sequence of

@@ -4,8 +4,10 @@
 # byte-identical to the straight run, for an MNIST model and the GPT: model, optimizer,
 # schedule, seed, batch size, training slice and run length come from the checkpoint, and the
 # run saves where it was resumed from. The SIGINT message prints the command that continues.
+# The same with gradient accumulation and (the GPT) activation checkpointing with dropout,
+# which the checkpoint carries; given otherwise on --resume, they are accepted overrides.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 3
+plan 6
 DATA=/usr/share/datasets/fashion-mnist
 cd "$TMP" || exit 1
 
@@ -24,8 +26,36 @@ else
     fail "gpt: --max-steps then --resume alone" "$out" "$(cmp ga.ckpt gb.ckpt 2>&1)"
 fi
 
+# Accumulation over uneven micro-batches (4 rows: 2, 1, 1) and checkpointed blocks that draw
+# dropout masks: the stopped run resumes with neither flag and ends byte-identical.
+G2="--model gpt --text t.txt --context 16 --layers 2 --heads 2 --embd 16 --batch-size 4
+  --steps 12 --warmup-steps 2 --lr 0.003 --eval-every 6 --eval-batches 1 --seed 4 --dropout 0.1
+  --accumulate 3 --checkpoint-activations on"
+# shellcheck disable=SC2086
+"$TESSERA" train $G2 --save gc.ckpt >gc.out 2>&1
+# shellcheck disable=SC2086
+"$TESSERA" train $G2 --max-steps 5 --save gd.ckpt >gd.out 2>&1
+out=$("$TESSERA" train --resume gd.ckpt --text t.txt 2>&1)
+if cmp -s gc.ckpt gd.ckpt && contains "$out" "each batch in 3 micro-batches" &&
+    contains "$out" "activation checkpointing: each block recomputed"; then
+    ok "gpt --accumulate 3 --checkpoint-activations on --dropout 0.1: 5 steps, then --resume alone: byte for byte"
+else
+    fail "gpt: accumulation and checkpointing through --resume" "$out" "$(cmp gc.ckpt gd.ckpt 2>&1)"
+fi
+# Given otherwise on --resume: an override, shown in the start record.
+# shellcheck disable=SC2086
+"$TESSERA" train $G2 --max-steps 5 --save gf.ckpt >gf.out 2>&1
+out=$("$TESSERA" train --resume gf.ckpt --text t.txt --accumulate 1 --checkpoint-activations off \
+    --max-steps 6 --save ge.ckpt --json 2>&1)
+if [ $? -eq 0 ] && contains "$out" '"accumulate":1' && contains "$out" '"checkpoint_activations":false'; then
+    ok "gpt: --accumulate and --checkpoint-activations given on --resume override the checkpoint's"
+else
+    fail "gpt: overrides on --resume" "$out"
+fi
+
 if [ ! -d "$DATA" ]; then
     skip "mlp: --max-steps then --resume alone" "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)"
+    skip "mlp --accumulate: --max-steps then --resume alone" "Fashion-MNIST is not installed"
     skip "mlp: SIGINT then the printed command" "Fashion-MNIST is not installed"
     finish
 fi
@@ -40,6 +70,17 @@ if cmp -s a.ckpt b.ckpt && contains "$out" "resumed from b.ckpt at epoch 1, step
     ok "mlp: 13 steps, then train --resume CKPT alone: the straight run's checkpoint, byte for byte"
 else
     fail "mlp: --max-steps then --resume alone" "$out" "$(cmp a.ckpt b.ckpt 2>&1)"
+fi
+
+# shellcheck disable=SC2086
+"$TESSERA" train $M --accumulate 4 --save c.ckpt >c.out 2>&1
+# shellcheck disable=SC2086
+"$TESSERA" train $M --accumulate 4 --max-steps 13 --save d.ckpt >d.out 2>&1
+out=$("$TESSERA" train --resume d.ckpt 2>&1)
+if cmp -s c.ckpt d.ckpt && ! cmp -s a.ckpt c.ckpt && contains "$out" "each batch in 4 micro-batches"; then
+    ok "mlp --accumulate 4: 13 steps, then train --resume CKPT alone: byte for byte"
+else
+    fail "mlp --accumulate: --max-steps then --resume alone" "$out" "$(cmp c.ckpt d.ckpt 2>&1)"
 fi
 
 # SIGINT after the first steps: the message names the command that continues; running it

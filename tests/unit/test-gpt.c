@@ -43,7 +43,7 @@ static void test_names_and_tying(void)
     setup();
     ts_rng rng;
     ts_rng_init(&rng, 1);
-    ts_gpt_config cfg = {256, 16, 2, 2, 32, 0};
+    ts_gpt_config cfg = {256, 16, 2, 2, 32, 0, 0};
     ts_module *gpt;
     CHECK_OK(ts_gpt_new(&cfg, dev, &rng, &gpt));
     ts_named_tensor p[64];
@@ -103,7 +103,7 @@ static void test_memorises_text(void)
     }
     ts_rng rng;
     ts_rng_init(&rng, 7);
-    ts_gpt_config cfg = {256, 32, 2, 2, 48, 0};
+    ts_gpt_config cfg = {256, 32, 2, 2, 48, 0, 0};
     ts_module *gpt;
     CHECK_OK(ts_gpt_new(&cfg, dev, &rng, &gpt));
     size_t np = ts_module_parameters(gpt, NULL, 0);
@@ -180,7 +180,7 @@ static void test_gradcheck_float64(void)
     setup();
     ts_rng rng;
     ts_rng_init(&rng, 3);
-    ts_gpt_config cfg = {11, 6, 2, 2, 8, 0};
+    ts_gpt_config cfg = {11, 6, 2, 2, 8, 0, 0};
     ts_module *gpt;
     CHECK_OK(ts_gpt_new(&cfg, dev, &rng, &gpt));
     CHECK_OK(ts_module_to_dtype(gpt, TS_F64));
@@ -250,12 +250,70 @@ static void test_gradcheck_float64(void)
 /* The key/value-cached step gives, for each new position, the logits a full forward pass
  * over the same tokens gives there. Both are float32 over embd-long dot products; they differ
  * only in summation order, so 1e-4 relative to (1 + |logit|) bounds it with room. */
+/* Activation checkpointing (cfg.checkpoint): the same gradients bit for bit, dropout's
+ * masks included (the recomputation draws what the forward drew, and the generator ends
+ * where it would have), and a lower peak of the pool while backward runs. */
+static void test_checkpoint_activations(void)
+{
+    setup();
+    const char *text = "the quick brown fox jumps over the lazy dog; the lazy dog sleeps.";
+    const int64_t B = 4, T = 24, starts[4] = {0, 7, 19, 33};
+    ts_tensor *x, *y;
+    batch(text, starts, B, T, &x, &y);
+    ts_module *m[2];
+    ts_rng rng[2];
+    size_t peak[2];
+    for (int c = 0; c < 2; c++) {
+        ts_gpt_config cfg = {256, 32, 4, 2, 32, 0.1, c};
+        ts_rng_init(&rng[c], 11);
+        CHECK_OK(ts_gpt_new(&cfg, dev, &rng[c], &m[c]));
+        ts_module_train(m[c], 1);
+        ts_tensor *logits, *loss;
+        ts_device_reset_peak(dev);
+        ts_memory_stats st0 = {.struct_size = sizeof st0}, st1 = {.struct_size = sizeof st1};
+        ts_device_memory_stats(dev, &st0);
+        CHECK_OK(ts_module_forward(m[c], x, &logits));
+        CHECK_OK(ts_gpt_loss(logits, y, &loss));
+        CHECK_OK(ts_backward(loss, NULL, 0));
+        ts_device_memory_stats(dev, &st1);
+        peak[c] = (size_t)(st1.peak_in_use - st0.in_use);
+        ts_tensor_unref(logits), ts_tensor_unref(loss);
+    }
+    CHECK_MSG(rng[0].offset == rng[1].offset && rng[0].offset > 0,
+              "the generator is at %llu with checkpointing, %llu without",
+              (unsigned long long)rng[1].offset, (unsigned long long)rng[0].offset);
+    ts_named_tensor p0[64], p1[64];
+    size_t n = ts_module_parameters(m[0], p0, 64);
+    CHECK(ts_module_parameters(m[1], p1, 64) == n && n > 0);
+    int differ = 0;
+    for (size_t i = 0; i < n; i++) {
+        ts_tensor *g0 = ts_tensor_grad(p0[i].tensor), *g1 = ts_tensor_grad(p1[i].tensor);
+        CHECK_MSG(g0 && g1, "%s has no gradient", p0[i].name);
+        if (!g0 || !g1)
+            continue;
+        size_t bytes = (size_t)ts_tensor_numel(g0) * sizeof(float);
+        float *h0 = malloc(bytes), *h1 = malloc(bytes);
+        CHECK_OK(ts_tensor_to_host(g0, h0, bytes));
+        CHECK_OK(ts_tensor_to_host(g1, h1, bytes));
+        if (memcmp(h0, h1, bytes) && differ++ < 3)
+            CHECK_MSG(0, "%s: the gradient differs with checkpointing", p0[i].name);
+        free(h0), free(h1);
+    }
+    CHECK_MSG(peak[1] < peak[0] * 3 / 4, "peak in use %zu B with checkpointing, %zu B without",
+              peak[1], peak[0]);
+    printf("# peak in use during forward and backward: %zu B checkpointed, %zu B not\n", peak[1],
+           peak[0]);
+    ts_module_free(m[0]), ts_module_free(m[1]);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    teardown();
+}
+
 static void test_cache_matches_full_forward(void)
 {
     setup();
     ts_rng rng;
     ts_rng_init(&rng, 3);
-    ts_gpt_config cfg = {256, 12, 2, 4, 32, 0};
+    ts_gpt_config cfg = {256, 12, 2, 4, 32, 0, 0};
     ts_module *gpt;
     CHECK_OK(ts_gpt_new(&cfg, dev, &rng, &gpt));
     /* weights of a trained size: scale the small init up so that attention is not uniform */
@@ -311,6 +369,7 @@ int main(int argc, char **argv)
         TAP_SLOW_TEST(test_memorises_text),
         TAP_TEST(test_cache_matches_full_forward),
         TAP_TEST(test_gradcheck_float64),
+        TAP_TEST(test_checkpoint_activations),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -114,7 +114,7 @@ static void test_metadata_round_trip(void)
     c.nchannels = 4, c.channels[2] = 3, c.channels[3] = 5, c.nhidden = 1, c.hidden[0] = 9;
     round_trip(&c);
     CHECK_OK(ts_model_defaults("gpt", &c));
-    c.gpt = (ts_gpt_config){256, 64, 3, 2, 32, 0.125};
+    c.gpt = (ts_gpt_config){256, 64, 3, 2, 32, 0.125, 0};
     round_trip(&c);
     /* the keys themselves */
     ts_checkpoint *ck;
@@ -255,7 +255,7 @@ static void test_build_is_deterministic(void)
         ts_model_config c;
         CHECK_OK(ts_model_defaults(names[i], &c));
         if (!strcmp(names[i], "gpt"))
-            c.gpt = (ts_gpt_config){256, 8, 1, 2, 8, 0};
+            c.gpt = (ts_gpt_config){256, 8, 1, 2, 8, 0, 0};
         if (i == 4) /* 4 blocks (28 -> 14 -> 7 -> 3 -> 1) and hidden layers */
             c.nchannels = 4, c.channels[2] = 3, c.channels[3] = 5, c.nhidden = 2,
             c.hidden[0] = 7, c.hidden[1] = 3;

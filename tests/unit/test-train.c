@@ -1,7 +1,11 @@
-/* tests/unit/test-train.c: ts_train_epoch and ts_evaluate (tessera/train.h). An epoch through
- * ts_train_epoch leaves the same weights, bit for bit, as the loop written out by hand, and its
- * mean loss is the mean of that loop's losses; MSE trains too; ts_evaluate in batches equals
- * ts_accuracy over everything; bad arguments fail with what is wrong. */
+/* tests/unit/test-train.c: the trainer, ts_train_epoch and ts_evaluate (tessera/train.h). An
+ * epoch through ts_train_epoch leaves the same weights, bit for bit, as the loop written out
+ * by hand, and its mean loss is the mean of that loop's losses; MSE trains too; a trainer's
+ * step with clipping equals the hand-written step bit for bit, and with the batch in uneven
+ * micro-batches equals it to the rounding of the gradients' sums; a loss function of one's
+ * own and the output callback see every row; ts_evaluate in batches equals ts_accuracy over
+ * everything; bad arguments fail with what is wrong. */
+#include <float.h>
 #include <math.h>
 
 #include "../tap.h"
@@ -158,11 +162,216 @@ static void test_mse_and_errors(void)
     tap_end();
 }
 
+static ts_optim *sgd(ts_module *m)
+{
+    ts_named_tensor p[8];
+    ts_sgd_options o = TS_SGD_DEFAULTS(0.5);
+    ts_optim *opt;
+    CHECK_OK(ts_optim_sgd(p, ts_module_parameters(m, p, 8), &o, &opt));
+    return opt;
+}
+
+typedef struct seen {
+    int calls;
+    int64_t rows;
+    int losses;
+} seen;
+
+static ts_status count_rows(void *user, ts_tensor *out, ts_tensor *target)
+{
+    seen *s = user;
+    s->calls++;
+    s->rows += ts_tensor_shape(out)[0];
+    return ts_tensor_shape(target)[0] == ts_tensor_shape(out)[0] ? TS_OK
+                                                                  : ts_fail(TS_ESHAPE, "rows");
+}
+
+static ts_status my_loss(void *user, ts_tensor *out, ts_tensor *target, ts_tensor **loss)
+{
+    ((seen *)user)->losses++;
+    return ts_cross_entropy(out, target, TS_REDUCTION_MEAN, loss);
+}
+
+/* The largest |a - b| over m's and n's parameters, and the largest |a|. */
+static double param_diff(ts_module *m, ts_module *n, double *scale)
+{
+    ts_named_tensor pa[8], pb[8];
+    size_t np = ts_module_parameters(m, pa, 8), worst_i = 0;
+    CHECK(ts_module_parameters(n, pb, 8) == np);
+    double worst = 0;
+    *scale = 0;
+    for (size_t i = 0; i < np; i++) {
+        float ha[16 * F], hb[16 * F];
+        int64_t k = ts_tensor_numel(pa[i].tensor);
+        CHECK_OK(ts_tensor_to_host(pa[i].tensor, ha, (size_t)k * sizeof(float)));
+        CHECK_OK(ts_tensor_to_host(pb[i].tensor, hb, (size_t)k * sizeof(float)));
+        for (int64_t j = 0; j < k; j++) {
+            if (fabs((double)ha[j] - hb[j]) > worst)
+                worst = fabs((double)ha[j] - hb[j]), worst_i = i;
+            *scale = fmax(*scale, fabs(ha[j]));
+        }
+    }
+    (void)worst_i;
+    return worst;
+}
+
+/* One step written out: forward, loss, backward, clipping (clip > 0), step; the loss. */
+static double hand_step(ts_module *m, ts_optim *o, ts_tensor *x, ts_tensor *y, double clip)
+{
+    ts_named_tensor p[8];
+    size_t np = ts_module_parameters(m, p, 8);
+    ts_tensor *logits, *loss;
+    ts_module_train(m, 1);
+    CHECK_OK(ts_module_forward(m, x, &logits));
+    CHECK_OK(ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss));
+    CHECK_OK(ts_backward(loss, NULL, 0));
+    if (clip > 0) {
+        double norm;
+        CHECK_OK(ts_clip_grad_norm(p, np, clip, &norm));
+        CHECK_MSG(norm > clip, "gradient norm %g: not clipped, a weaker test", norm);
+    }
+    CHECK_OK(ts_optim_step(o));
+    ts_optim_zero_grad(o);
+    double v;
+    CHECK_OK(ts_tensor_item(loss, &v));
+    ts_tensor_unref(logits), ts_tensor_unref(loss);
+    return v;
+}
+
+static void test_trainer_step(void)
+{
+    ts_device *dev = tap_start();
+    ts_tensor *x, *y;
+    data(dev, &x, &y);
+    ts_module *hand = mlp(dev), *one = mlp(dev), *own = mlp(dev), *plain = mlp(dev),
+              *acc = mlp(dev);
+    ts_optim *oh = sgd(hand), *o1 = sgd(one), *oo = sgd(own), *op = sgd(plain), *oa = sgd(acc);
+    seen s1 = {0}, sa = {0}, so = {0};
+    ts_trainer *t1, *ta, *to;
+    ts_trainer_options opt = TS_TRAINER_OPTIONS_INIT;
+    opt.on_output = count_rows;
+    opt.user = &sa;
+    opt.accumulate = 5; /* 96 rows: 20, 19, 19, 19, 19; no clipping, which would hide a scale */
+    CHECK_OK(ts_trainer_new(acc, oa, &opt, &ta));
+    opt.clip_grad_norm = 0.25; /* small enough to clip */
+    opt.accumulate = 1;
+    opt.user = &s1;
+    CHECK_OK(ts_trainer_new(one, o1, &opt, &t1));
+    opt.user = &so;
+    opt.loss_fn = my_loss;
+    CHECK_OK(ts_trainer_new(own, oo, &opt, &to));
+    const int steps = 3;
+    for (int k = 0; k < steps; k++) {
+        double lh = hand_step(hand, oh, x, y, 0.25), lp = hand_step(plain, op, x, y, 0);
+        ts_step_result r1 = {0}, ra = {0}, ro = {0};
+        CHECK_OK(ts_trainer_step(t1, x, y, &r1));
+        CHECK_OK(ts_trainer_step(ta, x, y, &ra));
+        CHECK_OK(ts_trainer_step(to, x, y, &ro));
+        CHECK_MSG(r1.loss == lh && ro.loss == lh, "step %d: loss %.9g / %.9g, by hand %.9g", k,
+                  r1.loss, ro.loss, lh);
+        /* the micro-batches' float32 means of ~20 rows, weighted */
+        CHECK_MSG(fabs(ra.loss - lp) <= N * FLT_EPSILON * lp, "step %d: accumulated loss %.9g, "
+                  "whole batch %.9g", k, ra.loss, lp);
+        CHECK(r1.rows == N && ra.rows == N && !r1.stop && !ra.stop);
+    }
+    double scale, d;
+    d = param_diff(hand, one, &scale);
+    CHECK_MSG(d == 0, "one pass with clipping differs from the hand-written step by %g", d);
+    d = param_diff(hand, own, &scale);
+    CHECK_MSG(d == 0, "the loss function of one's own differs by %g", d);
+    /* Accumulated: the same gradient summed in other groups. Each gradient element is a sum
+     * over N rows, so its rounding is within N ulps of the sum of magnitudes, bounded here by
+     * the parameters' scale; three steps of lr 0.5. */
+    d = param_diff(plain, acc, &scale);
+    double tol = steps * N * FLT_EPSILON * scale, moved = param_diff(plain, hand, &scale);
+    CHECK_MSG(d <= tol, "accumulated over 5 micro-batches: parameters differ by %g (tolerance "
+              "%g)", d, tol);
+    CHECK_MSG(moved > 100 * tol, "the steps moved the parameters by %g only: a weak test",
+              moved);
+    CHECK(s1.calls == steps && s1.rows == steps * N);
+    CHECK_MSG(sa.calls == steps * 5 && sa.rows == steps * N, "on_output: %d calls, %lld rows",
+              sa.calls, (long long)sa.rows);
+    CHECK(so.losses == steps && so.calls == steps);
+    CHECK(ts_trainer_steps(ta) == steps);
+    ts_trainer_free(t1), ts_trainer_free(ta), ts_trainer_free(to);
+    ts_optim_free(oh), ts_optim_free(o1), ts_optim_free(oa), ts_optim_free(oo);
+    ts_optim_free(op);
+    ts_module_free(hand), ts_module_free(one), ts_module_free(acc), ts_module_free(own);
+    ts_module_free(plain);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    tap_end();
+}
+
+static ts_status failing_loss(void *user, ts_tensor *out, ts_tensor *target, ts_tensor **loss)
+{
+    (void)user, (void)out, (void)target, (void)loss;
+    return ts_fail(TS_EINVAL, "my loss refuses");
+}
+
+static void test_trainer_errors(void)
+{
+    ts_device *dev = tap_start();
+    ts_tensor *x, *y, *few;
+    data(dev, &x, &y);
+    ts_module *m = mlp(dev);
+    ts_optim *o = sgd(m);
+    ts_trainer *t = (ts_trainer *)&t;
+    ts_trainer_options opt = TS_TRAINER_OPTIONS_INIT;
+    CHECK_FAILS(ts_trainer_new(NULL, o, NULL, &t), TS_EINVAL, "NULL");
+    CHECK(t == NULL);
+    opt.accumulate = -2;
+    CHECK_FAILS(ts_trainer_new(m, o, &opt, &t), TS_EINVAL, "accumulate -2");
+    opt.accumulate = 1;
+    opt.clip_grad_norm = NAN;
+    CHECK_FAILS(ts_trainer_new(m, o, &opt, &t), TS_EINVAL, "clip_grad_norm");
+    opt.clip_grad_norm = 0;
+    opt.loss = (ts_loss_kind)9;
+    CHECK_FAILS(ts_trainer_new(m, o, &opt, &t), TS_EINVAL, "loss 9");
+    opt.loss = TS_LOSS_CROSS_ENTROPY;
+    opt.accumulate = 200; /* more micro-batches than rows: one row each */
+    CHECK_OK(ts_trainer_new(m, o, &opt, &t));
+    ts_step_result r = {0};
+    CHECK_OK(ts_trainer_step(t, x, y, &r));
+    CHECK(r.rows == N && isfinite(r.loss));
+    CHECK_OK(ts_tensor_narrow(y, 0, 0, N - 1, &few));
+    CHECK_FAILS(ts_trainer_step(t, x, few, &r), TS_ESHAPE, "same number of rows");
+    CHECK_FAILS(ts_trainer_step(t, x, NULL, &r), TS_EINVAL, "NULL");
+    CHECK(ts_trainer_steps(t) == 1);
+    ts_trainer_free(t);
+    opt.accumulate = 2;
+    opt.loss_fn = failing_loss;
+    CHECK_OK(ts_trainer_new(m, o, &opt, &t));
+    CHECK_FAILS(ts_trainer_step(t, x, y, &r), TS_EINVAL, "my loss refuses");
+    /* nothing left behind by the failed step: the next one starts from zero gradients */
+    ts_named_tensor p[8];
+    size_t np = ts_module_parameters(m, p, 8);
+    for (size_t i = 0; i < np; i++) {
+        const ts_tensor *g = ts_tensor_grad(p[i].tensor);
+        double v = 0;
+        if (g) {
+            ts_tensor *a, *sum;
+            CHECK_OK(ts_abs(g, &a));
+            CHECK_OK(ts_sum(a, 0, NULL, 0, &sum));
+            CHECK_OK(ts_tensor_item(sum, &v));
+            ts_tensor_unref(a), ts_tensor_unref(sum);
+        }
+        CHECK_MSG(v == 0, "%s keeps a gradient after a failed step", p[i].name);
+    }
+    ts_trainer_free(t);
+    ts_trainer_free(NULL);
+    ts_tensor_unref(few);
+    ts_optim_free(o), ts_module_free(m);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
         TAP_TEST(test_epoch_equals_hand_loop),
         TAP_TEST(test_mse_and_errors),
+        TAP_TEST(test_trainer_step),
+        TAP_TEST(test_trainer_errors),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
