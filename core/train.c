@@ -79,6 +79,19 @@ static void split(int64_t n_all, int64_t parts, int64_t i, int64_t *lo, int64_t 
     *n = q + (i < r);
 }
 
+/* The mean cross-entropy over every position: logits (N, ..., C) flattened to rows of C
+ * against the targets flattened alike (a sequence model's next-token loss). */
+static ts_tensor *cross_entropy(ts_tensor *logits, ts_tensor *y)
+{
+    int nd = logits ? ts_tensor_ndim(logits) : 0;
+    if (nd > 2 && y) {
+        const int64_t C = ts_tensor_shape(logits)[nd - 1], rows = ts_tensor_numel(logits) / C;
+        logits = ts_s_reshape(logits, 2, (const int64_t[]){rows, C});
+        y = ts_s_reshape(y, 1, (const int64_t[]){ts_tensor_numel(y)});
+    }
+    return ts_s_cross_entropy(logits, y, TS_REDUCTION_MEAN);
+}
+
 /* Forward, loss and backward of rows [lo, lo + n) of the global batch of `rows`; adds the
  * global-batch-weighted mean loss to *loss. */
 static ts_status micro_batch(ts_trainer *t, ts_tensor *x, ts_tensor *y, int64_t lo, int64_t n,
@@ -92,9 +105,10 @@ static ts_status micro_batch(ts_trainer *t, ts_tensor *x, ts_tensor *y, int64_t 
     ts_tensor *out = ts_s_forward(t->m, x), *l = NULL;
     if (t->o.loss_fn)
         l = TS_SCOPED(t->o.loss_fn(t->o.user, out, y, &l), l);
+    else if (t->o.loss == TS_LOSS_MSE)
+        l = ts_s_mse_loss(out, y, TS_REDUCTION_MEAN);
     else
-        l = t->o.loss == TS_LOSS_MSE ? ts_s_mse_loss(out, y, TS_REDUCTION_MEAN)
-                                     : ts_s_cross_entropy(out, y, TS_REDUCTION_MEAN);
+        l = cross_entropy(out, y);
     double lv = 0;
     if (l)
         ts_scope_adopt(ts_tensor_item(l, &lv), NULL);

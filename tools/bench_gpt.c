@@ -84,6 +84,7 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
     ts_module *gpt = NULL;
     ts_named_tensor *params = NULL;
     ts_optim *opt = NULL;
+    ts_trainer *tr = NULL;
     int64_t *xv = NULL, *yv = NULL;
     if (device && (s = ts_device_get(device, &dev))) {
         cli_fail(s, "--device");
@@ -110,6 +111,12 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
         goto out;
     }
     ts_gpt_decay_groups(opt);
+    ts_trainer_options to = {.loss = TS_LOSS_CROSS_ENTROPY, .clip_grad_norm = 1.0,
+                             .accumulate = 1};
+    if ((s = ts_trainer_new(gpt, opt, &to, &tr))) {
+        cli_fail(s, "bench gpt");
+        goto out;
+    }
     const char *paths[1] = {ts_device_path(dev)};
     int counted = cli_malloc_count_setup(paths, 1);
     mark marks[2];
@@ -127,16 +134,12 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
             if (i >= 1 && i - 1 < B * cfg.context)
                 yv[i - 1] = tok;
         }
-        ts_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL;
+        ts_tensor *x = NULL, *y = NULL;
         const int64_t shape[2] = {B, cfg.context};
         if (!(s = ts_tensor_from_host(dev, TS_I64, 2, shape, xv, &x)) &&
-            !(s = ts_tensor_from_host(dev, TS_I64, 2, shape, yv, &y)) &&
-            !(s = ts_module_forward(gpt, x, &logits)) && !(s = ts_gpt_loss(logits, y, &loss)) &&
-            !(s = ts_backward(loss, NULL, 0)) &&
-            !(s = ts_clip_grad_norm(params, np, 1.0, NULL)))
-            s = ts_optim_step(opt);
-        ts_optim_zero_grad(opt);
-        ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(logits), ts_tensor_unref(loss);
+            !(s = ts_tensor_from_host(dev, TS_I64, 2, shape, yv, &y)))
+            s = ts_trainer_step(tr, x, y, NULL); /* tessera train's step */
+        ts_tensor_unref(x), ts_tensor_unref(y);
         if (s) {
             cli_fail(s, "bench gpt");
             goto out;
@@ -200,6 +203,7 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
 out:
     free(xv);
     free(yv);
+    ts_trainer_free(tr);
     ts_optim_free(opt);
     free(params);
     ts_module_free(gpt);

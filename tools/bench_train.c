@@ -301,6 +301,7 @@ typedef struct session {
     ts_tensor *x, *y;
     int64_t nbatches;
     int gpt;
+    ts_trainer *tr; /* tessera train's step */
     /* --graph: fixed inputs, the recording and the loss it writes */
     int use_graph;
     ts_tensor *gx, *gy, *gloss;
@@ -349,21 +350,14 @@ static ts_status step(session *ss, ts_device *dev, int64_t i, int64_t batch)
 {
     if (ss->use_graph)
         return step_graph(ss, dev, i, batch);
-    ts_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL;
+    ts_tensor *x = NULL, *y = NULL;
     int64_t at = (i % ss->nbatches) * batch;
     ts_status s;
     if ((s = ts_tensor_narrow(ss->x, 0, at, batch, &x)) == TS_OK &&
         (s = ts_tensor_narrow(ss->y, 0, at, batch, &y)) == TS_OK &&
-        (s = ts_module_forward(ss->model, x, &logits)) == TS_OK &&
-        (s = ss->gpt ? ts_gpt_loss(logits, y, &loss)
-                     : ts_cross_entropy(logits, y, TS_REDUCTION_MEAN, &loss)) == TS_OK &&
-        (s = ts_backward(loss, NULL, 0)) == TS_OK &&
-        (!ss->gpt || (s = ts_clip_grad_norm(ss->params, ss->np, 1.0, NULL)) == TS_OK) &&
-        (s = ts_optim_step(ss->opt)) == TS_OK) {
-        ts_optim_zero_grad(ss->opt);
+        (s = ts_trainer_step(ss->tr, x, y, NULL)) == TS_OK) /* tessera train's step */
         s = ts_device_synchronize(dev);
-    }
-    ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(logits), ts_tensor_unref(loss);
+    ts_tensor_unref(x), ts_tensor_unref(y);
     return s;
 }
 
@@ -423,6 +417,10 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     } else if ((s = cli_make_optim(o->optimizer, o->lr, 0, 0, ss.params, np, &ss.opt))) {
         goto out;
     }
+    ts_trainer_options to = {.loss = TS_LOSS_CROSS_ENTROPY, .clip_grad_norm = o->gpt ? 1.0 : 0,
+                             .accumulate = 1};
+    if ((s = ts_trainer_new(ss.model, ss.opt, &to, &ss.tr)))
+        goto out;
     for (int64_t i = 0; i < o->warmup && s == TS_OK; i++)
         s = step(&ss, dev, i, o->batch);
     if (s)
@@ -511,6 +509,7 @@ out:
     ts_tensor_unref(ss.gloss);
     ts_tensor_unref(ss.gx);
     ts_tensor_unref(ss.gy);
+    ts_trainer_free(ss.tr);
     ts_optim_free(ss.opt);
     ts_module_free(ss.model);
     free(ss.params);

@@ -209,13 +209,6 @@ static ts_status windows(ts_device *dev, const unsigned char *text, size_t n, ui
     return s;
 }
 
-/* The trainer's loss: the mean next-token cross-entropy. */
-static ts_status gpt_loss(void *user, ts_tensor *logits, ts_tensor *targets, ts_tensor **loss)
-{
-    (void)user;
-    return ts_gpt_loss(logits, targets, loss);
-}
-
 /* Mean loss (nats per token) of the model on batch x, y; grad mode off. */
 static ts_status eval_loss(ts_module *gpt, ts_tensor *x, ts_tensor *y, double *out)
 {
@@ -696,7 +689,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         r.world = 1; /* each rank stops on its own */
         goto out;
     }
-    ts_trainer_options to = {.loss_fn = gpt_loss, .clip_grad_norm = r.o.clip,
+    ts_trainer_options to = {.loss = TS_LOSS_CROSS_ENTROPY, .clip_grad_norm = r.o.clip,
                              .accumulate = r.o.accumulate};
     if ((s = ts_trainer_new(r.gpt, r.opt, &to, &r.tr))) {
         cli_fail(s, r.world > 1 ? "data parallelism" : "cannot set up training");

@@ -17,7 +17,9 @@ extern "C" {
 
 /* The loss a step minimises, over the batch's (logits, labels). */
 typedef enum ts_loss_kind {
-    TS_LOSS_CROSS_ENTROPY = 0, /* integer class labels (N), logits (N, C) */
+    TS_LOSS_CROSS_ENTROPY = 0, /* integer class labels (N), logits (N, C); or a sequence's,
+                                * (N, T, ...) and (N, T, ..., C): the mean over every position
+                                * (a language model's next-token loss, ts_gpt_loss) */
     TS_LOSS_MSE = 1            /* float targets of the output's shape */
 } ts_loss_kind;
 

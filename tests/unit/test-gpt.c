@@ -308,6 +308,65 @@ static void test_checkpoint_activations(void)
     teardown();
 }
 
+/* The trainer's cross-entropy over a sequence's logits (B, T, vocab) is ts_gpt_loss: a
+ * trainer step with clipping leaves the weights of the hand-written step, bit for bit. */
+static void test_trainer_step_is_gpt_step(void)
+{
+    setup();
+    const char *text = "a stitch in time saves nine; a penny saved is a penny earned.";
+    const int64_t starts[3] = {0, 5, 21};
+    ts_tensor *x, *y;
+    batch(text, starts, 3, 16, &x, &y);
+    ts_module *m[2];
+    ts_optim *o[2];
+    ts_named_tensor p[2][64];
+    size_t n[2];
+    ts_rng rng[2];
+    for (int k = 0; k < 2; k++) {
+        ts_gpt_config cfg = {256, 16, 1, 2, 16, 0, 0};
+        ts_rng_init(&rng[k], 5);
+        CHECK_OK(ts_gpt_new(&cfg, dev, &rng[k], &m[k]));
+        n[k] = ts_module_parameters(m[k], p[k], 64);
+        ts_adam_options ao = {1e-2, 0.9, 0.95, 1e-8, 0.1};
+        CHECK_OK(ts_optim_adamw(p[k], n[k], &ao, &o[k]));
+        ts_gpt_decay_groups(o[k]);
+    }
+    ts_trainer_options to = TS_TRAINER_OPTIONS_INIT;
+    to.clip_grad_norm = 0.5;
+    ts_trainer *t;
+    CHECK_OK(ts_trainer_new(m[1], o[1], &to, &t));
+    for (int step = 0; step < 3; step++) {
+        ts_tensor *logits, *loss;
+        ts_module_train(m[0], 1);
+        CHECK_OK(ts_module_forward(m[0], x, &logits));
+        CHECK_OK(ts_gpt_loss(logits, y, &loss));
+        CHECK_OK(ts_backward(loss, NULL, 0));
+        CHECK_OK(ts_clip_grad_norm(p[0], n[0], 0.5, NULL));
+        CHECK_OK(ts_optim_step(o[0]));
+        ts_optim_zero_grad(o[0]);
+        double lh;
+        CHECK_OK(ts_tensor_item(loss, &lh));
+        ts_tensor_unref(logits), ts_tensor_unref(loss);
+        ts_step_result r = {0};
+        CHECK_OK(ts_trainer_step(t, x, y, &r));
+        CHECK_MSG(r.loss == lh, "step %d: the trainer's loss %.9g, ts_gpt_loss %.9g", step,
+                  r.loss, lh);
+    }
+    for (size_t i = 0; i < n[0]; i++) {
+        size_t bytes = (size_t)ts_tensor_numel(p[0][i].tensor) * sizeof(float);
+        float *a = malloc(bytes), *b = malloc(bytes);
+        CHECK_OK(ts_tensor_to_host(p[0][i].tensor, a, bytes));
+        CHECK_OK(ts_tensor_to_host(p[1][i].tensor, b, bytes));
+        CHECK_MSG(!memcmp(a, b, bytes), "%s differs from the hand-written step's", p[0][i].name);
+        free(a), free(b);
+    }
+    ts_trainer_free(t);
+    for (int k = 0; k < 2; k++)
+        ts_optim_free(o[k]), ts_module_free(m[k]);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    teardown();
+}
+
 static void test_cache_matches_full_forward(void)
 {
     setup();
@@ -370,6 +429,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_cache_matches_full_forward),
         TAP_TEST(test_gradcheck_float64),
         TAP_TEST(test_checkpoint_activations),
+        TAP_TEST(test_trainer_step_is_gpt_step),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
