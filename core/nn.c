@@ -8,54 +8,12 @@
 
 #include "internal.h"
 
-typedef enum kind {
-    M_LINEAR,
-    M_CONV,
-    M_MAXPOOL,
-    M_AVGPOOL,
-    M_RELU,
-    M_GELU,
-    M_TANH,
-    M_FLATTEN,
-    M_DROPOUT,
-    M_BATCHNORM,
-    M_LAYERNORM,
-    M_EMBEDDING,
-    M_SEQUENTIAL,
-    M_CUSTOM
-} kind;
+#include "nn_impl.h"
 
 static const char *const kind_names[] = {"linear",  "conv2d",  "max_pool2d", "avg_pool2d",
                                          "relu",    "gelu",    "tanh",       "flatten",
                                          "dropout", "batchnorm2d", "layernorm", "embedding",
                                          "sequential", "custom"};
-
-#define NAME_MAX_LEN 48
-
-struct ts_module {
-    int kind;
-    int training;
-    ts_tensor *weight, *bias;               /* owned parameters, or NULL */
-    ts_tensor *running_mean, *running_var;  /* batch norm buffers (owned) */
-    ts_conv2d_params conv;
-    ts_pool2d_params pool;
-    double p, eps, momentum;
-    ts_rng *rng;                            /* dropout (borrowed) */
-    int norm_ndim;                          /* layer norm */
-    ts_module **children;                   /* sequential and custom (owned) */
-    char (*names)[NAME_MAX_LEN];
-    size_t n, cap;
-    ts_module_def def;                      /* custom: the user's definition */
-    void *user;
-    struct mtensor {
-        char name[NAME_MAX_LEN];
-        ts_tensor *t;                       /* a reference of the module's own */
-        int role;                           /* ROLE_* */
-    } *tensors;                             /* custom: parameters and buffers, in order */
-    size_t nt, tcap;
-};
-
-enum { ROLE_PARAM, ROLE_BUFFER, ROLE_SHARED };
 
 static ts_status new_module(int k, ts_module **out)
 {
@@ -404,6 +362,15 @@ fail:
     return s;
 }
 
+TS_API ts_status ts_nn_sequential_checkpoint(ts_module *seq, ts_rng *rng, int on)
+{
+    if (!seq || seq->kind != M_SEQUENTIAL)
+        return ts__fail(TS_EINVAL, "sequential_checkpoint: need a sequential container");
+    seq->checkpoint = on != 0;
+    seq->rng = rng;
+    return TS_OK;
+}
+
 TS_API ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_module *child)
 {
     if (!seq || seq->kind != M_SEQUENTIAL || !child || !name) {
@@ -618,6 +585,13 @@ static ts_status linear_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     return ts_scope_return(sc, m->bias ? ts_s_add(xw, m->bias) : xw, y);
 }
 
+/* A checkpointed sequential's child as a segment. */
+static ts_status child_segment(void *child, int nin, ts_tensor *const *in, ts_tensor **out)
+{
+    (void)nin;
+    return ts_module_forward(child, in[0], out);
+}
+
 TS_API ts_status ts_module_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
 {
     if (!y)
@@ -659,9 +633,12 @@ TS_API ts_status ts_module_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
         return ts_embedding(m->weight, x, y);
     case M_SEQUENTIAL: {
         ts_tensor *h = ts_tensor_ref(x);
+        const int ckpt = m->checkpoint && ts_grad_enabled();
         for (size_t i = 0; i < m->n; i++) {
             ts_tensor *o;
-            ts_status s = ts_module_forward(m->children[i], h, &o);
+            ts_status s = ckpt ? ts_grad_checkpoint_rng(child_segment, m->children[i], m->rng, 1,
+                                                        &h, &o)
+                               : ts_module_forward(m->children[i], h, &o);
             ts_tensor_unref(h);
             if (s)
                 return ts__fail_prefix(s, "%s (%s): ", m->names[i],
@@ -696,101 +673,3 @@ TS_API void ts_module_train(ts_module *m, int training)
         ts_module_train(m->children[i], training);
 }
 
-/* ---- parameters ------------------------------------------------------------------------ */
-
-static void add_named(ts_named_tensor *out, size_t cap, size_t *n, const char *prefix,
-                      const char *name, ts_tensor *t)
-{
-    if (!t)
-        return;
-    if (*n < cap) {
-        snprintf(out[*n].name, sizeof out[*n].name, "%s%s%s", prefix, prefix[0] ? "." : "",
-                 name);
-        out[*n].tensor = t;
-    }
-    (*n)++;
-}
-
-static void collect(ts_module *m, const char *prefix, int buffers, ts_named_tensor *out,
-                    size_t cap, size_t *n)
-{
-    if (m->kind == M_SEQUENTIAL || m->kind == M_CUSTOM) {
-        for (size_t i = 0; i < m->nt; i++) /* a custom module's own, in order */
-            if (m->tensors[i].role == (buffers ? ROLE_BUFFER : ROLE_PARAM))
-                add_named(out, cap, n, prefix, m->tensors[i].name, m->tensors[i].t);
-        for (size_t i = 0; i < m->n; i++) {
-            char p[96];
-            snprintf(p, sizeof p, "%s%s%s", prefix, prefix[0] ? "." : "", m->names[i]);
-            collect(m->children[i], p, buffers, out, cap, n);
-        }
-        return;
-    }
-    add_named(out, cap, n, prefix, buffers ? "running_mean" : "weight",
-              buffers ? m->running_mean : m->weight);
-    add_named(out, cap, n, prefix, buffers ? "running_var" : "bias",
-              buffers ? m->running_var : m->bias);
-}
-
-TS_API size_t ts_module_parameters(ts_module *m, ts_named_tensor *out, size_t cap)
-{
-    size_t n = 0;
-    if (m)
-        collect(m, "", 0, out, cap, &n);
-    return n;
-}
-
-TS_API size_t ts_module_buffers(ts_module *m, ts_named_tensor *out, size_t cap)
-{
-    size_t n = 0;
-    if (m)
-        collect(m, "", 1, out, cap, &n);
-    return n;
-}
-
-TS_API ts_status ts_module_to_dtype(ts_module *m, int32_t dtype)
-{
-    if (!m)
-        return ts__fail(TS_EINVAL, "ts_module_to_dtype: module is NULL");
-    if (dtype != TS_F32 && dtype != TS_F64)
-        return ts__fail(TS_EINVAL, "ts_module_to_dtype: dtype %d is not float32 or float64",
-                        (int)dtype);
-    size_t np = ts_module_parameters(m, NULL, 0), nb = ts_module_buffers(m, NULL, 0);
-    ts_named_tensor *all = ts__calloc(np + nb + 1, sizeof *all);
-    ts_tensor **conv = ts__calloc(np + nb + 1, sizeof *conv);
-    ts_status s = all && conv ? TS_OK
-                              : ts__fail(TS_ENOMEM, "ts_module_to_dtype: out of host memory");
-    if (!s) {
-        ts_module_parameters(m, all, np);
-        ts_module_buffers(m, all + np, nb);
-    }
-    /* Every conversion first; then, when all succeeded, every tensor takes its new storage. */
-    ts_no_grad_enter();
-    for (size_t i = 0; !s && i < np + nb; i++) {
-        ts_tensor *t = all[i].tensor;
-        if (t->dtype != dtype && (t->dtype == TS_F32 || t->dtype == TS_F64))
-            s = ts_cast(t, dtype, &conv[i]);
-    }
-    ts_no_grad_exit();
-    for (size_t i = 0; !s && i < np + nb; i++)
-        if (conv[i])
-            ts__tensor_adopt(all[i].tensor, conv[i]);
-    for (size_t i = 0; conv && i < np + nb; i++)
-        ts_tensor_unref(conv[i]);
-    free(all);
-    free(conv);
-    return s;
-}
-
-TS_API int64_t ts_module_num_params(ts_module *m)
-{
-    size_t n = ts_module_parameters(m, NULL, 0);
-    ts_named_tensor *p = ts__calloc(n ? n : 1, sizeof *p);
-    int64_t total = 0;
-    if (!p)
-        return -1;
-    ts_module_parameters(m, p, n);
-    for (size_t i = 0; i < n; i++)
-        total += ts_tensor_numel(p[i].tensor);
-    free(p);
-    return total;
-}

@@ -73,13 +73,6 @@ static ts_status block_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
 
 /* ---- the whole model ------------------------------------------------------------------- */
 
-/* A block as a checkpoint's segment (user: the block). */
-static ts_status block_segment(void *user, int nin, ts_tensor *const *in, ts_tensor **out)
-{
-    (void)nin;
-    return ts_module_forward(user, in[0], out);
-}
-
 static ts_status gpt_forward(ts_module *m, ts_tensor *idx, ts_tensor **y)
 {
     const gpt_state *st = ts_module_user(m);
@@ -95,18 +88,7 @@ static ts_status gpt_forward(ts_module *m, ts_tensor *idx, ts_tensor **y)
     ts_tensor *positions = ts_s_narrow(st->positions, 0, 0, ts_tensor_shape(idx)[1]);
     ts_tensor *tok = ts_s_forward(child(tr, "wte"), idx);
     ts_tensor *h = ts_s_add(tok, ts_s_forward(child(tr, "wpe"), positions));
-    h = ts_s_forward(child(tr, "drop"), h);
-    if (st->cfg.checkpoint && ts_grad_enabled()) { /* each block recomputed in backward */
-        for (int64_t i = 0; i < st->cfg.layers; i++) {
-            char name[24];
-            snprintf(name, sizeof name, "%lld", (long long)i);
-            ts_tensor *o;
-            h = TS_SCOPED(ts_grad_checkpoint_rng(block_segment, child(child(tr, "h"), name),
-                                                 st->rng, 1, &h, &o), o);
-        }
-    } else {
-        h = ts_s_forward(child(tr, "h"), h);
-    }
+    h = ts_s_forward(child(tr, "h"), ts_s_forward(child(tr, "drop"), h));
     h = ts_s_forward(child(tr, "ln_f"), h);
     /* the head tied to wte: (B, T, C) @ (C, V) */
     ts_tensor *wt = ts_s_transpose(ts_module_param(m, "lm_head_weight"), 0, 1);
@@ -149,10 +131,9 @@ TS_API ts_status ts_gpt_new(const ts_gpt_config *cfg, ts_device *dev, ts_rng *rn
 {
     *out = NULL;
     if (!cfg || cfg->vocab < 1 || cfg->context < 1 || cfg->layers < 1 || cfg->heads < 1 ||
-        cfg->embd < 1 || cfg->embd % cfg->heads || !(cfg->dropout >= 0 && cfg->dropout < 1) ||
-        (cfg->checkpoint != 0 && cfg->checkpoint != 1))
+        cfg->embd < 1 || cfg->embd % cfg->heads || !(cfg->dropout >= 0 && cfg->dropout < 1))
         return ts_fail(TS_EINVAL, "gpt: need vocab, context, layers, heads, embd >= 1, embd a "
-                       "multiple of heads, dropout in [0, 1) and checkpoint 0 or 1");
+                       "multiple of heads and dropout in [0, 1)");
     const int64_t C = cfg->embd, T = cfg->context;
     const double std = 0.02, proj_std = 0.02 / sqrt(2.0 * (double)cfg->layers);
     gpt_state *st = calloc(1, sizeof *st);
@@ -184,7 +165,8 @@ TS_API ts_status ts_gpt_new(const ts_gpt_config *cfg, ts_device *dev, ts_rng *rn
     ADD(tr, "wte", ts_nn_embedding(dev, cfg->vocab, C, &emb, &c_));
     ADD(tr, "wpe", ts_nn_embedding(dev, T, C, &emb, &c_));
     ADD(tr, "drop", dropout(cfg->dropout, rng, &c_));
-    if ((s = ts_nn_sequential(&blocks)) || (s = ts_module_add_child(tr, "h", blocks)))
+    if ((s = ts_nn_sequential(&blocks)) || (s = ts_module_add_child(tr, "h", blocks)) ||
+        (s = ts_nn_sequential_checkpoint(blocks, rng, cfg->checkpoint)))
         goto fail;
     for (int64_t l = 0; l < cfg->layers; l++) {
         ts_module *blk = NULL, *attn = NULL, *mlp = NULL;

@@ -27,10 +27,10 @@ typedef struct ts_gpt_config {
     int64_t context; /* the longest sequence (learned positions), 1..TS_GPT_MAX_CONTEXT */
     int64_t layers, heads, embd; /* embd a multiple of heads */
     double dropout;  /* on attention weights and residual branches while training; [0, 1) */
-    int checkpoint;  /* 1: activation checkpointing: while training, each block keeps only its
-                      * input and recomputes its inside in backward (ts_grad_checkpoint_rng):
-                      * about a block's activations instead of all of them, for a third more
-                      * compute; the same gradients. Not part of the weights' identity. */
+    int checkpoint;  /* non-zero: activation checkpointing (ts_nn_sequential_checkpoint on the
+                      * blocks): while training each block keeps only its input and is run
+                      * again in backward, a block's activations instead of all of them for a
+                      * third more compute; the same gradients. Not part of the weights. */
 } ts_gpt_config;
 
 #define TS_GPT_MAX_CONTEXT 4096

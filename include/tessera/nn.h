@@ -76,6 +76,12 @@ ts_status ts_nn_sequential(ts_module **m);
 /* Appends child under name ([A-Za-z0-9_]+, unique); the container takes ownership of child,
  * also on failure. */
 ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_module *child);
+/* Activation checkpointing (PyTorch's checkpoint_sequential, one segment per child): with on,
+ * while gradients are recorded each child keeps only its input and runs again during
+ * backward (ts_grad_checkpoint_rng), replaying what it drew from rng (its dropout's generator,
+ * or NULL): the activations of one child at a time for one more forward; the same gradients,
+ * bit for bit. */
+ts_status ts_nn_sequential_checkpoint(ts_module *seq, ts_rng *rng, int on);
 
 /* ---- modules of your own ---------------------------------------------------------------- */
 /* A module defined in C: its forward function, its own parameters and buffers, and named

@@ -279,6 +279,7 @@ static void test_checkpoint_activations(void)
         peak[c] = (size_t)(st1.peak_in_use - st0.in_use);
         ts_tensor_unref(logits), ts_tensor_unref(loss);
     }
+    CHECK_FAILS(ts_nn_sequential_checkpoint(m[0], NULL, 1), TS_EINVAL, "sequential");
     CHECK_MSG(rng[0].offset == rng[1].offset && rng[0].offset > 0,
               "the generator is at %llu with checkpointing, %llu without",
               (unsigned long long)rng[1].offset, (unsigned long long)rng[0].offset);
