@@ -93,6 +93,12 @@ fi
 # = 5e-5 relative, so 1e-4 bounds every step's difference.
 T="$TESSERA train --train-limit 1280 --epochs 3 --max-steps 50 --log-steps --json"
 steps_of() { grep '"step"' "$1" | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
+# worst_of A B: the largest relative difference between $TMP/A.l and $TMP/B.l, 50 losses each
+# ("n=COUNT" when either has another count)
+worst_of() {
+    paste "$TMP/$1.l" "$TMP/$2.l" | awk 'BEGIN{w=0; n=0}
+        {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}'
+}
 for model in mlp lenet5; do
     for opt in sgd adam; do
         $T --model $model --optimizer $opt >"$TMP/one.json" 2>"$TMP/one.err"
@@ -100,8 +106,7 @@ for model in mlp lenet5; do
         rc=$?
         steps_of "$TMP/one.json" >"$TMP/one.l"
         steps_of "$TMP/two.json" >"$TMP/two.l"
-        worst=$(paste "$TMP/one.l" "$TMP/two.l" | awk 'BEGIN{w=0; n=0}
-            {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+        worst=$(worst_of one two)
         if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n=/ && $worst <= 1e-4)}" &&
             grep -q '"world_size": 2' "$TMP/two.json" &&
             [ "$(grep -c '"epoch"' "$TMP/two.json")" -eq "$(grep -c '"epoch"' "$TMP/one.json")" ]; then
@@ -118,8 +123,7 @@ rc=$?
 $T --model mlp --optimizer adam --device cpu_blas >"$TMP/one.json" 2>"$TMP/one.err"
 steps_of "$TMP/one.json" >"$TMP/one.l"
 steps_of "$TMP/dv.json" >"$TMP/dv.l"
-worst=$(paste "$TMP/one.l" "$TMP/dv.l" | awk 'BEGIN{w=0; n=0}
-    {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+worst=$(worst_of one dv)
 if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n=/ && $worst <= 1e-4)}"; then
     ok "device-buffer backend: mpirun -np 2 train --model mlp --optimizer adam: 50 losses equal one process's (worst $worst)"
 else
@@ -140,8 +144,7 @@ rc=$?
 grep '"step": [0-9]*, "loss"' "$TMP/g1.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/g1.l"
 grep '"step": [0-9]*, "loss"' "$TMP/g2.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/g2.l"
 vals() { sed -n 's/.*"val_loss": \([^,]*\),.*/\1/p' "$1" | tr '\n' ' '; }
-worst=$(paste "$TMP/g1.l" "$TMP/g2.l" | awk 'BEGIN{w=0; n=0}
-    {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+worst=$(worst_of g1 g2)
 vworst=$(echo "$(vals "$TMP/g1.json")" "$(vals "$TMP/g2.json")" | awk '{ if (NF != 4) { print "nf=" NF; exit }
     w = 0; for (i = 1; i <= 2; i++) { d = ($i - $(i + 2)) / $i; if (d < 0) d = -d; if (d > w) w = d } printf "%.2g", w }')
 if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst$vworst\" !~ /n/ && $worst <= 1e-4 && $vworst <= 1e-4)}" &&
@@ -157,8 +160,7 @@ fi
 timeout "$(hang_limit 300)" $MPI $G --accumulate 2 --checkpoint-activations on >"$TMP/g3.json" 2>"$TMP/g3.err"
 rc=$?
 grep '"step": [0-9]*, "loss"' "$TMP/g3.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/g3.l"
-worst=$(paste "$TMP/g1.l" "$TMP/g3.l" | awk 'BEGIN{w=0; n=0}
-    {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+worst=$(worst_of g1 g3)
 if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n/ && $worst <= 1e-4)}"; then
     ok "mpirun -np 2 train --model gpt --accumulate 2 --checkpoint-activations on: 50 losses equal one process's (worst $worst)"
 else
@@ -170,8 +172,7 @@ timeout "$(hang_limit 300)" $MPI $T --model mlp --optimizer sgd --accumulate 3 >
 rc=$?
 steps_of "$TMP/one.json" >"$TMP/one.l"
 steps_of "$TMP/acc.json" >"$TMP/acc.l"
-worst=$(paste "$TMP/one.l" "$TMP/acc.l" | awk 'BEGIN{w=0; n=0}
-    {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+worst=$(worst_of one acc)
 if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n=/ && $worst <= 1e-4)}"; then
     ok "mpirun -np 2 train --model mlp --accumulate 3: 50 losses equal one process's without (worst $worst)"
 else
@@ -257,8 +258,7 @@ $R --max-steps 50 >"$TMP/c.json" 2>&1
 cat "$TMP/a.json" "$TMP/b.json" >"$TMP/ab.json"
 steps_of "$TMP/ab.json" >"$TMP/ab.l"
 steps_of "$TMP/c.json" >"$TMP/c.l"
-worst=$(paste "$TMP/ab.l" "$TMP/c.l" | awk 'BEGIN{w=0; n=0}
-    {d=($1-$2)/$1; if(d<0)d=-d; if(d>w)w=d; n++} END{if(n!=50)print "n=" n; else printf "%.2g", w}')
+worst=$(worst_of ab c)
 if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n=/ && $worst <= 1e-4)}"; then
     ok "2 ranks save at step 25, 1 process resumes to 50: the losses of 50 straight (worst $worst)"
 else

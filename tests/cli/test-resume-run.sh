@@ -7,7 +7,7 @@
 # The same with gradient accumulation and (the GPT) activation checkpointing with dropout,
 # which the checkpoint carries; given otherwise on --resume, they are accepted overrides.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 6
+plan 7
 DATA=/usr/share/datasets/fashion-mnist
 cd "$TMP" || exit 1
 
@@ -51,6 +51,37 @@ if [ $? -eq 0 ] && contains "$out" '"accumulate":1' && contains "$out" '"checkpo
     ok "gpt: --accumulate and --checkpoint-activations given on --resume override the checkpoint's"
 else
     fail "gpt: overrides on --resume" "$out"
+fi
+
+# SIGINT in a GPT run with accumulation and checkpointing: the printed command finishes it
+# byte-identical to the straight run.
+G3="--model gpt --text t.txt --context 16 --layers 2 --heads 2 --embd 16 --batch-size 4
+  --steps 300 --warmup-steps 2 --lr 0.003 --eval-every 100 --eval-batches 1 --seed 6 --dropout 0.1
+  --accumulate 2 --checkpoint-activations on"
+# shellcheck disable=SC2086
+"$TESSERA" train $G3 --save gs.ckpt >gs.out 2>&1
+# shellcheck disable=SC2086
+"$TESSERA" train $G3 --save gi.ckpt --log-steps >gi.out 2>gi.err &
+pid=$!
+end=$(($(date +%s) + $(hang_limit 60)))
+while ! grep -q '^step ' gi.out 2>/dev/null && kill -0 $pid 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do
+    sleep 0.05
+done
+kill -INT $pid 2>/dev/null
+wait $pid
+rc=$?
+cmd=$(grep -A1 'continue with:' gi.err | tail -1)
+if [ $rc -eq 130 ] && [ "$cmd" = "  tessera train --resume gi.ckpt --text t.txt" ]; then
+    out=$(eval "\"\$TESSERA\" ${cmd#  tessera }" 2>&1)
+    if cmp -s gs.ckpt gi.ckpt; then
+        ok "gpt --accumulate 2 --checkpoint-activations on: SIGINT prints '${cmd#  }'; running it ends byte-identical"
+    else
+        fail "gpt: SIGINT then the printed command" "$out" "$(cmp gs.ckpt gi.ckpt 2>&1)"
+    fi
+elif [ $rc -eq 0 ]; then
+    skip "gpt: SIGINT then the printed command" "the run ended before the signal came"
+else
+    fail "gpt: SIGINT then the printed command" "rc=$rc" "$(cat gi.err)"
 fi
 
 if [ ! -d "$DATA" ]; then
