@@ -1,7 +1,8 @@
 /* tests/fuzz/fuzz-elf.c: libFuzzer target for the ELF symbol reader of `tessera plugin-check`
  * (tools/elf_exports.c, compiled into the target): any bytes, at any alignment, must give a
  * count with a NUL-terminated list or -1 with a reason; never a crash, an out-of-bounds or
- * misaligned read (UBSan's alignment check is on in --enable-fuzzing builds). */
+ * misaligned read (UBSan's alignment check is on in --enable-fuzzing builds).
+ * Makefile.am: own sources (the reader's file compiled in). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
