@@ -68,7 +68,8 @@ if [ -n "$missing" ]; then
 fi
 
 # ---- bootstrap, configure, build ---------------------------------------------------------
-if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt configure ]; then
+if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt configure ] ||
+    [ lists.am -nt configure ]; then
     say "autoreconf -fi"
     autoreconf -fi
 fi
