@@ -369,19 +369,17 @@ TS_API ts_status ts_device_synchronize(ts_device *dev)
     return dev->vt.synchronize(dev->ctx);
 }
 
-/* Whether dev's plugin knows everything call uses: a function appended to an enum after the
- * minor ABI the plugin was built for is never sent to it (it would not know the value). */
+/* Whether dev's plugin knows everything call uses: an op or function added to the op table
+ * after the minor ABI the plugin was built for is never sent to it (it would not know the
+ * value). A value past the tables is the plugin's to refuse. */
 static int plugin_knows(const ts_device *dev, const ts_kernel_call *call)
 {
-    if (call->op == TS_OP_UNARY && call->params &&
-        call->params_size >= sizeof(ts_unary_params)) {
-        int32_t fn = ((const ts_unary_params *)call->params)->fn;
-        if (fn >= TS_UNARY_GELU_TANH && dev->vt.abi_minor < 1)
-            return 0;
-        if (fn >= TS_UNARY_GELU_TANH_DERIV && dev->vt.abi_minor < 2)
-            return 0;
-    }
-    return 1;
+    int32_t fn = 0;
+    if ((call->op == TS_OP_UNARY || call->op == TS_OP_BINARY ||
+         call->op == TS_OP_BINARY_SCALAR || call->op == TS_OP_REDUCE) &&
+        call->params && call->params_size >= sizeof(int32_t))
+        fn = *(const int32_t *)call->params; /* every function op's params begin with fn */
+    return ts_plugin_call_minor(call->op, fn) <= (int)dev->vt.abi_minor;
 }
 
 /* "float32 <- float32, int64": the output's dtype, then the inputs'. */

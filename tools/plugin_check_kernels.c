@@ -306,11 +306,10 @@ static void cases_elementwise_unary(int32_t op, int32_t dt, caselist *l)
             set_params(k, &p, sizeof p);
         } else {
             for (int fn = 0; fn < TS_UNARY_COUNT; fn++) {
-                if ((fn >= TS_UNARY_GELU_TANH && plugin_minor < 1) ||
-                    (fn >= TS_UNARY_GELU_TANH_DERIV && plugin_minor < 2))
-                    continue; /* added in 2.1 / 2.2: never sent to an older plugin */
+                if (ts_plugin_call_minor(op, fn) > plugin_minor)
+                    continue; /* added after the plugin's minor: never sent to it */
                 ts_unary_params p = {fn};
-                k = add(l, op, "unary fn %d %s %dd", fn, dn, o.ndim);
+                k = add(l, op, "unary %s %s %dd", ts_fn_name(op, fn), dn, o.ndim);
                 k->nin = k->nout = 1;
                 k->in[0] = k->out[0] = o;
                 if (fn == TS_UNARY_LOG || fn == TS_UNARY_SQRT || fn == TS_UNARY_RSQRT)
@@ -352,6 +351,8 @@ static void cases_binary(int32_t op, int32_t dt, caselist *l)
             continue;
         }
         for (int fn = 0; fn < TS_BINARY_COUNT; fn++) {
+            if (ts_plugin_call_minor(op, fn) > plugin_minor)
+                continue; /* added after the plugin's minor: never sent to it */
             int cmp = fn >= TS_BINARY_EQ;
             int32_t from_list[TS_DTYPE_COUNT];
             int nfrom = 0;
@@ -367,7 +368,7 @@ static void cases_binary(int32_t op, int32_t dt, caselist *l)
                 if (fn == TS_BINARY_POW || fn == TS_BINARY_DIV)
                     a.v = V_POSITIVE;
                 if (op == TS_OP_BINARY) {
-                    k = add(l, op, "binary fn %d %s -> %s %dd", fn,
+                    k = add(l, op, "binary %s %s -> %s %dd", ts_fn_name(op, fn),
                             ts_dtype_name(from_list[fi]), dn, o.ndim);
                     k->nin = 2;
                     k->nout = 1;
@@ -378,7 +379,7 @@ static void cases_binary(int32_t op, int32_t dt, caselist *l)
                     set_params(k, &p, sizeof p);
                 } else {
                     for (int first = 0; first < 2; first++) {
-                        k = add(l, op, "scalar fn %d%s %s -> %s %dd", fn,
+                        k = add(l, op, "scalar %s%s %s -> %s %dd", ts_fn_name(op, fn),
                                 first ? " (scalar first)" : "",
                                 ts_dtype_name(from_list[fi]), dn, o.ndim);
                         k->nin = k->nout = 1;
@@ -407,6 +408,8 @@ static void cases_reduce(int32_t op, int32_t dt, caselist *l)
               {1, {7}, {1}}, {2, {3, 4}, {1, 4}}};
     for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++)
         for (int fn = 0; fn < TS_REDUCE_COUNT; fn++) {
+            if (ts_plugin_call_minor(op, fn) > plugin_minor)
+                continue;
             int arg = fn == TS_REDUCE_ARGMAX || fn == TS_REDUCE_ARGMIN;
             if (arg != (dt == TS_I64))
                 continue;
@@ -420,7 +423,7 @@ static void cases_reduce(int32_t op, int32_t dt, caselist *l)
             for (int fi = 0; fi < (arg ? 3 : 1); fi++) {
                 if (arg && fi == 0)
                     continue;
-                k = add(l, op, "reduce fn %d %s -> %s %dd", fn,
+                k = add(l, op, "reduce %s %s -> %s %dd", ts_fn_name(op, fn),
                         ts_dtype_name(from_list[fi]), dn, rs[i].nd);
                 k->nin = k->nout = 1;
                 k->in[0] = spec(from_list[fi], rs[i].nd, rs[i].in);

@@ -253,149 +253,232 @@ typedef struct ts_operand {
  * outputs do not partially overlap inputs (an output may be exactly an input: in place).
  * Operands may have any strides, including negative-free non-contiguous views. The params
  * struct of each op is named next to it; params_size says how much of it the host filled. */
+/* The op table: every op, once, as X(ID, value, "name", minor): TS_OP_ID = value, its name
+ * (ts_plugin_op_name), and the minor ABI version that added it (the host never hands an op or
+ * function to a plugin built for an older minor). The comment above each entry is its
+ * specification. The enums below, the names, the minor-version gating of the host and of
+ * tessera plugin-check come from this table and the function tables after it. */
+#define TS_OP_TABLE(X)                                                                             \
+    /* out[0] = in[0]; same shape and dtype. No params. */                                         \
+    X(COPY, 1, "copy", 0)                                                                          \
+    /* out[0] = (out dtype) in[0]; same shape, any dtypes (float -> int truncates toward 0,        \
+     * anything -> U8 is != 0). No params. */                                                      \
+    X(CAST, 2, "cast", 0)                                                                          \
+    /* out[0][...] = value. ts_fill_params. */                                                     \
+    X(FILL, 3, "fill", 0)                                                                          \
+    /* out[0] = fn(in[0]); same shape and dtype. ts_unary_params. */                               \
+    X(UNARY, 4, "unary", 0)                                                                        \
+    /* out[0] = fn(in[0], in[1]); all the same shape; same dtype, except comparisons whose         \
+     * output is TS_U8. ts_binary_params. */                                                       \
+    X(BINARY, 5, "binary", 0)                                                                      \
+    /* out[0] = fn(in[0], scalar) or fn(scalar, in[0]); ts_scalar_params. */                       \
+    X(BINARY_SCALAR, 6, "binary_scalar", 0)                                                        \
+    /* out[0] = in[0] (TS_U8 mask) ? in[1] : in[2]. No params. */                                  \
+    X(WHERE, 7, "where", 0)                                                                        \
+    /* out[0] = reduce(in[0]) over every dim where out[0].shape[d] == 1 and in[0].shape[d] != 1    \
+     * (out has in's ndim: "keepdim" layout). ARGMAX/ARGMIN reduce one dim (params.dim) and        \
+     * write TS_I64 indices (first occurrence). ts_reduce_params. */                               \
+    X(REDUCE, 8, "reduce", 0)                                                                      \
+    /* out[0] = in[0] @ in[1]: in[0] (B..., M, K), in[1] (B..., K, N), out (B..., M, N), the       \
+     * batch dims already broadcast. Float dtypes. ts_matmul_params (alpha, beta: out =            \
+     * alpha * a @ b + beta * out). */                                                             \
+    X(MATMUL, 9, "matmul", 0)                                                                      \
+    /* Softmax / log-softmax of in[0] along params.dim, numerically stable (max subtracted).       \
+     * ts_dim_params. */                                                                           \
+    X(SOFTMAX, 10, "softmax", 0)                                                                   \
+    X(LOG_SOFTMAX, 11, "log_softmax", 0)                                                           \
+    /* out[0] = in[0] gathered along params.dim at the TS_I64/TS_I32 indices in[1] (1-D):          \
+     * out.shape = in[0].shape with dim replaced by len(in[1]). Indices are range-checked by       \
+     * the plugin (TS_EINVAL naming the bad index). ts_dim_params. */                              \
+    X(INDEX_SELECT, 12, "index_select", 0)                                                         \
+    /* out[0] (already holding values) += in[0] scattered along params.dim at indices in[1]        \
+     * (1-D): out.select(dim, idx[i]) += in[0].select(dim, i). ts_dim_params. */                   \
+    X(INDEX_ADD, 13, "index_add", 0)                                                               \
+    /* 2-D convolution. in[0] x (N, C, H, W), in[1] w (K, C/groups, R, S), optional in[2] bias     \
+     * (K) (ninputs 2 or 3); out[0] y (N, K, P, Q). ts_conv2d_params. */                           \
+    X(CONV2D, 14, "conv2d", 0)                                                                     \
+    /* Max pooling. in[0] x (N, C, H, W); out[0] y (N, C, P, Q); optional out[1] TS_I64            \
+     * indices (N, C, P, Q) of each max within its (H*W) plane, for backward. ts_pool2d_params. */ \
+    X(MAXPOOL2D, 15, "max_pool2d", 0)                                                              \
+    /* Average pooling; same shapes, no indices. ts_pool2d_params. */                              \
+    X(AVGPOOL2D, 16, "avg_pool2d", 0)                                                              \
+    /* Gradient of CONV2D w.r.t. x: in[0] gy (N, K, P, Q), in[1] w (K, C/groups, R, S);            \
+     * out[0] gx (N, C, H, W), overwritten. ts_conv2d_params. */                                   \
+    X(CONV2D_BWD_DATA, 17, "conv2d_backward_data", 0)                                              \
+    /* Gradient of CONV2D w.r.t. w: in[0] gy (N, K, P, Q), in[1] x (N, C, H, W); out[0] gw         \
+     * (K, C/groups, R, S), overwritten. ts_conv2d_params. (The bias gradient is a sum.) */        \
+    X(CONV2D_BWD_WEIGHT, 18, "conv2d_backward_weight", 0)                                          \
+    /* Gradient of MAXPOOL2D: in[0] gy (N, C, P, Q), in[1] TS_I64 indices (N, C, P, Q) from        \
+     * the forward; out[0] gx (N, C, H, W), overwritten (zeros, plus gy summed at each index).     \
+     * ts_pool2d_params. */                                                                        \
+    X(MAXPOOL2D_BWD, 19, "max_pool2d_backward", 0)                                                 \
+    /* Gradient of AVGPOOL2D: in[0] gy (N, C, P, Q); out[0] gx (N, C, H, W), overwritten.          \
+     * ts_pool2d_params. */                                                                        \
+    X(AVGPOOL2D_BWD, 20, "avg_pool2d_backward", 0)                                                 \
+    /* Cross-entropy per sample, fused and numerically stable: in[0] logits (N, C) float,          \
+     * in[1] targets (N) TS_I64/TS_I32 in [0, C) (range-checked: TS_EINVAL naming the bad          \
+     * target); out[0] loss (N) = logsumexp(logits[i]) - logits[i, t_i]. No params. */             \
+    X(CROSS_ENTROPY, 21, "cross_entropy", 0)                                                       \
+    /* Its gradient: in[0] logits (N, C), in[1] targets (N), in[2] gloss (N); out[0] glogits       \
+     * (N, C) = gloss[i] * (softmax(logits[i]) - onehot(t_i)), overwritten. No params. */          \
+    X(CROSS_ENTROPY_BWD, 22, "cross_entropy_backward", 0)                                          \
+    /* One SGD update, in place: in[0] grad; out[0] param; out[1] momentum buffer when             \
+     * momentum > 0. All contiguous, same shape and float dtype. ts_sgd_params. */                 \
+    X(SGD_STEP, 23, "sgd_step", 0)                                                                 \
+    /* One Adam/AdamW update, in place: in[0] grad; out[0] param, out[1] first moment,             \
+     * out[2] second moment. All contiguous, same shape and float dtype. ts_adam_params. */        \
+    X(ADAM_STEP, 24, "adam_step", 0)                                                               \
+    /* ReLU's gradient in one pass: in[0] g, in[1] x (the ReLU's input), both of the               \
+     * output's shape, any strides; out[0] = g where x > 0, else 0 (a NaN x gives 0, and so        \
+     * does x <= 0 whatever g is). Float dtypes, all the same. No params. The core composes it     \
+     * from TS_BINARY_SCALAR gt, a cast and TS_BINARY mul on a plugin that does not claim it. */   \
+    X(RELU_BACKWARD, 25, "relu_backward", 0)                                                       \
+    /* ABI 2.1. Layer norm over the last params.ndim dims (D elements: their product), one pass    \
+     * per row: in[0] x, optional in[1] weight and in[2] bias (both or neither, the trailing       \
+     * dims' shape); out[0] y (x's shape), out[1] mean and out[2] rstd (x's dtype, one per row:    \
+     * the leading dims' shape, 0-d when there are none). y = (x - mean) * rstd * weight + bias    \
+     * with rstd = 1 / sqrt(var + eps), var the biased variance. Float dtypes; all operands        \
+     * contiguous (the host makes them so). ts_layer_norm_params. Optional: the core composes it   \
+     * from plain ops on a plugin that does not claim both it and its backward. */                 \
+    X(LAYER_NORM, 26, "layer_norm", 1)                                                             \
+    /* Its gradient: in[0] gy, in[1] x, in[2] mean, in[3] rstd (as the forward wrote them),        \
+     * optional in[4] weight; out[0] gx, and with a weight out[1] gweight and out[2] gbias, all    \
+     * overwritten. Float dtypes, contiguous. ts_layer_norm_params. */                             \
+    X(LAYER_NORM_BWD, 27, "layer_norm_backward", 1)                                                \
+    /* end of TS_OP_TABLE */
+
 typedef enum ts_op {
     TS_OP_NONE = 0,
-    /* out[0] = in[0]; same shape and dtype. No params. */
-    TS_OP_COPY = 1,
-    /* out[0] = (out dtype) in[0]; same shape, any dtypes (float -> int truncates toward 0,
-     * anything -> U8 is != 0). No params. */
-    TS_OP_CAST = 2,
-    /* out[0][...] = value. ts_fill_params. */
-    TS_OP_FILL = 3,
-    /* out[0] = fn(in[0]); same shape and dtype. ts_unary_params. */
-    TS_OP_UNARY = 4,
-    /* out[0] = fn(in[0], in[1]); all the same shape; same dtype, except comparisons whose
-     * output is TS_U8. ts_binary_params. */
-    TS_OP_BINARY = 5,
-    /* out[0] = fn(in[0], scalar) or fn(scalar, in[0]); ts_scalar_params. */
-    TS_OP_BINARY_SCALAR = 6,
-    /* out[0] = in[0] (TS_U8 mask) ? in[1] : in[2]. No params. */
-    TS_OP_WHERE = 7,
-    /* out[0] = reduce(in[0]) over every dim where out[0].shape[d] == 1 and in[0].shape[d] != 1
-     * (out has in's ndim: "keepdim" layout). ARGMAX/ARGMIN reduce one dim (params.dim) and
-     * write TS_I64 indices (first occurrence). ts_reduce_params. */
-    TS_OP_REDUCE = 8,
-    /* out[0] = in[0] @ in[1]: in[0] (B..., M, K), in[1] (B..., K, N), out (B..., M, N), the
-     * batch dims already broadcast. Float dtypes. ts_matmul_params (alpha, beta: out =
-     * alpha * a @ b + beta * out). */
-    TS_OP_MATMUL = 9,
-    /* Softmax / log-softmax of in[0] along params.dim, numerically stable (max subtracted).
-     * ts_dim_params. */
-    TS_OP_SOFTMAX = 10,
-    TS_OP_LOG_SOFTMAX = 11,
-    /* out[0] = in[0] gathered along params.dim at the TS_I64/TS_I32 indices in[1] (1-D):
-     * out.shape = in[0].shape with dim replaced by len(in[1]). Indices are range-checked by
-     * the plugin (TS_EINVAL naming the bad index). ts_dim_params. */
-    TS_OP_INDEX_SELECT = 12,
-    /* out[0] (already holding values) += in[0] scattered along params.dim at indices in[1]
-     * (1-D): out.select(dim, idx[i]) += in[0].select(dim, i). ts_dim_params. */
-    TS_OP_INDEX_ADD = 13,
-    /* 2-D convolution. in[0] x (N, C, H, W), in[1] w (K, C/groups, R, S), optional in[2] bias
-     * (K) (ninputs 2 or 3); out[0] y (N, K, P, Q). ts_conv2d_params. */
-    TS_OP_CONV2D = 14,
-    /* Max pooling. in[0] x (N, C, H, W); out[0] y (N, C, P, Q); optional out[1] TS_I64
-     * indices (N, C, P, Q) of each max within its (H*W) plane, for backward. ts_pool2d_params. */
-    TS_OP_MAXPOOL2D = 15,
-    /* Average pooling; same shapes, no indices. ts_pool2d_params. */
-    TS_OP_AVGPOOL2D = 16,
-    /* Gradient of CONV2D w.r.t. x: in[0] gy (N, K, P, Q), in[1] w (K, C/groups, R, S);
-     * out[0] gx (N, C, H, W), overwritten. ts_conv2d_params. */
-    TS_OP_CONV2D_BWD_DATA = 17,
-    /* Gradient of CONV2D w.r.t. w: in[0] gy (N, K, P, Q), in[1] x (N, C, H, W); out[0] gw
-     * (K, C/groups, R, S), overwritten. ts_conv2d_params. (The bias gradient is a sum.) */
-    TS_OP_CONV2D_BWD_WEIGHT = 18,
-    /* Gradient of MAXPOOL2D: in[0] gy (N, C, P, Q), in[1] TS_I64 indices (N, C, P, Q) from
-     * the forward; out[0] gx (N, C, H, W), overwritten (zeros, plus gy summed at each index).
-     * ts_pool2d_params. */
-    TS_OP_MAXPOOL2D_BWD = 19,
-    /* Gradient of AVGPOOL2D: in[0] gy (N, C, P, Q); out[0] gx (N, C, H, W), overwritten.
-     * ts_pool2d_params. */
-    TS_OP_AVGPOOL2D_BWD = 20,
-    /* Cross-entropy per sample, fused and numerically stable: in[0] logits (N, C) float,
-     * in[1] targets (N) TS_I64/TS_I32 in [0, C) (range-checked: TS_EINVAL naming the bad
-     * target); out[0] loss (N) = logsumexp(logits[i]) - logits[i, t_i]. No params. */
-    TS_OP_CROSS_ENTROPY = 21,
-    /* Its gradient: in[0] logits (N, C), in[1] targets (N), in[2] gloss (N); out[0] glogits
-     * (N, C) = gloss[i] * (softmax(logits[i]) - onehot(t_i)), overwritten. No params. */
-    TS_OP_CROSS_ENTROPY_BWD = 22,
-    /* One SGD update, in place: in[0] grad; out[0] param; out[1] momentum buffer when
-     * momentum > 0. All contiguous, same shape and float dtype. ts_sgd_params. */
-    TS_OP_SGD_STEP = 23,
-    /* One Adam/AdamW update, in place: in[0] grad; out[0] param, out[1] first moment,
-     * out[2] second moment. All contiguous, same shape and float dtype. ts_adam_params. */
-    TS_OP_ADAM_STEP = 24,
-    /* ReLU's gradient in one pass: in[0] g, in[1] x (the ReLU's input), both of the
-     * output's shape, any strides; out[0] = g where x > 0, else 0 (a NaN x gives 0, and so
-     * does x <= 0 whatever g is). Float dtypes, all the same. No params. The core composes it
-     * from TS_BINARY_SCALAR gt, a cast and TS_BINARY mul on a plugin that does not claim it. */
-    TS_OP_RELU_BACKWARD = 25,
-    /* ABI 2.1. Layer norm over the last params.ndim dims (D elements: their product), one pass
-     * per row: in[0] x, optional in[1] weight and in[2] bias (both or neither, the trailing
-     * dims' shape); out[0] y (x's shape), out[1] mean and out[2] rstd (x's dtype, one per row:
-     * the leading dims' shape, 0-d when there are none). y = (x - mean) * rstd * weight + bias
-     * with rstd = 1 / sqrt(var + eps), var the biased variance. Float dtypes; all operands
-     * contiguous (the host makes them so). ts_layer_norm_params. Optional: the core composes it
-     * from plain ops on a plugin that does not claim both it and its backward. */
-    TS_OP_LAYER_NORM = 26,
-    /* Its gradient: in[0] gy, in[1] x, in[2] mean, in[3] rstd (as the forward wrote them),
-     * optional in[4] weight; out[0] gx, and with a weight out[1] gweight and out[2] gbias, all
-     * overwritten. Float dtypes, contiguous. ts_layer_norm_params. */
-    TS_OP_LAYER_NORM_BWD = 27,
+#define TS_OP_ENUM_(id, value, name, minor) TS_OP_##id = value,
+    TS_OP_TABLE(TS_OP_ENUM_)
+#undef TS_OP_ENUM_
     TS_OP_COUNT
 } ts_op;
 
-/* TS_OP_UNARY functions. Values are ABI: append only. */
+/* TS_OP_UNARY functions, as X(ID, value, "name", minor) (the op table's form). Values are ABI:
+ * append only. */
+#define TS_UNARY_TABLE(X)                                                                          \
+    X(NEG, 0, "neg", 0)                                                                            \
+    X(ABS, 1, "abs", 0)                                                                            \
+    X(EXP, 2, "exp", 0)                                                                            \
+    X(LOG, 3, "log", 0)                                                                            \
+    X(SQRT, 4, "sqrt", 0)                                                                          \
+    X(RSQRT, 5, "rsqrt", 0)                                                                        \
+    X(TANH, 6, "tanh", 0)                                                                          \
+    X(SIGMOID, 7, "sigmoid", 0)                                                                    \
+    X(RELU, 8, "relu", 0)                                                                          \
+    X(GELU, 9, "gelu", 0) /* exact: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) */                    \
+    X(ERF, 10, "erf", 0) /* the error function (GELU's gradient needs it) */                       \
+    /* ABI 2.1. GELU's tanh approximation (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715      \
+     * x^3))). The host never sends it to a plugin built for 2.0. */                               \
+    X(GELU_TANH, 11, "gelu_tanh", 1)                                                               \
+    /* ABI 2.2. The derivative of GELU_TANH, for its gradient in one pass: with t = tanh(u),       \
+     * u = sqrt(2/pi) (x + 0.044715 x^3): (1 + t) / 2 + x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715     \
+     * x^2) / 2. The host never sends it to a plugin built for 2.0 or 2.1. */                      \
+    X(GELU_TANH_DERIV, 12, "gelu_tanh_deriv", 2)                                                   \
+    /* end of TS_UNARY_TABLE */
+
 typedef enum ts_unary_fn {
-    TS_UNARY_NEG = 0,
-    TS_UNARY_ABS = 1,
-    TS_UNARY_EXP = 2,
-    TS_UNARY_LOG = 3,
-    TS_UNARY_SQRT = 4,
-    TS_UNARY_RSQRT = 5,
-    TS_UNARY_TANH = 6,
-    TS_UNARY_SIGMOID = 7,
-    TS_UNARY_RELU = 8,
-    TS_UNARY_GELU = 9, /* exact: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) */
-    TS_UNARY_ERF = 10, /* the error function (GELU's gradient needs it) */
-    /* ABI 2.1. GELU's tanh approximation (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
-     * x^3))). The host never sends it to a plugin built for 2.0. */
-    TS_UNARY_GELU_TANH = 11,
-    /* ABI 2.2. The derivative of GELU_TANH, for its gradient in one pass: with t = tanh(u),
-     * u = sqrt(2/pi) (x + 0.044715 x^3): (1 + t) / 2 + x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715
-     * x^2) / 2. The host never sends it to a plugin built for 2.0 or 2.1. */
-    TS_UNARY_GELU_TANH_DERIV = 12,
+#define TS_FN_ENUM_(id, value, name, minor) TS_UNARY_##id = value,
+    TS_UNARY_TABLE(TS_FN_ENUM_)
+#undef TS_FN_ENUM_
     TS_UNARY_COUNT
 } ts_unary_fn;
 
-/* TS_OP_BINARY / TS_OP_BINARY_SCALAR functions. Values are ABI: append only. */
+/* TS_OP_BINARY / TS_OP_BINARY_SCALAR functions, as X(ID, value, "name", minor) (the op table's form). Values are ABI:
+ * append only. */
+#define TS_BINARY_TABLE(X)                                                                         \
+    X(ADD, 0, "add", 0)                                                                            \
+    X(SUB, 1, "sub", 0)                                                                            \
+    X(MUL, 2, "mul", 0)                                                                            \
+    X(DIV, 3, "div", 0) /* integer dtypes: truncating; division by zero is TS_EINVAL */            \
+    X(POW, 4, "pow", 0)                                                                            \
+    X(MAXIMUM, 5, "maximum", 0)                                                                    \
+    X(MINIMUM, 6, "minimum", 0)                                                                    \
+    /* Comparisons: output TS_U8, 1 or 0. */                                                       \
+    X(EQ, 7, "eq", 0)                                                                              \
+    X(NE, 8, "ne", 0)                                                                              \
+    X(LT, 9, "lt", 0)                                                                              \
+    X(LE, 10, "le", 0)                                                                             \
+    X(GT, 11, "gt", 0)                                                                             \
+    X(GE, 12, "ge", 0)                                                                             \
+    /* end of TS_BINARY_TABLE */
+
 typedef enum ts_binary_fn {
-    TS_BINARY_ADD = 0,
-    TS_BINARY_SUB = 1,
-    TS_BINARY_MUL = 2,
-    TS_BINARY_DIV = 3, /* integer dtypes: truncating; division by zero is TS_EINVAL */
-    TS_BINARY_POW = 4,
-    TS_BINARY_MAXIMUM = 5,
-    TS_BINARY_MINIMUM = 6,
-    /* Comparisons: output TS_U8, 1 or 0. */
-    TS_BINARY_EQ = 7,
-    TS_BINARY_NE = 8,
-    TS_BINARY_LT = 9,
-    TS_BINARY_LE = 10,
-    TS_BINARY_GT = 11,
-    TS_BINARY_GE = 12,
+#define TS_FN_ENUM_(id, value, name, minor) TS_BINARY_##id = value,
+    TS_BINARY_TABLE(TS_FN_ENUM_)
+#undef TS_FN_ENUM_
     TS_BINARY_COUNT
 } ts_binary_fn;
 
-/* TS_OP_REDUCE functions. Values are ABI: append only. */
+/* TS_OP_REDUCE functions, as X(ID, value, "name", minor) (the op table's form). Values are ABI:
+ * append only. */
+#define TS_REDUCE_TABLE(X)                                                                         \
+    X(SUM, 0, "sum", 0)                                                                            \
+    X(MEAN, 1, "mean", 0)                                                                          \
+    X(MAX, 2, "max", 0)                                                                            \
+    X(MIN, 3, "min", 0)                                                                            \
+    X(ARGMAX, 4, "argmax", 0)                                                                      \
+    X(ARGMIN, 5, "argmin", 0)                                                                      \
+    /* end of TS_REDUCE_TABLE */
+
 typedef enum ts_reduce_fn {
-    TS_REDUCE_SUM = 0,
-    TS_REDUCE_MEAN = 1,
-    TS_REDUCE_MAX = 2,
-    TS_REDUCE_MIN = 3,
-    TS_REDUCE_ARGMAX = 4,
-    TS_REDUCE_ARGMIN = 5,
+#define TS_FN_ENUM_(id, value, name, minor) TS_REDUCE_##id = value,
+    TS_REDUCE_TABLE(TS_FN_ENUM_)
+#undef TS_FN_ENUM_
     TS_REDUCE_COUNT
 } ts_reduce_fn;
+
+/* An op's name in the op table ("matmul"); "none" for TS_OP_NONE, "unknown" past the table. */
+static inline const char *ts_plugin_op_name(int32_t op)
+{
+    switch (op) {
+    case TS_OP_NONE:
+        return "none";
+#define TS_X_(id, value, name, minor) case value: return name;
+        TS_OP_TABLE(TS_X_)
+    default:
+        return "unknown";
+    }
+}
+
+/* The name of function fn of op ("sub" of TS_OP_BINARY or TS_OP_BINARY_SCALAR), or NULL when op
+ * takes no function or fn is not in its table. */
+static inline const char *ts_plugin_fn_name(int32_t op, int32_t fn)
+{
+    if (op == TS_OP_UNARY)
+        switch (fn) { TS_UNARY_TABLE(TS_X_) }
+    else if (op == TS_OP_BINARY || op == TS_OP_BINARY_SCALAR)
+        switch (fn) { TS_BINARY_TABLE(TS_X_) }
+    else if (op == TS_OP_REDUCE)
+        switch (fn) { TS_REDUCE_TABLE(TS_X_) }
+#undef TS_X_
+    return NULL;
+}
+
+/* The minor ABI version that added op together with its function fn (fn is ignored for an op
+ * that takes none), or -1 for an op or function past the tables. The host hands a call to a
+ * plugin only when this is at most the minor the plugin was built for. */
+static inline int ts_plugin_call_minor(int32_t op, int32_t fn)
+{
+    int op_minor = -1, fn_minor = 0;
+#define TS_X_(id, value, name, minor) case value: op_minor = minor; break;
+    switch (op) { TS_OP_TABLE(TS_X_) default: break; }
+#undef TS_X_
+#define TS_X_(id, value, name, minor) case value: fn_minor = minor; break;
+    if (op == TS_OP_UNARY) {
+        fn_minor = -1;
+        switch (fn) { TS_UNARY_TABLE(TS_X_) default: break; }
+    } else if (op == TS_OP_BINARY || op == TS_OP_BINARY_SCALAR) {
+        fn_minor = -1;
+        switch (fn) { TS_BINARY_TABLE(TS_X_) default: break; }
+    } else if (op == TS_OP_REDUCE) {
+        fn_minor = -1;
+        switch (fn) { TS_REDUCE_TABLE(TS_X_) default: break; }
+    }
+#undef TS_X_
+    return op_minor < 0 || fn_minor < 0 ? -1 : op_minor > fn_minor ? op_minor : fn_minor;
+}
 
 typedef struct ts_fill_params {
     double value; /* converted to the output dtype */

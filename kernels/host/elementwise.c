@@ -22,21 +22,6 @@
  * only from a check loop that found a bad element. */
 typedef int (*ew_loop)(int64_t n, char *const *p, const int64_t *s);
 
-/* Designated, so that a function appended to an enum without a name here reads "?". */
-static const char *const unary_names[TS_UNARY_COUNT] = {
-    [TS_UNARY_NEG] = "neg",   [TS_UNARY_ABS] = "abs",         [TS_UNARY_EXP] = "exp",
-    [TS_UNARY_LOG] = "log",   [TS_UNARY_SQRT] = "sqrt",       [TS_UNARY_RSQRT] = "rsqrt",
-    [TS_UNARY_TANH] = "tanh", [TS_UNARY_SIGMOID] = "sigmoid", [TS_UNARY_RELU] = "relu",
-    [TS_UNARY_GELU] = "gelu", [TS_UNARY_ERF] = "erf", [TS_UNARY_GELU_TANH] = "gelu_tanh",
-    [TS_UNARY_GELU_TANH_DERIV] = "gelu_tanh_deriv"};
-/* clang-format off */
-static const char *const binary_names[TS_BINARY_COUNT] = {
-    [TS_BINARY_ADD] = "add", [TS_BINARY_SUB] = "sub", [TS_BINARY_MUL] = "mul",
-    [TS_BINARY_DIV] = "div", [TS_BINARY_POW] = "pow", [TS_BINARY_MAXIMUM] = "maximum",
-    [TS_BINARY_MINIMUM] = "minimum", [TS_BINARY_EQ] = "eq", [TS_BINARY_NE] = "ne",
-    [TS_BINARY_LT] = "lt", [TS_BINARY_LE] = "le", [TS_BINARY_GT] = "gt", [TS_BINARY_GE] = "ge"};
-/* clang-format on */
-
 static const char *dtype_name(int32_t dtype)
 {
     return ts_plugin_dtype_name(dtype);
@@ -579,7 +564,7 @@ static ts_status run_unary(hk_dev *hd, const ts_kernel_call *call)
     ew_loop loop = unary_loops[p->fn][out->dtype];
     if (!loop)
         return hd->host->fail(hd->host, TS_ENOTSUP, "unary %s is not implemented for %s",
-                              name_or(unary_names[p->fn]), dtype_name(out->dtype));
+                              name_or(ts_plugin_fn_name(TS_OP_UNARY, p->fn)), dtype_name(out->dtype));
     const ts_operand *ops[2] = {out, in};
     ew_iter it;
     ew_iter_init(&it, ops, 2);
@@ -598,7 +583,7 @@ static ts_status run_binary_ops(hk_dev *hd, const char *what, int32_t fn, const 
     ew_loop loop = binary_loops[fn][a->dtype];
     if (!loop)
         return hd->host->fail(hd->host, TS_ENOTSUP, "%s %s is not implemented for %s", what,
-                              name_or(binary_names[fn]), dtype_name(a->dtype));
+                              name_or(ts_plugin_fn_name(TS_OP_BINARY, fn)), dtype_name(a->dtype));
     /* Integer div by zero and pow with a negative exponent have no integer result. */
     int is_int = a->dtype == TS_I32 || a->dtype == TS_I64;
     if (is_int && (fn == TS_BINARY_DIV || fn == TS_BINARY_POW)) {

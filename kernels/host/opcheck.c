@@ -125,10 +125,6 @@ ts_operand hk_dense_like(const ts_operand *op, void *buf)
 
 /* ---- per-op operand validation shared by the host kernels and the cuda plugin ------------ */
 
-static const char *const reduce_names[TS_REDUCE_COUNT] = {
-    [TS_REDUCE_SUM] = "sum", [TS_REDUCE_MEAN] = "mean",     [TS_REDUCE_MAX] = "max",
-    [TS_REDUCE_MIN] = "min", [TS_REDUCE_ARGMAX] = "argmax", [TS_REDUCE_ARGMIN] = "argmin"};
-
 static const char *dtype_name(int32_t dtype)
 {
     return ts_plugin_dtype_name(dtype);
@@ -324,9 +320,9 @@ ts_status hk_reduce_check(const ts_host *h, int dev, const ts_kernel_call *call,
     if (fn < 0 || fn >= TS_REDUCE_COUNT)
         return h->fail(h, TS_EINVAL, "reduce: unknown function %d", (int)fn);
     int arg = fn == TS_REDUCE_ARGMAX || fn == TS_REDUCE_ARGMIN;
-    if (!reduce_names[fn]) /* appended to the enum after this file was written */
+    if (!ts_plugin_fn_name(TS_OP_REDUCE, fn)) /* past the op table */
         return h->fail(h, TS_ENOTSUP, "reduce function %d is not implemented", (int)fn);
-    const char *what = reduce_names[fn];
+    const char *what = ts_plugin_fn_name(TS_OP_REDUCE, fn);
     if (!is_numeric(in->dtype) || (fn == TS_REDUCE_MEAN && !ts_plugin_dtype_is_float(in->dtype)))
         return h->fail(h, TS_ENOTSUP, "reduce %s is not implemented for %s", what,
                        dtype_name(in->dtype));

@@ -14,10 +14,6 @@
 /* Most threads a split slice uses: the size of the partials array. */
 #define RD_MAX_PARTS 256
 
-static const char *const reduce_names[TS_REDUCE_COUNT] = {
-    [TS_REDUCE_SUM] = "sum", [TS_REDUCE_MEAN] = "mean",     [TS_REDUCE_MAX] = "max",
-    [TS_REDUCE_MIN] = "min", [TS_REDUCE_ARGMAX] = "argmax", [TS_REDUCE_ARGMIN] = "argmin"};
-
 static int is_numeric(int32_t dtype)
 {
     return dtype == TS_F32 || dtype == TS_F64 || dtype == TS_I32 || dtype == TS_I64;
@@ -323,7 +319,7 @@ static ts_status run_reduce(hk_dev *hd, const ts_kernel_call *call)
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
     int32_t fn = prm->fn;
     int arg = fn == TS_REDUCE_ARGMAX || fn == TS_REDUCE_ARGMIN;
-    const char *what = reduce_names[fn];
+    const char *what = ts_plugin_fn_name(TS_OP_REDUCE, fn);
 
     rd_plan p = {.fn = fn, .dtype = in->dtype, .nout = 1, .nslice = 1};
     p.in_es = ts_plugin_dtype_size(in->dtype);

@@ -12,21 +12,6 @@
 
 #include "cuda_plugin.h"
 
-static const char *const unary_names[TS_UNARY_COUNT] = {
-    [TS_UNARY_NEG] = "neg",   [TS_UNARY_ABS] = "abs",         [TS_UNARY_EXP] = "exp",
-    [TS_UNARY_LOG] = "log",   [TS_UNARY_SQRT] = "sqrt",       [TS_UNARY_RSQRT] = "rsqrt",
-    [TS_UNARY_TANH] = "tanh", [TS_UNARY_SIGMOID] = "sigmoid", [TS_UNARY_RELU] = "relu",
-    [TS_UNARY_GELU] = "gelu", [TS_UNARY_ERF] = "erf", [TS_UNARY_GELU_TANH] = "gelu_tanh",
-    [TS_UNARY_GELU_TANH_DERIV] = "gelu_tanh_deriv"};
-static const char *const binary_names[TS_BINARY_COUNT] = {
-    [TS_BINARY_ADD] = "add", [TS_BINARY_SUB] = "sub", [TS_BINARY_MUL] = "mul",
-    [TS_BINARY_DIV] = "div", [TS_BINARY_POW] = "pow", [TS_BINARY_MAXIMUM] = "maximum",
-    [TS_BINARY_MINIMUM] = "minimum", [TS_BINARY_EQ] = "eq", [TS_BINARY_NE] = "ne",
-    [TS_BINARY_LT] = "lt", [TS_BINARY_LE] = "le", [TS_BINARY_GT] = "gt", [TS_BINARY_GE] = "ge"};
-static const char *const reduce_names[TS_REDUCE_COUNT] = {
-    [TS_REDUCE_SUM] = "sum", [TS_REDUCE_MEAN] = "mean",     [TS_REDUCE_MAX] = "max",
-    [TS_REDUCE_MIN] = "min", [TS_REDUCE_ARGMAX] = "argmax", [TS_REDUCE_ARGMIN] = "argmin"};
-
 static const char *dtype_name(int32_t dtype)
 {
     return ts_plugin_dtype_name(dtype);
@@ -168,7 +153,7 @@ static ts_status run_unary(cuda_ctx *c, const ts_kernel_call *call)
     int int_ok = p->fn == TS_UNARY_NEG || p->fn == TS_UNARY_ABS || p->fn == TS_UNARY_RELU;
     if (out->dtype == TS_U8 || (!ts_plugin_dtype_is_float(out->dtype) && !int_ok))
         return FAIL(c, TS_ENOTSUP, "unary %s is not implemented for %s",
-                    name_or(unary_names[p->fn]), dtype_name(out->dtype));
+                    name_or(ts_plugin_fn_name(TS_OP_UNARY, p->fn)), dtype_name(out->dtype));
     const ts_operand *ops[2] = {out, in};
     cu_ew_arg a;
     ew_plan(&a, ops, 2);
@@ -193,7 +178,7 @@ static ts_status binary_common(cuda_ctx *c, const char *what, int32_t fn, const 
     int32_t dt = pos == 1 ? y->dtype : x->dtype;
     if (!is_compare(fn) && dt == TS_U8)
         return FAIL(c, TS_ENOTSUP, "%s %s is not implemented for %s", what,
-                    name_or(binary_names[fn]), dtype_name(dt));
+                    name_or(ts_plugin_fn_name(TS_OP_BINARY, fn)), dtype_name(dt));
     /* Integer div by zero and pow with a negative exponent have no integer result: scan the
      * divisor / exponent first so that a bad one fails the call before anything is written. */
     if ((dt == TS_I32 || dt == TS_I64) && (fn == TS_BINARY_DIV || fn == TS_BINARY_POW)) {
@@ -285,7 +270,7 @@ static ts_status run_reduce(cuda_ctx *c, const ts_kernel_call *call)
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
     int32_t fn = prm->fn;
     int arg = fn == TS_REDUCE_ARGMAX || fn == TS_REDUCE_ARGMIN;
-    const char *what = reduce_names[fn];
+    const char *what = ts_plugin_fn_name(TS_OP_REDUCE, fn);
     cu_rd_arg p;
     memset(&p, 0, sizeof p);
     p.fn = fn;
