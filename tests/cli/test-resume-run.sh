@@ -11,6 +11,38 @@ plan 7
 DATA=/usr/share/datasets/fashion-mnist
 cd "$TMP" || exit 1
 
+# sigint_then_resume LABEL STRAIGHT CUT EXTRA ARGS...: trains ARGS straight into STRAIGHT.ckpt,
+# then again into CUT.ckpt stopped by SIGINT after its first step; the message must print
+# `tessera train --resume CUT.ckpt EXTRA`, and running that must end byte-identical.
+sigint_then_resume() {
+    label=$1 straight=$2 cut=$3 extra=$4
+    shift 4
+    "$TESSERA" train "$@" --save "$straight.ckpt" >"$straight.out" 2>&1
+    "$TESSERA" train "$@" --save "$cut.ckpt" --log-steps >"$cut.out" 2>"$cut.err" &
+    pid=$!
+    end=$(($(date +%s) + $(hang_limit 60)))
+    while ! grep -q '^step ' "$cut.out" 2>/dev/null && kill -0 $pid 2>/dev/null &&
+        [ "$(date +%s)" -lt "$end" ]; do
+        sleep 0.05
+    done
+    kill -INT $pid 2>/dev/null
+    wait $pid
+    rc=$?
+    cmd=$(grep -A1 'continue with:' "$cut.err" | tail -1)
+    if [ $rc -eq 130 ] && [ "$cmd" = "  tessera train --resume $cut.ckpt${extra:+ $extra}" ]; then
+        out=$(eval "\"\$TESSERA\" ${cmd#  tessera }" 2>&1)
+        if cmp -s "$straight.ckpt" "$cut.ckpt"; then
+            ok "$label: SIGINT prints '${cmd#  }'; running it ends byte-identical to the straight run"
+        else
+            fail "$label: SIGINT then the printed command" "$out" "$(cmp "$straight.ckpt" "$cut.ckpt" 2>&1)"
+        fi
+    elif [ $rc -eq 0 ]; then
+        skip "$label: SIGINT then the printed command" "the run ended before the signal came"
+    else
+        fail "$label: SIGINT then the printed command" "rc=$rc" "$(cat "$cut.err")"
+    fi
+}
+
 # The GPT, split by --max-steps: needs no data set.
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 100) >t.txt
 G="--model gpt --text t.txt --context 16 --layers 1 --heads 2 --embd 16 --batch-size 3 --steps 20
@@ -59,30 +91,7 @@ G3="--model gpt --text t.txt --context 16 --layers 2 --heads 2 --embd 16 --batch
   --steps 300 --warmup-steps 2 --lr 0.003 --eval-every 100 --eval-batches 1 --seed 6 --dropout 0.1
   --accumulate 2 --checkpoint-activations on"
 # shellcheck disable=SC2086
-"$TESSERA" train $G3 --save gs.ckpt >gs.out 2>&1
-# shellcheck disable=SC2086
-"$TESSERA" train $G3 --save gi.ckpt --log-steps >gi.out 2>gi.err &
-pid=$!
-end=$(($(date +%s) + $(hang_limit 60)))
-while ! grep -q '^step ' gi.out 2>/dev/null && kill -0 $pid 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do
-    sleep 0.05
-done
-kill -INT $pid 2>/dev/null
-wait $pid
-rc=$?
-cmd=$(grep -A1 'continue with:' gi.err | tail -1)
-if [ $rc -eq 130 ] && [ "$cmd" = "  tessera train --resume gi.ckpt --text t.txt" ]; then
-    out=$(eval "\"\$TESSERA\" ${cmd#  tessera }" 2>&1)
-    if cmp -s gs.ckpt gi.ckpt; then
-        ok "gpt --accumulate 2 --checkpoint-activations on: SIGINT prints '${cmd#  }'; running it ends byte-identical"
-    else
-        fail "gpt: SIGINT then the printed command" "$out" "$(cmp gs.ckpt gi.ckpt 2>&1)"
-    fi
-elif [ $rc -eq 0 ]; then
-    skip "gpt: SIGINT then the printed command" "the run ended before the signal came"
-else
-    fail "gpt: SIGINT then the printed command" "rc=$rc" "$(cat gi.err)"
-fi
+sigint_then_resume "gpt --accumulate 2 --checkpoint-activations on" gs gi "--text t.txt" $G3
 
 if [ ! -d "$DATA" ]; then
     skip "mlp: --max-steps then --resume alone" "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)"
@@ -118,28 +127,5 @@ fi
 # finishes the run as the straight one did.
 L="--model mlp --hidden 32 --train-limit 640 --epochs 30 --batch-size 32 --seed 5 --lr 0.01"
 # shellcheck disable=SC2086
-"$TESSERA" train $L --save straight.ckpt >st.out 2>&1
-# shellcheck disable=SC2086
-"$TESSERA" train $L --save cut.ckpt --log-steps >cut.out 2>cut.err &
-pid=$!
-end=$(($(date +%s) + $(hang_limit 60)))
-while ! grep -q '^step ' cut.out 2>/dev/null && kill -0 $pid 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do
-    sleep 0.05
-done
-kill -INT $pid 2>/dev/null
-wait $pid
-rc=$?
-cmd=$(grep -A1 'continue with:' cut.err | tail -1)
-if [ $rc -eq 130 ] && [ "$cmd" = "  tessera train --resume cut.ckpt" ]; then
-    out=$(eval "\"\$TESSERA\" ${cmd#  tessera }" 2>&1)
-    if cmp -s straight.ckpt cut.ckpt; then
-        ok "mlp: SIGINT prints '${cmd#  }'; running it ends byte-identical to the straight run"
-    else
-        fail "mlp: SIGINT then the printed command" "$out" "$(cmp straight.ckpt cut.ckpt 2>&1)"
-    fi
-elif [ $rc -eq 0 ]; then
-    skip "mlp: SIGINT then the printed command" "the run ended before the signal came"
-else
-    fail "mlp: SIGINT then the printed command" "rc=$rc" "$(cat cut.err)"
-fi
+sigint_then_resume mlp straight cut "" $L
 finish
