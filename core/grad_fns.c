@@ -286,6 +286,13 @@ static ts_status unary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
     case TS_UNARY_GELU_TANH:
         r = ts_s_mul(g, gelu_tanh_deriv(x));
         break;
+    case TS_UNARY_SILU: { /* g s (1 + x (1 - s)), s = sigmoid(x) */
+        ts_tensor *sg = ts_s_sigmoid(x);
+        r = ts_s_mul(g, ts_s_mul(sg, ts_s_add_scalar(
+                                         ts_s_mul(x, ts_s_binary_scalar(TS_BINARY_SUB, sg, 1, 1)),
+                                         1)));
+        break;
+    }
     default:
         ts_scope_adopt(ts__fail(TS_ESTATE, "backward: unary function %d has no gradient", fn),
                        &t);

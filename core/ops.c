@@ -396,6 +396,7 @@ UNARY_WRAPPER(sigmoid, TS_UNARY_SIGMOID)
 UNARY_WRAPPER(relu, TS_UNARY_RELU)
 UNARY_WRAPPER(gelu, TS_UNARY_GELU)
 UNARY_WRAPPER(gelu_tanh, TS_UNARY_GELU_TANH)
+UNARY_WRAPPER(silu, TS_UNARY_SILU)
 
 /* ---- where, cast, fill, copy ----------------------------------------------------------- */
 

@@ -505,6 +505,41 @@ TS_API ts_status ts_avg_pool2d(const ts_tensor *x, const ts_pool2d_params *p, ts
 
 /* ---- layer norm ------------------------------------------------------------------------ */
 
+/* A norm's weight or bias t: x's dtype and device, the shape of x's last ndim dims. */
+static ts_status check_affine(const char *op, const char *what, const ts_tensor *x,
+                              const ts_tensor *t, int ndim)
+{
+    char b1[160], b2[160];
+    int same = t->ndim == ndim && t->dtype == x->dtype;
+    for (int d = 0; same && d < ndim; d++)
+        same = t->shape[d] == x->shape[x->ndim - ndim + d];
+    ts_status s = ts__check_pair(op, x, t, 1);
+    if (s || same)
+        return s;
+    return ts__fail(TS_ESHAPE, "%s: %s %s (%s) must be %s, x's last %d dims (%s)", op, what,
+                    ts__shape_str(t->ndim, t->shape, b1, sizeof b1), ts_dtype_name(t->dtype),
+                    ts__shape_str(ndim, x->shape + x->ndim - ndim, b2, sizeof b2), ndim,
+                    ts_dtype_name(x->dtype));
+}
+
+/* The checks every norm makes of x, ndim and eps. */
+static ts_status check_norm(const char *op, const ts_tensor *x, int ndim, double eps,
+                            ts_tensor **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "%s: out is NULL", op);
+    *out = NULL;
+    if (!x)
+        return ts__fail(TS_EINVAL, "%s: tensor is NULL", op);
+    ts_status s = need_float(op, x);
+    if (s)
+        return s;
+    if (ndim < 1 || ndim > x->ndim || !(eps > 0) || !isfinite(eps))
+        return ts__fail(TS_EINVAL, "%s: ndim %d must be in [1, %d] (x's dims) and eps %g finite "
+                        "and > 0", op, ndim, (int)x->ndim, eps);
+    return TS_OK;
+}
+
 /* The same arithmetic from plain ops, for a device that does not run the fused kernels. */
 static ts_status layer_norm_composed(const ts_tensor *x, const ts_tensor *w, const ts_tensor *b,
                                      int ndim, double eps, ts_tensor **out)
@@ -536,35 +571,14 @@ out:
 TS_API ts_status ts_layer_norm(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
                                int ndim, double eps, ts_tensor **out)
 {
-    if (!out)
-        return ts__fail(TS_EINVAL, "layer_norm: out is NULL");
-    *out = NULL;
-    if (!x)
-        return ts__fail(TS_EINVAL, "layer_norm: tensor is NULL");
-    ts_status s = need_float("layer_norm", x);
+    ts_status s = check_norm("layer_norm", x, ndim, eps, out);
     if (s)
         return s;
-    if (ndim < 1 || ndim > x->ndim || !(eps > 0) || !isfinite(eps))
-        return ts__fail(TS_EINVAL, "layer_norm: ndim %d must be in [1, %d] (x's dims) and eps "
-                        "%g finite and > 0", ndim, (int)x->ndim, eps);
     if (!weight != !bias)
         return ts__fail(TS_EINVAL, "layer_norm: give weight and bias, or neither");
-    char b1[160], b2[160];
-    for (int k = 0; weight && k < 2; k++) {
-        const ts_tensor *t = k ? bias : weight;
-        int same = t->ndim == ndim && t->dtype == x->dtype;
-        for (int d = 0; same && d < ndim; d++)
-            same = t->shape[d] == x->shape[x->ndim - ndim + d];
-        if ((s = ts__check_pair("layer_norm", x, t, 1)))
-            return s;
-        if (!same)
-            return ts__fail(TS_ESHAPE, "layer_norm: %s %s (%s) must be %s, x's last %d dims (%s)",
-                            k ? "bias" : "weight",
-                            ts__shape_str(t->ndim, t->shape, b1, sizeof b1),
-                            ts_dtype_name(t->dtype),
-                            ts__shape_str(ndim, x->shape + x->ndim - ndim, b2, sizeof b2), ndim,
-                            ts_dtype_name(x->dtype));
-    }
+    if ((weight && (s = check_affine("layer_norm", "weight", x, weight, ndim))) ||
+        (bias && (s = check_affine("layer_norm", "bias", x, bias, ndim))))
+        return s;
     ts_device *dev = x->storage->dev;
     if (!ts__device_runs(dev, TS_OP_LAYER_NORM, x->dtype) ||
         !ts__device_runs(dev, TS_OP_LAYER_NORM_BWD, x->dtype))
@@ -641,4 +655,23 @@ TS_API ts_status ts_cross_entropy(const ts_tensor *logits, const ts_tensor *targ
     s = reduction == TS_REDUCTION_MEAN ? ts_mean(per, 0, NULL, 0, out) : ts_sum(per, 0, NULL, 0, out);
     ts_tensor_unref(per);
     return s;
+}
+
+/* ---- RMS norm --------------------------------------------------------------------------- */
+
+TS_API ts_status ts_rms_norm(const ts_tensor *x, const ts_tensor *weight, int ndim, double eps,
+                             ts_tensor **out)
+{
+    ts_status s = check_norm("rms_norm", x, ndim, eps, out);
+    if (s || (weight && (s = check_affine("rms_norm", "weight", x, weight, ndim))))
+        return s;
+    int dims[TS_MAX_DIMS];
+    for (int i = 0; i < ndim; i++)
+        dims[i] = x->ndim - ndim + i;
+    /* x / sqrt(mean(x^2) + eps) * weight, from plain ops: every device runs it, and its
+     * gradient is theirs */
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *ms = ts_s_mean(ts_s_mul(x, x), ndim, dims, 1);
+    ts_tensor *y = ts_s_mul(x, ts_s_rsqrt(ts_s_add_scalar(ms, eps)));
+    return ts_scope_return(sc, weight ? ts_s_mul(y, weight) : y, out);
 }

@@ -9,8 +9,13 @@
 #include <string.h>
 #include <time.h>
 
-/* fn slots 0..15 and NFN - 1 for none; dtype slots per dtype and NDT - 1 for none (fills) */
-enum { NFN = 17, NDT = TS_DTYPE_COUNT + 1 };
+/* fn slots, one per function of the op table's largest function table, and NFN - 1 for none;
+ * dtype slots per dtype and NDT - 1 for none (fills) */
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
+enum {
+    NFN = MAX2(MAX2((int)TS_UNARY_COUNT, (int)TS_BINARY_COUNT), (int)TS_REDUCE_COUNT) + 1,
+    NDT = TS_DTYPE_COUNT + 1
+};
 
 typedef struct slot {
     atomic_uint_fast64_t calls, ns;

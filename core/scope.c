@@ -229,6 +229,7 @@ TS_API ts_tensor *ts_s_tanh(const ts_tensor *x) { IN1(x); RUN(ts_tanh(x, &o_)); 
 TS_API ts_tensor *ts_s_sigmoid(const ts_tensor *x) { IN1(x); RUN(ts_sigmoid(x, &o_)); }
 TS_API ts_tensor *ts_s_relu(const ts_tensor *x) { IN1(x); RUN(ts_relu(x, &o_)); }
 TS_API ts_tensor *ts_s_gelu_tanh(const ts_tensor *x) { IN1(x); RUN(ts_gelu_tanh(x, &o_)); }
+TS_API ts_tensor *ts_s_silu(const ts_tensor *x) { IN1(x); RUN(ts_silu(x, &o_)); }
 TS_API ts_tensor *ts_s_unary(int fn, const ts_tensor *x) { IN1(x); RUN(ts_unary(fn, x, &o_)); }
 TS_API ts_tensor *ts_s_binary_scalar(int fn, const ts_tensor *x, double s, int first) { IN1(x); RUN(ts_binary_scalar(fn, x, s, first, &o_)); }
 TS_API ts_tensor *ts_s_sum(const ts_tensor *x, int nd, const int *dims, int keep) { IN1(x); RUN(ts_sum(x, nd, dims, keep, &o_)); }
@@ -238,6 +239,7 @@ TS_API ts_tensor *ts_s_softmax(const ts_tensor *x, int dim) { IN1(x); RUN(ts_sof
 TS_API ts_tensor *ts_s_log_softmax(const ts_tensor *x, int dim) { IN1(x); RUN(ts_log_softmax(x, dim, &o_)); }
 TS_API ts_tensor *ts_s_embedding(const ts_tensor *w, const ts_tensor *i) { IN2(w, i); RUN(ts_embedding(w, i, &o_)); }
 TS_API ts_tensor *ts_s_layer_norm(const ts_tensor *x, const ts_tensor *w, const ts_tensor *b, int nd, double eps) { IN1(x); RUN(ts_layer_norm(x, w, b, nd, eps, &o_)); }
+TS_API ts_tensor *ts_s_rms_norm(const ts_tensor *x, const ts_tensor *w, int nd, double eps) { IN1(x); RUN(ts_rms_norm(x, w, nd, eps, &o_)); }
 TS_API ts_tensor *ts_s_cross_entropy(const ts_tensor *l, const ts_tensor *t, int r) { IN2(l, t); RUN(ts_cross_entropy(l, t, r, &o_)); }
 TS_API ts_tensor *ts_s_mse_loss(const ts_tensor *i, const ts_tensor *t, int r) { IN2(i, t); RUN(ts_mse_loss(i, t, r, &o_)); }
 TS_API ts_tensor *ts_s_view(ts_tensor *t, int nd, const int64_t *shape) { IN1(t); RUN(ts_tensor_view(t, nd, shape, &o_)); }

@@ -72,12 +72,19 @@ ts_status ts_relu(const ts_tensor *x, ts_tensor **out);
 ts_status ts_gelu(const ts_tensor *x, ts_tensor **out);
 /* GELU's tanh approximation, as GPT-2 trains with it. */
 ts_status ts_gelu_tanh(const ts_tensor *x, ts_tensor **out);
+/* SiLU (swish): x sigmoid(x), the activation of LLaMA-style gated MLPs. */
+ts_status ts_silu(const ts_tensor *x, ts_tensor **out);
 /* Layer norm over the last ndim dims of x (float): y = (x - mean) / sqrt(var + eps) * weight +
  * bias, with weight and bias (both or neither) of the trailing dims' shape. One fused kernel
  * each way where the device runs TS_OP_LAYER_NORM and its backward, the same arithmetic
  * composed from plain ops elsewhere. (transfer full) on *out. */
 ts_status ts_layer_norm(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
                         int ndim, double eps, ts_tensor **out);
+/* RMS norm over the last ndim dims of x (float), as LLaMA's: y = x / sqrt(mean(x^2) + eps) *
+ * weight, the weight (NULL: none) of the trailing dims' shape. Composed from plain ops, so
+ * every device runs it forward and backward. (transfer full) on *out. */
+ts_status ts_rms_norm(const ts_tensor *x, const ts_tensor *weight, int ndim, double eps,
+                      ts_tensor **out);
 
 /* cond (TS_U8) ? a : b, all three broadcast together. */
 ts_status ts_where(const ts_tensor *cond, const ts_tensor *a, const ts_tensor *b,

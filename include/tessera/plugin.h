@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define TS_PLUGIN_ABI_MAJOR 2
-#define TS_PLUGIN_ABI_MINOR 3
+#define TS_PLUGIN_ABI_MINOR 4
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
@@ -376,6 +376,9 @@ typedef enum ts_op {
      * u = sqrt(2/pi) (x + 0.044715 x^3): (1 + t) / 2 + x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715     \
      * x^2) / 2. The host never sends it to a plugin built for 2.0 or 2.1. */                      \
     X(GELU_TANH_DERIV, 12, "gelu_tanh_deriv", 2)                                                   \
+    /* ABI 2.4. SiLU (swish), the gated MLPs' activation: x sigmoid(x) = x / (1 + exp(-x)).     \
+     * The host never sends it to a plugin built for 2.3 or older. */                           \
+    X(SILU, 13, "silu", 4)                                                                         \
     /* end of TS_UNARY_TABLE */
 
 typedef enum ts_unary_fn {

@@ -74,6 +74,7 @@ ts_tensor *ts_s_tanh(const ts_tensor *x);
 ts_tensor *ts_s_sigmoid(const ts_tensor *x);
 ts_tensor *ts_s_relu(const ts_tensor *x);
 ts_tensor *ts_s_gelu_tanh(const ts_tensor *x);
+ts_tensor *ts_s_silu(const ts_tensor *x);
 ts_tensor *ts_s_unary(int fn, const ts_tensor *x);
 ts_tensor *ts_s_binary_scalar(int fn, const ts_tensor *x, double s, int scalar_first);
 ts_tensor *ts_s_cast(const ts_tensor *x, int32_t dtype); /* the same tensor when already dtype */
@@ -85,6 +86,7 @@ ts_tensor *ts_s_log_softmax(const ts_tensor *x, int dim);
 ts_tensor *ts_s_embedding(const ts_tensor *weight, const ts_tensor *index);
 ts_tensor *ts_s_layer_norm(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
                            int ndim, double eps);
+ts_tensor *ts_s_rms_norm(const ts_tensor *x, const ts_tensor *weight, int ndim, double eps);
 /* Losses (tessera/autograd.h). */
 ts_tensor *ts_s_cross_entropy(const ts_tensor *logits, const ts_tensor *targets, int reduction);
 ts_tensor *ts_s_mse_loss(const ts_tensor *input, const ts_tensor *target, int reduction);

@@ -267,6 +267,8 @@ EW_UNARY(gelu_tanh_f64, double, double,
          0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))))
 EW_UNARY(gelu_tanh_deriv_f32, float, float, gelu_tanh_deriv_f(x))
 EW_UNARY(gelu_tanh_deriv_f64, double, double, gelu_tanh_deriv_d(x))
+EW_UNARY(silu_f32, float, float, x * sigmoid_f(x))
+EW_UNARY(silu_f64, double, double, x * sigmoid_d(x))
 EW_UNARY(erf_f32, float, float, erff(x))
 EW_UNARY(erf_f64, double, double, erf(x))
 
@@ -356,6 +358,7 @@ static const ew_loop unary_loops[TS_UNARY_COUNT][TS_DTYPE_COUNT] = {
     [TS_UNARY_RELU] = ROW_NUM(relu),   [TS_UNARY_GELU] = ROW_FLOAT(gelu),
     [TS_UNARY_ERF] = ROW_FLOAT(erf),   [TS_UNARY_GELU_TANH] = ROW_FLOAT(gelu_tanh),
     [TS_UNARY_GELU_TANH_DERIV] = ROW_FLOAT(gelu_tanh_deriv),
+    [TS_UNARY_SILU] = ROW_FLOAT(silu),
 };
 
 /* [fn][input dtype]; comparisons write uint8. */

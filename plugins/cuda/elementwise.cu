@@ -99,6 +99,10 @@ template <> __device__ __forceinline__ float unary_f<float>(int fn, float x)
         float x2 = x * x, t = tanhf(c * x * (1.0f + k * x2));
         return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * k * x2);
     }
+    case TS_UNARY_SILU: {
+        float e = expf(-fabsf(x));
+        return x * (x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e));
+    }
     }
     return x;
 }
@@ -126,6 +130,10 @@ template <> __device__ __forceinline__ double unary_f<double>(int fn, double x)
         const double c = 0.7978845608028654, k = 0.044715;
         double x2 = x * x, t = tanh(c * x * (1.0 + k * x2));
         return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * k * x2);
+    }
+    case TS_UNARY_SILU: {
+        double e = exp(-fabs(x));
+        return x * (x >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e));
     }
     }
     return x;

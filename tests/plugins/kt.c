@@ -100,6 +100,33 @@ void kt_unravel(const ts_operand *op, int64_t linear, int64_t *idx)
     oph_unravel(op, linear, idx);
 }
 
+double kt_unary_ref(int32_t fn, double v)
+{
+    switch (fn) {
+    case TS_UNARY_NEG: return -v;
+    case TS_UNARY_ABS: return fabs(v);
+    case TS_UNARY_EXP: return exp(v);
+    case TS_UNARY_LOG: return log(v);
+    case TS_UNARY_SQRT: return sqrt(v);
+    case TS_UNARY_RSQRT: return 1 / sqrt(v);
+    case TS_UNARY_TANH: return tanh(v);
+    case TS_UNARY_SIGMOID: return 1 / (1 + exp(-v));
+    case TS_UNARY_RELU: return v < 0 ? 0 : v;
+    /* 0.5 v (1 + erf(v / sqrt 2)), with erfc so that the far negative tail keeps its relative
+     * precision in the reference too */
+    case TS_UNARY_GELU: return 0.5 * v * erfc(-v / sqrt(2.0));
+    case TS_UNARY_ERF: return erf(v);
+    case TS_UNARY_GELU_TANH:
+        return 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    case TS_UNARY_GELU_TANH_DERIV: {
+        double c = sqrt(2 / M_PI), k = 0.044715, t = tanh(c * (v + k * v * v * v));
+        return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * k * v * v);
+    }
+    case TS_UNARY_SILU: return v / (1 + exp(-v));
+    }
+    return NAN;
+}
+
 double kt_get(const ts_operand *op, const int64_t *idx)
 {
     CHECK_MSG(ts_dtype_size(op->dtype) > 0, "bad dtype %d", op->dtype);

@@ -34,6 +34,9 @@ kt_buf kt_make(ts_device *dev, int32_t dtype, int ndim, const int64_t *shape, kt
 void kt_free(kt_buf *b);
 /* Random values: floats uniform in [-2, 2), ints in [-9, 9], u8 in {0, 1}. */
 void kt_fill_random(kt_buf *b, uint64_t seed);
+/* Unary function fn of plugin.h's table at v, in float64: the tests' reference (NAN for a
+ * function it does not know, so a new one fails until it is written here). */
+double kt_unary_ref(int32_t fn, double v);
 /* Element at a multi-index, as a double. */
 double kt_get(const ts_operand *op, const int64_t *idx);
 void kt_set(const ts_operand *op, const int64_t *idx, double v);

@@ -214,10 +214,12 @@ static void test_loads_or_skips(void)
 static void test_elementwise(void)
 {
     static const ts_fill_params fill = {1.5}, fill_i = {-3.7};
-    static const ts_unary_params un[TS_UNARY_COUNT] = {{0}, {1}, {2}, {3}, {4}, {5},
-                                                       {6}, {7}, {8}, {9}, {10}, {11}, {12}};
-    static const ts_binary_params bin[TS_BINARY_COUNT] = {{0}, {1}, {2}, {3}, {4}, {5}, {6},
-                                                          {7}, {8}, {9}, {10}, {11}, {12}};
+    static ts_unary_params un[TS_UNARY_COUNT]; /* every function of the op table */
+    static ts_binary_params bin[TS_BINARY_COUNT];
+    for (int f = 0; f < TS_UNARY_COUNT; f++)
+        un[f].fn = f;
+    for (int f = 0; f < TS_BINARY_COUNT; f++)
+        bin[f].fn = f;
     static const ts_scalar_params sc1 = {TS_BINARY_SUB, 1, 0.75}, sc2 = {TS_BINARY_POW, 0, 2.0},
                                   sc3 = {TS_BINARY_DIV, 0, 0.4};
     opcase cases[80];

@@ -30,7 +30,7 @@ static void test_layout_matches_version(void)
 {
     if (sizeof(void *) != 8)
         SKIP("layouts are recorded for LP64 only");
-    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 3,
+    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 4,
               "ABI is %d.%d: add its layout row to this test", TS_PLUGIN_ABI_MAJOR,
               TS_PLUGIN_ABI_MINOR);
     /* ABI 2.0: the host owns the pool. The descriptor lost alloc, free, memory_stats,
@@ -77,7 +77,7 @@ static void test_layout_matches_version(void)
      * change; TS_UNARY_GELU_TANH_DERIV appended to ts_unary_fn. */
     CHECK_INT_EQ(TS_PLUGIN_HOST_MEMORY, 1);
     /* ABI 2.3: pinned host memory, asynchronous uploads and graph capture appended to the
-     * descriptor. */
+     * descriptor. ABI 2.4: no layout change; TS_UNARY_SILU appended to ts_unary_fn. */
     static const layout v2_3[] = {
         L(offsetof(ts_plugin_desc, host_alloc), 192),
         L(offsetof(ts_plugin_desc, host_free), 200),
@@ -186,6 +186,7 @@ static void test_enums_are_append_only(void)
     CHECK_INT_EQ(TS_OP_LAYER_NORM, 26);    /* 2.1 */
     CHECK_INT_EQ(TS_OP_LAYER_NORM_BWD, 27);
     CHECK_INT_EQ(TS_UNARY_GELU_TANH_DERIV, 12); /* 2.2 */
+    CHECK_INT_EQ(TS_UNARY_SILU, 13);            /* 2.4 */
     CHECK_INT_EQ(sizeof(ts_layer_norm_params), 16);
     CHECK_INT_EQ(TS_ENOMEM, -2);
     CHECK_INT_EQ(TS_ENODEV, -8);

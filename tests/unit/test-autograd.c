@@ -7,7 +7,10 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <float.h>
+
 #include "../tap.h"
+#include "../plugins/kt.h"
 
 static ts_device *dev;
 static ts_rng rng;
@@ -138,6 +141,13 @@ static ts_status f_layer_norm(ts_tensor *const *in, const void *c, ts_tensor **o
 {
     const opctx *o = c;
     return ts_layer_norm(in[0], o->fn ? in[1] : NULL, o->fn ? in[2] : NULL, o->i[0], 1e-5, out);
+}
+
+/* RMS norm over the last in-ctx ndim dims, with a weight when given. */
+static ts_status f_rms_norm(ts_tensor *const *in, const void *c, ts_tensor **out)
+{
+    const opctx *o = c;
+    return ts_rms_norm(in[0], o->fn ? in[1] : NULL, o->i[0], 1e-5, out);
 }
 
 /* The losses: x (and, for MSE and BCE, the target) against finite differences, every
@@ -306,6 +316,65 @@ static void test_gradcheck_layer_norm(void)
     tap_end();
 }
 
+/* RMS norm (composed, so every device runs it): the gradients of x and the weight against
+ * finite differences over one and two trailing dims; the forward against the formula in
+ * float64 here, and in float32 on every CPU plugin, to D + 2 roundings of a sum of D squares,
+ * a square root and two products (8 D ulps bounds them with room). */
+static void test_rms_norm(void)
+{
+    setup();
+    ts_tensor *x = leaf(3, (const int64_t[]){2, 3, 5}, -2, 2);
+    ts_tensor *w = leaf(1, (const int64_t[]){5}, 0.5, 1.5), *w2 = leaf(2, (const int64_t[]){3, 5}, 0.5, 1.5);
+    opctx plain = {.fn = 0, .i = {1}}, aff = {.fn = 1, .i = {1}}, aff2 = {.fn = 1, .i = {2}};
+    gradcheck("rms_norm", f_rms_norm, 1, (ts_tensor *const[]){x}, &plain);
+    gradcheck("rms_norm weight", f_rms_norm, 2, (ts_tensor *const[]){x, w}, &aff);
+    gradcheck("rms_norm weight 2 dims", f_rms_norm, 2, (ts_tensor *const[]){x, w2}, &aff2);
+    double xv[30], wv[5], want[30];
+    CHECK_OK(ts_tensor_to_host(x, xv, sizeof xv));
+    CHECK_OK(ts_tensor_to_host(w, wv, sizeof wv));
+    for (int r = 0; r < 6; r++) {
+        double ms = 0;
+        for (int j = 0; j < 5; j++)
+            ms += xv[r * 5 + j] * xv[r * 5 + j] / 5;
+        for (int j = 0; j < 5; j++)
+            want[r * 5 + j] = xv[r * 5 + j] / sqrt(ms + 1e-5) * wv[j];
+    }
+    ts_tensor *y;
+    double yv[30];
+    CHECK_OK(ts_rms_norm(x, w, 1, 1e-5, &y));
+    CHECK_OK(ts_tensor_to_host(y, yv, sizeof yv));
+    ts_tensor_unref(y);
+    for (int i = 0; i < 30; i++)
+        CHECK_MSG(fabs(yv[i] - want[i]) < 1e-12, "y[%d] %.17g, want %.17g", i, yv[i], want[i]);
+    for (const char *const *name = kt_plugins(); *name; name++) {
+        ts_device *d = kt_load(*name);
+        ts_tensor *xf, *wf;
+        float xs[30], ws[5], ys[30];
+        for (int i = 0; i < 30; i++)
+            xs[i] = (float)xv[i], ws[i % 5] = (float)wv[i % 5];
+        CHECK_OK(ts_tensor_from_host(d, TS_F32, 3, (const int64_t[]){2, 3, 5}, xs, &xf));
+        CHECK_OK(ts_tensor_from_host(d, TS_F32, 1, (const int64_t[]){5}, ws, &wf));
+        CHECK_OK(ts_rms_norm(xf, wf, 1, 1e-5, &y));
+        CHECK_OK(ts_tensor_to_host(y, ys, sizeof ys));
+        for (int i = 0; i < 30; i++) { /* against the float64 result of the float32 inputs */
+            double ms = 0;
+            for (int j = 0; j < 5; j++)
+                ms += (double)xs[i / 5 * 5 + j] * xs[i / 5 * 5 + j] / 5;
+            double ref = xs[i] / sqrt(ms + 1e-5) * ws[i % 5];
+            CHECK_MSG(fabs(ys[i] - ref) <= 8 * 5 * FLT_EPSILON * fabs(ref), "%s: y[%d] %.9g, "
+                      "want %.9g", *name, i, ys[i], ref);
+        }
+        ts_tensor_unref(y), ts_tensor_unref(xf), ts_tensor_unref(wf);
+    }
+    ts_tensor *bad = NULL;
+    CHECK_FAILS(ts_rms_norm(x, NULL, 4, 1e-5, &bad), TS_EINVAL, "rms_norm", "ndim 4");
+    CHECK_FAILS(ts_rms_norm(x, NULL, 1, -1, &bad), TS_EINVAL, "eps");
+    CHECK_FAILS(ts_rms_norm(x, w2, 1, 1e-5, &bad), TS_ESHAPE, "rms_norm: weight (3, 5)");
+    CHECK_FAILS(ts_rms_norm(NULL, NULL, 1, 1e-5, &bad), TS_EINVAL, "NULL");
+    ts_tensor_unref(x), ts_tensor_unref(w), ts_tensor_unref(w2);
+    tap_end();
+}
+
 static void test_gradcheck_elementwise(void)
 {
     setup();
@@ -337,6 +406,8 @@ static void test_gradcheck_elementwise(void)
     }
     opctx gt = {.fn = TS_UNARY_GELU_TANH};
     gradcheck("gelu_tanh", f_unary, 1, (ts_tensor *const[]){mixed}, &gt);
+    opctx si = {.fn = TS_UNARY_SILU};
+    gradcheck("silu", f_unary, 1, (ts_tensor *const[]){mixed}, &si);
     ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(c), ts_tensor_unref(d);
     ts_tensor_unref(pos), ts_tensor_unref(mixed);
     tap_end();
@@ -1030,6 +1101,7 @@ int main(int argc, char **argv)
     static const tap_test tests[] = {
         TAP_TEST(test_gradcheck_elementwise),
         TAP_TEST(test_gradcheck_layer_norm),
+        TAP_TEST(test_rms_norm),
         TAP_TEST(test_losses),
         TAP_TEST(test_print),
         TAP_TEST(test_gradcheck_reductions),

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../tap.h"
+#include "../plugins/kt.h"
 
 static ts_device *dev;
 
@@ -123,26 +124,7 @@ static void test_binary_broadcast_noncontiguous(void)
 
 static double ref_unary(int fn, double x)
 {
-    switch (fn) {
-    case TS_UNARY_NEG: return -x;
-    case TS_UNARY_ABS: return fabs(x);
-    case TS_UNARY_EXP: return exp(x);
-    case TS_UNARY_LOG: return log(x);
-    case TS_UNARY_SQRT: return sqrt(x);
-    case TS_UNARY_RSQRT: return 1 / sqrt(x);
-    case TS_UNARY_TANH: return tanh(x);
-    case TS_UNARY_SIGMOID: return 1 / (1 + exp(-x));
-    case TS_UNARY_RELU: return x > 0 ? x : 0;
-    case TS_UNARY_GELU: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
-    case TS_UNARY_ERF: return erf(x);
-    case TS_UNARY_GELU_TANH:
-        return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-    case TS_UNARY_GELU_TANH_DERIV: {
-        double c = 0.7978845608028654, k = 0.044715, t = tanh(c * (x + k * x * x * x));
-        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * k * x * x);
-    }
-    }
-    return NAN;
+    return kt_unary_ref(fn, x);
 }
 
 static void test_unary_and_scalar(void)
