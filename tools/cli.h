@@ -117,6 +117,12 @@ int cli_restore_model(const ts_checkpoint *ck, const char *path, const ts_named_
 int cli_model_matches_tensors(const ts_checkpoint *ck, const char *path,
                               const ts_model_config *cfg);
 int cli_gpt_open(const char *path, ts_device *dev, ts_checkpoint **ck, ts_gpt_config *cfg);
+/* A training checkpoint's whole-number metadata: key written as decimal digits; read back
+ * strictly (digits only, at most max), 1 after a message naming path and key when it is
+ * missing or malformed. */
+void cli_meta_set_u64(ts_checkpoint *ck, const char *key, uint64_t v);
+int cli_meta_u64(const ts_checkpoint *ck, const char *path, const char *key, uint64_t max,
+                 uint64_t *v);
 /* "gpt --context C --layers L --heads H --embd E --dropout D" (ts_model_describe). */
 const char *cli_gpt_describe(const ts_gpt_config *c, char *buf, size_t len);
 /* 1, after an error message naming the sizes, when ts_gpt_bytes is over dev's pool limit. */

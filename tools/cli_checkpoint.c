@@ -195,3 +195,29 @@ int cli_gpt_too_big(const ts_gpt_config *c, int64_t batch, int training, ts_devi
             training ? " or batch" : "", ts_device_name(dev));
     return 1;
 }
+
+void cli_meta_set_u64(ts_checkpoint *ck, const char *key, uint64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%llu", (unsigned long long)v);
+    ts_checkpoint_set_meta(ck, key, b);
+}
+
+int cli_meta_u64(const ts_checkpoint *ck, const char *path, const char *key, uint64_t max,
+                 uint64_t *v)
+{
+    const char *txt = ts_checkpoint_meta(ck, key);
+    if (!txt) {
+        fprintf(stderr, "tessera: error: %s: not a tessera training checkpoint (no '%s')\n",
+                path, key);
+        return 1;
+    }
+    if (cli_strict_u64(txt, 0, max, v) != 0) {
+        char shown[200];
+        fprintf(stderr, "tessera: error: %s: metadata '%s' = '%s' is not a whole number in [0, "
+                        "%llu]: the checkpoint is damaged or was not written by tessera\n",
+                path, key, cli_printable(txt, 60, shown, sizeof shown), (unsigned long long)max);
+        return 1;
+    }
+    return 0;
+}

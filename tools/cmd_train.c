@@ -385,13 +385,6 @@ static void shard(const trainer *t, int64_t b, int64_t *lo, int64_t *n)
     *n = q + (t->rank < r);
 }
 
-static void meta_u64(ts_checkpoint *ck, const char *key, uint64_t v)
-{
-    char b[32];
-    snprintf(b, sizeof b, "%llu", (unsigned long long)v);
-    ts_checkpoint_set_meta(ck, key, b);
-}
-
 static ts_status save(trainer *t, const char *path)
 {
     ts_checkpoint *ck;
@@ -415,16 +408,16 @@ static ts_status save(trainer *t, const char *path)
             return s;
         }
         ts_checkpoint_set_meta(ck, "train.format", "tessera-train-1");
-        meta_u64(ck, "train.seed", t->o.seed);
-        meta_u64(ck, "train.batch_size", (uint64_t)t->o.batch);
-        meta_u64(ck, "train.train_limit", (uint64_t)t->o.train_limit);
-        meta_u64(ck, "train.epochs", (uint64_t)t->o.epochs);
-        meta_u64(ck, "train.accumulate", (uint64_t)t->o.accumulate);
-        meta_u64(ck, "train.step", (uint64_t)t->step);
-        meta_u64(ck, "train.epoch", epoch);
-        meta_u64(ck, "train.batch", (uint64_t)batch);
-        meta_u64(ck, "train.rng_seed", t->rng.seed);
-        meta_u64(ck, "train.rng_offset", t->rng.offset);
+        cli_meta_set_u64(ck, "train.seed", t->o.seed);
+        cli_meta_set_u64(ck, "train.batch_size", (uint64_t)t->o.batch);
+        cli_meta_set_u64(ck, "train.train_limit", (uint64_t)t->o.train_limit);
+        cli_meta_set_u64(ck, "train.epochs", (uint64_t)t->o.epochs);
+        cli_meta_set_u64(ck, "train.accumulate", (uint64_t)t->o.accumulate);
+        cli_meta_set_u64(ck, "train.step", (uint64_t)t->step);
+        cli_meta_set_u64(ck, "train.epoch", epoch);
+        cli_meta_set_u64(ck, "train.batch", (uint64_t)batch);
+        cli_meta_set_u64(ck, "train.rng_seed", t->rng.seed);
+        cli_meta_set_u64(ck, "train.rng_offset", t->rng.offset);
         char clip[32];
         snprintf(clip, sizeof clip, "%.17g", t->o.clip);
         ts_checkpoint_set_meta(ck, "train.clip_grad_norm", clip);
@@ -435,36 +428,6 @@ static ts_status save(trainer *t, const char *path)
     }
     ts_checkpoint_free(ck);
     return s;
-}
-
-/* A train.* value of a checkpoint: decimal digits only, at most max. */
-static int meta_num(const ts_checkpoint *ck, const char *path, const char *key, uint64_t max,
-                    uint64_t *v)
-{
-    const char *txt = ts_checkpoint_meta(ck, key);
-    if (!txt) {
-        fprintf(stderr, "tessera: error: %s: not a tessera training checkpoint (no '%s')\n",
-                path, key);
-        return 1;
-    }
-    uint64_t n = 0;
-    for (const char *p = txt; *p || p == txt; p++) {
-        if (*p < '0' || *p > '9' || n > (UINT64_MAX - (uint64_t)(*p - '0')) / 10) {
-            fprintf(stderr, "tessera: error: %s: metadata '%s' = '%s' is not a whole number "
-                            "0..%llu: the checkpoint is damaged or was not written by tessera\n",
-                    path, key, txt, (unsigned long long)max);
-            return 1;
-        }
-        n = n * 10 + (uint64_t)(*p - '0');
-    }
-    if (n > max) {
-        fprintf(stderr, "tessera: error: %s: metadata '%s' = '%s' is out of range (0..%llu): "
-                        "the checkpoint is damaged or was not written by tessera\n",
-                path, key, txt, (unsigned long long)max);
-        return 1;
-    }
-    *v = n;
-    return 0;
 }
 
 /* v in the fewest significant digits that read back as v (0.1, not 0.10000000000000001). */
@@ -649,14 +612,14 @@ static int resume(trainer *t)
                 path, format);
         goto out;
     }
-    if (meta_num(ck, path, "train.seed", UINT64_MAX, &seed) ||
-        meta_num(ck, path, "train.batch_size", MAX_BATCH, &batch_size) ||
-        meta_num(ck, path, "train.train_limit", MAX_LIMIT, &limit) ||
-        meta_num(ck, path, "train.step", MAX_STEPS, &step) ||
-        meta_num(ck, path, "train.epoch", MAX_EPOCHS, &epoch) ||
-        meta_num(ck, path, "train.batch", MAX_LIMIT, &batch) ||
-        meta_num(ck, path, "train.rng_seed", UINT64_MAX, &rseed) ||
-        meta_num(ck, path, "train.rng_offset", UINT64_MAX, &roff))
+    if (cli_meta_u64(ck, path, "train.seed", UINT64_MAX, &seed) ||
+        cli_meta_u64(ck, path, "train.batch_size", MAX_BATCH, &batch_size) ||
+        cli_meta_u64(ck, path, "train.train_limit", MAX_LIMIT, &limit) ||
+        cli_meta_u64(ck, path, "train.step", MAX_STEPS, &step) ||
+        cli_meta_u64(ck, path, "train.epoch", MAX_EPOCHS, &epoch) ||
+        cli_meta_u64(ck, path, "train.batch", MAX_LIMIT, &batch) ||
+        cli_meta_u64(ck, path, "train.rng_seed", UINT64_MAX, &rseed) ||
+        cli_meta_u64(ck, path, "train.rng_offset", UINT64_MAX, &roff))
         goto out;
     if (seed != t->o.seed || (int64_t)batch_size != t->o.batch ||
         (int64_t)limit != t->o.train_limit) {

@@ -226,13 +226,6 @@ static ts_status eval_loss(ts_module *gpt, ts_tensor *x, ts_tensor *y, double *o
 
 /* ---- checkpoints ----------------------------------------------------------------------- */
 
-static void meta_u64(ts_checkpoint *ck, const char *key, uint64_t v)
-{
-    char b[32];
-    snprintf(b, sizeof b, "%llu", (unsigned long long)v);
-    ts_checkpoint_set_meta(ck, key, b);
-}
-
 typedef struct run {
     gpt_opts o;
     ts_device *dev;
@@ -299,41 +292,17 @@ static ts_status save_to(const run *r, const char *path)
         }
         ts_checkpoint_set_meta(ck, "train.format", CLI_GPT_FORMAT);
         ts_checkpoint_set_meta(ck, "train.tokenizer", "bytes");
-        meta_u64(ck, "train.seed", r->o.seed);
-        meta_u64(ck, "train.batch_size", (uint64_t)r->o.batch);
-        meta_u64(ck, "train.accumulate", (uint64_t)r->o.accumulate);
-        meta_u64(ck, "train.checkpoint_activations", (uint64_t)r->o.cfg.checkpoint);
-        meta_u64(ck, "train.step", (uint64_t)r->step);
-        meta_u64(ck, "train.rng_offset", r->rng.offset);
-        meta_u64(ck, "train.text_hash", r->text_hash);
+        cli_meta_set_u64(ck, "train.seed", r->o.seed);
+        cli_meta_set_u64(ck, "train.batch_size", (uint64_t)r->o.batch);
+        cli_meta_set_u64(ck, "train.accumulate", (uint64_t)r->o.accumulate);
+        cli_meta_set_u64(ck, "train.checkpoint_activations", (uint64_t)r->o.cfg.checkpoint);
+        cli_meta_set_u64(ck, "train.step", (uint64_t)r->step);
+        cli_meta_set_u64(ck, "train.rng_offset", r->rng.offset);
+        cli_meta_set_u64(ck, "train.text_hash", r->text_hash);
         s = ts_checkpoint_save(ck, path);
     }
     ts_checkpoint_free(ck);
     return s;
-}
-
-/* A decimal train.* value of ck in [0, max]: digits only, no overflow; 1 with a message when
- * missing or malformed. */
-static int meta_num(const ts_checkpoint *ck, const char *path, const char *key, uint64_t max,
-                    uint64_t *out)
-{
-    const char *t = ts_checkpoint_meta(ck, key);
-    size_t len = t ? strlen(t) : 0;
-    int ok = len > 0 && len <= 20 && strspn(t, "0123456789") == len;
-    uint64_t v = 0;
-    for (size_t i = 0; ok && i < len; i++) {
-        unsigned dgt = (unsigned)(t[i] - '0');
-        ok = v <= (UINT64_MAX - dgt) / 10;
-        v = v * 10 + dgt;
-    }
-    if (!ok || v > max) {
-        fprintf(stderr, "tessera: error: %s: %s = '%s' is not a whole number in [0, %llu]; the "
-                        "checkpoint is damaged or not a GPT one\n", path, key, t ? t : "(none)",
-                (unsigned long long)max);
-        return 1;
-    }
-    *out = v;
-    return 0;
 }
 
 /* A resumed run is the run its checkpoint was written by: the model and the run settings
@@ -405,9 +374,9 @@ static int resume(run *r)
     const char *path = r->o.resume;
     ts_checkpoint *ck = r->ck;
     uint64_t step, roff, hash;
-    if (meta_num(ck, path, "train.step", (uint64_t)1 << 53, &step) ||
-        meta_num(ck, path, "train.rng_offset", UINT64_MAX, &roff) ||
-        meta_num(ck, path, "train.text_hash", UINT64_MAX, &hash))
+    if (cli_meta_u64(ck, path, "train.step", (uint64_t)1 << 53, &step) ||
+        cli_meta_u64(ck, path, "train.rng_offset", UINT64_MAX, &roff) ||
+        cli_meta_u64(ck, path, "train.text_hash", UINT64_MAX, &hash))
         return 1;
     if (hash != r->text_hash) {
         fprintf(stderr, "tessera: error: %s was trained on another text (its bytes differ "
