@@ -80,6 +80,31 @@ int cli_memtrace_end(const char *trace, const char *memplot, int draw,
  * caller ends the job). */
 int cli_ranks_agree(const uint64_t *mine, size_t n, const char *const *what, int rank,
                     int world);
+/* What a training command starts and must stop: the core, the distributed job, the memory
+ * trace; this process's rank and the device it trains on. */
+typedef struct cli_session {
+    int rank, world; /* world 1: one process */
+    ts_device *dev;
+    const char *memplot;
+    int stopped;      /* the signal that stopped training, or 0 */
+    char trace[4200]; /* --memtrace's file, while one is written */
+} cli_session;
+/* Starts tessera (config), joins the distributed job, installs the stop signals, silences
+ * stdout on ranks above 0, refuses an unwritable --save (save; NULL: none) on rank 0 before
+ * anything is built, begins the memory trace (memtrace, memplot, keep: cli_memtrace_begin)
+ * and picks the device (device, else a device-buffer backend's, else the default). 0, or the
+ * exit status after a message, with everything started stopped again. */
+int cli_session_begin(cli_session *ss, const char *config, const char *device, const char *save,
+                      const char *memtrace, const char *memplot, const char *const keep[3]);
+/* Under mpirun: refuses, on every rank, a rank whose run differs (differ from cli_ranks_agree:
+ * 1) and lets each rank stop alone (world becomes 1); -1 (a local failure) is left to the
+ * caller. Returns differ. */
+int cli_session_refuse_differing(cli_session *ss, int differ);
+/* Ends the session begun above with the command's exit status rc: ends the memory trace
+ * (drawn on rank 0 when rc is 0 or a signal stopped the run; a failed drawing makes rc 1),
+ * ends the whole job when this rank failed while others wait in a collective, then leaves
+ * the distributed job and the core. Returns the exit status. */
+int cli_session_end(cli_session *ss, int rc, const cli_common *common);
 /* "tessera: SIGTERM: stopped after step N[ (T of training)]; saved CKPT; continue with:" and,
  * on the next line, the exact command that continues the run (tessera train --resume CKPT,
  * then each pair of keep (flag, value; NULL-terminated; a NULL value left out), every word

@@ -1259,7 +1259,6 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         if (!strcmp(argv[i], "--model") && !strcmp(argv[i + 1], "gpt"))
             return cli_train_gpt(argc, argv, common);
     trainer t = {.saved_step = -1};
-    char trace[4200] = ""; /* --memtrace's file, while one is written */
     const char *config = common->config;
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--config"))
@@ -1278,42 +1277,17 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     /* the progress bar: on stderr when it is a terminal (rank 0 alone), not mixed into
      * --log-steps lines or into JSON on the same terminal */
     t.tty = isatty(STDERR_FILENO) && !t.o.log_steps && !(t.o.json && isatty(STDOUT_FILENO));
-    ts_status s = ts_init(config);
-    if (s)
-        return cli_fail(s, "cannot start tessera");
+    cli_session ss;
+    if ((rc = cli_session_begin(&ss, config, t.o.device, t.o.save, t.o.memtrace, t.o.memplot,
+                                (const char *const[3]){t.o.save, t.o.resume, NULL})))
+        return rc;
     rc = 1;
-    /* Under mpirun (or with [dist] backend), one rank of several: each takes its part of
-     * every batch; rank 0 alone prints and saves. */
-    if ((s = ts_dist_init(NULL))) {
-        cli_fail(s, "cannot join the distributed job");
-        ts_shutdown();
-        return 1;
-    }
-    t.rank = ts_dist_rank();
-    t.world = ts_dist_size();
+    ts_status s;
+    t.rank = ss.rank;
+    t.world = ss.world;
+    t.dev = ss.dev;
     if (t.rank != 0)
         t.tty = 0;
-    if (t.rank != 0 && !freopen("/dev/null", "w", stdout)) {
-        fprintf(stderr, "tessera: error: rank %d: cannot silence stdout\n", t.rank);
-        goto out;
-    }
-    /* a --save path that cannot be written is refused now, not after the first epoch */
-    if (t.o.save && t.rank == 0 && (s = ts_checkpoint_check_path(t.o.save))) {
-        cli_fail(s, "--save");
-        goto out;
-    }
-    cli_stop_signals_install();
-    if ((rc = cli_memtrace_begin(trace, sizeof trace, t.o.memtrace, t.o.memplot,
-                                 (const char *const[3]){t.o.save, t.o.resume, NULL}, t.rank,
-                                 t.world)))
-        goto out;
-    rc = 1;
-    /* a device-buffer backend (NCCL) trains on its own device unless told otherwise */
-    t.dev = ts_dist_device() ? ts_dist_device() : ts_default_device();
-    if (t.o.device && (s = ts_device_get(t.o.device, &t.dev))) {
-        cli_fail(s, "--device");
-        goto out;
-    }
     double t0 = cli_now();
     if ((s = ts_fashion_mnist_load(t.o.data, 1, t.dev, &t.train_x, &t.train_y)) ||
         (s = ts_fashion_mnist_load(t.o.data, 0, t.dev, &t.test_x, &t.test_y))) {
@@ -1358,13 +1332,8 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     rc = 1;
     /* Every rank starts from rank 0's weights (whatever each drew), and a rank started with
      * another model is refused on every rank before any step. */
-    int differ = t.world > 1 ? same_run_everywhere(&t) : 0;
-    if (differ < 0)
-        goto out; /* a local failure: the job is aborted */
-    if (differ) {
-        ts_dist_barrier(); /* every rank has printed its refusal */
-        ts_dist_shutdown();
-        t.world = 1; /* each rank stops on its own: none waits in a collective */
+    if (cli_session_refuse_differing(&ss, t.world > 1 ? same_run_everywhere(&t) : 0)) {
+        t.world = ss.world; /* -1: a local failure, the job is aborted */
         goto out;
     }
     if (t.o.resume && t.o.eval_only) { /* tessera eval: the checkpoint's test accuracy */
@@ -1539,18 +1508,11 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     }
     rc = 0;
 out:
-    if (cli_memtrace_end(trace, t.o.memplot, (rc == 0 || t.stopped_by) && t.rank == 0,
-                         common) &&
-        rc == 0)
-        rc = 1;
-    if (rc && t.world > 1) /* the other ranks would wait for this one in a collective */
-        ts_dist_abort(rc, "rank %d of %d stopped: %s", t.rank, t.world,
-                      ts_last_error()[0] ? ts_last_error() : "see its error above");
     ts_trainer_free(t.tr);
     trainer_free(&t);
-    ts_dist_shutdown();
-    ts_shutdown();
-    return rc;
+    ss.world = t.world;
+    ss.stopped = t.stopped_by;
+    return cli_session_end(&ss, rc, common);
 }
 
 /* ---- tessera eval ------------------------------------------------------------------------ */

@@ -240,7 +240,7 @@ typedef struct run {
     int rank, world; /* data parallelism: this rank of world (1: a single process) */
     ts_trainer *tr; /* the step (data-parallel when world > 1) */
     int stopped; /* the signal that stopped training, or 0 */
-    char trace[4200]; /* --memtrace's file, while one is written */
+    cli_session ss;
 } run;
 
 /* Every rank must train the same model on the same text with the same settings; a rank
@@ -579,43 +579,17 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         return 1;
     }
     r.text_hash = fnv1a(text, n);
-    ts_status s = ts_init(config);
-    if (s) {
+    if ((rc = cli_session_begin(&r.ss, config, r.o.device, r.o.save, r.o.memtrace, r.o.memplot,
+                                (const char *const[3]){r.o.save, r.o.resume,
+                                                       r.o.save_initial}))) {
         free(text);
-        return cli_fail(s, "cannot start tessera");
+        return rc;
     }
     rc = 1;
-    if ((s = ts_dist_init(NULL))) {
-        cli_fail(s, "cannot join the distributed job");
-        free(text);
-        ts_shutdown();
-        return 1;
-    }
-    r.rank = ts_dist_rank();
-    r.world = ts_dist_size();
-    cli_stop_signals_install();
-    if ((rc = cli_memtrace_begin(r.trace, sizeof r.trace, r.o.memtrace, r.o.memplot,
-                                 (const char *const[3]){r.o.save, r.o.resume,
-                                                        r.o.save_initial},
-                                 r.rank, r.world)))
-        goto out;
-    rc = 1;
-    if (r.o.save && r.rank == 0 && (s = ts_checkpoint_check_path(r.o.save))) {
-        cli_fail(s, "--save"); /* now, not after the first evaluation */
-        if (r.world > 1) /* the other ranks go on into collectives: end the job */
-            ts_dist_abort(1, "rank 0: --save: %s", ts_last_error());
-        free(text);
-        ts_dist_shutdown();
-        ts_shutdown();
-        return 1;
-    }
-    if (r.rank != 0 && !freopen("/dev/null", "w", stdout))
-        goto out;
-    r.dev = ts_dist_device() ? ts_dist_device() : ts_default_device();
-    if (r.o.device && (s = ts_device_get(r.o.device, &r.dev))) {
-        cli_fail(s, "--device");
-        goto out;
-    }
+    ts_status s;
+    r.rank = r.ss.rank;
+    r.world = r.ss.world;
+    r.dev = r.ss.dev;
     if (r.o.resume && (rc = adopt_settings(&r)))
         goto out;
     rc = 1;
@@ -649,13 +623,8 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     if (r.o.resume && (rc = resume(&r)))
         goto out;
     rc = 1;
-    int differ = r.world > 1 ? same_run_everywhere(&r) : 0;
-    if (differ < 0)
-        goto out; /* a local failure: the job is aborted */
-    if (differ) {
-        ts_dist_barrier(); /* every rank has printed its refusal */
-        ts_dist_shutdown();
-        r.world = 1; /* each rank stops on its own */
+    if (cli_session_refuse_differing(&r.ss, r.world > 1 ? same_run_everywhere(&r) : 0)) {
+        r.world = r.ss.world; /* -1: a local failure, the job is aborted */
         goto out;
     }
     ts_trainer_options to = {.loss = TS_LOSS_CROSS_ENTROPY, .clip_grad_norm = r.o.clip,
@@ -855,22 +824,13 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     }
     rc = r.stopped ? 128 + r.stopped : 0;
 out:
-    if (cli_memtrace_end(r.trace, r.o.memplot, (rc == 0 || r.stopped) && r.rank == 0,
-                         common) &&
-        rc == 0)
-        rc = 1;
-    /* the other ranks would wait for this one in a collective; a signal stops every rank
-     * after the same step, cleanly */
-    if (rc && r.world > 1 && !r.stopped)
-        ts_dist_abort(rc, "rank %d of %d stopped: %s", r.rank, r.world,
-                      ts_last_error()[0] ? ts_last_error() : "see its error above");
     ts_trainer_free(r.tr);
     ts_optim_free(r.opt);
     ts_checkpoint_free(r.ck);
     free(r.params);
     ts_module_free(r.gpt);
     free(text);
-    ts_dist_shutdown();
-    ts_shutdown();
-    return rc;
+    r.ss.world = r.world;
+    r.ss.stopped = r.stopped;
+    return cli_session_end(&r.ss, rc, common);
 }
