@@ -32,6 +32,50 @@ int cli_strict_i64(const char *v, int64_t min, int64_t max, int64_t *out);
 int cli_strict_u64(const char *v, uint64_t min, uint64_t max, uint64_t *out);
 int cli_strict_double(const char *v, double min, int min_open, double max, double *out);
 
+/* ---- options as data (tools/cli_opts.c) ---------------------------------------------- */
+/* One row per option of a command: the flag, the type and where its value lives in the
+ * command's options struct, the range, and what the run does with it: its key in the JSON
+ * start record, the checkpoint key a resumed run takes it from, whether a differing value on
+ * --resume is refused or an override, and the group of settings the ranks of a job must agree
+ * on. Parsing (with "did you mean"), the start record, the resume adoption and the ranks'
+ * fingerprints all come from the rows. */
+struct cJSON;
+typedef enum cli_opt_type {
+    CLI_I64,   /* int64_t */
+    CLI_U64,   /* uint64_t */
+    CLI_F64,   /* double */
+    CLI_STR,   /* const char * (NULL: not given) */
+    CLI_FLAG,  /* int, set to 1 */
+    CLI_ONOFF  /* int: "on" 1, "off" 0 */
+} cli_opt_type;
+typedef struct cli_opt {
+    const char *flag;
+    cli_opt_type type;
+    size_t off;        /* of the value in the options struct */
+    double lo, hi;     /* the range of a number */
+    int lo_open;       /* lo itself excluded */
+    size_t hi_of;      /* non-zero: off + 1 of an earlier row's value that bounds this one */
+    const char *json;  /* its key in the start record, or NULL */
+    const char *ckpt;  /* the metadata key --resume takes it from unless given, or NULL */
+    int refuse;        /* given otherwise than ckpt on --resume: refused (else an override) */
+    int agree;         /* the group of settings the ranks must agree on (0: none) */
+} cli_opt;
+#define CLI_OFF(type, field) offsetof(type, field)
+/* Parses argv[1..] by the table into o; given[i] is set for each row seen. "-h"/"--help"
+ * prints usage and returns -1; an unknown argument is a usage error naming the closest flag.
+ * 0, or 2 after a usage error. */
+int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n, int argc,
+                   char **argv, void *o, unsigned char *given, const char *usage);
+/* --resume: each row with a ckpt key, in table order, from ck unless given (given otherwise:
+ * refused naming both values, or accepted as an override); each value checked against the
+ * row's range. 0, or the exit status after a message. */
+int cli_opts_adopt(const cli_opt *t, size_t n, const unsigned char *given,
+                   const ts_checkpoint *ck, const char *path, void *o);
+/* Adds every row with a json key to the start record j. */
+void cli_opts_record(const cli_opt *t, size_t n, const void *o, struct cJSON *j);
+/* The fingerprint of the rows of one agreement group. */
+uint64_t cli_opts_fingerprint(const cli_opt *t, size_t n, const void *o, int group);
+
 /* Formats bytes as "1.50 GiB" into buf. */
 const char *cli_bytes(unsigned long long bytes, char *buf, size_t len);
 

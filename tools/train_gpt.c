@@ -56,18 +56,79 @@ static const char usage[] =
     "\"step N\" slices, on the same timeline as the memory (Perfetto, chrome://tracing).\n";
 
 typedef struct gpt_opts {
+    const char *model, *config; /* "gpt"; the caller's */
     const char *text, *device, *save, *resume, *save_initial, *memtrace, *memplot;
     ts_gpt_config cfg;
     int64_t batch, steps, max_steps, warmup, eval_every, eval_batches, accumulate;
     double lr, min_lr, weight_decay, clip;
     uint64_t seed;
     int json, log_steps, eval_only, profile;
-    unsigned given; /* GIVEN_* bits: the run settings given on the command line */
+    unsigned char given[40]; /* per row of opts: given on the command line */
 } gpt_opts;
 
-/* Run settings a resumed run takes from its checkpoint unless given (then they must agree). */
-enum { GIVEN_LR = 1, GIVEN_MIN_LR = 2, GIVEN_WD = 4, GIVEN_STEPS = 8, GIVEN_WARMUP = 16,
-       GIVEN_BATCH = 32, GIVEN_SEED = 64, GIVEN_ACCUMULATE = 128, GIVEN_CHECKPOINT = 256 };
+/* The options, once: flag, type, field, range, start-record key, the checkpoint key a resumed
+ * run takes it from unless given (then refused when it differs, or an override), and the
+ * group of settings every rank must agree on. In adoption order: a range may name an earlier
+ * row's value. */
+enum { ARCH = 1, SEED, BATCH, RUN };
+#define O(f) CLI_OFF(gpt_opts, f)
+#define HI(f) (O(f) + 1)
+static const cli_opt opts[] = {
+    {.flag = "--model", .type = CLI_STR, .off = O(model)},
+    {.flag = "--config", .type = CLI_STR, .off = O(config)},
+    {.flag = "--text", .type = CLI_STR, .off = O(text)},
+    {.flag = "--device", .type = CLI_STR, .off = O(device)},
+    {.flag = "--save", .type = CLI_STR, .off = O(save)},
+    {"--resume", CLI_STR, O(resume), .json = "resumed_from", .agree = RUN},
+    {.flag = "--save-initial", .type = CLI_STR, .off = O(save_initial)},
+    {.flag = "--memtrace", .type = CLI_STR, .off = O(memtrace)},
+    {.flag = "--memplot", .type = CLI_STR, .off = O(memplot)},
+    {"--context", CLI_I64, O(cfg.context), 1, 4096, .agree = ARCH},
+    {"--layers", CLI_I64, O(cfg.layers), 1, 64, .agree = ARCH},
+    {"--heads", CLI_I64, O(cfg.heads), 1, 64, .agree = ARCH},
+    {"--embd", CLI_I64, O(cfg.embd), 1, 8192, .agree = ARCH},
+    {"--dropout", CLI_F64, O(cfg.dropout), 0, 0.99, .agree = ARCH},
+    {"--seed", CLI_U64, O(seed), 0, 18446744073709551615.0, .json = "seed",
+     .ckpt = "train.seed", .refuse = 1, .agree = SEED},
+    {"--batch-size", CLI_I64, O(batch), 1, 4096, .json = "batch_size",
+     .ckpt = "train.batch_size", .refuse = 1, .agree = BATCH},
+    {"--lr", CLI_F64, O(lr), 0, 1e6, 1, .json = "lr", .ckpt = "optim.schedule.base_lr",
+     .refuse = 1, .agree = RUN},
+    {"--steps", CLI_I64, O(steps), 1, 1099511627776.0, .json = "steps",
+     .ckpt = "optim.schedule.total_steps", .refuse = 1, .agree = RUN},
+    {"--warmup-steps", CLI_I64, O(warmup), 0, 1099511627776.0, .hi_of = HI(steps),
+     .json = "warmup_steps", .ckpt = "optim.schedule.warmup_steps", .refuse = 1, .agree = RUN},
+    {"--min-lr", CLI_F64, O(min_lr), 0, 1e6, .hi_of = HI(lr), .json = "min_lr",
+     .ckpt = "optim.schedule.min_lr", .refuse = 1, .agree = RUN},
+    {"--weight-decay", CLI_F64, O(weight_decay), 0, 1e6, .json = "weight_decay",
+     .ckpt = "optim.weight_decay", .refuse = 1, .agree = RUN},
+    {"--clip-grad-norm", CLI_F64, O(clip), 0, 1e12, .json = "clip_grad_norm", .agree = RUN},
+    {"--accumulate", CLI_I64, O(accumulate), 1, 4096, .hi_of = HI(batch), .json = "accumulate",
+     .ckpt = "train.accumulate"},
+    {"--checkpoint-activations", CLI_ONOFF, O(cfg.checkpoint), .json = "checkpoint_activations",
+     .ckpt = "train.checkpoint_activations"},
+    {"--max-steps", CLI_I64, O(max_steps), 1, 1099511627776.0, .json = "max_steps",
+     .agree = RUN},
+    {"--eval-every", CLI_I64, O(eval_every), 1, 1099511627776.0, .agree = RUN},
+    {"--eval-batches", CLI_I64, O(eval_batches), 1, 1099511627776.0, .agree = RUN},
+    {.flag = "--json", .type = CLI_FLAG, .off = O(json)},
+    {.flag = "--eval-only", .type = CLI_FLAG, .off = O(eval_only)}, /* tessera eval */
+    {.flag = "--log-steps", .type = CLI_FLAG, .off = O(log_steps)},
+    {.flag = "--profile", .type = CLI_FLAG, .off = O(profile)},
+};
+#undef HI
+#undef O
+enum { NOPTS = sizeof opts / sizeof opts[0] };
+_Static_assert(NOPTS <= sizeof ((gpt_opts *)0)->given, "gpt_opts.given is too small");
+
+/* Whether flag was given on the command line. */
+static int given(const gpt_opts *o, const char *flag)
+{
+    for (size_t i = 0; i < NOPTS; i++)
+        if (!strcmp(opts[i].flag, flag))
+            return o->given[i];
+    return 0;
+}
 
 /* ---- the text ------------------------------------------------------------------------- */
 
@@ -247,18 +308,11 @@ typedef struct run {
  * started otherwise is named on every rank, before any step. */
 static int same_run_everywhere(const run *r)
 {
-    char a[256], o[256];
-    snprintf(a, sizeof a, "%lld %lld %lld %lld %.17g", (long long)r->o.cfg.context,
-             (long long)r->o.cfg.layers, (long long)r->o.cfg.heads, (long long)r->o.cfg.embd,
-             r->o.cfg.dropout);
     /* everything that decides the sequence of collectives: steps, evaluations, position */
-    snprintf(o, sizeof o, "%.17g %.17g %.17g %.17g %lld %lld %lld %lld %lld %lld %s", r->o.lr,
-             r->o.min_lr, r->o.weight_decay, r->o.clip, (long long)r->o.warmup,
-             (long long)r->o.steps, (long long)r->o.max_steps, (long long)r->o.eval_every,
-             (long long)r->o.eval_batches, (long long)r->step, r->o.resume ? r->o.resume : "");
-    const uint64_t mine[] = {fnv1a((const unsigned char *)a, strlen(a)), r->o.seed,
+    const uint64_t mine[] = {cli_opts_fingerprint(opts, NOPTS, &r->o, ARCH), r->o.seed,
                              (uint64_t)r->o.batch, r->text_hash,
-                             fnv1a((const unsigned char *)o, strlen(o))};
+                             cli_opts_fingerprint(opts, NOPTS, &r->o, RUN) ^
+                                 mix((uint64_t)r->step)};
     static const char *const what[] = {
         "another model (--context, --layers, --heads, --embd, --dropout)", "another --seed",
         "another --batch-size", "another text",
@@ -326,45 +380,8 @@ static int adopt_settings(run *r)
                 path, have, want);
         return 2;
     }
-    /* in this order: each range may depend on a value adopted before it */
-    uint64_t seed = o->seed, batch = (uint64_t)o->batch, steps = (uint64_t)o->steps,
-             warmup = (uint64_t)o->warmup, accumulate = (uint64_t)o->accumulate,
-             ckpt = (uint64_t)o->cfg.checkpoint;
-#define KEY(key, opt, bit) ((cli_run_key){key, opt, (o->given & (bit)) != 0, 1, 1})
-    int rc;
-    if ((rc = cli_adopt_int(r->ck, path, KEY("train.seed", "--seed", GIVEN_SEED), 0, UINT64_MAX,
-                            &seed)) ||
-        (rc = cli_adopt_int(r->ck, path, KEY("train.batch_size", "--batch-size", GIVEN_BATCH), 1,
-                            4096, &batch)) ||
-        (rc = cli_adopt_f64(r->ck, path, KEY("optim.schedule.base_lr", "--lr", GIVEN_LR), 0, 1,
-                            1e6, &o->lr)) ||
-        (rc = cli_adopt_int(r->ck, path, KEY("optim.schedule.total_steps", "--steps",
-                                             GIVEN_STEPS), 1, (uint64_t)1 << 40, &steps)) ||
-        (rc = cli_adopt_int(r->ck, path, KEY("optim.schedule.warmup_steps", "--warmup-steps",
-                                             GIVEN_WARMUP), 0, steps, &warmup)) ||
-        (rc = cli_adopt_f64(r->ck, path, KEY("optim.schedule.min_lr", "--min-lr", GIVEN_MIN_LR),
-                            0, 0, o->lr, &o->min_lr)) ||
-        (rc = cli_adopt_f64(r->ck, path, KEY("optim.weight_decay", "--weight-decay", GIVEN_WD),
-                            0, 0, 1e6, &o->weight_decay)))
-        return rc;
-#undef KEY
-    /* how the run computes, not what: an older checkpoint has neither, and given they are
-     * overrides */
-#define KEY(key, opt, bit) ((cli_run_key){key, opt, (o->given & (bit)) != 0, 0, 0})
-    if ((rc = cli_adopt_int(r->ck, path, KEY("train.accumulate", "--accumulate",
-                                             GIVEN_ACCUMULATE), 1, batch, &accumulate)) ||
-        (rc = cli_adopt_int(r->ck, path, KEY("train.checkpoint_activations",
-                                             "--checkpoint-activations", GIVEN_CHECKPOINT), 0, 1,
-                            &ckpt)))
-        return rc;
-#undef KEY
-    o->accumulate = (int64_t)accumulate;
-    o->cfg.checkpoint = (int)ckpt;
-    o->seed = seed;
-    o->batch = (int64_t)batch;
-    o->steps = (int64_t)steps;
-    o->warmup = (int64_t)warmup;
-    return 0;
+    /* in the table's order: each range may depend on a value adopted before it */
+    return cli_opts_adopt(opts, NOPTS, o->given, r->ck, path, o);
 }
 
 /* Restores model, optimizer and position from r->ck (adopt_settings opened and checked it);
@@ -410,96 +427,12 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
                     .clip = 1.0,
                     .seed = 1,
                     .json = common->json};
-    int set_warmup = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        set_warmup |= !strcmp(a, "--warmup-steps");
-        static const struct {
-            const char *opt;
-            unsigned bit;
-        } bits[] = {{"--lr", GIVEN_LR},         {"--min-lr", GIVEN_MIN_LR},
-                    {"--weight-decay", GIVEN_WD}, {"--steps", GIVEN_STEPS},
-                    {"--warmup-steps", GIVEN_WARMUP}, {"--batch-size", GIVEN_BATCH},
-                    {"--seed", GIVEN_SEED}, {"--accumulate", GIVEN_ACCUMULATE},
-                    {"--checkpoint-activations", GIVEN_CHECKPOINT}};
-        for (size_t k = 0; k < sizeof bits / sizeof bits[0]; k++)
-            if (!strcmp(a, bits[k].opt))
-                o->given |= bits[k].bit;
-        int64_t *i64 = !strcmp(a, "--context")        ? &o->cfg.context
-                       : !strcmp(a, "--layers")       ? &o->cfg.layers
-                       : !strcmp(a, "--heads")        ? &o->cfg.heads
-                       : !strcmp(a, "--embd")         ? &o->cfg.embd
-                       : !strcmp(a, "--batch-size")   ? &o->batch
-                       : !strcmp(a, "--steps")        ? &o->steps
-                       : !strcmp(a, "--max-steps")    ? &o->max_steps
-                       : !strcmp(a, "--warmup-steps") ? &o->warmup
-                       : !strcmp(a, "--eval-every")   ? &o->eval_every
-                       : !strcmp(a, "--eval-batches") ? &o->eval_batches
-                       : !strcmp(a, "--accumulate")   ? &o->accumulate
-                                                      : NULL;
-        double *dbl = !strcmp(a, "--lr")               ? &o->lr
-                      : !strcmp(a, "--min-lr")         ? &o->min_lr
-                      : !strcmp(a, "--weight-decay")   ? &o->weight_decay
-                      : !strcmp(a, "--clip-grad-norm") ? &o->clip
-                      : !strcmp(a, "--dropout")        ? &o->cfg.dropout
-                                                       : NULL;
-        if (!strcmp(a, "--model")) {
-            if (!v || strcmp(v, "gpt"))
-                return cli_usage_error("train", "--model gpt expected here");
-            i++;
-        } else if (i64) {
-            int64_t lo = i64 == &o->warmup ? 0 : 1;
-            int64_t hi = i64 == &o->cfg.context  ? 4096
-                         : i64 == &o->cfg.layers ? 64
-                         : i64 == &o->cfg.heads  ? 64
-                         : i64 == &o->cfg.embd   ? 8192
-                         : i64 == &o->batch      ? 4096
-                         : i64 == &o->accumulate ? 4096
-                                                 : (int64_t)1 << 40;
-            bad = cli_parse_i64("train", a, v, lo, hi, i64), i++;
-        } else if (dbl) {
-            double hi = dbl == &o->cfg.dropout ? 0.99 : dbl == &o->clip ? 1e12 : 1e6;
-            int open = dbl == &o->lr;
-            bad = cli_parse_double("train", a, v, 0, open, hi, dbl), i++;
-        } else if (!strcmp(a, "--checkpoint-activations")) {
-            if (!v || (strcmp(v, "on") && strcmp(v, "off")))
-                return cli_usage_error("train", "--checkpoint-activations takes on or off");
-            o->cfg.checkpoint = !strcmp(v, "on"), i++;
-        } else if (!strcmp(a, "--seed")) {
-            bad = cli_parse_u64("train", a, v, 0, UINT64_MAX, &o->seed), i++;
-        } else if (!strcmp(a, "--text") || !strcmp(a, "--device") || !strcmp(a, "--save") ||
-                   !strcmp(a, "--resume") || !strcmp(a, "--save-initial") ||
-                   !strcmp(a, "--memtrace") || !strcmp(a, "--memplot")) {
-            if (!v)
-                return cli_usage_error("train", "%s needs a value", a);
-            *(!strcmp(a, "--text")           ? &o->text
-              : !strcmp(a, "--device")       ? &o->device
-              : !strcmp(a, "--save")         ? &o->save
-              : !strcmp(a, "--save-initial") ? &o->save_initial
-              : !strcmp(a, "--memtrace")     ? &o->memtrace
-              : !strcmp(a, "--memplot")      ? &o->memplot
-                                             : &o->resume) = v;
-            i++;
-        } else if (!strcmp(a, "--config")) {
-            i++; /* the caller's */
-        } else if (!strcmp(a, "--json")) {
-            o->json = 1;
-        } else if (!strcmp(a, "--eval-only")) { /* tessera eval */
-            o->eval_only = 1;
-        } else if (!strcmp(a, "--log-steps")) {
-            o->log_steps = 1;
-        } else if (!strcmp(a, "--profile")) {
-            o->profile = 1;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(usage, stdout);
-            return -1;
-        } else {
-            return cli_usage_error("train", "unexpected argument '%s' for --model gpt", a);
-        }
-        if (bad)
-            return 2;
-    }
+    int rc = cli_opts_parse("train", "for --model gpt", opts, NOPTS, argc, argv, o, o->given,
+                            usage);
+    if (rc)
+        return rc;
+    if (o->model && strcmp(o->model, "gpt"))
+        return cli_usage_error("train", "--model gpt expected here");
     if (o->resume && !o->save && !o->eval_only)
         o->save = o->resume; /* a resumed run saves where it was resumed from */
     if (o->resume && o->save_initial)
@@ -516,7 +449,7 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
         o->min_lr = o->lr / 10;
     if (o->min_lr > o->lr)
         return cli_usage_error("train", "--min-lr %g is above --lr %g", o->min_lr, o->lr);
-    if (!set_warmup && o->warmup > o->steps)
+    if (!given(o, "--warmup-steps") && o->warmup > o->steps)
         o->warmup = o->steps; /* the default, for a short run */
     if (o->warmup > o->steps)
         return cli_usage_error("train", "--warmup-steps %lld is more than --steps %lld",
@@ -666,25 +599,9 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         cJSON_AddNumberToObject(j, "parameters", (double)ts_module_num_params(r.gpt));
         cJSON_AddStringToObject(j, "device", ts_device_name(r.dev));
         cJSON_AddStringToObject(j, "optimizer", "adamw");
-        cJSON_AddNumberToObject(j, "lr", r.o.lr);
-        cJSON_AddNumberToObject(j, "min_lr", r.o.min_lr);
-        cJSON_AddNumberToObject(j, "weight_decay", r.o.weight_decay);
-        cJSON_AddNumberToObject(j, "clip_grad_norm", r.o.clip);
-        cJSON_AddNumberToObject(j, "warmup_steps", (double)r.o.warmup);
-        cJSON_AddNumberToObject(j, "batch_size", (double)r.o.batch);
-        cJSON_AddNumberToObject(j, "accumulate", (double)r.o.accumulate);
-        cJSON_AddBoolToObject(j, "checkpoint_activations", r.o.cfg.checkpoint);
-        cJSON_AddNumberToObject(j, "steps", (double)r.o.steps);
-        cJSON_AddNumberToObject(j, "max_steps", (double)r.o.max_steps);
-        char sd[24];
-        snprintf(sd, sizeof sd, "%llu", (unsigned long long)r.o.seed);
-        if (r.o.seed < ((uint64_t)1 << 53)) /* exact as a JSON number, else a string */
-            cJSON_AddNumberToObject(j, "seed", (double)r.o.seed);
-        else
-            cJSON_AddStringToObject(j, "seed", sd);
+        cli_opts_record(opts, NOPTS, &r.o, j); /* the settings in use */
         cJSON_AddNumberToObject(j, "text_bytes", (double)n);
         cJSON_AddNumberToObject(j, "world_size", r.world);
-        cli_json_str_or_null(j, "resumed_from", r.o.resume);
         cJSON_AddNumberToObject(j, "start_step", (double)r.step);
         cli_json_line(j);
     } else {

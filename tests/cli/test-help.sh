@@ -3,7 +3,7 @@
 # `tessera help ...` prints (its own usage line, exit 0), the usage text is complete, and an
 # unknown command or benchmark exits 2 with a message.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 6
+plan 7
 
 usage=$("$TESSERA" help)
 cmds=$(echo "$usage" | sed -n '/^commands:/,/^$/p' | awk 'NF && $1 != "commands:" {print $1}')
@@ -80,5 +80,19 @@ if [ $r1 -eq 2 ] && contains "$o1" "unknown command 'trian' (did you mean 'train
     ok "a misspelt command gets 'did you mean'; --epochs=0 is read as --epochs 0"
 else
     fail "did you mean, --name=value" "$r1 $o1" "$r2 $o2" "$r3 $o3" "$r4 $o4"
+fi
+# Options from a table: a misspelt option of the GPT trainer gets the nearest flag, a value
+# out of the row's range or not in on|off is named, and --name=value reads as --name value.
+o1=$("$TESSERA" train --model gpt --stpes 3 2>&1); r1=$?
+o2=$("$TESSERA" train --model gpt --checkpoint-activations=maybe 2>&1); r2=$?
+o3=$("$TESSERA" train --model gpt --accumulate=0 2>&1); r3=$?
+o4=$("$TESSERA" train --model gpt --zzzzzz 2>&1); r4=$?
+if [ $r1 -eq 2 ] && contains "$o1" "unexpected argument '--stpes' for --model gpt (did you mean '--steps'?)" &&
+    [ $r2 -eq 2 ] && contains "$o2" "--checkpoint-activations takes on or off" &&
+    [ $r3 -eq 2 ] && contains "$o3" "--accumulate '0' is out of range: expected 1..4096" &&
+    [ $r4 -eq 2 ] && ! contains "$o4" "did you mean"; then
+    ok "train --model gpt: a misspelt option gets 'did you mean'; values checked by the option's row"
+else
+    fail "gpt options from the table" "$r1 $o1" "$r2 $o2" "$r3 $o3" "$r4 $o4"
 fi
 finish

@@ -1,0 +1,187 @@
+/* tools/cli_opts.c: a command's options as a table (cli_opt, tools/cli.h): parsing,
+ * "did you mean", the JSON start record, the resume adoption and the ranks' fingerprints. */
+#include "config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+
+#define AT(o, row, type) ((type *)((char *)(o) + (row)->off))
+#define AT_C(o, row, type) ((const type *)((const char *)(o) + (row)->off))
+
+/* The upper bound of row r: its own, or the value of the row it names (hi_of). */
+static double upper(const cli_opt *t, size_t n, const cli_opt *r, const void *o)
+{
+    for (size_t i = 0; r->hi_of && i < n; i++)
+        if (t[i].off + 1 == r->hi_of)
+            return t[i].type == CLI_F64   ? *AT_C(o, &t[i], double)
+                   : t[i].type == CLI_I64 ? (double)*AT_C(o, &t[i], int64_t)
+                                          : (double)*AT_C(o, &t[i], uint64_t);
+    return r->hi;
+}
+
+int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n, int argc,
+                   char **argv, void *o, unsigned char *given, const char *usage)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            return -1;
+        }
+        const cli_opt *r = NULL;
+        for (size_t k = 0; k < n && !r; k++)
+            if (!strcmp(a, t[k].flag))
+                r = &t[k];
+        if (!r) {
+            const char *flags[128];
+            size_t nf = 0;
+            for (size_t k = 0; k < n && nf < 128; k++)
+                flags[nf++] = t[k].flag;
+            const char *near = a[0] == '-' ? cli_did_you_mean(a, flags, nf) : NULL;
+            if (near)
+                return cli_usage_error(cmd, "unexpected argument '%s'%s%s (did you mean '%s'?)",
+                                       a, what ? " " : "", what ? what : "", near);
+            return cli_usage_error(cmd, "unexpected argument '%s'%s%s", a, what ? " " : "",
+                                   what ? what : "");
+        }
+        given[r - t] = 1;
+        int bad = 0;
+        switch (r->type) {
+        case CLI_FLAG:
+            *AT(o, r, int) = 1;
+            continue;
+        case CLI_ONOFF:
+            if (!v || (strcmp(v, "on") && strcmp(v, "off")))
+                return cli_usage_error(cmd, "%s takes on or off", r->flag);
+            *AT(o, r, int) = !strcmp(v, "on");
+            break;
+        case CLI_STR:
+            if (!v)
+                return cli_usage_error(cmd, "%s needs a value", r->flag);
+            *AT(o, r, const char *) = v;
+            break;
+        case CLI_I64:
+            bad = cli_parse_i64(cmd, r->flag, v, (int64_t)r->lo, (int64_t)r->hi,
+                                AT(o, r, int64_t));
+            break;
+        case CLI_U64:
+            bad = cli_parse_u64(cmd, r->flag, v, (uint64_t)r->lo,
+                                r->hi >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)r->hi,
+                                AT(o, r, uint64_t));
+            break;
+        case CLI_F64:
+            bad = cli_parse_double(cmd, r->flag, v, r->lo, r->lo_open, r->hi, AT(o, r, double));
+            break;
+        }
+        if (bad)
+            return 2;
+        i++;
+    }
+    return 0;
+}
+
+int cli_opts_adopt(const cli_opt *t, size_t n, const unsigned char *given,
+                   const ts_checkpoint *ck, const char *path, void *o)
+{
+    for (size_t i = 0; i < n; i++) {
+        const cli_opt *r = &t[i];
+        if (!r->ckpt)
+            continue;
+        cli_run_key k = {r->ckpt, r->flag, given[i], r->refuse, r->refuse};
+        double hi = upper(t, n, r, o);
+        int rc;
+        if (r->type == CLI_F64) {
+            rc = cli_adopt_f64(ck, path, k, r->lo, r->lo_open, hi, AT(o, r, double));
+        } else {
+            uint64_t v = r->type == CLI_I64   ? (uint64_t)*AT(o, r, int64_t)
+                         : r->type == CLI_U64 ? *AT(o, r, uint64_t)
+                                              : (uint64_t)*AT(o, r, int);
+            uint64_t top = r->type == CLI_ONOFF ? 1
+                           : hi >= 18446744073709551615.0 ? UINT64_MAX
+                                                          : (uint64_t)hi;
+            rc = cli_adopt_int(ck, path, k, (uint64_t)r->lo, top, &v);
+            if (r->type == CLI_I64)
+                *AT(o, r, int64_t) = (int64_t)v;
+            else if (r->type == CLI_U64)
+                *AT(o, r, uint64_t) = v;
+            else
+                *AT(o, r, int) = (int)v;
+        }
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+void cli_opts_record(const cli_opt *t, size_t n, const void *o, cJSON *j)
+{
+    for (size_t i = 0; i < n; i++) {
+        const cli_opt *r = &t[i];
+        if (!r->json)
+            continue;
+        switch (r->type) {
+        case CLI_I64:
+            cJSON_AddNumberToObject(j, r->json, (double)*AT_C(o, r, int64_t));
+            break;
+        case CLI_U64: { /* exact as a JSON number, else a string */
+            uint64_t v = *AT_C(o, r, uint64_t);
+            char b[24];
+            snprintf(b, sizeof b, "%llu", (unsigned long long)v);
+            if (v < ((uint64_t)1 << 53))
+                cJSON_AddNumberToObject(j, r->json, (double)v);
+            else
+                cJSON_AddStringToObject(j, r->json, b);
+            break;
+        }
+        case CLI_F64:
+            cJSON_AddNumberToObject(j, r->json, *AT_C(o, r, double));
+            break;
+        case CLI_STR:
+            cli_json_str_or_null(j, r->json, *AT_C(o, r, const char *));
+            break;
+        case CLI_FLAG:
+        case CLI_ONOFF:
+            cJSON_AddBoolToObject(j, r->json, *AT_C(o, r, int));
+            break;
+        }
+    }
+}
+
+uint64_t cli_opts_fingerprint(const cli_opt *t, size_t n, const void *o, int group)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over the values' text */
+    for (size_t i = 0; i < n; i++) {
+        const cli_opt *r = &t[i];
+        if (r->agree != group)
+            continue;
+        char b[64];
+        const char *s = b;
+        switch (r->type) {
+        case CLI_I64:
+            snprintf(b, sizeof b, "%lld;", (long long)*AT_C(o, r, int64_t));
+            break;
+        case CLI_U64:
+            snprintf(b, sizeof b, "%llu;", (unsigned long long)*AT_C(o, r, uint64_t));
+            break;
+        case CLI_F64:
+            snprintf(b, sizeof b, "%.17g;", *AT_C(o, r, double));
+            break;
+        case CLI_STR:
+            s = *AT_C(o, r, const char *) ? *AT_C(o, r, const char *) : "";
+            break;
+        case CLI_FLAG:
+        case CLI_ONOFF:
+            snprintf(b, sizeof b, "%d;", *AT_C(o, r, int));
+            break;
+        }
+        for (; *s; s++)
+            h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+        h = (h ^ 0xff) * 0x100000001b3ull; /* a separator no value contains */
+    }
+    return h;
+}
