@@ -46,7 +46,8 @@ typedef enum cli_opt_type {
     CLI_F64,   /* double */
     CLI_STR,   /* const char * (NULL: not given) */
     CLI_FLAG,  /* int, set to 1 */
-    CLI_ONOFF  /* int: "on" 1, "off" 0 */
+    CLI_ONOFF, /* int: "on" 1, "off" 0 */
+    CLI_CHOICE /* const char *: one of choices */
 } cli_opt_type;
 typedef struct cli_opt {
     const char *flag;
@@ -59,13 +60,18 @@ typedef struct cli_opt {
     const char *ckpt;  /* the metadata key --resume takes it from unless given, or NULL */
     int refuse;        /* given otherwise than ckpt on --resume: refused (else an override) */
     int agree;         /* the group of settings the ranks must agree on (0: none) */
+    const char *const *choices; /* CLI_CHOICE: the values, NULL-terminated */
 } cli_opt;
 #define CLI_OFF(type, field) offsetof(type, field)
-/* Parses argv[1..] by the table into o; given[i] is set for each row seen. "-h"/"--help"
- * prints usage and returns -1; an unknown argument is a usage error naming the closest flag.
- * 0, or 2 after a usage error. */
+/* Parses argv[1..] by the table into o; given[i] is set for each row seen. An argument no row
+ * has goes to other (when not NULL: 1 when it took the argument and its value, 0 when not
+ * its own, -1 after a usage error of its own). "-h"/"--help" prints usage and returns -1; an
+ * unknown argument is a usage error naming the closest flag. 0, or 2 after a usage error. */
 int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n, int argc,
-                   char **argv, void *o, unsigned char *given, const char *usage);
+                   char **argv, void *o, unsigned char *given, const char *usage,
+                   int (*other)(void *o, const char *arg, const char *value));
+/* Whether the row of flag was given. */
+int cli_opts_given(const cli_opt *t, size_t n, const unsigned char *given, const char *flag);
 /* --resume: each row with a ckpt key, in table order, from ck unless given (given otherwise:
  * refused naming both values, or accepted as an override); each value checked against the
  * row's range. 0, or the exit status after a message. */

@@ -24,8 +24,30 @@ static double upper(const cli_opt *t, size_t n, const cli_opt *r, const void *o)
     return r->hi;
 }
 
+int cli_opts_given(const cli_opt *t, size_t n, const unsigned char *given, const char *flag)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(t[i].flag, flag))
+            return given[i];
+    return 0;
+}
+
+/* "--decay takes all or matrices": the choices of r, listed. */
+static int bad_choice(const char *cmd, const cli_opt *r)
+{
+    char list[200] = "";
+    size_t k = 0, len = 0;
+    while (r->choices[k])
+        k++;
+    for (size_t i = 0; i < k && len < sizeof list; i++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s",
+                                i == 0 ? "" : i + 1 == k ? " or " : ", ", r->choices[i]);
+    return cli_usage_error(cmd, "%s takes %s", r->flag, list);
+}
+
 int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n, int argc,
-                   char **argv, void *o, unsigned char *given, const char *usage)
+                   char **argv, void *o, unsigned char *given, const char *usage,
+                   int (*other)(void *o, const char *arg, const char *value))
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -37,6 +59,15 @@ int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n
         for (size_t k = 0; k < n && !r; k++)
             if (!strcmp(a, t[k].flag))
                 r = &t[k];
+        if (!r && other) {
+            int took = other(o, a, v);
+            if (took < 0)
+                return 2;
+            if (took) {
+                i++;
+                continue;
+            }
+        }
         if (!r) {
             const char *flags[128];
             size_t nf = 0;
@@ -60,6 +91,15 @@ int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n
                 return cli_usage_error(cmd, "%s takes on or off", r->flag);
             *AT(o, r, int) = !strcmp(v, "on");
             break;
+        case CLI_CHOICE: {
+            size_t k = 0;
+            while (v && r->choices[k] && strcmp(v, r->choices[k]))
+                k++;
+            if (!v || !r->choices[k])
+                return bad_choice(cmd, r);
+            *AT(o, r, const char *) = r->choices[k];
+            break;
+        }
         case CLI_STR:
             if (!v)
                 return cli_usage_error(cmd, "%s needs a value", r->flag);
@@ -142,6 +182,7 @@ void cli_opts_record(const cli_opt *t, size_t n, const void *o, cJSON *j)
             cJSON_AddNumberToObject(j, r->json, *AT_C(o, r, double));
             break;
         case CLI_STR:
+        case CLI_CHOICE:
             cli_json_str_or_null(j, r->json, *AT_C(o, r, const char *));
             break;
         case CLI_FLAG:
@@ -172,6 +213,7 @@ uint64_t cli_opts_fingerprint(const cli_opt *t, size_t n, const void *o, int gro
             snprintf(b, sizeof b, "%.17g;", *AT_C(o, r, double));
             break;
         case CLI_STR:
+        case CLI_CHOICE:
             s = *AT_C(o, r, const char *) ? *AT_C(o, r, const char *) : "";
             break;
         case CLI_FLAG:

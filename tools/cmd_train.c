@@ -82,7 +82,7 @@ static const char usage[] =
 #define MAX_WEIGHT_DECAY 1e3
 
 typedef struct train_opts {
-    const char *model, *optimizer, *device, *data, *save, *resume, *memtrace, *memplot;
+    const char *model, *optimizer, *device, *data, *save, *resume, *memtrace, *memplot, *config;
     int64_t epochs, batch, max_steps, train_limit, save_every, log_every, accumulate;
     double lr, momentum, weight_decay;
     const char *lr_schedule, *decay; /* "constant" / "step" / "cosine"; "all" / "matrices" */
@@ -95,7 +95,69 @@ typedef struct train_opts {
     int set_seed, set_batch, set_limit, set_accumulate;
     int set_schedule, set_decay, set_clip; /* any schedule flag; --decay; --clip-grad-norm */
     cli_model arch; /* --model, --hidden, --channels, --init */
+    unsigned char given[48]; /* per row of opts */
 } train_opts;
+
+/* The options, once (tools/cli.h, cli_opt): flag, type, field, range, start-record key, the
+ * checkpoint key a resumed run takes it from unless given, and the group of settings every
+ * rank must agree on. The model's own options (--model, --hidden, --channels, --init) are
+ * cli_model_option's. A resumed run refuses another --seed, --batch-size or --train-limit in
+ * resume() (with the position checked); the rows' adoption never refuses. */
+enum { SEED = 1, BATCH, OPT, DATA };
+static const char *const schedules[] = {"constant", "step", "cosine", NULL};
+static const char *const decays[] = {"all", "matrices", NULL};
+#define O(f) CLI_OFF(train_opts, f)
+static const cli_opt opts[] = {
+    {.flag = "--optimizer", .type = CLI_STR, .off = O(optimizer), .json = "optimizer",
+     .agree = OPT},
+    {.flag = "--device", .type = CLI_STR, .off = O(device)},
+    {.flag = "--data", .type = CLI_STR, .off = O(data)},
+    {.flag = "--save", .type = CLI_STR, .off = O(save)},
+    {.flag = "--resume", .type = CLI_STR, .off = O(resume), .json = "resumed_from",
+     .agree = DATA},
+    {.flag = "--memtrace", .type = CLI_STR, .off = O(memtrace)},
+    {.flag = "--memplot", .type = CLI_STR, .off = O(memplot)},
+    {.flag = "--config", .type = CLI_STR, .off = O(config)}, /* the caller's */
+    {"--seed", CLI_U64, O(seed), 0, 18446744073709551615.0, .json = "seed",
+     .ckpt = "train.seed", .agree = SEED},
+    {"--batch-size", CLI_I64, O(batch), 1, (double)MAX_BATCH, .json = "batch_size",
+     .ckpt = "train.batch_size", .agree = BATCH},
+    {"--train-limit", CLI_I64, O(train_limit), 0, (double)MAX_LIMIT, .ckpt = "train.train_limit",
+     .agree = DATA},
+    {"--epochs", CLI_I64, O(epochs), 1, MAX_EPOCHS, .json = "epochs", .ckpt = "train.epochs",
+     .agree = OPT},
+    {"--accumulate", CLI_I64, O(accumulate), 1, (double)MAX_BATCH, .json = "accumulate",
+     .ckpt = "train.accumulate"},
+    {"--max-steps", CLI_I64, O(max_steps), 0, (double)MAX_STEPS, .json = "max_steps",
+     .agree = OPT},
+    {"--save-every", CLI_I64, O(save_every), 1, (double)MAX_STEPS, .agree = 0},
+    {"--log-every", CLI_I64, O(log_every), 1, (double)MAX_STEPS, .agree = 0},
+    {"--lr", CLI_F64, O(lr), 0, MAX_LR, 1, .json = "lr", .agree = OPT},
+    {"--momentum", CLI_F64, O(momentum), 0, 0.999999, .json = "momentum", .agree = OPT},
+    {"--weight-decay", CLI_F64, O(weight_decay), 0, MAX_WEIGHT_DECAY, .json = "weight_decay",
+     .agree = OPT},
+    {.flag = "--lr-schedule", .type = CLI_CHOICE, .off = O(lr_schedule), .choices = schedules,
+     .json = "lr_schedule", .agree = OPT},
+    {"--warmup-steps", CLI_I64, O(warmup_steps), 0, (double)MAX_STEPS, .agree = OPT},
+    {"--min-lr", CLI_F64, O(min_lr), 0, MAX_LR, .agree = OPT},
+    {"--lr-decay-steps", CLI_I64, O(lr_decay_steps), 1, (double)MAX_STEPS, .agree = OPT},
+    {"--lr-step-size", CLI_I64, O(lr_step_size), 1, (double)MAX_STEPS, .agree = OPT},
+    {"--lr-gamma", CLI_F64, O(lr_gamma), 0, 1, 1, .agree = OPT},
+    {"--clip-grad-norm", CLI_F64, O(clip), 0, 1e12, .json = "clip_grad_norm", .agree = OPT},
+    {.flag = "--decay", .type = CLI_CHOICE, .off = O(decay), .choices = decays, .agree = OPT},
+    {.flag = "--json", .type = CLI_FLAG, .off = O(json)},
+    {.flag = "--eval-only", .type = CLI_FLAG, .off = O(eval_only)}, /* tessera eval */
+    {.flag = "--profile", .type = CLI_FLAG, .off = O(profile)},
+    {.flag = "--log-steps", .type = CLI_FLAG, .off = O(log_steps)},
+};
+#undef O
+enum { NOPTS = sizeof opts / sizeof opts[0] };
+_Static_assert(NOPTS <= sizeof ((train_opts *)0)->given, "train_opts.given is too small");
+
+static int given(const train_opts *o, const char *flag)
+{
+    return cli_opts_given(opts, NOPTS, o->given, flag);
+}
 
 /* ---- models ------------------------------------------------------------------------------ */
 
@@ -355,19 +417,16 @@ static uint64_t hash_tensor(ts_tensor *t, uint64_t h)
  * named, on every rank, before any step. */
 static int same_run_everywhere(const trainer *t)
 {
-    char arch[256], opt[256];
+    char arch[256];
     cli_model_describe(&t->o.arch, arch, sizeof arch);
-    snprintf(opt, sizeof opt, "%s %.17g %.17g %.17g %s %.17g %s %lld %lld", t->o.optimizer,
-             t->o.lr, t->o.momentum, t->o.weight_decay, t->o.lr_schedule, t->o.clip, t->o.decay,
-             (long long)t->o.epochs, (long long)t->o.max_steps);
     /* the images and labels themselves: another --data directory, or other files in it */
     uint64_t data = 0xcbf29ce484222325ull;
     ts_tensor *sets[] = {t->train_x, t->train_y, t->test_x, t->test_y};
     for (size_t i = 0; i < 4; i++)
         data = hash_tensor(sets[i], data);
-    const uint64_t mine[] = {fnv64(arch), t->o.seed, (uint64_t)t->o.batch, fnv64(opt),
-                             (uint64_t)t->o.train_limit ^ fnv64(t->o.resume ? t->o.resume : ""),
-                             data};
+    const uint64_t mine[] = {fnv64(arch), t->o.seed, (uint64_t)t->o.batch,
+                             cli_opts_fingerprint(opts, NOPTS, &t->o, OPT),
+                             cli_opts_fingerprint(opts, NOPTS, &t->o, DATA), data};
     static const char *const what[] = {
         "another model (--model, --hidden, --channels, --init)", "another --seed",
         "another --batch-size", "other optimizer settings",
@@ -967,112 +1026,38 @@ static ts_status run_epoch(trainer *t, int *stop)
 
 /* ---- the command ------------------------------------------------------------------------- */
 
+/* The model's options, for the table's parser. */
+static int model_option(void *o, const char *a, const char *v)
+{
+    int took = cli_model_option(&((train_opts *)o)->arch, "train", a, v);
+    return took < 0 ? -1 : took;
+}
+
 static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
 {
     *o = (train_opts){.model = "lenet5", .optimizer = "adam", .epochs = 1, .batch = 64,
                       .accumulate = 1, .seed = 1, .json = common->json, .lr_schedule = "constant",
                       .decay = "all", .min_lr = -1, .lr_gamma = 0.5};
     cli_model_init(&o->arch);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0, took = cli_model_option(&o->arch, "train", a, v);
-        if (took < 0)
-            return 2;
-        if (took) {
-            i++;
-        } else if (!strcmp(a, "--optimizer")) {
-            if (!v)
-                return cli_usage_error("train", "--optimizer needs sgd, adam or adamw");
-            o->optimizer = v, o->set_optimizer = 1, i++;
-        } else if (!strcmp(a, "--device") || !strcmp(a, "--data") || !strcmp(a, "--save") ||
-                   !strcmp(a, "--resume")) {
-            if (!v)
-                return cli_usage_error("train", "%s needs a value", a);
-            *(!strcmp(a, "--device") ? &o->device : !strcmp(a, "--data") ? &o->data
-                                                : !strcmp(a, "--save")    ? &o->save
-                                                                          : &o->resume) = v;
-            i++;
-        } else if (!strcmp(a, "--epochs")) {
-            bad = cli_parse_i64("train", a, v, 1, MAX_EPOCHS, &o->epochs), i++;
-            o->set_epochs = 1;
-        } else if (!strcmp(a, "--batch-size")) {
-            bad = cli_parse_i64("train", a, v, 1, MAX_BATCH, &o->batch), i++;
-            o->set_batch = 1;
-        } else if (!strcmp(a, "--accumulate")) {
-            bad = cli_parse_i64("train", a, v, 1, MAX_BATCH, &o->accumulate), i++;
-            o->set_accumulate = 1;
-        } else if (!strcmp(a, "--max-steps")) {
-            bad = cli_parse_i64("train", a, v, 0, MAX_STEPS, &o->max_steps), i++;
-        } else if (!strcmp(a, "--memtrace") || !strcmp(a, "--memplot")) {
-            if (!v)
-                return cli_usage_error("train", "%s needs a FILE", a);
-            *(!strcmp(a, "--memtrace") ? &o->memtrace : &o->memplot) = v, i++;
-        } else if (!strcmp(a, "--save-every")) {
-            bad = cli_parse_i64("train", a, v, 1, MAX_STEPS, &o->save_every), i++;
-        } else if (!strcmp(a, "--log-every")) {
-            bad = cli_parse_i64("train", a, v, 1, MAX_STEPS, &o->log_every), i++;
-        } else if (!strcmp(a, "--train-limit")) {
-            bad = cli_parse_i64("train", a, v, 0, MAX_LIMIT, &o->train_limit), i++;
-            o->set_limit = 1;
-        } else if (!strcmp(a, "--seed")) {
-            bad = cli_parse_u64("train", a, v, 0, UINT64_MAX, &o->seed), i++;
-            o->set_seed = 1;
-        } else if (!strcmp(a, "--lr")) {
-            bad = cli_parse_double("train", a, v, 0, 1, MAX_LR, &o->lr), i++;
-            o->set_lr = 1;
-        } else if (!strcmp(a, "--momentum")) {
-            bad = cli_parse_double("train", a, v, 0, 0, 0.999999, &o->momentum), i++;
-            o->set_momentum = 1;
-        } else if (!strcmp(a, "--weight-decay")) {
-            bad = cli_parse_double("train", a, v, 0, 0, MAX_WEIGHT_DECAY, &o->weight_decay), i++;
-            o->set_weight_decay = 1;
-        } else if (!strcmp(a, "--lr-schedule")) {
-            if (!v || (strcmp(v, "constant") && strcmp(v, "step") && strcmp(v, "cosine")))
-                return cli_usage_error("train", "--lr-schedule takes constant, step or cosine");
-            o->lr_schedule = v, i++, o->set_schedule = 1;
-        } else if (!strcmp(a, "--warmup-steps")) {
-            bad = cli_parse_i64("train", a, v, 0, MAX_STEPS, &o->warmup_steps), i++;
-            o->set_schedule = 1;
-        } else if (!strcmp(a, "--min-lr")) {
-            bad = cli_parse_double("train", a, v, 0, 0, MAX_LR, &o->min_lr), i++;
-            o->set_schedule = 1;
-        } else if (!strcmp(a, "--lr-decay-steps")) {
-            bad = cli_parse_i64("train", a, v, 1, MAX_STEPS, &o->lr_decay_steps), i++;
-            o->set_schedule = 1;
-        } else if (!strcmp(a, "--lr-step-size")) {
-            bad = cli_parse_i64("train", a, v, 1, MAX_STEPS, &o->lr_step_size), i++;
-            o->set_schedule = 1;
-        } else if (!strcmp(a, "--lr-gamma")) {
-            bad = cli_parse_double("train", a, v, 0, 1, 1, &o->lr_gamma), i++;
-            o->set_schedule = 1;
-        } else if (!strcmp(a, "--clip-grad-norm")) {
-            bad = cli_parse_double("train", a, v, 0, 0, 1e12, &o->clip), i++;
-            o->set_clip = 1;
-        } else if (!strcmp(a, "--decay")) {
-            if (!v || (strcmp(v, "all") && strcmp(v, "matrices")))
-                return cli_usage_error("train", "--decay takes all or matrices");
-            o->decay = v, i++, o->set_decay = 1;
-        } else if (!strcmp(a, "--json")) {
-            o->json = 1;
-        } else if (!strcmp(a, "--eval-only")) { /* tessera eval */
-            o->eval_only = 1;
-        } else if (!strcmp(a, "--profile")) {
-            o->profile = 1;
-        } else if (!strcmp(a, "--log-steps")) {
-            o->log_steps = 1;
-        } else if (!strcmp(a, "--config")) {
-            if (!v)
-                return cli_usage_error("train", "--config needs a FILE");
-            i++; /* handled by the caller */
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(usage, stdout);
-            return -1;
-        } else {
-            return cli_usage_error("train", "unexpected argument '%s'", a);
-        }
-        if (bad)
-            return 2;
-    }
+    int rc = cli_opts_parse("train", NULL, opts, NOPTS, argc, argv, o, o->given, usage,
+                            model_option);
+    if (rc)
+        return rc;
+    o->set_optimizer = given(o, "--optimizer");
+    o->set_lr = given(o, "--lr");
+    o->set_momentum = given(o, "--momentum");
+    o->set_weight_decay = given(o, "--weight-decay");
+    o->set_epochs = given(o, "--epochs");
+    o->set_seed = given(o, "--seed");
+    o->set_batch = given(o, "--batch-size");
+    o->set_limit = given(o, "--train-limit");
+    o->set_accumulate = given(o, "--accumulate");
+    o->set_decay = given(o, "--decay");
+    o->set_clip = given(o, "--clip-grad-norm");
+    static const char *const sched[] = {"--lr-schedule", "--warmup-steps", "--min-lr",
+                                        "--lr-decay-steps", "--lr-step-size", "--lr-gamma"};
+    for (size_t k = 0; k < sizeof sched / sizeof sched[0]; k++)
+        o->set_schedule |= given(o, sched[k]);
     if (cli_model_check(&o->arch, "train"))
         return 2;
     if (o->save_every && !o->save)
@@ -1108,11 +1093,11 @@ static void trainer_free(trainer *t)
 /* The options that describe a model's architecture (train.arch in a checkpoint). */
 static int arch_option(const char *a)
 {
-    static const char *const opts[] = {"--model", "--hidden", "--channels", "--init",
+    static const char *const arch[] = {"--model", "--hidden", "--channels", "--init",
                                        "--context", "--layers", "--heads", "--embd",
                                        "--dropout"};
-    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
-        if (!strcmp(a, opts[i]))
+    for (size_t i = 0; i < sizeof arch / sizeof arch[0]; i++)
+        if (!strcmp(a, arch[i]))
             return 1;
     return 0;
 }
@@ -1213,30 +1198,8 @@ static int adopt_run(train_opts *o)
     if (s)
         return cli_fail(s, "--resume");
     /* Given otherwise, --seed, --batch-size and --train-limit are refused by resume() (with
-     * the checkpoint's position checked too); --epochs is an override. */
-    uint64_t seed = o->seed, batch = (uint64_t)o->batch, limit = (uint64_t)o->train_limit,
-             epochs = (uint64_t)o->epochs, accumulate = (uint64_t)o->accumulate;
-    const char *p = o->resume;
-    int rc = cli_adopt_int(ck, p, (cli_run_key){"train.seed", "--seed", o->set_seed, 0, 0}, 0,
-                           UINT64_MAX, &seed);
-    if (!rc)
-        rc = cli_adopt_int(ck, p, (cli_run_key){"train.batch_size", "--batch-size",
-                                                o->set_batch, 0, 0}, 1, MAX_BATCH, &batch);
-    if (!rc)
-        rc = cli_adopt_int(ck, p, (cli_run_key){"train.train_limit", "--train-limit",
-                                                o->set_limit, 0, 0}, 0, MAX_LIMIT, &limit);
-    if (!rc)
-        rc = cli_adopt_int(ck, p, (cli_run_key){"train.epochs", "--epochs", o->set_epochs, 0, 0},
-                           1, MAX_EPOCHS, &epochs);
-    if (!rc) /* given: an override (the same step to float rounding, in other pieces) */
-        rc = cli_adopt_int(ck, p, (cli_run_key){"train.accumulate", "--accumulate",
-                                                o->set_accumulate, 0, 0}, 1, MAX_BATCH,
-                           &accumulate);
-    o->seed = seed;
-    o->batch = (int64_t)batch;
-    o->accumulate = (int64_t)accumulate;
-    o->train_limit = (int64_t)limit;
-    o->epochs = (int64_t)epochs;
+     * the checkpoint's position checked too); --epochs and --accumulate are overrides. */
+    int rc = cli_opts_adopt(opts, NOPTS, o->given, ck, o->resume, o);
     ts_checkpoint_free(ck);
     if (!rc && !o->save && !o->eval_only)
         o->save = o->resume;
@@ -1387,26 +1350,9 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         cJSON_AddStringToObject(j, "arch", cli_model_describe(&t.o.arch, arch, sizeof arch));
         cJSON_AddNumberToObject(j, "parameters", (double)ts_module_num_params(t.model));
         cJSON_AddStringToObject(j, "device", ts_device_name(t.dev));
-        cJSON_AddStringToObject(j, "optimizer", t.o.optimizer);
-        cJSON_AddNumberToObject(j, "lr", t.o.lr);
-        cJSON_AddNumberToObject(j, "momentum", t.o.momentum);
-        cJSON_AddNumberToObject(j, "weight_decay", t.o.weight_decay);
-        cJSON_AddStringToObject(j, "lr_schedule", t.o.lr_schedule);
-        cJSON_AddNumberToObject(j, "clip_grad_norm", t.o.clip);
-        cJSON_AddNumberToObject(j, "batch_size", (double)t.o.batch);
-        cJSON_AddNumberToObject(j, "accumulate", (double)t.o.accumulate);
-        cJSON_AddNumberToObject(j, "epochs", (double)t.o.epochs);
-        cJSON_AddNumberToObject(j, "max_steps", (double)t.o.max_steps);
-        if (t.o.seed < ((uint64_t)1 << 53)) /* exact as a JSON number */
-            cJSON_AddNumberToObject(j, "seed", (double)t.o.seed);
-        else {
-            char sd[24];
-            snprintf(sd, sizeof sd, "%llu", (unsigned long long)t.o.seed);
-            cJSON_AddStringToObject(j, "seed", sd);
-        }
+        cli_opts_record(opts, NOPTS, &t.o, j); /* the settings in use */
         cJSON_AddNumberToObject(j, "train_images", (double)ts_tensor_size(t.train_x, 0));
         cJSON_AddNumberToObject(j, "world_size", t.world);
-        cli_json_str_or_null(j, "resumed_from", t.o.resume);
         cJSON_AddNumberToObject(j, "start_step", (double)t.step);
         cli_json_line(j);
     } else { /* the values in use: on --resume, the checkpoint's */

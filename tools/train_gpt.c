@@ -124,10 +124,7 @@ _Static_assert(NOPTS <= sizeof ((gpt_opts *)0)->given, "gpt_opts.given is too sm
 /* Whether flag was given on the command line. */
 static int given(const gpt_opts *o, const char *flag)
 {
-    for (size_t i = 0; i < NOPTS; i++)
-        if (!strcmp(opts[i].flag, flag))
-            return o->given[i];
-    return 0;
+    return cli_opts_given(opts, NOPTS, o->given, flag);
 }
 
 /* ---- the text ------------------------------------------------------------------------- */
@@ -428,7 +425,7 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
                     .seed = 1,
                     .json = common->json};
     int rc = cli_opts_parse("train", "for --model gpt", opts, NOPTS, argc, argv, o, o->given,
-                            usage);
+                            usage, NULL);
     if (rc)
         return rc;
     if (o->model && strcmp(o->model, "gpt"))
