@@ -429,7 +429,8 @@ TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
                  dev->name, ts_op_name(call->op), call_dtypes(call, dts, sizeof dts),
                  ts_dtype_name(dtype),
                  (dev->vt.flags & TS_PLUGIN_HOST_MEMORY)
-                     ? "the reference kernels have no such kernel either"
+                     ? "the core runs such a call on its reference kernels (this entry point "
+                       "does not)"
                      : "it has no host memory the reference kernels could run on: implement "
                        "the case or use another device");
     return s;

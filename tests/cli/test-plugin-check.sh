@@ -12,7 +12,7 @@
 # buffer: the concurrency check (several threads running kernels at once) must fail it, and
 # every shipped plugin must pass that check.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 14
+plan 15
 
 # check_plugin NAME: plugin-check passes it, or SKIP if it is not built.
 check_plugin() {
@@ -182,5 +182,17 @@ else
     else
         fail "plugins export only their entry point" "checked $n" "$bad"
     fi
+fi
+# A host-memory plugin may decline a call it claims (the guide's "Declining one call"): the
+# host runs it on the reference kernels, so plugin-check says so instead of failing; a plugin
+# without host memory that declines fails, since nothing could run the call.
+out=$("$TESSERA" plugin-check "$FIXTURES/decline.so" 2>&1); rc=$?
+out2=$("$TESSERA" plugin-check "$FIXTURES/declinedev.so" 2>&1); rc2=$?
+if [ $rc -eq 0 ] && contains "$out" "declines all 350 cases: the host runs them on its reference kernels" &&
+    ! contains "$out" "FAIL" && [ $rc2 -eq 1 ] &&
+    contains "$out2" "it has no host memory the reference kernels could run on"; then
+    ok "plugin-check: a host-memory plugin's declines are reported, not failed; a device plugin's fail"
+else
+    fail "plugin-check and declining" "rc=$rc $out" "rc2=$rc2 $out2"
 fi
 finish
