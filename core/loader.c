@@ -336,8 +336,7 @@ static ts_status refuse(const char *path, const char *fmt, ...)
                            "in this process. Fix the ownership or permissions, or set [core] "
                            "allow_insecure_plugin_path = true",
                            path, why);
-    ts__log(TS_LOG_WARN, "%s", ts_last_error());
-    return s;
+    return s; /* the caller says it (the runtime's fallback logs it when it goes on) */
 }
 
 /* The trust rule (ts__trust_check) for a plugin file; *st gets the file's lstat, for the

@@ -19,19 +19,21 @@
 
 /* Leading white space and a '+' are taken by strto*: refuse them, as a typo is more likely
  * than an intent. An empty value is refused too. */
-static int plain_start(const char *v, int allow_minus)
+/* A number as a person writes one: a digit (or a point) first, or a minus then a digit. A
+ * negative number where the range has none is out of range, not "not a number". */
+static int plain_start(const char *v)
 {
     if (!v || !*v)
         return 0;
     if (*v == '-')
-        return allow_minus && v[1] >= '0' && v[1] <= '9';
+        v++;
     return (*v >= '0' && *v <= '9') || *v == '.';
 }
 
 int cli_strict_i64(const char *v, int64_t min, int64_t max, int64_t *out)
 {
     char *end;
-    if (!plain_start(v, min < 0))
+    if (!plain_start(v) || *v == '.')
         return 1;
     errno = 0;
     long long n = strtoll(v, &end, 10);
@@ -47,7 +49,7 @@ int cli_strict_double(const char *v, double min, int min_open, double max, doubl
 {
     char *end;
     /* strtod takes hexadecimal (0x1p-3) too: decimal only, as documented. */
-    if (!plain_start(v, min < 0) || strpbrk(v, "xX"))
+    if (!plain_start(v) || strpbrk(v, "xX"))
         return 1;
     errno = 0;
     double d = strtod(v, &end);
@@ -77,8 +79,12 @@ int cli_parse_i64(const char *cmd, const char *opt, const char *v, int64_t min, 
 int cli_strict_u64(const char *v, uint64_t min, uint64_t max, uint64_t *out)
 {
     char *end;
-    if (!plain_start(v, 0))
+    if (!plain_start(v) || *v == '.')
         return 1;
+    if (*v == '-') { /* a whole number below 0: out of range (strtoull would wrap it) */
+        long long neg = strtoll(v, &end, 10);
+        return *end || neg > 0 ? 1 : 2;
+    }
     errno = 0;
     unsigned long long n = strtoull(v, &end, 10);
     if (*end)

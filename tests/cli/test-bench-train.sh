@@ -61,7 +61,7 @@ $args: rc=$rc: $out"
 done <<EOF
 --steps 0|--steps '0' is out of range: expected 1..100000
 --batch-size x|--batch-size 'x' is not a whole number (expected 1..60000)
---warmup -1|--warmup '-1' is not a whole number (expected 0..100000)
+--warmup -1|--warmup '-1' is out of range: expected 0..100000
 --lr 0|--lr '0' is out of range: expected a finite number > 0
 --steps|--steps needs a value
 --frobnicate|unexpected argument '--frobnicate'

@@ -12,7 +12,7 @@
 # buffer: the concurrency check (several threads running kernels at once) must fail it, and
 # every shipped plugin must pass that check.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 15
+plan 16
 
 # check_plugin NAME: plugin-check passes it, or SKIP if it is not built.
 check_plugin() {
@@ -194,5 +194,14 @@ if [ $rc -eq 0 ] && contains "$out" "declines all 350 cases: the host runs them 
     ok "plugin-check: a host-memory plugin's declines are reported, not failed; a device plugin's fail"
 else
     fail "plugin-check and declining" "rc=$rc $out" "rc2=$rc2 $out2"
+fi
+# A plugin refused by the trust rule is said once, not as a warning and again as the failure.
+mkdir -p "$TMP/ww" && chmod 755 "$TMP/ww"
+cp "$FIXTURES/minimal.so" "$TMP/ww/minimal.so" && chmod 666 "$TMP/ww/minimal.so"
+out=$("$TESSERA" plugin-check "$TMP/ww/minimal.so" 2>&1); rc=$?
+if [ $rc -eq 1 ] && [ "$(printf '%s\n' "$out" | grep -c 'refusing to load')" -eq 1 ]; then
+    ok "a plugin the trust rule refuses is named once"
+else
+    fail "the trust refusal is printed once" "rc=$rc" "$out"
 fi
 finish

@@ -163,8 +163,8 @@ static void test_relative_device_path(void)
     CHECK(ts_default_device() == NULL);
 }
 
-/* A world-writable plugin file (in a safe directory) is refused with a warning naming it,
- * unless the configuration allows it. */
+/* A world-writable plugin file (in a safe directory) is refused with an error naming it (and
+ * no log line saying it a second time), unless the configuration allows it. */
 static void test_world_writable_file(void)
 {
     char dir[4200], so[4300];
@@ -178,8 +178,7 @@ static void test_world_writable_file(void)
     ts_device *dev;
     CHECK_FAILS(ts_device_load(NULL, so, &dev), TS_EPLUGIN, "the file", "writable by every user",
                 "allow_insecure_plugin_path = true");
-    CHECK_STR_CONTAINS(logged, "refusing to load");
-    CHECK_STR_CONTAINS(logged, so);
+    CHECK_MSG(!strstr(logged, "refusing to load"), "the refusal was logged as well: %s", logged);
     ts_config *cfg;
     CHECK_OK(ts_config_parse("[core]\nallow_insecure_plugin_path = true\n", "t.ini", NULL,
                              &cfg));
