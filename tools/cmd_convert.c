@@ -1,22 +1,26 @@
 /* tools/cmd_convert.c: `tessera convert`: NumPy .npy arrays to a safetensors file and back,
- * chosen by the files' extensions. Every input is read through the validating loaders
+ * chosen by what the input files hold (the .npy magic, or a safetensors header), whatever
+ * their names. Every input is read through the validating loaders
  * (ts_npy_load, ts_checkpoint_load) and every output written atomically and link-safe
  * (ts_checkpoint_save, ts_npy_save); a tensor name that is no safe file name is refused
  * rather than turned into a path. */
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
 static const char usage[] =
     "usage: tessera convert INPUT... -o OUTPUT [--name NAME]\n"
     "\n"
-    "Converts between NumPy .npy files and safetensors files, by their extensions:\n"
+    "Converts between NumPy .npy files and safetensors files (checkpoints), by what the inputs\n"
+    "hold, whatever their names:\n"
     "  tessera convert a.npy b.npy -o model.safetensors\n"
     "      one tensor per array, named after its file (a, b); --name NAME names a single one\n"
     "  tessera convert model.safetensors -o DIR/\n"
@@ -25,6 +29,8 @@ static const char usage[] =
     "      one tensor\n"
     "  tessera convert a.npy -o b.npy\n"
     "      rewrites an array as float32/64, int32/64 or uint8, C order, little-endian\n"
+    "Arrays in, a safetensors file out (any name: run.ckpt), unless one array goes to a .npy\n"
+    "name; a safetensors file in, arrays out: to a directory, or one to a file.\n"
     "Arrays keep float32, float64, int32, int64 and uint8; float16 becomes float32, bool\n"
     "uint8, int8/int16/uint16 int32 and uint32 int64 (exactly). safetensors F16, BF16 and BOOL\n"
     "become float32 and uint8. Outputs are written atomically; an existing output that is not\n"
@@ -36,21 +42,37 @@ static int ends_with(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-static int is_npy(const char *p)
+enum { K_OTHER, K_NPY, K_ST, K_UNREADABLE };
+
+/* What the file at path holds, from its first bytes: a NumPy array (\x93NUMPY), a safetensors
+ * file (an 8-byte little-endian header length, then '{'), something else, or nothing this can
+ * read (missing, not a regular file: the loaders say why). Never blocks on a FIFO. */
+static int sniff(const char *path)
 {
-    return ends_with(p, ".npy");
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return K_UNREADABLE;
+    struct stat st;
+    unsigned char b[9] = {0};
+    ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? read(fd, b, sizeof b) : -1;
+    close(fd);
+    if (n < 0)
+        return K_UNREADABLE;
+    if (n >= 6 && !memcmp(b, "\x93NUMPY", 6))
+        return K_NPY;
+    uint64_t len = 0;
+    for (int i = 7; i >= 0; i--)
+        len = len << 8 | b[i];
+    if (n == 9 && b[8] == '{' && len >= 2 && (off_t)len <= st.st_size - 8)
+        return K_ST;
+    return K_OTHER;
 }
 
-static int is_st(const char *p)
-{
-    return ends_with(p, ".safetensors");
-}
-
-/* The file's name without its directory and ".npy": a tensor's name. */
+/* The file's name without its directory and a ".npy": a tensor's name. */
 static void stem(const char *path, char *out, size_t len)
 {
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    size_t n = strlen(base) - 4;
+    size_t n = strlen(base) - (ends_with(base, ".npy") ? 4 : 0);
     snprintf(out, len, "%.*s", (int)n, base);
 }
 
@@ -203,20 +225,41 @@ int cmd_convert(int argc, char **argv, const cli_common *common)
         free(in);
         return cli_usage_error("convert", "which files? (tessera convert INPUT... -o OUTPUT)");
     }
-    int all_npy = 1;
-    for (int i = 0; i < nin; i++)
-        all_npy &= is_npy(in[i]);
+    /* by content: arrays in, a safetensors file out (or one array to a .npy name); one
+     * safetensors file in, arrays out */
+    int n_npy = 0, n_st = 0;
+    for (int i = 0; i < nin; i++) {
+        int k = sniff(in[i]);
+        n_npy += k == K_NPY;
+        n_st += k == K_ST;
+        if (k == K_OTHER) {
+            rc = cli_usage_error("convert", "'%s' is neither a NumPy .npy array (it starts with "
+                                 "\\x93NUMPY) nor a safetensors file (a header length, then a "
+                                 "JSON header)", in[i]);
+            free(in);
+            return rc;
+        }
+    }
     struct stat st;
     int out_dir = ends_with(out, "/") || (stat(out, &st) == 0 && S_ISDIR(st.st_mode));
-    int kind = all_npy && is_st(out)                                      ? 1
-               : nin == 1 && is_npy(in[0]) && is_npy(out)                 ? 2
-               : nin == 1 && is_st(in[0]) && (is_npy(out) || out_dir)    ? 3
-                                                                         : 0;
+    int kind = n_st == 0 && !(nin == 1 && ends_with(out, ".npy")) && !out_dir ? 1
+               : n_st == 0 && nin == 1 && ends_with(out, ".npy")           ? 2
+               : n_npy == 0 && nin == 1                                     ? 3
+                                                                            : 0;
+    if (kind == 3 && ends_with(out, ".safetensors")) {
+        rc = cli_usage_error("convert", "'%s' is a safetensors file already: convert it to "
+                             "arrays (-o DIR/ or -o FILE.npy), or copy it", in[0]);
+        free(in);
+        return rc;
+    }
     if (!kind) {
         free(in);
-        return cli_usage_error("convert", "converts .npy files to one .safetensors file, a "
-                               ".safetensors file to .npy files (-o FILE.npy or DIR/), or a "
-                               ".npy file to a .npy file (tessera convert --help)");
+        if (n_st && nin > 1)
+            return cli_usage_error("convert", "%d inputs with a safetensors file among them: "
+                                   "convert takes arrays (.npy) to one safetensors file, or one "
+                                   "safetensors file to arrays", nin);
+        return cli_usage_error("convert", "arrays (.npy) go to one safetensors file (-o FILE), "
+                               "not to a directory (tessera convert --help)");
     }
     if (kind == 1 && name && nin > 1) {
         free(in);

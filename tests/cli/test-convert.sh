@@ -4,7 +4,7 @@
 # refused instead of becoming a path; hostile inputs and outputs (a corrupt array, a FIFO, a
 # symbolic link) are refused by name without hanging; misuse is exit status 2.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 7
+plan 8
 D="$TS_SRCDIR/tests/data/npy"
 
 out=$("$TESSERA" convert "$D/f32_2x3.npy" "$D/i8_scalar.npy" "$D/f32_4d_fortran.npy" \
@@ -93,18 +93,32 @@ else
 fi
 
 o1=$("$TESSERA" convert "$D/f32_2x3.npy" 2>&1); r1=$?
-o2=$("$TESSERA" convert "$D/f32_2x3.npy" -o "$TMP/x.bin" 2>&1); r2=$?
+echo "not an array" >"$TMP/notes.txt"
+o2=$("$TESSERA" convert "$TMP/notes.txt" -o "$TMP/x.bin" 2>&1); r2=$?
 o3=$("$TESSERA" convert "$D/f32_2x3.npy" "$D/f2_3.npy" --name w -o "$TMP/w.safetensors" 2>&1); r3=$?
 mkdir "$TMP/a" "$TMP/b"
 cp "$D/f32_2x3.npy" "$TMP/a/w.npy"
 cp "$D/f2_3.npy" "$TMP/b/w.npy"
 o4=$("$TESSERA" convert "$TMP/a/w.npy" "$TMP/b/w.npy" -o "$TMP/w.safetensors" 2>&1); r4=$?
 o5=$("$TESSERA" convert --bogus 2>&1); r5=$?
-if [ $r1 -eq 2 ] && [ $r2 -eq 2 ] && contains "$o2" "converts .npy files" && [ $r3 -eq 2 ] &&
+if [ $r1 -eq 2 ] && [ $r2 -eq 2 ] && contains "$o2" "'$TMP/notes.txt' is neither a NumPy .npy array" &&
+    [ ! -e "$TMP/x.bin" ] && [ $r3 -eq 2 ] &&
     [ $r4 -eq 2 ] && contains "$o4" "two inputs give the tensor name 'w'" && [ $r5 -eq 2 ] &&
     [ ! -e "$TMP/w.safetensors" ]; then
-    ok "misuse (no -o, unknown extension, --name with several inputs, two names alike) is exit 2"
+    ok "misuse (no -o, an input that is neither kind, --name with several inputs, two names alike) is exit 2"
 else
     fail "misuse is exit 2" "r1=$r1 $o1" "r2=$r2 $o2" "r3=$r3 $o3" "r4=$r4 $o4" "r5=$r5 $o5"
+fi
+# By content, not by name: an array to a checkpoint named run.ckpt, and that checkpoint back to
+# arrays in a directory.
+mkdir -p "$TMP/back"
+o1=$("$TESSERA" convert "$D/f32_2x3.npy" -o "$TMP/run.ckpt" 2>&1); r1=$?
+o2=$("$TESSERA" convert "$TMP/run.ckpt" -o "$TMP/back/" 2>&1); r2=$?
+o3=$("$TESSERA" convert "$TMP/run.ckpt" -o "$TMP/again.safetensors" 2>&1); r3=$?
+if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && cmp -s "$D/f32_2x3.npy" "$TMP/back/f32_2x3.npy" &&
+    [ $r3 -eq 2 ] && contains "$o3" "is a safetensors file already"; then
+    ok "convert decides by content: .npy -> run.ckpt -> DIR/ gives the array back byte for byte"
+else
+    fail "convert by content" "r1=$r1 $o1" "r2=$r2 $o2" "r3=$r3 $o3"
 fi
 finish
