@@ -513,3 +513,17 @@ void ts__pools_trace_snapshot(void)
     }
     pthread_mutex_unlock(&reg_lock);
 }
+
+TS_API double ts_memory_hit_rate(const ts_memory_stats *st)
+{
+    uint64_t n = st ? st->cache_hits + st->cache_misses : 0;
+    return n ? (double)st->cache_hits / (double)n : -1;
+}
+
+TS_API double ts_memory_fragmentation(const ts_memory_stats *st)
+{
+    if (!st || !st->cached)
+        return 0;
+    double f = 1 - (double)st->largest_free / (double)st->cached;
+    return f < 0 ? 0 : f;
+}

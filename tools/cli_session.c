@@ -3,6 +3,9 @@
 #include "config.h"
 
 #include <stdio.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "cli.h"
 
@@ -76,4 +79,40 @@ int cli_session_end(cli_session *ss, int rc, const cli_common *common)
     ts_dist_shutdown();
     ts_shutdown();
     return rc;
+}
+
+static void pool_stats(ts_device *dev, ts_memory_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->struct_size = sizeof *st;
+    ts_device_memory_stats(dev, st);
+}
+
+const char *cli_pool_summary(ts_device *dev, char *buf, size_t len)
+{
+    ts_memory_stats st;
+    pool_stats(dev, &st);
+    char b1[32], b2[32], hits[64] = "";
+    double h = ts_memory_hit_rate(&st);
+    if (h >= 0)
+        snprintf(hits, sizeof hits, "; cache hits %.2f%% of %llu allocations", 100 * h,
+                 (unsigned long long)(st.cache_hits + st.cache_misses));
+    snprintf(buf, len, "pool: peak in use %s, reserved %s%s; fragmentation %.0f%%",
+             cli_bytes(st.peak_in_use, b1, sizeof b1), cli_bytes(st.reserved, b2, sizeof b2),
+             hits, 100 * ts_memory_fragmentation(&st));
+    return buf;
+}
+
+void cli_pool_record(ts_device *dev, cJSON *j)
+{
+    ts_memory_stats st;
+    pool_stats(dev, &st);
+    cJSON_AddNumberToObject(j, "pool_peak_in_use", (double)st.peak_in_use);
+    cJSON_AddNumberToObject(j, "pool_reserved", (double)st.reserved);
+    double h = ts_memory_hit_rate(&st);
+    if (h >= 0)
+        cJSON_AddNumberToObject(j, "pool_hit_rate", h);
+    else
+        cJSON_AddNullToObject(j, "pool_hit_rate");
+    cJSON_AddNumberToObject(j, "pool_fragmentation", ts_memory_fragmentation(&st));
 }

@@ -1434,6 +1434,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         }
         cli_json_str_or_null(j, "checkpoint", t.o.save);
         cli_json_str_or_null(j, "stopped_by", t.stopped_by ? cli_signal_name(t.stopped_by) : NULL);
+        cli_pool_record(t.dev, j);
         cli_json_line(j);
     }
     if (t.stopped_by) {
@@ -1446,6 +1447,8 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         goto out;
     }
     if (!t.o.json && t.best_epoch) {
+        char pool[200];
+        printf("%s\n", cli_pool_summary(t.dev, pool, sizeof pool));
         printf("done: %lld steps in %s; test accuracy %.4f (best %.4f, epoch %llu)", (long long)(t.step - t.first_step), took,
                t.last_acc, t.best_acc, (unsigned long long)t.best_epoch);
         if (t.o.save)

@@ -734,7 +734,19 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         }
         cli_json_str_or_null(j, "checkpoint", r.o.save);
         cli_json_str_or_null(j, "stopped_by", r.stopped ? cli_signal_name(r.stopped) : NULL);
+        cli_pool_record(r.dev, j);
         cli_json_line(j);
+    } else if (!r.stopped) { /* the run's summary, as the image models print it */
+        char took[32], pool[200];
+        cli_duration(cli_now() - started, took, sizeof took);
+        printf("%s\n", cli_pool_summary(r.dev, pool, sizeof pool));
+        printf("done: %lld steps in %s", (long long)(r.step - first_step), took);
+        if (!isnan(last_val))
+            printf("; validation loss %.4f (best %.4f), %.3f bits/byte", last_val, best_val,
+                   last_val / log(2.0));
+        if (r.o.save)
+            printf("; checkpoint %s", r.o.save);
+        printf("\n");
     }
     rc = r.stopped ? 128 + r.stopped : 0;
 out:

@@ -24,6 +24,13 @@ extern "C" {
 size_t ts_memory_pools(void (*fn)(const char *pool, const ts_memory_stats *stats, void *user),
                        void *user);
 
+/* Figures of a pool's statistics: the share of allocations the cache served (hits over hits
+ * and misses; -1 before any), and the fragmentation of the cache: 1 - the largest free block
+ * over the cached bytes (0 with nothing cached: a cache of one block is not fragmented, one of
+ * many small blocks that cannot serve a large request is near 1). */
+double ts_memory_hit_rate(const ts_memory_stats *st);
+double ts_memory_fragmentation(const ts_memory_stats *st);
+
 /* Blocks handed out and not yet freed, summed over every live pool. Tests assert it is zero
  * at their end. Thread safe. */
 uint64_t ts_memory_live_count(void);

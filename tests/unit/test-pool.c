@@ -1444,6 +1444,21 @@ static void test_bad_arguments(void)
     finish(p, r);
 }
 
+/* The figures derived from a pool's statistics: the cache's hit rate and its fragmentation. */
+static void test_hit_rate_and_fragmentation(void)
+{
+    ts_memory_stats st = {.struct_size = sizeof st};
+    CHECK(ts_memory_hit_rate(&st) == -1);    /* no allocation yet */
+    CHECK(ts_memory_fragmentation(&st) == 0); /* nothing cached */
+    st.cache_hits = 3, st.cache_misses = 1;
+    CHECK(ts_memory_hit_rate(&st) == 0.75);
+    st.cached = 100 << 20, st.largest_free = 100 << 20; /* one free block: not fragmented */
+    CHECK(ts_memory_fragmentation(&st) == 0);
+    st.largest_free = 25 << 20; /* four blocks of 25 MiB: a 30 MiB request fits none */
+    CHECK(ts_memory_fragmentation(&st) == 0.75);
+    CHECK(ts_memory_hit_rate(NULL) == -1 && ts_memory_fragmentation(NULL) == 0);
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -1484,6 +1499,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_memtrace_is_valid_json),
         TAP_TEST(test_memtrace_from_environment),
         TAP_TEST(test_bad_arguments),
+        TAP_TEST(test_hit_rate_and_fragmentation),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
