@@ -87,6 +87,33 @@ uint64_t cli_opts_fingerprint(const cli_opt *t, size_t n, const void *o, int gro
  * fields (pool_peak_in_use, pool_reserved, pool_hit_rate, pool_fragmentation) in j. */
 const char *cli_pool_summary(ts_device *dev, char *buf, size_t len);
 void cli_pool_record(ts_device *dev, struct cJSON *j);
+/* ---- progress (tools/cli_progress.c) ---------------------------------------------------- */
+/* One display for every training loop. On a terminal: one line redrawn in place, as wide as
+ * the terminal (TIOCGWINSZ, read again after SIGWINCH): fields are dropped from the least
+ * important up until the line fits, and the bar takes what is left. Elsewhere (a file, a
+ * pipe, CI): a plain line every log_every steps, or every 30 seconds when log_every is 0, so
+ * a redirected run shows progress without flags. */
+typedef struct cli_progress {
+    int tty;
+    int64_t log_every;
+    double last; /* cli_now() of the last plain line */
+    int shown;   /* a bar is on the terminal's line */
+} cli_progress;
+/* A field of a progress line, in the order shown; prio 0 is kept longest. */
+typedef struct cli_field {
+    char text[64];
+    int prio;
+} cli_field;
+void cli_progress_init(cli_progress *p, int tty, int64_t log_every);
+/* Shows step's progress: frac of the bar (0..1, < 0: no bar) and the fields. A plain line is
+ * printed only when due (log_every or 30 s), or always with force. */
+void cli_progress_show(cli_progress *p, int64_t step, double frac, const cli_field *f, int n,
+                       int force);
+/* Clears the bar's line (before other output). */
+void cli_progress_clear(cli_progress *p);
+/* The terminal's width for the display (80 when unknown). */
+int cli_term_cols(void);
+
 /* Formats bytes as "1.50 GiB" into buf. */
 const char *cli_bytes(unsigned long long bytes, char *buf, size_t len);
 

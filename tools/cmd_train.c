@@ -371,7 +371,9 @@ typedef struct trainer {
     ts_rng rng;        /* initialisation and dropout */
     int64_t step;      /* optimizer steps taken */
     uint64_t epoch;    /* the epoch in progress (0-based) */
-    int tty;
+    int tty;            /* the progress display is a bar on a terminal */
+    int show_progress;  /* rank 0, no --log-steps: a bar, or plain lines where not a terminal */
+    cli_progress progress;
     int diverged; /* run_epoch stopped on a non-finite loss and said so */
     int64_t saved_step; /* the step of this run's last --save, or -1 */
     int rank, world;    /* data parallelism: this rank of world (1: a single process) */
@@ -863,8 +865,7 @@ static int64_t steps_left(const trainer *t, int64_t bi, int64_t nb)
 
 /* Progress on stderr: a bar redrawn in place on a terminal, else a plain line (--log-every).
  * rate: images a second over this epoch so far. Elapsed and ETA over the whole run. */
-static void progress(const trainer *t, int64_t batch, int64_t nbatches, double loss,
-                     double rate, int bar)
+static void progress(trainer *t, int64_t batch, int64_t nbatches, double loss, double rate)
 {
     char el[32], eta[32], b[32];
     double elapsed = cli_now() - t->started;
@@ -872,32 +873,26 @@ static void progress(const trainer *t, int64_t batch, int64_t nbatches, double l
     cli_duration(elapsed, el, sizeof el);
     cli_duration(done_steps > 0 ? elapsed / (double)done_steps * (double)left : -1, eta,
                  sizeof eta);
-    if (!bar) {
-        fprintf(stderr, "epoch %llu/%lld batch %lld/%lld: loss %.4f, %.0f images/s, %s "
-                "elapsed, ETA %s\n", (unsigned long long)t->epoch + 1, (long long)t->o.epochs,
-                (long long)batch, (long long)nbatches, loss, rate, el, eta);
-        return;
-    }
     ts_memory_stats st;
     ts_device_memory_stats(t->dev, &st);
-    int width = 24, done = (int)(width * batch / (nbatches ? nbatches : 1));
-    fprintf(stderr, "\r  epoch %llu/%lld [", (unsigned long long)t->epoch + 1,
-            (long long)t->o.epochs);
-    for (int i = 0; i < width; i++)
-        fputc(i < done ? '=' : i == done ? '>' : ' ', stderr);
-    fprintf(stderr, "] %lld/%lld  loss %.4f  %.0f img/s  %s elapsed  ETA %s  pool %s ",
-            (long long)batch, (long long)nbatches, loss, rate, el, eta,
-            cli_bytes(st.in_use, b, sizeof b));
-    fflush(stderr);
+    cli_field f[6] = {{.prio = 0}, {.prio = 0}, {.prio = 2}, {.prio = 3}, {.prio = 1},
+                      {.prio = 4}};
+    snprintf(f[0].text, sizeof f[0].text, "epoch %llu/%lld batch %lld/%lld:",
+             (unsigned long long)t->epoch + 1, (long long)t->o.epochs, (long long)batch,
+             (long long)nbatches);
+    snprintf(f[1].text, sizeof f[1].text, "loss %.4f", loss);
+    snprintf(f[2].text, sizeof f[2].text, "%.0f images/s", rate);
+    snprintf(f[3].text, sizeof f[3].text, "%s elapsed", el);
+    snprintf(f[4].text, sizeof f[4].text, "ETA %s", eta);
+    snprintf(f[5].text, sizeof f[5].text, "pool %s", cli_bytes(st.in_use, b, sizeof b));
+    cli_progress_show(&t->progress, t->step, nbatches ? (double)batch / (double)nbatches : -1, f,
+                      t->progress.tty ? 6 : 5, 0);
 }
 
 /* Clears the progress bar's line. */
-static void progress_clear(const trainer *t)
+static void progress_clear(trainer *t)
 {
-    if (t->tty) {
-        fprintf(stderr, "\r%*s\r", 120, "");
-        fflush(stderr);
-    }
+    cli_progress_clear(&t->progress);
 }
 
 /* One epoch; returns TS_OK and sets *stop when --max-steps is reached. */
@@ -949,11 +944,9 @@ static ts_status run_epoch(trainer *t, int *stop)
             else
                 printf("step %lld loss %.9g lr %.6g\n", (long long)t->step, lv,
                        ts_optim_lr(t->opt));
-        } else if (t->tty && (bi % 10 == 0 || bi == nb)) {
-            progress(t, bi, nb, loss_sum / (double)seen, (double)seen / (cli_now() - t0), 1);
         }
-        if (!t->tty && t->o.log_every > 0 && t->rank == 0 && t->step % t->o.log_every == 0)
-            progress(t, bi, nb, loss_sum / (double)seen, (double)seen / (cli_now() - t0), 0);
+        if (t->show_progress && (!t->tty || bi % 10 == 0 || bi == nb))
+            progress(t, bi, nb, loss_sum / (double)seen, (double)seen / (cli_now() - t0));
         if (t->o.save_every > 0 && t->step % t->o.save_every == 0 && t->rank == 0 &&
             (s = save(t, t->o.save))) {
             progress_clear(t);
@@ -978,6 +971,7 @@ static ts_status run_epoch(trainer *t, int *stop)
                 (unsigned long long)t->epoch + 1, (long long)t->o.epochs,
                 (long long)ts_tensor_size(t->test_x, 0));
         fflush(stderr);
+        t->progress.shown = 1; /* cleared with the bar */
     }
     double secs = cli_now() - t0, test_acc = 0;
     int64_t correct = t->correct;
@@ -1251,6 +1245,10 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     t.dev = ss.dev;
     if (t.rank != 0)
         t.tty = 0;
+    /* plain lines where stderr is no terminal (every --log-every steps or 30 s); on a terminal
+     * that shows JSON or --log-steps lines, only with --log-every */
+    t.show_progress = t.rank == 0 && (t.tty || !isatty(STDERR_FILENO) || t.o.log_every > 0);
+    cli_progress_init(&t.progress, t.tty, t.o.log_every);
     double t0 = cli_now();
     if ((s = ts_fashion_mnist_load(t.o.data, 1, t.dev, &t.train_x, &t.train_y)) ||
         (s = ts_fashion_mnist_load(t.o.data, 0, t.dev, &t.test_x, &t.test_y))) {

@@ -232,6 +232,8 @@ int main(int argc, char **argv)
 {
     cli_common common = {.argv = argv};
     ts_set_log_handler(log_to_stderr, NULL);
+    /* a redirected run's lines reach its log as they are printed (nohup, CI), not at exit */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "--config") == 0) {

@@ -32,6 +32,7 @@ static const char usage[] =
     "                     [--device NAME] [--save CKPT] [--resume CKPT] [--save-initial CKPT]\n"
     "                     [--log-steps] [--json] [--memtrace TRACE] [--memplot FILE.svg]\n"
     "                     [--profile] [--accumulate K] [--checkpoint-activations on|off]\n"
+    "                     [--log-every N]\n"
     "\n"
     "Trains a character-level GPT on a text file, bytes as tokens; the last 10% of the file is\n"
     "held out for validation. Default text: the Debian package fortunes (" FORTUNES_DIR
@@ -51,6 +52,8 @@ static const char usage[] =
     "each block's input and recomputes the block in backward (the same gradients, about a\n"
     "third more compute). On --resume both are the checkpoint's unless given; given, they\n"
     "change how the run computes, not what it computes.\n"
+    "Progress: on a terminal, one line redrawn in place (step, loss, tokens/s, ETA); when\n"
+    "stderr is not a terminal, a line every --log-every N steps, or every 30 seconds.\n"
     "--profile times every kernel and prints where a step's time goes at the end (a JSON\n"
     "record with --json); with --memtrace each kernel is also a slice in the trace, inside\n"
     "\"step N\" slices, on the same timeline as the memory (Perfetto, chrome://tracing).\n";
@@ -59,7 +62,7 @@ typedef struct gpt_opts {
     const char *model, *config; /* "gpt"; the caller's */
     const char *text, *device, *save, *resume, *save_initial, *memtrace, *memplot;
     ts_gpt_config cfg;
-    int64_t batch, steps, max_steps, warmup, eval_every, eval_batches, accumulate;
+    int64_t batch, steps, max_steps, warmup, eval_every, eval_batches, accumulate, log_every;
     double lr, min_lr, weight_decay, clip;
     uint64_t seed;
     int json, log_steps, eval_only, profile;
@@ -110,6 +113,7 @@ static const cli_opt opts[] = {
     {"--max-steps", CLI_I64, O(max_steps), 1, 1099511627776.0, .json = "max_steps",
      .agree = RUN},
     {"--eval-every", CLI_I64, O(eval_every), 1, 1099511627776.0, .agree = RUN},
+    {"--log-every", CLI_I64, O(log_every), 1, 1099511627776.0, .agree = 0},
     {"--eval-batches", CLI_I64, O(eval_batches), 1, 1099511627776.0, .agree = RUN},
     {.flag = "--json", .type = CLI_FLAG, .off = O(json)},
     {.flag = "--eval-only", .type = CLI_FLAG, .off = O(eval_only)}, /* tessera eval */
@@ -481,6 +485,31 @@ static ts_status validation_loss(run *r, const unsigned char *vtext, size_t nval
     return s;
 }
 
+/* One progress line or bar: step of stop, the mean loss since the last evaluation, tokens/s,
+ * elapsed, ETA, pool. */
+static void step_progress(run *r, cli_progress *p, int64_t stop, double loss, double tps,
+                          double started, int64_t first_step)
+{
+    char el[32], eta[32], b[32];
+    double elapsed = cli_now() - started;
+    int64_t done = r->step + 1 - first_step;
+    cli_duration(elapsed, el, sizeof el);
+    cli_duration(elapsed / (double)done * (double)(stop - r->step - 1), eta, sizeof eta);
+    ts_memory_stats st = {.struct_size = sizeof st};
+    ts_device_memory_stats(r->dev, &st);
+    cli_field f[6] = {{.prio = 0}, {.prio = 0}, {.prio = 2}, {.prio = 3}, {.prio = 1},
+                      {.prio = 4}};
+    snprintf(f[0].text, sizeof f[0].text, "step %lld/%lld:", (long long)r->step + 1,
+             (long long)stop);
+    snprintf(f[1].text, sizeof f[1].text, "loss %.4f", loss);
+    snprintf(f[2].text, sizeof f[2].text, "%.0f tokens/s", tps);
+    snprintf(f[3].text, sizeof f[3].text, "%s elapsed", el);
+    snprintf(f[4].text, sizeof f[4].text, "ETA %s", eta);
+    snprintf(f[5].text, sizeof f[5].text, "pool %s", cli_bytes(st.in_use, b, sizeof b));
+    cli_progress_show(p, r->step + 1, (double)(r->step + 1) / (double)stop, f, p->tty ? 6 : 5,
+                      0);
+}
+
 int cli_train_gpt(int argc, char **argv, const cli_common *common)
 {
     run r;
@@ -630,6 +659,13 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         goto out;
     }
     cli_profile_begin(r.o.profile);
+    /* progress: a bar on a terminal; elsewhere a line every --log-every steps or 30 s */
+    cli_progress prog;
+    int tty = r.rank == 0 && isatty(STDERR_FILENO) && !r.o.log_steps &&
+              !(r.o.json && isatty(STDOUT_FILENO));
+    int show = r.rank == 0 && (tty || !isatty(STDERR_FILENO) || r.o.log_every > 0);
+    double drawn = 0;
+    cli_progress_init(&prog, tty, r.o.log_every);
     for (; r.step < stop; r.step++) {
         ts_tensor *x = NULL, *y = NULL;
         cli_step_mark(r.o.profile, (long long)r.step + 1, 1);
@@ -655,6 +691,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         loss_sum += lv;
         since++;
         if (stop_now) {
+            cli_progress_clear(&prog);
             int sig = cli_stop_requested() ? cli_stop_requested() : SIGTERM;
             r.step++; /* the steps taken so far */
             if (r.o.save && r.rank == 0 && (s = save(&r))) {
@@ -676,9 +713,16 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
                 printf("step %lld loss %.9g lr %.6g\n", (long long)r.step + 1, lv,
                        ts_optim_lr(r.opt));
         }
+        if (show && cli_now() - drawn >= (prog.tty ? 0.1 : 0)) { /* 10 redraws a second */
+            drawn = cli_now();
+            step_progress(&r, &prog, stop, loss_sum / (double)since,
+                          (double)since * (double)(r.o.batch * T) / (drawn - t0), started,
+                          first_step);
+        }
         int last = r.step + 1 == stop;
         if ((r.step + 1) % r.o.eval_every && !last)
             continue;
+        cli_progress_clear(&prog);
         double secs = cli_now() - t0, val = 0;
         char mk[40];
         snprintf(mk, sizeof mk, "step %lld", (long long)r.step + 1);

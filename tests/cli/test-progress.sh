@@ -1,0 +1,72 @@
+#!/bin/sh
+# tests/cli/test-progress.sh: the progress display fits the terminal. In a pseudo-terminal
+# (script(1)) of 80 and of 120 columns, a training run draws one line redrawn in place: no
+# redraw is wider than the terminal, none leaves a line behind, and the run ends with its
+# summary; the same for the GPT. Elsewhere (stderr a file) a line every --log-every steps.
+. "${TS_SRCDIR:-.}/tests/cli/lib.sh"
+plan 4
+command -v script >/dev/null || { echo "1..0 # SKIP script(1) (bsdutils) is not installed"; exit 77; }
+DATA=/usr/share/datasets/fashion-mnist
+cd "$TMP" || exit 1
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 200) >t.txt
+
+# check_tty COLS FILE: every redraw of the bar (the text between carriage returns that holds
+# the bar's first field) at most COLS - 1 columns wide, and no bar text on a line of its own
+# that a newline ended (a bar that wrapped or was left behind).
+check_tty() {
+    cols=$1 file=$2
+    tr -d '\033' <"$file" | sed 's/\[K//g' | tr '\r' '\n' |
+        awk -v cols="$cols" '/^(epoch [0-9]+\/[0-9]+ batch|step [0-9]+\/[0-9]+:)/ {
+            n++; if (length($0) > cols - 1) { print "too wide (" length($0) "): " $0; bad = 1 } }
+            END { if (n < 2) { print "only " n " redraws"; bad = 1 } exit bad }'
+}
+
+G="train --model gpt --text t.txt --context 16 --layers 2 --heads 2 --embd 32 --steps 400
+   --eval-every 400 --eval-batches 1"
+for cols in 80 120; do
+    # shellcheck disable=SC2086
+    timeout "$(hang_limit 120)" script -q -e -c "stty cols $cols rows 24; \"$TESSERA\" $(echo $G)" \
+        "gpt.$cols" >/dev/null 2>&1
+    rc=$?
+    why=$(check_tty "$cols" "gpt.$cols")
+    last=$(tr -d '\r' <"gpt.$cols" | grep -v '^Script ' | grep . | tail -1)
+    if [ $rc -eq 0 ] && [ -z "$why" ] && contains "$last" "done: 400 steps"; then
+        ok "gpt in $cols columns: one line redrawn in place, never wider, then the summary"
+    else
+        fail "gpt progress in $cols columns" "rc=$rc" "$why" "$last"
+    fi
+done
+
+# Redirected: stdout is line-buffered (the banner is in the log before the first step ends)
+# and stderr gets plain progress lines.
+"$TESSERA" $(echo $G) --steps 100000 --eval-every 100000 --log-every 5 >log.out 2>log.err &
+pid=$!
+end=$(($(date +%s) + $(hang_limit 60)))
+while ! grep -q '^step 5/100000: loss' log.err 2>/dev/null && kill -0 $pid 2>/dev/null &&
+    [ "$(date +%s)" -lt "$end" ]; do
+    sleep 0.05
+done
+banner=$(cat log.out)
+kill -INT $pid 2>/dev/null
+wait $pid
+if contains "$banner" "tessera train: gpt --context 16" && grep -q '^step 5/100000: loss [0-9.]*, [0-9]* tokens/s, .* elapsed, ETA ' log.err; then
+    ok "redirected: the banner is in the log at once, progress lines every --log-every steps on stderr"
+else
+    fail "redirected output" "$banner" "$(head -5 log.err)"
+fi
+
+if [ ! -d "$DATA" ]; then
+    skip "mlp progress in 80 columns" "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)"
+    finish
+fi
+timeout "$(hang_limit 120)" script -q -e -c "stty cols 80 rows 24; \"$TESSERA\" train --model mlp --hidden 32 --train-limit 6400 --batch-size 16" \
+    "mlp.80" >/dev/null 2>&1
+rc=$?
+why=$(check_tty 80 "mlp.80")
+last=$(tr -d '\r' <"mlp.80" | grep -v '^Script ' | grep . | tail -1)
+if [ $rc -eq 0 ] && [ -z "$why" ] && contains "$last" "done: 400 steps"; then
+    ok "mlp in 80 columns: one line redrawn in place, never wider, then the summary"
+else
+    fail "mlp progress in 80 columns" "rc=$rc" "$why" "$last"
+fi
+finish

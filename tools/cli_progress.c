@@ -1,0 +1,117 @@
+/* tools/cli_progress.c: the training loops' progress display (tools/cli.h): a line that fits
+ * the terminal's width, redrawn in place; plain lines every N steps or 30 seconds elsewhere. */
+#include "config.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static volatile sig_atomic_t resized = 1; /* read the width at first use */
+static int cols = 80;
+
+static void on_winch(int sig)
+{
+    (void)sig;
+    resized = 1;
+}
+
+int cli_term_cols(void)
+{
+    if (resized) {
+        resized = 0;
+        struct winsize ws;
+        if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 20)
+            cols = ws.ws_col > 1000 ? 1000 : ws.ws_col;
+    }
+    return cols;
+}
+
+void cli_progress_init(cli_progress *p, int tty, int64_t log_every)
+{
+    *p = (cli_progress){.tty = tty, .log_every = log_every, .last = cli_now()};
+    if (tty) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_winch;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGWINCH, &sa, NULL);
+        resized = 1;
+    }
+}
+
+void cli_progress_clear(cli_progress *p)
+{
+    if (p->tty && p->shown) {
+        fprintf(stderr, "\r\033[K");
+        fflush(stderr);
+        p->shown = 0;
+    }
+}
+
+/* The fields that fit in width (the bar, when frac >= 0, wants at least 12 columns): the
+ * most important first, until the next would not fit. keep[i] says whether field i shows. */
+static int fit(const cli_field *f, int n, int width, int bar, int *keep)
+{
+    int used = bar ? 12 : 0;
+    for (int i = 0; i < n; i++)
+        keep[i] = 0;
+    for (int prio = 0; prio < 16; prio++)
+        for (int i = 0; i < n; i++)
+            if (f[i].prio == prio) {
+                int w = (int)strlen(f[i].text) + 2;
+                if (used + w <= width)
+                    keep[i] = 1, used += w;
+            }
+    return used;
+}
+
+void cli_progress_show(cli_progress *p, int64_t step, double frac, const cli_field *f, int n,
+                       int force)
+{
+    if (!p->tty) {
+        double now = cli_now();
+        int due = p->log_every > 0 ? step % p->log_every == 0 : now - p->last >= 30;
+        if (!due && !force)
+            return;
+        p->last = now;
+        for (int i = 0; i < n; i++) { /* "epoch 1/3 batch 10/128: loss 0.41, ..." */
+            size_t pl = i ? strlen(f[i - 1].text) : 0;
+            fprintf(stderr, "%s%s", !i ? "" : f[i - 1].text[pl - 1] == ':' ? " " : ", ",
+                    f[i].text);
+        }
+        fputc('\n', stderr);
+        fflush(stderr);
+        return;
+    }
+    int width = cli_term_cols() - 1; /* the last column would wrap on some terminals */
+    int keep[32];
+    n = n > 32 ? 32 : n;
+    int used = fit(f, n, width, frac >= 0, keep);
+    char line[1100];
+    size_t len = 0;
+    for (int i = 0; i < n && len < sizeof line; i++) {
+        if (!keep[i])
+            continue;
+        len += (size_t)snprintf(line + len, sizeof line - len, "%s%s", len ? "  " : "", f[i].text);
+        if (i == 0 && frac >= 0 && len < sizeof line) { /* the bar after the first field */
+            int bw = width - used + 12 - 4; /* what the fields left, less " [" and "]" */
+            bw = bw > 40 ? 40 : bw;
+            if (bw >= 8) {
+                int done = (int)(frac * bw + 0.5);
+                len += (size_t)snprintf(line + len, sizeof line - len, " [");
+                for (int k = 0; k < bw && len + 2 < sizeof line; k++)
+                    line[len++] = k < done ? '=' : k == done ? '>' : ' ';
+                line[len++] = ']';
+                line[len] = 0;
+            }
+        }
+    }
+    fprintf(stderr, "\r%s\033[K", line);
+    fflush(stderr);
+    p->shown = 1;
+}
