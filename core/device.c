@@ -491,6 +491,32 @@ int ts__device_runs_unary(ts_device *dev, int32_t fn, int32_t dtype)
            (host_memory(dev) && ts__hostref_supports(TS_OP_UNARY, dtype));
 }
 
+/* The first call of each kernel (op, function, dtype) that runs on the reference kernels
+ * instead of the plugin is said at info level (log_level = info), once per process. */
+static void note_fallback(const ts_device *dev, const ts_kernel_call *call, int32_t dtype,
+                          int where)
+{
+    static atomic_uchar said[TS_OP_COUNT][32][TS_DTYPE_COUNT + 1];
+    int32_t fn = -1;
+    if ((call->op == TS_OP_UNARY || call->op == TS_OP_BINARY ||
+         call->op == TS_OP_BINARY_SCALAR || call->op == TS_OP_REDUCE) &&
+        call->params && call->params_size >= sizeof(int32_t))
+        fn = *(const int32_t *)call->params;
+    int f = fn >= 0 && fn < 31 ? fn : 31, d = dtype >= 0 && dtype < TS_DTYPE_COUNT
+                                                  ? dtype
+                                                  : TS_DTYPE_COUNT;
+    if (call->op <= TS_OP_NONE || call->op >= TS_OP_COUNT ||
+        atomic_exchange(&said[call->op][f][d], 1))
+        return;
+    const char *fname = ts_fn_name(call->op, fn);
+    ts__log(TS_LOG_INFO, "%s%s%s %s runs on the reference kernels, not plugin '%s': %s",
+            ts_op_name(call->op), fname ? " " : "", fname ? fname : "", ts_dtype_name(dtype),
+            dev->name,
+            where == TS__RAN_DECLINED ? "the plugin declined the call"
+            : !plugin_knows(dev, call) ? "the plugin's ABI is older than the function"
+                                       : "the plugin does not claim it");
+}
+
 ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
 {
     if (!dev || !call)
@@ -498,8 +524,10 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
     uint64_t t0 = ts__profile_begin();
     ts_status s;
     int32_t dtype = call->noutputs > 0 && call->outputs ? call->outputs[0].dtype : TS_F32;
+    int where = TS__RAN_PLUGIN;
     if (uses_reference(dev, call->op, dtype) ||
         (!plugin_knows(dev, call) && host_memory(dev) && ts__hostref_supports(call->op, dtype))) {
+        where = TS__RAN_REFERENCE;
         s = ts__hostref_run(&dev->host, call);
     } else {
         s = ts_device_run(dev, call);
@@ -508,14 +536,17 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
         if (s == TS_ENOTSUP && host_memory(dev) && ts_device_supports(dev, call->op, dtype) &&
             ts__hostref_supports(call->op, dtype)) {
             ts_clear_error();
+            where = TS__RAN_DECLINED;
             s = ts__hostref_run(&dev->host, call);
         }
     }
+    if (where != TS__RAN_PLUGIN)
+        note_fallback(dev, call, dtype, where);
     /* Profiling an asynchronous device (cuda): wait for the kernel, so that its time is its
      * own rather than its launch's (not while recording a graph: nothing runs then). */
     if (t0 && s == TS_OK && !host_memory(dev) && !dev->capturing)
         s = dev->vt.synchronize(dev->ctx);
-    uint64_t t1 = ts__profile_end_call(t0, call);
+    uint64_t t1 = ts__profile_end_call(t0, call, where);
     if (t1 && (atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE))
         ts__memtrace_kernel(ts__call_name(call), t0, t1,
                             call->noutputs > 0 && call->outputs ? &call->outputs[0] : NULL);

@@ -32,7 +32,10 @@ _Noreturn void ts__assert_fail(const char *cond, const char *file, int line);
  * the end stamp (0 when not timed). */
 uint64_t ts__profile_begin(void);
 uint64_t ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype);
-uint64_t ts__profile_end_call(uint64_t t0, const ts_kernel_call *call);
+/* Where a kernel call ran: the plugin, the reference kernels for an op the plugin does not
+ * run (unclaimed, or a function newer than its ABI), or for a call it declined. */
+enum { TS__RAN_PLUGIN, TS__RAN_REFERENCE, TS__RAN_DECLINED };
+uint64_t ts__profile_end_call(uint64_t t0, const ts_kernel_call *call, int where);
 /* IEEE half to float32, exactly (subnormals, infinities and NaN included). */
 float ts__half_to_float(uint16_t h);
 /* Atomic, link-safe saves (core/fileio.c; see checkpoint.h): body writes the file's bytes

@@ -18,7 +18,7 @@ enum {
 };
 
 typedef struct slot {
-    atomic_uint_fast64_t calls, ns;
+    atomic_uint_fast64_t calls, ns, reference, declined;
 } slot;
 
 static atomic_int on;
@@ -74,11 +74,20 @@ uint64_t ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype)
     return now;
 }
 
-uint64_t ts__profile_end_call(uint64_t t0, const ts_kernel_call *call)
+uint64_t ts__profile_end_call(uint64_t t0, const ts_kernel_call *call, int where)
 {
-    return t0 ? ts__profile_end(t0, call->op, call_fn(call),
-                                call->noutputs > 0 ? call->outputs[0].dtype : TS_F32)
-              : 0;
+    uint64_t t1 = t0 ? ts__profile_end(t0, call->op, call_fn(call),
+                                       call->noutputs > 0 ? call->outputs[0].dtype : TS_F32)
+                     : 0;
+    if (t1 && where != TS__RAN_PLUGIN) {
+        int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+        if (dtype < 0 || dtype >= NDT - 1)
+            dtype = NDT - 1;
+        slot *sl = &table[call->op][fn_slot(call->op, call_fn(call))][dtype];
+        atomic_fetch_add_explicit(where == TS__RAN_DECLINED ? &sl->declined : &sl->reference, 1,
+                                  memory_order_relaxed);
+    }
+    return t1;
 }
 
 TS_API void ts_profile_reset(void)
@@ -88,6 +97,8 @@ TS_API void ts_profile_reset(void)
             for (int d = 0; d < NDT; d++) {
                 atomic_store_explicit(&table[o][f][d].calls, 0, memory_order_relaxed);
                 atomic_store_explicit(&table[o][f][d].ns, 0, memory_order_relaxed);
+                atomic_store_explicit(&table[o][f][d].reference, 0, memory_order_relaxed);
+                atomic_store_explicit(&table[o][f][d].declined, 0, memory_order_relaxed);
             }
 }
 
@@ -126,6 +137,10 @@ static size_t collect(ts_profile_entry *out, size_t max)
                         .dtype = d == NDT - 1 ? -1 : d,
                         .calls = c,
                         .seconds = (double)ns * 1e-9,
+                        .reference_calls = atomic_load_explicit(&table[o][f][d].reference,
+                                                                memory_order_relaxed),
+                        .declined_calls = atomic_load_explicit(&table[o][f][d].declined,
+                                                               memory_order_relaxed),
                     };
                 n++;
             }

@@ -47,7 +47,8 @@ typedef enum cli_opt_type {
     CLI_STR,   /* const char * (NULL: not given) */
     CLI_FLAG,  /* int, set to 1 */
     CLI_ONOFF, /* int: "on" 1, "off" 0 */
-    CLI_CHOICE /* const char *: one of choices */
+    CLI_CHOICE, /* const char *: one of choices */
+    CLI_LEVEL   /* int: 1 alone; 2 + i when followed by choices[i] (--profile all) */
 } cli_opt_type;
 typedef struct cli_opt {
     const char *flag;

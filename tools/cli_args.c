@@ -409,7 +409,7 @@ void cli_profile_report(int on, long long steps, double seconds, int json)
     }
     size_t got = ts_profile_read(e, n);
     n = got < n ? got : n;
-    size_t shown = n < PROFILE_SHOWN ? n : PROFILE_SHOWN;
+    size_t shown = on >= 2 || n < PROFILE_SHOWN ? n : PROFILE_SHOWN; /* --profile all: all */
     double total = 0, per = steps > 0 ? (double)steps : 1;
     for (size_t i = 0; i < n; i++)
         total += e[i].seconds;
@@ -428,21 +428,30 @@ void cli_profile_report(int on, long long steps, double seconds, int json)
             cJSON_AddNumberToObject(it, "calls", (double)e[i].calls);
             cJSON_AddNumberToObject(it, "ms_per_step", e[i].seconds * 1e3 / per);
             cJSON_AddNumberToObject(it, "share", total > 0 ? e[i].seconds / total : 0);
+            cJSON_AddNumberToObject(it, "reference_calls", (double)e[i].reference_calls);
+            cJSON_AddNumberToObject(it, "declined_calls", (double)e[i].declined_calls);
             cJSON_AddItemToArray(arr, it);
         }
         cli_json_line(o);
         free(e);
         return;
     }
-    fprintf(stderr, "kernels over %lld steps (evaluation included), the most time first:\n"
-                    "  %9s %7s %10s  %s\n", steps, "ms/step", "share", "calls/step", "kernel");
+    fprintf(stderr, "kernels over %lld training steps (evaluation not counted), the most time "
+                    "first:\n  %9s %7s %10s  %-28s %s\n", steps, "ms/step", "share", "calls/step",
+            "kernel", "ran on");
     for (size_t i = 0; i < shown; i++) {
+        char where[64] = "plugin";
+        uint64_t ref = e[i].reference_calls, dec = e[i].declined_calls, c = e[i].calls;
+        if (ref || dec) /* the reference kernels stood in for some or all calls */
+            snprintf(where, sizeof where, "%s%s%.0f%% reference%s", ref + dec < c ? "plugin, " : "",
+                     "", 100.0 * (double)(ref + dec) / (double)c,
+                     dec ? (ref ? " (some declined)" : " (declined)") : "");
         cli_kernel_name(&e[i], k, sizeof k);
-        fprintf(stderr, "  %9.3f %6.1f%% %10.1f  %s\n", e[i].seconds * 1e3 / per,
-                total > 0 ? 100 * e[i].seconds / total : 0, (double)e[i].calls / per, k);
+        fprintf(stderr, "  %9.3f %6.1f%% %10.1f  %-28s %s\n", e[i].seconds * 1e3 / per,
+                total > 0 ? 100 * e[i].seconds / total : 0, (double)e[i].calls / per, k, where);
     }
     if (n > shown)
-        fprintf(stderr, "  (%zu more kernels)\n", n - shown);
+        fprintf(stderr, "  (%zu more kernels: --profile all lists them)\n", n - shown);
     fprintf(stderr, "  %9.3f ms in kernels, of %.3f ms a step: %.3f outside them (autograd, "
                     "checks, the pool, data)\n", total * 1e3 / per, seconds * 1e3 / per,
             (seconds - total) * 1e3 / per);

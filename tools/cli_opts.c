@@ -86,6 +86,17 @@ int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n
         case CLI_FLAG:
             *AT(o, r, int) = 1;
             continue;
+        case CLI_LEVEL: {
+            int k = 0;
+            while (v && r->choices && r->choices[k] && strcmp(v, r->choices[k]))
+                k++;
+            if (!v || !r->choices || !r->choices[k]) {
+                *AT(o, r, int) = 1;
+                continue;
+            }
+            *AT(o, r, int) = 2 + k;
+            break;
+        }
         case CLI_ONOFF:
             if (!v || (strcmp(v, "on") && strcmp(v, "off")))
                 return cli_usage_error(cmd, "%s takes on or off", r->flag);
@@ -189,6 +200,9 @@ void cli_opts_record(const cli_opt *t, size_t n, const void *o, cJSON *j)
         case CLI_ONOFF:
             cJSON_AddBoolToObject(j, r->json, *AT_C(o, r, int));
             break;
+        case CLI_LEVEL:
+            cJSON_AddNumberToObject(j, r->json, *AT_C(o, r, int));
+            break;
         }
     }
 }
@@ -218,6 +232,7 @@ uint64_t cli_opts_fingerprint(const cli_opt *t, size_t n, const void *o, int gro
             break;
         case CLI_FLAG:
         case CLI_ONOFF:
+        case CLI_LEVEL:
             snprintf(b, sizeof b, "%d;", *AT_C(o, r, int));
             break;
         }

@@ -29,7 +29,7 @@ static const char usage[] =
     "                     [--device NAME] [--config FILE] [--data DIR] [--save CKPT]\n"
     "                     [--resume CKPT] [--seed S] [--max-steps N] [--train-limit N]\n"
     "                     [--save-every N] [--log-every N] [--log-steps] [--json]\n"
-    "                     [--memtrace TRACE] [--memplot FILE.svg] [--profile]\n"
+    "                     [--memtrace TRACE] [--memplot FILE.svg] [--profile [all]]\n"
     "\n"
     "Trains on Fashion-MNIST (default data: " TS_FASHION_MNIST_DIR ", Debian package\n"
     "dataset-fashion-mnist). Defaults: lenet5, 1 epoch, batch 64, adam, lr 1e-3, seed 1.\n"
@@ -62,9 +62,11 @@ static const char usage[] =
     "                  evaluation marks to F (one file a rank under mpirun: F.rankN)\n"
     "  --memplot F.svg draw the trace as an SVG at the end (tessera memplot); without\n"
     "                  --memtrace the trace is F.svg.trace.json\n"
-    "  --profile       time every kernel; at the end, where a step's time goes (stderr, or a\n"
-    "                  JSON record with --json); with --memtrace each kernel is also a slice\n"
-    "                  in the trace, inside \"step N\" slices, on the memory's timeline\n"
+    "  --profile [all] time every kernel of the training steps; at the end, where a step's\n"
+    "                  time goes and whether the plugin or the reference kernels ran each\n"
+    "                  kernel (stderr, or a JSON record with --json; the top 15, or all);\n"
+    "                  with --memtrace each kernel is also a slice in the trace, inside\n"
+    "                  \"step N\" slices, on the memory's timeline\n"
     "  --log-every N   when stderr is not a terminal, a progress line there every N steps\n"
     "                  (on a terminal a progress bar is drawn there instead)\n"
     "  --json          one JSON object per epoch instead of the progress bar and summary\n"
@@ -106,6 +108,7 @@ typedef struct train_opts {
 enum { SEED = 1, BATCH, OPT, DATA };
 static const char *const schedules[] = {"constant", "step", "cosine", NULL};
 static const char *const decays[] = {"all", "matrices", NULL};
+static const char *const profile_all[] = {"all", NULL}; /* --profile all: every kernel */
 #define O(f) CLI_OFF(train_opts, f)
 static const cli_opt opts[] = {
     {.flag = "--optimizer", .type = CLI_STR, .off = O(optimizer), .json = "optimizer",
@@ -147,7 +150,7 @@ static const cli_opt opts[] = {
     {.flag = "--decay", .type = CLI_CHOICE, .off = O(decay), .choices = decays, .agree = OPT},
     {.flag = "--json", .type = CLI_FLAG, .off = O(json)},
     {.flag = "--eval-only", .type = CLI_FLAG, .off = O(eval_only)}, /* tessera eval */
-    {.flag = "--profile", .type = CLI_FLAG, .off = O(profile)},
+    {.flag = "--profile", .type = CLI_LEVEL, .off = O(profile), .choices = profile_all},
     {.flag = "--log-steps", .type = CLI_FLAG, .off = O(log_steps)},
 };
 #undef O
@@ -978,8 +981,11 @@ static ts_status run_epoch(trainer *t, int *stop)
     t->correct = 0;
     s = ts_dist_allreduce_sum(&correct, 1, TS_I64);
     ts_memtrace_marker("eval", 1);
-    if (s == TS_OK)
+    if (s == TS_OK) {
+        int counting = ts_profile_enable(0); /* --profile counts training steps only */
         s = evaluate(t, &test_acc);
+        ts_profile_enable(counting);
+    }
     ts_memtrace_marker("eval", -1);
     progress_clear(t);
     if (s)

@@ -74,6 +74,7 @@ typedef struct gpt_opts {
  * group of settings every rank must agree on. In adoption order: a range may name an earlier
  * row's value. */
 enum { ARCH = 1, SEED, BATCH, RUN };
+static const char *const profile_all[] = {"all", NULL}; /* --profile all: every kernel */
 #define O(f) CLI_OFF(gpt_opts, f)
 #define HI(f) (O(f) + 1)
 static const cli_opt opts[] = {
@@ -118,7 +119,7 @@ static const cli_opt opts[] = {
     {.flag = "--json", .type = CLI_FLAG, .off = O(json)},
     {.flag = "--eval-only", .type = CLI_FLAG, .off = O(eval_only)}, /* tessera eval */
     {.flag = "--log-steps", .type = CLI_FLAG, .off = O(log_steps)},
-    {.flag = "--profile", .type = CLI_FLAG, .off = O(profile)},
+    {.flag = "--profile", .type = CLI_LEVEL, .off = O(profile), .choices = profile_all},
 };
 #undef HI
 #undef O
@@ -728,7 +729,9 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         snprintf(mk, sizeof mk, "step %lld", (long long)r.step + 1);
         ts_memtrace_marker(mk, 0);
         ts_memtrace_marker("eval", 1);
+        int counting = ts_profile_enable(0); /* --profile counts training steps only */
         s = validation_loss(&r, text + ntrain, nval, T, &val);
+        ts_profile_enable(counting);
         ts_memtrace_marker("eval", -1);
         if (s) {
             cli_fail(s, "evaluation failed");

@@ -163,6 +163,10 @@ typedef struct ts_profile_entry {
     int32_t dtype;  /* the output's; -1 for fills (raw bytes) */
     uint64_t calls;
     double seconds;
+    uint64_t reference_calls; /* of calls: run by the core's reference kernels on host memory
+                               * because the plugin does not claim the op (or is too old to
+                               * know the function) */
+    uint64_t declined_calls;  /* ... because the plugin declined the call */
 } ts_profile_entry;
 
 /* Turns counting on (nonzero) or off; returns whether it was on. */

@@ -5,7 +5,7 @@
 # counters: each kernel lies within the trace, a step's kernels fit in the step, and the
 # slices name the op, dtype and shape. Without --profile the trace has no kernel slices.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 6
+plan 7
 awk 'BEGIN { for (i = 0; i < 600; i++) printf "the cat sat on the mat %d ", i }' >"$TMP/t.txt"
 G="--model gpt --text $TMP/t.txt --context 16 --layers 1 --heads 2 --embd 16 --batch-size 4 --eval-every 5 --eval-batches 1"
 
@@ -65,7 +65,8 @@ else
     fail "memplot of a --profile trace draws only evaluation slices" "rc=$rc bands=$bands evals=$evals"
 fi
 
-if grep -q 'kernels over 6 steps' "$TMP/err" && grep -q ' matmul float32$' "$TMP/err" &&
+if grep -q 'kernels over 6 training steps (evaluation not counted)' "$TMP/err" &&
+    grep -q ' matmul float32  *plugin$' "$TMP/err" &&
     grep -q 'in kernels, of' "$TMP/err" && ! grep -q 'matmul' "$TMP/out"; then
     ok "--profile prints the kernel table on stderr"
 else
@@ -99,12 +100,34 @@ if [ -f "$DATA/train-images-idx3-ubyte.gz" ]; then
     rc=$?
     n=$(grep -c '"name":"step [0-9]*","ph":"B"' "$TMP/m.json")
     if [ $rc -eq 0 ] && [ "$n" -eq 3 ] && grep -q '"name":"matmul","cat":"kernel"' "$TMP/m.json" &&
-        grep -q 'kernels over 3 steps' "$TMP/m.err"; then
+        grep -q 'kernels over 3 training steps' "$TMP/m.err"; then
         ok "train --model mlp --profile: step and kernel slices, the table"
     else
         fail "train --model mlp --profile" "rc=$rc steps=$n" "$(tail -5 "$TMP/m.err")"
     fi
 else
     skip "train --model mlp --profile" "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)"
+fi
+# Where each kernel ran: the decline fixture claims unary and binary float32 and declines every
+# call, so those run on the reference kernels as "declined", matmul (unclaimed) as "reference",
+# fills on the plugin; with log_level = info the first fallback of each kernel is said once;
+# --profile all lists every kernel.
+printf '[core]\ndevice = cpu_blas\nlog_level = info\n' >"$TMP/info.ini"
+chmod 644 "$TMP/info.ini"
+P="train --device decline --model gpt --text $TMP/p.txt --context 8 --layers 1 --heads 1 --embd 8
+   --steps 3 --eval-every 3 --eval-batches 1"
+printf 'abcdefghij %.0s' $(seq 300) >"$TMP/p.txt"
+# shellcheck disable=SC2086
+out=$(TESSERA_PLUGIN_PATH="$TS_BUILDDIR/tests/fixtures/.libs" "$TESSERA" --config "$TMP/info.ini" $(echo $P) --profile all 2>&1)
+rc=$?
+n=$(printf '%s\n' "$out" | sed -n '/kernels over/,/ms in kernels/p' | grep -c '%')
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q 'binary add float32 *100% reference (declined)$' &&
+    printf '%s\n' "$out" | grep -q 'matmul float32 *100% reference$' &&
+    printf '%s\n' "$out" | grep -q ' fill  *plugin$' &&
+    [ "$(printf '%s\n' "$out" | grep -c "info: binary add float32 runs on the reference kernels, not plugin 'decline': the plugin declined the call")" -eq 1 ] &&
+    [ "$n" -gt 15 ] && ! contains "$out" "more kernels"; then
+    ok "--profile says where each kernel ran (plugin, reference, declined); info logs each fallback once; --profile all lists all $n"
+else
+    fail "--profile: where kernels ran" "rc=$rc n=$n" "$out"
 fi
 finish
