@@ -156,6 +156,30 @@ static const char *fmt_bytes(double b, char *buf, size_t len)
     return buf;
 }
 
+/* A round step for about n ticks over [0, max]: 1, 2 or 5 times a power of ten, of bytes in
+ * the unit (B, KiB, MiB, ...) max is shown in when bytes, else of seconds. */
+static double nice_step(double max, int n, int bytes)
+{
+    double unit = 1;
+    while (bytes && max / unit >= 1024 && unit < 1125899906842624.0)
+        unit *= 1024;
+    double raw = max / unit / n, p = pow(10, floor(log10(raw > 0 ? raw : 1)));
+    double m = raw / p;
+    double step = (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
+    return step * unit;
+}
+
+/* A tick's value: "64 MiB", "1.5 GiB" (no ".0"). */
+static const char *fmt_tick(double b, char *buf, size_t len)
+{
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int i = 0;
+    while (b >= 1024 && i < 5)
+        b /= 1024, i++;
+    snprintf(buf, len, "%.*f %s", b == floor(b) ? 0 : b * 10 == floor(b * 10) ? 1 : 2, b, u[i]);
+    return buf;
+}
+
 /* The escaped text of s for SVG. */
 static void put_text(FILE *f, const char *s)
 {
@@ -201,19 +225,25 @@ static void draw(FILE *f, const plot *p)
     for (int k = 0; k < p->npools; k++) {
         const series *s = &p->pools[k];
         int y0 = k * H;
-        double peak_in = 0, peak_res = 0;
+        double peak_in = 0, peak_res = 0, t_peak = 0;
         for (size_t i = 0; i < s->n; i++) {
-            peak_in = s->in_use[i] > peak_in ? s->in_use[i] : peak_in;
+            if (s->in_use[i] > peak_in)
+                peak_in = s->in_use[i], t_peak = s->t[i];
             peak_res = s->reserved[i] > peak_res ? s->reserved[i] : peak_res;
         }
-        double ymax = (peak_res > peak_in ? peak_res : peak_in) * 1.1;
-        ymax = ymax > 0 && isfinite(ymax) ? ymax : 1;
+        /* the axis: round ticks, the top the first tick above the highest line */
+        double top = peak_res > peak_in ? peak_res : peak_in;
+        top = top > 0 && isfinite(top) ? top : 1;
+        double ystep = nice_step(top, 4, 1);
+        int nyt = (int)ceil(top / ystep - 1e-9);
+        nyt = nyt < 1 ? 1 : nyt > 12 ? 12 : nyt;
+        double ymax = ystep * nyt;
         char b1[32], b2[32];
         fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"13\" font-weight=\"bold\">pool ", PL,
                 y0 + 16);
         put_text(f, s->name);
         fprintf(f, "</text>\n<text x=\"%d\" y=\"%d\" fill=\"#444\">peak in use %s, peak "
-                "reserved %s, %zu events</text>\n", PL + 220, y0 + 16,
+                "reserved %s, %zu memory counter events</text>\n", PL + 220, y0 + 16,
                 fmt_bytes(peak_in, b1, sizeof b1), fmt_bytes(peak_res, b2, sizeof b2), s->n);
         /* evaluation slices, then epoch marks */
         double last_label = -1e9;
@@ -247,20 +277,31 @@ static void draw(FILE *f, const plot *p)
         /* axes and ticks */
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
                 "stroke=\"#333\"/>\n", PL, y0 + PT, pw, ph);
-        for (int i = 0; i <= 4; i++) {
-            double v = ymax * i / 4;
-            int y = y0 + PT + ph - ph * i / 4;
-            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%s</text>\n", PL - 6, y + 4,
-                    fmt_bytes(v, b1, sizeof b1));
+        for (int i = 0; i <= nyt; i++) {
+            double v = ystep * i;
+            double y = y0 + PT + ph - ph * v / ymax;
+            fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", PL - 6,
+                    y + 4, fmt_tick(v, b1, sizeof b1));
         }
-        for (int i = 0; i <= 6; i++)
-            fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%.3g s</text>\n",
-                    PL + (double)pw * i / 6, y0 + PT + ph + 14, tmax * i / 6);
+        double tstep = nice_step(tmax, 6, 0);
+        for (int i = 0; i * tstep <= tmax * 1.0001 && i <= 40; i++)
+            fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g s</text>\n",
+                    PL + pw * (i * tstep) / tmax, y0 + PT + ph + 14, i * tstep);
         put_line(f, s, s->reserved, ymax, tmax, y0, "#e8890c");
         put_line(f, s, s->in_use, ymax, tmax, y0, "#1f6fc5");
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#1f6fc5\" "
                 "stroke-dasharray=\"6,3\" stroke-width=\"0.8\"/>\n", PL,
                 y0 + PT + ph - peak_in / ymax * ph, PL + pw, y0 + PT + ph - peak_in / ymax * ph);
+        /* the peak, labelled where it happens */
+        if (peak_in > 0) {
+            double px = PL + t_peak / tmax * pw, py = y0 + PT + ph - peak_in / ymax * ph;
+            int left = px > PL + pw - 160;
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#1f6fc5\"/>\n"
+                    "<text x=\"%.1f\" y=\"%.1f\" fill=\"#1f6fc5\" font-size=\"10\"%s>peak %s "
+                    "at %.3g s</text>\n", px, py, left ? px - 5 : px + 5, py - 5,
+                    left ? " text-anchor=\"end\"" : "", fmt_bytes(peak_in, b1, sizeof b1),
+                    t_peak);
+        }
         fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#1f6fc5\">in use</text><text x=\"%d\" "
                 "y=\"%d\" fill=\"#e8890c\">reserved</text><text x=\"%d\" y=\"%d\" "
                 "fill=\"#6a8a50\">eval</text>\n", PL + pw - 150, y0 + PT + ph + 28,

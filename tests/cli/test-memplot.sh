@@ -7,7 +7,7 @@
 # holding absurd numbers (1e308 bytes, infinite or negative counts, times centuries away) is
 # drawn from its sane samples, says how many it skipped, and no label reads nan or inf.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 8
+plan 9
 awk 'BEGIN { for (i = 0; i < 600; i++) printf "the cat sat on the mat %d ", i }' >"$TMP/t.txt"
 "$TESSERA" train --model gpt --text "$TMP/t.txt" --context 16 --layers 1 --heads 2 --embd 16 \
     --batch-size 4 --steps 40 --eval-every 20 --eval-batches 2 --memtrace "$TMP/m.json" \
@@ -132,7 +132,7 @@ o=$(timeout 10 "$TESSERA" memplot "$TMP/absurd.json" -o "$TMP/absurd.svg" 2>"$TM
 e=$(cat "$TMP/absurd.err")
 if [ $rc -eq 0 ] && [ "$(tail -1 "$TMP/absurd.svg")" = "</svg>" ] &&
     ! grep -qi 'nan\|inf' "$TMP/absurd.svg" && contains "$e" "skipped 5 events" &&
-    contains "$e" "non-finite or out-of-range" && grep -q 'peak in use 4.0 KiB, peak reserved 8.0 KiB, 2 events' "$TMP/absurd.svg"; then
+    contains "$e" "non-finite or out-of-range" && grep -q 'peak in use 4.0 KiB, peak reserved 8.0 KiB, 2 memory counter events' "$TMP/absurd.svg"; then
     ok "a trace with 1e308, infinite, negative and far-future values: those skipped and counted, no nan or inf label"
 else
     fail "absurd values in a trace" "rc=$rc" "$o" "$e" "$(grep -i 'nan\|inf\|peak' "$TMP/absurd.svg" | head -5)"
@@ -146,5 +146,20 @@ if [ $rc -eq 1 ] && contains "$o" "line 1 of '$TMP/zeros.json' is longer than 65
     ok "memplot refuses a line longer than 64 KiB without reading it whole"
 else
     fail "memplot refuses a line longer than 64 KiB" "rc=$rc" "$o"
+fi
+# Round ticks and the peak labelled where it happens: a pool that peaks at 300 KiB at 2 s of 4.
+{ echo '{"displayTimeUnit":"ms","traceEvents":['
+  echo '{"name":"pool cpu","ph":"C","ts":0,"pid":1,"tid":0,"args":{"in_use":0,"reserved":0,"cached":0}},'
+  echo '{"name":"pool cpu","ph":"C","ts":2000000,"pid":1,"tid":0,"args":{"in_use":307200,"reserved":409600,"cached":0}},'
+  echo '{"name":"pool cpu","ph":"C","ts":4000000,"pid":1,"tid":0,"args":{"in_use":1024,"reserved":409600,"cached":0}}'
+  echo ']}'; } >"$TMP/round.json"
+"$TESSERA" memplot "$TMP/round.json" -o "$TMP/round.svg" >/dev/null 2>&1; rc=$?
+ticks=$(grep -o 'text-anchor="end">[^<]*<' "$TMP/round.svg" | sed 's/.*">//; s/<//' | tr '\n' '|')
+secs=$(grep -o 'text-anchor="middle">[^<]*<' "$TMP/round.svg" | sed 's/.*">//; s/<//' | tr '\n' '|')
+if [ $rc -eq 0 ] && [ "$ticks" = "0 B|100 KiB|200 KiB|300 KiB|400 KiB|" ] &&
+    [ "$secs" = "0 s|1 s|2 s|3 s|4 s|" ] && grep -q '>peak 300.0 KiB at 2 s<' "$TMP/round.svg"; then
+    ok "memplot: round ticks on both axes, the peak labelled at its time"
+else
+    fail "memplot ticks and peak" "rc=$rc" "ticks: $ticks" "seconds: $secs"
 fi
 finish
