@@ -422,8 +422,10 @@ static ts_status accumulate_leaf(ts_tensor *leaf, ts_tensor *g)
             s = ts_tensor_clone(g, &c);
         }
         ts_tensor_unref(g);
-        if (s == TS_OK)
+        if (s == TS_OK) {
             leaf->grad = c;
+            ts_tensor_set_role(c, TS_ROLE_GRADIENT);
+        }
         return s;
     }
     s = ts_add_(leaf->grad, g);

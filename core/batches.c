@@ -110,6 +110,9 @@ TS_API ts_status ts_loader_new(ts_tensor *data, ts_tensor *labels, int64_t batch
             (s = rows_like(data, l->cap, &l->xbuf)) ||
             (labels && (s = rows_like(labels, l->cap, &l->ybuf))))
             goto fail;
+        ts_tensor_set_role(l->idx, TS_ROLE_DATA);
+        ts_tensor_set_role(l->xbuf, TS_ROLE_DATA);
+        ts_tensor_set_role(l->ybuf, TS_ROLE_DATA);
     }
     *out = l;
     return TS_OK;
@@ -164,6 +167,7 @@ TS_API ts_status ts_loader_set_device(ts_loader *l, ts_device *dev, int pinned)
             l->up[k].bytes[j] = bytes;
             if ((s = ts_tensor_empty(dev, src->dtype, src->ndim, shape, &l->up[k].t[j])))
                 break;
+            ts_tensor_set_role(l->up[k].t[j], TS_ROLE_DATA);
             if (l->pinned)
                 s = ts_device_pinned_alloc(dev, bytes ? bytes : 1, "loader staging",
                                            &l->up[k].host[j]);

@@ -520,6 +520,8 @@ TS_API ts_status ts_fashion_mnist_load(const char *dir, int train, ts_device *de
     int64_t shape[4] = {n, 1, 28, 28};
     if ((s = ts_tensor_empty(dev, TS_F32, 4, shape, &x)))
         goto fail;
+    ts_tensor_set_role(x, TS_ROLE_DATA);
+    ts_tensor_set_role(y, TS_ROLE_DATA);
     const float k = 1.0f / 255.0f;
     for (size_t at = 0; at < im.nbytes; at += FMNIST_SLICE) {
         size_t len = im.nbytes - at < FMNIST_SLICE ? im.nbytes - at : FMNIST_SLICE;

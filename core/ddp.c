@@ -288,9 +288,11 @@ TS_API ts_status ts_ddp_new(const ts_named_tensor *params, size_t n, size_t buck
         b->remaining = b->nparams;
         if (views) {
             int64_t ne = (int64_t)b->numel;
-            if ((s = ts_tensor_zeros(dev, b->dtype, 1, &ne, &b->bt)) == TS_OK)
+            if ((s = ts_tensor_zeros(dev, b->dtype, 1, &ne, &b->bt)) == TS_OK) {
+                ts_tensor_set_role(b->bt, TS_ROLE_GRADIENT); /* the gradients are its views */
                 b->buf = (char *)b->bt->storage->data +
                          b->bt->offset * (int64_t)ts_dtype_size(b->dtype);
+            }
         } else if (!(b->buf = malloc(b->numel * ts_dtype_size(b->dtype) + 1))) {
             s = ts__fail(TS_ENOMEM, "out of host memory for a gradient bucket of %zu elements",
                          b->numel);

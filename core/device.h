@@ -23,6 +23,7 @@ struct ts_device {
     char *pinned_name;      /* "NAME pinned": its name in statistics and messages */
     struct ts_graph *capturing; /* the graph being recorded: frees are held for it */
     _Atomic uint64_t last_upload; /* the last ts_device_copy_from_pinned ticket */
+    _Atomic uint64_t role_bytes[TS_ROLE_COUNT]; /* live storage bytes by ts_memory_role */
 };
 
 /* A recorded graph: the plugin's handle and the pool blocks freed while recording, kept out

@@ -136,6 +136,7 @@ typedef struct ts_storage {
     ts_device *dev;
     void *data;    /* device pointer from the device's pool */
     size_t nbytes;
+    _Atomic int role; /* ts_memory_role, counted in dev->role_bytes */
     _Atomic uint64_t version; /* bumped by every in-place write through any view */
 } ts_storage;
 

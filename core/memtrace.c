@@ -148,6 +148,27 @@ void ts__memtrace_counter(const char *pool, uint64_t in_use, uint64_t reserved,
     pthread_mutex_unlock(&trace_lock);
 }
 
+void ts__memtrace_roles(const char *pool, const uint64_t *b)
+{
+    char name[128];
+    pthread_mutex_lock(&trace_lock);
+    char *w = trace_reserve();
+    if (w) {
+        int n = snprintf(w, TRACE_EVENT_MAX,
+                         "{\"name\":\"roles %s\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,\"tid\":0,"
+                         "\"args\":{\"parameter\":%llu,\"gradient\":%llu,\"optimizer\":%llu,"
+                         "\"activation\":%llu,\"data\":%llu,\"other\":%llu}}",
+                         json_name(name, pool), trace_now_us(), trace_pid,
+                         (unsigned long long)b[TS_ROLE_PARAMETER],
+                         (unsigned long long)b[TS_ROLE_GRADIENT],
+                         (unsigned long long)b[TS_ROLE_OPTIMIZER],
+                         (unsigned long long)b[TS_ROLE_ACTIVATION],
+                         (unsigned long long)b[TS_ROLE_DATA], (unsigned long long)b[TS_ROLE_OTHER]);
+        trace_len += (size_t)n;
+    }
+    pthread_mutex_unlock(&trace_lock);
+}
+
 void ts__memtrace_oom(const char *pool, uint64_t nbytes)
 {
     char name[128];

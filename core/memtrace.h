@@ -30,6 +30,8 @@ void ts__memtrace_env_init(void);
  * one pool's events are written in order. */
 void ts__memtrace_counter(const char *pool, uint64_t in_use, uint64_t reserved,
                           uint64_t cached);
+/* A counter event "roles POOL" with the device's live storage bytes by role. */
+void ts__memtrace_roles(const char *pool, const uint64_t *bytes);
 /* An instant event for a failed request of nbytes. Same locking as ts__memtrace_counter. */
 void ts__memtrace_oom(const char *pool, uint64_t nbytes);
 /* A kernel slice from ts__profile_begin's t0 to t1 (same clock) on the calling thread's

@@ -102,6 +102,8 @@ static ts_status make_param(ts_device *dev, int ndim, const int64_t *shape, cons
         ts_tensor_unref(*out);
         *out = NULL;
     }
+    if (s == TS_OK)
+        ts_tensor_set_role(*out, TS_ROLE_PARAMETER);
     return s;
 }
 
@@ -429,6 +431,7 @@ static ts_status add_tensor(ts_module *m, const char *who, const char *name, ts_
     struct mtensor *e = &m->tensors[m->nt++];
     snprintf(e->name, sizeof e->name, "%s", name);
     e->t = ts_tensor_ref(t);
+    ts_tensor_set_role(t, TS_ROLE_PARAMETER); /* buffers too: the model's state */
     e->role = role;
     return TS_OK;
 }

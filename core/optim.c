@@ -317,6 +317,7 @@ static ts_status ensure_state(ts_optim *o, slot *sl, int *first)
                                       &sl->state[k]);
         if (s)
             return s;
+        ts_tensor_set_role(sl->state[k], TS_ROLE_OPTIMIZER);
     }
     return TS_OK;
 }

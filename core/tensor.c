@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "grad_fns.h"
+#include "device.h"
 #include "memtrace.h"
 
 /* The bound on elements, and on the product of a shape's non-zero sizes: 2^59 - 1, so a byte
@@ -98,6 +99,51 @@ TS_API uint64_t ts_storage_live_count(void)
 
 /* ---- storages ---------------------------------------------------------------------------- */
 
+/* The device's bytes by role changed: a memory trace records the new counts. */
+static void roles_changed(ts_device *dev)
+{
+    if (!(atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE))
+        return;
+    uint64_t b[TS_ROLE_COUNT];
+    for (int r = 0; r < TS_ROLE_COUNT; r++)
+        b[r] = atomic_load_explicit(&dev->role_bytes[r], memory_order_relaxed);
+    ts__memtrace_roles(dev->name, b);
+}
+
+static void role_add(ts_device *dev, int role, size_t nbytes, int sign)
+{
+    if (sign > 0)
+        atomic_fetch_add_explicit(&dev->role_bytes[role], nbytes, memory_order_relaxed);
+    else
+        atomic_fetch_sub_explicit(&dev->role_bytes[role], nbytes, memory_order_relaxed);
+}
+
+TS_API const char *ts_memory_role_name(int role)
+{
+    static const char *const names[TS_ROLE_COUNT] = {"other", "parameter", "gradient",
+                                                     "optimizer", "activation", "data"};
+    return role >= 0 && role < TS_ROLE_COUNT ? names[role] : "unknown";
+}
+
+TS_API void ts_tensor_set_role(ts_tensor *t, ts_memory_role role)
+{
+    if (!t || !t->storage || (int)role < 0 || role >= TS_ROLE_COUNT)
+        return;
+    ts_storage *st = t->storage;
+    int old = atomic_exchange(&st->role, (int)role);
+    if (old == (int)role)
+        return;
+    role_add(st->dev, old, st->nbytes, -1);
+    role_add(st->dev, (int)role, st->nbytes, 1);
+    roles_changed(st->dev);
+}
+
+TS_API void ts_device_memory_by_role(ts_device *dev, uint64_t *out)
+{
+    for (int r = 0; out && r < TS_ROLE_COUNT; r++)
+        out[r] = dev ? atomic_load_explicit(&dev->role_bytes[r], memory_order_relaxed) : 0;
+}
+
 static ts_status storage_new(ts_device *dev, size_t nbytes, const char *tag, ts_storage **out)
 {
     ts_storage *st = fl_get(&storage_fl, sizeof *st);
@@ -112,6 +158,11 @@ static ts_status storage_new(ts_device *dev, size_t nbytes, const char *tag, ts_
     atomic_init(&st->version, 0);
     st->dev = dev;
     st->nbytes = nbytes;
+    /* made while gradients are recorded: an activation until the library says otherwise */
+    int role = ts_grad_enabled() ? TS_ROLE_ACTIVATION : TS_ROLE_OTHER;
+    atomic_init(&st->role, role);
+    role_add(dev, role, nbytes, 1);
+    roles_changed(dev);
     atomic_fetch_add(&live_storages, 1);
     *out = st;
     return TS_OK;
@@ -120,7 +171,9 @@ static ts_status storage_new(ts_device *dev, size_t nbytes, const char *tag, ts_
 static void storage_unref(ts_storage *st)
 {
     if (st && atomic_fetch_sub_explicit(&st->refcount, 1, memory_order_acq_rel) == 1) {
+        role_add(st->dev, atomic_load(&st->role), st->nbytes, -1);
         ts_device_free(st->dev, st->data);
+        roles_changed(st->dev);
         fl_put(&storage_fl, st);
         atomic_fetch_sub(&live_storages, 1);
     }

@@ -41,10 +41,18 @@ static const char usage[] =
 #define MAX_BYTES 9007199254740992.0
 #define MAX_SECONDS 1e9
 
+enum { NROLES = 6 }; /* the trace's "roles POOL" counters, stacked bottom to top */
+static const char *const role_key[NROLES] = {"parameter", "gradient", "optimizer",
+                                             "data",      "activation", "other"};
+static const char *const role_color[NROLES] = {"#4c72b0", "#dd8452", "#55a868",
+                                               "#8172b3", "#c44e52", "#b0a090"};
+
 typedef struct series {
     char name[80];
     double *t, *in_use, *reserved;
     size_t n, cap;
+    double *rt, *rv[NROLES]; /* bytes by role over time */
+    size_t rn, rcap;
 } series;
 
 typedef struct mark {
@@ -83,6 +91,43 @@ static int add_sample(series *s, double t, double in_use, double reserved)
     return 0;
 }
 
+static int add_roles(series *s, double t, const double *v)
+{
+    if (s->rn == s->rcap) {
+        size_t cap = s->rcap ? s->rcap * 2 : 1024;
+        double *a = realloc(s->rt, cap * sizeof *a);
+        if (!a)
+            return -1;
+        s->rt = a;
+        for (int r = 0; r < NROLES; r++) {
+            double *b = realloc(s->rv[r], cap * sizeof *b);
+            if (!b)
+                return -1;
+            s->rv[r] = b;
+        }
+        s->rcap = cap;
+    }
+    s->rt[s->rn] = t;
+    for (int r = 0; r < NROLES; r++)
+        s->rv[r][s->rn] = v[r];
+    s->rn++;
+    return 0;
+}
+
+/* The series of the pool named name: found, or made (NULL past MAX_POOLS). */
+static series *pool_named(plot *p, const char *name)
+{
+    int k = 0;
+    while (k < p->npools && strcmp(p->pools[k].name, name))
+        k++;
+    if (k == p->npools) {
+        if (p->npools == MAX_POOLS)
+            return NULL;
+        snprintf(p->pools[p->npools++].name, sizeof p->pools[0].name, "%s", name);
+    }
+    return &p->pools[k];
+}
+
 /* One event line of the trace. */
 static int take_event(plot *p, const cJSON *e)
 {
@@ -107,18 +152,30 @@ static int take_event(plot *p, const cJSON *e)
             p->skipped++; /* no byte count, or not one a run could have (NaN fails >= 0) */
             return 0;
         }
-        int k = 0;
-        while (k < p->npools && strcmp(p->pools[k].name, name->valuestring + 5))
-            k++;
-        if (k == p->npools) {
-            if (p->npools == MAX_POOLS) {
-                p->dropped_events++; /* a pool past the first MAX_POOLS: said at the end */
+        series *sr = pool_named(p, name->valuestring + 5);
+        if (!sr) {
+            p->dropped_events++; /* a pool past the first MAX_POOLS: said at the end */
+            return 0;
+        }
+        return add_sample(sr, t, iu->valuedouble, rs->valuedouble);
+    }
+    if (!strcmp(ph->valuestring, "C") && !strncmp(name->valuestring, "roles ", 6)) {
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+        double v[NROLES];
+        for (int r = 0; r < NROLES; r++) {
+            const cJSON *x = cJSON_GetObjectItemCaseSensitive(args, role_key[r]);
+            v[r] = cJSON_IsNumber(x) ? x->valuedouble : 0;
+            if (!(v[r] >= 0) || v[r] > MAX_BYTES) {
+                p->skipped++;
                 return 0;
             }
-            snprintf(p->pools[p->npools++].name, sizeof p->pools[0].name, "%s",
-                     name->valuestring + 5);
         }
-        return add_sample(&p->pools[k], t, iu->valuedouble, rs->valuedouble);
+        series *sr = pool_named(p, name->valuestring + 6);
+        if (!sr) {
+            p->dropped_events++;
+            return 0;
+        }
+        return add_roles(sr, t, v);
     }
     if (p->nmarks == MAX_MARKS)
         return 0;
@@ -214,6 +271,46 @@ static void put_line(FILE *f, const series *s, const double *v, double ymax, dou
     fputs("\"/>\n", f);
 }
 
+/* The pool's bytes by role as stacked areas: per pixel column the last counts before its
+ * end, each role a band over the ones below it. */
+static void put_roles(FILE *f, const series *s, double ymax, double tmax, int y0)
+{
+    const int pw = W - PL - PR, ph = H - PT - PB;
+    if (!s->rn)
+        return;
+    double *cum = calloc((size_t)(pw + 1) * (NROLES + 1), sizeof *cum);
+    if (!cum)
+        return;
+    size_t i = 0;
+    for (int x = 0; x <= pw; x++) {
+        double until = tmax * (x + 1) / pw;
+        while (i < s->rn && s->rt[i] <= until)
+            i++;
+        double acc = 0;
+        for (int r = 0; r < NROLES; r++) {
+            acc += i ? s->rv[r][i - 1] : 0;
+            cum[(size_t)x * (NROLES + 1) + r + 1] = acc;
+        }
+    }
+    for (int r = 0; r < NROLES; r++) {
+        fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.45\" stroke=\"none\" points=\"",
+                role_color[r]);
+        for (int x = 0; x <= pw; x++)
+            fprintf(f, "%d,%.1f ", PL + x,
+                    y0 + PT + ph - cum[(size_t)x * (NROLES + 1) + r + 1] / ymax * ph);
+        for (int x = pw; x >= 0; x--)
+            fprintf(f, "%d,%.1f ", PL + x,
+                    y0 + PT + ph - cum[(size_t)x * (NROLES + 1) + r] / ymax * ph);
+        fputs("\"/>\n", f);
+    }
+    free(cum);
+    for (int r = 0; r < NROLES; r++) /* the legend, under the time axis */
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"9\" height=\"9\" fill=\"%s\" "
+                "fill-opacity=\"0.6\"/><text x=\"%d\" y=\"%d\">%s</text>\n",
+                PL + 80 * r, y0 + PT + ph + 20, role_color[r], PL + 80 * r + 12,
+                y0 + PT + ph + 28, role_key[r]);
+}
+
 static void draw(FILE *f, const plot *p)
 {
     const int pw = W - PL - PR, ph = H - PT - PB;
@@ -287,6 +384,7 @@ static void draw(FILE *f, const plot *p)
         for (int i = 0; i * tstep <= tmax * 1.0001 && i <= 40; i++)
             fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g s</text>\n",
                     PL + pw * (i * tstep) / tmax, y0 + PT + ph + 14, i * tstep);
+        put_roles(f, s, ymax, tmax, y0);
         put_line(f, s, s->reserved, ymax, tmax, y0, "#e8890c");
         put_line(f, s, s->in_use, ymax, tmax, y0, "#1f6fc5");
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#1f6fc5\" "
@@ -445,8 +543,12 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
                     "drawn, %lld events of the others are not\n", in, MAX_POOLS, MAX_POOLS,
                     p->dropped_events);
     }
-    for (int k = 0; p && k < p->npools; k++)
+    for (int k = 0; p && k < p->npools; k++) {
         free(p->pools[k].t), free(p->pools[k].in_use), free(p->pools[k].reserved);
+        free(p->pools[k].rt);
+        for (int r = 0; r < NROLES; r++)
+            free(p->pools[k].rv[r]);
+    }
     free(p);
     return rc;
 }

@@ -267,6 +267,10 @@ static ts_status windows(ts_device *dev, const unsigned char *text, size_t n, ui
         s = ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){B, T}, xv, x);
     if (!s)
         s = ts_tensor_from_host(dev, TS_I64, 2, (const int64_t[]){B, T}, yv, y);
+    if (!s) {
+        ts_tensor_set_role(*x, TS_ROLE_DATA);
+        ts_tensor_set_role(*y, TS_ROLE_DATA);
+    }
     free(xv);
     free(yv);
     return s;

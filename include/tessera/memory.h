@@ -24,6 +24,34 @@ extern "C" {
 size_t ts_memory_pools(void (*fn)(const char *pool, const ts_memory_stats *stats, void *user),
                        void *user);
 
+/* ---- memory by role --------------------------------------------------------------------- */
+
+typedef struct ts_tensor ts_tensor; /* tessera/tensor.h */
+typedef struct ts_device ts_device; /* tessera/device.h */
+
+/* What a tensor's memory is for, as the library sees it when it makes or adopts the tensor:
+ * a module's parameters and buffers, the gradients autograd accumulates into leaves, an
+ * optimizer's state, data (data sets and the loader's batches), activations (whatever is made
+ * while gradients are recorded: the forward's intermediates), and other (the rest: evaluation,
+ * backward's temporaries, tensors a program makes with gradients off). */
+typedef enum ts_memory_role {
+    TS_ROLE_OTHER = 0,
+    TS_ROLE_PARAMETER = 1,
+    TS_ROLE_GRADIENT = 2,
+    TS_ROLE_OPTIMIZER = 3,
+    TS_ROLE_ACTIVATION = 4,
+    TS_ROLE_DATA = 5,
+    TS_ROLE_COUNT
+} ts_memory_role;
+/* "parameter", "gradient", ...; "unknown" past the enum. */
+const char *ts_memory_role_name(int role);
+/* Tags t's storage (every view of it) with role; the bytes move between the device's role
+ * counters, and a memory trace records the change. A program tags its own tensors so. */
+void ts_tensor_set_role(ts_tensor *t, ts_memory_role role);
+/* The bytes of live storages on dev, by role (out: TS_ROLE_COUNT entries). Storage bytes, as
+ * asked for: the pool's in_use adds its rounding. */
+void ts_device_memory_by_role(ts_device *dev, uint64_t *out);
+
 /* Figures of a pool's statistics: the share of allocations the cache served (hits over hits
  * and misses; -1 before any), and the fragmentation of the cache: 1 - the largest free block
  * over the cached bytes (0 with nothing cached: a cache of one block is not fragmented, one of

@@ -7,7 +7,7 @@
 # holding absurd numbers (1e308 bytes, infinite or negative counts, times centuries away) is
 # drawn from its sane samples, says how many it skipped, and no label reads nan or inf.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 9
+plan 10
 awk 'BEGIN { for (i = 0; i < 600; i++) printf "the cat sat on the mat %d ", i }' >"$TMP/t.txt"
 "$TESSERA" train --model gpt --text "$TMP/t.txt" --context 16 --layers 1 --heads 2 --embd 16 \
     --batch-size 4 --steps 40 --eval-every 20 --eval-batches 2 --memtrace "$TMP/m.json" \
@@ -161,5 +161,18 @@ if [ $rc -eq 0 ] && [ "$ticks" = "0 B|100 KiB|200 KiB|300 KiB|400 KiB|" ] &&
     ok "memplot: round ticks on both axes, the peak labelled at its time"
 else
     fail "memplot ticks and peak" "rc=$rc" "ticks: $ticks" "seconds: $secs"
+fi
+# Memory by role: a trace's "roles POOL" counters are drawn as stacked bands with a legend.
+{ echo '{"displayTimeUnit":"ms","traceEvents":['
+  echo '{"name":"pool cpu","ph":"C","ts":0,"pid":1,"tid":0,"args":{"in_use":0,"reserved":0,"cached":0}},'
+  echo '{"name":"roles cpu","ph":"C","ts":10,"pid":1,"tid":0,"args":{"parameter":1000,"gradient":0,"optimizer":2000,"activation":0,"data":5000,"other":0}},'
+  echo '{"name":"pool cpu","ph":"C","ts":1000000,"pid":1,"tid":0,"args":{"in_use":9000,"reserved":9000,"cached":0}}'
+  echo ']}'; } >"$TMP/roles.json"
+"$TESSERA" memplot "$TMP/roles.json" -o "$TMP/roles.svg" >/dev/null 2>&1; rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c '<polygon' "$TMP/roles.svg")" -eq 6 ] &&
+    grep -q '>optimizer</text>' "$TMP/roles.svg" && grep -q '>activation</text>' "$TMP/roles.svg"; then
+    ok "memplot draws memory by role (parameter, gradient, optimizer, data, activation, other) as bands"
+else
+    fail "memplot roles" "rc=$rc" "$(grep -c '<polygon' "$TMP/roles.svg")"
 fi
 finish

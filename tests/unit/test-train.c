@@ -365,6 +365,45 @@ static void test_trainer_errors(void)
     tap_end();
 }
 
+/* Memory by role: a model's parameters, Adam's two moments, the data a program tags, all
+ * counted on the device; everything freed brings the counts back. */
+static void test_memory_roles(void)
+{
+    ts_device *dev = tap_start();
+    uint64_t base[TS_ROLE_COUNT], now[TS_ROLE_COUNT];
+    ts_device_memory_by_role(dev, base);
+    ts_tensor *x, *y;
+    data(dev, &x, &y);
+    ts_tensor_set_role(x, TS_ROLE_DATA);
+    ts_tensor_set_role(y, TS_ROLE_DATA);
+    ts_module *m = mlp(dev);
+    ts_optim *o = adam(m);
+    uint64_t pbytes = (uint64_t)ts_module_num_params(m) * sizeof(float);
+    ts_device_memory_by_role(dev, now);
+    CHECK_MSG(now[TS_ROLE_PARAMETER] - base[TS_ROLE_PARAMETER] == pbytes,
+              "parameters: %llu bytes counted, %llu made", (unsigned long long)(
+                  now[TS_ROLE_PARAMETER] - base[TS_ROLE_PARAMETER]), (unsigned long long)pbytes);
+    CHECK(now[TS_ROLE_DATA] - base[TS_ROLE_DATA] == (uint64_t)N * F * 4 + (uint64_t)N * 8);
+    ts_trainer *t;
+    CHECK_OK(ts_trainer_new(m, o, NULL, &t));
+    CHECK_OK(ts_trainer_step(t, x, y, NULL));
+    ts_device_memory_by_role(dev, now);
+    CHECK_MSG(now[TS_ROLE_OPTIMIZER] - base[TS_ROLE_OPTIMIZER] == 2 * pbytes,
+              "Adam's state: %llu bytes, want two moments of %llu",
+              (unsigned long long)(now[TS_ROLE_OPTIMIZER] - base[TS_ROLE_OPTIMIZER]),
+              (unsigned long long)pbytes);
+    uint64_t g = now[TS_ROLE_GRADIENT] - base[TS_ROLE_GRADIENT];
+    CHECK_MSG(g == 0 || g == pbytes, "gradients: %llu bytes", (unsigned long long)g);
+    ts_trainer_free(t), ts_optim_free(o), ts_module_free(m);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    ts_device_memory_by_role(dev, now);
+    for (int r = 0; r < TS_ROLE_COUNT; r++)
+        CHECK_MSG(now[r] == base[r], "%s: %llu bytes left", ts_memory_role_name(r),
+                  (unsigned long long)(now[r] - base[r]));
+    CHECK(!strcmp(ts_memory_role_name(TS_ROLE_OPTIMIZER), "optimizer"));
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -372,6 +411,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_mse_and_errors),
         TAP_TEST(test_trainer_step),
         TAP_TEST(test_trainer_errors),
+        TAP_TEST(test_memory_roles),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
