@@ -228,6 +228,20 @@ void ts__memtrace_kernel(const char *name, uint64_t t0, uint64_t t1, const ts_op
     pthread_mutex_unlock(&trace_lock);
 }
 
+TS_API void ts_memtrace_step(int64_t step)
+{
+    if (!(atomic_load_explicit(&ts__mem_hooks, memory_order_relaxed) & TS__MEM_TRACE))
+        return;
+    pthread_mutex_lock(&trace_lock);
+    char *w = trace_reserve();
+    if (w)
+        trace_len += (size_t)snprintf(w, TRACE_EVENT_MAX,
+                                      "{\"name\":\"step\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,"
+                                      "\"tid\":1,\"args\":{\"step\":%lld}}",
+                                      trace_now_us(), trace_pid, (long long)step);
+    pthread_mutex_unlock(&trace_lock);
+}
+
 TS_API void ts_memtrace_marker(const char *name, int phase)
 {
     char nm[128];

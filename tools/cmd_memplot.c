@@ -21,11 +21,13 @@
 #include "cli.h"
 
 static const char usage[] =
-    "usage: tessera memplot TRACE [-o FILE.svg]\n"
+    "usage: tessera memplot TRACE [-o FILE.svg] [--steps A:B]\n"
     "\n"
     "Draws a memory trace (tessera train --memtrace TRACE, TESSERA_MEMTRACE=TRACE, or\n"
     "ts_memtrace_start) as an SVG: for every pool, the bytes in use and reserved over time and\n"
-    "their peaks, with epoch marks and evaluation slices. Default output: TRACE with .svg.\n";
+    "their peaks, the memory by role (parameters, gradients, optimizer state, data,\n"
+    "activations, other) as bands, with epoch marks and evaluation slices. --steps A:B shows\n"
+    "training steps A to B only, the byte axis zoomed to them. Default output: TRACE with .svg.\n";
 
 #define MAX_POOLS 8
 #define MAX_MARKS 4096
@@ -68,7 +70,26 @@ typedef struct plot {
     long long dropped_events; /* counter events of pools past the first MAX_POOLS */
     long long skipped;        /* events with a non-finite or out-of-range time or byte count */
     double t_max;
+    int64_t step_a, step_b;   /* --steps A:B (0: the whole trace) */
+    double step_ta, step_tb;  /* the times where step A began and step B + 1 began (< 0: none) */
+    int64_t step_lo, step_hi; /* the steps the trace marks */
 } plot;
+
+/* The window drawn: [VT0, VT0 + VTS] seconds, and bytes from VY0 up (--steps zooms both). */
+static double VT0, VTS = 1, VY0;
+
+static double xpos(double t)
+{
+    return PL + (t - VT0) / VTS * (W - PL - PR);
+}
+
+static double ypos(int y0, double v, double ymax)
+{
+    const int ph = H - PT - PB;
+    double y = (v - VY0) / (ymax - VY0);
+    y = y < 0 ? 0 : y > 1.02 ? 1.02 : y;
+    return y0 + PT + ph - y * ph;
+}
 
 static int add_sample(series *s, double t, double in_use, double reserved)
 {
@@ -158,6 +179,22 @@ static int take_event(plot *p, const cJSON *e)
             return 0;
         }
         return add_sample(sr, t, iu->valuedouble, rs->valuedouble);
+    }
+    if (!strcmp(ph->valuestring, "C") && !strcmp(name->valuestring, "step")) {
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(e, "args"), "step");
+        if (!cJSON_IsNumber(st) || !(st->valuedouble >= 1) || st->valuedouble > 1e15) {
+            p->skipped++;
+            return 0;
+        }
+        int64_t n = (int64_t)st->valuedouble;
+        p->step_lo = !p->step_lo || n < p->step_lo ? n : p->step_lo;
+        p->step_hi = n > p->step_hi ? n : p->step_hi;
+        if (n == p->step_a && p->step_ta < 0)
+            p->step_ta = t;
+        if (n == p->step_b + 1 && p->step_tb < 0)
+            p->step_tb = t;
+        return 0;
     }
     if (!strcmp(ph->valuestring, "C") && !strncmp(name->valuestring, "roles ", 6)) {
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
@@ -257,16 +294,19 @@ static void put_line(FILE *f, const series *s, const double *v, double ymax, dou
 {
     const int pw = W - PL - PR, ph = H - PT - PB;
     fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
+    (void)tmax, (void)ph;
     size_t i = 0;
     double last = 0;
+    while (i < s->n && s->t[i] < VT0) /* before the window: only the value it starts with */
+        last = v[i++];
     for (int x = 0; x <= pw; x++) {
-        double until = tmax * (x + 1) / pw, best = -1;
+        double until = VT0 + VTS * (x + 1) / pw, best = -1;
         for (; i < s->n && s->t[i] <= until; i++)
             best = v[i] > best ? v[i] : best;
         if (best < 0)
             best = last; /* no event in this column: the value holds */
-        last = i ? v[i - 1] : 0;
-        fprintf(f, "%d,%.1f ", PL + x, y0 + PT + ph - best / ymax * ph);
+        last = i ? v[i - 1] : last;
+        fprintf(f, "%d,%.1f ", PL + x, ypos(y0, best, ymax));
     }
     fputs("\"/>\n", f);
 }
@@ -281,9 +321,10 @@ static void put_roles(FILE *f, const series *s, double ymax, double tmax, int y0
     double *cum = calloc((size_t)(pw + 1) * (NROLES + 1), sizeof *cum);
     if (!cum)
         return;
+    (void)tmax;
     size_t i = 0;
     for (int x = 0; x <= pw; x++) {
-        double until = tmax * (x + 1) / pw;
+        double until = VT0 + VTS * (x + 1) / pw;
         while (i < s->rn && s->rt[i] <= until)
             i++;
         double acc = 0;
@@ -296,11 +337,9 @@ static void put_roles(FILE *f, const series *s, double ymax, double tmax, int y0
         fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.45\" stroke=\"none\" points=\"",
                 role_color[r]);
         for (int x = 0; x <= pw; x++)
-            fprintf(f, "%d,%.1f ", PL + x,
-                    y0 + PT + ph - cum[(size_t)x * (NROLES + 1) + r + 1] / ymax * ph);
+            fprintf(f, "%d,%.1f ", PL + x, ypos(y0, cum[(size_t)x * (NROLES + 1) + r + 1], ymax));
         for (int x = pw; x >= 0; x--)
-            fprintf(f, "%d,%.1f ", PL + x,
-                    y0 + PT + ph - cum[(size_t)x * (NROLES + 1) + r] / ymax * ph);
+            fprintf(f, "%d,%.1f ", PL + x, ypos(y0, cum[(size_t)x * (NROLES + 1) + r], ymax));
         fputs("\"/>\n", f);
     }
     free(cum);
@@ -315,6 +354,10 @@ static void draw(FILE *f, const plot *p)
 {
     const int pw = W - PL - PR, ph = H - PT - PB;
     double tmax = p->t_max > 0 && p->t_max <= MAX_SECONDS ? p->t_max : 1;
+    /* the window: the whole trace, or steps A to B (--steps) */
+    VT0 = p->step_a ? p->step_ta : 0;
+    VTS = (p->step_a ? (p->step_tb >= 0 ? p->step_tb : tmax) : tmax) - VT0;
+    VTS = VTS > 0 ? VTS : 1e-6;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
             "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"11\">\n"
             "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
@@ -322,19 +365,28 @@ static void draw(FILE *f, const plot *p)
     for (int k = 0; k < p->npools; k++) {
         const series *s = &p->pools[k];
         int y0 = k * H;
-        double peak_in = 0, peak_res = 0, t_peak = 0;
+        double peak_in = 0, peak_res = 0, t_peak = 0, low = -1;
         for (size_t i = 0; i < s->n; i++) {
+            if (s->t[i] < VT0 || s->t[i] > VT0 + VTS) /* outside the window */
+                continue;
             if (s->in_use[i] > peak_in)
                 peak_in = s->in_use[i], t_peak = s->t[i];
             peak_res = s->reserved[i] > peak_res ? s->reserved[i] : peak_res;
+            low = low < 0 || s->in_use[i] < low ? s->in_use[i] : low;
         }
-        /* the axis: round ticks, the top the first tick above the highest line */
+        /* the axis: round ticks, the top the first tick above the highest line; zoomed on
+         * steps, the bottom the last tick below the lowest in-use value */
         double top = peak_res > peak_in ? peak_res : peak_in;
         top = top > 0 && isfinite(top) ? top : 1;
+        VY0 = 0;
         double ystep = nice_step(top, 4, 1);
-        int nyt = (int)ceil(top / ystep - 1e-9);
+        if (p->step_a && low > 0) {
+            ystep = nice_step(top - low > 0 ? top - low : top, 4, 1);
+            VY0 = floor(low / ystep) * ystep;
+        }
+        int nyt = (int)ceil((top - VY0) / ystep - 1e-9);
         nyt = nyt < 1 ? 1 : nyt > 12 ? 12 : nyt;
-        double ymax = ystep * nyt;
+        double ymax = VY0 + ystep * nyt;
         char b1[32], b2[32];
         fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"13\" font-weight=\"bold\">pool ", PL,
                 y0 + 16);
@@ -346,16 +398,17 @@ static void draw(FILE *f, const plot *p)
         double last_label = -1e9;
         for (int m = 0; m < p->nmarks; m++) { /* slices first: marks and labels go on top */
             const mark *mk = &p->marks[m];
-            double x = PL + mk->t / tmax * pw, x2 = PL + mk->t_end / tmax * pw;
-            if (mk->t_end > mk->t)
+            double x = xpos(mk->t), x2 = xpos(mk->t_end);
+            x = x < PL ? PL : x, x2 = x2 > PL + pw ? PL + pw : x2;
+            if (mk->t_end > mk->t && x2 > x)
                 fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
                         "fill=\"#e8f0e0\"/>\n", x, y0 + PT, x2 - x > 1 ? x2 - x : 1, ph);
         }
         for (int m = 0; m < p->nmarks; m++) {
             const mark *mk = &p->marks[m];
-            double x = PL + mk->t / tmax * pw;
+            double x = xpos(mk->t);
             int oom = !strncmp(mk->name, "out of memory", 13);
-            if (mk->t_end > mk->t)
+            if (mk->t_end > mk->t || x < PL || x > PL + pw)
                 continue;
             fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"%s\" "
                     "stroke-dasharray=\"3,3\"/>\n", x, y0 + PT, x, y0 + PT + ph,
@@ -375,24 +428,24 @@ static void draw(FILE *f, const plot *p)
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
                 "stroke=\"#333\"/>\n", PL, y0 + PT, pw, ph);
         for (int i = 0; i <= nyt; i++) {
-            double v = ystep * i;
-            double y = y0 + PT + ph - ph * v / ymax;
+            double v = VY0 + ystep * i;
+            double y = ypos(y0, v, ymax);
             fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", PL - 6,
                     y + 4, fmt_tick(v, b1, sizeof b1));
         }
-        double tstep = nice_step(tmax, 6, 0);
-        for (int i = 0; i * tstep <= tmax * 1.0001 && i <= 40; i++)
+        double tstep = nice_step(VTS, 6, 0), tfirst = ceil(VT0 / tstep - 1e-9) * tstep;
+        for (int i = 0; tfirst + i * tstep <= VT0 + VTS * 1.0001 && i <= 40; i++)
             fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g s</text>\n",
-                    PL + pw * (i * tstep) / tmax, y0 + PT + ph + 14, i * tstep);
+                    xpos(tfirst + i * tstep), y0 + PT + ph + 14, tfirst + i * tstep);
         put_roles(f, s, ymax, tmax, y0);
         put_line(f, s, s->reserved, ymax, tmax, y0, "#e8890c");
         put_line(f, s, s->in_use, ymax, tmax, y0, "#1f6fc5");
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#1f6fc5\" "
                 "stroke-dasharray=\"6,3\" stroke-width=\"0.8\"/>\n", PL,
-                y0 + PT + ph - peak_in / ymax * ph, PL + pw, y0 + PT + ph - peak_in / ymax * ph);
+                ypos(y0, peak_in, ymax), PL + pw, ypos(y0, peak_in, ymax));
         /* the peak, labelled where it happens */
         if (peak_in > 0) {
-            double px = PL + t_peak / tmax * pw, py = y0 + PT + ph - peak_in / ymax * ph;
+            double px = xpos(t_peak), py = ypos(y0, peak_in, ymax);
             int left = px > PL + pw - 160;
             fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#1f6fc5\"/>\n"
                     "<text x=\"%.1f\" y=\"%.1f\" fill=\"#1f6fc5\" font-size=\"10\"%s>peak %s "
@@ -425,6 +478,7 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
 {
     (void)common;
     const char *in = NULL, *out = NULL;
+    int64_t step_a = 0, step_b = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(usage, stdout);
@@ -433,6 +487,14 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
             if (++i == argc)
                 return cli_usage_error("memplot", "-o needs a FILE");
             out = argv[i];
+        } else if (!strcmp(argv[i], "--steps")) {
+            long long a = 0, b = 0;
+            char tail = 0;
+            if (++i == argc || sscanf(argv[i], "%lld:%lld%c", &a, &b, &tail) != 2 || a < 1 ||
+                b < a)
+                return cli_usage_error("memplot", "--steps takes A:B, the first and last "
+                                       "training steps to show (1 <= A <= B)");
+            step_a = a, step_b = b;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return cli_usage_error("memplot", "unknown option '%s'", argv[i]);
         } else if (in) {
@@ -482,6 +544,10 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
     ssize_t len;
     long long lineno = 0;
     int bad = !p || !line, events = 0, too_long = 0;
+    if (p) {
+        p->step_a = step_a, p->step_b = step_b;
+        p->step_ta = p->step_tb = -1;
+    }
     for (int c = 0; !bad && c != EOF;) {
         /* one line, counted in bytes (a NUL is a byte like any other) */
         len = 0;
@@ -525,7 +591,15 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
         fprintf(stderr, "tessera: error: memplot: '%s' holds no pool counter events (%d "
                 "events): is it a trace of tessera's memory (--memtrace, TESSERA_MEMTRACE)?\n",
                 in, events);
-    else if (is_input(out, &st))
+    else if (p->step_a && p->step_ta < 0) {
+        if (p->step_hi)
+            fprintf(stderr, "tessera: error: memplot: --steps %lld:%lld: '%s' marks steps "
+                    "%lld to %lld\n", (long long)p->step_a, (long long)p->step_b, in,
+                    (long long)p->step_lo, (long long)p->step_hi);
+        else
+            fprintf(stderr, "tessera: error: memplot: --steps: '%s' marks no training steps "
+                    "(a trace of tessera train marks them)\n", in);
+    } else if (is_input(out, &st))
         fprintf(stderr, "tessera: error: memplot: cannot create '%s': it is the trace being "
                 "drawn\n", out);
     else if (ts_file_save(out, "the picture", write_svg, p) != TS_OK)

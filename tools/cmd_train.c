@@ -910,6 +910,7 @@ static ts_status run_epoch(trainer *t, int *stop)
     ts_status s;
     while ((s = ts_loader_next(t->loader, &x, &y)) == TS_OK && x) {
         cli_step_mark(t->o.profile, (long long)t->step + 1, 1);
+        ts_memtrace_step(t->step + 1);
         int64_t bs = ts_tensor_size(x, 0);
         /* a stop signal: every rank stops after the same step */
         ts_step_result r = {.stop = cli_stop_requested() != 0};

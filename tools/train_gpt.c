@@ -674,6 +674,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     for (; r.step < stop; r.step++) {
         ts_tensor *x = NULL, *y = NULL;
         cli_step_mark(r.o.profile, (long long)r.step + 1, 1);
+        ts_memtrace_step(r.step + 1);
         /* SIGINT/SIGTERM: every rank stops after this step */
         ts_step_result res = {.stop = cli_stop_requested() != 0};
         if (!(s = windows(r.dev, text, ntrain, r.o.seed, (uint64_t)r.step, 0, r.o.batch, T, &x,

@@ -118,6 +118,10 @@ void ts_memtrace_stop(void);
  * slice on its thread's kernel track (name, start, duration, output dtype and shape), on
  * the same timeline as the pool counters. Thread safe. */
 void ts_memtrace_marker(const char *name, int phase);
+/* Marks the start of training step `step` in the running trace (a no-op without one): a
+ * counter event "step" that tools read to find a step's time (tessera memplot --steps A:B),
+ * not drawn as a mark. Thread safe. */
+void ts_memtrace_step(int64_t step);
 
 /* ---- leak reports ----------------------------------------------------------------------- */
 

@@ -7,7 +7,7 @@
 # holding absurd numbers (1e308 bytes, infinite or negative counts, times centuries away) is
 # drawn from its sane samples, says how many it skipped, and no label reads nan or inf.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 10
+plan 11
 awk 'BEGIN { for (i = 0; i < 600; i++) printf "the cat sat on the mat %d ", i }' >"$TMP/t.txt"
 "$TESSERA" train --model gpt --text "$TMP/t.txt" --context 16 --layers 1 --heads 2 --embd 16 \
     --batch-size 4 --steps 40 --eval-every 20 --eval-batches 2 --memtrace "$TMP/m.json" \
@@ -174,5 +174,20 @@ if [ $rc -eq 0 ] && [ "$(grep -c '<polygon' "$TMP/roles.svg")" -eq 6 ] &&
     ok "memplot draws memory by role (parameter, gradient, optimizer, data, activation, other) as bands"
 else
     fail "memplot roles" "rc=$rc" "$(grep -c '<polygon' "$TMP/roles.svg")"
+fi
+# --steps A:B: a GPT run's trace marks its steps; drawn from step 5 to 6 only (the time axis
+# starts past 0); steps the trace does not mark are named.
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 100) >"$TMP/t.txt"
+"$TESSERA" train --model gpt --text "$TMP/t.txt" --context 16 --layers 1 --heads 2 --embd 16 \
+    --steps 10 --eval-every 10 --eval-batches 1 --memtrace "$TMP/g.json" >/dev/null 2>&1
+"$TESSERA" memplot "$TMP/g.json" --steps 5:6 -o "$TMP/g.svg" >/dev/null 2>&1; rc=$?
+first=$(grep -o 'text-anchor="middle">[^<]*<' "$TMP/g.svg" | head -1 | sed 's/.*">//; s/<//')
+o2=$("$TESSERA" memplot "$TMP/g.json" --steps 50:60 -o "$TMP/g2.svg" 2>&1); rc2=$?
+o3=$("$TESSERA" memplot "$TMP/g.json" --steps 6:5 2>&1); rc3=$?
+if [ $rc -eq 0 ] && [ -n "$first" ] && [ "$first" != "0 s" ] && [ $rc2 -eq 1 ] &&
+    contains "$o2" "marks steps 1 to 10" && [ ! -e "$TMP/g2.svg" ] && [ $rc3 -eq 2 ]; then
+    ok "memplot --steps 5:6 zooms on two steps (time axis from $first); unmarked steps and 6:5 refused"
+else
+    fail "memplot --steps" "rc=$rc first=$first" "rc2=$rc2 $o2" "rc3=$rc3 $o3"
 fi
 finish
