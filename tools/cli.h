@@ -92,8 +92,8 @@ void cli_pool_record(ts_device *dev, struct cJSON *j);
 /* One display for every training loop. On a terminal: one line redrawn in place, as wide as
  * the terminal (TIOCGWINSZ, read again after SIGWINCH): fields are dropped from the least
  * important up until the line fits, and the bar takes what is left. Elsewhere (a file, a
- * pipe, CI): a plain line every log_every steps, or every 30 seconds when log_every is 0, so
- * a redirected run shows progress without flags. */
+ * pipe, CI): a plain line every log_every steps, or when log_every is 0 one 5 seconds into
+ * the run and then every 30 seconds, so a redirected run shows progress without flags. */
 typedef struct cli_progress {
     int tty;
     int64_t log_every;
@@ -112,6 +112,11 @@ void cli_progress_show(cli_progress *p, int64_t step, double frac, const cli_fie
                        int force);
 /* Clears the bar's line (before other output). */
 void cli_progress_clear(cli_progress *p);
+/* Prints text and a newline on stdout; on a terminal narrower than the text, broken after
+ * ", " or "; " (else at a space) into lines that fit, continuations indented by two. */
+void cli_puts_fit(const char *text);
+/* The same for a printf format (a trailing newline is the one it prints). */
+void cli_printf_fit(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The terminal's width for the display (80 when unknown). */
 int cli_term_cols(void);
 

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -32,7 +33,8 @@ int cli_term_cols(void)
 
 void cli_progress_init(cli_progress *p, int tty, int64_t log_every)
 {
-    *p = (cli_progress){.tty = tty, .log_every = log_every, .last = cli_now()};
+    /* elsewhere, the first line 5 s into the run (a quick run prints none), then every 30 s */
+    *p = (cli_progress){.tty = tty, .log_every = log_every, .last = cli_now() - 25};
     if (tty) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -114,4 +116,53 @@ void cli_progress_show(cli_progress *p, int64_t step, double frac, const cli_fie
     fprintf(stderr, "\r%s\033[K", line);
     fflush(stderr);
     p->shown = 1;
+}
+
+void cli_puts_fit(const char *text)
+{
+    int width = isatty(STDOUT_FILENO) ? cli_term_cols() - 1 : 0;
+    size_t len = strlen(text);
+    if (width < 20 || (int)len <= width) {
+        fputs(text, stdout);
+        fputc('\n', stdout);
+        return;
+    }
+    /* break after ", " or "; " (or at a space), continuation lines indented by two */
+    const char *p = text;
+    int first = 1;
+    while (*p) {
+        int room = first ? width : width - 2;
+        size_t n = strlen(p);
+        if ((int)n <= room) {
+            printf("%s%s\n", first ? "" : "  ", p);
+            break;
+        }
+        int cut = -1;
+        for (int i = room; i > room / 3 && cut < 0; i--)
+            if ((p[i - 1] == ',' || p[i - 1] == ';') && p[i] == ' ')
+                cut = i;
+        for (int i = room; i > room / 3 && cut < 0; i--)
+            if (p[i] == ' ')
+                cut = i;
+        if (cut < 0)
+            cut = room;
+        printf("%s%.*s\n", first ? "" : "  ", cut, p);
+        p += cut;
+        while (*p == ' ')
+            p++;
+        first = 0;
+    }
+}
+
+void cli_printf_fit(const char *fmt, ...)
+{
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    size_t n = strlen(buf);
+    while (n && buf[n - 1] == '\n')
+        buf[--n] = 0;
+    cli_puts_fit(buf);
 }

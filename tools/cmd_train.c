@@ -68,6 +68,7 @@ static const char usage[] =
     "                  with --memtrace each kernel is also a slice in the trace, inside\n"
     "                  \"step N\" slices, on the memory's timeline\n"
     "  --log-every N   when stderr is not a terminal, a progress line there every N steps\n"
+    "                  (default: 5 s in, then every 30 s)\n"
     "                  (on a terminal a progress bar is drawn there instead)\n"
     "  --json          one JSON object per epoch instead of the progress bar and summary\n"
     "A loss that becomes NaN or infinite stops training with exit status 1. SIGINT (Ctrl-C)\n"
@@ -1015,7 +1016,7 @@ static ts_status run_epoch(trainer *t, int *stop)
         if (first_bi > 0) /* a resumed epoch: its loss covers the batches run here */
             snprintf(part, sizeof part, " (batches %lld-%lld)", (long long)first_bi + 1,
                      (long long)bi);
-        printf("epoch %llu: train loss %.4f acc %.4f%s, test acc %.4f, %.1f s, pool in use %s / "
+        cli_printf_fit("epoch %llu: train loss %.4f acc %.4f%s, test acc %.4f, %.1f s, pool in use %s / "
                "reserved %s / peak %s\n",
                (unsigned long long)t->epoch + 1, train_loss, train_acc, part, test_acc, secs,
                cli_bytes(st.in_use, b1, sizeof b1), cli_bytes(st.reserved, b2, sizeof b2),
@@ -1361,24 +1362,24 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         cJSON_AddNumberToObject(j, "start_step", (double)t.step);
         cli_json_line(j);
     } else { /* the values in use: on --resume, the checkpoint's */
-        printf("tessera train: %s (%lld parameters) on '%s', %s %s, batch %lld, %lld "
+        cli_printf_fit("tessera train: %s (%lld parameters) on '%s', %s %s, batch %lld, %lld "
                "training images, data loaded in %.1f s\n",
                cli_model_describe(&t.o.arch, arch, sizeof arch),
                (long long)ts_module_num_params(t.model), ts_device_name(t.dev), t.o.optimizer,
                hyper_txt, (long long)t.o.batch, (long long)ts_tensor_size(t.train_x, 0),
                cli_now() - t0);
         if (t.world > 1)
-            printf("  data parallel: %d ranks over '%s', each a %lld-row part of every batch "
+            cli_printf_fit("  data parallel: %d ranks over '%s', each a %lld-row part of every batch "
                    "of %lld\n", t.world, ts_dist_backend(), (long long)(t.o.batch / t.world),
                    (long long)t.o.batch);
         if (t.o.accumulate > 1)
-            printf("  gradient accumulation: each batch in %lld micro-batches\n",
+            cli_printf_fit("  gradient accumulation: each batch in %lld micro-batches\n",
                    (long long)t.o.accumulate);
         char clip_txt[48] = "off";
         if (t.o.clip > 0)
             snprintf(clip_txt, sizeof clip_txt, "at norm %g", t.o.clip);
         if (ts_optim_get_schedule(t.opt, NULL) || t.o.clip > 0 || strcmp(t.o.decay, "all"))
-            printf("  lr schedule %s; weight decay on %s; gradient clipping %s\n",
+            cli_printf_fit("  lr schedule %s; weight decay on %s; gradient clipping %s\n",
                    schedule_text(t.opt, sched_txt, sizeof sched_txt),
                    strcmp(t.o.decay, "all") ? "matrices only" : "every parameter", clip_txt);
     }
@@ -1453,12 +1454,11 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     }
     if (!t.o.json && t.best_epoch) {
         char pool[200];
-        printf("%s\n", cli_pool_summary(t.dev, pool, sizeof pool));
-        printf("done: %lld steps in %s; test accuracy %.4f (best %.4f, epoch %llu)", (long long)(t.step - t.first_step), took,
-               t.last_acc, t.best_acc, (unsigned long long)t.best_epoch);
-        if (t.o.save)
-            printf("; checkpoint %s", t.o.save);
-        printf("\n");
+        cli_printf_fit("%s\n", cli_pool_summary(t.dev, pool, sizeof pool));
+        cli_printf_fit("done: %lld steps in %s; test accuracy %.4f (best %.4f, epoch %llu)%s%s",
+                       (long long)(t.step - t.first_step), took, t.last_acc, t.best_acc,
+                       (unsigned long long)t.best_epoch, t.o.save ? "; checkpoint " : "",
+                       t.o.save ? t.o.save : "");
     }
     rc = 0;
 out:

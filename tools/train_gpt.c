@@ -53,7 +53,7 @@ static const char usage[] =
     "third more compute). On --resume both are the checkpoint's unless given; given, they\n"
     "change how the run computes, not what it computes.\n"
     "Progress: on a terminal, one line redrawn in place (step, loss, tokens/s, ETA); when\n"
-    "stderr is not a terminal, a line every --log-every N steps, or every 30 seconds.\n"
+    "stderr is not a terminal, a line every --log-every N steps, or 5 s in and every 30 s.\n"
     "--profile times every kernel and prints where a step's time goes at the end (a JSON\n"
     "record with --json); with --memtrace each kernel is also a slice in the trace, inside\n"
     "\"step N\" slices, on the same timeline as the memory (Perfetto, chrome://tracing).\n";
@@ -639,7 +639,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         char resumed_at[48] = "";
         if (r.o.resume)
             snprintf(resumed_at, sizeof resumed_at, " at step %lld", (long long)r.step);
-        printf("tessera train: %s (%lld parameters) on '%s', %zu bytes of text (%zu to train, "
+        cli_printf_fit("tessera train: %s (%lld parameters) on '%s', %zu bytes of text (%zu to train, "
                "%zu to validate), batch %lld x %lld tokens, seed %llu, adamw lr %g weight decay "
                "%g, %lld warm-up steps then cosine to %g, %lld steps%s%s%s\n",
                cli_gpt_describe(&r.o.cfg, arch, sizeof arch),
@@ -649,10 +649,10 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
                r.o.min_lr, (long long)r.o.steps, r.o.resume ? ", resumed from " : "",
                r.o.resume ? r.o.resume : "", resumed_at);
         if (r.o.accumulate > 1)
-            printf("  gradient accumulation: each batch in %lld micro-batches\n",
+            cli_printf_fit("  gradient accumulation: each batch in %lld micro-batches\n",
                    (long long)r.o.accumulate);
         if (r.o.cfg.checkpoint)
-            printf("  activation checkpointing: each block recomputed in backward\n");
+            cli_printf_fit("  activation checkpointing: each block recomputed in backward\n");
     }
     double t0 = cli_now(), loss_sum = 0, started = t0, last_val = NAN, best_val = NAN;
     int64_t since = 0, first_step = r.step;
@@ -753,7 +753,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
                    (long long)r.step + 1, train_loss, val, val / log(2.0), ts_optim_lr(r.opt),
                    tps, secs, r.world);
         else
-            printf("step %lld: train loss %.4f, val loss %.4f (%.3f bits/byte), lr %.3g, "
+            cli_printf_fit("step %lld: train loss %.4f, val loss %.4f (%.3f bits/byte), lr %.3g, "
                    "%.0f tokens/s\n",
                    (long long)r.step + 1, train_loss, val, val / log(2.0), ts_optim_lr(r.opt),
                    tps);
@@ -791,14 +791,13 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     } else if (!r.stopped) { /* the run's summary, as the image models print it */
         char took[32], pool[200];
         cli_duration(cli_now() - started, took, sizeof took);
-        printf("%s\n", cli_pool_summary(r.dev, pool, sizeof pool));
-        printf("done: %lld steps in %s", (long long)(r.step - first_step), took);
+        cli_printf_fit("%s\n", cli_pool_summary(r.dev, pool, sizeof pool));
+        char val[128] = "";
         if (!isnan(last_val))
-            printf("; validation loss %.4f (best %.4f), %.3f bits/byte", last_val, best_val,
-                   last_val / log(2.0));
-        if (r.o.save)
-            printf("; checkpoint %s", r.o.save);
-        printf("\n");
+            snprintf(val, sizeof val, "; val loss %.4f (best %.4f, %.3f bits/byte)", last_val,
+                     best_val, last_val / log(2.0));
+        cli_printf_fit("done: %lld steps in %s%s%s%s", (long long)(r.step - first_step), took, val,
+                       r.o.save ? "; checkpoint " : "", r.o.save ? r.o.save : "");
     }
     rc = r.stopped ? 128 + r.stopped : 0;
 out:

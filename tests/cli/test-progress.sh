@@ -4,21 +4,24 @@
 # redraw is wider than the terminal, none leaves a line behind, and the run ends with its
 # summary; the same for the GPT. Elsewhere (stderr a file) a line every --log-every steps.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 4
+plan 5
 command -v script >/dev/null || { echo "1..0 # SKIP script(1) (bsdutils) is not installed"; exit 77; }
 DATA=/usr/share/datasets/fashion-mnist
 cd "$TMP" || exit 1
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 200) >t.txt
 
 # check_tty COLS FILE: every redraw of the bar (the text between carriage returns that holds
-# the bar's first field) at most COLS - 1 columns wide, and no bar text on a line of its own
-# that a newline ended (a bar that wrapped or was left behind).
+# the bar's first field) at most COLS - 1 columns wide, and every other line too (the banner,
+# the evaluations and the summary are broken to fit).
 check_tty() {
     cols=$1 file=$2
     tr -d '\033' <"$file" | sed 's/\[K//g' | tr '\r' '\n' |
         awk -v cols="$cols" '/^(epoch [0-9]+\/[0-9]+ batch|step [0-9]+\/[0-9]+:)/ {
             n++; if (length($0) > cols - 1) { print "too wide (" length($0) "): " $0; bad = 1 } }
             END { if (n < 2) { print "only " n " redraws"; bad = 1 } exit bad }'
+    # and every other line (banner, evaluations, summary) fits too: nothing wraps
+    tr -d '\033' <"$file" | sed 's/\[K//g' | tr '\r' '\n' | grep -v '^Script ' |
+        awk -v cols="$cols" 'length($0) > cols - 1 { print "wraps (" length($0) "): " $0 }'
 }
 
 G="train --model gpt --text t.txt --context 16 --layers 2 --heads 2 --embd 32 --steps 400
@@ -53,6 +56,24 @@ if contains "$banner" "tessera train: gpt --context 16" && grep -q '^step 5/1000
     ok "redirected: the banner is in the log at once, progress lines every --log-every steps on stderr"
 else
     fail "redirected output" "$banner" "$(head -5 log.err)"
+fi
+
+# Without --log-every, a redirected run's first progress line comes 5 seconds in.
+"$TESSERA" $(echo $G) --steps 10000000 --eval-every 10000000 >log2.out 2>log2.err &
+pid=$!
+start=$(date +%s)
+end=$((start + $(hang_limit 30)))
+while ! grep -q '^step [0-9]*/10000000: loss' log2.err 2>/dev/null && kill -0 $pid 2>/dev/null &&
+    [ "$(date +%s)" -lt "$end" ]; do
+    sleep 0.2
+done
+took=$(($(date +%s) - start))
+kill -INT $pid 2>/dev/null
+wait $pid
+if grep -q '^step [0-9]*/10000000: loss' log2.err && [ "$took" -le "$(hang_limit 20)" ]; then
+    ok "redirected without --log-every: a progress line on stderr after ${took} s"
+else
+    fail "a redirected run's first progress line" "after $took s" "$(head -3 log2.err)"
 fi
 
 if [ ! -d "$DATA" ]; then
