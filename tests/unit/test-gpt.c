@@ -368,6 +368,63 @@ static void test_trainer_step_is_gpt_step(void)
     teardown();
 }
 
+/* Memory by role over GPT training steps: after every step the roles' bytes add up to what
+ * the pool holds for callers (its requested bytes), and the model's four roles are there:
+ * parameters, AdamW's state, data (the batches, tagged) and, inside a step, activations and
+ * gradients. */
+static void test_roles_add_up(void)
+{
+    setup();
+    const char *text = "it was the best of times, it was the worst of times, it was the age";
+    const int64_t starts[4] = {0, 3, 9, 14};
+    ts_tensor *x, *y;
+    batch(text, starts, 4, 16, &x, &y);
+    ts_tensor_set_role(x, TS_ROLE_DATA);
+    ts_tensor_set_role(y, TS_ROLE_DATA);
+    ts_rng rng;
+    ts_rng_init(&rng, 3);
+    ts_gpt_config cfg = {256, 16, 2, 2, 16, 0, 0};
+    ts_module *m;
+    CHECK_OK(ts_gpt_new(&cfg, dev, &rng, &m));
+    ts_named_tensor p[64];
+    size_t n = ts_module_parameters(m, p, 64);
+    ts_adam_options ao = {1e-2, 0.9, 0.95, 1e-8, 0.1};
+    ts_optim *o;
+    CHECK_OK(ts_optim_adamw(p, n, &ao, &o));
+    uint64_t seen_act = 0, seen_grad = 0;
+    for (int step = 0; step < 3; step++) {
+        ts_tensor *logits, *loss;
+        ts_module_train(m, 1);
+        CHECK_OK(ts_module_forward(m, x, &logits));
+        CHECK_OK(ts_gpt_loss(logits, y, &loss));
+        uint64_t r[TS_ROLE_COUNT];
+        ts_device_memory_by_role(dev, r);
+        seen_act = r[TS_ROLE_ACTIVATION] > seen_act ? r[TS_ROLE_ACTIVATION] : seen_act;
+        CHECK_OK(ts_backward(loss, NULL, 0));
+        ts_device_memory_by_role(dev, r);
+        seen_grad = r[TS_ROLE_GRADIENT] > seen_grad ? r[TS_ROLE_GRADIENT] : seen_grad;
+        CHECK_OK(ts_optim_step(o));
+        ts_optim_zero_grad(o);
+        ts_tensor_unref(logits), ts_tensor_unref(loss);
+        ts_memory_stats st = {.struct_size = sizeof st};
+        ts_device_memory_stats(dev, &st);
+        ts_device_memory_by_role(dev, r);
+        uint64_t sum = 0;
+        for (int k = 0; k < TS_ROLE_COUNT; k++)
+            sum += r[k];
+        CHECK_MSG(sum == st.requested, "step %d: the roles add up to %llu bytes, the pool holds "
+                  "%llu for callers", step, (unsigned long long)sum,
+                  (unsigned long long)st.requested);
+        CHECK(r[TS_ROLE_PARAMETER] > 0 && r[TS_ROLE_OPTIMIZER] == 2 * r[TS_ROLE_PARAMETER] &&
+              r[TS_ROLE_DATA] > 0);
+    }
+    CHECK_MSG(seen_act > 0 && seen_grad > 0, "activations %llu, gradients %llu bytes at most",
+              (unsigned long long)seen_act, (unsigned long long)seen_grad);
+    ts_optim_free(o), ts_module_free(m);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    teardown();
+}
+
 static void test_cache_matches_full_forward(void)
 {
     setup();
@@ -431,6 +488,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_gradcheck_float64),
         TAP_TEST(test_checkpoint_activations),
         TAP_TEST(test_trainer_step_is_gpt_step),
+        TAP_TEST(test_roles_add_up),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
