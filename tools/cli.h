@@ -110,6 +110,12 @@ void cli_progress_init(cli_progress *p, int tty, int64_t log_every);
  * printed only when due (log_every or 30 s), or always with force. */
 void cli_progress_show(cli_progress *p, int64_t step, double frac, const cli_field *f, int n,
                        int force);
+/* The training loops' line: head ("epoch 1/3 batch 10/128:", "step 20/2000:"), the bar at
+ * frac, the loss, the rate in unit ("images/s"), elapsed and the time left (done of total
+ * steps since started) and dev's pool in use. */
+void cli_progress_step(cli_progress *p, int64_t step, const char *head, double frac,
+                       double loss, double rate, const char *unit, double started,
+                       int64_t done, int64_t left, ts_device *dev);
 /* Clears the bar's line (before other output). */
 void cli_progress_clear(cli_progress *p);
 /* Prints text and a newline on stdout; on a terminal narrower than the text, broken after

@@ -166,3 +166,25 @@ void cli_printf_fit(const char *fmt, ...)
         buf[--n] = 0;
     cli_puts_fit(buf);
 }
+
+void cli_progress_step(cli_progress *p, int64_t step, const char *head, double frac,
+                       double loss, double rate, const char *unit, double started,
+                       int64_t done, int64_t left, ts_device *dev)
+{
+    char el[32], eta[32], b[32];
+    double elapsed = cli_now() - started;
+    cli_duration(elapsed, el, sizeof el);
+    cli_duration(done > 0 ? elapsed / (double)done * (double)left : -1, eta, sizeof eta);
+    ts_memory_stats st = {.struct_size = sizeof st};
+    ts_device_memory_stats(dev, &st);
+    /* shown in this order; kept longest: the head and loss, then ETA, rate, elapsed, pool */
+    cli_field f[6] = {{.prio = 0}, {.prio = 0}, {.prio = 2}, {.prio = 3}, {.prio = 1},
+                      {.prio = 4}};
+    snprintf(f[0].text, sizeof f[0].text, "%s", head);
+    snprintf(f[1].text, sizeof f[1].text, "loss %.4f", loss);
+    snprintf(f[2].text, sizeof f[2].text, "%.0f %s", rate, unit);
+    snprintf(f[3].text, sizeof f[3].text, "%s elapsed", el);
+    snprintf(f[4].text, sizeof f[4].text, "ETA %s", eta);
+    snprintf(f[5].text, sizeof f[5].text, "pool %s", cli_bytes(st.in_use, b, sizeof b));
+    cli_progress_show(p, step, frac, f, p->tty ? 6 : 5, 0);
+}

@@ -871,26 +871,13 @@ static int64_t steps_left(const trainer *t, int64_t bi, int64_t nb)
  * rate: images a second over this epoch so far. Elapsed and ETA over the whole run. */
 static void progress(trainer *t, int64_t batch, int64_t nbatches, double loss, double rate)
 {
-    char el[32], eta[32], b[32];
-    double elapsed = cli_now() - t->started;
-    int64_t done_steps = t->step - t->first_step, left = steps_left(t, batch, nbatches);
-    cli_duration(elapsed, el, sizeof el);
-    cli_duration(done_steps > 0 ? elapsed / (double)done_steps * (double)left : -1, eta,
-                 sizeof eta);
-    ts_memory_stats st;
-    ts_device_memory_stats(t->dev, &st);
-    cli_field f[6] = {{.prio = 0}, {.prio = 0}, {.prio = 2}, {.prio = 3}, {.prio = 1},
-                      {.prio = 4}};
-    snprintf(f[0].text, sizeof f[0].text, "epoch %llu/%lld batch %lld/%lld:",
+    char head[64];
+    snprintf(head, sizeof head, "epoch %llu/%lld batch %lld/%lld:",
              (unsigned long long)t->epoch + 1, (long long)t->o.epochs, (long long)batch,
              (long long)nbatches);
-    snprintf(f[1].text, sizeof f[1].text, "loss %.4f", loss);
-    snprintf(f[2].text, sizeof f[2].text, "%.0f images/s", rate);
-    snprintf(f[3].text, sizeof f[3].text, "%s elapsed", el);
-    snprintf(f[4].text, sizeof f[4].text, "ETA %s", eta);
-    snprintf(f[5].text, sizeof f[5].text, "pool %s", cli_bytes(st.in_use, b, sizeof b));
-    cli_progress_show(&t->progress, t->step, nbatches ? (double)batch / (double)nbatches : -1, f,
-                      t->progress.tty ? 6 : 5, 0);
+    cli_progress_step(&t->progress, t->step, head,
+                      nbatches ? (double)batch / (double)nbatches : -1, loss, rate, "images/s",
+                      t->started, t->step - t->first_step, steps_left(t, batch, nbatches), t->dev);
 }
 
 /* Clears the progress bar's line. */

@@ -495,24 +495,10 @@ static ts_status validation_loss(run *r, const unsigned char *vtext, size_t nval
 static void step_progress(run *r, cli_progress *p, int64_t stop, double loss, double tps,
                           double started, int64_t first_step)
 {
-    char el[32], eta[32], b[32];
-    double elapsed = cli_now() - started;
-    int64_t done = r->step + 1 - first_step;
-    cli_duration(elapsed, el, sizeof el);
-    cli_duration(elapsed / (double)done * (double)(stop - r->step - 1), eta, sizeof eta);
-    ts_memory_stats st = {.struct_size = sizeof st};
-    ts_device_memory_stats(r->dev, &st);
-    cli_field f[6] = {{.prio = 0}, {.prio = 0}, {.prio = 2}, {.prio = 3}, {.prio = 1},
-                      {.prio = 4}};
-    snprintf(f[0].text, sizeof f[0].text, "step %lld/%lld:", (long long)r->step + 1,
-             (long long)stop);
-    snprintf(f[1].text, sizeof f[1].text, "loss %.4f", loss);
-    snprintf(f[2].text, sizeof f[2].text, "%.0f tokens/s", tps);
-    snprintf(f[3].text, sizeof f[3].text, "%s elapsed", el);
-    snprintf(f[4].text, sizeof f[4].text, "ETA %s", eta);
-    snprintf(f[5].text, sizeof f[5].text, "pool %s", cli_bytes(st.in_use, b, sizeof b));
-    cli_progress_show(p, r->step + 1, (double)(r->step + 1) / (double)stop, f, p->tty ? 6 : 5,
-                      0);
+    char head[64];
+    snprintf(head, sizeof head, "step %lld/%lld:", (long long)r->step + 1, (long long)stop);
+    cli_progress_step(p, r->step + 1, head, (double)(r->step + 1) / (double)stop, loss, tps,
+                      "tokens/s", started, r->step + 1 - first_step, stop - r->step - 1, r->dev);
 }
 
 int cli_train_gpt(int argc, char **argv, const cli_common *common)

@@ -24,20 +24,28 @@ check_tty() {
         awk -v cols="$cols" 'length($0) > cols - 1 { print "wraps (" length($0) "): " $0 }'
 }
 
+# in_tty NAME COLS ARGS: tessera ARGS in a COLS-column pseudo-terminal, its output in NAME; ok
+# when it exits 0, every line fits and the last is the summary of 400 steps.
+in_tty() {
+    name=$1 cols=$2
+    shift 2
+    timeout "$(hang_limit 120)" script -q -e -c "stty cols $cols rows 24; \"$TESSERA\" $*" \
+        "$name.$cols" >/dev/null 2>&1
+    rc=$?
+    why=$(check_tty "$cols" "$name.$cols")
+    last=$(tr -d '\r' <"$name.$cols" | grep -v '^Script ' | grep . | tail -1)
+    if [ $rc -eq 0 ] && [ -z "$why" ] && contains "$last" "done: 400 steps"; then
+        ok "$name in $cols columns: one line redrawn in place, nothing wider, then the summary"
+    else
+        fail "$name progress in $cols columns" "rc=$rc" "$why" "$last"
+    fi
+}
+
 G="train --model gpt --text t.txt --context 16 --layers 2 --heads 2 --embd 32 --steps 400
    --eval-every 400 --eval-batches 1"
 for cols in 80 120; do
     # shellcheck disable=SC2086
-    timeout "$(hang_limit 120)" script -q -e -c "stty cols $cols rows 24; \"$TESSERA\" $(echo $G)" \
-        "gpt.$cols" >/dev/null 2>&1
-    rc=$?
-    why=$(check_tty "$cols" "gpt.$cols")
-    last=$(tr -d '\r' <"gpt.$cols" | grep -v '^Script ' | grep . | tail -1)
-    if [ $rc -eq 0 ] && [ -z "$why" ] && contains "$last" "done: 400 steps"; then
-        ok "gpt in $cols columns: one line redrawn in place, never wider, then the summary"
-    else
-        fail "gpt progress in $cols columns" "rc=$rc" "$why" "$last"
-    fi
+    in_tty gpt "$cols" $(echo $G)
 done
 
 # Redirected: stdout is line-buffered (the banner is in the log before the first step ends)
@@ -80,14 +88,5 @@ if [ ! -d "$DATA" ]; then
     skip "mlp progress in 80 columns" "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)"
     finish
 fi
-timeout "$(hang_limit 120)" script -q -e -c "stty cols 80 rows 24; \"$TESSERA\" train --model mlp --hidden 32 --train-limit 6400 --batch-size 16" \
-    "mlp.80" >/dev/null 2>&1
-rc=$?
-why=$(check_tty 80 "mlp.80")
-last=$(tr -d '\r' <"mlp.80" | grep -v '^Script ' | grep . | tail -1)
-if [ $rc -eq 0 ] && [ -z "$why" ] && contains "$last" "done: 400 steps"; then
-    ok "mlp in 80 columns: one line redrawn in place, never wider, then the summary"
-else
-    fail "mlp progress in 80 columns" "rc=$rc" "$why" "$last"
-fi
+in_tty mlp 80 train --model mlp --hidden 32 --train-limit 6400 --batch-size 16
 finish
