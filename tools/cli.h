@@ -215,6 +215,9 @@ void cli_step_mark(int on, long long step, int begin);
  * wall time), as a table on stderr, or with json a {"event": "profile"} record on stdout;
  * then the profile is turned off. */
 void cli_profile_report(int on, long long steps, double seconds, int json);
+/* With --profile: an evaluation pass begins (begin) or ends; its kernels are reported apart
+ * from the training steps'. */
+void cli_profile_eval(int on, int begin);
 /* Text from a file (a tensor name, metadata) made safe to print: control characters and bytes
  * over 0x7e as \xNN, cut with "..." after max bytes, into buf (len bytes). Returns buf. */
 const char *cli_printable(const char *s, size_t max, char *buf, size_t len);

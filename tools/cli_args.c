@@ -395,6 +395,90 @@ void cli_step_mark(int on, long long step, int begin)
 
 #define PROFILE_SHOWN 15
 
+/* Evaluation apart: the counts when the pass in progress began, and the passes' sums. */
+static ts_profile_entry *ev_start, *ev_sum;
+static size_t ev_nstart, ev_nsum;
+static int ev_passes;
+static double ev_began, ev_wall; /* the pass in progress's start; the passes' wall time */
+
+static int same_kernel(const ts_profile_entry *a, const ts_profile_entry *b)
+{
+    return a->op == b->op && a->fn == b->fn && a->dtype == b->dtype;
+}
+
+/* Every entry of the profile now (*n of them), or NULL when out of memory. */
+static ts_profile_entry *profile_now(size_t *n)
+{
+    size_t want = ts_profile_read(NULL, 0);
+    ts_profile_entry *e = calloc(want + 1, sizeof *e);
+    if (e) {
+        size_t got = ts_profile_read(e, want);
+        *n = got < want ? got : want;
+    }
+    return e;
+}
+
+void cli_profile_eval(int on, int begin)
+{
+    if (!on)
+        return;
+    size_t n = 0;
+    ts_profile_entry *now = profile_now(&n);
+    if (begin || !now) {
+        free(ev_start);
+        ev_start = now, ev_nstart = n;
+        ev_began = cli_now();
+        return;
+    }
+    ev_wall += cli_now() - ev_began;
+    for (size_t i = 0; i < n; i++) { /* what this pass added, into the sums */
+        ts_profile_entry d = now[i];
+        for (size_t j = 0; j < ev_nstart; j++)
+            if (same_kernel(&ev_start[j], &d)) {
+                d.calls -= ev_start[j].calls, d.seconds -= ev_start[j].seconds;
+                d.reference_calls -= ev_start[j].reference_calls;
+                d.declined_calls -= ev_start[j].declined_calls;
+            }
+        if (!d.calls)
+            continue;
+        size_t k = 0;
+        while (k < ev_nsum && !same_kernel(&ev_sum[k], &d))
+            k++;
+        if (k == ev_nsum) {
+            ts_profile_entry *g = realloc(ev_sum, (ev_nsum + 1) * sizeof *g);
+            if (!g)
+                continue;
+            ev_sum = g;
+            ev_sum[ev_nsum++] = (ts_profile_entry){.op = d.op, .fn = d.fn, .dtype = d.dtype};
+        }
+        ev_sum[k].calls += d.calls, ev_sum[k].seconds += d.seconds;
+        ev_sum[k].reference_calls += d.reference_calls;
+        ev_sum[k].declined_calls += d.declined_calls;
+    }
+    ev_passes++;
+    free(now);
+    free(ev_start);
+    ev_start = NULL, ev_nstart = 0;
+}
+
+static int more_time(const void *a, const void *b)
+{
+    const ts_profile_entry *x = a, *y = b;
+    return (x->seconds < y->seconds) - (x->seconds > y->seconds);
+}
+
+/* "plugin", "100% reference", "30% reference (declined)": where e's calls ran. */
+static const char *ran_on(const ts_profile_entry *e, char *buf, size_t len)
+{
+    uint64_t ref = e->reference_calls, dec = e->declined_calls, c = e->calls;
+    if (!ref && !dec)
+        return "plugin";
+    snprintf(buf, len, "%s%.0f%% reference%s", ref + dec < c ? "plugin, " : "",
+             100.0 * (double)(ref + dec) / (double)c,
+             dec ? (ref ? " (some declined)" : " (declined)") : "");
+    return buf;
+}
+
 void cli_profile_report(int on, long long steps, double seconds, int json)
 {
     if (!on)
@@ -409,7 +493,27 @@ void cli_profile_report(int on, long long steps, double seconds, int json)
     }
     size_t got = ts_profile_read(e, n);
     n = got < n ? got : n;
+    /* the training steps' share: the totals less the evaluation passes' (and their time) */
+    seconds -= ev_wall;
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < ev_nsum; j++)
+            if (same_kernel(&ev_sum[j], &e[i])) {
+                e[i].calls -= ev_sum[j].calls, e[i].seconds -= ev_sum[j].seconds;
+                e[i].reference_calls -= ev_sum[j].reference_calls;
+                e[i].declined_calls -= ev_sum[j].declined_calls;
+            }
+        if (e[i].calls)
+            e[kept++] = e[i];
+    }
+    n = kept;
+    qsort(e, n, sizeof *e, more_time);
+    qsort(ev_sum, ev_nsum, sizeof *ev_sum, more_time);
     size_t shown = on >= 2 || n < PROFILE_SHOWN ? n : PROFILE_SHOWN; /* --profile all: all */
+    size_t ev_shown = on >= 2 || ev_nsum < 5 ? ev_nsum : 5;
+    double ev_total = 0, passes = ev_passes > 0 ? ev_passes : 1;
+    for (size_t i = 0; i < ev_nsum; i++)
+        ev_total += ev_sum[i].seconds;
     double total = 0, per = steps > 0 ? (double)steps : 1;
     for (size_t i = 0; i < n; i++)
         total += e[i].seconds;
@@ -432,29 +536,46 @@ void cli_profile_report(int on, long long steps, double seconds, int json)
             cJSON_AddNumberToObject(it, "declined_calls", (double)e[i].declined_calls);
             cJSON_AddItemToArray(arr, it);
         }
+        cJSON_AddNumberToObject(o, "eval_passes", ev_passes);
+        cJSON_AddNumberToObject(o, "eval_in_kernels_ms_per_pass", ev_total * 1e3 / passes);
+        arr = cJSON_AddArrayToObject(o, "eval_kernels");
+        for (size_t i = 0; i < ev_shown; i++) {
+            cJSON *it = cJSON_CreateObject();
+            cli_kernel_name(&ev_sum[i], k, sizeof k);
+            cJSON_AddStringToObject(it, "kernel", k);
+            cJSON_AddNumberToObject(it, "calls", (double)ev_sum[i].calls);
+            cJSON_AddNumberToObject(it, "ms_per_pass", ev_sum[i].seconds * 1e3 / passes);
+            cJSON_AddItemToArray(arr, it);
+        }
         cli_json_line(o);
         free(e);
         return;
     }
-    fprintf(stderr, "kernels over %lld training steps (evaluation not counted), the most time "
-                    "first:\n  %9s %7s %10s  %-28s %s\n", steps, "ms/step", "share", "calls/step",
-            "kernel", "ran on");
+    fprintf(stderr, "kernels over %lld training steps (evaluation apart, below), the most "
+                    "time first:\n  %9s %7s %10s  %-28s %s\n", steps, "ms/step", "share",
+            "calls/step", "kernel", "ran on");
+    char where[64];
     for (size_t i = 0; i < shown; i++) {
-        char where[64] = "plugin";
-        uint64_t ref = e[i].reference_calls, dec = e[i].declined_calls, c = e[i].calls;
-        if (ref || dec) /* the reference kernels stood in for some or all calls */
-            snprintf(where, sizeof where, "%s%s%.0f%% reference%s", ref + dec < c ? "plugin, " : "",
-                     "", 100.0 * (double)(ref + dec) / (double)c,
-                     dec ? (ref ? " (some declined)" : " (declined)") : "");
         cli_kernel_name(&e[i], k, sizeof k);
         fprintf(stderr, "  %9.3f %6.1f%% %10.1f  %-28s %s\n", e[i].seconds * 1e3 / per,
-                total > 0 ? 100 * e[i].seconds / total : 0, (double)e[i].calls / per, k, where);
+                total > 0 ? 100 * e[i].seconds / total : 0, (double)e[i].calls / per, k,
+                ran_on(&e[i], where, sizeof where));
     }
     if (n > shown)
         fprintf(stderr, "  (%zu more kernels: --profile all lists them)\n", n - shown);
     fprintf(stderr, "  %9.3f ms in kernels, of %.3f ms a step: %.3f outside them (autograd, "
                     "checks, the pool, data)\n", total * 1e3 / per, seconds * 1e3 / per,
             (seconds - total) * 1e3 / per);
+    if (ev_passes) {
+        fprintf(stderr, "evaluation: %d pass%s, %.3f ms in kernels each; the most time:\n",
+                ev_passes, ev_passes == 1 ? "" : "es", ev_total * 1e3 / passes);
+        for (size_t i = 0; i < ev_shown; i++) {
+            cli_kernel_name(&ev_sum[i], k, sizeof k);
+            fprintf(stderr, "  %9.3f ms %10.1f calls  %-28s %s\n",
+                    ev_sum[i].seconds * 1e3 / passes, (double)ev_sum[i].calls / passes, k,
+                    ran_on(&ev_sum[i], where, sizeof where));
+        }
+    }
     free(e);
 }
 

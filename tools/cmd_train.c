@@ -62,9 +62,10 @@ static const char usage[] =
     "                  evaluation marks to F (one file a rank under mpirun: F.rankN)\n"
     "  --memplot F.svg draw the trace as an SVG at the end (tessera memplot); without\n"
     "                  --memtrace the trace is F.svg.trace.json\n"
-    "  --profile [all] time every kernel of the training steps; at the end, where a step's\n"
-    "                  time goes and whether the plugin or the reference kernels ran each\n"
-    "                  kernel (stderr, or a JSON record with --json; the top 15, or all);\n"
+    "  --profile [all] time every kernel; at the end, where a training step's time goes and\n"
+    "                  whether the plugin or the reference kernels ran each kernel, then the\n"
+    "                  evaluation passes apart (stderr, or a JSON record with --json; the top\n"
+    "                  15, or all);\n"
     "                  with --memtrace each kernel is also a slice in the trace, inside\n"
     "                  \"step N\" slices, on the memory's timeline\n"
     "  --log-every N   when stderr is not a terminal, a progress line there every N steps\n"
@@ -971,9 +972,9 @@ static ts_status run_epoch(trainer *t, int *stop)
     s = ts_dist_allreduce_sum(&correct, 1, TS_I64);
     ts_memtrace_marker("eval", 1);
     if (s == TS_OK) {
-        int counting = ts_profile_enable(0); /* --profile counts training steps only */
+        cli_profile_eval(t->o.profile, 1); /* --profile: evaluation apart from the steps */
         s = evaluate(t, &test_acc);
-        ts_profile_enable(counting);
+        cli_profile_eval(t->o.profile, 0);
     }
     ts_memtrace_marker("eval", -1);
     progress_clear(t);

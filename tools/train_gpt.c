@@ -720,9 +720,9 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         snprintf(mk, sizeof mk, "step %lld", (long long)r.step + 1);
         ts_memtrace_marker(mk, 0);
         ts_memtrace_marker("eval", 1);
-        int counting = ts_profile_enable(0); /* --profile counts training steps only */
+        cli_profile_eval(r.o.profile, 1); /* --profile: evaluation apart from the steps */
         s = validation_loss(&r, text + ntrain, nval, T, &val);
-        ts_profile_enable(counting);
+        cli_profile_eval(r.o.profile, 0);
         ts_memtrace_marker("eval", -1);
         if (s) {
             cli_fail(s, "evaluation failed");

@@ -65,7 +65,7 @@ else
     fail "memplot of a --profile trace draws only evaluation slices" "rc=$rc bands=$bands evals=$evals"
 fi
 
-if grep -q 'kernels over 6 training steps (evaluation not counted)' "$TMP/err" &&
+if grep -q 'kernels over 6 training steps (evaluation apart, below)' "$TMP/err" &&
     grep -q ' matmul float32  *plugin$' "$TMP/err" &&
     grep -q 'in kernels, of' "$TMP/err" && ! grep -q 'matmul' "$TMP/out"; then
     ok "--profile prints the kernel table on stderr"
@@ -125,8 +125,9 @@ if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q 'binary add float32 *100% ref
     printf '%s\n' "$out" | grep -q 'matmul float32 *100% reference$' &&
     printf '%s\n' "$out" | grep -q ' fill  *plugin$' &&
     [ "$(printf '%s\n' "$out" | grep -c "info: binary add float32 runs on the reference kernels, not plugin 'decline': the plugin declined the call")" -eq 1 ] &&
-    [ "$n" -gt 15 ] && ! contains "$out" "more kernels"; then
-    ok "--profile says where each kernel ran (plugin, reference, declined); info logs each fallback once; --profile all lists all $n"
+    [ "$n" -gt 15 ] && ! contains "$out" "more kernels" &&
+    contains "$out" "evaluation: 1 pass, " && ! contains "$out" "evaluation not counted"; then
+    ok "--profile says where each kernel ran (plugin, reference, declined); info logs each fallback once; --profile all lists all $n; evaluation apart"
 else
     fail "--profile: where kernels ran" "rc=$rc n=$n" "$out"
 fi
