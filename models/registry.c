@@ -187,9 +187,15 @@ TS_API const char *ts_model_describe(const ts_model_config *c, char *buf, size_t
         return buf;
     if (is(c, "gpt")) {
         const ts_gpt_config *g = &c->gpt;
+        char p[32]; /* the fewest digits that read back as the value: 0.1, not 0.1000...01 */
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(p, sizeof p, "%.*g", prec, g->dropout);
+            if (strtod(p, NULL) == g->dropout)
+                break;
+        }
         snprintf(buf, len, "gpt --context %lld --layers %lld --heads %lld --embd %lld "
-                 "--dropout %.17g", (long long)g->context, (long long)g->layers,
-                 (long long)g->heads, (long long)g->embd, g->dropout);
+                 "--dropout %s", (long long)g->context, (long long)g->layers,
+                 (long long)g->heads, (long long)g->embd, p);
         return buf;
     }
     snprintf(buf, len, "%.*s", (int)sizeof c->name, c->name);

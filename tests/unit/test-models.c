@@ -41,6 +41,10 @@ static void test_list_and_defaults(void)
     char b[256];
     CHECK(strcmp(ts_model_describe(&c, b, sizeof b),
                  "gpt --context 128 --layers 4 --heads 4 --embd 128 --dropout 0") == 0);
+    c.gpt.dropout = 0.1; /* the fewest digits that read back as the value */
+    CHECK_MSG(strcmp(ts_model_describe(&c, b, sizeof b),
+                     "gpt --context 128 --layers 4 --heads 4 --embd 128 --dropout 0.1") == 0,
+              "%s", b);
     CHECK_FAILS(ts_model_defaults("resnet", &c), TS_EINVAL, "unknown model 'resnet'", "lenet5");
     CHECK_OK(ts_model_defaults("cnn", &c));
     c.nhidden = 1, c.hidden[0] = 100, c.init = TS_INIT_NORMAL, c.init_std = 0.01;
