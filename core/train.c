@@ -93,7 +93,8 @@ static ts_tensor *cross_entropy(ts_tensor *logits, ts_tensor *y)
 }
 
 /* Forward, loss and backward of rows [lo, lo + n) of the global batch of `rows`; adds the
- * global-batch-weighted mean loss to *loss. */
+ * global-batch-weighted mean loss to *loss (NULL: the loss is not read, so an asynchronous
+ * device is not waited for). */
 static ts_status micro_batch(ts_trainer *t, ts_tensor *x, ts_tensor *y, int64_t lo, int64_t n,
                              int64_t rows, double *loss)
 {
@@ -110,7 +111,7 @@ static ts_status micro_batch(ts_trainer *t, ts_tensor *x, ts_tensor *y, int64_t 
     else
         l = cross_entropy(out, y);
     double lv = 0;
-    if (l)
+    if (l && loss)
         ts_scope_adopt(ts_tensor_item(l, &lv), NULL);
     /* weighted by its share of the global batch, so that the gradients, summed over the
      * micro-batches and averaged over the ranks, are the global batch's mean loss's */
@@ -124,11 +125,12 @@ static ts_status micro_batch(ts_trainer *t, ts_tensor *x, ts_tensor *y, int64_t 
         ts_scope_adopt(t->o.on_output(t->o.user, out, y), NULL);
         ts_no_grad_exit();
     }
-    *loss += lv * (double)n / (double)rows;
+    if (loss)
+        *loss += lv * (double)n / (double)rows;
     return ts_scope_end(sc);
 }
 
-static ts_status step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_step_result *r)
+TS_API ts_status ts_trainer_step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_step_result *r)
 {
     if (!t || !x || !y)
         return ts__fail(TS_EINVAL, "ts_trainer_step: trainer, inputs or targets is NULL");
@@ -149,7 +151,7 @@ static ts_status step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_step_result 
         int64_t mlo, mn;
         split(n, k, i, &mlo, &mn);
         ts_ddp_no_sync(t->ddp, i < last);
-        s = micro_batch(t, x, y, lo + mlo, mn, rows, &loss);
+        s = micro_batch(t, x, y, lo + mlo, mn, rows, r ? &loss : NULL);
     }
     ts_ddp_no_sync(t->ddp, 0);
     if (s == TS_OK && t->ddp) /* every rank, even one without rows */
@@ -174,11 +176,6 @@ static ts_status step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_step_result 
     return TS_OK;
 }
 
-TS_API ts_status ts_trainer_step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_step_result *r)
-{
-    return step(t, x, y, r);
-}
-
 TS_API ts_status ts_train_epoch(ts_module *m, ts_loader *l, ts_optim *opt, ts_loss_kind loss,
                                 double *mean_loss)
 {
@@ -194,7 +191,7 @@ TS_API ts_status ts_train_epoch(ts_module *m, ts_loader *l, ts_optim *opt, ts_lo
         ts_step_result r = {0};
         if ((s = ts_loader_next(l, &x, &y)) || !x)
             break;
-        s = step(&t, x, y, &r);
+        s = ts_trainer_step(&t, x, y, mean_loss ? &r : NULL);
         ts_tensor_unref(x);
         ts_tensor_unref(y);
         sum += r.loss;

@@ -100,16 +100,7 @@ typedef struct cli_progress {
     double last; /* cli_now() of the last plain line */
     int shown;   /* a bar is on the terminal's line */
 } cli_progress;
-/* A field of a progress line, in the order shown; prio 0 is kept longest. */
-typedef struct cli_field {
-    char text[64];
-    int prio;
-} cli_field;
 void cli_progress_init(cli_progress *p, int tty, int64_t log_every);
-/* Shows step's progress: frac of the bar (0..1, < 0: no bar) and the fields. A plain line is
- * printed only when due (log_every or 30 s), or always with force. */
-void cli_progress_show(cli_progress *p, int64_t step, double frac, const cli_field *f, int n,
-                       int force);
 /* The training loops' line: head ("epoch 1/3 batch 10/128:", "step 20/2000:"), the bar at
  * frac, the loss, the rate in unit ("images/s"), elapsed and the time left (done of total
  * steps since started) and dev's pool in use. */

@@ -406,6 +406,15 @@ static int same_kernel(const ts_profile_entry *a, const ts_profile_entry *b)
     return a->op == b->op && a->fn == b->fn && a->dtype == b->dtype;
 }
 
+/* d's counts plus (sign 1) or less (sign -1) s's. */
+static void add_counts(ts_profile_entry *d, const ts_profile_entry *s, int sign)
+{
+    d->calls += (uint64_t)sign * s->calls;
+    d->seconds += sign * s->seconds;
+    d->reference_calls += (uint64_t)sign * s->reference_calls;
+    d->declined_calls += (uint64_t)sign * s->declined_calls;
+}
+
 /* Every entry of the profile now (*n of them), or NULL when out of memory. */
 static ts_profile_entry *profile_now(size_t *n)
 {
@@ -434,11 +443,8 @@ void cli_profile_eval(int on, int begin)
     for (size_t i = 0; i < n; i++) { /* what this pass added, into the sums */
         ts_profile_entry d = now[i];
         for (size_t j = 0; j < ev_nstart; j++)
-            if (same_kernel(&ev_start[j], &d)) {
-                d.calls -= ev_start[j].calls, d.seconds -= ev_start[j].seconds;
-                d.reference_calls -= ev_start[j].reference_calls;
-                d.declined_calls -= ev_start[j].declined_calls;
-            }
+            if (same_kernel(&ev_start[j], &d))
+                add_counts(&d, &ev_start[j], -1);
         if (!d.calls)
             continue;
         size_t k = 0;
@@ -451,9 +457,7 @@ void cli_profile_eval(int on, int begin)
             ev_sum = g;
             ev_sum[ev_nsum++] = (ts_profile_entry){.op = d.op, .fn = d.fn, .dtype = d.dtype};
         }
-        ev_sum[k].calls += d.calls, ev_sum[k].seconds += d.seconds;
-        ev_sum[k].reference_calls += d.reference_calls;
-        ev_sum[k].declined_calls += d.declined_calls;
+        add_counts(&ev_sum[k], &d, 1);
     }
     ev_passes++;
     free(now);
@@ -465,6 +469,25 @@ static int more_time(const void *a, const void *b)
 {
     const ts_profile_entry *x = a, *y = b;
     return (x->seconds < y->seconds) - (x->seconds > y->seconds);
+}
+
+/* The JSON rows of n profile entries: name, calls, milliseconds per `per` (under ms_key),
+ * share of total, and the calls the reference kernels ran. */
+static void kernels_json(cJSON *arr, const ts_profile_entry *e, size_t n, const char *ms_key,
+                         double per, double total)
+{
+    char k[96];
+    for (size_t i = 0; i < n; i++) {
+        cJSON *it = cJSON_CreateObject();
+        cli_kernel_name(&e[i], k, sizeof k);
+        cJSON_AddStringToObject(it, "kernel", k);
+        cJSON_AddNumberToObject(it, "calls", (double)e[i].calls);
+        cJSON_AddNumberToObject(it, ms_key, e[i].seconds * 1e3 / per);
+        cJSON_AddNumberToObject(it, "share", total > 0 ? e[i].seconds / total : 0);
+        cJSON_AddNumberToObject(it, "reference_calls", (double)e[i].reference_calls);
+        cJSON_AddNumberToObject(it, "declined_calls", (double)e[i].declined_calls);
+        cJSON_AddItemToArray(arr, it);
+    }
 }
 
 /* "plugin", "100% reference", "30% reference (declined)": where e's calls ran. */
@@ -498,11 +521,8 @@ void cli_profile_report(int on, long long steps, double seconds, int json)
     size_t kept = 0;
     for (size_t i = 0; i < n; i++) {
         for (size_t j = 0; j < ev_nsum; j++)
-            if (same_kernel(&ev_sum[j], &e[i])) {
-                e[i].calls -= ev_sum[j].calls, e[i].seconds -= ev_sum[j].seconds;
-                e[i].reference_calls -= ev_sum[j].reference_calls;
-                e[i].declined_calls -= ev_sum[j].declined_calls;
-            }
+            if (same_kernel(&ev_sum[j], &e[i]))
+                add_counts(&e[i], &ev_sum[j], -1);
         if (e[i].calls)
             e[kept++] = e[i];
     }
@@ -519,34 +539,16 @@ void cli_profile_report(int on, long long steps, double seconds, int json)
         total += e[i].seconds;
     char k[96];
     if (json) {
-        cJSON *o = cJSON_CreateObject(), *arr;
+        cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "event", "profile");
         cJSON_AddNumberToObject(o, "steps", (double)steps);
         cJSON_AddNumberToObject(o, "in_kernels_ms_per_step", total * 1e3 / per);
         cJSON_AddNumberToObject(o, "ms_per_step", seconds * 1e3 / per);
-        arr = cJSON_AddArrayToObject(o, "kernels");
-        for (size_t i = 0; i < shown; i++) {
-            cJSON *it = cJSON_CreateObject();
-            cli_kernel_name(&e[i], k, sizeof k);
-            cJSON_AddStringToObject(it, "kernel", k);
-            cJSON_AddNumberToObject(it, "calls", (double)e[i].calls);
-            cJSON_AddNumberToObject(it, "ms_per_step", e[i].seconds * 1e3 / per);
-            cJSON_AddNumberToObject(it, "share", total > 0 ? e[i].seconds / total : 0);
-            cJSON_AddNumberToObject(it, "reference_calls", (double)e[i].reference_calls);
-            cJSON_AddNumberToObject(it, "declined_calls", (double)e[i].declined_calls);
-            cJSON_AddItemToArray(arr, it);
-        }
+        kernels_json(cJSON_AddArrayToObject(o, "kernels"), e, shown, "ms_per_step", per, total);
         cJSON_AddNumberToObject(o, "eval_passes", ev_passes);
         cJSON_AddNumberToObject(o, "eval_in_kernels_ms_per_pass", ev_total * 1e3 / passes);
-        arr = cJSON_AddArrayToObject(o, "eval_kernels");
-        for (size_t i = 0; i < ev_shown; i++) {
-            cJSON *it = cJSON_CreateObject();
-            cli_kernel_name(&ev_sum[i], k, sizeof k);
-            cJSON_AddStringToObject(it, "kernel", k);
-            cJSON_AddNumberToObject(it, "calls", (double)ev_sum[i].calls);
-            cJSON_AddNumberToObject(it, "ms_per_pass", ev_sum[i].seconds * 1e3 / passes);
-            cJSON_AddItemToArray(arr, it);
-        }
+        kernels_json(cJSON_AddArrayToObject(o, "eval_kernels"), ev_sum, ev_shown, "ms_per_pass",
+                     passes, ev_total);
         cli_json_line(o);
         free(e);
         return;

@@ -11,6 +11,12 @@
 
 #include "cli.h"
 
+/* A field of a progress line, in the order shown; prio 0 is kept longest. */
+typedef struct cli_field {
+    char text[64];
+    int prio;
+} cli_field;
+
 static volatile sig_atomic_t resized = 1; /* read the width at first use */
 static int cols = 80;
 
@@ -25,7 +31,8 @@ int cli_term_cols(void)
     if (resized) {
         resized = 0;
         struct winsize ws;
-        if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 20)
+        if ((ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 ||
+             ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0) && ws.ws_col >= 20)
             cols = ws.ws_col > 1000 ? 1000 : ws.ws_col;
     }
     return cols;
@@ -72,13 +79,14 @@ static int fit(const cli_field *f, int n, int width, int bar, int *keep)
     return used;
 }
 
-void cli_progress_show(cli_progress *p, int64_t step, double frac, const cli_field *f, int n,
-                       int force)
+/* Shows step's progress: frac of the bar (0..1, < 0: no bar) and the fields; elsewhere than a
+ * terminal, a plain line when one is due (log_every, or 30 s). */
+static void show(cli_progress *p, int64_t step, double frac, const cli_field *f, int n)
 {
     if (!p->tty) {
         double now = cli_now();
         int due = p->log_every > 0 ? step % p->log_every == 0 : now - p->last >= 30;
-        if (!due && !force)
+        if (!due)
             return;
         p->last = now;
         for (int i = 0; i < n; i++) { /* "epoch 1/3 batch 10/128: loss 0.41, ..." */
@@ -186,5 +194,5 @@ void cli_progress_step(cli_progress *p, int64_t step, const char *head, double f
     snprintf(f[3].text, sizeof f[3].text, "%s elapsed", el);
     snprintf(f[4].text, sizeof f[4].text, "ETA %s", eta);
     snprintf(f[5].text, sizeof f[5].text, "pool %s", cli_bytes(st.in_use, b, sizeof b));
-    cli_progress_show(p, step, frac, f, p->tty ? 6 : 5, 0);
+    show(p, step, frac, f, p->tty ? 6 : 5);
 }

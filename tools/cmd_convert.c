@@ -63,7 +63,7 @@ static int sniff(const char *path)
     uint64_t len = 0;
     for (int i = 7; i >= 0; i--)
         len = len << 8 | b[i];
-    if (n == 9 && b[8] == '{' && len >= 2 && (off_t)len <= st.st_size - 8)
+    if (n == 9 && b[8] == '{' && len >= 2 && len <= (uint64_t)st.st_size - 8)
         return K_ST;
     return K_OTHER;
 }

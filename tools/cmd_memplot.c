@@ -488,13 +488,20 @@ int cmd_memplot(int argc, char **argv, const cli_common *common)
                 return cli_usage_error("memplot", "-o needs a FILE");
             out = argv[i];
         } else if (!strcmp(argv[i], "--steps")) {
-            long long a = 0, b = 0;
-            char tail = 0;
-            if (++i == argc || sscanf(argv[i], "%lld:%lld%c", &a, &b, &tail) != 2 || a < 1 ||
-                b < a)
+            /* A:B, each a whole number read as strictly as any option's */
+            char part[32];
+            const char *colon = ++i < argc ? strchr(argv[i], ':') : NULL;
+            size_t la = colon ? (size_t)(colon - argv[i]) : 0;
+            int ok = colon && la < sizeof part;
+            if (ok) {
+                memcpy(part, argv[i], la);
+                part[la] = 0;
+                ok = !cli_strict_i64(part, 1, (int64_t)1e15, &step_a) &&
+                     !cli_strict_i64(colon + 1, step_a, (int64_t)1e15, &step_b);
+            }
+            if (!ok)
                 return cli_usage_error("memplot", "--steps takes A:B, the first and last "
                                        "training steps to show (1 <= A <= B)");
-            step_a = a, step_b = b;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return cli_usage_error("memplot", "unknown option '%s'", argv[i]);
         } else if (in) {

@@ -95,9 +95,6 @@ typedef struct train_opts {
     uint64_t seed;
     int json, log_steps, eval_only, profile;
     /* given on the command line (checked against a resumed checkpoint) */
-    int set_optimizer, set_lr, set_momentum, set_weight_decay, set_epochs;
-    int set_seed, set_batch, set_limit, set_accumulate;
-    int set_schedule, set_decay, set_clip; /* any schedule flag; --decay; --clip-grad-norm */
     cli_model arch; /* --model, --hidden, --channels, --init */
     unsigned char given[48]; /* per row of opts */
 } train_opts;
@@ -162,6 +159,17 @@ _Static_assert(NOPTS <= sizeof ((train_opts *)0)->given, "train_opts.given is to
 static int given(const train_opts *o, const char *flag)
 {
     return cli_opts_given(opts, NOPTS, o->given, flag);
+}
+
+/* Whether any option of the learning-rate schedule was given. */
+static int schedule_given(const train_opts *o)
+{
+    static const char *const sched[] = {"--lr-schedule", "--warmup-steps", "--min-lr",
+                                        "--lr-decay-steps", "--lr-step-size", "--lr-gamma"};
+    int any = 0;
+    for (size_t k = 0; k < sizeof sched / sizeof sched[0]; k++)
+        any |= given(o, sched[k]);
+    return any;
 }
 
 /* ---- models ------------------------------------------------------------------------------ */
@@ -612,13 +620,13 @@ static int resume_schedule(trainer *t, const ts_checkpoint *ck)
                         "checkpoint is damaged\n", path, decay);
         return 1;
     }
-    if (t->o.set_clip && t->o.clip != saved_clip) {
+    if (given(&t->o, "--clip-grad-norm") && t->o.clip != saved_clip) {
         fprintf(stderr, "tessera: error: %s was trained with --clip-grad-norm %g, not %g; resume "
                         "without --clip-grad-norm (or with the same), or start a new run\n",
                 path, saved_clip, t->o.clip);
         return 2;
     }
-    if (t->o.set_decay && strcmp(t->o.decay, decay ? decay : "all")) {
+    if (given(&t->o, "--decay") && strcmp(t->o.decay, decay ? decay : "all")) {
         fprintf(stderr, "tessera: error: %s was trained with --decay %s, not %s; resume without "
                         "--decay (or with the same), or start a new run\n",
                 path, decay ? decay : "all", t->o.decay);
@@ -626,7 +634,7 @@ static int resume_schedule(trainer *t, const ts_checkpoint *ck)
     }
     t->o.clip = saved_clip;
     t->o.decay = decay && !strcmp(decay, "matrices") ? "matrices" : "all";
-    if (t->o.set_schedule) {
+    if (schedule_given(&t->o)) {
         ts_lr_schedule want, have;
         int w = schedule_from_opts(t, &want), h = ts_optim_get_schedule(t->opt, &have);
         if (w != h || (w && (want.kind != have.kind || want.base_lr != have.base_lr ||
@@ -711,7 +719,7 @@ static int resume(trainer *t)
     /* The optimizer and its hyper-parameters are the checkpoint's. */
     const char *kind = ts_checkpoint_meta(ck, "optim.kind");
     if (kind && strcmp(kind, t->o.optimizer) != 0) {
-        if (t->o.set_optimizer) {
+        if (given(&t->o, "--optimizer")) {
             fprintf(stderr, "tessera: error: %s was trained with --optimizer %s, not %s; resume "
                             "without --optimizer (or with --optimizer %s)\n",
                     path, kind, t->o.optimizer, kind);
@@ -725,16 +733,16 @@ static int resume(trainer *t)
         }
         t->o.optimizer = !strcmp(kind, "sgd") ? "sgd" : !strcmp(kind, "adam") ? "adam" : "adamw";
     }
-    if (t->o.set_momentum && t->o.momentum != 0 && strcmp(t->o.optimizer, "sgd") != 0) {
+    if (given(&t->o, "--momentum") && t->o.momentum != 0 && strcmp(t->o.optimizer, "sgd") != 0) {
         fprintf(stderr, "tessera: error: %s was trained with --optimizer %s, which takes no "
                         "--momentum; resume without --momentum\n",
                 path, t->o.optimizer);
         rc = 2;
         goto out;
     }
-    if ((rc = hyper(t, ck, "optim.lr", "--lr", t->o.set_lr, &t->o.lr)) ||
-        (rc = hyper(t, ck, "optim.momentum", "--momentum", t->o.set_momentum, &t->o.momentum)) ||
-        (rc = hyper(t, ck, "optim.weight_decay", "--weight-decay", t->o.set_weight_decay,
+    if ((rc = hyper(t, ck, "optim.lr", "--lr", given(&t->o, "--lr"), &t->o.lr)) ||
+        (rc = hyper(t, ck, "optim.momentum", "--momentum", given(&t->o, "--momentum"), &t->o.momentum)) ||
+        (rc = hyper(t, ck, "optim.weight_decay", "--weight-decay", given(&t->o, "--weight-decay"),
                     &t->o.weight_decay)))
         goto out;
     rc = 1;
@@ -1033,21 +1041,6 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
                             model_option);
     if (rc)
         return rc;
-    o->set_optimizer = given(o, "--optimizer");
-    o->set_lr = given(o, "--lr");
-    o->set_momentum = given(o, "--momentum");
-    o->set_weight_decay = given(o, "--weight-decay");
-    o->set_epochs = given(o, "--epochs");
-    o->set_seed = given(o, "--seed");
-    o->set_batch = given(o, "--batch-size");
-    o->set_limit = given(o, "--train-limit");
-    o->set_accumulate = given(o, "--accumulate");
-    o->set_decay = given(o, "--decay");
-    o->set_clip = given(o, "--clip-grad-norm");
-    static const char *const sched[] = {"--lr-schedule", "--warmup-steps", "--min-lr",
-                                        "--lr-decay-steps", "--lr-step-size", "--lr-gamma"};
-    for (size_t k = 0; k < sizeof sched / sizeof sched[0]; k++)
-        o->set_schedule |= given(o, sched[k]);
     if (cli_model_check(&o->arch, "train"))
         return 2;
     if (o->save_every && !o->save)
@@ -1058,11 +1051,11 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
         return cli_usage_error("train", "unknown optimizer '%s' (sgd, adam or adamw)",
                                o->optimizer);
     /* On --resume without --optimizer the optimizer is the checkpoint's: resume() checks. */
-    if (o->set_momentum && o->momentum != 0 && strcmp(o->optimizer, "sgd") != 0 &&
-        !(o->resume && !o->set_optimizer))
+    if (given(o, "--momentum") && o->momentum != 0 && strcmp(o->optimizer, "sgd") != 0 &&
+        !(o->resume && !given(o, "--optimizer")))
         return cli_usage_error("train", "--momentum applies to --optimizer sgd, not %s",
                                o->optimizer);
-    if (!o->set_lr)
+    if (!given(o, "--lr"))
         o->lr = strcmp(o->optimizer, "sgd") == 0 ? 0.05 : 1e-3;
     return 0;
 }

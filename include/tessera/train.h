@@ -68,7 +68,8 @@ typedef struct ts_step_result {
  * global batch and backpropagated (gradients add up); then the gradients averaged over
  * ranks, clipped, ts_optim_step and ts_optim_zero_grad. The gradient is that of the global
  * batch's mean loss whatever the micro-batches and ranks (to float rounding); with one pass
- * on one rank the step is exactly forward, loss, backward, step. r may be NULL. On failure the
+ * on one rank the step is exactly forward, loss, backward, step. r may be NULL: the loss is
+ * then not read back (no wait for an asynchronous device; r->stop is 0). On failure the
  * gradients are zeroed and the parameters are those of before the optimizer step (a failure
  * inside ts_optim_step aside). */
 ts_status ts_trainer_step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_step_result *r);
@@ -77,8 +78,9 @@ int64_t ts_trainer_steps(const ts_trainer *t);
 
 /* One epoch: m in training mode; for every batch of l from its current position to the end of
  * the epoch, the loss (mean over the batch) backpropagated, one ts_optim_step and
- * ts_optim_zero_grad (ts_trainer_step's step, one pass, on this process alone). *mean_loss (NULL: not read) is the mean of the batches' losses, summed on
- * the device and read once at the end. The loader is left at the epoch's end; call
+ * ts_optim_zero_grad (ts_trainer_step's step, one pass, on this process alone). *mean_loss
+ * (NULL: no loss is read back) is the mean of the batches' losses, each read after its step.
+ * The loader is left at the epoch's end; call
  * ts_loader_start_epoch for the next. On failure, the step's message; earlier steps stay
  * applied. */
 ts_status ts_train_epoch(ts_module *m, ts_loader *l, ts_optim *opt, ts_loss_kind loss,
