@@ -66,11 +66,13 @@ typedef struct cli_opt {
 #define CLI_OFF(type, field) offsetof(type, field)
 /* Parses argv[1..] by the table into o; given[i] is set for each row seen. An argument no row
  * has goes to other (when not NULL: 1 when it took the argument and its value, 0 when not
- * its own, -1 after a usage error of its own). "-h"/"--help" prints usage and returns -1; an
+ * its own, -1 after a usage error of its own; other_flags, NULL-terminated, names its flags
+ * for "did you mean"). "-h"/"--help" prints usage and returns -1; an
  * unknown argument is a usage error naming the closest flag. 0, or 2 after a usage error. */
 int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n, int argc,
                    char **argv, void *o, unsigned char *given, const char *usage,
-                   int (*other)(void *o, const char *arg, const char *value));
+                   int (*other)(void *o, const char *arg, const char *value),
+                   const char *const *other_flags);
 /* Whether the row of flag was given. */
 int cli_opts_given(const cli_opt *t, size_t n, const unsigned char *given, const char *flag);
 /* --resume: each row with a ckpt key, in table order, from ck unless given (given otherwise:

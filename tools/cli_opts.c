@@ -47,7 +47,8 @@ static int bad_choice(const char *cmd, const cli_opt *r)
 
 int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n, int argc,
                    char **argv, void *o, unsigned char *given, const char *usage,
-                   int (*other)(void *o, const char *arg, const char *value))
+                   int (*other)(void *o, const char *arg, const char *value),
+                   const char *const *other_flags)
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -73,6 +74,8 @@ int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n
             size_t nf = 0;
             for (size_t k = 0; k < n && nf < 128; k++)
                 flags[nf++] = t[k].flag;
+            for (size_t k = 0; other_flags && other_flags[k] && nf < 128; k++)
+                flags[nf++] = other_flags[k];
             const char *near = a[0] == '-' ? cli_did_you_mean(a, flags, nf) : NULL;
             if (near)
                 return cli_usage_error(cmd, "unexpected argument '%s'%s%s (did you mean '%s'?)",

@@ -102,8 +102,15 @@ static void show(cli_progress *p, int64_t step, double frac, const cli_field *f,
     int keep[32];
     n = n > 32 ? 32 : n;
     int used = fit(f, n, width, frac >= 0, keep);
-    char line[1100];
+    char line[1100] = "";
     size_t len = 0;
+    if (!keep[0]) { /* not even the head fits beside the bar: the head alone, cut to fit */
+        snprintf(line, sizeof line, "%.*s", width > 0 ? width : 1, f[0].text);
+        fprintf(stderr, "\r%s\033[K", line);
+        fflush(stderr);
+        p->shown = 1;
+        return;
+    }
     for (int i = 0; i < n && len < sizeof line; i++) {
         if (!keep[i])
             continue;
@@ -130,7 +137,7 @@ void cli_puts_fit(const char *text)
 {
     int width = isatty(STDOUT_FILENO) ? cli_term_cols() - 1 : 0;
     size_t len = strlen(text);
-    if (width < 20 || (int)len <= width) {
+    if (width < 8 || (int)len <= width) {
         fputs(text, stdout);
         fputc('\n', stdout);
         return;

@@ -63,7 +63,7 @@ static int sniff(const char *path)
     uint64_t len = 0;
     for (int i = 7; i >= 0; i--)
         len = len << 8 | b[i];
-    if (n == 9 && b[8] == '{' && len >= 2 && len <= (uint64_t)st.st_size - 8)
+    if (n == 9 && b[8] == '{' && len >= 2) /* a length past the end: the loader says so */
         return K_ST;
     return K_OTHER;
 }
@@ -153,6 +153,17 @@ static int safetensors_to_npy(const char *in, const char *name, const char *out,
         fprintf(stderr, "tessera: error: convert: directory '%s': %s\n", out, strerror(errno));
         goto out;
     }
+    for (size_t i = 0; to_dir && i < n; i++) { /* every name first: nothing written if one is bad */
+        const char *nm = ts_checkpoint_name(ck, i);
+        if (!safe_file_name(nm)) {
+            char b[640];
+            fprintf(stderr, "tessera: error: convert: %s: tensor name '%s' is not a safe "
+                    "file name ('/', control characters, '.', '..', over 200 bytes): "
+                    "convert it alone with --name and -o FILE.npy\n", in,
+                    cli_printable(nm, 120, b, sizeof b));
+            goto out;
+        }
+    }
     size_t written = 0;
     for (size_t i = 0; i < n; i++) {
         const char *nm = ts_checkpoint_name(ck, i);
@@ -160,14 +171,6 @@ static int safetensors_to_npy(const char *in, const char *name, const char *out,
             continue;
         char path[8192];
         if (to_dir) {
-            if (!safe_file_name(nm)) {
-                char b[640];
-                fprintf(stderr, "tessera: error: convert: %s: tensor name '%s' is not a safe "
-                        "file name ('/', control characters, '.', '..', over 200 bytes): "
-                        "convert it alone with --name and -o FILE.npy\n", in,
-                        cli_printable(nm, 120, b, sizeof b));
-                goto out;
-            }
             snprintf(path, sizeof path, "%s%s%s.npy", out, ends_with(out, "/") ? "" : "/", nm);
         } else {
             snprintf(path, sizeof path, "%s", out);
@@ -194,7 +197,7 @@ out:
 
 int cmd_convert(int argc, char **argv, const cli_common *common)
 {
-    const char *out = NULL, *name = NULL;
+    const char *out = NULL, *name = NULL, *config = common->config;
     char **in = calloc((size_t)argc, sizeof *in);
     int nin = 0, rc;
     if (!in)
@@ -213,7 +216,11 @@ int cmd_convert(int argc, char **argv, const cli_common *common)
             *(!strcmp(a, "-o") ? &out : &name) = v;
             i++;
         } else if (!strcmp(a, "--config")) {
-            i++; /* the caller's */
+            if (!v || !*v) {
+                free(in);
+                return cli_usage_error("convert", "--config needs a FILE");
+            }
+            config = v, i++;
         } else if (a[0] == '-' && a[1]) {
             free(in);
             return cli_usage_error("convert", "unknown option '%s'", a);
@@ -240,8 +247,15 @@ int cmd_convert(int argc, char **argv, const cli_common *common)
             return rc;
         }
     }
-    struct stat st;
+    struct stat st, ist;
     int out_dir = ends_with(out, "/") || (stat(out, &st) == 0 && S_ISDIR(st.st_mode));
+    for (int i = 0; i < nin && !out_dir && stat(out, &st) == 0; i++)
+        if (stat(in[i], &ist) == 0 && ist.st_dev == st.st_dev && ist.st_ino == st.st_ino) {
+            rc = cli_usage_error("convert", "-o %s is the input '%s': write the result elsewhere "
+                                 "(the input would be lost)", out, in[i]);
+            free(in);
+            return rc;
+        }
     int kind = n_st == 0 && !(nin == 1 && ends_with(out, ".npy")) && !out_dir ? 1
                : n_st == 0 && nin == 1 && ends_with(out, ".npy")           ? 2
                : n_npy == 0 && nin == 1                                     ? 3
@@ -259,7 +273,7 @@ int cmd_convert(int argc, char **argv, const cli_common *common)
                                    "convert takes arrays (.npy) to one safetensors file, or one "
                                    "safetensors file to arrays", nin);
         return cli_usage_error("convert", "arrays (.npy) go to one safetensors file (-o FILE), "
-                               "not to a directory (tessera convert --help)");
+                               "not to a directory");
     }
     if (kind == 1 && name && nin > 1) {
         free(in);
@@ -270,7 +284,7 @@ int cmd_convert(int argc, char **argv, const cli_common *common)
         free(in);
         return cli_usage_error("convert", "--name is for safetensors files");
     }
-    ts_status s = ts_init(common->config);
+    ts_status s = ts_init(config);
     if (s) {
         free(in);
         return cli_fail(s, "convert");

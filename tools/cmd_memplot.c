@@ -138,13 +138,15 @@ static int add_roles(series *s, double t, const double *v)
 /* The series of the pool named name: found, or made (NULL past MAX_POOLS). */
 static series *pool_named(plot *p, const char *name)
 {
+    char key[sizeof p->pools[0].name]; /* names are kept cut to this size: compare them cut */
+    snprintf(key, sizeof key, "%s", name);
     int k = 0;
-    while (k < p->npools && strcmp(p->pools[k].name, name))
+    while (k < p->npools && strcmp(p->pools[k].name, key))
         k++;
     if (k == p->npools) {
         if (p->npools == MAX_POOLS)
             return NULL;
-        snprintf(p->pools[p->npools++].name, sizeof p->pools[0].name, "%s", name);
+        snprintf(p->pools[p->npools++].name, sizeof p->pools[0].name, "%s", key);
     }
     return &p->pools[k];
 }
@@ -373,6 +375,14 @@ static void draw(FILE *f, const plot *p)
                 peak_in = s->in_use[i], t_peak = s->t[i];
             peak_res = s->reserved[i] > peak_res ? s->reserved[i] : peak_res;
             low = low < 0 || s->in_use[i] < low ? s->in_use[i] : low;
+        }
+        for (size_t i = 0; i < s->rn; i++) { /* the bands' top counts too */
+            if (s->rt[i] < VT0 || s->rt[i] > VT0 + VTS)
+                continue;
+            double sum = 0;
+            for (int r = 0; r < NROLES; r++)
+                sum += s->rv[r][i];
+            peak_res = sum > peak_res ? sum : peak_res;
         }
         /* the axis: round ticks, the top the first tick above the highest line; zoomed on
          * steps, the bottom the last tick below the lowest in-use value */

@@ -128,8 +128,8 @@ static const cli_opt opts[] = {
      .agree = DATA},
     {"--epochs", CLI_I64, O(epochs), 1, MAX_EPOCHS, .json = "epochs", .ckpt = "train.epochs",
      .agree = OPT},
-    {"--accumulate", CLI_I64, O(accumulate), 1, (double)MAX_BATCH, .json = "accumulate",
-     .ckpt = "train.accumulate"},
+    {"--accumulate", CLI_I64, O(accumulate), 1, (double)MAX_BATCH, .hi_of = O(batch) + 1,
+     .json = "accumulate", .ckpt = "train.accumulate"},
     {"--max-steps", CLI_I64, O(max_steps), 0, (double)MAX_STEPS, .json = "max_steps",
      .agree = OPT},
     {"--save-every", CLI_I64, O(save_every), 1, (double)MAX_STEPS, .agree = 0},
@@ -968,9 +968,11 @@ static ts_status run_epoch(trainer *t, int *stop)
         return s;
     if (t->tty) {
         progress_clear(t);
-        fprintf(stderr, "  epoch %llu/%lld: testing on %lld images ...",
-                (unsigned long long)t->epoch + 1, (long long)t->o.epochs,
-                (long long)ts_tensor_size(t->test_x, 0));
+        char msg[128];
+        snprintf(msg, sizeof msg, "  epoch %llu/%lld: testing on %lld images ...",
+                 (unsigned long long)t->epoch + 1, (long long)t->o.epochs,
+                 (long long)ts_tensor_size(t->test_x, 0));
+        fprintf(stderr, "%.*s", cli_term_cols() - 1, msg); /* one line, as the bar was */
         fflush(stderr);
         t->progress.shown = 1; /* cleared with the bar */
     }
@@ -1037,8 +1039,10 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
                       .accumulate = 1, .seed = 1, .json = common->json, .lr_schedule = "constant",
                       .decay = "all", .min_lr = -1, .lr_gamma = 0.5};
     cli_model_init(&o->arch);
+    static const char *const model_flags[] = {"--model", "--hidden", "--channels", "--init",
+                                              NULL};
     int rc = cli_opts_parse("train", NULL, opts, NOPTS, argc, argv, o, o->given, usage,
-                            model_option);
+                            model_option, model_flags);
     if (rc)
         return rc;
     if (cli_model_check(&o->arch, "train"))

@@ -434,7 +434,7 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
                     .seed = 1,
                     .json = common->json};
     int rc = cli_opts_parse("train", "for --model gpt", opts, NOPTS, argc, argv, o, o->given,
-                            usage, NULL);
+                            usage, NULL, NULL);
     if (rc)
         return rc;
     if (o->model && strcmp(o->model, "gpt"))

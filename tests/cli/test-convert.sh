@@ -4,7 +4,7 @@
 # refused instead of becoming a path; hostile inputs and outputs (a corrupt array, a FIFO, a
 # symbolic link) are refused by name without hanging; misuse is exit status 2.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 8
+plan 9
 D="$TS_SRCDIR/tests/data/npy"
 
 out=$("$TESSERA" convert "$D/f32_2x3.npy" "$D/i8_scalar.npy" "$D/f32_4d_fortran.npy" \
@@ -120,5 +120,21 @@ if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && cmp -s "$D/f32_2x3.npy" "$TMP/back/f32_2x3.
     ok "convert decides by content: .npy -> run.ckpt -> DIR/ gives the array back byte for byte"
 else
     fail "convert by content" "r1=$r1 $o1" "r2=$r2 $o2" "r3=$r3 $o3"
+fi
+# An output that is one of the inputs is refused and the input kept; a cut safetensors file
+# is named as one (not "neither kind").
+cp "$D/f32_2x3.npy" "$TMP/keep.npy"
+"$TESSERA" convert "$TMP/keep.npy" -o "$TMP/keep.safetensors" >/dev/null 2>&1
+cp "$TMP/keep.safetensors" "$TMP/keep2.safetensors"
+o1=$("$TESSERA" convert "$TMP/keep.npy" "$D/f2_3.npy" -o "$TMP/keep.npy" 2>&1); r1=$?
+o2=$("$TESSERA" convert "$TMP/keep.safetensors" --name keep -o "$TMP/keep.safetensors" 2>&1); r2=$?
+head -c 40 "$TMP/keep.safetensors" >"$TMP/cut.safetensors"
+o3=$("$TESSERA" convert "$TMP/cut.safetensors" -o "$TMP/" 2>&1); r3=$?
+if [ $r1 -eq 2 ] && contains "$o1" "is the input" && cmp -s "$D/f32_2x3.npy" "$TMP/keep.npy" &&
+    [ $r2 -eq 2 ] && cmp -s "$TMP/keep.safetensors" "$TMP/keep2.safetensors" &&
+    [ $r3 -eq 1 ] && contains "$o3" "larger than the file"; then
+    ok "an output that is an input is refused, the input kept; a cut safetensors file is named as such"
+else
+    fail "convert onto an input, or a cut file" "r1=$r1 $o1" "r2=$r2 $o2" "r3=$r3 $o3"
 fi
 finish

@@ -89,14 +89,16 @@ o3=$("$TESSERA" train --model gpt --accumulate=0 2>&1); r3=$?
 o4=$("$TESSERA" train --model gpt --zzzzzz 2>&1); r4=$?
 o5=$("$TESSERA" train --epoch 3 2>&1); r5=$?
 o6=$("$TESSERA" train --decay some 2>&1); r6=$?
+o7=$("$TESSERA" train --hiden 32 2>&1); r7=$?
 if [ $r1 -eq 2 ] && contains "$o1" "unexpected argument '--stpes' for --model gpt (did you mean '--steps'?)" &&
     [ $r2 -eq 2 ] && contains "$o2" "--checkpoint-activations takes on or off" &&
     [ $r3 -eq 2 ] && contains "$o3" "--accumulate '0' is out of range: expected 1..4096" &&
     [ $r4 -eq 2 ] && ! contains "$o4" "did you mean" &&
     [ $r5 -eq 2 ] && contains "$o5" "unexpected argument '--epoch' (did you mean '--epochs'?)" &&
-    [ $r6 -eq 2 ] && contains "$o6" "--decay takes all or matrices"; then
+    [ $r6 -eq 2 ] && contains "$o6" "--decay takes all or matrices" &&
+    [ $r7 -eq 2 ] && contains "$o7" "did you mean '--hidden'?"; then
     ok "train (gpt and image models): a misspelt option gets 'did you mean'; values checked by the option's row"
 else
-    fail "options from the table" "$r1 $o1" "$r2 $o2" "$r3 $o3" "$r4 $o4" "$r5 $o5" "$r6 $o6"
+    fail "options from the table" "$r1 $o1" "$r2 $o2" "$r3 $o3" "$r4 $o4" "$r5 $o5" "$r6 $o6" "$r7 $o7"
 fi
 finish

@@ -7,7 +7,7 @@
 # holding absurd numbers (1e308 bytes, infinite or negative counts, times centuries away) is
 # drawn from its sane samples, says how many it skipped, and no label reads nan or inf.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 11
+plan 12
 awk 'BEGIN { for (i = 0; i < 600; i++) printf "the cat sat on the mat %d ", i }' >"$TMP/t.txt"
 "$TESSERA" train --model gpt --text "$TMP/t.txt" --context 16 --layers 1 --heads 2 --embd 16 \
     --batch-size 4 --steps 40 --eval-every 20 --eval-batches 2 --memtrace "$TMP/m.json" \
@@ -189,5 +189,19 @@ if [ $rc -eq 0 ] && [ -n "$first" ] && [ "$first" != "0 s" ] && [ $rc2 -eq 1 ] &
     ok "memplot --steps 5:6 zooms on two steps (time axis from $first); unmarked steps and 6:5 refused"
 else
     fail "memplot --steps" "rc=$rc first=$first" "rc2=$rc2 $o2" "rc3=$rc3 $o3"
+fi
+# A pool name longer than the picture keeps is still one pool.
+long=$(printf 'p%.0s' $(seq 100))
+{ echo '{"displayTimeUnit":"ms","traceEvents":['
+  for k in 1 2 3 4 5 6 7 8 9 10; do
+    echo "{\"name\":\"pool $long\",\"ph\":\"C\",\"ts\":${k}000,\"pid\":1,\"tid\":0,\"args\":{\"in_use\":$k,\"reserved\":20,\"cached\":0}},"
+  done
+  echo '{"name":"x","ph":"i","s":"g","ts":1,"pid":1,"tid":1}'
+  echo ']}'; } >"$TMP/long.json"
+o=$("$TESSERA" memplot "$TMP/long.json" -o "$TMP/long.svg" 2>&1); rc=$?
+if [ $rc -eq 0 ] && contains "$o" "1 pools" && ! contains "$o" "more than"; then
+    ok "memplot: a 100-character pool name is one pool"
+else
+    fail "memplot long pool name" "rc=$rc" "$o"
 fi
 finish

@@ -4,7 +4,7 @@
 # redraw is wider than the terminal, none leaves a line behind, and the run ends with its
 # summary; the same for the GPT. Elsewhere (stderr a file) a line every --log-every steps.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 5
+plan 6
 command -v script >/dev/null || { echo "1..0 # SKIP script(1) (bsdutils) is not installed"; exit 77; }
 DATA=/usr/share/datasets/fashion-mnist
 cd "$TMP" || exit 1
@@ -25,7 +25,8 @@ check_tty() {
 }
 
 # in_tty NAME COLS ARGS: tessera ARGS in a COLS-column pseudo-terminal, its output in NAME; ok
-# when it exits 0, every line fits and the last is the summary of 400 steps.
+# when it exits 0, every line fits and the summary of 400 steps comes last (broken into
+# indented lines on a terminal narrower than it).
 in_tty() {
     name=$1 cols=$2
     shift 2
@@ -33,7 +34,10 @@ in_tty() {
         "$name.$cols" >/dev/null 2>&1
     rc=$?
     why=$(check_tty "$cols" "$name.$cols")
-    last=$(tr -d '\r' <"$name.$cols" | grep -v '^Script ' | grep . | tail -1)
+    # the summary last: its line, then only its own continuations (indented) if it was broken
+    last=$(tr -d '\r' <"$name.$cols" | grep -v '^Script ' | grep . |
+        awk '/^done: / { d = $0; after = 0; next } d != "" && !/^  / { after = 1 }
+             END { if (!after) print d }')
     if [ $rc -eq 0 ] && [ -z "$why" ] && contains "$last" "done: 400 steps"; then
         ok "$name in $cols columns: one line redrawn in place, nothing wider, then the summary"
     else
@@ -43,7 +47,7 @@ in_tty() {
 
 G="train --model gpt --text t.txt --context 16 --layers 2 --heads 2 --embd 32 --steps 400
    --eval-every 400 --eval-batches 1"
-for cols in 80 120; do
+for cols in 20 80 120; do
     # shellcheck disable=SC2086
     in_tty gpt "$cols" $(echo $G)
 done
