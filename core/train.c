@@ -1,6 +1,9 @@
 /* core/train.c: the training loop (tessera/train.h): the trainer's step, the epoch over a
- * loader, the evaluation; written with scoped tensors. */
+ * loader, the run around them (ts_fit), the evaluation; written with scoped tensors. */
 #include "internal.h"
+
+#include <math.h>
+#include <string.h>
 
 struct ts_trainer {
     ts_module *m;
@@ -174,6 +177,165 @@ TS_API ts_status ts_trainer_step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_s
     if (r)
         *r = (ts_step_result){loss, n, stop};
     return TS_OK;
+}
+
+TS_API ts_status ts_trainer_set_steps(ts_trainer *t, int64_t steps)
+{
+    if (!t || steps < 0)
+        return ts__fail(TS_EINVAL, "ts_trainer_set_steps: trainer is NULL or steps %lld is "
+                        "negative", (long long)steps);
+    t->steps = steps;
+    return TS_OK;
+}
+
+/* ---- ts_fit: the run ----------------------------------------------------------------------- */
+
+static ts_status emit(const ts_fit_options *o, ts_fit_event ev, ts_fit_state *st)
+{
+    ts_status s = o->on_event ? o->on_event(o->user, ev, st) : TS_OK;
+    if (ev == TS_FIT_EVAL) { /* the running figures start again */
+        st->mean_loss = st->loss_sum = 0;
+        st->steps_since = st->rows_since = 0;
+    }
+    return s;
+}
+
+/* One step on the global batch (x, y), both released: the step, the figures, TS_FIT_STEP.
+ * *done: the run ends here (a stop request, or its last step). */
+static ts_status fit_step(ts_trainer *t, const ts_fit_options *o, ts_fit_state *st,
+                          ts_tensor *x, ts_tensor *y, int *done)
+{
+    int64_t rows = ts_tensor_ndim(x) > 0 ? ts_tensor_shape(x)[0] : 0;
+    ts_step_result r = {.stop = o->stop && *o->stop != 0};
+    ts_status s = ts_trainer_step(t, x, y, &r);
+    ts_tensor_unref(x);
+    ts_tensor_unref(y);
+    if (s)
+        return s;
+    st->step = t->steps;
+    st->batch += st->batches > 0;
+    st->loss = r.loss;
+    if (!isfinite(r.loss)) {
+        st->diverged = 1;
+        return ts__fail(TS_ESTATE, "ts_fit: the loss became %s at step %lld: training "
+                        "diverged (try a smaller learning rate)", isnan(r.loss) ? "NaN" :
+                        "infinite", (long long)st->step);
+    }
+    st->loss_sum += r.loss * (double)rows;
+    st->rows_since += rows;
+    st->steps_since++;
+    st->mean_loss = st->loss_sum / (double)st->rows_since;
+    st->stopped = r.stop;
+    *done = r.stop || st->step >= st->last_step;
+    if ((s = emit(o, TS_FIT_STEP, st)) || r.stop)
+        return s;
+    if (o->eval_every > 0 && st->step % o->eval_every == 0 && st->step < st->last_step)
+        s = emit(o, TS_FIT_EVAL, st);
+    return s;
+}
+
+/* With a loader: its position's epoch, or the next one's start where it stands at an end. */
+static ts_status fit_position(ts_loader *l, ts_fit_state *st)
+{
+    int64_t bi;
+    ts_loader_position(l, &st->epoch, &bi);
+    if (bi >= st->batches) {
+        ts_status s = ts_loader_start_epoch(l, ++st->epoch);
+        if (s)
+            return s;
+        bi = 0;
+    }
+    st->batch = bi;
+    return TS_OK;
+}
+
+static ts_status fit_loader(ts_trainer *t, const ts_fit_options *o, ts_fit_state *st)
+{
+    ts_status s = fit_position(o->loader, st);
+    if (s)
+        return s;
+    uint64_t epochs = o->epochs > 0 ? (uint64_t)o->epochs : 0;
+    int64_t left = st->epoch < epochs ? (st->batches - st->batch) +
+                                            (int64_t)(epochs - st->epoch - 1) * st->batches
+                                      : 0;
+    st->last_step = st->step + left;
+    if (o->steps > 0 && o->steps < st->last_step)
+        st->last_step = o->steps;
+    int done = st->step >= st->last_step;
+    while (!done && st->epoch < epochs) {
+        if ((s = emit(o, TS_FIT_EPOCH_BEGIN, st)))
+            return s;
+        for (;;) {
+            ts_tensor *x, *y;
+            if ((s = ts_loader_next(o->loader, &x, &y)) || !x)
+                break;
+            if ((s = emit(o, TS_FIT_STEP_BEGIN, st)) == TS_OK)
+                s = fit_step(t, o, st, x, y, &done);
+            else
+                ts_tensor_unref(x), ts_tensor_unref(y);
+            if (s || done)
+                break;
+        }
+        /* the epoch's end, or the run's (unless an eval_every step just evaluated) */
+        if (s == TS_OK && !st->stopped && (o->eval_every == 0 || st->steps_since > 0))
+            s = emit(o, TS_FIT_EVAL, st);
+        uint64_t ep = st->epoch;
+        if (s == TS_OK) /* a finished epoch is saved as the next one's start */
+            s = fit_position(o->loader, st);
+        if (s || st->stopped)
+            return s;
+        uint64_t next = st->epoch;
+        st->epoch = ep; /* the epoch that ended, for the callback */
+        if ((s = emit(o, TS_FIT_EPOCH_END, st)))
+            return s;
+        st->epoch = next;
+    }
+    return TS_OK;
+}
+
+static ts_status fit_steps(ts_trainer *t, const ts_fit_options *o, ts_fit_state *st)
+{
+    st->last_step = o->steps;
+    int done = st->step >= st->last_step;
+    ts_status s = TS_OK;
+    while (!done && s == TS_OK) {
+        ts_tensor *x = NULL, *y = NULL;
+        if ((s = emit(o, TS_FIT_STEP_BEGIN, st)) ||
+            (s = o->batch(o->user, st->step, &x, &y)))
+            break;
+        if (!x || !y) {
+            ts_tensor_unref(x), ts_tensor_unref(y);
+            return ts__fail(TS_EINVAL, "ts_fit: the batch function gave no batch for step "
+                            "%lld", (long long)st->step);
+        }
+        if ((s = fit_step(t, o, st, x, y, &done)) == TS_OK && done && !st->stopped)
+            s = emit(o, TS_FIT_EVAL, st);
+    }
+    return s;
+}
+
+TS_API ts_status ts_fit(ts_trainer *t, const ts_fit_options *o, ts_fit_state *st)
+{
+    ts_fit_state mine;
+    if (!st)
+        st = &mine;
+    memset(st, 0, sizeof *st);
+    if (!t || !o)
+        return ts__fail(TS_EINVAL, "ts_fit: trainer or options is NULL");
+    if (!o->loader && (!o->batch || o->steps <= 0))
+        return ts__fail(TS_EINVAL, "ts_fit: no data: give a loader, or a batch function and "
+                        "the run's steps (> 0)");
+    if (o->epochs < 0 || o->steps < 0 || o->eval_every < 0)
+        return ts__fail(TS_EINVAL, "ts_fit: epochs %lld, steps %lld and eval_every %lld must "
+                        "not be negative", (long long)o->epochs, (long long)o->steps,
+                        (long long)o->eval_every);
+    st->step = st->first_step = t->steps;
+    if (!o->loader)
+        return fit_steps(t, o, st);
+    st->batches = ts_loader_batches(o->loader);
+    if (st->batches < 1)
+        return ts__fail(TS_EINVAL, "ts_fit: the loader has no batch");
+    return fit_loader(t, o, st);
 }
 
 TS_API ts_status ts_train_epoch(ts_module *m, ts_loader *l, ts_optim *opt, ts_loss_kind loss,

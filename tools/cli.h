@@ -134,6 +134,8 @@ static inline double cli_now(void)
 void cli_stop_signals_install(void);
 /* The recorded signal's number, or 0. */
 int cli_stop_requested(void);
+/* The flag behind it, for ts_fit_options.stop. */
+const volatile sig_atomic_t *cli_stop_flag(void);
 /* "SIGINT", "SIGTERM" or "signal N". (static) */
 const char *cli_signal_name(int sig);
 /* Formats seconds as "42.3 s", "3m05s" or "2h03m" into buf. */

@@ -153,6 +153,11 @@ int cli_stop_requested(void)
     return (int)stop_signal;
 }
 
+const volatile sig_atomic_t *cli_stop_flag(void)
+{
+    return &stop_signal;
+}
+
 const char *cli_signal_name(int sig)
 {
     static char buf[24];

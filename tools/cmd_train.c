@@ -387,7 +387,9 @@ typedef struct trainer {
     int tty;            /* the progress display is a bar on a terminal */
     int show_progress;  /* rank 0, no --log-steps: a bar, or plain lines where not a terminal */
     cli_progress progress;
-    int diverged; /* run_epoch stopped on a non-finite loss and said so */
+    int save_failed; /* a checkpoint of --save could not be written */
+    double epoch_t0;     /* cli_now() when the epoch in progress began */
+    int64_t first_batch; /* its first batch run here (> 0: resumed part-way) */
     int64_t saved_step; /* the step of this run's last --save, or -1 */
     int rank, world;    /* data parallelism: this rank of world (1: a single process) */
     ts_trainer *tr;     /* the step (data-parallel when world > 1) */
@@ -867,119 +869,36 @@ static ts_status evaluate(trainer *t, double *acc)
     return s;
 }
 
-/* The run's steps left: to the end of --epochs, or to --max-steps when that comes first. */
-static int64_t steps_left(const trainer *t, int64_t bi, int64_t nb)
-{
-    int64_t left = (nb - bi) + ((int64_t)t->o.epochs - (int64_t)t->epoch - 1) * nb;
-    if (t->o.max_steps > 0 && t->o.max_steps - t->step < left)
-        left = t->o.max_steps - t->step;
-    return left > 0 ? left : 0;
-}
-
 /* Progress on stderr: a bar redrawn in place on a terminal, else a plain line (--log-every).
  * rate: images a second over this epoch so far. Elapsed and ETA over the whole run. */
-static void progress(trainer *t, int64_t batch, int64_t nbatches, double loss, double rate)
+static void progress(trainer *t, const ts_fit_state *st, double rate)
 {
     char head[64];
     snprintf(head, sizeof head, "epoch %llu/%lld batch %lld/%lld:",
-             (unsigned long long)t->epoch + 1, (long long)t->o.epochs, (long long)batch,
-             (long long)nbatches);
-    cli_progress_step(&t->progress, t->step, head,
-                      nbatches ? (double)batch / (double)nbatches : -1, loss, rate, "images/s",
-                      t->started, t->step - t->first_step, steps_left(t, batch, nbatches), t->dev);
+             (unsigned long long)st->epoch + 1, (long long)t->o.epochs, (long long)st->batch,
+             (long long)st->batches);
+    cli_progress_step(&t->progress, st->step, head, (double)st->batch / (double)st->batches,
+                      st->mean_loss, rate, "images/s", t->started, st->step - st->first_step,
+                      st->last_step - st->step, t->dev);
 }
 
-/* Clears the progress bar's line. */
-static void progress_clear(trainer *t)
+/* The evaluation at an epoch's end (or the run's): the test accuracy and the epoch's record. */
+static ts_status epoch_record(trainer *t, const ts_fit_state *st)
 {
-    cli_progress_clear(&t->progress);
-}
-
-/* One epoch; returns TS_OK and sets *stop when --max-steps is reached. */
-static ts_status run_epoch(trainer *t, int *stop)
-{
-    ts_tensor *x, *y;
-    double loss_sum = 0, t0 = cli_now();
-    int64_t seen = 0, nb = ts_loader_batches(t->loader), bi;
-    uint64_t ep;
-    ts_loader_position(t->loader, &ep, &bi);
-    const int64_t first_bi = bi; /* > 0 in an epoch resumed part-way */
-    ts_status s;
-    while ((s = ts_loader_next(t->loader, &x, &y)) == TS_OK && x) {
-        cli_step_mark(t->o.profile, (long long)t->step + 1, 1);
-        ts_memtrace_step(t->step + 1);
-        int64_t bs = ts_tensor_size(x, 0);
-        /* a stop signal: every rank stops after the same step */
-        ts_step_result r = {.stop = cli_stop_requested() != 0};
-        s = ts_trainer_step(t->tr, x, y, &r);
-        double lv = r.loss;
-        int stop_now = r.stop;
-        ts_tensor_unref(x);
-        ts_tensor_unref(y);
-        cli_step_mark(t->o.profile, (long long)t->step + 1, 0);
-        if (s)
-            return s;
-        t->step++;
-        bi++;
-        if (!isfinite(lv)) {
-            fprintf(stderr, "tessera: error: the loss became %s at step %lld (epoch %llu, batch "
-                            "%lld): training diverged and is stopped (try a smaller --lr); ",
-                    isnan(lv) ? "NaN" : "infinite", (long long)t->step,
-                    (unsigned long long)t->epoch + 1, (long long)bi);
-            if (t->saved_step >= 0)
-                fprintf(stderr, "%s is left as saved at step %lld\n", t->o.save,
-                        (long long)t->saved_step);
-            else if (t->o.save)
-                fprintf(stderr, "nothing was saved: %s was not written\n", t->o.save);
-            else
-                fprintf(stderr, "nothing was saved\n");
-            t->diverged = 1;
-            return TS_ESTATE;
-        }
-        seen += bs;
-        loss_sum += lv * (double)bs;
-        if (t->o.log_steps) {
-            if (t->o.json)
-                printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g}\n", (long long)t->step,
-                       lv, ts_optim_lr(t->opt));
-            else
-                printf("step %lld loss %.9g lr %.6g\n", (long long)t->step, lv,
-                       ts_optim_lr(t->opt));
-        }
-        if (t->show_progress && (!t->tty || bi % 10 == 0 || bi == nb))
-            progress(t, bi, nb, loss_sum / (double)seen, (double)seen / (cli_now() - t0));
-        if (t->o.save_every > 0 && t->step % t->o.save_every == 0 && t->rank == 0 &&
-            (s = save(t, t->o.save))) {
-            progress_clear(t);
-            return s;
-        }
-        if (stop_now) { /* saved, if asked, by the caller; no evaluation */
-            t->stopped_by = cli_stop_requested() ? cli_stop_requested() : SIGTERM;
-            *stop = 1;
-            progress_clear(t);
-            return TS_OK;
-        }
-        if (t->o.max_steps > 0 && t->step >= t->o.max_steps) {
-            *stop = 1;
-            break;
-        }
-    }
-    if (s)
-        return s;
     if (t->tty) {
-        progress_clear(t);
+        cli_progress_clear(&t->progress);
         char msg[128];
         snprintf(msg, sizeof msg, "  epoch %llu/%lld: testing on %lld images ...",
-                 (unsigned long long)t->epoch + 1, (long long)t->o.epochs,
+                 (unsigned long long)st->epoch + 1, (long long)t->o.epochs,
                  (long long)ts_tensor_size(t->test_x, 0));
         fprintf(stderr, "%.*s", cli_term_cols() - 1, msg); /* one line, as the bar was */
         fflush(stderr);
         t->progress.shown = 1; /* cleared with the bar */
     }
-    double secs = cli_now() - t0, test_acc = 0;
-    int64_t correct = t->correct;
+    double secs = cli_now() - t->epoch_t0, test_acc = 0;
+    int64_t correct = t->correct, seen = st->rows_since;
     t->correct = 0;
-    s = ts_dist_allreduce_sum(&correct, 1, TS_I64);
+    ts_status s = ts_dist_allreduce_sum(&correct, 1, TS_I64);
     ts_memtrace_marker("eval", 1);
     if (s == TS_OK) {
         cli_profile_eval(t->o.profile, 1); /* --profile: evaluation apart from the steps */
@@ -987,41 +906,113 @@ static ts_status run_epoch(trainer *t, int *stop)
         cli_profile_eval(t->o.profile, 0);
     }
     ts_memtrace_marker("eval", -1);
-    progress_clear(t);
+    cli_progress_clear(&t->progress);
     if (s)
         return s;
     t->last_acc = test_acc;
     if (!t->best_epoch || test_acc > t->best_acc) {
         t->best_acc = test_acc;
-        t->best_epoch = t->epoch + 1;
+        t->best_epoch = st->epoch + 1;
     }
-    ts_memory_stats st;
-    ts_device_memory_stats(t->dev, &st);
-    double train_loss = seen ? loss_sum / (double)seen : 0;
+    ts_memory_stats ms;
+    ts_device_memory_stats(t->dev, &ms);
     double train_acc = seen ? (double)correct / (double)seen : 0;
     if (t->o.json) {
         printf("{\"epoch\": %llu, \"steps\": %lld, \"lr\": %.9g, \"train_loss\": %.6f, "
                "\"train_acc\": %.4f, \"test_acc\": %.4f, \"seconds\": %.2f, \"pool_in_use\": %llu, "
                "\"pool_reserved\": %llu, \"pool_peak_reserved\": %llu, \"pool_peak_in_use\": "
                "%llu, \"world_size\": %d, \"train_batches\": %lld}\n",
-               (unsigned long long)t->epoch + 1, (long long)t->step, ts_optim_lr(t->opt),
-               train_loss, train_acc,
-               test_acc, secs, (unsigned long long)st.in_use, (unsigned long long)st.reserved,
-               (unsigned long long)st.peak_reserved, (unsigned long long)st.peak_in_use,
-               t->world, (long long)(bi - first_bi));
+               (unsigned long long)st->epoch + 1, (long long)st->step, ts_optim_lr(t->opt),
+               st->mean_loss, train_acc, test_acc, secs, (unsigned long long)ms.in_use,
+               (unsigned long long)ms.reserved, (unsigned long long)ms.peak_reserved,
+               (unsigned long long)ms.peak_in_use, t->world,
+               (long long)(st->batch - t->first_batch));
     } else {
         char b1[32], b2[32], b3[32], part[64] = "";
-        if (first_bi > 0) /* a resumed epoch: its loss covers the batches run here */
-            snprintf(part, sizeof part, " (batches %lld-%lld)", (long long)first_bi + 1,
-                     (long long)bi);
-        cli_printf_fit("epoch %llu: train loss %.4f acc %.4f%s, test acc %.4f, %.1f s, pool in use %s / "
-               "reserved %s / peak %s\n",
-               (unsigned long long)t->epoch + 1, train_loss, train_acc, part, test_acc, secs,
-               cli_bytes(st.in_use, b1, sizeof b1), cli_bytes(st.reserved, b2, sizeof b2),
-               cli_bytes(st.peak_reserved, b3, sizeof b3));
+        if (t->first_batch > 0) /* a resumed epoch: its loss covers the batches run here */
+            snprintf(part, sizeof part, " (batches %lld-%lld)", (long long)t->first_batch + 1,
+                     (long long)st->batch);
+        cli_printf_fit("epoch %llu: train loss %.4f acc %.4f%s, test acc %.4f, %.1f s, pool in "
+                       "use %s / reserved %s / peak %s\n",
+                       (unsigned long long)st->epoch + 1, st->mean_loss, train_acc, part,
+                       test_acc, secs, cli_bytes(ms.in_use, b1, sizeof b1),
+                       cli_bytes(ms.reserved, b2, sizeof b2),
+                       cli_bytes(ms.peak_reserved, b3, sizeof b3));
     }
     fflush(stdout);
     return TS_OK;
+}
+
+/* What the run does around each step (ts_fit's callback): markers, the step's line and
+ * progress, --save-every, the epoch's evaluation and its checkpoint. */
+static ts_status on_event(void *user, ts_fit_event ev, const ts_fit_state *st)
+{
+    trainer *t = user;
+    switch (ev) {
+    case TS_FIT_EPOCH_BEGIN: {
+        char mk[32];
+        snprintf(mk, sizeof mk, "epoch %llu", (unsigned long long)st->epoch + 1);
+        ts_memtrace_marker(mk, 0);
+        t->epoch = st->epoch;
+        t->epoch_t0 = cli_now();
+        t->first_batch = st->batch; /* > 0 in an epoch resumed part-way */
+        return TS_OK;
+    }
+    case TS_FIT_STEP_BEGIN:
+        cli_step_mark(t->o.profile, (long long)st->step + 1, 1);
+        ts_memtrace_step(st->step + 1);
+        return TS_OK;
+    case TS_FIT_STEP:
+        cli_step_mark(t->o.profile, (long long)st->step, 0);
+        t->step = st->step;
+        if (t->o.log_steps) {
+            if (t->o.json)
+                printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g}\n", (long long)t->step,
+                       st->loss, ts_optim_lr(t->opt));
+            else
+                printf("step %lld loss %.9g lr %.6g\n", (long long)t->step, st->loss,
+                       ts_optim_lr(t->opt));
+        }
+        if (t->show_progress && (!t->tty || st->batch % 10 == 0 || st->batch == st->batches))
+            progress(t, st, (double)st->rows_since / (cli_now() - t->epoch_t0));
+        if (t->o.save_every > 0 && t->step % t->o.save_every == 0 && t->rank == 0) {
+            ts_status s = save(t, t->o.save);
+            t->save_failed = s != TS_OK;
+            return s;
+        }
+        return TS_OK;
+    case TS_FIT_EVAL:
+        return epoch_record(t, st);
+    case TS_FIT_EPOCH_END: /* the position saved is the next epoch's start */
+        if (t->o.save && t->rank == 0) {
+            ts_status s = save(t, t->o.save);
+            t->save_failed = s != TS_OK;
+            return s;
+        }
+        return TS_OK;
+    }
+    return TS_OK;
+}
+
+/* After a failed ts_fit: why, and what was kept. */
+static void say_failed(trainer *t, ts_status s, const ts_fit_state *st)
+{
+    cli_progress_clear(&t->progress);
+    if (!st->diverged) {
+        cli_fail(s, t->save_failed ? "--save" : "training failed");
+        return;
+    }
+    fprintf(stderr, "tessera: error: the loss became %s at step %lld (epoch %llu, batch %lld): "
+                    "training diverged and is stopped (try a smaller --lr); ",
+            isnan(st->loss) ? "NaN" : "infinite", (long long)st->step,
+            (unsigned long long)st->epoch + 1, (long long)st->batch);
+    if (t->saved_step >= 0)
+        fprintf(stderr, "%s is left as saved at step %lld\n", t->o.save,
+                (long long)t->saved_step);
+    else if (t->o.save)
+        fprintf(stderr, "nothing was saved: %s was not written\n", t->o.save);
+    else
+        fprintf(stderr, "nothing was saved\n");
 }
 
 /* ---- the command ------------------------------------------------------------------------- */
@@ -1370,38 +1361,24 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     }
     ts_trainer_options to = {.on_output = count_correct, .user = &t, .clip_grad_norm = t.o.clip,
                              .accumulate = t.o.accumulate};
-    if ((s = ts_trainer_new(t.model, t.opt, &to, &t.tr))) {
+    if ((s = ts_trainer_new(t.model, t.opt, &to, &t.tr)) ||
+        (s = ts_trainer_set_steps(t.tr, t.step))) {
         cli_fail(s, t.world > 1 ? "data parallelism" : "cannot set up training");
         goto out;
     }
-    int stop = 0;
     t.started = cli_now();
     t.first_step = t.step;
     cli_profile_begin(t.o.profile);
-    for (; t.epoch < (uint64_t)t.o.epochs && !stop; t.epoch++) {
-        uint64_t ep;
-        int64_t bi;
-        char mk[32];
-        snprintf(mk, sizeof mk, "epoch %llu", (unsigned long long)t.epoch + 1);
-        ts_memtrace_marker(mk, 0);
-        ts_loader_position(t.loader, &ep, &bi);
-        if (ep != t.epoch || bi >= ts_loader_batches(t.loader))
-            s = ts_loader_start_epoch(t.loader, t.epoch);
-        if (s == TS_OK)
-            s = run_epoch(&t, &stop);
-        if (s) {
-            if (!t.diverged)
-                cli_fail(s, "training failed");
-            goto out;
-        }
-        /* An epoch that ran to its end (whether or not --max-steps stopped there) is done:
-         * save the position as the next one's beginning, so a resume never replays it. */
-        ts_loader_position(t.loader, &ep, &bi);
-        if (bi >= ts_loader_batches(t.loader) &&
-            (s = ts_loader_start_epoch(t.loader, t.epoch + 1))) {
-            cli_fail(s, "training failed");
-            goto out;
-        }
+    ts_fit_options fo = {.loader = t.loader, .epochs = t.o.epochs, .steps = t.o.max_steps,
+                         .stop = cli_stop_flag(), .on_event = on_event, .user = &t};
+    ts_fit_state st;
+    if ((s = ts_fit(t.tr, &fo, &st))) {
+        say_failed(&t, s, &st);
+        goto out;
+    }
+    if (st.stopped) { /* saved, if asked; no evaluation */
+        cli_progress_clear(&t.progress);
+        t.stopped_by = cli_stop_requested() ? cli_stop_requested() : SIGTERM;
         if (t.o.save && t.rank == 0 && (s = save(&t, t.o.save))) {
             cli_fail(s, "--save");
             goto out;

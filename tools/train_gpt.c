@@ -308,6 +308,14 @@ typedef struct run {
     ts_trainer *tr; /* the step (data-parallel when world > 1) */
     int stopped; /* the signal that stopped training, or 0 */
     cli_session ss;
+    /* the run in progress (ts_fit's callback) */
+    const unsigned char *text, *vtext; /* the training and validation bytes */
+    size_t ntrain, nval;
+    cli_progress prog;
+    int show;                   /* progress shown (rank 0) */
+    double t0, drawn, started;  /* since the last evaluation; last redraw; training began */
+    double last_val, best_val;  /* NaN: no evaluation yet */
+    int save_failed;            /* a checkpoint of --save could not be written */
 } run;
 
 /* Every rank must train the same model on the same text with the same settings; a rank
@@ -492,13 +500,92 @@ static ts_status validation_loss(run *r, const unsigned char *vtext, size_t nval
 
 /* One progress line or bar: step of stop, the mean loss since the last evaluation, tokens/s,
  * elapsed, ETA, pool. */
-static void step_progress(run *r, cli_progress *p, int64_t stop, double loss, double tps,
-                          double started, int64_t first_step)
+static void step_progress(run *r, const ts_fit_state *st)
 {
     char head[64];
-    snprintf(head, sizeof head, "step %lld/%lld:", (long long)r->step + 1, (long long)stop);
-    cli_progress_step(p, r->step + 1, head, (double)(r->step + 1) / (double)stop, loss, tps,
-                      "tokens/s", started, r->step + 1 - first_step, stop - r->step - 1, r->dev);
+    double tps = (double)st->steps_since * (double)(r->o.batch * r->o.cfg.context) /
+                 (r->drawn - r->t0);
+    snprintf(head, sizeof head, "step %lld/%lld:", (long long)st->step, (long long)st->last_step);
+    cli_progress_step(&r->prog, st->step, head, (double)st->step / (double)st->last_step,
+                      st->mean_loss, tps, "tokens/s", r->started, st->step - st->first_step,
+                      st->last_step - st->step, r->dev);
+}
+
+/* Step k's batch: its windows of the training text. */
+static ts_status batch_of(void *user, int64_t k, ts_tensor **x, ts_tensor **y)
+{
+    run *r = user;
+    return windows(r->dev, r->text, r->ntrain, r->o.seed, (uint64_t)k, 0, r->o.batch,
+                   r->o.cfg.context, x, y);
+}
+
+/* The evaluation every --eval-every steps and at the end: the validation loss, its record,
+ * the checkpoint. */
+static ts_status eval_record(run *r, const ts_fit_state *st)
+{
+    cli_progress_clear(&r->prog);
+    double secs = cli_now() - r->t0, val = 0;
+    char mk[40];
+    snprintf(mk, sizeof mk, "step %lld", (long long)st->step);
+    ts_memtrace_marker(mk, 0);
+    ts_memtrace_marker("eval", 1);
+    cli_profile_eval(r->o.profile, 1); /* --profile: evaluation apart from the steps */
+    ts_status s = validation_loss(r, r->vtext, r->nval, r->o.cfg.context, &val);
+    cli_profile_eval(r->o.profile, 0);
+    ts_memtrace_marker("eval", -1);
+    if (s)
+        return s;
+    r->last_val = val;
+    r->best_val = isnan(r->best_val) || val < r->best_val ? val : r->best_val;
+    double tps = (double)st->steps_since * (double)(r->o.batch * r->o.cfg.context) / secs;
+    if (r->o.json)
+        printf("{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f, "
+               "\"val_bits_per_byte\": %.6f, \"lr\": %.9g, \"tokens_per_s\": %.0f, "
+               "\"seconds\": %.2f, \"world_size\": %d}\n",
+               (long long)st->step, st->mean_loss, val, val / log(2.0), ts_optim_lr(r->opt),
+               tps, secs, r->world);
+    else
+        cli_printf_fit("step %lld: train loss %.4f, val loss %.4f (%.3f bits/byte), lr %.3g, "
+                       "%.0f tokens/s\n",
+                       (long long)st->step, st->mean_loss, val, val / log(2.0),
+                       ts_optim_lr(r->opt), tps);
+    fflush(stdout);
+    r->t0 = cli_now();
+    if (r->o.save && r->rank == 0 && (s = save(r)))
+        r->save_failed = 1;
+    return s;
+}
+
+/* What the run does around each step (ts_fit's callback). */
+static ts_status on_event(void *user, ts_fit_event ev, const ts_fit_state *st)
+{
+    run *r = user;
+    switch (ev) {
+    case TS_FIT_STEP_BEGIN:
+        cli_step_mark(r->o.profile, (long long)st->step + 1, 1);
+        ts_memtrace_step(st->step + 1);
+        return TS_OK;
+    case TS_FIT_STEP:
+        cli_step_mark(r->o.profile, (long long)st->step, 0);
+        r->step = st->step;
+        if (r->o.log_steps) {
+            if (r->o.json)
+                printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g}\n", (long long)st->step,
+                       st->loss, ts_optim_lr(r->opt));
+            else
+                printf("step %lld loss %.9g lr %.6g\n", (long long)st->step, st->loss,
+                       ts_optim_lr(r->opt));
+        }
+        if (r->show && !st->stopped && cli_now() - r->drawn >= (r->prog.tty ? 0.1 : 0)) {
+            r->drawn = cli_now(); /* 10 redraws a second on a terminal */
+            step_progress(r, st);
+        }
+        return TS_OK;
+    case TS_FIT_EVAL:
+        return eval_record(r, st);
+    default:
+        return TS_OK;
+    }
 }
 
 int cli_train_gpt(int argc, char **argv, const cli_common *common)
@@ -640,8 +727,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         if (r.o.cfg.checkpoint)
             cli_printf_fit("  activation checkpointing: each block recomputed in backward\n");
     }
-    double t0 = cli_now(), loss_sum = 0, started = t0, last_val = NAN, best_val = NAN;
-    int64_t since = 0, first_step = r.step;
+    int64_t first_step = r.step;
     int64_t stop = r.o.max_steps > 0 && r.o.max_steps < r.o.steps ? r.o.max_steps : r.o.steps;
     if (r.step >= stop) {
         fprintf(stderr, "tessera: %s is at step %lld: nothing left to train up to step %lld\n",
@@ -651,112 +737,44 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     }
     cli_profile_begin(r.o.profile);
     /* progress: a bar on a terminal; elsewhere a line every --log-every steps or 30 s */
-    cli_progress prog;
     int tty = r.rank == 0 && isatty(STDERR_FILENO) && !r.o.log_steps &&
               !(r.o.json && isatty(STDOUT_FILENO));
-    int show = r.rank == 0 && (tty || !isatty(STDERR_FILENO) || r.o.log_every > 0);
-    double drawn = 0;
-    cli_progress_init(&prog, tty, r.o.log_every);
-    for (; r.step < stop; r.step++) {
-        ts_tensor *x = NULL, *y = NULL;
-        cli_step_mark(r.o.profile, (long long)r.step + 1, 1);
-        ts_memtrace_step(r.step + 1);
-        /* SIGINT/SIGTERM: every rank stops after this step */
-        ts_step_result res = {.stop = cli_stop_requested() != 0};
-        if (!(s = windows(r.dev, text, ntrain, r.o.seed, (uint64_t)r.step, 0, r.o.batch, T, &x,
-                          &y)))
-            s = ts_trainer_step(r.tr, x, y, &res);
-        double lv = res.loss;
-        int stop_now = res.stop;
-        ts_tensor_unref(x), ts_tensor_unref(y);
-        cli_step_mark(r.o.profile, (long long)r.step + 1, 0);
-        if (s) {
-            cli_fail(s, "training failed");
-            goto out;
-        }
-        if (!isfinite(lv)) {
+    r.show = r.rank == 0 && (tty || !isatty(STDERR_FILENO) || r.o.log_every > 0);
+    cli_progress_init(&r.prog, tty, r.o.log_every);
+    r.text = text;
+    r.ntrain = ntrain;
+    r.vtext = text + ntrain;
+    r.nval = nval;
+    r.t0 = r.started = cli_now();
+    r.last_val = r.best_val = NAN;
+    ts_fit_options fo = {.batch = batch_of, .steps = stop, .eval_every = r.o.eval_every,
+                         .stop = cli_stop_flag(), .on_event = on_event, .user = &r};
+    ts_fit_state st;
+    if ((s = ts_trainer_set_steps(r.tr, r.step)) || (s = ts_fit(r.tr, &fo, &st))) {
+        cli_progress_clear(&r.prog);
+        if (st.diverged)
             fprintf(stderr, "tessera: error: the loss became %s at step %lld: training diverged "
-                            "(try a smaller --lr)\n", isnan(lv) ? "NaN" : "infinite",
-                    (long long)r.step + 1);
-            goto out;
-        }
-        loss_sum += lv;
-        since++;
-        if (stop_now) {
-            cli_progress_clear(&prog);
-            int sig = cli_stop_requested() ? cli_stop_requested() : SIGTERM;
-            r.step++; /* the steps taken so far */
-            if (r.o.save && r.rank == 0 && (s = save(&r))) {
-                cli_fail(s, "--save");
-                goto out;
-            }
-            if (r.rank == 0)
-                cli_say_stopped(sig, (long long)r.step, NULL, r.o.save,
-                                (const char *const[]){"--text", r.o.text, "--device",
-                                                      r.o.device, "--config", config, NULL});
-            r.stopped = sig;
-            break;
-        }
-        if (r.o.log_steps) {
-            if (r.o.json)
-                printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g}\n",
-                       (long long)r.step + 1, lv, ts_optim_lr(r.opt));
-            else
-                printf("step %lld loss %.9g lr %.6g\n", (long long)r.step + 1, lv,
-                       ts_optim_lr(r.opt));
-        }
-        if (show && cli_now() - drawn >= (prog.tty ? 0.1 : 0)) { /* 10 redraws a second */
-            drawn = cli_now();
-            step_progress(&r, &prog, stop, loss_sum / (double)since,
-                          (double)since * (double)(r.o.batch * T) / (drawn - t0), started,
-                          first_step);
-        }
-        int last = r.step + 1 == stop;
-        if ((r.step + 1) % r.o.eval_every && !last)
-            continue;
-        cli_progress_clear(&prog);
-        double secs = cli_now() - t0, val = 0;
-        char mk[40];
-        snprintf(mk, sizeof mk, "step %lld", (long long)r.step + 1);
-        ts_memtrace_marker(mk, 0);
-        ts_memtrace_marker("eval", 1);
-        cli_profile_eval(r.o.profile, 1); /* --profile: evaluation apart from the steps */
-        s = validation_loss(&r, text + ntrain, nval, T, &val);
-        cli_profile_eval(r.o.profile, 0);
-        ts_memtrace_marker("eval", -1);
-        if (s) {
-            cli_fail(s, "evaluation failed");
-            goto out;
-        }
-        double train_loss = loss_sum / (double)since;
-        last_val = val;
-        best_val = isnan(best_val) || val < best_val ? val : best_val;
-        double tps = (double)since * (double)(r.o.batch * T) / secs;
-        if (r.o.json)
-            printf("{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f, "
-                   "\"val_bits_per_byte\": %.6f, \"lr\": %.9g, \"tokens_per_s\": %.0f, "
-                   "\"seconds\": %.2f, \"world_size\": %d}\n",
-                   (long long)r.step + 1, train_loss, val, val / log(2.0), ts_optim_lr(r.opt),
-                   tps, secs, r.world);
+                            "(try a smaller --lr)\n", isnan(st.loss) ? "NaN" : "infinite",
+                    (long long)st.step);
         else
-            cli_printf_fit("step %lld: train loss %.4f, val loss %.4f (%.3f bits/byte), lr %.3g, "
-                   "%.0f tokens/s\n",
-                   (long long)r.step + 1, train_loss, val, val / log(2.0), ts_optim_lr(r.opt),
-                   tps);
-        fflush(stdout);
-        loss_sum = 0;
-        since = 0;
-        t0 = cli_now();
-        if (r.o.save && r.rank == 0) {
-            r.step++; /* the steps taken so far */
-            s = save(&r);
-            r.step--;
-            if (s) {
-                cli_fail(s, "--save");
-                goto out;
-            }
-        }
+            cli_fail(s, r.save_failed ? "--save" : "training failed");
+        goto out;
     }
+    r.step = st.step;
+    if (st.stopped) {
+        cli_progress_clear(&r.prog);
+        int sig = cli_stop_requested() ? cli_stop_requested() : SIGTERM;
+        if (r.o.save && r.rank == 0 && (s = save(&r))) {
+            cli_fail(s, "--save");
+            goto out;
+        }
+        if (r.rank == 0)
+            cli_say_stopped(sig, (long long)r.step, NULL, r.o.save,
+                            (const char *const[]){"--text", r.o.text, "--device",
+                                                  r.o.device, "--config", config, NULL});
+        r.stopped = sig;
+    }
+    double started = r.started, last_val = r.last_val, best_val = r.best_val;
     if (r.rank == 0)
         cli_profile_report(r.o.profile, (long long)(r.step - first_step), cli_now() - started,
                            r.o.json);

@@ -3,10 +3,12 @@
  * loss, backward over micro-batches (gradient accumulation), the gradients averaged over the
  * ranks of a distributed job, clipped, the optimizer's step, the gradients zeroed, and the
  * global batch's mean loss read back. ts_train_epoch runs a loader's epoch through the same
- * step; ts_evaluate measures a classifier's accuracy. Each step's tensors are released as it
- * ends (a scope per micro-batch). */
+ * step; ts_fit runs the whole loop around it (epochs or steps, evaluation, checkpoints and
+ * stopping through one callback); ts_evaluate measures a classifier's accuracy. Each step's
+ * tensors are released as it ends (a scope per micro-batch). */
 #ifndef TESSERA_TRAIN_H
 #define TESSERA_TRAIN_H
+#include <signal.h>
 #include <stdint.h>
 #include <tessera/data.h>
 #include <tessera/nn.h>
@@ -75,6 +77,70 @@ typedef struct ts_step_result {
 ts_status ts_trainer_step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_step_result *r);
 /* Optimizer steps taken through t. */
 int64_t ts_trainer_steps(const ts_trainer *t);
+
+/* A resumed run's count of steps taken (ts_trainer_steps), as its checkpoint recorded it. */
+ts_status ts_trainer_set_steps(ts_trainer *t, int64_t steps);
+
+/* ---- the run: ts_fit ------------------------------------------------------------------
+ * The loop around the step, the one tessera train runs for every model: batch after batch
+ * from a loader (epoch after epoch) or from a function of the step, each one ts_trainer_step,
+ * until the run's end (its epochs, or its steps, whichever comes first), a stop request
+ * (checked once per step, honoured by every rank after the same step) or a loss that is not
+ * finite. The caller's callback sees each event and does what the run prints, records or
+ * saves; ts_fit itself prints nothing and installs no signal handler. */
+
+/* The global batch of step `step` (0-based: the first step of a run is 0): x and y, rows
+ * first, the same on every rank (transfer full: ts_fit releases them). */
+typedef ts_status (*ts_batch_fn)(void *user, int64_t step, ts_tensor **x, ts_tensor **y);
+
+typedef enum ts_fit_event {
+    TS_FIT_EPOCH_BEGIN = 0, /* a loader's epoch is about to run (from its position) */
+    TS_FIT_STEP_BEGIN = 1,  /* step st->step + 1 is about to run */
+    TS_FIT_STEP = 2,        /* step st->step ran: st->loss is its loss (finite) */
+    TS_FIT_EVAL = 3,        /* time to evaluate: every eval_every steps, at the end of a
+                             * loader's epoch, and at the run's last step */
+    TS_FIT_EPOCH_END = 4    /* a loader's epoch ended (the loader already at the next one's
+                             * start), or the run ended inside it at its last step */
+} ts_fit_event;
+
+/* Where the run stands, as the callback sees it. */
+typedef struct ts_fit_state {
+    int64_t step;       /* optimizer steps taken (ts_trainer_steps) */
+    int64_t first_step; /* steps taken when this ts_fit began (a resumed run's start) */
+    int64_t last_step;  /* the step the run ends at */
+    uint64_t epoch;     /* loader: the epoch in progress (0-based) */
+    int64_t batch;      /* loader: that epoch's batches done */
+    int64_t batches;    /* loader: batches per epoch (0 without a loader) */
+    double loss;        /* the last step's global mean loss */
+    double mean_loss;    /* the mean loss per row over the steps since the last TS_FIT_EVAL */
+    double loss_sum;     /* the sum of those steps' losses, each times its rows */
+    int64_t steps_since; /* those steps */
+    int64_t rows_since;  /* and their global rows */
+    int stopped;   /* out: the run ended on a stop request, after step `step` (no evaluation) */
+    int diverged;  /* out: the run ended on a loss that is not finite (ts_fit's TS_ESTATE) */
+} ts_fit_state;
+
+/* The callback: a non-OK status ends the run with it. */
+typedef ts_status (*ts_fit_fn)(void *user, ts_fit_event ev, const ts_fit_state *st);
+
+typedef struct ts_fit_options {
+    ts_loader *loader;  /* the batches, epoch after epoch, from the loader's position; or */
+    ts_batch_fn batch;  /* with no loader: step k's batch is batch(user, k, ...) */
+    int64_t epochs;     /* loader: the run ends when its epoch `epochs - 1` is done */
+    int64_t steps;      /* > 0: the run ends at this step, if it comes first (required with
+                         * a batch function) */
+    int64_t eval_every; /* > 0: TS_FIT_EVAL after every step that is a multiple of it */
+    const volatile sig_atomic_t *stop; /* NULL, or nonzero when the run should stop (a signal
+                                        * handler's flag): every rank stops after the same step */
+    ts_fit_fn on_event; /* NULL: none */
+    void *user;         /* handed to batch and on_event */
+} ts_fit_options;
+
+/* Runs t from its step count (ts_trainer_steps) and the loader's position to the run's end.
+ * TS_OK with *st at the last step taken (st->stopped if a stop request ended it); on a loss
+ * that is not finite, TS_ESTATE with st->diverged set and st at that step (its optimizer step
+ * applied). Nothing to do (already at the end): TS_OK with no step. st may be NULL. */
+ts_status ts_fit(ts_trainer *t, const ts_fit_options *o, ts_fit_state *st);
 
 /* One epoch: m in training mode; for every batch of l from its current position to the end of
  * the epoch, the loss (mean over the batch) backpropagated, one ts_optim_step and

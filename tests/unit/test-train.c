@@ -404,6 +404,229 @@ static void test_memory_roles(void)
     tap_end();
 }
 
+/* ---- ts_fit ------------------------------------------------------------------------------ */
+
+typedef struct fit_log {
+    int64_t events[5];
+    int64_t eval_at[8], nevals;
+    int64_t first_batch;         /* the first EPOCH_BEGIN's batch */
+    int64_t stop_after;          /* > 0: ask to stop once this step has run */
+    volatile sig_atomic_t stop;
+    ts_fit_event fail_on;        /* fail_at > 0: this event fails at that step */
+    int64_t fail_at;
+    ts_tensor *x, *y;            /* the batch function's data */
+    int64_t batches_made, nan_at; /* nan_at > 0: step nan_at's batch (1-based) is NaN */
+} fit_log;
+
+static ts_status log_event(void *user, ts_fit_event ev, const ts_fit_state *st)
+{
+    fit_log *l = user;
+    if (ev == TS_FIT_EPOCH_BEGIN && l->events[ev] == 0)
+        l->first_batch = st->batch;
+    l->events[ev]++;
+    if (ev == TS_FIT_EVAL && l->nevals < 8) {
+        l->eval_at[l->nevals++] = st->step;
+        CHECK(st->steps_since > 0 && st->rows_since > 0 && isfinite(st->mean_loss));
+    }
+    if (ev == TS_FIT_STEP && l->stop_after && st->step == l->stop_after)
+        l->stop = 1;
+    if (l->fail_at && ev == l->fail_on && st->step == l->fail_at)
+        return ts_trainer_set_steps(NULL, 0); /* a failure with its message */
+    return TS_OK;
+}
+
+static void check_same_params(ts_module *a, ts_module *b, const char *what)
+{
+    double scale;
+    double d = param_diff(a, b, &scale);
+    CHECK_MSG(d == 0, "%s: parameters differ by %g", what, d);
+}
+
+static void test_fit_loader(void)
+{
+    ts_device *dev = tap_start();
+    ts_tensor *x, *y;
+    data(dev, &x, &y);
+    ts_module *a = mlp(dev), *b = mlp(dev);
+    ts_optim *oa = adam(a), *ob = adam(b);
+    ts_loader *la, *lb;
+    CHECK_OK(ts_loader_new(x, y, B, 1, 9, 0, &la));
+    CHECK_OK(ts_loader_new(x, y, B, 1, 9, 0, &lb));
+    const int64_t nb = N / B;
+    /* two epochs through ts_fit == two epochs through ts_train_epoch, bit for bit */
+    ts_trainer *t;
+    CHECK_OK(ts_trainer_new(a, oa, NULL, &t));
+    fit_log log = {0};
+    ts_fit_options fo = {.loader = la, .epochs = 2, .on_event = log_event, .user = &log};
+    ts_fit_state st;
+    CHECK_OK(ts_fit(t, &fo, &st));
+    for (uint64_t e = 0; e < 2; e++) {
+        CHECK_OK(ts_loader_start_epoch(lb, e));
+        CHECK_OK(ts_train_epoch(b, lb, ob, TS_LOSS_CROSS_ENTROPY, NULL));
+    }
+    check_same_params(a, b, "ts_fit against ts_train_epoch");
+    CHECK(st.step == 2 * nb && st.last_step == 2 * nb && st.first_step == 0 && !st.stopped);
+    CHECK(log.events[TS_FIT_STEP] == 2 * nb && log.events[TS_FIT_STEP_BEGIN] == 2 * nb);
+    CHECK(log.events[TS_FIT_EPOCH_BEGIN] == 2 && log.events[TS_FIT_EPOCH_END] == 2);
+    CHECK(log.nevals == 2 && log.eval_at[0] == nb && log.eval_at[1] == 2 * nb);
+    uint64_t ep;
+    int64_t bi;
+    ts_loader_position(la, &ep, &bi);
+    CHECK_MSG(ep == 2 && bi == 0, "loader left at epoch %llu batch %lld, not the next epoch's "
+              "start", (unsigned long long)ep, (long long)bi);
+    /* at its end already: nothing to do */
+    memset(&log, 0, sizeof log);
+    CHECK_OK(ts_fit(t, &fo, &st));
+    CHECK(st.step == 2 * nb && log.events[TS_FIT_STEP] == 0 && log.nevals == 0);
+    /* a run of steps ends inside an epoch: evaluated there, the epoch closed, position kept */
+    ts_trainer_free(t);
+    ts_optim_free(oa);
+    ts_module_free(a);
+    a = mlp(dev);
+    oa = adam(a);
+    CHECK_OK(ts_trainer_new(a, oa, NULL, &t));
+    CHECK_OK(ts_loader_start_epoch(la, 0));
+    memset(&log, 0, sizeof log);
+    fo.steps = nb + 2;
+    fo.eval_every = 4; /* at 4 and at the epoch's end (6), then at the run's end (8) */
+    CHECK_OK(ts_fit(t, &fo, &st));
+    CHECK(st.step == nb + 2 && st.last_step == nb + 2);
+    CHECK_MSG(log.nevals == 3 && log.eval_at[0] == 4 && log.eval_at[1] == nb &&
+              log.eval_at[2] == nb + 2, "%lld evaluations", (long long)log.nevals);
+    CHECK(log.events[TS_FIT_EPOCH_END] == 2);
+    ts_loader_position(la, &ep, &bi);
+    CHECK(ep == 1 && bi == 2);
+    /* a callback's failure ends the run with its status */
+    memset(&log, 0, sizeof log);
+    log.fail_on = TS_FIT_STEP;
+    log.fail_at = nb + 3;
+    fo.steps = 0;
+    CHECK_FAILS(ts_fit(t, &fo, &st), TS_EINVAL, "ts_trainer_set_steps");
+    CHECK(st.step == nb + 3);
+    ts_trainer_free(t);
+    ts_loader_free(la), ts_loader_free(lb);
+    ts_optim_free(oa), ts_optim_free(ob);
+    ts_module_free(a), ts_module_free(b);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    tap_end();
+}
+
+/* A run stopped part-way (a stop request, as a signal handler makes it), saved, and resumed in
+ * fresh objects from the checkpoint, ends with the parameters of the run straight through. */
+static void test_fit_stop_and_resume(void)
+{
+    ts_device *dev = tap_start();
+    ts_tensor *x, *y;
+    data(dev, &x, &y);
+    const int64_t nb = N / B;
+    ts_module *a = mlp(dev), *b = mlp(dev), *c = mlp(dev);
+    ts_optim *oa = adam(a), *ob = adam(b), *oc = adam(c);
+    ts_loader *la, *lb, *lc;
+    CHECK_OK(ts_loader_new(x, y, B, 1, 9, 0, &la));
+    CHECK_OK(ts_loader_new(x, y, B, 1, 9, 0, &lb));
+    CHECK_OK(ts_loader_new(x, y, B, 1, 9, 0, &lc));
+    ts_trainer *ta, *tb, *tc;
+    ts_trainer_options to = {.clip_grad_norm = 0.5, .accumulate = 3};
+    CHECK_OK(ts_trainer_new(a, oa, &to, &ta));
+    CHECK_OK(ts_trainer_new(b, ob, &to, &tb));
+    CHECK_OK(ts_trainer_new(c, oc, &to, &tc));
+    ts_fit_state st;
+    ts_fit_options fo = {.loader = la, .epochs = 2};
+    CHECK_OK(ts_fit(ta, &fo, &st));
+    /* stopped: asked after step nb + 1, honoured after the next */
+    fit_log log = {.stop_after = nb + 1};
+    fo = (ts_fit_options){.loader = lb, .epochs = 2, .stop = &log.stop, .on_event = log_event,
+                          .user = &log};
+    CHECK_OK(ts_fit(tb, &fo, &st));
+    CHECK_MSG(st.stopped && st.step == nb + 2, "stopped %d at step %lld", st.stopped,
+              (long long)st.step);
+    CHECK_MSG(log.nevals == 1, "%lld evaluations: the stopped epoch is not evaluated",
+              (long long)log.nevals);
+    ts_checkpoint *ck;
+    uint64_t ep;
+    int64_t bi;
+    CHECK_OK(ts_checkpoint_new(&ck));
+    CHECK_OK(ts_module_save(b, NULL, ck));
+    CHECK_OK(ts_optim_save_state(ob, ck));
+    ts_loader_position(lb, &ep, &bi);
+    CHECK(ep == 1 && bi == 2);
+    /* resumed in c */
+    CHECK_OK(ts_module_load(c, NULL, ck));
+    CHECK_OK(ts_optim_load_state(oc, ck));
+    CHECK_OK(ts_loader_seek(lc, ep, bi));
+    CHECK_OK(ts_trainer_set_steps(tc, st.step));
+    memset(&log, 0, sizeof log);
+    fo = (ts_fit_options){.loader = lc, .epochs = 2, .on_event = log_event, .user = &log};
+    CHECK_OK(ts_fit(tc, &fo, &st));
+    CHECK(st.first_step == nb + 2 && st.step == 2 * nb && log.first_batch == 2);
+    check_same_params(a, c, "stopped, saved and resumed against straight");
+    CHECK_FAILS(ts_trainer_set_steps(tc, -1), TS_EINVAL, "negative");
+    ts_checkpoint_free(ck);
+    ts_trainer_free(ta), ts_trainer_free(tb), ts_trainer_free(tc);
+    ts_loader_free(la), ts_loader_free(lb), ts_loader_free(lc);
+    ts_optim_free(oa), ts_optim_free(ob), ts_optim_free(oc);
+    ts_module_free(a), ts_module_free(b), ts_module_free(c);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    tap_end();
+}
+
+/* Step k's batch: B rows from k * B (mod N); NaN inputs at step nan_at. */
+static ts_status batch_of(void *user, int64_t k, ts_tensor **x, ts_tensor **y)
+{
+    fit_log *l = user;
+    l->batches_made++;
+    int64_t at = k * B % N;
+    ts_status s = ts_tensor_narrow(l->x, 0, at, B, x);
+    if (s == TS_OK && l->nan_at == k + 1) {
+        ts_tensor *v = *x;
+        s = ts_mul_scalar(v, NAN, x);
+        ts_tensor_unref(v);
+    }
+    return s ? s : ts_tensor_narrow(l->y, 0, at, B, y);
+}
+
+static void test_fit_batch_fn(void)
+{
+    ts_device *dev = tap_start();
+    ts_module *a = mlp(dev), *b = mlp(dev);
+    ts_optim *oa = adam(a), *ob = adam(b);
+    fit_log log = {0};
+    data(dev, &log.x, &log.y);
+    ts_trainer *t;
+    CHECK_OK(ts_trainer_new(a, oa, NULL, &t));
+    ts_fit_options fo = {.batch = batch_of, .steps = 5, .eval_every = 2,
+                         .on_event = log_event, .user = &log};
+    ts_fit_state st;
+    CHECK_OK(ts_fit(t, &fo, &st));
+    CHECK(st.step == 5 && log.batches_made == 5 && log.events[TS_FIT_EPOCH_BEGIN] == 0);
+    CHECK_MSG(log.nevals == 3 && log.eval_at[0] == 2 && log.eval_at[1] == 4 &&
+              log.eval_at[2] == 5, "%lld evaluations", (long long)log.nevals);
+    for (int64_t k = 0; k < 5; k++) { /* the same steps by hand */
+        ts_tensor *bx, *by;
+        CHECK_OK(batch_of(&log, k, &bx, &by));
+        hand_step(b, ob, bx, by, 0);
+        ts_tensor_unref(bx), ts_tensor_unref(by);
+    }
+    check_same_params(a, b, "ts_fit with a batch function against the hand loop");
+    /* a loss that is not finite ends the run: TS_ESTATE, the step counted */
+    fo.steps = 9;
+    log.nan_at = 7;
+    CHECK_FAILS(ts_fit(t, &fo, &st), TS_ESTATE, "NaN", "step 7");
+    CHECK(st.diverged && st.step == 7 && isnan(st.loss));
+    /* what is wrong */
+    CHECK_FAILS(ts_fit(NULL, &fo, &st), TS_EINVAL, "NULL");
+    fo.steps = 0;
+    CHECK_FAILS(ts_fit(t, &fo, &st), TS_EINVAL, "batch function", "steps");
+    fo.steps = 10;
+    fo.eval_every = -1;
+    CHECK_FAILS(ts_fit(t, &fo, NULL), TS_EINVAL, "negative");
+    ts_trainer_free(t);
+    ts_optim_free(oa), ts_optim_free(ob);
+    ts_module_free(a), ts_module_free(b);
+    ts_tensor_unref(log.x), ts_tensor_unref(log.y);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -412,6 +635,9 @@ int main(int argc, char **argv)
         TAP_TEST(test_trainer_step),
         TAP_TEST(test_trainer_errors),
         TAP_TEST(test_memory_roles),
+        TAP_TEST(test_fit_loader),
+        TAP_TEST(test_fit_stop_and_resume),
+        TAP_TEST(test_fit_batch_fn),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
