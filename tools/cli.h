@@ -62,7 +62,19 @@ typedef struct cli_opt {
     int refuse;        /* given otherwise than ckpt on --resume: refused (else an override) */
     int agree;         /* the group of settings the ranks must agree on (0: none) */
     const char *const *choices; /* CLI_CHOICE: the values, NULL-terminated */
+    const char *arg;   /* the value's name in --help (NULL: from the type: N, X, on|off...) */
+    const char *help;  /* its line in --help, wrapped there (NULL: not shown) */
 } cli_opt;
+/* A command's --help: "usage: " synopsis, then one [flag ARG] per shown row of pre and of the
+ * table, intro, each shown row with its help, outro. pre: rows another parser reads (shown
+ * first, never parsed by the table). */
+typedef struct cli_usage {
+    const char *synopsis; /* "tessera train" */
+    const char *intro, *outro;
+    const cli_opt *pre;
+    size_t npre;
+} cli_usage;
+void cli_opts_usage(FILE *f, const cli_usage *u, const cli_opt *t, size_t n);
 #define CLI_OFF(type, field) offsetof(type, field)
 /* Parses argv[1..] by the table into o; given[i] is set for each row seen. An argument no row
  * has goes to other (when not NULL: 1 when it took the argument and its value, 0 when not
@@ -70,7 +82,7 @@ typedef struct cli_opt {
  * for "did you mean"). "-h"/"--help" prints usage and returns -1; an
  * unknown argument is a usage error naming the closest flag. 0, or 2 after a usage error. */
 int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n, int argc,
-                   char **argv, void *o, unsigned char *given, const char *usage,
+                   char **argv, void *o, unsigned char *given, const cli_usage *usage,
                    int (*other)(void *o, const char *arg, const char *value),
                    const char *const *other_flags);
 /* Whether the row of flag was given. */

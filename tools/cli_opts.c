@@ -45,15 +45,130 @@ static int bad_choice(const char *cmd, const cli_opt *r)
     return cli_usage_error(cmd, "%s takes %s", r->flag, list);
 }
 
+/* ---- --help from the table ------------------------------------------------------------- */
+
+enum { HELP_COLS = 80, HELP_INDENT = 18 };
+
+/* The value's name of row r: its own, or from its type ("N", "X", "on|off", "all|matrices"). */
+static const char *arg_of(const cli_opt *r, char *buf, size_t len)
+{
+    if (r->arg)
+        return r->arg;
+    switch (r->type) {
+    case CLI_FLAG:
+        return "";
+    case CLI_ONOFF:
+        return "on|off";
+    case CLI_I64:
+    case CLI_U64:
+        return "N";
+    case CLI_F64:
+        return "X";
+    case CLI_CHOICE:
+    case CLI_LEVEL: {
+        size_t at = 0;
+        buf[0] = 0;
+        for (size_t k = 0; r->choices && r->choices[k] && at < len; k++)
+            at += (size_t)snprintf(buf + at, len - at, "%s%s", k ? "|" : "", r->choices[k]);
+        if (r->type == CLI_LEVEL) { /* the value is optional */
+            char inner[160];
+            snprintf(inner, sizeof inner, "[%s]", buf);
+            snprintf(buf, len, "%s", inner);
+        }
+        return buf;
+    }
+    default:
+        return "VALUE";
+    }
+}
+
+/* Words of text from column *col (sep: a space before the first), wrapped at HELP_COLS with
+ * continuation lines at indent. */
+static void wrap(FILE *f, const char *text, int *col, int indent, int sep)
+{
+    while (*text) {
+        size_t w = strcspn(text, " ");
+        if (*col > indent && *col + sep + (int)w > HELP_COLS) {
+            fprintf(f, "\n%*s", indent, "");
+            *col = indent;
+        } else if (sep) {
+            fputc(' ', f);
+            (*col)++;
+        }
+        sep = 1;
+        fprintf(f, "%.*s", (int)w, text);
+        *col += (int)w;
+        text += w;
+        text += strspn(text, " ");
+    }
+}
+
+static void usage_rows(FILE *f, const cli_opt *t, size_t n, int synopsis, int *col, int indent)
+{
+    for (size_t i = 0; i < n; i++) {
+        char buf[200], item[260];
+        if (!t[i].help)
+            continue;
+        const char *a = arg_of(&t[i], buf, sizeof buf);
+        if (synopsis) { /* one item, never broken */
+            int w = snprintf(item, sizeof item, "[%s%s%s]", t[i].flag, *a ? " " : "", a);
+            if (*col > indent && *col + 1 + w > HELP_COLS) {
+                fprintf(f, "\n%*s", indent, "");
+                *col = indent;
+            } else if (*col > indent) {
+                fputc(' ', f);
+                (*col)++;
+            }
+            fputs(item, f);
+            *col += w;
+            continue;
+        }
+        int w = fprintf(f, "  %s%s%s", t[i].flag, *a ? " " : "", a);
+        if (w < HELP_INDENT - 1)
+            fprintf(f, "%*s", HELP_INDENT - w, "");
+        else
+            fputs("  ", f);
+        int c = w < HELP_INDENT - 1 ? HELP_INDENT : w + 2;
+        wrap(f, t[i].help, &c, HELP_INDENT, 0);
+        fputc('\n', f);
+    }
+}
+
+/* text's lines (paragraphs), each wrapped at HELP_COLS. */
+static void paragraphs(FILE *f, const char *text)
+{
+    char line[1024];
+    while (text && *text) {
+        size_t len = strcspn(text, "\n");
+        snprintf(line, sizeof line, "%.*s", (int)len, text);
+        int col = 0;
+        wrap(f, line, &col, 0, 0);
+        fputc('\n', f);
+        text += len + (text[len] == '\n');
+    }
+}
+
+void cli_opts_usage(FILE *f, const cli_usage *u, const cli_opt *t, size_t n)
+{
+    int col = fprintf(f, "usage: %s ", u->synopsis), indent = col;
+    usage_rows(f, u->pre, u->npre, 1, &col, indent);
+    usage_rows(f, t, n, 1, &col, indent);
+    fputs("\n\n", f);
+    paragraphs(f, u->intro);
+    usage_rows(f, u->pre, u->npre, 0, NULL, 0);
+    usage_rows(f, t, n, 0, NULL, 0);
+    paragraphs(f, u->outro);
+}
+
 int cli_opts_parse(const char *cmd, const char *what, const cli_opt *t, size_t n, int argc,
-                   char **argv, void *o, unsigned char *given, const char *usage,
+                   char **argv, void *o, unsigned char *given, const cli_usage *usage,
                    int (*other)(void *o, const char *arg, const char *value),
                    const char *const *other_flags)
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(usage, stdout);
+            cli_opts_usage(stdout, usage, t, n);
             return -1;
         }
         const cli_opt *r = NULL;

@@ -17,66 +17,6 @@
 
 #include "cli.h"
 
-static const char usage[] =
-    "usage: tessera train [--model mlp|lenet5|cnn] [--hidden N,...] [--channels N,...]\n"
-    "                     [--init kaiming|kaiming-normal|xavier|normal:STD] [--epochs N]\n"
-    "                     [--batch-size B] [--lr X]\n"
-    "                     [--optimizer sgd|adam|adamw] [--momentum M] [--weight-decay W]\n"
-    "                     [--decay all|matrices] [--lr-schedule constant|step|cosine]\n"
-    "                     [--warmup-steps N] [--min-lr X] [--lr-decay-steps N]\n"
-    "                     [--lr-step-size N] [--lr-gamma G] [--clip-grad-norm X]\n"
-    "                     [--accumulate K]\n"
-    "                     [--device NAME] [--config FILE] [--data DIR] [--save CKPT]\n"
-    "                     [--resume CKPT] [--seed S] [--max-steps N] [--train-limit N]\n"
-    "                     [--save-every N] [--log-every N] [--log-steps] [--json]\n"
-    "                     [--memtrace TRACE] [--memplot FILE.svg] [--profile [all]]\n"
-    "\n"
-    "Trains on Fashion-MNIST (default data: " TS_FASHION_MNIST_DIR ", Debian package\n"
-    "dataset-fashion-mnist). Defaults: lenet5, 1 epoch, batch 64, adam, lr 1e-3, seed 1.\n"
-    "  --hidden N,...  widths of the hidden linear layers, ReLU after each (mlp default\n"
-    "                  256,128; cnn default none, after the conv blocks)\n"
-    "  --channels N,.. cnn: one block per entry: 3x3 conv (pad 1), ReLU, 2x2 max pool\n"
-    "                  (default 32,64); then a linear layer to the 10 classes\n"
-    "  --init KIND     weight initialisation (default kaiming: PyTorch's Kaiming-uniform);\n"
-    "                  normal:STD draws N(0, STD) with zero biases\n"
-    "  --save CKPT     write a checkpoint (safetensors) after every epoch and at the end;\n"
-    "                  the path is checked before training starts\n"
-    "  --save-every N  also write it every N steps (needs --save)\n"
-    "  --resume CKPT   continue exactly where CKPT stopped (same model, optimizer, order;\n"
-    "                  the optimizer settings are the checkpoint's)\n"
-    "  --decay KIND    which parameters weight decay applies to: all (default), or matrices\n"
-    "                  (no decay on parameters of fewer than 2 dims: biases)\n"
-    "  --lr-schedule K the learning rate per step: constant (default), step (times\n"
-    "                  --lr-gamma, default 0.5, every --lr-step-size steps, default one\n"
-    "                  epoch) or cosine (down to --min-lr, default lr/10, at step\n"
-    "                  --lr-decay-steps, default the run's last); each after a linear\n"
-    "                  warm-up from 0 over --warmup-steps (default 0)\n"
-    "  --clip-grad-norm X  scale the gradients to a global L2 norm of at most X (0: off)\n"
-    "  --accumulate K  each step's batch in K micro-batches, their gradients summed: the\n"
-    "                  activations of a batch/K at a time, the same step to float rounding\n"
-    "                  (default 1; on --resume the checkpoint's unless given)\n"
-    "  --max-steps N   stop after N optimizer steps in all (then evaluate and save)\n"
-    "  --train-limit N train on the first N training images only\n"
-    "  --log-steps     print every step's loss (one line each; JSON lines with --json)\n"
-    "  --memtrace F    write a Chrome/Perfetto trace of the pools' memory with epoch and\n"
-    "                  evaluation marks to F (one file a rank under mpirun: F.rankN)\n"
-    "  --memplot F.svg draw the trace as an SVG at the end (tessera memplot); without\n"
-    "                  --memtrace the trace is F.svg.trace.json\n"
-    "  --profile [all] time every kernel; at the end, where a training step's time goes and\n"
-    "                  whether the plugin or the reference kernels ran each kernel, then the\n"
-    "                  evaluation passes apart (stderr, or a JSON record with --json; the top\n"
-    "                  15, or all);\n"
-    "                  with --memtrace each kernel is also a slice in the trace, inside\n"
-    "                  \"step N\" slices, on the memory's timeline\n"
-    "  --log-every N   when stderr is not a terminal, a progress line there every N steps\n"
-    "                  (default: 5 s in, then every 30 s)\n"
-    "                  (on a terminal a progress bar is drawn there instead)\n"
-    "  --json          one JSON object per epoch instead of the progress bar and summary\n"
-    "A loss that becomes NaN or infinite stops training with exit status 1. SIGINT (Ctrl-C)\n"
-    "or SIGTERM finishes the current step, saves (with --save) and exits with 130 or 143;\n"
-    "a second one stops at once.\n"
-    "tessera train --model gpt --help: the character-level GPT on a text file.\n";
-
 /* Documented ranges of the numeric options (usage text and docs/training.md). */
 #define MAX_EPOCHS 1000000
 #define MAX_BATCH ((int64_t)1 << 20)
@@ -111,50 +51,123 @@ static const char *const profile_all[] = {"all", NULL}; /* --profile all: every 
 #define O(f) CLI_OFF(train_opts, f)
 static const cli_opt opts[] = {
     {.flag = "--optimizer", .type = CLI_STR, .off = O(optimizer), .json = "optimizer",
-     .agree = OPT},
-    {.flag = "--device", .type = CLI_STR, .off = O(device)},
-    {.flag = "--data", .type = CLI_STR, .off = O(data)},
-    {.flag = "--save", .type = CLI_STR, .off = O(save)},
+     .agree = OPT, .arg = "sgd|adam|adamw",
+     .help = "the optimizer (default adam)"},
+    {.flag = "--device", .type = CLI_STR, .off = O(device), .arg = "NAME",
+     .help = "the backend: a plugin's name or path (default: the configuration's)"},
+    {.flag = "--data", .type = CLI_STR, .off = O(data), .arg = "DIR",
+     .help = "the Fashion-MNIST files (default " TS_FASHION_MNIST_DIR ")"},
+    {.flag = "--save", .type = CLI_STR, .off = O(save), .arg = "CKPT",
+     .help = "write a checkpoint (safetensors) after every epoch and at the end; the path is "
+             "checked before training starts"},
     {.flag = "--resume", .type = CLI_STR, .off = O(resume), .json = "resumed_from",
-     .agree = DATA},
-    {.flag = "--memtrace", .type = CLI_STR, .off = O(memtrace)},
-    {.flag = "--memplot", .type = CLI_STR, .off = O(memplot)},
-    {.flag = "--config", .type = CLI_STR, .off = O(config)}, /* the caller's */
+     .agree = DATA, .arg = "CKPT",
+     .help = "continue exactly where CKPT stopped: its model, optimizer and settings, the same "
+             "batches in the same order (a setting given must agree, or is refused naming both "
+             "values)"},
+    {.flag = "--memtrace", .type = CLI_STR, .off = O(memtrace), .arg = "TRACE",
+     .help = "write a Chrome/Perfetto trace of the pools' memory with epoch and evaluation "
+             "marks (one file a rank under mpirun: TRACE.rankN)"},
+    {.flag = "--memplot", .type = CLI_STR, .off = O(memplot), .arg = "FILE.svg",
+     .help = "draw the trace as an SVG at the end (tessera memplot); without --memtrace the "
+             "trace is FILE.svg.trace.json"},
+    {.flag = "--config", .type = CLI_STR, .off = O(config), .arg = "FILE",
+     .help = "the configuration file (as tessera --config FILE)"}, /* the caller's */
     {"--seed", CLI_U64, O(seed), 0, 18446744073709551615.0, .json = "seed",
-     .ckpt = "train.seed", .agree = SEED},
+     .ckpt = "train.seed", .agree = SEED, .arg = "S",
+     .help = "the seed of the initial weights, the batches' order and dropout (default 1)"},
     {"--batch-size", CLI_I64, O(batch), 1, (double)MAX_BATCH, .json = "batch_size",
-     .ckpt = "train.batch_size", .agree = BATCH},
+     .ckpt = "train.batch_size", .agree = BATCH, .arg = "B",
+     .help = "images per optimizer step (default 64); under mpirun the global batch, split "
+             "over the ranks"},
     {"--train-limit", CLI_I64, O(train_limit), 0, (double)MAX_LIMIT, .ckpt = "train.train_limit",
-     .agree = DATA},
+     .agree = DATA,
+     .help = "train on the first N training images only (0: all)"},
     {"--epochs", CLI_I64, O(epochs), 1, MAX_EPOCHS, .json = "epochs", .ckpt = "train.epochs",
-     .agree = OPT},
+     .agree = OPT,
+     .help = "epochs to train (default 1)"},
     {"--accumulate", CLI_I64, O(accumulate), 1, (double)MAX_BATCH, .hi_of = O(batch) + 1,
-     .json = "accumulate", .ckpt = "train.accumulate"},
+     .json = "accumulate", .ckpt = "train.accumulate", .arg = "K",
+     .help = "each step's batch in K micro-batches, their gradients summed: the activations of "
+             "a batch/K at a time, the same step to float rounding (default 1; on --resume the "
+             "checkpoint's unless given)"},
     {"--max-steps", CLI_I64, O(max_steps), 0, (double)MAX_STEPS, .json = "max_steps",
-     .agree = OPT},
-    {"--save-every", CLI_I64, O(save_every), 1, (double)MAX_STEPS, .agree = 0},
-    {"--log-every", CLI_I64, O(log_every), 1, (double)MAX_STEPS, .agree = 0},
-    {"--lr", CLI_F64, O(lr), 0, MAX_LR, 1, .json = "lr", .agree = OPT},
-    {"--momentum", CLI_F64, O(momentum), 0, 0.999999, .json = "momentum", .agree = OPT},
+     .agree = OPT,
+     .help = "stop after N optimizer steps in all (then evaluate and save)"},
+    {"--save-every", CLI_I64, O(save_every), 1, (double)MAX_STEPS, .agree = 0,
+     .help = "also write the checkpoint every N steps (needs --save)"},
+    {"--log-every", CLI_I64, O(log_every), 1, (double)MAX_STEPS, .agree = 0,
+     .help = "when stderr is not a terminal, a progress line there every N steps (default: 5 s "
+             "in, then every 30 s); on a terminal a progress bar is drawn there instead"},
+    {"--lr", CLI_F64, O(lr), 0, MAX_LR, 1, .json = "lr", .agree = OPT,
+     .help = "the learning rate (default 1e-3; 0.05 with sgd)"},
+    {"--momentum", CLI_F64, O(momentum), 0, 0.999999, .json = "momentum", .agree = OPT, .arg = "M",
+     .help = "sgd's momentum (default 0)"},
     {"--weight-decay", CLI_F64, O(weight_decay), 0, MAX_WEIGHT_DECAY, .json = "weight_decay",
-     .agree = OPT},
+     .agree = OPT, .arg = "W",
+     .help = "weight decay (default 0; decoupled from the gradient with adamw)"},
     {.flag = "--lr-schedule", .type = CLI_CHOICE, .off = O(lr_schedule), .choices = schedules,
-     .json = "lr_schedule", .agree = OPT},
-    {"--warmup-steps", CLI_I64, O(warmup_steps), 0, (double)MAX_STEPS, .agree = OPT},
-    {"--min-lr", CLI_F64, O(min_lr), 0, MAX_LR, .agree = OPT},
-    {"--lr-decay-steps", CLI_I64, O(lr_decay_steps), 1, (double)MAX_STEPS, .agree = OPT},
-    {"--lr-step-size", CLI_I64, O(lr_step_size), 1, (double)MAX_STEPS, .agree = OPT},
-    {"--lr-gamma", CLI_F64, O(lr_gamma), 0, 1, 1, .agree = OPT},
-    {"--clip-grad-norm", CLI_F64, O(clip), 0, 1e12, .json = "clip_grad_norm", .agree = OPT},
-    {.flag = "--decay", .type = CLI_CHOICE, .off = O(decay), .choices = decays, .agree = OPT},
-    {.flag = "--json", .type = CLI_FLAG, .off = O(json)},
+     .json = "lr_schedule", .agree = OPT,
+     .help = "the learning rate per step: constant (default), step (times --lr-gamma every "
+             "--lr-step-size steps) or cosine (down to --min-lr at step --lr-decay-steps); "
+             "each after a linear warm-up from 0 over --warmup-steps"},
+    {"--warmup-steps", CLI_I64, O(warmup_steps), 0, (double)MAX_STEPS, .agree = OPT,
+     .help = "warm-up steps (default 0)"},
+    {"--min-lr", CLI_F64, O(min_lr), 0, MAX_LR, .agree = OPT,
+     .help = "where cosine ends (default lr/10)"},
+    {"--lr-decay-steps", CLI_I64, O(lr_decay_steps), 1, (double)MAX_STEPS, .agree = OPT,
+     .help = "the step at which cosine reaches --min-lr (default: the run's last)"},
+    {"--lr-step-size", CLI_I64, O(lr_step_size), 1, (double)MAX_STEPS, .agree = OPT,
+     .help = "step: steps between decays (default one epoch)"},
+    {"--lr-gamma", CLI_F64, O(lr_gamma), 0, 1, 1, .agree = OPT, .arg = "G",
+     .help = "step: the factor of each decay (default 0.5)"},
+    {"--clip-grad-norm", CLI_F64, O(clip), 0, 1e12, .json = "clip_grad_norm", .agree = OPT,
+     .help = "scale the gradients to a global L2 norm of at most X (0: off, the default)"},
+    {.flag = "--decay", .type = CLI_CHOICE, .off = O(decay), .choices = decays, .agree = OPT,
+     .help = "which parameters weight decay applies to: all (default), or matrices (no decay "
+             "on parameters of fewer than 2 dims: biases)"},
+    {.flag = "--json", .type = CLI_FLAG, .off = O(json),
+     .help = "one JSON object per epoch instead of the progress bar and summary"},
     {.flag = "--eval-only", .type = CLI_FLAG, .off = O(eval_only)}, /* tessera eval */
-    {.flag = "--profile", .type = CLI_LEVEL, .off = O(profile), .choices = profile_all},
-    {.flag = "--log-steps", .type = CLI_FLAG, .off = O(log_steps)},
+    {.flag = "--profile", .type = CLI_LEVEL, .off = O(profile), .choices = profile_all,
+     .help = "time every kernel; at the end, where a training step's time goes and whether the "
+             "plugin or the reference kernels ran each kernel, then the evaluation passes "
+             "apart (stderr, or a JSON record with --json; the top 15, or all); with "
+             "--memtrace each kernel is also a slice in the trace, inside \"step N\" slices, "
+             "on the memory's timeline"},
+    {.flag = "--log-steps", .type = CLI_FLAG, .off = O(log_steps),
+     .help = "print every step's loss (one line each; JSON lines with --json)"},
 };
 #undef O
 enum { NOPTS = sizeof opts / sizeof opts[0] };
 _Static_assert(NOPTS <= sizeof ((train_opts *)0)->given, "train_opts.given is too small");
+
+/* The model's options, which cli_model_option reads: shown in --help first. */
+static const cli_opt model_opts[] = {
+    {.flag = "--model", .arg = "mlp|lenet5|cnn", .help = "the model (default lenet5)"},
+    {.flag = "--hidden", .arg = "N,...",
+     .help = "widths of the hidden linear layers, ReLU after each (mlp default 256,128; cnn "
+             "default none, after the conv blocks)"},
+    {.flag = "--channels", .arg = "N,...",
+     .help = "cnn: one block per entry: 3x3 conv (pad 1), ReLU, 2x2 max pool (default 32,64); "
+             "then a linear layer to the 10 classes"},
+    {.flag = "--init", .arg = "kaiming|kaiming-normal|xavier|normal:STD",
+     .help = "weight initialisation (default kaiming: PyTorch's Kaiming-uniform); normal:STD "
+             "draws N(0, STD) with zero biases"},
+};
+
+static const cli_usage usage = {
+    .synopsis = "tessera train",
+    .intro = "Trains on Fashion-MNIST (default data: " TS_FASHION_MNIST_DIR ", Debian package "
+             "dataset-fashion-mnist). Defaults: lenet5, 1 epoch, batch 64, adam, lr 1e-3, seed "
+             "1.\n",
+    .outro = "A loss that becomes NaN or infinite stops training with exit status 1. SIGINT "
+             "(Ctrl-C) or SIGTERM finishes the current step, saves (with --save) and exits with "
+             "130 or 143; a second one stops at once.\n"
+             "tessera train --model gpt --help: the character-level GPT on a text file.\n",
+    .pre = model_opts,
+    .npre = sizeof model_opts / sizeof model_opts[0],
+};
 
 static int given(const train_opts *o, const char *flag)
 {
@@ -1032,7 +1045,7 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
     cli_model_init(&o->arch);
     static const char *const model_flags[] = {"--model", "--hidden", "--channels", "--init",
                                               NULL};
-    int rc = cli_opts_parse("train", NULL, opts, NOPTS, argc, argv, o, o->given, usage,
+    int rc = cli_opts_parse("train", NULL, opts, NOPTS, argc, argv, o, o->given, &usage,
                             model_option, model_flags);
     if (rc)
         return rc;

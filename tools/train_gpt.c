@@ -24,40 +24,6 @@
 #define FORTUNES_DIR "/usr/share/games/fortunes"
 #define MAX_TEXT ((size_t)1 << 31)
 
-static const char usage[] =
-    "usage: tessera train --model gpt [--text FILE] [--context T] [--layers L] [--heads H]\n"
-    "                     [--embd C] [--dropout P] [--batch-size B] [--steps N] [--lr X]\n"
-    "                     [--max-steps N] [--min-lr X] [--warmup-steps N] [--weight-decay W]\n"
-    "                     [--clip-grad-norm X] [--eval-every N] [--eval-batches N] [--seed S]\n"
-    "                     [--device NAME] [--save CKPT] [--resume CKPT] [--save-initial CKPT]\n"
-    "                     [--log-steps] [--json] [--memtrace TRACE] [--memplot FILE.svg]\n"
-    "                     [--profile] [--accumulate K] [--checkpoint-activations on|off]\n"
-    "                     [--log-every N]\n"
-    "\n"
-    "Trains a character-level GPT on a text file, bytes as tokens; the last 10% of the file is\n"
-    "held out for validation. Default text: the Debian package fortunes (" FORTUNES_DIR
-    ",\n"
-    "its files concatenated in name order). Defaults: context 128, 4 layers, 4 heads, embd\n"
-    "128, dropout 0, batch 16, 2000 steps, AdamW lr 1e-3 (betas 0.9, 0.95) with weight decay\n"
-    "0.1 on the blocks' matrices only, 100 warm-up steps then cosine to lr/10 at the last\n"
-    "step (fewer with fewer --steps), gradient clipping at norm 1, evaluation every 200 steps\n"
-    "on 20 batches, seed 1.\n"
-    "--steps sets the run's length (the cosine ends there); --max-steps N stops after N steps\n"
-    "in all (to resume later on the same schedule). --save-initial writes the freshly\n"
-    "initialised weights (bench/gpt_compare.py starts PyTorch from them). Losses are in nats per token; bits per\n"
-    "byte is that over ln 2. --save is written at each evaluation; SIGINT or SIGTERM finishes\n"
-    "the step, saves (with --save) and exits with 130 or 143.\n"
-    "--accumulate K runs each batch as K micro-batches whose gradients add up (the same step\n"
-    "to float rounding, a K-th of the activations); --checkpoint-activations on keeps only\n"
-    "each block's input and recomputes the block in backward (the same gradients, about a\n"
-    "third more compute). On --resume both are the checkpoint's unless given; given, they\n"
-    "change how the run computes, not what it computes.\n"
-    "Progress: on a terminal, one line redrawn in place (step, loss, tokens/s, ETA); when\n"
-    "stderr is not a terminal, a line every --log-every N steps, or 5 s in and every 30 s.\n"
-    "--profile times every kernel and prints where a step's time goes at the end (a JSON\n"
-    "record with --json); with --memtrace each kernel is also a slice in the trace, inside\n"
-    "\"step N\" slices, on the same timeline as the memory (Perfetto, chrome://tracing).\n";
-
 typedef struct gpt_opts {
     const char *model, *config; /* "gpt"; the caller's */
     const char *text, *device, *save, *resume, *save_initial, *memtrace, *memplot;
@@ -79,52 +45,106 @@ static const char *const profile_all[] = {"all", NULL}; /* --profile all: every 
 #define HI(f) (O(f) + 1)
 static const cli_opt opts[] = {
     {.flag = "--model", .type = CLI_STR, .off = O(model)},
-    {.flag = "--config", .type = CLI_STR, .off = O(config)},
-    {.flag = "--text", .type = CLI_STR, .off = O(text)},
-    {.flag = "--device", .type = CLI_STR, .off = O(device)},
-    {.flag = "--save", .type = CLI_STR, .off = O(save)},
-    {"--resume", CLI_STR, O(resume), .json = "resumed_from", .agree = RUN},
-    {.flag = "--save-initial", .type = CLI_STR, .off = O(save_initial)},
-    {.flag = "--memtrace", .type = CLI_STR, .off = O(memtrace)},
-    {.flag = "--memplot", .type = CLI_STR, .off = O(memplot)},
-    {"--context", CLI_I64, O(cfg.context), 1, 4096, .agree = ARCH},
-    {"--layers", CLI_I64, O(cfg.layers), 1, 64, .agree = ARCH},
-    {"--heads", CLI_I64, O(cfg.heads), 1, 64, .agree = ARCH},
-    {"--embd", CLI_I64, O(cfg.embd), 1, 8192, .agree = ARCH},
-    {"--dropout", CLI_F64, O(cfg.dropout), 0, 0.99, .agree = ARCH},
+    {.flag = "--config", .type = CLI_STR, .off = O(config), .arg = "FILE",
+     .help = "the configuration file (as tessera --config FILE)"},
+    {.flag = "--text", .type = CLI_STR, .off = O(text), .arg = "FILE",
+     .help = "the text to train on (default: the fortunes, above)"},
+    {.flag = "--device", .type = CLI_STR, .off = O(device), .arg = "NAME",
+     .help = "the backend: a plugin's name or path (default: the configuration's)"},
+    {.flag = "--save", .type = CLI_STR, .off = O(save), .arg = "CKPT",
+     .help = "write a checkpoint at each evaluation, and when a signal stops the run"},
+    {"--resume", CLI_STR, O(resume), .json = "resumed_from", .agree = RUN, .arg = "CKPT",
+     .help = "continue exactly where CKPT stopped, on the same text: its model and settings (a "
+             "setting given must agree, or is refused naming both values)"},
+    {.flag = "--save-initial", .type = CLI_STR, .off = O(save_initial), .arg = "CKPT",
+     .help = "write the freshly initialised weights (bench/gpt_compare.py starts PyTorch from "
+             "them)"},
+    {.flag = "--memtrace", .type = CLI_STR, .off = O(memtrace), .arg = "TRACE",
+     .help = "write a Chrome/Perfetto trace of the pools' memory with step and evaluation "
+             "marks (one file a rank under mpirun: TRACE.rankN)"},
+    {.flag = "--memplot", .type = CLI_STR, .off = O(memplot), .arg = "FILE.svg",
+     .help = "draw the trace as an SVG at the end (tessera memplot); without --memtrace the "
+             "trace is FILE.svg.trace.json"},
+    {"--context", CLI_I64, O(cfg.context), 1, 4096, .agree = ARCH, .arg = "T",
+     .help = "tokens per window (default 128)"},
+    {"--layers", CLI_I64, O(cfg.layers), 1, 64, .agree = ARCH, .arg = "L",
+     .help = "transformer blocks (default 4)"},
+    {"--heads", CLI_I64, O(cfg.heads), 1, 64, .agree = ARCH, .arg = "H",
+     .help = "attention heads (default 4; --embd must be a multiple)"},
+    {"--embd", CLI_I64, O(cfg.embd), 1, 8192, .agree = ARCH, .arg = "C",
+     .help = "channels (default 128)"},
+    {"--dropout", CLI_F64, O(cfg.dropout), 0, 0.99, .agree = ARCH, .arg = "P",
+     .help = "dropout probability (default 0)"},
     {"--seed", CLI_U64, O(seed), 0, 18446744073709551615.0, .json = "seed",
-     .ckpt = "train.seed", .refuse = 1, .agree = SEED},
+     .ckpt = "train.seed", .refuse = 1, .agree = SEED, .arg = "S",
+     .help = "the seed of the initial weights, the windows drawn and dropout (default 1)"},
     {"--batch-size", CLI_I64, O(batch), 1, 4096, .json = "batch_size",
-     .ckpt = "train.batch_size", .refuse = 1, .agree = BATCH},
+     .ckpt = "train.batch_size", .refuse = 1, .agree = BATCH, .arg = "B",
+     .help = "windows per step (default 16)"},
     {"--lr", CLI_F64, O(lr), 0, 1e6, 1, .json = "lr", .ckpt = "optim.schedule.base_lr",
-     .refuse = 1, .agree = RUN},
+     .refuse = 1, .agree = RUN,
+     .help = "AdamW's peak learning rate (default 1e-3; betas 0.9, 0.95)"},
     {"--steps", CLI_I64, O(steps), 1, 1099511627776.0, .json = "steps",
-     .ckpt = "optim.schedule.total_steps", .refuse = 1, .agree = RUN},
+     .ckpt = "optim.schedule.total_steps", .refuse = 1, .agree = RUN,
+     .help = "the run's length: the cosine ends there (default 2000)"},
     {"--warmup-steps", CLI_I64, O(warmup), 0, 1099511627776.0, .hi_of = HI(steps),
-     .json = "warmup_steps", .ckpt = "optim.schedule.warmup_steps", .refuse = 1, .agree = RUN},
+     .json = "warmup_steps", .ckpt = "optim.schedule.warmup_steps", .refuse = 1, .agree = RUN,
+     .help = "linear warm-up steps (default 100, at most --steps)"},
     {"--min-lr", CLI_F64, O(min_lr), 0, 1e6, .hi_of = HI(lr), .json = "min_lr",
-     .ckpt = "optim.schedule.min_lr", .refuse = 1, .agree = RUN},
+     .ckpt = "optim.schedule.min_lr", .refuse = 1, .agree = RUN,
+     .help = "where the cosine ends (default lr/10)"},
     {"--weight-decay", CLI_F64, O(weight_decay), 0, 1e6, .json = "weight_decay",
-     .ckpt = "optim.weight_decay", .refuse = 1, .agree = RUN},
-    {"--clip-grad-norm", CLI_F64, O(clip), 0, 1e12, .json = "clip_grad_norm", .agree = RUN},
+     .ckpt = "optim.weight_decay", .refuse = 1, .agree = RUN, .arg = "W",
+     .help = "on the blocks' matrices only (default 0.1)"},
+    {"--clip-grad-norm", CLI_F64, O(clip), 0, 1e12, .json = "clip_grad_norm", .agree = RUN,
+     .help = "scale the gradients to a global L2 norm of at most X (default 1; 0: off)"},
     {"--accumulate", CLI_I64, O(accumulate), 1, 4096, .hi_of = HI(batch), .json = "accumulate",
-     .ckpt = "train.accumulate"},
+     .ckpt = "train.accumulate", .arg = "K",
+     .help = "each batch as K micro-batches whose gradients add up: the same step to float "
+             "rounding, a K-th of the activations (on --resume the checkpoint's unless given)"},
     {"--checkpoint-activations", CLI_ONOFF, O(cfg.checkpoint), .json = "checkpoint_activations",
-     .ckpt = "train.checkpoint_activations"},
+     .ckpt = "train.checkpoint_activations",
+     .help = "on: keep only each block's input and recompute the block in backward: the same "
+             "gradients, about a third more compute (on --resume the checkpoint's unless "
+             "given)"},
     {"--max-steps", CLI_I64, O(max_steps), 1, 1099511627776.0, .json = "max_steps",
-     .agree = RUN},
-    {"--eval-every", CLI_I64, O(eval_every), 1, 1099511627776.0, .agree = RUN},
-    {"--log-every", CLI_I64, O(log_every), 1, 1099511627776.0, .agree = 0},
-    {"--eval-batches", CLI_I64, O(eval_batches), 1, 1099511627776.0, .agree = RUN},
-    {.flag = "--json", .type = CLI_FLAG, .off = O(json)},
+     .agree = RUN,
+     .help = "stop after N steps in all, to resume later on the same schedule"},
+    {"--eval-every", CLI_I64, O(eval_every), 1, 1099511627776.0, .agree = RUN,
+     .help = "the validation loss every N steps and at the end (default 200)"},
+    {"--log-every", CLI_I64, O(log_every), 1, 1099511627776.0, .agree = 0,
+     .help = "when stderr is not a terminal, a progress line there every N steps (default: 5 s "
+             "in, then every 30 s); on a terminal one line redrawn in place instead"},
+    {"--eval-batches", CLI_I64, O(eval_batches), 1, 1099511627776.0, .agree = RUN,
+     .help = "batches per validation (default 20)"},
+    {.flag = "--json", .type = CLI_FLAG, .off = O(json),
+     .help = "one JSON object per evaluation instead of the progress line and summary"},
     {.flag = "--eval-only", .type = CLI_FLAG, .off = O(eval_only)}, /* tessera eval */
-    {.flag = "--log-steps", .type = CLI_FLAG, .off = O(log_steps)},
-    {.flag = "--profile", .type = CLI_LEVEL, .off = O(profile), .choices = profile_all},
+    {.flag = "--log-steps", .type = CLI_FLAG, .off = O(log_steps),
+     .help = "print every step's loss (one line each; JSON lines with --json)"},
+    {.flag = "--profile", .type = CLI_LEVEL, .off = O(profile), .choices = profile_all,
+     .help = "time every kernel and print where a step's time goes at the end (a JSON record "
+             "with --json; the top 15, or all); with --memtrace each kernel is also a slice in "
+             "the trace, inside \"step N\" slices, on the memory's timeline"},
 };
 #undef HI
 #undef O
 enum { NOPTS = sizeof opts / sizeof opts[0] };
 _Static_assert(NOPTS <= sizeof ((gpt_opts *)0)->given, "gpt_opts.given is too small");
+
+static const cli_usage usage = {
+    .synopsis = "tessera train --model gpt",
+    .intro = "Trains a character-level GPT on a text file, bytes as tokens; the last 10% of the "
+             "file is held out for validation. Default text: the Debian package fortunes ("
+             FORTUNES_DIR ", its files concatenated in name order). Defaults: context 128, 4 "
+             "layers, 4 heads, embd 128, dropout 0, batch 16, 2000 steps, AdamW lr 1e-3 (betas "
+             "0.9, 0.95) with weight decay 0.1 on the blocks' matrices only, 100 warm-up steps "
+             "then cosine to lr/10 at the last step, gradient clipping at norm 1, evaluation "
+             "every 200 steps on 20 batches, seed 1. Losses are in nats per token; bits per "
+             "byte is that over ln 2.\n",
+    .outro = "A loss that becomes NaN or infinite stops training with exit status 1. SIGINT or "
+             "SIGTERM finishes the step, saves (with --save) and exits with 130 or 143.\n",
+};
 
 /* Whether flag was given on the command line. */
 static int given(const gpt_opts *o, const char *flag)
@@ -442,7 +462,7 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
                     .seed = 1,
                     .json = common->json};
     int rc = cli_opts_parse("train", "for --model gpt", opts, NOPTS, argc, argv, o, o->given,
-                            usage, NULL, NULL);
+                            &usage, NULL, NULL);
     if (rc)
         return rc;
     if (o->model && strcmp(o->model, "gpt"))

@@ -3,7 +3,7 @@
 # `tessera help ...` prints (its own usage line, exit 0), the usage text is complete, and an
 # unknown command or benchmark exits 2 with a message.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 7
+plan 8
 
 usage=$("$TESSERA" help)
 cmds=$(echo "$usage" | sed -n '/^commands:/,/^$/p' | awk 'NF && $1 != "commands:" {print $1}')
@@ -100,5 +100,27 @@ if [ $r1 -eq 2 ] && contains "$o1" "unexpected argument '--stpes' for --model gp
     ok "train (gpt and image models): a misspelt option gets 'did you mean'; values checked by the option's row"
 else
     fail "options from the table" "$r1 $o1" "$r2 $o2" "$r3 $o3" "$r4 $o4" "$r5 $o5" "$r6 $o6" "$r7 $o7"
+fi
+# train's help comes from its option tables: every flag of the synopsis has its line, the
+# parser takes each one (given a value and then an unknown argument, the error names the
+# unknown one or the value, never the flag), and no line is wider than 80 columns.
+bad=""
+for model in "" "--model gpt"; do
+    h=$("$TESSERA" train $model --help) || bad="$bad [$model: rc]"
+    flags=$(echo "$h" | sed -n '/^usage:/,/^$/p' | grep -o '\[--[a-z-]*' | tr -d '[')
+    [ $(echo "$flags" | wc -w) -ge 30 ] || bad="$bad [$model: only $(echo $flags) in the synopsis]"
+    for f in $flags; do
+        echo "$h" | grep -q -- "^  $f " || bad="$bad [$model $f: no line]"
+        o=$("$TESSERA" train $model $f 1 --zzzz 2>&1); r=$?
+        [ $r -ne 0 ] && ! contains "$o" "unexpected argument '$f'" ||
+            bad="$bad [$model $f: rc $r: $o]"
+    done
+    wide=$(echo "$h" | awk 'length($0) > 80')
+    [ -z "$wide" ] || bad="$bad [$model: wider than 80: $wide]"
+done
+if [ -z "$bad" ]; then
+    ok "train --help (image models and gpt) lists every option of the tables, each parsed"
+else
+    fail "train --help from the tables" "$bad"
 fi
 finish
