@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "elf_exports.h"
+#include "kernel_cases.h"
 #include "plugin_check.h"
 
 static const char usage[] =
@@ -70,14 +71,6 @@ ts_status pc_nomem(void)
 const char *pc_err(void)
 {
     return ts_last_error()[0] ? ts_last_error() : "(no message)";
-}
-
-uint64_t pc_rand(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
 }
 
 /* ---- descriptor ------------------------------------------------------------------------ */
@@ -252,7 +245,7 @@ static void check_memory(checker *c)
     } else {
         uint64_t r = c->seed;
         for (size_t i = 0; i < n; i++)
-            h[i] = (unsigned char)pc_rand(&r);
+            h[i] = (unsigned char)kc_rand(&r);
         s = ts_device_copy_from_host(dev, d1, h, n);
         if (!s)
             s = ts_device_copy_device(dev, d2, d1, n);

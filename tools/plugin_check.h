@@ -23,8 +23,6 @@ void pc_report(checker *c, int ok, const char *name, const char *fmt, ...)
 const char *pc_err(void);
 /* TS_ENOMEM, saying so on stderr. */
 ts_status pc_nomem(void);
-/* splitmix64: the same values on every machine. */
-uint64_t pc_rand(uint64_t *state);
 
 /* The suites of plugin_check_kernels.c. */
 void pc_check_kernels(checker *c);

@@ -1,0 +1,718 @@
+/* tools/kernel_cases.c: the kernel-case table (kernel_cases.h) and its runner: operands laid
+ * out by the harness (operand.h), the plugin's result against the reference kernels'. */
+#include "config.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tessera/tessera.h>
+
+#include "kernel_cases.h"
+
+uint64_t kc_rand(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static ts_status kc_nomem(void)
+{
+    fprintf(stderr, "tessera: error: out of host memory for the kernel cases\n");
+    return TS_ENOMEM;
+}
+
+/* The last error's message, or "(no message)". */
+static const char *kc_err(void)
+{
+    const char *m = ts_last_error();
+    return m && *m ? m : "(no message)";
+}
+
+/* Lays out spec in oph_layout l inside a new device block; fills both host images with the same
+ * values (gaps hold 0xA5). */
+ts_status kc_make_buf(ts_device *dev, const opspec *sp, oph_layout l, uint64_t *rng, kc_buf *b)
+{
+    memset(b, 0, sizeof *b);
+    int nd = sp->ndim;
+    if (sp->contig_only)
+        l = OPH_CONTIG;
+    if (l == OPH_BCAST && (sp->no_bcast || nd == 0 || sp->shape[0] < 2))
+        l = OPH_CONTIG;
+    b->nbytes = oph_lay_out(&b->op, sp->dtype, nd, sp->shape, l);
+    b->host = malloc(b->nbytes);
+    b->ref = malloc(b->nbytes);
+    if (!b->host || !b->ref)
+        return kc_nomem();
+    memset(b->host, 0xA5, b->nbytes);
+    int64_t idx[TS_MAX_DIMS] = {0};
+    int64_t n = oph_numel(&b->op), bad_at = n > 0 ? (int64_t)(kc_rand(rng) % (uint64_t)n) : -1;
+    for (int64_t i = 0; i < n; i++, oph_next(&b->op, idx)) {
+        uint64_t r = kc_rand(rng);
+        double v;
+        int is_float = sp->dtype == TS_F32 || sp->dtype == TS_F64;
+        switch (sp->v) {
+        case V_POSITIVE:
+            v = is_float ? 0.5 + (double)(r >> 11) * 0x1p-53 * 2 : (double)(1 + r % 9);
+            break;
+        case V_INDEX:
+        case V_BADINDEX:
+            v = sp->range > 0 ? (double)(r % (uint64_t)sp->range) : 0;
+            if (sp->v == V_BADINDEX && i == bad_at)
+                v = (double)sp->range;
+            break;
+        default:
+            if (sp->dtype == TS_U8)
+                v = (double)(r & 1);
+            else if (is_float)
+                v = -2 + (double)(r >> 11) * 0x1p-53 * 4;
+            else
+                v = (double)(int)(r % 19) - 9;
+        }
+        oph_set(&b->op, b->host, idx, v);
+    }
+    memcpy(b->ref, b->host, b->nbytes);
+    ts_status s = ts_device_alloc(dev, b->nbytes, "kernel case", &b->dptr);
+    if (!s)
+        s = ts_device_copy_from_host(dev, b->dptr, b->host, b->nbytes);
+    return s;
+}
+
+void kc_free_buf(ts_device *dev, kc_buf *b)
+{
+    ts_device_free(dev, b->dptr);
+    free(b->host);
+    free(b->ref);
+    memset(b, 0, sizeof *b);
+}
+
+static double rtol_for(int32_t dt)
+{
+    return dt == TS_F32 ? 2e-4 : dt == TS_F64 ? 1e-9 : 0;
+}
+
+/* Relative to 1 + |want|: plugin-check's tolerance, looser than the kernel tests' (its
+ * reference is the float kernels themselves, not a float64 computation). */
+static int close_enough(double a, double b, int32_t dt)
+{
+    double tol = rtol_for(dt);
+    return oph_close(a, b, tol, tol);
+}
+
+/* Runs one case on the plugin and on the reference, with operand values drawn from seed.
+ * 1 agree, 0 differ (why filled), -1 the reference does not do this combination (skipped).
+ * Reads c only: several threads may run cases at once. */
+/* Whether the plugin's blocks are host memory: a call it declines (TS_ENOTSUP without a
+ * message) runs on the host's reference kernels, as the guide allows. */
+static int host_memory_plugin(ts_device *dev)
+{
+    const ts_plugin_desc *d = ts_device_desc(dev);
+    return TS_HAS_MEMBER(d, ts_plugin_desc, flags) && (d->flags & TS_PLUGIN_HOST_MEMORY);
+}
+
+/* One case on the plugin against the reference: 1 agrees, 0 fails (why says how), -1 the
+ * reference does not do it, 2 declined by a host-memory plugin. */
+int kc_run(ts_device *dev, const kcase *k, oph_layout l, uint64_t seed, char *why,
+           size_t whylen)
+{
+    kc_buf in[5], out[3];
+    int nin = 0, nout = 0, r = 0;
+    uint64_t rng = seed;
+    ts_status s = TS_OK;
+    for (; nin < k->nin && !s; nin++)
+        s = kc_make_buf(dev, &k->in[nin], l, &rng, &in[nin]);
+    for (; nout < k->nout && !s; nout++) {
+        opspec o = k->out[nout];
+        o.no_bcast = 1;
+        s = kc_make_buf(dev, &o, l, &rng, &out[nout]);
+    }
+    if (s) {
+        snprintf(why, whylen, "setting up operands: %s", kc_err());
+        goto done;
+    }
+    ts_operand din[5], dout[3], rin[5], rout[3];
+    for (int i = 0; i < nin; i++) {
+        din[i] = rin[i] = in[i].op;
+        din[i].data = in[i].dptr;
+        rin[i].data = in[i].ref;
+    }
+    for (int i = 0; i < nout; i++) {
+        dout[i] = rout[i] = out[i].op;
+        dout[i].data = out[i].dptr;
+        rout[i].data = out[i].ref;
+    }
+    ts_kernel_call call = {.struct_size = sizeof call, .op = k->op, .ninputs = nin,
+                           .noutputs = nout, .inputs = din, .outputs = dout,
+                           .params = k->params_size ? k->params : NULL,
+                           .params_size = k->params_size};
+    ts_kernel_call rcall = call;
+    rcall.inputs = rin;
+    rcall.outputs = rout;
+    if (ts_reference_run(&rcall) != TS_OK) {
+        r = -1;
+        goto done;
+    }
+    ts_clear_error();
+    if ((s = ts_device_run(dev, &call)) || (s = ts_device_synchronize(dev))) {
+        if (s == TS_ENOTSUP && host_memory_plugin(dev) && strstr(ts_last_error(), "' declined ")) {
+            r = 2; /* declined without a message: the host runs it on its reference kernels */
+            snprintf(why, whylen, "%s declined", k->what);
+            goto done;
+        }
+        snprintf(why, whylen, "%s failed: %s: %s", k->what, ts_status_name(s), kc_err());
+        goto done;
+    }
+    for (int i = 0; i < nout; i++) {
+        if ((s = ts_device_copy_to_host(dev, out[i].host, out[i].dptr, out[i].nbytes))) {
+            snprintf(why, whylen, "copy back: %s", kc_err());
+            goto done;
+        }
+        const ts_operand *o = &out[i].op;
+        int64_t idx[TS_MAX_DIMS] = {0}, n = oph_numel(o);
+        for (int64_t e = 0; e < n; e++, oph_next(o, idx)) {
+            double got = oph_get(o, out[i].host, idx), want = oph_get(o, out[i].ref, idx);
+            if (!close_enough(got, want, o->dtype)) {
+                char at[96] = "";
+                size_t len = 0;
+                for (int d = 0; d < o->ndim; d++)
+                    len += (size_t)snprintf(at + len, sizeof at - len, "%s%lld", d ? ", " : "",
+                                            (long long)idx[d]);
+                snprintf(why, whylen, "%s: output %d at (%s) is %.9g, the reference says %.9g",
+                         k->what, i, at, got, want);
+                goto done;
+            }
+        }
+        /* Bytes between strided elements and before the offset stay untouched. */
+        if (oph_gap_written(o, out[i].host, out[i].nbytes, 0xA5) >= 0) {
+            snprintf(why, whylen, "%s: output %d: the kernel wrote bytes outside its elements",
+                     k->what, i);
+            goto done;
+        }
+    }
+    r = 1;
+done:
+    for (int i = 0; i < nin; i++)
+        kc_free_buf(dev, &in[i]);
+    for (int i = 0; i < nout; i++)
+        kc_free_buf(dev, &out[i]);
+    return r;
+}
+
+opspec kc_spec(int32_t dt, int nd, const int64_t *shape)
+{
+    opspec o = {.dtype = dt, .ndim = nd};
+    for (int d = 0; d < nd; d++)
+        o.shape[d] = shape[d];
+    return o;
+}
+
+
+void kc_set_params(kcase *k, const void *p, size_t n)
+{
+    memcpy(k->params, p, n);
+    k->params_size = (uint32_t)n;
+}
+
+
+kcase *kc_add(caselist *l, int32_t op, const char *fmt, ...)
+{
+    static kcase dummy;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        kcase *v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return memset(&dummy, 0, sizeof dummy);
+        l->v = v;
+        l->cap = cap;
+    }
+    kcase *k = &l->v[l->n++];
+    memset(k, 0, sizeof *k);
+    k->op = op;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->what, sizeof k->what, fmt, ap);
+    va_end(ap);
+    return k;
+}
+
+static const struct {
+    int nd;
+    int64_t shape[3];
+} eshapes[] = {{0, {0}}, {1, {7}}, {2, {3, 5}}, {3, {2, 3, 4}}, {2, {0, 3}}};
+
+int kc_is_float(int32_t dt)
+{
+    return dt == TS_F32 || dt == TS_F64;
+}
+
+/* The minor ABI of the plugin under test (set by kc_build): functions added after it are not
+ * its to run. */
+static int plugin_minor = TS_PLUGIN_ABI_MINOR;
+
+/* ---- the case table: one builder per op family ------------------------------------------ */
+/* Each builder adds the cases of op for output dtype dt: shapes (scalars and empty tensors
+ * included), every function of the op, params variants, input dtypes. A new op gets a
+ * builder and a row (docs/architecture.md, "Adding an op"). */
+
+static void cases_elementwise_unary(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    for (size_t si = 0; si < sizeof eshapes / sizeof eshapes[0]; si++) {
+        opspec o = kc_spec(dt, eshapes[si].nd, eshapes[si].shape);
+        if (op == TS_OP_COPY) {
+            k = kc_add(l, op, "copy %s %dd", dn, o.ndim);
+            k->nin = k->nout = 1;
+            k->in[0] = k->out[0] = o;
+        } else if (op == TS_OP_CAST) {
+            for (int32_t from = 0; from < TS_DTYPE_COUNT; from++) {
+                k = kc_add(l, op, "cast %s -> %s %dd", ts_dtype_name(from), dn, o.ndim);
+                k->nin = k->nout = 1;
+                k->in[0] = kc_spec(from, o.ndim, o.shape);
+                k->out[0] = o;
+            }
+        } else if (op == TS_OP_FILL) {
+            ts_fill_params p = {kc_is_float(dt) ? 2.5 : dt == TS_U8 ? 1 : -3};
+            k = kc_add(l, op, "fill %s %dd", dn, o.ndim);
+            k->nout = 1;
+            k->out[0] = o;
+            kc_set_params(k, &p, sizeof p);
+        } else {
+            for (int fn = 0; fn < TS_UNARY_COUNT; fn++) {
+                if (ts_plugin_call_minor(op, fn) > plugin_minor)
+                    continue; /* added after the plugin's minor: never sent to it */
+                ts_unary_params p = {fn};
+                k = kc_add(l, op, "unary %s %s %dd", ts_fn_name(op, fn), dn, o.ndim);
+                k->nin = k->nout = 1;
+                k->in[0] = k->out[0] = o;
+                if (fn == TS_UNARY_LOG || fn == TS_UNARY_SQRT || fn == TS_UNARY_RSQRT)
+                    k->in[0].v = V_POSITIVE;
+                kc_set_params(k, &p, sizeof p);
+            }
+        }
+    }
+}
+
+/* g and x of out's shape; random x has both signs. */
+static void cases_relu_backward(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    if (!kc_is_float(dt))
+        return;
+    for (size_t si = 1; si < sizeof eshapes / sizeof eshapes[0]; si++) {
+        opspec o = kc_spec(dt, eshapes[si].nd, eshapes[si].shape);
+        k = kc_add(l, op, "relu_backward %s %dd", dn, o.ndim);
+        k->nin = 2;
+        k->nout = 1;
+        k->in[0] = k->in[1] = k->out[0] = o;
+    }
+}
+
+static void cases_binary(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    for (size_t si = 1; si < sizeof eshapes / sizeof eshapes[0]; si++) {
+        opspec o = kc_spec(dt, eshapes[si].nd, eshapes[si].shape);
+        if (op == TS_OP_WHERE) {
+            k = kc_add(l, op, "where %s %dd", dn, o.ndim);
+            k->nin = 3;
+            k->nout = 1;
+            k->in[0] = kc_spec(TS_U8, o.ndim, o.shape);
+            k->in[1] = k->in[2] = k->out[0] = o;
+            continue;
+        }
+        for (int fn = 0; fn < TS_BINARY_COUNT; fn++) {
+            if (ts_plugin_call_minor(op, fn) > plugin_minor)
+                continue; /* added after the plugin's minor: never sent to it */
+            int cmp = fn >= TS_BINARY_EQ;
+            int32_t from_list[TS_DTYPE_COUNT];
+            int nfrom = 0;
+            if (cmp && dt != TS_U8)
+                continue;
+            if (cmp)
+                for (int32_t f = 0; f < TS_DTYPE_COUNT; f++)
+                    from_list[nfrom++] = f;
+            else
+                from_list[nfrom++] = dt;
+            for (int fi = 0; fi < nfrom; fi++) {
+                opspec a = kc_spec(from_list[fi], o.ndim, o.shape);
+                if (fn == TS_BINARY_POW || fn == TS_BINARY_DIV)
+                    a.v = V_POSITIVE;
+                if (op == TS_OP_BINARY) {
+                    k = kc_add(l, op, "binary %s %s -> %s %dd", ts_fn_name(op, fn),
+                            ts_dtype_name(from_list[fi]), dn, o.ndim);
+                    k->nin = 2;
+                    k->nout = 1;
+                    k->in[0] = k->in[1] = a;
+                    k->in[0].v = fn == TS_BINARY_POW ? V_POSITIVE : V_RANDOM;
+                    k->out[0] = o;
+                    ts_binary_params p = {fn};
+                    kc_set_params(k, &p, sizeof p);
+                } else {
+                    for (int first = 0; first < 2; first++) {
+                        k = kc_add(l, op, "scalar %s%s %s -> %s %dd", ts_fn_name(op, fn),
+                                first ? " (scalar first)" : "",
+                                ts_dtype_name(from_list[fi]), dn, o.ndim);
+                        k->nin = k->nout = 1;
+                        k->in[0] = a;
+                        k->in[0].v = fn == TS_BINARY_POW || (fn == TS_BINARY_DIV && first)
+                                         ? V_POSITIVE : V_RANDOM;
+                        k->out[0] = o;
+                        ts_scalar_params p = {fn, first,
+                                              kc_is_float(from_list[fi]) ? 1.5 : 3};
+                        kc_set_params(k, &p, sizeof p);
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void cases_reduce(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    static const struct {
+        int nd;
+        int64_t in[3], out[3];
+    } rs[] = {{3, {4, 5, 6}, {4, 1, 6}}, {3, {4, 5, 6}, {1, 1, 1}}, {3, {4, 5, 6}, {4, 5, 1}},
+              {1, {7}, {1}}, {2, {3, 4}, {1, 4}}};
+    for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++)
+        for (int fn = 0; fn < TS_REDUCE_COUNT; fn++) {
+            if (ts_plugin_call_minor(op, fn) > plugin_minor)
+                continue;
+            int arg = fn == TS_REDUCE_ARGMAX || fn == TS_REDUCE_ARGMIN;
+            if (arg != (dt == TS_I64))
+                continue;
+            int dim = -1, nred = 0;
+            for (int d = 0; d < rs[i].nd; d++)
+                if (rs[i].out[d] == 1 && rs[i].in[d] != 1)
+                    dim = d, nred++;
+            if (arg && nred != 1)
+                continue;
+            int32_t from_list[3] = {dt, TS_F32, TS_F64};
+            for (int fi = 0; fi < (arg ? 3 : 1); fi++) {
+                if (arg && fi == 0)
+                    continue;
+                k = kc_add(l, op, "reduce %s %s -> %s %dd", ts_fn_name(op, fn),
+                        ts_dtype_name(from_list[fi]), dn, rs[i].nd);
+                k->nin = k->nout = 1;
+                k->in[0] = kc_spec(from_list[fi], rs[i].nd, rs[i].in);
+                k->out[0] = kc_spec(dt, rs[i].nd, rs[i].out);
+                ts_reduce_params p = {fn, dim < 0 ? 0 : dim};
+                kc_set_params(k, &p, sizeof p);
+            }
+        }
+}
+
+static void cases_matmul(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    static const struct {
+        int nd;
+        int64_t a[3], b[3], c[3];
+        int bcast_b;
+    } ms[] = {{2, {3, 4}, {4, 5}, {3, 5}, 0}, {2, {1, 7}, {7, 1}, {1, 1}, 0},
+              {2, {17, 33}, {33, 9}, {17, 9}, 0}, {3, {2, 3, 4}, {2, 4, 5}, {2, 3, 5}, 0},
+              {3, {3, 2, 6}, {3, 6, 4}, {3, 2, 4}, 1}};
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+        for (int ab = 0; ab < 2; ab++) {
+            k = kc_add(l, op, "matmul %s %dd %lldx%lldx%lld%s%s", dn, ms[i].nd,
+                    (long long)ms[i].a[ms[i].nd - 2], (long long)ms[i].a[ms[i].nd - 1],
+                    (long long)ms[i].b[ms[i].nd - 1], ab ? " alpha 0.5 beta 2" : "",
+                    ms[i].bcast_b ? " broadcast batch" : "");
+            k->nin = 2;
+            k->nout = 1;
+            k->in[0] = kc_spec(dt, ms[i].nd, ms[i].a);
+            k->in[1] = kc_spec(dt, ms[i].nd, ms[i].b);
+            k->in[0].no_bcast = 1;
+            k->in[1].no_bcast = !ms[i].bcast_b;
+            k->out[0] = kc_spec(dt, ms[i].nd, ms[i].c);
+            ts_matmul_params p = {ab ? 0.5 : 1, ab ? 2 : 0};
+            kc_set_params(k, &p, sizeof p);
+        }
+}
+
+static void cases_softmax(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    static const struct {
+        int nd;
+        int64_t s[3];
+        int dim;
+    } ss[] = {{2, {4, 7}, 1}, {2, {4, 7}, 0}, {3, {2, 3, 5}, 1}, {1, {9}, 0}};
+    for (size_t i = 0; i < sizeof ss / sizeof ss[0]; i++) {
+        k = kc_add(l, op, "%s %s %dd dim %d", op == TS_OP_SOFTMAX ? "softmax" : "log_softmax",
+                dn, ss[i].nd, ss[i].dim);
+        k->nin = k->nout = 1;
+        k->in[0] = k->out[0] = kc_spec(dt, ss[i].nd, ss[i].s);
+        ts_dim_params p = {ss[i].dim};
+        kc_set_params(k, &p, sizeof p);
+    }
+}
+
+static void cases_index(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    for (int dim = 0; dim < 2; dim++)
+        for (int32_t it = TS_I32; it <= TS_I64; it++) {
+            int64_t src[2] = {5, 4}, dst[2] = {5, 4}, nidx = dim ? 6 : 3;
+            (op == TS_OP_INDEX_SELECT ? dst : src)[dim] = nidx;
+            k = kc_add(l, op, "%s %s dim %d %s indices",
+                    op == TS_OP_INDEX_SELECT ? "index_select" : "index_add", dn, dim,
+                    ts_dtype_name(it));
+            k->nin = 2;
+            k->nout = 1;
+            k->in[0] = kc_spec(dt, 2, src);
+            k->in[1] = kc_spec(it, 1, &nidx);
+            k->in[1].v = V_INDEX;
+            k->in[1].range = (op == TS_OP_INDEX_SELECT ? src : dst)[dim];
+            k->in[1].no_bcast = 1;
+            k->out[0] = kc_spec(dt, 2, dst);
+            ts_dim_params p = {dim};
+            kc_set_params(k, &p, sizeof p);
+        }
+}
+
+static void cases_conv2d(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    static const struct {
+        int64_t N, C, H, W, K, R, S;
+        ts_conv2d_params p;
+        int bias;
+    } cs[] = {{2, 3, 7, 7, 4, 3, 3, {1, 1, 1, 1, 1, 1, 1}, 1},
+              {2, 3, 8, 7, 4, 3, 2, {2, 2, 0, 1, 1, 1, 1}, 0},
+              {1, 4, 6, 6, 4, 3, 3, {1, 1, 1, 1, 1, 1, 2}, 1},
+              {1, 2, 9, 9, 3, 3, 3, {1, 1, 2, 2, 2, 2, 1}, 0},
+              {3, 1, 5, 5, 2, 1, 1, {1, 1, 0, 0, 1, 1, 1}, 1}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const ts_conv2d_params *p = &cs[i].p;
+        int64_t P = (cs[i].H + 2 * p->pad_h - p->dilation_h * (cs[i].R - 1) - 1) / p->stride_h + 1;
+        int64_t Q = (cs[i].W + 2 * p->pad_w - p->dilation_w * (cs[i].S - 1) - 1) / p->stride_w + 1;
+        int64_t x[4] = {cs[i].N, cs[i].C, cs[i].H, cs[i].W};
+        int64_t w[4] = {cs[i].K, cs[i].C / p->groups, cs[i].R, cs[i].S};
+        int64_t y[4] = {cs[i].N, cs[i].K, P, Q}, b[1] = {cs[i].K};
+        k = kc_add(l, op, "%s %s x (%lld, %lld, %lld, %lld) w (%lld, %lld, %lld, %lld) stride "
+                "%d pad %d dilation %d groups %d",
+                op == TS_OP_CONV2D ? "conv2d" : op == TS_OP_CONV2D_BWD_DATA
+                                                    ? "conv2d_bwd_data" : "conv2d_bwd_weight",
+                dn, (long long)x[0], (long long)x[1], (long long)x[2], (long long)x[3],
+                (long long)w[0], (long long)w[1], (long long)w[2], (long long)w[3],
+                (int)p->stride_h, (int)p->pad_h, (int)p->dilation_h, (int)p->groups);
+        k->nout = 1;
+        if (op == TS_OP_CONV2D) {
+            k->nin = cs[i].bias ? 3 : 2;
+            k->in[0] = kc_spec(dt, 4, x);
+            k->in[1] = kc_spec(dt, 4, w);
+            k->in[2] = kc_spec(dt, 1, b);
+            k->out[0] = kc_spec(dt, 4, y);
+        } else {
+            k->nin = 2;
+            k->in[0] = kc_spec(dt, 4, y);
+            k->in[1] = op == TS_OP_CONV2D_BWD_DATA ? kc_spec(dt, 4, w) : kc_spec(dt, 4, x);
+            k->out[0] = op == TS_OP_CONV2D_BWD_DATA ? kc_spec(dt, 4, x) : kc_spec(dt, 4, w);
+        }
+        for (int j = 0; j < k->nin; j++)
+            k->in[j].no_bcast = 1;
+        kc_set_params(k, p, sizeof *p);
+    }
+}
+
+static void cases_pool2d(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    static const ts_pool2d_params ps[] = {{2, 2, 2, 2, 0, 0, 0}, {3, 3, 2, 2, 1, 1, 0},
+                                          {3, 3, 2, 2, 1, 1, 1}, {2, 3, 1, 2, 0, 1, 1}};
+    int fwd = op == TS_OP_MAXPOOL2D || op == TS_OP_AVGPOOL2D;
+    int max = op == TS_OP_MAXPOOL2D || op == TS_OP_MAXPOOL2D_BWD;
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+        const ts_pool2d_params *p = &ps[i];
+        if (max && p->count_include_pad)
+            continue;
+        int64_t H = 7, W = 6;
+        int64_t P = (H + 2 * p->pad_h - p->kernel_h) / p->stride_h + 1;
+        int64_t Q = (W + 2 * p->pad_w - p->kernel_w) / p->stride_w + 1;
+        int64_t x[4] = {2, 3, H, W}, y[4] = {2, 3, P, Q};
+        for (int with_idx = 0; with_idx < (op == TS_OP_MAXPOOL2D ? 2 : 1); with_idx++) {
+            if (op == TS_OP_MAXPOOL2D && dt == TS_I64)
+                break;
+            k = kc_add(l, op, "%s%s %s kernel %dx%d stride %d pad %d%s%s",
+                    max ? "maxpool2d" : "avgpool2d", fwd ? "" : " backward", dn, (int)p->kernel_h,
+                    (int)p->kernel_w, (int)p->stride_h, (int)p->pad_h,
+                    with_idx ? " with indices" : "",
+                    p->count_include_pad ? " count_include_pad" : "");
+            if (fwd) {
+                k->nin = 1;
+                k->nout = 1 + with_idx;
+                k->in[0] = kc_spec(dt, 4, x);
+                k->out[0] = kc_spec(dt, 4, y);
+                k->out[1] = kc_spec(TS_I64, 4, y);
+            } else {
+                k->nin = max ? 2 : 1;
+                k->nout = 1;
+                k->in[0] = kc_spec(dt, 4, y);
+                k->in[1] = kc_spec(TS_I64, 4, y);
+                k->in[1].v = V_INDEX;
+                k->in[1].range = H * W;
+                k->out[0] = kc_spec(dt, 4, x);
+            }
+            k->in[0].no_bcast = k->in[1].no_bcast = 1;
+            kc_set_params(k, p, sizeof *p);
+        }
+    }
+}
+
+static void cases_cross_entropy(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    for (int32_t it = TS_I32; it <= TS_I64; it++)
+        for (int64_t C = 3; C <= 11; C += 8) {
+            int64_t lg[2] = {5, C}, n = 5;
+            k = kc_add(l, op, "%s %s (5, %lld) %s targets",
+                    op == TS_OP_CROSS_ENTROPY ? "cross_entropy" : "cross_entropy_bwd", dn,
+                    (long long)C, ts_dtype_name(it));
+            k->in[0] = kc_spec(dt, 2, lg);
+            k->in[1] = kc_spec(it, 1, &n);
+            k->in[1].v = V_INDEX;
+            k->in[1].range = C;
+            k->in[1].no_bcast = 1;
+            if (op == TS_OP_CROSS_ENTROPY) {
+                k->nin = 2;
+                k->out[0] = kc_spec(dt, 1, &n);
+            } else {
+                k->nin = 3;
+                k->in[2] = kc_spec(dt, 1, &n);
+                k->out[0] = kc_spec(dt, 2, lg);
+            }
+            k->nout = 1;
+        }
+}
+
+static void cases_optimizer(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    int64_t n = 37;
+    for (int v = 0; v < 4; v++) {
+        k = kc_add(l, op, "%s %s variant %d", op == TS_OP_SGD_STEP ? "sgd_step" : "adam_step", dn,
+                v);
+        k->nin = 1;
+        k->in[0] = kc_spec(dt, 1, &n);
+        k->in[0].contig_only = 1;
+        if (op == TS_OP_SGD_STEP) {
+            ts_sgd_params p = {0.1, v ? 0.9 : 0, v == 2 ? 0.1 : 0, v >= 2 ? 0.01 : 0,
+                               v == 3, v == 1};
+            k->nout = v ? 2 : 1;
+            kc_set_params(k, &p, sizeof p);
+        } else {
+            ts_adam_params p = {0.01, 0.9, 0.999, 1e-8, v >= 2 ? 0.01 : 0, v == 3, 1 + v};
+            k->nout = 3;
+            kc_set_params(k, &p, sizeof p);
+        }
+        for (int j = 0; j < k->nout; j++) {
+            k->out[j] = kc_spec(dt, 1, &n);
+            k->out[j].contig_only = 1;
+        }
+        if (op == TS_OP_ADAM_STEP)
+            k->out[2].v = V_POSITIVE;
+    }
+}
+
+/* Layer norm and its backward: contiguous operands (the ABI promises them), one and two
+ * normalized dims, with and without the affine parameters. */
+static void cases_layer_norm(int32_t op, int32_t dt, caselist *l)
+{
+    const char *dn = ts_dtype_name(dt);
+    kcase *k;
+    if (!kc_is_float(dt))
+        return;
+    static const struct {
+        int nd, norm;
+        int64_t s[3];
+    } ls[] = {{2, 1, {4, 7}}, {3, 1, {2, 3, 5}}, {3, 2, {2, 3, 5}}, {2, 1, {1, 9}}, {1, 1, {6}}};
+    for (size_t i = 0; i < sizeof ls / sizeof ls[0]; i++)
+        for (int affine = 0; affine < 2; affine++) {
+            int lead = ls[i].nd - ls[i].norm;
+            const int64_t *tail = ls[i].s + lead;
+            k = kc_add(l, op, "%s %s %dd over %d dims%s",
+                    op == TS_OP_LAYER_NORM ? "layer_norm" : "layer_norm_bwd", dn, ls[i].nd,
+                    ls[i].norm, affine ? " affine" : "");
+            opspec x = kc_spec(dt, ls[i].nd, ls[i].s), row = kc_spec(dt, lead, ls[i].s),
+                   col = kc_spec(dt, ls[i].norm, tail);
+            x.contig_only = row.contig_only = col.contig_only = 1;
+            if (op == TS_OP_LAYER_NORM) {
+                k->nin = affine ? 3 : 1;
+                k->in[0] = x;
+                k->in[1] = k->in[2] = col;
+                k->nout = 3;
+                k->out[0] = x;
+                k->out[1] = k->out[2] = row;
+            } else {
+                k->nin = affine ? 5 : 4;
+                k->in[0] = k->in[1] = x;
+                k->in[2] = k->in[3] = row;
+                k->in[3].v = V_POSITIVE; /* rstd */
+                k->in[4] = col;
+                k->nout = affine ? 3 : 1;
+                k->out[0] = x;
+                k->out[1] = k->out[2] = col;
+            }
+            ts_layer_norm_params p = {1e-5, ls[i].norm};
+            kc_set_params(k, &p, sizeof p);
+        }
+}
+
+static const struct {
+    int32_t op;
+    void (*build)(int32_t op, int32_t dt, caselist *l);
+} case_table[] = {
+    {TS_OP_COPY, cases_elementwise_unary},
+    {TS_OP_CAST, cases_elementwise_unary},
+    {TS_OP_FILL, cases_elementwise_unary},
+    {TS_OP_UNARY, cases_elementwise_unary},
+    {TS_OP_RELU_BACKWARD, cases_relu_backward},
+    {TS_OP_BINARY, cases_binary},
+    {TS_OP_BINARY_SCALAR, cases_binary},
+    {TS_OP_WHERE, cases_binary},
+    {TS_OP_REDUCE, cases_reduce},
+    {TS_OP_MATMUL, cases_matmul},
+    {TS_OP_SOFTMAX, cases_softmax},
+    {TS_OP_LOG_SOFTMAX, cases_softmax},
+    {TS_OP_INDEX_SELECT, cases_index},
+    {TS_OP_INDEX_ADD, cases_index},
+    {TS_OP_CONV2D, cases_conv2d},
+    {TS_OP_CONV2D_BWD_DATA, cases_conv2d},
+    {TS_OP_CONV2D_BWD_WEIGHT, cases_conv2d},
+    {TS_OP_MAXPOOL2D, cases_pool2d},
+    {TS_OP_AVGPOOL2D, cases_pool2d},
+    {TS_OP_MAXPOOL2D_BWD, cases_pool2d},
+    {TS_OP_AVGPOOL2D_BWD, cases_pool2d},
+    {TS_OP_CROSS_ENTROPY, cases_cross_entropy},
+    {TS_OP_CROSS_ENTROPY_BWD, cases_cross_entropy},
+    {TS_OP_SGD_STEP, cases_optimizer},
+    {TS_OP_ADAM_STEP, cases_optimizer},
+    {TS_OP_LAYER_NORM, cases_layer_norm},
+    {TS_OP_LAYER_NORM_BWD, cases_layer_norm},
+};
+
+/* The cases for op with output dtype dt (none for an op without a row). */
+void kc_build(int32_t op, int32_t dt, int minor, caselist *l)
+{
+    plugin_minor = minor;
+    for (size_t i = 0; i < sizeof case_table / sizeof case_table[0]; i++)
+        if (case_table[i].op == op)
+            case_table[i].build(op, dt, l);
+}
