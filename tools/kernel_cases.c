@@ -90,22 +90,121 @@ void kc_free_buf(ts_device *dev, kc_buf *b)
     memset(b, 0, sizeof *b);
 }
 
-static double rtol_for(int32_t dt)
-{
-    return dt == TS_F32 ? 2e-4 : dt == TS_F64 ? 1e-9 : 0;
-}
-
-/* Relative to 1 + |want|: plugin-check's tolerance, looser than the kernel tests' (its
- * reference is the float kernels themselves, not a float64 computation). */
+/* An output that is not float32 (float64, integers, booleans) against the reference kernels
+ * in its own dtype: float64 to 1e-9 of 1 + |want|, the others exactly. */
 static int close_enough(double a, double b, int32_t dt)
 {
-    double tol = rtol_for(dt);
+    double tol = dt == TS_F64 ? 1e-9 : 0;
     return oph_close(a, b, tol, tol);
 }
 
-/* Runs one case on the plugin and on the reference, with operand values drawn from seed.
- * 1 agree, 0 differ (why filled), -1 the reference does not do this combination (skipped).
- * Reads c only: several threads may run cases at once. */
+/* How a float32 result's error is bounded, by op family. */
+typedef enum family {
+    ELEMENTWISE, /* a few roundings per element: within a few ulps of 1 + |want| */
+    SUMS,        /* sums of products of the inputs (matmul, convolution, reductions, pooling,
+                  * gathers): within (K + 2) eps of the sum of the terms' magnitudes, which is
+                  * the same op on the inputs' magnitudes */
+    ROWS         /* nonlinear over a row (softmax, layer norm, cross-entropy): within
+                  * (K + 2) eps of 1 + |want| */
+} family;
+
+static family family_of(int32_t op)
+{
+    switch (op) {
+    case TS_OP_MATMUL:
+    case TS_OP_CONV2D:
+    case TS_OP_CONV2D_BWD_DATA:
+    case TS_OP_CONV2D_BWD_WEIGHT:
+    case TS_OP_REDUCE:
+    case TS_OP_INDEX_SELECT:
+    case TS_OP_INDEX_ADD:
+    case TS_OP_MAXPOOL2D:
+    case TS_OP_AVGPOOL2D:
+    case TS_OP_MAXPOOL2D_BWD:
+    case TS_OP_AVGPOOL2D_BWD:
+        return SUMS;
+    case TS_OP_SOFTMAX:
+    case TS_OP_LOG_SOFTMAX:
+    case TS_OP_CROSS_ENTROPY:
+    case TS_OP_CROSS_ENTROPY_BWD:
+    case TS_OP_LAYER_NORM:
+    case TS_OP_LAYER_NORM_BWD:
+        return ROWS;
+    default:
+        return ELEMENTWISE;
+    }
+}
+
+/* The float64 reference of k: the reference kernels on copies of the operands (inputs and
+ * the outputs' values before the call, from each buffer's host image) in which float32 is
+ * float64, laid out densely; mag: on the magnitudes of the float values instead. want[i]
+ * receives output i's values in row-major order (numel doubles, malloc'd). 0, or -1 when the
+ * reference does not run it so (want untouched). */
+static int reference64(const kcase *k, const kc_buf *in, int nin, const kc_buf *out, int nout,
+                       int mag, double **want)
+{
+    ts_operand p[8];
+    void *mem[8] = {0};
+    int n = nin + nout, rc = -1;
+    for (int i = 0; i < n; i++) {
+        const ts_operand *o = i < nin ? &in[i].op : &out[i - nin].op;
+        const unsigned char *img = i < nin ? in[i].host : out[i - nin].host;
+        int32_t dt = o->dtype == TS_F32 ? TS_F64 : o->dtype;
+        size_t bytes = oph_lay_out(&p[i], dt, o->ndim, o->shape, OPH_CONTIG);
+        if (!(mem[i] = calloc(1, bytes)))
+            goto out;
+        int64_t idx[TS_MAX_DIMS] = {0}, ne = oph_numel(o);
+        for (int64_t e = 0; e < ne; e++, oph_next(o, idx)) {
+            double v = oph_get(o, img, idx);
+            oph_set(&p[i], mem[i], idx, mag && kc_is_float(o->dtype) ? fabs(v) : v);
+        }
+        p[i].data = mem[i];
+    }
+    ts_kernel_call call = {.struct_size = sizeof call, .op = k->op, .ninputs = nin,
+                           .noutputs = nout, .inputs = p, .outputs = p + nin,
+                           .params = k->params_size ? k->params : NULL,
+                           .params_size = k->params_size};
+    if (ts_reference_run(&call) != TS_OK) {
+        ts_clear_error();
+        goto out;
+    }
+    for (int i = 0; i < nout; i++) {
+        int64_t idx[TS_MAX_DIMS] = {0}, ne = oph_numel(&p[nin + i]);
+        if (!(want[i] = malloc((size_t)(ne > 0 ? ne : 1) * sizeof(double))))
+            goto out;
+        for (int64_t e = 0; e < ne; e++, oph_next(&p[nin + i], idx))
+            want[i][e] = oph_get(&p[nin + i], mem[nin + i], idx);
+    }
+    rc = 0;
+out:
+    for (int i = 0; i < n; i++)
+        free(mem[i]);
+    return rc;
+}
+
+/* The largest element count of k's inputs: a bound on the terms any output element sums. */
+static int64_t max_terms(const kc_buf *in, int nin)
+{
+    int64_t m = 1;
+    for (int i = 0; i < nin; i++)
+        m = oph_numel(&in[i].op) > m ? oph_numel(&in[i].op) : m;
+    return m;
+}
+
+/* The tolerance of a float32 result against its float64 reference: want, and for SUMS the
+ * same op on the inputs' magnitudes. Four times the bound (K + 2) u (1 + |want|) or
+ * (K + 2) u sum|terms|, u the unit roundoff 2^-24: what any summation order of K terms in
+ * float32 stays within, whatever the CPU's kernels. */
+static double tolerance(int32_t op, family f, int64_t terms, double want, double mag)
+{
+    /* an optimizer's step: a handful of roundings per element (moments, bias correction,
+     * the update) */
+    double k = op == TS_OP_SGD_STEP || op == TS_OP_ADAM_STEP ? 4
+               : f == ELEMENTWISE                           ? 1
+                                                            : (double)terms;
+    return 4 * (k + 2) * 0x1p-24 * (f == SUMS ? mag + fabs(want) : 1 + fabs(want));
+}
+
 /* Whether the plugin's blocks are host memory: a call it declines (TS_ENOTSUP without a
  * message) runs on the host's reference kernels, as the guide allows. */
 static int host_memory_plugin(ts_device *dev)
@@ -114,12 +213,14 @@ static int host_memory_plugin(ts_device *dev)
     return TS_HAS_MEMBER(d, ts_plugin_desc, flags) && (d->flags & TS_PLUGIN_HOST_MEMORY);
 }
 
-/* One case on the plugin against the reference: 1 agrees, 0 fails (why says how), -1 the
- * reference does not do it, 2 declined by a host-memory plugin. */
+/* The plugin's result against the reference kernels' on the same values: float32 outputs
+ * against the float64 reference with the derived tolerance (where the reference kernels run
+ * the op in float64), the others against the reference in their own dtype. */
 int kc_run(ts_device *dev, const kcase *k, oph_layout l, uint64_t seed, char *why,
            size_t whylen)
 {
     kc_buf in[5], out[3];
+    double *want64[3] = {0}, *mag64[3] = {0};
     int nin = 0, nout = 0, r = 0;
     uint64_t rng = seed;
     ts_status s = TS_OK;
@@ -156,6 +257,15 @@ int kc_run(ts_device *dev, const kcase *k, oph_layout l, uint64_t seed, char *wh
         r = -1;
         goto done;
     }
+    /* float32 outputs against float64: the same op with float32 as float64 */
+    const family fam = family_of(k->op);
+    const int64_t terms = max_terms(in, nin);
+    int have64 = 0;
+    for (int i = 0; i < nout; i++)
+        have64 |= out[i].op.dtype == TS_F32;
+    if (have64)
+        have64 = reference64(k, in, nin, out, nout, 0, want64) == 0 &&
+                 (fam != SUMS || reference64(k, in, nin, out, nout, 1, mag64) == 0);
     ts_clear_error();
     if ((s = ts_device_run(dev, &call)) || (s = ts_device_synchronize(dev))) {
         if (s == TS_ENOTSUP && host_memory_plugin(dev) && strstr(ts_last_error(), "' declined ")) {
@@ -173,16 +283,27 @@ int kc_run(ts_device *dev, const kcase *k, oph_layout l, uint64_t seed, char *wh
         }
         const ts_operand *o = &out[i].op;
         int64_t idx[TS_MAX_DIMS] = {0}, n = oph_numel(o);
+        int f64 = have64 && o->dtype == TS_F32;
         for (int64_t e = 0; e < n; e++, oph_next(o, idx)) {
             double got = oph_get(o, out[i].host, idx), want = oph_get(o, out[i].ref, idx);
-            if (!close_enough(got, want, o->dtype)) {
+            double tol = 0;
+            if (f64) {
+                want = want64[i][e];
+                tol = tolerance(k->op, fam, terms, want, fam == SUMS ? mag64[i][e] : 0);
+            }
+            if (f64 ? !oph_close(got, want, 0, tol) : !close_enough(got, want, o->dtype)) {
                 char at[96] = "";
                 size_t len = 0;
                 for (int d = 0; d < o->ndim; d++)
                     len += (size_t)snprintf(at + len, sizeof at - len, "%s%lld", d ? ", " : "",
                                             (long long)idx[d]);
-                snprintf(why, whylen, "%s: output %d at (%s) is %.9g, the reference says %.9g",
-                         k->what, i, at, got, want);
+                if (f64)
+                    snprintf(why, whylen, "%s: output %d at (%s) is %.9g, the float64 reference "
+                             "says %.9g (off by %.3g, tolerance %.3g)", k->what, i, at, got,
+                             want, fabs(got - want), tol);
+                else
+                    snprintf(why, whylen, "%s: output %d at (%s) is %.9g, the reference says "
+                             "%.9g", k->what, i, at, got, want);
                 goto done;
             }
         }
@@ -197,8 +318,11 @@ int kc_run(ts_device *dev, const kcase *k, oph_layout l, uint64_t seed, char *wh
 done:
     for (int i = 0; i < nin; i++)
         kc_free_buf(dev, &in[i]);
-    for (int i = 0; i < nout; i++)
+    for (int i = 0; i < nout; i++) {
         kc_free_buf(dev, &out[i]);
+        free(want64[i]);
+        free(mag64[i]);
+    }
     return r;
 }
 

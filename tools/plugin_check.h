@@ -1,6 +1,7 @@
 /* tools/plugin_check.h: what the suites of `tessera plugin-check` share: the checker (the
  * device under test and the tallies), one report line per check, and the suites in
- * plugin_check_kernels.c (kernels against the reference, error paths, concurrent runs). */
+ * plugin_check_kernels.c (kernels against the float64 reference, error paths, concurrent
+ * runs). */
 #ifndef TESSERA_TOOLS_PLUGIN_CHECK_H
 #define TESSERA_TOOLS_PLUGIN_CHECK_H
 

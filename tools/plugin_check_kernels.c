@@ -1,8 +1,7 @@
 /* tools/plugin_check_kernels.c: the kernel suites of `tessera plugin-check`: every claimed
- * (op, dtype) at its cases (from the case table below: one builder per op family) in five
- * layouts against the reference kernels, the error paths, and the claimed kernels run from
- * several threads at once. The cases and their runner are the kernel-case table's
- * (kernel_cases.h), which the kernel tests of make check run too. */
+ * (op, dtype) at its cases in five layouts against the float64 reference, the error paths,
+ * and the claimed kernels run from several threads at once. The cases and their runner are
+ * the kernel-case table's (kernel_cases.h), which the kernel tests of make check run too. */
 #include "config.h"
 
 #include <errno.h>
