@@ -193,11 +193,109 @@ static void test_enums_are_append_only(void)
     CHECK_INT_EQ(TS_SETTING_BOOL, 4);
 }
 
+/* Every row of the op and function tables (plugin.h) as it was released: value, name and the
+ * minor version that added it cross the boundary and may only be appended to. A new op or
+ * function appends its row here with the minor version that adds it. */
+static const char frozen_rows[] =
+    "COPY 1 copy 0\n"
+    "CAST 2 cast 0\n"
+    "FILL 3 fill 0\n"
+    "UNARY 4 unary 0\n"
+    "BINARY 5 binary 0\n"
+    "BINARY_SCALAR 6 binary_scalar 0\n"
+    "WHERE 7 where 0\n"
+    "REDUCE 8 reduce 0\n"
+    "MATMUL 9 matmul 0\n"
+    "SOFTMAX 10 softmax 0\n"
+    "LOG_SOFTMAX 11 log_softmax 0\n"
+    "INDEX_SELECT 12 index_select 0\n"
+    "INDEX_ADD 13 index_add 0\n"
+    "CONV2D 14 conv2d 0\n"
+    "MAXPOOL2D 15 max_pool2d 0\n"
+    "AVGPOOL2D 16 avg_pool2d 0\n"
+    "CONV2D_BWD_DATA 17 conv2d_backward_data 0\n"
+    "CONV2D_BWD_WEIGHT 18 conv2d_backward_weight 0\n"
+    "MAXPOOL2D_BWD 19 max_pool2d_backward 0\n"
+    "AVGPOOL2D_BWD 20 avg_pool2d_backward 0\n"
+    "CROSS_ENTROPY 21 cross_entropy 0\n"
+    "CROSS_ENTROPY_BWD 22 cross_entropy_backward 0\n"
+    "SGD_STEP 23 sgd_step 0\n"
+    "ADAM_STEP 24 adam_step 0\n"
+    "RELU_BACKWARD 25 relu_backward 0\n"
+    "LAYER_NORM 26 layer_norm 1\n"
+    "LAYER_NORM_BWD 27 layer_norm_backward 1\n"
+    "NEG 0 neg 0\n"
+    "ABS 1 abs 0\n"
+    "EXP 2 exp 0\n"
+    "LOG 3 log 0\n"
+    "SQRT 4 sqrt 0\n"
+    "RSQRT 5 rsqrt 0\n"
+    "TANH 6 tanh 0\n"
+    "SIGMOID 7 sigmoid 0\n"
+    "RELU 8 relu 0\n"
+    "GELU 9 gelu 0\n"
+    "ERF 10 erf 0\n"
+    "GELU_TANH 11 gelu_tanh 1\n"
+    "GELU_TANH_DERIV 12 gelu_tanh_deriv 2\n"
+    "SILU 13 silu 4\n"
+    "ADD 0 add 0\n"
+    "SUB 1 sub 0\n"
+    "MUL 2 mul 0\n"
+    "DIV 3 div 0\n"
+    "POW 4 pow 0\n"
+    "MAXIMUM 5 maximum 0\n"
+    "MINIMUM 6 minimum 0\n"
+    "EQ 7 eq 0\n"
+    "NE 8 ne 0\n"
+    "LT 9 lt 0\n"
+    "LE 10 le 0\n"
+    "GT 11 gt 0\n"
+    "GE 12 ge 0\n"
+    "SUM 0 sum 0\n"
+    "MEAN 1 mean 0\n"
+    "MAX 2 max 0\n"
+    "MIN 3 min 0\n"
+    "ARGMAX 4 argmax 0\n"
+    "ARGMIN 5 argmin 0\n";
+
+static void test_op_tables_frozen(void)
+{
+    char now[sizeof frozen_rows + 1024];
+    size_t len = 0;
+#define ROW(ID, v, name, minor)                                                                \
+    len += (size_t)snprintf(now + len, len < sizeof now ? sizeof now - len : 0, "%s %d %s %d\n", \
+                            #ID, v, name, minor);
+    TS_OP_TABLE(ROW)
+    TS_UNARY_TABLE(ROW)
+    TS_BINARY_TABLE(ROW)
+    TS_REDUCE_TABLE(ROW)
+#undef ROW
+    CHECK_MSG(len < sizeof now, "the tables grew past the test's buffer");
+    /* the released rows unchanged; rows after them are the version in progress's */
+    const char *a = frozen_rows, *b = now;
+    while (*a && *a == *b)
+        a++, b++;
+    CHECK_MSG(!*a, "an op or function row changed (ABI break): released '%.40s', now '%.40s'",
+              a, b);
+    /* each row's name is the one the helpers give, and no row is newer than this ABI */
+#define ROW(ID, v, name, minor)                                                                \
+    CHECK_MSG(!strcmp(ts_plugin_op_name(TS_OP_##ID), name), "op %s", name);                 \
+    CHECK_MSG(minor <= TS_PLUGIN_ABI_MINOR, "op %s: minor %d", name, minor);
+    TS_OP_TABLE(ROW)
+#undef ROW
+    int last = 0;
+#define ROW(ID, v, name, minor) last = v > last ? v : last;
+    TS_OP_TABLE(ROW)
+#undef ROW
+    CHECK_INT_EQ(TS_OP_COUNT, last + 1);
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
         TAP_TEST(test_layout_matches_version),
         TAP_TEST(test_enums_are_append_only),
+        TAP_TEST(test_op_tables_frozen),
         TAP_TEST(test_inline_helpers),
         TAP_TEST(test_comm_layout),
         TAP_TEST(test_launcher_local_rank),
