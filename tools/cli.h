@@ -218,6 +218,11 @@ void cli_kernel_name(const ts_profile_entry *e, char *buf, size_t n);
 void cli_profile_begin(int on);
 /* With --profile, a "step N" slice around a training step on the trace's kernel track. */
 void cli_step_mark(int on, long long step, int begin);
+/* What both trainers do at ts_fit's step events: at TS_FIT_STEP_BEGIN the step's --profile
+ * slice opens and --memtrace counts from it; at TS_FIT_STEP the slice closes and --log-steps
+ * prints the step's line (a JSON line with json), lr the learning rate it ran at. */
+void cli_fit_step(ts_fit_event ev, const ts_fit_state *st, int profile, int log_steps, int json,
+                  double lr);
 /* With --profile: the kernels with the most time, per step over steps (seconds: the run's
  * wall time), as a table on stderr, or with json a {"event": "profile"} record on stdout;
  * then the profile is turned off. */

@@ -398,6 +398,24 @@ void cli_step_mark(int on, long long step, int begin)
     ts_memtrace_marker(mk, begin ? 2 : -2);
 }
 
+void cli_fit_step(ts_fit_event ev, const ts_fit_state *st, int profile, int log_steps, int json,
+                  double lr)
+{
+    if (ev == TS_FIT_STEP_BEGIN) {
+        cli_step_mark(profile, (long long)st->step + 1, 1);
+        ts_memtrace_step(st->step + 1);
+        return;
+    }
+    if (ev != TS_FIT_STEP)
+        return;
+    cli_step_mark(profile, (long long)st->step, 0);
+    if (log_steps && json)
+        printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g}\n", (long long)st->step, st->loss,
+               lr);
+    else if (log_steps)
+        printf("step %lld loss %.9g lr %.6g\n", (long long)st->step, st->loss, lr);
+}
+
 #define PROFILE_SHOWN 15
 
 /* Evaluation apart: the counts when the pass in progress began, and the passes' sums. */

@@ -972,20 +972,11 @@ static ts_status on_event(void *user, ts_fit_event ev, const ts_fit_state *st)
         return TS_OK;
     }
     case TS_FIT_STEP_BEGIN:
-        cli_step_mark(t->o.profile, (long long)st->step + 1, 1);
-        ts_memtrace_step(st->step + 1);
+        cli_fit_step(ev, st, t->o.profile, 0, 0, 0);
         return TS_OK;
     case TS_FIT_STEP:
-        cli_step_mark(t->o.profile, (long long)st->step, 0);
+        cli_fit_step(ev, st, t->o.profile, t->o.log_steps, t->o.json, ts_optim_lr(t->opt));
         t->step = st->step;
-        if (t->o.log_steps) {
-            if (t->o.json)
-                printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g}\n", (long long)t->step,
-                       st->loss, ts_optim_lr(t->opt));
-            else
-                printf("step %lld loss %.9g lr %.6g\n", (long long)t->step, st->loss,
-                       ts_optim_lr(t->opt));
-        }
         if (t->show_progress && (!t->tty || st->batch % 10 == 0 || st->batch == st->batches))
             progress(t, st, (double)st->rows_since / (cli_now() - t->epoch_t0));
         if (t->o.save_every > 0 && t->step % t->o.save_every == 0 && t->rank == 0) {

@@ -582,20 +582,11 @@ static ts_status on_event(void *user, ts_fit_event ev, const ts_fit_state *st)
     run *r = user;
     switch (ev) {
     case TS_FIT_STEP_BEGIN:
-        cli_step_mark(r->o.profile, (long long)st->step + 1, 1);
-        ts_memtrace_step(st->step + 1);
+        cli_fit_step(ev, st, r->o.profile, 0, 0, 0);
         return TS_OK;
     case TS_FIT_STEP:
-        cli_step_mark(r->o.profile, (long long)st->step, 0);
+        cli_fit_step(ev, st, r->o.profile, r->o.log_steps, r->o.json, ts_optim_lr(r->opt));
         r->step = st->step;
-        if (r->o.log_steps) {
-            if (r->o.json)
-                printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g}\n", (long long)st->step,
-                       st->loss, ts_optim_lr(r->opt));
-            else
-                printf("step %lld loss %.9g lr %.6g\n", (long long)st->step, st->loss,
-                       ts_optim_lr(r->opt));
-        }
         if (r->show && !st->stopped && cli_now() - r->drawn >= (r->prog.tty ? 0.1 : 0)) {
             r->drawn = cli_now(); /* 10 redraws a second on a terminal */
             step_progress(r, st);
