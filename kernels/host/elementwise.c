@@ -679,20 +679,16 @@ static ts_status run_relu_backward(hk_dev *hd, const ts_kernel_call *call)
 
 int hk_elementwise_supports(int32_t op, int32_t dtype)
 {
-    if (dtype < 0 || dtype >= TS_DTYPE_COUNT)
-        return 0;
     switch (op) {
     case TS_OP_COPY:
     case TS_OP_CAST:
     case TS_OP_FILL:
     case TS_OP_WHERE:
-    case TS_OP_BINARY: /* uint8 output: the comparisons */
+    case TS_OP_BINARY:
     case TS_OP_BINARY_SCALAR:
-        return 1;
     case TS_OP_UNARY:
-        return dtype != TS_U8;
     case TS_OP_RELU_BACKWARD:
-        return dtype == TS_F32 || dtype == TS_F64;
+        return hk_op_defined(op, dtype);
     default:
         return 0;
     }

@@ -6,8 +6,7 @@
 
 int hk_index_supports(int32_t op, int32_t dtype)
 {
-    return (op == TS_OP_INDEX_SELECT || op == TS_OP_INDEX_ADD) && dtype >= 0 &&
-           dtype < TS_DTYPE_COUNT;
+    return (op == TS_OP_INDEX_SELECT || op == TS_OP_INDEX_ADD) && hk_op_defined(op, dtype);
 }
 
 static int64_t index_at(const ts_operand *ix, int64_t i)

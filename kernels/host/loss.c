@@ -10,7 +10,7 @@
 int hk_loss_supports(int32_t op, int32_t dtype)
 {
     return (op == TS_OP_CROSS_ENTROPY || op == TS_OP_CROSS_ENTROPY_BWD) &&
-           (dtype == TS_F32 || dtype == TS_F64);
+           hk_op_defined(op, dtype);
 }
 
 static double ld(const ts_operand *t, int64_t off)

@@ -10,8 +10,7 @@
 
 int hk_norm_supports(int32_t op, int32_t dtype)
 {
-    return (op == TS_OP_LAYER_NORM || op == TS_OP_LAYER_NORM_BWD) &&
-           (dtype == TS_F32 || dtype == TS_F64);
+    return (op == TS_OP_LAYER_NORM || op == TS_OP_LAYER_NORM_BWD) && hk_op_defined(op, dtype);
 }
 
 

@@ -104,6 +104,29 @@ static int byte_span(const ts_operand *o, intptr_t *lo, intptr_t *hi)
     return 1;
 }
 
+int hk_op_defined(int32_t op, int32_t dtype)
+{
+    if (op <= TS_OP_NONE || op >= TS_OP_COUNT || dtype < 0 || dtype >= TS_DTYPE_COUNT)
+        return 0;
+    switch (op) {
+    case TS_OP_COPY:
+    case TS_OP_CAST:
+    case TS_OP_FILL:
+    case TS_OP_WHERE:
+    case TS_OP_BINARY: /* uint8 output: the comparisons */
+    case TS_OP_BINARY_SCALAR:
+    case TS_OP_INDEX_SELECT:
+    case TS_OP_INDEX_ADD:
+        return 1;
+    case TS_OP_UNARY:
+        return dtype != TS_U8;
+    case TS_OP_REDUCE: /* int64 output: also argmax / argmin */
+        return dtype == TS_F32 || dtype == TS_F64 || dtype == TS_I32 || dtype == TS_I64;
+    default:
+        return ts_plugin_dtype_is_float(dtype);
+    }
+}
+
 int hk_overlaps(const ts_operand *a, const ts_operand *b)
 {
     intptr_t alo, ahi, blo, bhi;

@@ -7,7 +7,7 @@
 
 int hk_optimizer_supports(int32_t op, int32_t dtype)
 {
-    return (op == TS_OP_SGD_STEP || op == TS_OP_ADAM_STEP) && (dtype == TS_F32 || dtype == TS_F64);
+    return (op == TS_OP_SGD_STEP || op == TS_OP_ADAM_STEP) && hk_op_defined(op, dtype);
 }
 
 /* The flags are loop-invariant selects, not branches, so that the loops vectorize; a select

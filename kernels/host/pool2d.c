@@ -13,7 +13,7 @@
 int hk_pool2d_supports(int32_t op, int32_t dtype)
 {
     return (op == TS_OP_MAXPOOL2D || op == TS_OP_AVGPOOL2D || op == TS_OP_MAXPOOL2D_BWD ||
-            op == TS_OP_AVGPOOL2D_BWD) && (dtype == TS_F32 || dtype == TS_F64);
+            op == TS_OP_AVGPOOL2D_BWD) && hk_op_defined(op, dtype);
 }
 
 /* The max of a 2x2 window (a[0], a[1] / b[0], b[1]) in scan order, the first NaN winning,

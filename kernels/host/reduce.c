@@ -14,11 +14,6 @@
 /* Most threads a split slice uses: the size of the partials array. */
 #define RD_MAX_PARTS 256
 
-static int is_numeric(int32_t dtype)
-{
-    return dtype == TS_F32 || dtype == TS_F64 || dtype == TS_I32 || dtype == TS_I64;
-}
-
 static int threads_for(const hk_dev *hd, int64_t work)
 {
     int nt = hd->threads > 1 && work >= RD_PAR_MIN ? hd->threads : 1;
@@ -469,15 +464,8 @@ static ts_status run_softmax(hk_dev *hd, const ts_kernel_call *call)
 
 int hk_reduce_supports(int32_t op, int32_t dtype)
 {
-    switch (op) {
-    case TS_OP_REDUCE:
-        return is_numeric(dtype); /* int64 output: also argmax / argmin */
-    case TS_OP_SOFTMAX:
-    case TS_OP_LOG_SOFTMAX:
-        return ts_plugin_dtype_is_float(dtype);
-    default:
-        return 0;
-    }
+    return (op == TS_OP_REDUCE || op == TS_OP_SOFTMAX || op == TS_OP_LOG_SOFTMAX) &&
+           hk_op_defined(op, dtype);
 }
 
 ts_status hk_reduce(hk_dev *hd, const ts_kernel_call *call)

@@ -18,7 +18,7 @@
 int ts_blas_conv_supports(int32_t op, int32_t dtype)
 {
     return (op == TS_OP_CONV2D || op == TS_OP_CONV2D_BWD_DATA || op == TS_OP_CONV2D_BWD_WEIGHT) &&
-           (dtype == TS_F32 || dtype == TS_F64);
+           hk_op_defined(op, dtype);
 }
 
 static double ld_elem(const char *base, int64_t off, size_t es)

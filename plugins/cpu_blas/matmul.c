@@ -80,7 +80,7 @@ static enum CBLAS_TRANSPOSE flip(enum CBLAS_TRANSPOSE t)
 
 int ts_blas_matmul_supports(int32_t op, int32_t dtype)
 {
-    return op == TS_OP_MATMUL && (dtype == TS_F32 || dtype == TS_F64);
+    return op == TS_OP_MATMUL && hk_op_defined(op, dtype);
 }
 
 /* a: (B..., M, K), b: (B..., K, N), out: (B..., M, N); out = alpha * a @ b + beta * out. */

@@ -29,7 +29,7 @@ int cuda_gemm_supports(int32_t op, int32_t dtype)
 {
     return (op == TS_OP_MATMUL || op == TS_OP_CONV2D || op == TS_OP_CONV2D_BWD_DATA ||
             op == TS_OP_CONV2D_BWD_WEIGHT) &&
-           (dtype == TS_F32 || dtype == TS_F64);
+           hk_op_defined(op, dtype);
 }
 
 /* One strided-batched GEMM, column-major, in dtype: C = alpha op(A) op(B) + beta C. */

@@ -22,11 +22,6 @@ static const char *name_or(const char *name)
     return name ? name : "?";
 }
 
-static int is_numeric(int32_t dt)
-{
-    return ts_plugin_dtype_is_float(dt) || dt == TS_I32 || dt == TS_I64;
-}
-
 static int64_t numel(const ts_operand *op)
 {
     int64_t n = 1;
@@ -656,22 +651,17 @@ static ts_status run_layer_norm(cuda_ctx *c, const ts_kernel_call *call)
 
 int cuda_ops_supports(int32_t op, int32_t dtype)
 {
-    if (dtype < 0 || dtype >= TS_DTYPE_COUNT)
-        return 0;
     switch (op) {
     case TS_OP_COPY:
     case TS_OP_CAST:
     case TS_OP_FILL:
     case TS_OP_WHERE:
-    case TS_OP_BINARY: /* uint8 output: the comparisons */
+    case TS_OP_BINARY:
     case TS_OP_BINARY_SCALAR:
     case TS_OP_INDEX_SELECT:
     case TS_OP_INDEX_ADD:
-        return 1;
     case TS_OP_UNARY:
-        return dtype != TS_U8;
     case TS_OP_REDUCE:
-        return is_numeric(dtype); /* int64 output: also argmax / argmin */
     case TS_OP_SOFTMAX:
     case TS_OP_LOG_SOFTMAX:
     case TS_OP_CROSS_ENTROPY:
@@ -684,7 +674,7 @@ int cuda_ops_supports(int32_t op, int32_t dtype)
     case TS_OP_ADAM_STEP:
     case TS_OP_LAYER_NORM:
     case TS_OP_LAYER_NORM_BWD:
-        return ts_plugin_dtype_is_float(dtype);
+        return hk_op_defined(op, dtype);
     default:
         return 0;
     }
