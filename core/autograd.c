@@ -1,7 +1,8 @@
 /* core/autograd.c: the graph and the engine: grad mode, recycled nodes with strong one-way
  * edges (released iteratively, so a 100,000-node chain cannot overflow the stack), recording,
  * backward in reverse topological order with in-place-modification checks, hooks, and
- * gradient checkpointing. The per-op backward formulas live in grad_fns.c. */
+ * gradient checkpointing. The per-op backward formulas live beside each op's front end
+ * (core/op_*.c, view.c, losses.c; grad_fns.c for the elementwise ops). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
-/* core/grad_fns.h: the recording hooks the forward ops call (grad_fns.c). Each records a node
- * for out when a gradient is needed, and is a cheap no-op otherwise. On failure the caller
- * drops out and returns the status. */
+/* core/grad_fns.h: the recording hooks the forward ops call (grad_fns.c, and each family's
+ * core/op_*.c beside its front end). Each records a node for out when a gradient is needed,
+ * and is a cheap no-op otherwise. On failure the caller drops out and returns the status. */
 #ifndef TESSERA_CORE_GRAD_FNS_H
 #define TESSERA_CORE_GRAD_FNS_H
 
@@ -45,6 +45,39 @@ ts_status ts__ag_layer_norm(const ts_tensor *x, const ts_tensor *weight, const t
                             const ts_layer_norm_params *p, ts_tensor *out);
 ts_status ts__ag_cross_entropy(const ts_tensor *logits, const ts_tensor *targets,
                                ts_tensor *out);
+
+/* ---- what the op families share (core/op_*.c, ops.c, losses.c, grad_fns.c) ---------- */
+
+/* TS_EDTYPE unless t is float32 or float64. */
+static inline ts_status ts__need_float(const char *op, const ts_tensor *t)
+{
+    if (!ts_plugin_dtype_is_float(t->dtype))
+        return ts__fail(TS_EDTYPE, "%s: %s tensor; this op needs float32 or float64", op,
+                        ts_dtype_name(t->dtype));
+    return TS_OK;
+}
+
+/* Reduces g to input i's shape (broadcast dims summed). (transfer full) */
+static inline ts_status ts__grad_to_input(const ts_node *n, int i, ts_tensor *g,
+                                          ts_tensor **out)
+{
+    return ts__sum_to(g, n->in_ndim[i], n->in_shape[i], out);
+}
+
+/* x OP y as a float mask of x's dtype, in the current scope. */
+static inline ts_tensor *ts__s_mask(int fn, const ts_tensor *x, const ts_tensor *y)
+{
+    ts_tensor *m = NULL;
+    m = TS_SCOPED(ts_binary(fn, x, y, &m), m);
+    return ts_s_cast(m, x ? ts_tensor_dtype(x) : TS_F32);
+}
+
+/* In a backward formula: on failure, s is set and control goes to out. */
+#define TRY(expr)                                                                           \
+    do {                                                                                    \
+        if ((s = (expr)))                                                                   \
+            goto out;                                                                       \
+    } while (0)
 
 /* Records with ts__ag_* call, dropping *out and returning the status on failure. */
 #define TS__RECORD(call, out)                                                               \

@@ -1,12 +1,12 @@
-/* core/losses.c: losses beyond cross-entropy, built from recorded ops (so their gradients are
- * autograd's), and the conveniences a user reaches for first: a scalar's value and a
- * PyTorch-like printout. */
+/* core/losses.c: the losses: cross-entropy (one kernel and its backward, at the end) and
+ * those built from recorded ops (so their gradients are autograd's), and the conveniences a
+ * user reaches for first: a scalar's value and a PyTorch-like printout. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "grad_fns.h"
 
 /* The per-element loss reduced per reduction, in the current scope. */
 static ts_tensor *s_reduce(ts_tensor *per, int reduction)
@@ -265,4 +265,84 @@ TS_API ts_status ts_tensor_print(const ts_tensor *t, FILE *f)
     fputs(")\n", f);
     free(v);
     return TS_OK;
+}
+
+/* ---- cross-entropy --------------------------------------------------------------------- */
+
+TS_API ts_status ts_cross_entropy(const ts_tensor *logits, const ts_tensor *targets,
+                                  int reduction, ts_tensor **out)
+{
+    if (!out)
+        return ts__fail(TS_EINVAL, "cross_entropy: out is NULL");
+    *out = NULL;
+    if (!logits || !targets)
+        return ts__fail(TS_EINVAL, "cross_entropy: tensor is NULL");
+    char b1[160], b2[160];
+    ts_status s = ts__check_pair("cross_entropy", logits, targets, 0);
+    if (s || (s = ts__need_float("cross_entropy", logits)))
+        return s;
+    if (targets->dtype != TS_I64 && targets->dtype != TS_I32)
+        return ts__fail(TS_EDTYPE, "cross_entropy: targets are %s; they must be int64 or int32 "
+                        "class indices", ts_dtype_name(targets->dtype));
+    if (logits->ndim != 2 || targets->ndim != 1 || targets->shape[0] != logits->shape[0])
+        return ts__fail(TS_ESHAPE, "cross_entropy: logits %s must be (N, C) and targets %s (N)",
+                        ts__shape_str(logits->ndim, logits->shape, b1, sizeof b1),
+                        ts__shape_str(targets->ndim, targets->shape, b2, sizeof b2));
+    if (reduction < TS_REDUCTION_MEAN || reduction > TS_REDUCTION_NONE)
+        return ts__fail(TS_EINVAL, "cross_entropy: unknown reduction %d", reduction);
+    ts_tensor *per;
+    if ((s = ts__new(logits->storage->dev, logits->dtype, 1, targets->shape, &per)))
+        return s;
+    ts_operand in[2], op;
+    ts__operand(logits, &in[0]);
+    ts__operand(targets, &in[1]);
+    ts__operand(per, &op);
+    if ((s = ts__run(per->storage->dev, TS_OP_CROSS_ENTROPY, in, 2, &op, 1, NULL, 0))) {
+        ts_tensor_unref(per);
+        return s;
+    }
+    TS__RECORD(ts__ag_cross_entropy(logits, targets, per), per);
+    if (reduction == TS_REDUCTION_NONE) {
+        *out = per;
+        return TS_OK;
+    }
+    s = reduction == TS_REDUCTION_MEAN ? ts_mean(per, 0, NULL, 0, out) : ts_sum(per, 0, NULL, 0, out);
+    ts_tensor_unref(per);
+    return s;
+}
+
+/* ---- cross-entropy --------------------------------------------------------------------- */
+
+static ts_status cross_entropy_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
+{
+    ts_tensor *o, *gc;
+    ts_status s = ts_tensor_contiguous(g, &gc);
+    if (s)
+        return s;
+    if ((s = ts_tensor_empty(n->in_device[0], n->in_dtype[0], 2, n->in_shape[0], &o))) {
+        ts_tensor_unref(gc);
+        return s;
+    }
+    ts_operand in[3], op;
+    ts__operand(n->saved[0], &in[0]);
+    ts__operand(n->saved[1], &in[1]);
+    ts__operand(gc, &in[2]);
+    ts__operand(o, &op);
+    s = ts__run(n->in_device[0], TS_OP_CROSS_ENTROPY_BWD, in, 3, &op, 1, NULL, 0);
+    ts_tensor_unref(gc);
+    if (s) {
+        ts_tensor_unref(o);
+        return s;
+    }
+    gin[0] = o;
+    return TS_OK;
+}
+
+ts_status ts__ag_cross_entropy(const ts_tensor *logits, const ts_tensor *targets,
+                               ts_tensor *out)
+{
+    const ts_tensor *in[2] = {logits, targets};
+    if (!ts__grad_needed(1, in))
+        return TS_OK;
+    return ts__record("cross_entropy", cross_entropy_backward, out, 2, in, 2, in, NULL, 0, NULL);
 }

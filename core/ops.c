@@ -1,12 +1,12 @@
-/* core/ops.c: the elementwise and reduction operations. Each checks devices, dtypes and
- * shapes (NumPy broadcasting) with messages naming both sides, resolves broadcasting into
- * stride-0 operand dims, protects outputs that overlap inputs, and runs one kernel. Linear
- * algebra and nn ops are in ops_nn.c. */
+/* core/ops.c: the elementwise operations. Each checks devices, dtypes and shapes (NumPy
+ * broadcasting) with messages naming both sides, resolves broadcasting into stride-0 operand
+ * dims, protects outputs that overlap inputs, and runs one kernel; their backward is in
+ * grad_fns.c. The other families, each front end beside its backward, are core/op_*.c. */
 #include <string.h>
 
 #include "grad_fns.h"
 
-/* ---- checks and helpers shared with ops_nn.c ------------------------------------------ */
+/* ---- checks and helpers shared with op_*.c --------------------------------------------- */
 
 ts_status ts__check_pair(const char *op, const ts_tensor *a, const ts_tensor *b, int same_dtype)
 {
@@ -519,104 +519,4 @@ out:
     ts_tensor_unref(safe);
     ts_tensor_unref(moved);
     return s;
-}
-
-/* ---- reductions ------------------------------------------------------------------------ */
-
-static ts_status reduce(const char *name, int fn, const ts_tensor *x, int ndims, const int *dims,
-                        int keepdim, ts_tensor **out)
-{
-    if (!out)
-        return ts__fail(TS_EINVAL, "%s: out is NULL", name);
-    *out = NULL;
-    if (!x)
-        return ts__fail(TS_EINVAL, "%s: tensor is NULL", name);
-    if (fn == TS_REDUCE_MEAN && !ts_plugin_dtype_is_float(x->dtype))
-        return ts__fail(TS_EDTYPE, "%s: %s tensor; cast to float first", name,
-                        ts_dtype_name(x->dtype));
-    if (x->dtype == TS_U8)
-        return ts__fail(TS_EDTYPE, "%s: uint8 tensor; cast to an integer or float first", name);
-    int reduced[TS_MAX_DIMS] = {0};
-    if (ndims < 0 || ndims > TS_MAX_DIMS || (ndims > 0 && !dims))
-        return ts__fail(TS_EINVAL, "%s: bad dims list", name);
-    for (int i = 0; i < ndims; i++) {
-        int d = ts__dim(dims[i], x->ndim);
-        if (d < 0 || x->ndim == 0)
-            return ts__fail(TS_EINVAL, "%s: dim %d is out of range for a %d-d tensor", name,
-                            dims[i], x->ndim);
-        if (reduced[d])
-            return ts__fail(TS_EINVAL, "%s: dim %d listed twice", name, dims[i]);
-        reduced[d] = 1;
-    }
-    int64_t keep[TS_MAX_DIMS], squeezed[TS_MAX_DIMS];
-    int nsq = 0;
-    for (int d = 0; d < x->ndim; d++) {
-        int r = ndims == 0 || reduced[d];
-        keep[d] = r ? 1 : x->shape[d];
-        if (!r)
-            squeezed[nsq++] = x->shape[d];
-    }
-    int32_t odt = fn == TS_REDUCE_ARGMAX || fn == TS_REDUCE_ARGMIN ? TS_I64 : x->dtype;
-    ts_tensor *o;
-    ts_status s = ts__new(x->storage->dev, odt, x->ndim, keep, &o);
-    if (s)
-        return s;
-    ts_operand in, op;
-    ts__operand(x, &in);
-    ts__operand(o, &op);
-    ts_reduce_params p = {fn, ndims == 1 ? ts__dim(dims[0], x->ndim) : 0};
-    if ((s = ts__run(o->storage->dev, TS_OP_REDUCE, &in, 1, &op, 1, &p, sizeof p))) {
-        ts_tensor_unref(o);
-        return s;
-    }
-    int64_t mask = 0;
-    for (int d = 0; d < x->ndim; d++)
-        if (ndims == 0 || reduced[d])
-            mask |= (int64_t)1 << d;
-    ts_tensor *r = o;
-    if (!keepdim) { /* an internal view: the reduction's node goes on the final result */
-        int64_t strides[TS_MAX_DIMS];
-        ts__contiguous_strides(nsq, squeezed, strides);
-        s = ts__view(o, nsq, squeezed, strides, 0, &r);
-        ts_tensor_unref(o);
-        if (s)
-            return s;
-    }
-    TS__RECORD(ts__ag_reduce(fn, x, mask, r), r);
-    *out = r;
-    return TS_OK;
-}
-
-TS_API ts_status ts_sum(const ts_tensor *x, int ndims, const int *dims, int keepdim,
-                        ts_tensor **out)
-{
-    return reduce("sum", TS_REDUCE_SUM, x, ndims, dims, keepdim, out);
-}
-
-TS_API ts_status ts_mean(const ts_tensor *x, int ndims, const int *dims, int keepdim,
-                         ts_tensor **out)
-{
-    return reduce("mean", TS_REDUCE_MEAN, x, ndims, dims, keepdim, out);
-}
-
-TS_API ts_status ts_max(const ts_tensor *x, int ndims, const int *dims, int keepdim,
-                        ts_tensor **out)
-{
-    return reduce("max", TS_REDUCE_MAX, x, ndims, dims, keepdim, out);
-}
-
-TS_API ts_status ts_min(const ts_tensor *x, int ndims, const int *dims, int keepdim,
-                        ts_tensor **out)
-{
-    return reduce("min", TS_REDUCE_MIN, x, ndims, dims, keepdim, out);
-}
-
-TS_API ts_status ts_argmax(const ts_tensor *x, int dim, int keepdim, ts_tensor **out)
-{
-    return reduce("argmax", TS_REDUCE_ARGMAX, x, 1, &dim, keepdim, out);
-}
-
-TS_API ts_status ts_argmin(const ts_tensor *x, int dim, int keepdim, ts_tensor **out)
-{
-    return reduce("argmin", TS_REDUCE_ARGMIN, x, 1, &dim, keepdim, out);
 }

@@ -1,6 +1,8 @@
 /* core/view.c: views. Each builds new metadata over the same storage (one more reference on
  * it) and never touches device memory, except reshape/flatten, which copy when, and only
- * when, the strides cannot express the new shape. */
+ * when, the strides cannot express the new shape. Their backward (one formula for every kind
+ * of view) is at the end. */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "grad_fns.h"
@@ -340,4 +342,82 @@ TS_API ts_status ts_tensor_flatten(ts_tensor *t, int start_dim, int end_dim, ts_
     for (int d = b + 1; d < t->ndim; d++)
         shape[n++] = t->shape[d];
     return ts_tensor_reshape(t, n, shape, out);
+}
+
+/* ---- views ----------------------------------------------------------------------------- */
+
+static ts_status view_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
+{
+    int kind = (int)n->p.i[0];
+    ts_status s;
+    switch (kind) {
+    case TS__VIEW_RESHAPE:
+        return ts_tensor_reshape(g, n->in_ndim[0], n->in_shape[0], &gin[0]);
+    case TS__VIEW_PERMUTE: {
+        int inv[TS_MAX_DIMS];
+        for (int d = 0; d < n->in_ndim[0]; d++)
+            inv[(int)((n->p.i[1] >> (4 * d)) & 15)] = d;
+        return ts_tensor_permute(g, inv, &gin[0]);
+    }
+    case TS__VIEW_EXPAND:
+        return ts__sum_to(g, n->in_ndim[0], n->in_shape[0], &gin[0]);
+    case TS__VIEW_SLICE:
+    case TS__VIEW_SELECT: {
+        /* Scatter: zeros of the input's shape, the same view of them, g copied in. */
+        ts_tensor *gx, *part;
+        s = ts_tensor_zeros(n->in_device[0], n->in_dtype[0], n->in_ndim[0], n->in_shape[0], &gx);
+        if (s)
+            return s;
+        if (kind == TS__VIEW_SLICE)
+            s = ts_tensor_slice(gx, (int)n->p.i[1], n->p.i[2], n->p.i[3], n->p.i[4], &part);
+        else
+            s = ts_tensor_select(gx, (int)n->p.i[1], n->p.i[2], &part);
+        if (s == TS_OK) {
+            s = ts_copy_(part, g);
+            ts_tensor_unref(part);
+        }
+        if (s) {
+            ts_tensor_unref(gx);
+            return s;
+        }
+        gin[0] = gx;
+        return TS_OK;
+    }
+    }
+    return ts__fail(TS_ESTATE, "backward: unknown view kind %d", kind);
+}
+
+int ts__view_backward_into(ts_node *n, ts_tensor *g, ts_tensor *acc, ts_status *s)
+{
+    int kind = (int)n->p.i[0];
+    if (n->backward != view_backward || (kind != TS__VIEW_SLICE && kind != TS__VIEW_SELECT) ||
+        !acc || !g || acc->dtype != g->dtype || acc->storage->dev != g->storage->dev ||
+        acc->requires_grad || atomic_load(&acc->refcount) != 1 ||
+        atomic_load(&acc->storage->refcount) != 1 || !ts_tensor_is_contiguous(acc) ||
+        acc->ndim != n->in_ndim[0])
+        return 0; /* shared, broadcast (an expanded view) or another layout: the usual way */
+    for (int d = 0; d < acc->ndim; d++)
+        if (acc->shape[d] != n->in_shape[0][d])
+            return 0;
+    ts_tensor *part = NULL;
+    *s = kind == TS__VIEW_SLICE
+             ? ts_tensor_slice(acc, (int)n->p.i[1], n->p.i[2], n->p.i[3], n->p.i[4], &part)
+             : ts_tensor_select(acc, (int)n->p.i[1], n->p.i[2], &part);
+    if (*s == TS_OK)
+        *s = ts_add_(part, g);
+    ts_tensor_unref(part);
+    return 1;
+}
+
+ts_status ts__ag_view(int kind, const ts_tensor *x, ts_tensor *out, const int64_t *params,
+                      int nparams)
+{
+    static const char *const names[] = {"view", "permute", "expand", "slice", "select"};
+    const ts_tensor *in[1] = {x};
+    if (!ts__grad_needed(1, in))
+        return TS_OK;
+    int64_t p[8] = {kind};
+    for (int i = 0; i < nparams && i < 7; i++)
+        p[i + 1] = params[i];
+    return ts__record(names[kind], view_backward, out, 1, in, 0, NULL, p, sizeof p, NULL);
 }
