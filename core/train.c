@@ -254,11 +254,16 @@ static ts_status fit_loader(ts_trainer *t, const ts_fit_options *o, ts_fit_state
     ts_status s = fit_position(o->loader, st);
     if (s)
         return s;
-    uint64_t epochs = o->epochs > 0 ? (uint64_t)o->epochs : 0;
-    int64_t left = st->epoch < epochs ? (st->batches - st->batch) +
-                                            (int64_t)(epochs - st->epoch - 1) * st->batches
-                                      : 0;
-    st->last_step = st->step + left;
+    /* epochs 0: as many as the steps take */
+    uint64_t epochs = o->epochs > 0 ? (uint64_t)o->epochs : UINT64_MAX;
+    if (o->epochs > 0) {
+        int64_t left = st->epoch < epochs ? (st->batches - st->batch) +
+                                                (int64_t)(epochs - st->epoch - 1) * st->batches
+                                          : 0;
+        st->last_step = st->step + left;
+    } else {
+        st->last_step = o->steps;
+    }
     if (o->steps > 0 && o->steps < st->last_step)
         st->last_step = o->steps;
     int done = st->step >= st->last_step;
@@ -325,6 +330,9 @@ TS_API ts_status ts_fit(ts_trainer *t, const ts_fit_options *o, ts_fit_state *st
     if (!o->loader && (!o->batch || o->steps <= 0))
         return ts__fail(TS_EINVAL, "ts_fit: no data: give a loader, or a batch function and "
                         "the run's steps (> 0)");
+    if (o->loader && o->epochs <= 0 && o->steps <= 0)
+        return ts__fail(TS_EINVAL, "ts_fit: the run has no end: give its epochs or its steps "
+                        "(> 0)");
     if (o->epochs < 0 || o->steps < 0 || o->eval_every < 0)
         return ts__fail(TS_EINVAL, "ts_fit: epochs %lld, steps %lld and eval_every %lld must "
                         "not be negative", (long long)o->epochs, (long long)o->steps,

@@ -223,6 +223,8 @@ void cli_step_mark(int on, long long step, int begin);
  * prints the step's line (a JSON line with json), lr the learning rate it ran at. */
 void cli_fit_step(ts_fit_event ev, const ts_fit_state *st, int profile, int log_steps, int json,
                   double lr);
+/* After a failed ts_fit: closes the --profile slice of the step that failed, if one is open. */
+void cli_fit_failed(int profile);
 /* With --profile: the kernels with the most time, per step over steps (seconds: the run's
  * wall time), as a table on stderr, or with json a {"event": "profile"} record on stdout;
  * then the profile is turned off. */

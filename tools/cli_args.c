@@ -398,22 +398,33 @@ void cli_step_mark(int on, long long step, int begin)
     ts_memtrace_marker(mk, begin ? 2 : -2);
 }
 
+static long long step_open; /* the step whose --profile slice is open, or 0 */
+
 void cli_fit_step(ts_fit_event ev, const ts_fit_state *st, int profile, int log_steps, int json,
                   double lr)
 {
     if (ev == TS_FIT_STEP_BEGIN) {
-        cli_step_mark(profile, (long long)st->step + 1, 1);
+        step_open = (long long)st->step + 1;
+        cli_step_mark(profile, step_open, 1);
         ts_memtrace_step(st->step + 1);
         return;
     }
     if (ev != TS_FIT_STEP)
         return;
     cli_step_mark(profile, (long long)st->step, 0);
+    step_open = 0;
     if (log_steps && json)
         printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g}\n", (long long)st->step, st->loss,
                lr);
     else if (log_steps)
         printf("step %lld loss %.9g lr %.6g\n", (long long)st->step, st->loss, lr);
+}
+
+void cli_fit_failed(int profile)
+{
+    if (step_open)
+        cli_step_mark(profile, step_open, 0);
+    step_open = 0;
 }
 
 #define PROFILE_SHOWN 15

@@ -1001,6 +1001,7 @@ static ts_status on_event(void *user, ts_fit_event ev, const ts_fit_state *st)
 /* After a failed ts_fit: why, and what was kept. */
 static void say_failed(trainer *t, ts_status s, const ts_fit_state *st)
 {
+    cli_fit_failed(t->o.profile);
     cli_progress_clear(&t->progress);
     if (!st->diverged) {
         cli_fail(s, t->save_failed ? "--save" : "training failed");

@@ -123,16 +123,78 @@ static family family_of(int32_t op)
     case TS_OP_MAXPOOL2D_BWD:
     case TS_OP_AVGPOOL2D_BWD:
         return SUMS;
-    case TS_OP_SOFTMAX:
-    case TS_OP_LOG_SOFTMAX:
-    case TS_OP_CROSS_ENTROPY:
-    case TS_OP_CROSS_ENTROPY_BWD:
-    case TS_OP_LAYER_NORM:
-    case TS_OP_LAYER_NORM_BWD:
-        return ROWS;
-    default:
+    case TS_OP_LAYER_NORM_BWD: /* its magnitudes from ln_bwd_mag: sums over rows and columns */
+        return SUMS;
+    case TS_OP_COPY:
+    case TS_OP_CAST:
+    case TS_OP_FILL:
+    case TS_OP_UNARY:
+    case TS_OP_BINARY:
+    case TS_OP_BINARY_SCALAR:
+    case TS_OP_WHERE:
+    case TS_OP_RELU_BACKWARD:
+    case TS_OP_SGD_STEP:
+    case TS_OP_ADAM_STEP:
         return ELEMENTWISE;
+    default: /* softmax, log-softmax, cross-entropy, layer norm; and an op not listed yet */
+        return ROWS;
     }
+}
+
+/* Operand b's values, densely in row-major order (n doubles, malloc'd), or NULL. */
+static double *dense(const kc_buf *b)
+{
+    int64_t n = oph_numel(&b->op), idx[TS_MAX_DIMS] = {0};
+    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+    for (int64_t e = 0; v && e < n; e++, oph_next(&b->op, idx))
+        v[e] = oph_get(&b->op, b->host, idx);
+    return v;
+}
+
+/* Layer norm's backward: gx_i = rstd (gw_i - mean(gw) - xhat_i mean(gw xhat)), gw = gy w,
+ * xhat = (x - mean) rstd; gweight = sum over rows of gy xhat, gbias of gy. Its terms'
+ * magnitudes, per output element (mag[i], as reference64's): rstd (|gw_i| + mean|gw| +
+ * |xhat_i| mean|gw xhat|), the sums of |gy xhat| and of |gy|. Its inputs are drawn
+ * independently (an rstd that is not x's), so the terms can be far larger than the result.
+ * 0, or -1 out of memory. */
+static int ln_bwd_mag(const kcase *k, const kc_buf *in, int nin, double **mag)
+{
+    const ts_layer_norm_params *p = (const void *)k->params;
+    const ts_operand *x = &in[1].op;
+    int64_t n = oph_numel(x), D = 1;
+    for (int d = x->ndim - p->ndim; d < x->ndim; d++)
+        D *= x->shape[d];
+    int64_t rows = D > 0 ? n / D : 0;
+    double *v[5] = {0};
+    int rc = -1;
+    for (int i = 0; i < nin && i < 5; i++)
+        if (!(v[i] = dense(&in[i])))
+            goto out;
+    for (int o = 0; o < (nin == 5 ? 3 : 1); o++)
+        if (!(mag[o] = calloc((size_t)(o ? (D > 0 ? D : 1) : (n > 0 ? n : 1)), sizeof(double))))
+            goto out;
+    for (int64_t r = 0; r < rows; r++) {
+        const double *gy = v[0] + r * D, *xr = v[1] + r * D, mu = v[2][r], rs = v[3][r];
+        double sgw = 0, sgwx = 0;
+        for (int64_t j = 0; j < D; j++) {
+            double gw = fabs(gy[j] * (nin == 5 ? v[4][j] : 1)), xh = fabs((xr[j] - mu) * rs);
+            sgw += gw;
+            sgwx += gw * xh;
+            if (nin == 5) {
+                mag[1][j] += fabs(gy[j]) * xh;
+                mag[2][j] += fabs(gy[j]);
+            }
+        }
+        for (int64_t j = 0; j < D; j++) {
+            double gw = fabs(gy[j] * (nin == 5 ? v[4][j] : 1)), xh = fabs((xr[j] - mu) * rs);
+            mag[0][r * D + j] = fabs(rs) * (gw + sgw / (double)D + xh * sgwx / (double)D);
+        }
+    }
+    rc = 0;
+out:
+    for (int i = 0; i < 5; i++)
+        free(v[i]);
+    return rc;
 }
 
 /* The float64 reference of k: the reference kernels on copies of the operands (inputs and
@@ -265,7 +327,9 @@ int kc_run(ts_device *dev, const kcase *k, oph_layout l, uint64_t seed, char *wh
         have64 |= out[i].op.dtype == TS_F32;
     if (have64)
         have64 = reference64(k, in, nin, out, nout, 0, want64) == 0 &&
-                 (fam != SUMS || reference64(k, in, nin, out, nout, 1, mag64) == 0);
+                 (fam != SUMS || (k->op == TS_OP_LAYER_NORM_BWD
+                                      ? ln_bwd_mag(k, in, nin, mag64)
+                                      : reference64(k, in, nin, out, nout, 1, mag64)) == 0);
     ts_clear_error();
     if ((s = ts_device_run(dev, &call)) || (s = ts_device_synchronize(dev))) {
         if (s == TS_ENOTSUP && host_memory_plugin(dev) && strstr(ts_last_error(), "' declined ")) {

@@ -336,6 +336,7 @@ typedef struct run {
     double t0, drawn, started;  /* since the last evaluation; last redraw; training began */
     double last_val, best_val;  /* NaN: no evaluation yet */
     int save_failed;            /* a checkpoint of --save could not be written */
+    int eval_failed;            /* the validation loss could not be computed */
 } run;
 
 /* Every rank must train the same model on the same text with the same settings; a rank
@@ -553,8 +554,10 @@ static ts_status eval_record(run *r, const ts_fit_state *st)
     ts_status s = validation_loss(r, r->vtext, r->nval, r->o.cfg.context, &val);
     cli_profile_eval(r->o.profile, 0);
     ts_memtrace_marker("eval", -1);
-    if (s)
+    if (s) {
+        r->eval_failed = 1;
         return s;
+    }
     r->last_val = val;
     r->best_val = isnan(r->best_val) || val < r->best_val ? val : r->best_val;
     double tps = (double)st->steps_since * (double)(r->o.batch * r->o.cfg.context) / secs;
@@ -762,13 +765,16 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
                          .stop = cli_stop_flag(), .on_event = on_event, .user = &r};
     ts_fit_state st;
     if ((s = ts_trainer_set_steps(r.tr, r.step)) || (s = ts_fit(r.tr, &fo, &st))) {
+        cli_fit_failed(r.o.profile);
         cli_progress_clear(&r.prog);
         if (st.diverged)
             fprintf(stderr, "tessera: error: the loss became %s at step %lld: training diverged "
                             "(try a smaller --lr)\n", isnan(st.loss) ? "NaN" : "infinite",
                     (long long)st.step);
         else
-            cli_fail(s, r.save_failed ? "--save" : "training failed");
+            cli_fail(s, r.save_failed   ? "--save"
+                        : r.eval_failed ? "evaluation failed"
+                                        : "training failed");
         goto out;
     }
     r.step = st.step;

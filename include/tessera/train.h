@@ -112,7 +112,9 @@ typedef struct ts_fit_state {
     int64_t batch;      /* loader: that epoch's batches done */
     int64_t batches;    /* loader: batches per epoch (0 without a loader) */
     double loss;        /* the last step's global mean loss */
-    double mean_loss;    /* the mean loss per row over the steps since the last TS_FIT_EVAL */
+    double mean_loss;    /* the mean loss per row over the steps since the last TS_FIT_EVAL
+                          * (these four start again after each; zero in the state ts_fit
+                          * returns when the run ended with an evaluation) */
     double loss_sum;     /* the sum of those steps' losses, each times its rows */
     int64_t steps_since; /* those steps */
     int64_t rows_since;  /* and their global rows */
@@ -126,9 +128,10 @@ typedef ts_status (*ts_fit_fn)(void *user, ts_fit_event ev, const ts_fit_state *
 typedef struct ts_fit_options {
     ts_loader *loader;  /* the batches, epoch after epoch, from the loader's position; or */
     ts_batch_fn batch;  /* with no loader: step k's batch is batch(user, k, ...) */
-    int64_t epochs;     /* loader: the run ends when its epoch `epochs - 1` is done */
+    int64_t epochs;     /* loader: the run ends when its epoch `epochs - 1` is done (0: as
+                         * many epochs as `steps` takes) */
     int64_t steps;      /* > 0: the run ends at this step, if it comes first (required with
-                         * a batch function) */
+                         * a batch function, and with a loader and no epochs) */
     int64_t eval_every; /* > 0: TS_FIT_EVAL after every step that is a multiple of it */
     const volatile sig_atomic_t *stop; /* NULL, or nonzero when the run should stop (a signal
                                         * handler's flag): every rank stops after the same step */

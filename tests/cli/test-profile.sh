@@ -5,7 +5,7 @@
 # counters: each kernel lies within the trace, a step's kernels fit in the step, and the
 # slices name the op, dtype and shape. Without --profile the trace has no kernel slices.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 7
+plan 8
 awk 'BEGIN { for (i = 0; i < 600; i++) printf "the cat sat on the mat %d ", i }' >"$TMP/t.txt"
 G="--model gpt --text $TMP/t.txt --context 16 --layers 1 --heads 2 --embd 16 --batch-size 4 --eval-every 5 --eval-batches 1"
 
@@ -130,5 +130,17 @@ if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q 'binary add float32 *100% ref
     ok "--profile says where each kernel ran (plugin, reference, declined); info logs each fallback once; --profile all lists all $n; evaluation apart"
 else
     fail "--profile: where kernels ran" "rc=$rc n=$n" "$out"
+fi
+# A run that diverges still closes the slice of the step that diverged.
+"$TESSERA" train --model mlp --train-limit 640 --optimizer sgd --lr 1e5 --profile \
+    --memtrace "$TMP/div.json" >"$TMP/div.out" 2>&1
+rc=$?
+nb=$(grep -c '"name":"step [0-9]*","ph":"B"' "$TMP/div.json")
+ne=$(grep -c '"name":"step [0-9]*","ph":"E"' "$TMP/div.json")
+if [ $rc -eq 1 ] && contains "$(cat "$TMP/div.out")" "training diverged" && [ "$nb" -gt 0 ] &&
+    [ "$nb" -eq "$ne" ]; then
+    ok "a diverged run's trace closes every step slice ($nb)"
+else
+    fail "a diverged run's trace closes every step slice" "rc=$rc begun $nb ended $ne" "$(cat "$TMP/div.out")"
 fi
 finish

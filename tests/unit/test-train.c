@@ -503,6 +503,17 @@ static void test_fit_loader(void)
     fo.steps = 0;
     CHECK_FAILS(ts_fit(t, &fo, &st), TS_EINVAL, "ts_trainer_set_steps");
     CHECK(st.step == nb + 3);
+    /* no epochs: as many as the steps take; no end at all is refused */
+    memset(&log, 0, sizeof log);
+    fo.epochs = 0;
+    fo.steps = st.step + 2 * nb; /* from inside epoch 1: its end, epoch 2, into epoch 3 */
+    fo.eval_every = 0;
+    CHECK_OK(ts_fit(t, &fo, &st));
+    CHECK_MSG(st.step == 3 * nb + 3 && log.events[TS_FIT_EPOCH_END] == 3,
+              "no epochs: step %lld, %lld epochs ended", (long long)st.step,
+              (long long)log.events[TS_FIT_EPOCH_END]);
+    fo.steps = 0;
+    CHECK_FAILS(ts_fit(t, &fo, &st), TS_EINVAL, "no end");
     ts_trainer_free(t);
     ts_loader_free(la), ts_loader_free(lb);
     ts_optim_free(oa), ts_optim_free(ob);
