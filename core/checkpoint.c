@@ -44,29 +44,6 @@ int ts__st_converted_parse(const char *s)
     return ST_NATIVE;
 }
 
-/* IEEE half to float32, exactly (subnormals, infinities and NaN included). */
-float ts__half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13); /* inf, NaN (payload kept) */
-    } else if (exp) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man) { /* subnormal: normalise */
-        int e = -1;
-        do {
-            e++;
-            man <<= 1;
-        } while (!(man & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-    } else {
-        bits = sign;
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 /* n stored elements of kind at src (little-endian) into dst as their loaded dtype. */
 static void convert_stored(int kind, const unsigned char *src, void *dst, uint64_t n)
 {
@@ -76,13 +53,7 @@ static void convert_stored(int kind, const unsigned char *src, void *dst, uint64
             continue;
         }
         uint16_t v = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
-        float f;
-        if (kind == ST_F16) {
-            f = ts__half_to_float(v);
-        } else {
-            uint32_t bits = (uint32_t)v << 16;
-            memcpy(&f, &bits, sizeof f);
-        }
+        float f = kind == ST_F16 ? ts_plugin_f16_to_f32(v) : ts_plugin_bf16_to_f32(v);
         memcpy((char *)dst + 4 * i, &f, 4);
     }
 }

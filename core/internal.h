@@ -36,8 +36,6 @@ uint64_t ts__profile_end(uint64_t t0, int32_t op, int32_t fn, int32_t dtype);
  * run (unclaimed, or a function newer than its ABI), or for a call it declined. */
 enum { TS__RAN_PLUGIN, TS__RAN_REFERENCE, TS__RAN_DECLINED };
 uint64_t ts__profile_end_call(uint64_t t0, const ts_kernel_call *call, int where);
-/* IEEE half to float32, exactly (subnormals, infinities and NaN included). */
-float ts__half_to_float(uint16_t h);
 /* Atomic, link-safe saves (core/fileio.c; see checkpoint.h): body writes the file's bytes
  * to fd with ts__save_write and returns TS_OK, TS__SAVE_IO for a failed write (errno set:
  * the saver words the message) or another ts_status with its message set; the temporary

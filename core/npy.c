@@ -258,7 +258,7 @@ static void convert(const npy_type *t, const unsigned char *src, unsigned char *
     case K_F16: {
         uint16_t h;
         memcpy(&h, src, 2);
-        float f = ts__half_to_float(h);
+        float f = ts_plugin_f16_to_f32(h);
         memcpy(dst, &f, 4);
         break;
     }

@@ -114,6 +114,104 @@ TS_PLUGIN_INLINE uint8_t ts_plugin_mask_u8(double v)
     return (uint8_t)(v != 0);
 }
 
+/* ---- half precision: bfloat16 and float16 as their 16-bit patterns ----------------------
+ * Conversions as IEEE 754 says: to the nearest, ties to even; values past the largest finite
+ * one become infinity; float16's subnormals kept; NaN stays NaN (made quiet, sign and the
+ * payload's top bits kept). Widening is exact. */
+
+TS_PLUGIN_INLINE uint32_t ts_plugin_f32_bits(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v;
+    v.f = f;
+    return v.u;
+}
+
+TS_PLUGIN_INLINE float ts_plugin_f32_from_bits(uint32_t u)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v;
+    v.u = u;
+    return v.f;
+}
+
+TS_PLUGIN_INLINE float ts_plugin_bf16_to_f32(uint16_t h)
+{
+    return ts_plugin_f32_from_bits((uint32_t)h << 16);
+}
+
+TS_PLUGIN_INLINE uint16_t ts_plugin_f32_to_bf16(float f)
+{
+    uint32_t u = ts_plugin_f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN */
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u); /* the carry rounds up, into the exponent if need be */
+    return (uint16_t)(u >> 16);
+}
+
+TS_PLUGIN_INLINE float ts_plugin_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f) /* infinity, NaN (payload kept) */
+        return ts_plugin_f32_from_bits(sign | 0x7f800000u | (man << 13));
+    if (exp) /* normal: rebias 15 -> 127 */
+        return ts_plugin_f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+    /* zero or subnormal: man * 2^-24, exact in float32 */
+    float v = (float)man * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+}
+
+TS_PLUGIN_INLINE uint16_t ts_plugin_f32_to_f16(float f)
+{
+    uint32_t u = ts_plugin_f32_bits(f), a = u & 0x7fffffffu;
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    if (a > 0x7f800000u) /* NaN */
+        return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) /* 65520 and past: rounds past 65504, the largest finite */
+        return (uint16_t)(sign | 0x7c00u);
+    if (a >= 0x38800000u) { /* normal (2^-14 and up): rebias 127 -> 15, 23 -> 10 bits */
+        uint32_t r = a - 0x38000000u;
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (a <= 0x33000000u) /* 2^-25 and below: 0 (2^-25 is the tie with 2^-24, to even) */
+        return sign;
+    /* subnormal: k units of 2^-24, k = m * 2^(e - 126) rounded to even; k may reach 0x400,
+     * the smallest normal's pattern */
+    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+    uint32_t k = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    k += rem > half || (rem == half && (k & 1u));
+    return (uint16_t)(sign | k);
+}
+
+/* A double to float32 rounded to odd (toward zero, the last bit set when inexact): rounding
+ * that once more to a narrower format gives the double's correctly rounded value, which two
+ * roundings to nearest do not always. */
+TS_PLUGIN_INLINE float ts_plugin_f64_to_f32_odd(double d)
+{
+    float f = (float)d;
+    if (f != f || (double)f == d)
+        return f;
+    uint32_t u = ts_plugin_f32_bits(f);
+    if ((f < 0 ? -(double)f : (double)f) > (d < 0 ? -d : d))
+        u -= 1u; /* one step toward zero: the truncation */
+    return ts_plugin_f32_from_bits(u | 1u);
+}
+
+TS_PLUGIN_INLINE uint16_t ts_plugin_f64_to_bf16(double d)
+{
+    return ts_plugin_f32_to_bf16(ts_plugin_f64_to_f32_odd(d));
+}
+
+TS_PLUGIN_INLINE uint16_t ts_plugin_f64_to_f16(double d)
+{
+    return ts_plugin_f32_to_f16(ts_plugin_f64_to_f32_odd(d));
+}
+
 /* Writes v converted to dtype by that rule at buf, which may be unaligned. */
 TS_PLUGIN_INLINE void ts_plugin_store_scalar(int32_t dtype, double v, void *buf)
 {
