@@ -29,33 +29,29 @@ static const struct {
     const char *st; /* the safetensors name */
 } dtype_names[] = {
     {TS_F32, "F32"}, {TS_F64, "F64"}, {TS_I32, "I32"}, {TS_I64, "I64"}, {TS_U8, "U8"},
+    {TS_BF16, "BF16"}, {TS_F16, "F16"},
 };
 #define NDTYPES (sizeof dtype_names / sizeof dtype_names[0])
 
-const st_converted_kind ts__st_converted[4] = {
-    {NULL, 0, 0}, {"F16", TS_F32, 2}, {"BF16", TS_F32, 2}, {"BOOL", TS_U8, 1},
+const st_converted_kind ts__st_converted[2] = {
+    {NULL, 0, 0},
+    {"BOOL", TS_U8, 1},
 };
 
 int ts__st_converted_parse(const char *s)
 {
-    for (int i = ST_F16; i <= ST_BOOL; i++)
+    for (int i = ST_BOOL; i <= ST_BOOL; i++)
         if (strcmp(ts__st_converted[i].st, s) == 0)
             return i;
     return ST_NATIVE;
 }
 
-/* n stored elements of kind at src (little-endian) into dst as their loaded dtype. */
+/* n stored elements of kind at src into dst as their loaded dtype (BOOL: 0 or 1). */
 static void convert_stored(int kind, const unsigned char *src, void *dst, uint64_t n)
 {
-    for (uint64_t i = 0; i < n; i++) {
-        if (kind == ST_BOOL) {
-            ((unsigned char *)dst)[i] = src[i] != 0;
-            continue;
-        }
-        uint16_t v = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
-        float f = kind == ST_F16 ? ts_plugin_f16_to_f32(v) : ts_plugin_bf16_to_f32(v);
-        memcpy((char *)dst + 4 * i, &f, 4);
-    }
+    (void)kind; /* ST_BOOL, the one converted kind */
+    for (uint64_t i = 0; i < n; i++)
+        ((unsigned char *)dst)[i] = src[i] != 0;
 }
 
 static const char *st_dtype_name(int32_t dtype)
@@ -433,7 +429,9 @@ TS_API ts_status ts_checkpoint_restore(const ts_checkpoint *ck, const char *name
     snprintf(a, sizeof a, "%s%s", ts_dtype_name(e->dtype),
              ts__shape_str(e->ndim, e->shape, sh, sizeof sh));
     ts_tensor_describe(dst, b, sizeof b);
-    if (e->dtype != ts_tensor_dtype(dst))
+    /* a 16-bit float into a float32 or float64 tensor: widened, exactly */
+    int widen = ts_plugin_dtype_is_half(e->dtype) && ts_plugin_dtype_is_float(ts_tensor_dtype(dst));
+    if (e->dtype != ts_tensor_dtype(dst) && !widen)
         return ts__fail(TS_EDTYPE, "ts_checkpoint_restore: '%s' is %s in the checkpoint but the "
                                    "destination is %s",
                         name, a, b);
@@ -449,6 +447,16 @@ TS_API ts_status ts_checkpoint_restore(const ts_checkpoint *ck, const char *name
     ts_status s = entry_tensor(ck, e, ts_tensor_device(dst), &src);
     if (s)
         return s;
+    if (widen) {
+        ts_tensor *w = NULL;
+        ts_no_grad_enter();
+        s = ts_cast(src, ts_tensor_dtype(dst), &w);
+        ts_no_grad_exit();
+        ts_tensor_unref(src);
+        if (s)
+            return ts__fail_prefix(s, "ts_checkpoint_restore: '%s': ", name);
+        src = w;
+    }
     /* Restoring parameters is not a differentiable op: no graph, and no in-place refusal. */
     ts_no_grad_enter();
     s = ts_copy_(dst, src);

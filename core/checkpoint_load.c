@@ -143,7 +143,7 @@ static ts_status parse_entry(const char *path, const char *name, const cJSON *it
         e->stored = ts__st_converted_parse(dt->valuestring);
         if (e->stored == ST_NATIVE)
             return CORRUPT("%s: tensor '%s': unknown or unsupported dtype '%s' (tessera reads "
-                           "F32, F64, I32, I64, U8, and F16, BF16 and BOOL converted)",
+                           "F32, F64, I32, I64, U8, BF16, F16, and BOOL as U8)",
                            path, name, dt->valuestring);
         e->dtype = ts__st_converted[e->stored].to;
     }
@@ -541,13 +541,12 @@ TS_API ts_status ts_checkpoint_load(const char *path, ts_device *dev, ts_checkpo
     }
     if ((s = parse_header(ck, header, (size_t)hlen, 8 + hlen, size - 8 - hlen)))
         goto fail;
-    size_t nconv[4] = {0};
+    size_t nbool = 0;
     for (size_t i = 0; i < ck->n; i++)
-        nconv[ck->e[i].stored]++;
-    if (nconv[ST_F16] + nconv[ST_BF16] + nconv[ST_BOOL])
-        ts__log(TS_LOG_WARN, "%s: %zu F16 and %zu BF16 tensors load as float32, %zu BOOL as "
-                "uint8 (the dtypes tessera computes in); a save writes them so", path,
-                nconv[ST_F16], nconv[ST_BF16], nconv[ST_BOOL]);
+        nbool += ck->e[i].stored == ST_BOOL;
+    if (nbool)
+        ts__log(TS_LOG_WARN, "%s: %zu BOOL tensors load as uint8 (tessera's mask dtype); a save "
+                "writes them so", path, nbool);
     ck->fd = fd;
     ck->dev = dev;
     fd = -1;

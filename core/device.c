@@ -70,7 +70,10 @@ TS_API ts_status ts_device_info_get(ts_device *dev, ts_device_info *info)
 
 TS_API int ts_device_supports(ts_device *dev, int op, int dtype)
 {
-    return dev && dev->vt.supports && dev->vt.run && dev->vt.supports(dev->ctx, op, dtype);
+    /* a dtype newer than the plugin's ABI is not its to be asked about */
+    return dev && dev->vt.supports && dev->vt.run &&
+           ts_plugin_dtype_minor(dtype) <= (int)dev->vt.abi_minor &&
+           dev->vt.supports(dev->ctx, op, dtype);
 }
 
 TS_API ts_status ts_device_memory_stats(ts_device *dev, ts_memory_stats *stats)
@@ -369,9 +372,9 @@ TS_API ts_status ts_device_synchronize(ts_device *dev)
     return dev->vt.synchronize(dev->ctx);
 }
 
-/* Whether dev's plugin knows everything call uses: an op or function added to the op table
- * after the minor ABI the plugin was built for is never sent to it (it would not know the
- * value). A value past the tables is the plugin's to refuse. */
+/* Whether dev's plugin knows everything call uses: an op, function or dtype added after the
+ * minor ABI the plugin was built for is never sent to it (it would not know the value). A
+ * value past the tables is the plugin's to refuse. */
 static int plugin_knows(const ts_device *dev, const ts_kernel_call *call)
 {
     int32_t fn = 0;
@@ -379,7 +382,37 @@ static int plugin_knows(const ts_device *dev, const ts_kernel_call *call)
          call->op == TS_OP_BINARY_SCALAR || call->op == TS_OP_REDUCE) &&
         call->params && call->params_size >= sizeof(int32_t))
         fn = *(const int32_t *)call->params; /* every function op's params begin with fn */
-    return ts_plugin_call_minor(call->op, fn) <= (int)dev->vt.abi_minor;
+    int known = ts_plugin_call_minor(call->op, fn) <= (int)dev->vt.abi_minor;
+    for (int i = 0; known && i < call->ninputs; i++) /* and every operand's dtype */
+        known = ts_plugin_dtype_minor(call->inputs[i].dtype) <= (int)dev->vt.abi_minor;
+    for (int i = 0; known && i < call->noutputs; i++)
+        known = ts_plugin_dtype_minor(call->outputs[i].dtype) <= (int)dev->vt.abi_minor;
+    return known;
+}
+
+/* What in call is newer than dev's plugin (plugin_knows said so): "unary gelu_tanh", or
+ * "bfloat16". */
+static const char *newer_part(const ts_device *dev, const ts_kernel_call *call, char *buf,
+                              size_t len)
+{
+    int32_t fn = 0;
+    snprintf(buf, len, "something");
+    if ((call->op == TS_OP_UNARY || call->op == TS_OP_BINARY ||
+         call->op == TS_OP_BINARY_SCALAR || call->op == TS_OP_REDUCE) &&
+        call->params && call->params_size >= sizeof(int32_t))
+        fn = *(const int32_t *)call->params;
+    if (ts_plugin_call_minor(call->op, fn) > (int)dev->vt.abi_minor)
+        snprintf(buf, len, "%s %s", ts_op_name(call->op), ts_fn_name(call->op, fn));
+    else
+        for (int i = 0; i < call->ninputs + call->noutputs; i++) {
+            int32_t d = i < call->noutputs ? call->outputs[i].dtype
+                                           : call->inputs[i - call->noutputs].dtype;
+            if (ts_plugin_dtype_minor(d) > (int)dev->vt.abi_minor) {
+                snprintf(buf, len, "the dtype %s", ts_dtype_name(d));
+                break;
+            }
+        }
+    return buf;
 }
 
 /* "float32 <- float32, int64": the output's dtype, then the inputs'. */
@@ -408,17 +441,16 @@ TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
         (call->noutputs && !call->outputs))
         return ts__fail(TS_EINVAL, "ts_device_run: inconsistent operand counts or arrays");
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
-    char dts[128];
-    if (!dev->vt.run || !dev->vt.supports || !dev->vt.supports(dev->ctx, call->op, dtype))
-        return ts__fail(TS_ENOTSUP, "plugin '%s' does not implement %s for %s (%s)", dev->name,
-                        ts_op_name(call->op), ts_dtype_name(dtype),
-                        call_dtypes(call, dts, sizeof dts));
+    char dts[128], newer[64];
     if (!plugin_knows(dev, call))
-        return ts__fail(TS_ENOTSUP, "plugin '%s' was built for plugin ABI %u.%u, before %s %s "
+        return ts__fail(TS_ENOTSUP, "plugin '%s' was built for plugin ABI %u.%u, before %s "
                         "(%s) was added; rebuild it against this tessera's headers",
                         dev->name, (unsigned)dev->vt.abi_major, (unsigned)dev->vt.abi_minor,
-                        ts_op_name(call->op),
-                        ts_fn_name(call->op, ((const ts_unary_params *)call->params)->fn),
+                        newer_part(dev, call, newer, sizeof newer),
+                        call_dtypes(call, dts, sizeof dts));
+    if (!ts_device_supports(dev, call->op, dtype))
+        return ts__fail(TS_ENOTSUP, "plugin '%s' does not implement %s for %s (%s)", dev->name,
+                        ts_op_name(call->op), ts_dtype_name(dtype),
                         call_dtypes(call, dts, sizeof dts));
     if (ts__fault_hit(TS_FAULT_KERNEL))
         return injected(dev, ts_op_name(call->op));

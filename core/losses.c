@@ -233,7 +233,8 @@ TS_API ts_status ts_tensor_print(const ts_tensor *t, FILE *f)
         return s;
     }
     printer p = {.f = f, .v = v, .shape = t->shape, .ndim = t->ndim,
-                 .is_float = t->dtype == TS_F32 || t->dtype == TS_F64,
+                 .is_float = ts_plugin_dtype_is_float(t->dtype) ||
+                             ts_plugin_dtype_is_half(t->dtype),
                  .elide = n > ELIDE_ABOVE, .prec = 4};
     /* one width for every value, from the largest magnitude, as PyTorch does */
     double big = 0;

@@ -24,7 +24,7 @@
 /* ---- element types -------------------------------------------------------------------- */
 
 /* How a file's elements become a tessera dtype. */
-enum { K_SAME, K_F16, K_BOOL, K_INT, K_UINT };
+enum { K_SAME, K_BOOL, K_INT, K_UINT };
 
 typedef struct npy_type {
     char code;      /* numpy's kind letter: f, i, u, b */
@@ -37,7 +37,7 @@ typedef struct npy_type {
 static const npy_type types[] = {
     {'f', 4, TS_F32, K_SAME, "float32"}, {'f', 8, TS_F64, K_SAME, "float64"},
     {'i', 4, TS_I32, K_SAME, "int32"},   {'i', 8, TS_I64, K_SAME, "int64"},
-    {'u', 1, TS_U8, K_SAME, "uint8"},    {'f', 2, TS_F32, K_F16, "float16"},
+    {'u', 1, TS_U8, K_SAME, "uint8"},    {'f', 2, TS_F16, K_SAME, "float16"},
     {'b', 1, TS_U8, K_BOOL, "bool"},     {'i', 1, TS_I32, K_INT, "int8"},
     {'i', 2, TS_I32, K_INT, "int16"},    {'u', 2, TS_I32, K_UINT, "uint16"},
     {'u', 4, TS_I64, K_UINT, "uint32"},
@@ -255,13 +255,6 @@ static int read_exact(int fd, void *buf, size_t n, off_t at)
 static void convert(const npy_type *t, const unsigned char *src, unsigned char *dst)
 {
     switch (t->kind) {
-    case K_F16: {
-        uint16_t h;
-        memcpy(&h, src, 2);
-        float f = ts_plugin_f16_to_f32(h);
-        memcpy(dst, &f, 4);
-        break;
-    }
     case K_BOOL:
         *dst = *src != 0;
         break;
@@ -441,6 +434,7 @@ static const char *descr_of(int32_t dtype)
     case TS_I32: return "<i4";
     case TS_I64: return "<i8";
     case TS_U8: return "|u1";
+    case TS_F16: return "<f2"; /* NumPy's float16; it has no bfloat16 */
     default: return NULL;
     }
 }

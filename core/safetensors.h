@@ -50,15 +50,15 @@ struct ts_checkpoint {
 };
 
 
-/* safetensors dtypes tessera does not compute in, converted when a tensor is read: half and
- * bfloat16 to float32 (exactly: every value of both is a float32), BOOL to uint8 (0 or 1). */
-enum { ST_NATIVE = 0, ST_F16, ST_BF16, ST_BOOL };
+/* safetensors dtypes tessera has no dtype for, converted when a tensor is read: BOOL to uint8
+ * (0 or 1). (F16 and BF16 are tessera's float16 and bfloat16, read as they are.) */
+enum { ST_NATIVE = 0, ST_BOOL };
 typedef struct st_converted_kind {
     const char *st;
     int32_t to;    /* the dtype it loads as */
     size_t esize;  /* bytes an element in the file */
 } st_converted_kind;
-extern const st_converted_kind ts__st_converted[4]; /* by ST_* */
+extern const st_converted_kind ts__st_converted[2]; /* by ST_* */
 
 /* The ST_* kind a safetensors dtype name converts from, or ST_NATIVE. */
 int ts__st_converted_parse(const char *s);

@@ -87,6 +87,8 @@ double oph_get(const ts_operand *op, const void *base, const int64_t *idx)
     case TS_F64: { double f; memcpy(&f, p, 8); return f; }
     case TS_I32: { int32_t i; memcpy(&i, p, 4); return i; }
     case TS_I64: { int64_t i; memcpy(&i, p, 8); return (double)i; }
+    case TS_BF16: { uint16_t h; memcpy(&h, p, 2); return ts_plugin_bf16_to_f32(h); }
+    case TS_F16: { uint16_t h; memcpy(&h, p, 2); return ts_plugin_f16_to_f32(h); }
     default: return *(const unsigned char *)p;
     }
 }
@@ -99,6 +101,8 @@ void oph_set(const ts_operand *op, void *base, const int64_t *idx, double v)
     case TS_F64: memcpy(p, &v, 8); break;
     case TS_I32: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
     case TS_I64: { int64_t i = (int64_t)v; memcpy(p, &i, 8); break; }
+    case TS_BF16: { uint16_t h = ts_plugin_f64_to_bf16(v); memcpy(p, &h, 2); break; }
+    case TS_F16: { uint16_t h = ts_plugin_f64_to_f16(v); memcpy(p, &h, 2); break; }
     default: *(unsigned char *)p = (unsigned char)v; break;
     }
 }

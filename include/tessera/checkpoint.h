@@ -93,7 +93,8 @@ const char *ts_checkpoint_meta_key(const ts_checkpoint *ck, size_t i);
 
 /* Copies the tensor named name into dst (any device). TS_EINVAL if absent; TS_ESHAPE /
  * TS_EDTYPE naming both shapes / dtypes when they differ (checked before anything is read).
- * A loaded tensor not yet read is read for the copy and not kept. */
+ * A loaded tensor not yet read is read for the copy and not kept. A BF16 or F16 tensor (which
+ * loads as such) also restores into a float32 or float64 destination, widened exactly. */
 ts_status ts_checkpoint_restore(const ts_checkpoint *ck, const char *name, ts_tensor *dst);
 
 /* ---- a module's state (PyTorch's state_dict) ---------------------------------------- */

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define TS_PLUGIN_ABI_MAJOR 2
-#define TS_PLUGIN_ABI_MINOR 4
+#define TS_PLUGIN_ABI_MINOR 5
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
@@ -52,6 +52,11 @@ typedef enum ts_dtype {
     TS_I32 = 2,
     TS_I64 = 3,
     TS_U8 = 4, /* booleans and masks */
+    /* ABI 2.5: the 16-bit floats, held as their patterns (ts_plugin_f32_to_bf16 and the
+     * other conversions below). A plugin built for an older minor is never asked about them
+     * nor handed them. */
+    TS_BF16 = 5, /* bfloat16: float32's exponent, 8 bits of significand */
+    TS_F16 = 6,  /* IEEE float16 (binary16) */
     TS_DTYPE_COUNT
 } ts_dtype;
 
@@ -66,26 +71,45 @@ typedef enum ts_dtype {
 /* Bytes per element; 0 for an unknown dtype. */
 TS_PLUGIN_INLINE size_t ts_plugin_dtype_size(int32_t dtype)
 {
-    return dtype == TS_F32 || dtype == TS_I32 ? 4
+    return dtype == TS_F32 || dtype == TS_I32   ? 4
            : dtype == TS_F64 || dtype == TS_I64 ? 8
+           : dtype == TS_BF16 || dtype == TS_F16 ? 2
            : dtype == TS_U8                     ? 1
                                                 : 0;
 }
 
-/* "float32", "float64", "int32", "int64", "uint8"; "unknown" otherwise. */
+/* "float32", "float64", "int32", "int64", "uint8", "bfloat16", "float16"; "unknown"
+ * otherwise. */
 TS_PLUGIN_INLINE const char *ts_plugin_dtype_name(int32_t dtype)
 {
-    return dtype == TS_F32   ? "float32"
-           : dtype == TS_F64 ? "float64"
-           : dtype == TS_I32 ? "int32"
-           : dtype == TS_I64 ? "int64"
-           : dtype == TS_U8  ? "uint8"
-                             : "unknown";
+    return dtype == TS_F32    ? "float32"
+           : dtype == TS_F64  ? "float64"
+           : dtype == TS_I32  ? "int32"
+           : dtype == TS_I64  ? "int64"
+           : dtype == TS_U8   ? "uint8"
+           : dtype == TS_BF16 ? "bfloat16"
+           : dtype == TS_F16  ? "float16"
+                              : "unknown";
 }
 
+/* The dtypes kernels compute in: float32 and float64 (the 16-bit floats are storage formats,
+ * ts_plugin_dtype_is_half). */
 TS_PLUGIN_INLINE int ts_plugin_dtype_is_float(int32_t dtype)
 {
     return dtype == TS_F32 || dtype == TS_F64;
+}
+
+/* bfloat16 or float16. */
+TS_PLUGIN_INLINE int ts_plugin_dtype_is_half(int32_t dtype)
+{
+    return dtype == TS_BF16 || dtype == TS_F16;
+}
+
+/* The minor ABI version that added dtype (0: 2.0's): the host never asks a plugin built for
+ * an older one about it. */
+TS_PLUGIN_INLINE int ts_plugin_dtype_minor(int32_t dtype)
+{
+    return dtype == TS_BF16 || dtype == TS_F16 ? 5 : 0;
 }
 
 /* The one rule by which a double becomes an integer element (fills, scalar operands, casts
@@ -212,7 +236,8 @@ TS_PLUGIN_INLINE uint16_t ts_plugin_f64_to_f16(double d)
     return ts_plugin_f32_to_f16(ts_plugin_f64_to_f32_odd(d));
 }
 
-/* Writes v converted to dtype by that rule at buf, which may be unaligned. */
+/* Writes v converted to dtype by that rule (to a 16-bit float: rounded once to nearest, ties
+ * to even) at buf, which may be unaligned. */
 TS_PLUGIN_INLINE void ts_plugin_store_scalar(int32_t dtype, double v, void *buf)
 {
     unsigned char *b = (unsigned char *)buf;
@@ -222,6 +247,7 @@ TS_PLUGIN_INLINE void ts_plugin_store_scalar(int32_t dtype, double v, void *buf)
         int32_t i32;
         int64_t i64;
         uint8_t u8;
+        uint16_t u16;
         unsigned char bytes[8];
     } u;
     size_t n = ts_plugin_dtype_size(dtype);
@@ -231,6 +257,8 @@ TS_PLUGIN_INLINE void ts_plugin_store_scalar(int32_t dtype, double v, void *buf)
     case TS_I32: u.i32 = ts_plugin_sat_i32(v); break;
     case TS_I64: u.i64 = ts_plugin_sat_i64(v); break;
     case TS_U8: u.u8 = ts_plugin_mask_u8(v); break;
+    case TS_BF16: u.u16 = ts_plugin_f64_to_bf16(v); break;
+    case TS_F16: u.u16 = ts_plugin_f64_to_f16(v); break;
     default: return;
     }
     for (size_t k = 0; k < n; k++)

@@ -232,6 +232,25 @@ EW_UNARY(cast_u8_f64, double, uint8_t, (double)x)
 EW_UNARY(cast_u8_i32, int32_t, uint8_t, (int32_t)x)
 EW_UNARY(cast_u8_i64, int64_t, uint8_t, (int64_t)x)
 
+/* The 16-bit floats (ABI 2.5): copied as their patterns, widened exactly through float32,
+ * narrowed once to nearest (plugin.h's conversions). */
+EW_UNARY(copy_h16, uint16_t, uint16_t, x)
+#define HALF_CASTS(h, W, N32, N64)                                                                 \
+    EW_UNARY(cast_##h##_f32, float, uint16_t, W(x))                                                \
+    EW_UNARY(cast_##h##_f64, double, uint16_t, (double)W(x))                                       \
+    EW_UNARY(cast_##h##_i32, int32_t, uint16_t, ts_plugin_sat_i32(W(x)))                           \
+    EW_UNARY(cast_##h##_i64, int64_t, uint16_t, ts_plugin_sat_i64(W(x)))                           \
+    EW_UNARY(cast_##h##_u8, uint8_t, uint16_t, (uint8_t)(W(x) != 0))                               \
+    EW_UNARY(cast_f32_##h, uint16_t, float, N32(x))                                                \
+    EW_UNARY(cast_f64_##h, uint16_t, double, N64(x))                                               \
+    EW_UNARY(cast_i32_##h, uint16_t, int32_t, N64((double)x))                                      \
+    EW_UNARY(cast_i64_##h, uint16_t, int64_t, N64((double)x))                                      \
+    EW_UNARY(cast_u8_##h, uint16_t, uint8_t, N32((float)x))
+HALF_CASTS(bf16, ts_plugin_bf16_to_f32, ts_plugin_f32_to_bf16, ts_plugin_f64_to_bf16)
+HALF_CASTS(f16, ts_plugin_f16_to_f32, ts_plugin_f32_to_f16, ts_plugin_f64_to_f16)
+EW_UNARY(cast_bf16_f16, uint16_t, uint16_t, ts_plugin_f32_to_f16(ts_plugin_bf16_to_f32(x)))
+EW_UNARY(cast_f16_bf16, uint16_t, uint16_t, ts_plugin_f32_to_bf16(ts_plugin_f16_to_f32(x)))
+
 /* Unary functions. */
 EW_UNARY(neg_f32, float, float, -x)
 EW_UNARY(neg_f64, double, double, -x)
@@ -337,16 +356,28 @@ EW_CHECK(negative_i64, int64_t, x < 0)
         [TS_U8] = f##_u8                                                                           \
     }
 
-static const ew_loop copy_loops[TS_DTYPE_COUNT] = ROW_ALL(copy);
+static const ew_loop copy_loops[TS_DTYPE_COUNT] = {
+    [TS_F32] = copy_f32, [TS_F64] = copy_f64,   [TS_I32] = copy_i32, [TS_I64] = copy_i64,
+    [TS_U8] = copy_u8,   [TS_BF16] = copy_h16, [TS_F16] = copy_h16,
+};
 static const ew_loop where_loops[TS_DTYPE_COUNT] = ROW_ALL(where);
 
 /* [from][to]; the diagonal is a copy. */
 static const ew_loop cast_loops[TS_DTYPE_COUNT][TS_DTYPE_COUNT] = {
-    [TS_F32] = {copy_f32, cast_f32_f64, cast_f32_i32, cast_f32_i64, cast_f32_u8},
-    [TS_F64] = {cast_f64_f32, copy_f64, cast_f64_i32, cast_f64_i64, cast_f64_u8},
-    [TS_I32] = {cast_i32_f32, cast_i32_f64, copy_i32, cast_i32_i64, cast_i32_u8},
-    [TS_I64] = {cast_i64_f32, cast_i64_f64, cast_i64_i32, copy_i64, cast_i64_u8},
-    [TS_U8] = {cast_u8_f32, cast_u8_f64, cast_u8_i32, cast_u8_i64, copy_u8},
+    [TS_F32] = {copy_f32, cast_f32_f64, cast_f32_i32, cast_f32_i64, cast_f32_u8, cast_f32_bf16,
+                cast_f32_f16},
+    [TS_F64] = {cast_f64_f32, copy_f64, cast_f64_i32, cast_f64_i64, cast_f64_u8, cast_f64_bf16,
+                cast_f64_f16},
+    [TS_I32] = {cast_i32_f32, cast_i32_f64, copy_i32, cast_i32_i64, cast_i32_u8, cast_i32_bf16,
+                cast_i32_f16},
+    [TS_I64] = {cast_i64_f32, cast_i64_f64, cast_i64_i32, copy_i64, cast_i64_u8, cast_i64_bf16,
+                cast_i64_f16},
+    [TS_U8] = {cast_u8_f32, cast_u8_f64, cast_u8_i32, cast_u8_i64, copy_u8, cast_u8_bf16,
+               cast_u8_f16},
+    [TS_BF16] = {cast_bf16_f32, cast_bf16_f64, cast_bf16_i32, cast_bf16_i64, cast_bf16_u8,
+                 copy_h16, cast_bf16_f16},
+    [TS_F16] = {cast_f16_f32, cast_f16_f64, cast_f16_i32, cast_f16_i64, cast_f16_u8,
+                cast_f16_bf16, copy_h16},
 };
 
 /* [fn][dtype]; NULL: not implemented. */

@@ -52,7 +52,8 @@ ts_status hk_norm(hk_dev *hd, const ts_kernel_call *call);
 
 /* The default claim set: the output dtypes for which the ABI defines op (every dtype for
  * copies, casts, fills, selects, binary ops and gathers; all but uint8 for unary functions;
- * the numeric ones for reductions; the float ones for every other op). A plugin claims
+ * the numeric ones for reductions; the float ones for every other op; the 16-bit floats,
+ * storage formats so far, for copies, casts and fills). A plugin claims
  * (op, dtype) where it runs op and this says the pair exists: the host kernels' families and
  * cuda do, so that a new dtype enters every claim here. */
 int hk_op_defined(int32_t op, int32_t dtype);

@@ -7,14 +7,7 @@
 
 static int64_t elem_size(int32_t dtype)
 {
-    switch (dtype) {
-    case TS_F32:
-    case TS_I32: return 4;
-    case TS_F64:
-    case TS_I64: return 8;
-    case TS_U8: return 1;
-    default: return 0;
-    }
+    return (int64_t)ts_plugin_dtype_size(dtype);
 }
 
 ts_status hk_conv_check(const ts_host *h, const char *name, const ts_conv2d_params *p,
@@ -108,6 +101,8 @@ int hk_op_defined(int32_t op, int32_t dtype)
 {
     if (op <= TS_OP_NONE || op >= TS_OP_COUNT || dtype < 0 || dtype >= TS_DTYPE_COUNT)
         return 0;
+    if (ts_plugin_dtype_is_half(dtype)) /* storage formats: copied, cast and filled */
+        return op == TS_OP_COPY || op == TS_OP_CAST || op == TS_OP_FILL;
     switch (op) {
     case TS_OP_COPY:
     case TS_OP_CAST:

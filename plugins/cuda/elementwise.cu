@@ -29,9 +29,67 @@ __device__ __forceinline__ void ew_offsets(const cu_ew_arg &a, int64_t i, int64_
     }
 }
 
-template <typename TO, typename TI> __host__ __device__ __forceinline__ TO conv(TI x)
+/* The 16-bit floats (ABI 2.5) as their patterns, kept apart as types so that a cast can tell
+ * them from each other and from integers; conversions are plugin.h's, as on the host. */
+struct bf16_t {
+    uint16_t v;
+};
+struct f16_t {
+    uint16_t v;
+};
+
+template <typename T> __host__ __device__ __forceinline__ T narrow16(float x)
+{
+    if constexpr (std::is_same<T, bf16_t>::value)
+        return bf16_t{ts_plugin_f32_to_bf16(x)};
+    else
+        return f16_t{ts_plugin_f32_to_f16(x)};
+}
+
+template <typename T> __host__ __device__ __forceinline__ T narrow16d(double x)
+{
+    if constexpr (std::is_same<T, bf16_t>::value)
+        return bf16_t{ts_plugin_f64_to_bf16(x)};
+    else
+        return f16_t{ts_plugin_f64_to_f16(x)};
+}
+
+__host__ __device__ __forceinline__ float widen16(bf16_t h)
+{
+    return ts_plugin_bf16_to_f32(h.v);
+}
+
+__host__ __device__ __forceinline__ float widen16(f16_t h)
+{
+    return ts_plugin_f16_to_f32(h.v);
+}
+
+template <typename T> struct is_half16 : std::false_type {};
+template <> struct is_half16<bf16_t> : std::true_type {};
+template <> struct is_half16<f16_t> : std::true_type {};
+
+template <typename TO, typename TI> __host__ __device__ __forceinline__ TO conv(TI x);
+
+/* Casts that involve a 16-bit float: from one, widen exactly and convert the float32; to
+ * one, round once (from float32, or from a double that holds any other dtype exactly, int64
+ * past 2^53 aside). */
+template <typename TO, typename TI> __host__ __device__ __forceinline__ TO conv16(TI x)
 {
     if constexpr (std::is_same<TO, TI>::value)
+        return x;
+    else if constexpr (is_half16<TI>::value)
+        return conv<TO, float>(widen16(x));
+    else if constexpr (std::is_same<TI, float>::value)
+        return narrow16<TO>(x);
+    else
+        return narrow16d<TO>((double)x);
+}
+
+template <typename TO, typename TI> __host__ __device__ __forceinline__ TO conv(TI x)
+{
+    if constexpr (is_half16<TO>::value || is_half16<TI>::value)
+        return conv16<TO, TI>(x);
+    else if constexpr (std::is_same<TO, TI>::value)
         return x;
     else if constexpr (std::is_same<TO, uint8_t>::value)
         return (uint8_t)(x != 0);
@@ -302,6 +360,8 @@ template <typename TO> cudaError_t cast_from(cudaStream_t st, const cu_ew_arg *a
     case TS_I32: return launch_cast<TO, int32_t>(st, a);
     case TS_I64: return launch_cast<TO, int64_t>(st, a);
     case TS_U8: return launch_cast<TO, uint8_t>(st, a);
+    case TS_BF16: return launch_cast<TO, bf16_t>(st, a);
+    case TS_F16: return launch_cast<TO, f16_t>(st, a);
     }
     return cudaErrorInvalidValue;
 }
@@ -350,6 +410,8 @@ extern "C" cudaError_t cu_ew_cast(cudaStream_t st, const cu_ew_arg *a, int32_t o
     case TS_I32: return cast_from<int32_t>(st, a, in);
     case TS_I64: return cast_from<int64_t>(st, a, in);
     case TS_U8: return cast_from<uint8_t>(st, a, in);
+    case TS_BF16: return cast_from<bf16_t>(st, a, in);
+    case TS_F16: return cast_from<f16_t>(st, a, in);
     }
     return cudaErrorInvalidValue;
 }
@@ -365,6 +427,8 @@ extern "C" cudaError_t cu_ew_fill(cudaStream_t st, const cu_ew_arg *a, int32_t d
     case TS_I32: k_fill<int32_t><<<b, CU_THREADS, 0, st>>>(*a, conv<int32_t, double>(v)); break;
     case TS_I64: k_fill<int64_t><<<b, CU_THREADS, 0, st>>>(*a, conv<int64_t, double>(v)); break;
     case TS_U8: k_fill<uint8_t><<<b, CU_THREADS, 0, st>>>(*a, (uint8_t)(v != 0)); break;
+    case TS_BF16: k_fill<bf16_t><<<b, CU_THREADS, 0, st>>>(*a, narrow16d<bf16_t>(v)); break;
+    case TS_F16: k_fill<f16_t><<<b, CU_THREADS, 0, st>>>(*a, narrow16d<f16_t>(v)); break;
     default: return cudaErrorInvalidValue;
     }
     return cu_launched();

@@ -30,7 +30,7 @@ static void test_layout_matches_version(void)
 {
     if (sizeof(void *) != 8)
         SKIP("layouts are recorded for LP64 only");
-    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 4,
+    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 5,
               "ABI is %d.%d: add its layout row to this test", TS_PLUGIN_ABI_MAJOR,
               TS_PLUGIN_ABI_MINOR);
     /* ABI 2.0: the host owns the pool. The descriptor lost alloc, free, memory_stats,
@@ -77,7 +77,8 @@ static void test_layout_matches_version(void)
      * change; TS_UNARY_GELU_TANH_DERIV appended to ts_unary_fn. */
     CHECK_INT_EQ(TS_PLUGIN_HOST_MEMORY, 1);
     /* ABI 2.3: pinned host memory, asynchronous uploads and graph capture appended to the
-     * descriptor. ABI 2.4: no layout change; TS_UNARY_SILU appended to ts_unary_fn. */
+     * descriptor. ABI 2.4: no layout change; TS_UNARY_SILU appended to ts_unary_fn. ABI 2.5:
+     * no layout change; TS_BF16 and TS_F16 appended to ts_dtype. */
     static const layout v2_3[] = {
         L(offsetof(ts_plugin_desc, host_alloc), 192),
         L(offsetof(ts_plugin_desc, host_free), 200),
@@ -178,6 +179,8 @@ static void test_enums_are_append_only(void)
     CHECK_INT_EQ(TS_I32, 2);
     CHECK_INT_EQ(TS_I64, 3);
     CHECK_INT_EQ(TS_U8, 4);
+    CHECK_INT_EQ(TS_BF16, 5); /* 2.5 */
+    CHECK_INT_EQ(TS_F16, 6);
     CHECK_INT_EQ(TS_OP_COPY, 1);
     CHECK_INT_EQ(TS_OP_ADAM_STEP, 24);
     CHECK_INT_EQ(TS_OP_RELU_BACKWARD, 25);

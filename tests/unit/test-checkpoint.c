@@ -391,7 +391,7 @@ static void test_corrupt_files(void)
     LOAD_FAILS(write_ckpt(dir, "f16size.ckpt",
                           "{\"a\":{\"dtype\":\"F16\",\"shape\":[2,3],"
                           "\"data_offsets\":[0,24]}}", 24),
-               TS_ECORRUPT, "'a'", "hold 24 bytes but F16 (2, 3) needs 12");
+               TS_ECORRUPT, "'a'", "hold 24 bytes but float16 (2, 3) needs 12");
     LOAD_FAILS(write_ckpt(dir, "dtype2.ckpt",
                           "{\"a\":{\"dtype\":4,\"shape\":[2,3],\"data_offsets\":[0,24]}}", 24),
                TS_ECORRUPT, "dtype is not a string");
@@ -868,17 +868,19 @@ static void test_converted_dtypes(void)
     CHECK_OK(s);
     if (!ck)
         return;
-    CHECK_STR_CONTAINS(logged_ck, "1 F16 and 1 BF16 tensors load as float32, 1 BOOL as uint8");
+    CHECK_STR_CONTAINS(logged_ck, "1 BOOL tensors load as uint8");
     int32_t dt = -1;
     CHECK_OK(ts_checkpoint_tensor_info(ck, "h", &dt, NULL, NULL));
-    CHECK_INT_EQ(dt, TS_F32);
+    CHECK_INT_EQ(dt, TS_F16); /* the 16-bit floats load as such */
+    CHECK_OK(ts_checkpoint_tensor_info(ck, "b", &dt, NULL, NULL));
+    CHECK_INT_EQ(dt, TS_BF16);
     CHECK(!strcmp(ts_checkpoint_stored_dtype(ck, "h"), "F16"));
     CHECK(!strcmp(ts_checkpoint_stored_dtype(ck, "b"), "BF16"));
     CHECK(!strcmp(ts_checkpoint_stored_dtype(ck, "m"), "BOOL"));
     CHECK_INT_EQ(ts_checkpoint_meta_count(ck), 1);
     CHECK(!strcmp(ts_checkpoint_meta_key(ck, 0), "format"));
     CHECK(ts_checkpoint_meta_key(ck, 1) == NULL);
-    /* a save of the loaded checkpoint, its tensors unread: float32 and uint8 on disk */
+    /* a save of the loaded checkpoint, its tensors unread: F16, BF16 and U8 on disk */
     const char *p2 = tap_path_in(dir, "half-as-f32.safetensors");
     CHECK_OK(ts_checkpoint_save(ck, p2));
     ts_checkpoint *ck2 = NULL;
@@ -886,11 +888,17 @@ static void test_converted_dtypes(void)
     for (int pass = 0; pass < 2; pass++) {
         const ts_checkpoint *c = pass ? ck2 : ck;
         float fh[8], fb[3];
+        uint16_t raw[8];
         unsigned char fm[4];
-        ts_tensor *th = ts_checkpoint_get(c, "h");
+        ts_tensor *th = ts_checkpoint_get(c, "h"), *wh = NULL, *wb = NULL;
         CHECK_MSG(th, "pass %d: get 'h': %s", pass, ts_last_error());
-        CHECK_OK(ts_tensor_to_host(th, fh, sizeof fh));
-        CHECK_OK(ts_tensor_to_host(ts_checkpoint_get(c, "b"), fb, sizeof fb));
+        CHECK_OK(ts_tensor_to_host(th, raw, sizeof raw));
+        CHECK(!memcmp(raw, h, sizeof raw)); /* the patterns as stored */
+        CHECK_OK(ts_cast(th, TS_F32, &wh)); /* widened exactly */
+        CHECK_OK(ts_cast(ts_checkpoint_get(c, "b"), TS_F32, &wb));
+        CHECK_OK(ts_tensor_to_host(wh, fh, sizeof fh));
+        CHECK_OK(ts_tensor_to_host(wb, fb, sizeof fb));
+        ts_tensor_unref(wh), ts_tensor_unref(wb);
         CHECK_OK(ts_tensor_to_host(ts_checkpoint_get(c, "m"), fm, sizeof fm));
         for (int i = 0; i < 8; i++)
             CHECK_MSG(memcmp(&fh[i], &hv[i], 4) == 0, "pass %d: F16 %04x -> %.9g, not %.9g",
@@ -899,7 +907,18 @@ static void test_converted_dtypes(void)
             CHECK(fb[i] == bv[i]);
         CHECK(fm[0] == 0 && fm[1] == 1 && fm[2] == 1 && fm[3] == 0);
     }
-    CHECK(ck2 && !strcmp(ts_checkpoint_stored_dtype(ck2, "h"), "F32"));
+    CHECK(ck2 && !strcmp(ts_checkpoint_stored_dtype(ck2, "h"), "F16"));
+    CHECK(ck2 && !strcmp(ts_checkpoint_stored_dtype(ck2, "m"), "U8"));
+    /* restored into float32: widened exactly; into the other 16-bit format: refused */
+    ts_tensor *f32 = NULL, *bft = NULL;
+    CHECK_OK(ts_tensor_empty(dev, TS_F32, 1, (const int64_t[]){8}, &f32));
+    CHECK_OK(ts_checkpoint_restore(ck, "h", f32));
+    float fr[8];
+    CHECK_OK(ts_tensor_to_host(f32, fr, sizeof fr));
+    CHECK(!memcmp(fr, hv, sizeof fr));
+    CHECK_OK(ts_tensor_empty(dev, TS_BF16, 1, (const int64_t[]){8}, &bft));
+    CHECK_FAILS(ts_checkpoint_restore(ck, "h", bft), TS_EDTYPE, "float16", "bfloat16");
+    ts_tensor_unref(f32), ts_tensor_unref(bft);
     /* NaN keeps being NaN */
     static const char nh[] = "{\"n\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,2]}}";
     size_t nl = strlen(nh);
@@ -914,8 +933,12 @@ static void test_converted_dtypes(void)
     CHECK_OK(ts_checkpoint_load(p, dev, &ck3));
     ts_set_log_level(TS_LOG_WARN);
     float f = 0;
-    if (ck3)
-        CHECK_OK(ts_tensor_to_host(ts_checkpoint_get(ck3, "n"), &f, sizeof f));
+    ts_tensor *nw = NULL;
+    if (ck3) {
+        CHECK_OK(ts_cast(ts_checkpoint_get(ck3, "n"), TS_F32, &nw));
+        CHECK_OK(ts_tensor_to_host(nw, &f, sizeof f));
+    }
+    ts_tensor_unref(nw);
     CHECK(isnan(f));
     ts_checkpoint_free(ck3);
     ts_checkpoint_free(ck2);

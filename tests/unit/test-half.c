@@ -5,7 +5,11 @@
  * one) over every midpoint between neighbouring values, the patterns around them, and a
  * stride through all float32 patterns; a table of the edges (the largest finite value, the
  * overflow threshold, subnormals, the underflow tie, signed zeros, infinities, NaN); and a
- * double narrows correctly where rounding through float32 to nearest would round twice. */
+ * double narrows correctly where rounding through float32 to nearest would round twice. Then
+ * the dtypes themselves (TS_BF16, TS_F16) on every CPU plugin and the reference kernels:
+ * casts both ways, fills, a scalar's value, printing, checkpoints and .npy files holding them
+ * as such, clear errors from ops that do not take them yet, and a plugin built for an older
+ * ABI never asked about them. */
 #include <float.h>
 #include <math.h>
 
@@ -210,6 +214,189 @@ static void test_double_rounds_once(void)
     tap_end();
 }
 
+/* ---- the dtypes --------------------------------------------------------------------- */
+
+static const float edge_vals[] = {0.0f, -0.0f, 1.0f, -2.5f, 3.14159265f, 65504.0f, 65520.0f,
+                                  70000.0f, 1e-8f, 6e-8f, 1.00048828125f, 1.00390625f,
+                                  -1e30f, INFINITY, -INFINITY, NAN};
+enum { NE = sizeof edge_vals / sizeof edge_vals[0] };
+
+/* Casts on dev: float32 to each 16-bit dtype gives plugin.h's patterns, and back widens them
+ * exactly (to float32 and float64); int32 and uint8 narrow alike; a fill rounds once. */
+static void check_dtype_ops(ts_device *dev, const char *what)
+{
+    int64_t n = NE;
+    ts_tensor *x, *h, *back, *d, *i32, *hi;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n, edge_vals, &x));
+    for (int bf = 0; bf < 2; bf++) {
+        int32_t dt = bf ? TS_BF16 : TS_F16;
+        uint16_t got[NE];
+        float w[NE];
+        double wd[NE];
+        CHECK_OK(ts_cast(x, dt, &h));
+        CHECK(ts_tensor_dtype(h) == dt && ts_dtype_size(dt) == 2);
+        CHECK_OK(ts_tensor_to_host(h, got, sizeof got));
+        for (int i = 0; i < NE; i++) {
+            uint16_t want = narrow(edge_vals[i], bf);
+            CHECK_MSG(got[i] == want, "%s: cast %.9g to %s: 0x%04x, not 0x%04x", what,
+                      edge_vals[i], ts_dtype_name(dt), got[i], want);
+        }
+        CHECK_OK(ts_cast(h, TS_F32, &back));
+        CHECK_OK(ts_cast(h, TS_F64, &d));
+        CHECK_OK(ts_tensor_to_host(back, w, sizeof w));
+        CHECK_OK(ts_tensor_to_host(d, wd, sizeof wd));
+        for (int i = 0; i < NE; i++) {
+            float want = widen(got[i], bf);
+            CHECK_MSG(isnan(want) ? isnan(w[i]) && isnan(wd[i])
+                                  : w[i] == want && wd[i] == (double)want,
+                      "%s: %s 0x%04x widens to %.9g / %.17g, not %.9g", what, ts_dtype_name(dt),
+                      got[i], w[i], wd[i], want);
+        }
+        int32_t ints[4] = {-7, 0, 257, 65535};
+        int64_t n4 = 4;
+        CHECK_OK(ts_tensor_from_host(dev, TS_I32, 1, &n4, ints, &i32));
+        CHECK_OK(ts_cast(i32, dt, &hi));
+        CHECK_OK(ts_tensor_to_host(hi, got, 8));
+        for (int i = 0; i < 4; i++)
+            CHECK_MSG(got[i] == (bf ? ts_plugin_f64_to_bf16(ints[i]) : ts_plugin_f64_to_f16(ints[i])),
+                      "%s: int32 %d to %s: 0x%04x", what, ints[i], ts_dtype_name(dt), got[i]);
+        CHECK_OK(ts_fill_(hi, 0.1));
+        CHECK_OK(ts_tensor_to_host(hi, got, 8));
+        CHECK_MSG(got[3] == (bf ? ts_plugin_f64_to_bf16(0.1) : ts_plugin_f64_to_f16(0.1)),
+                  "%s: fill 0.1 as %s: 0x%04x", what, ts_dtype_name(dt), got[3]);
+        ts_tensor_unref(h), ts_tensor_unref(back), ts_tensor_unref(d);
+        ts_tensor_unref(i32), ts_tensor_unref(hi);
+    }
+    ts_tensor_unref(x);
+}
+
+static void test_dtypes_on_every_plugin(void)
+{
+    ts_device *dev = tap_start();
+    check_dtype_ops(dev, "the test device");
+    static const char *const names[] = {"cpu_blas", "cpu_onednn"};
+    for (int i = 0; i < 2; i++) {
+        char *path;
+        if (ts_plugin_find(NULL, names[i], &path) != TS_OK)
+            continue;
+        free(path);
+        ts_device *d;
+        CHECK_OK(ts_device_load(NULL, names[i], &d));
+        CHECK(ts_device_supports(d, TS_OP_CAST, TS_BF16) && ts_device_supports(d, TS_OP_COPY, TS_F16));
+        CHECK(!ts_device_supports(d, TS_OP_MATMUL, TS_BF16)); /* not yet: float32 kernels */
+        check_dtype_ops(d, names[i]);
+        ts_device_unload(d);
+    }
+    /* a scalar's value, printing, and an op that does not take them yet */
+    ts_tensor *s, *h, *sum = NULL;
+    int64_t two = 2;
+    float v[2] = {1.5f, -0.1f};
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &two, v, &s));
+    CHECK_OK(ts_cast(s, TS_BF16, &h));
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    CHECK_OK(ts_tensor_print(h, f));
+    fclose(f);
+    CHECK_STR_CONTAINS(buf, "bfloat16");
+    CHECK_STR_CONTAINS(buf, "1.5");
+    CHECK_STR_CONTAINS(buf, "-0.1001"); /* -0.1 in bfloat16 is -0.10009765625 */
+    free(buf);
+    ts_tensor *one;
+    CHECK_OK(ts_tensor_narrow(h, 0, 1, 1, &one));
+    double item;
+    CHECK_OK(ts_tensor_item(one, &item));
+    CHECK_MSG(item == -0.10009765625, "item of bfloat16 -0.1: %.17g", item);
+    CHECK_FAILS(ts_add(h, h, &sum), TS_ENOTSUP, "bfloat16");
+    CHECK(sum == NULL);
+    ts_tensor_unref(one), ts_tensor_unref(h), ts_tensor_unref(s);
+    tap_end();
+}
+
+/* A checkpoint holds them as BF16 and F16 and loads them as such (every bit kept), or widened
+ * into a float32 destination; .npy holds float16 as <f2 and loads it as float16. */
+static void test_files_hold_them_as_such(void)
+{
+    ts_device *dev = tap_start();
+    int64_t n = NE;
+    ts_tensor *x, *b, *h;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n, edge_vals, &x));
+    CHECK_OK(ts_cast(x, TS_BF16, &b));
+    CHECK_OK(ts_cast(x, TS_F16, &h));
+    ts_checkpoint *ck;
+    CHECK_OK(ts_checkpoint_new(&ck));
+    CHECK_OK(ts_checkpoint_add(ck, "b", b));
+    CHECK_OK(ts_checkpoint_add(ck, "h", h));
+    const char *path = tap_path_in(tap_tmpdir(), "half.safetensors");
+    CHECK_OK(ts_checkpoint_save(ck, path));
+    ts_checkpoint_free(ck);
+    CHECK_OK(ts_checkpoint_load(path, dev, &ck));
+    CHECK(!strcmp(ts_checkpoint_stored_dtype(ck, "b"), "BF16"));
+    CHECK(!strcmp(ts_checkpoint_stored_dtype(ck, "h"), "F16"));
+    ts_tensor *got = ts_checkpoint_get(ck, "b");
+    CHECK(got && ts_tensor_dtype(got) == TS_BF16); /* as stored */
+    ts_tensor *f32;
+    float fw[NE];
+    uint16_t hb0[NE];
+    CHECK_OK(ts_tensor_empty(dev, TS_F32, 1, &n, &f32)); /* into float32: widened exactly */
+    CHECK_OK(ts_checkpoint_restore(ck, "b", f32));
+    CHECK_OK(ts_tensor_to_host(f32, fw, sizeof fw));
+    CHECK_OK(ts_tensor_to_host(b, hb0, sizeof hb0));
+    for (int i = 0; i < NE; i++)
+        CHECK(isnan(fw[i]) ? is_nan16(hb0[i], 1) : fw[i] == ts_plugin_bf16_to_f32(hb0[i]));
+    ts_tensor_unref(f32);
+    for (int k = 0; k < 2; k++) {
+        ts_tensor *src = k ? h : b, *dst;
+        CHECK_OK(ts_tensor_empty(dev, k ? TS_F16 : TS_BF16, 1, &n, &dst));
+        CHECK_OK(ts_checkpoint_restore(ck, k ? "h" : "b", dst));
+        uint16_t a1[NE], a2[NE];
+        CHECK_OK(ts_tensor_to_host(src, a1, sizeof a1));
+        CHECK_OK(ts_tensor_to_host(dst, a2, sizeof a2));
+        CHECK_MSG(!memcmp(a1, a2, sizeof a1), "%s restored with other bits", k ? "h" : "b");
+        ts_tensor_unref(dst);
+    }
+    ts_tensor *wrong;
+    CHECK_OK(ts_tensor_empty(dev, TS_F16, 1, &n, &wrong));
+    CHECK_FAILS(ts_checkpoint_restore(ck, "b", wrong), TS_EDTYPE, "float16");
+    ts_tensor_unref(wrong);
+    ts_checkpoint_free(ck);
+    const char *np = tap_path_in(tap_tmpdir(), "h.npy");
+    CHECK_OK(ts_npy_save(h, np));
+    ts_tensor *back;
+    CHECK_OK(ts_npy_load(np, dev, &back));
+    uint16_t w[NE], hb[NE];
+    CHECK(ts_tensor_dtype(back) == TS_F16);
+    CHECK_OK(ts_tensor_to_host(back, w, sizeof w));
+    CHECK_OK(ts_tensor_to_host(h, hb, sizeof hb));
+    CHECK(!memcmp(w, hb, sizeof w));
+    CHECK_FAILS(ts_npy_save(b, np), TS_EDTYPE, "bfloat16");
+    ts_tensor_unref(back), ts_tensor_unref(x), ts_tensor_unref(b), ts_tensor_unref(h);
+    tap_end();
+}
+
+/* A plugin built for ABI 2.0 is never asked about them (its supports aborts if it is): on
+ * its host memory the reference kernels cast, and ts_device_run says why it will not call
+ * the plugin. */
+static void test_older_plugin_never_sees_them(void)
+{
+    tap_start();
+    ts_device *dev;
+    CHECK_OK(ts_device_load(NULL, tap_fixture("minor0"), &dev));
+    CHECK(!ts_device_supports(dev, TS_OP_CAST, TS_BF16) && !ts_device_supports(dev, TS_OP_COPY, TS_F16));
+    check_dtype_ops(dev, "minor0");
+    ts_operand in, out;
+    memset(&in, 0, sizeof in);
+    memset(&out, 0, sizeof out);
+    in.dtype = TS_F16;
+    out.dtype = TS_F32;
+    ts_kernel_call call = {.struct_size = sizeof call, .op = TS_OP_CAST, .ninputs = 1,
+                           .noutputs = 1, .inputs = &in, .outputs = &out};
+    CHECK_FAILS(ts_device_run(dev, &call), TS_ENOTSUP, "built for plugin ABI 2.0",
+                "the dtype float16", "rebuild");
+    ts_device_unload(dev);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -217,6 +404,9 @@ int main(int argc, char **argv)
         TAP_TEST(test_narrowing_rounds_to_nearest_even),
         TAP_TEST(test_edges),
         TAP_TEST(test_double_rounds_once),
+        TAP_TEST(test_dtypes_on_every_plugin),
+        TAP_TEST(test_files_hold_them_as_such),
+        TAP_TEST(test_older_plugin_never_sees_them),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -61,7 +61,7 @@ static void test_numpy_files_load(void)
     expect("i8_scalar.npy", TS_I64, 0, NULL, (const double[]){-1099511627779.0}, 1);
     expect("u1_empty_0x3.npy", TS_U8, 2, (const int64_t[]){0, 3}, NULL, 0);
     expect("bool_4.npy", TS_U8, 1, (const int64_t[]){4}, (const double[]){1, 0, 1, 1}, 4);
-    expect("f2_3.npy", TS_F32, 1, (const int64_t[]){3}, (const double[]){1, -0.5, 65504}, 3);
+    expect("f2_3.npy", TS_F16, 1, (const int64_t[]){3}, (const double[]){1, -0.5, 65504}, 3);
     expect("i2_2x2.npy", TS_I32, 2, (const int64_t[]){2, 2},
            (const double[]){-32768, 7, 1, 32767}, 4);
     expect("u4_2.npy", TS_I64, 1, (const int64_t[]){2}, (const double[]){0, 4294967295.0}, 2);
