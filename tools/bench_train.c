@@ -11,6 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 
@@ -20,10 +24,11 @@ static const char usage[] =
     "usage: tessera bench train [--model mlp|lenet5|cnn] [--hidden N,...] [--channels N,...]\n"
     "                           [--init KIND] [--optimizer sgd|adam|adamw] [--lr X]\n"
     "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
-    "                           [--data DIR] [--synthetic] [--graph] [--profile] [--json]\n"
+    "                           [--data DIR] [--synthetic] [--graph] [--profile] [--contend N]\n"
+    "                           [--json]\n"
     "       tessera bench train --model gpt [--context T] [--layers L] [--heads H] [--embd C]\n"
     "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
-    "                           [--graph] [--profile] [--json]\n"
+    "                           [--graph] [--profile] [--contend N] [--json]\n"
     "\n"
     "Times --steps training steps (default 50) after --warmup steps (default 5) at batch\n"
     "--batch-size (default 100) on consecutive batches of the Fashion-MNIST training set held\n"
@@ -46,7 +51,12 @@ static const char usage[] =
     "0.1 on the blocks' matrices, clipping at norm 1; default context 128, 4 layers, 4 heads,\n"
     "embd 128, batch 16) on random byte windows; tokens/s instead of images/s. Its floor: the\n"
     "linear layers' GEMMs over batch x context rows, the attention's (Q K^T, P V and their four\n"
-    "backward GEMMs, one cblas_sgemm per batch and head) and the tied head's.\n";
+    "backward GEMMs, one cblas_sgemm per batch and head) and the tied head's.\n"
+    "\n"
+    "--contend N: after the timed steps, N busy processes (each spinning on one core) start\n"
+    "beside the benchmark, and the same number of steps is timed again with them running:\n"
+    "the median under contention and its ratio to the median without (a CPU plugin's\n"
+    "adaptive_threads setting gives up the cores they take).\n";
 
 /* The q-quantile of sorted v[0..n) (nearest rank). */
 static double quantile(const double *v, int n, double q)
@@ -219,6 +229,7 @@ typedef struct bench_opts {
     double lr;
     int64_t batch, steps, warmup;
     int json, synthetic, profile, graph;
+    int64_t contend; /* busy processes beside the second timing (0: none) */
 } bench_opts;
 
 enum { PROFILE_MAX = 64 };
@@ -235,6 +246,7 @@ typedef struct result {
     ts_profile_entry prof[PROFILE_MAX]; /* with --profile: over the prof_steps timed steps */
     size_t nprof;
     double prof_steps, mean; /* mean: ms per timed step */
+    double contended;        /* --contend: the median ms per step with the busy processes */
 } result;
 
 static int device_threads(ts_device *dev)
@@ -366,6 +378,61 @@ static ts_status pool_stats(ts_device *dev, ts_memory_stats *st)
     memset(st, 0, sizeof *st);
     st->struct_size = sizeof *st;
     return ts_device_memory_stats(dev, st);
+}
+
+/* n processes that each spin on a core until killed (and die with this one). 0, or -1 after
+ * saying why none could start (those started are killed). */
+static int start_busy(pid_t *pids, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        pid_t p = fork();
+        if (p == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            for (volatile unsigned long k = 0;; k++)
+                ;
+        }
+        if (p < 0) {
+            fprintf(stderr, "tessera: error: bench train: --contend: fork: %s\n", strerror(errno));
+            for (int64_t j = 0; j < i; j++)
+                kill(pids[j], SIGKILL), waitpid(pids[j], NULL, 0);
+            return -1;
+        }
+        pids[i] = p;
+    }
+    return 0;
+}
+
+static void stop_busy(const pid_t *pids, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        kill(pids[i], SIGKILL);
+    for (int64_t i = 0; i < n; i++)
+        waitpid(pids[i], NULL, 0);
+}
+
+/* --contend: the steps again with o->contend busy processes running, after a second of
+ * them (the plugins sample the machine four times a second); their median into *med. */
+static ts_status contended_steps(const bench_opts *o, session *ss, ts_device *dev, int64_t *it,
+                                 double *times, double *med)
+{
+    pid_t pids[64];
+    if (start_busy(pids, o->contend))
+        return TS_EIO;
+    ts_status s = TS_OK;
+    double t0 = cli_now();
+    while (s == TS_OK && cli_now() - t0 < 1.0)
+        s = step(ss, dev, (*it)++, o->batch);
+    for (int64_t i = 0; i < o->steps && s == TS_OK; i++) {
+        double t = cli_now();
+        s = step(ss, dev, (*it)++, o->batch);
+        times[i] = (cli_now() - t) * 1e3;
+    }
+    stop_busy(pids, o->contend);
+    if (s == TS_OK) {
+        qsort(times, (size_t)o->steps, sizeof *times, cli_cmp_double);
+        *med = quantile(times, (int)o->steps, 0.5);
+    }
+    return s;
 }
 
 static ts_status bench_device(const bench_opts *o, const char *name, const floor_plan *fp,
@@ -504,6 +571,8 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     qsort(ftimes, (size_t)ns, sizeof *ftimes, cli_cmp_double);
     r->floor_ms = quantile(ftimes, ns, 0.5);
     r->floor_min = ftimes[0];
+    if (o->contend > 0) /* the same steps again, beside busy processes */
+        s = contended_steps(o, &ss, dev, &it, ftimes, &r->contended);
 out:
     ts_graph_free(ss.graph);
     ts_tensor_unref(ss.gloss);
@@ -607,6 +676,14 @@ static int parse(int argc, char **argv, bench_opts *o)
         }
         if (!strcmp(a, "--graph")) {
             o->graph = 1;
+            continue;
+        }
+        if (!strcmp(a, "--contend")) {
+            if (!v)
+                return cli_usage_error("bench train", "--contend needs a value");
+            if (cli_parse_i64("bench train", a, v, 1, 64, &o->contend))
+                return 2;
+            i++;
             continue;
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -773,6 +850,10 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                 printf(", \"threads_created_per_step\": %.3f", r->threads_created);
             else
                 printf(", \"threads_created_per_step\": null");
+            if (o.contend > 0)
+                printf(", \"contend\": %lld, \"ms_median_contended\": %.4f, "
+                       "\"contended_slowdown\": %.3f",
+                       (long long)o.contend, r->contended, r->contended / r->med);
             if (o.profile) {
                 printf(", \"profile\": [");
                 for (size_t j = 0; j < r->nprof; j++) {
@@ -824,6 +905,10 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                "threads/step: threads created (pthread_create, by any library; 0 when every "
                "kernel runs on the pools made at start-up); load average %.2f %.2f %.2f\n",
                load[0], load[1], load[2]);
+        for (int i = 0; o.contend > 0 && i < nres; i++)
+            printf("  %-12s with %lld busy process%s beside it: %.3f ms/step, %.2fx the median "
+                   "without\n", res[i].device, (long long)o.contend, o.contend > 1 ? "es" : "",
+                   res[i].contended, res[i].contended / res[i].med);
         for (int i = 0; o.profile && i < nres; i++)
             print_profile(&res[i]);
     }

@@ -516,7 +516,7 @@ static int ew_iter_run(const hk_dev *hd, const ew_iter *it, ew_loop loop)
     int64_t n = it->n;
     if (n == 0)
         return 0;
-    int nt = hd->threads > 1 && n >= EW_PAR_MIN ? hd->threads : 1;
+    int nt = hk_threads(hd) > 1 && n >= EW_PAR_MIN ? hk_threads(hd) : 1;
     if (nt == 1)
         return ew_iter_range(it, loop, 0, n);
     int bad = 0;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Commits go in steps of this: a step's pages are mapped and faulted in at once. */
@@ -98,8 +99,62 @@ void hk_dev_init(hk_dev *hd, const ts_host *host, const char *name,
     hd->host = host;
     hd->name = name;
     const ts_setting *threads = ts_setting_find(settings, nsettings, "threads");
+    const ts_setting *adapt = ts_setting_find(settings, nsettings, "adaptive_threads");
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    hd->threads = threads && threads->v.i > 0 ? (int)threads->v.i : (ncpu > 0 ? (int)ncpu : 1);
+    hd->configured = threads && threads->v.i > 0 ? (int)threads->v.i : (ncpu > 0 ? (int)ncpu : 1);
+    hd->threads = hd->configured;
+    hd->adaptive = adapt ? adapt->v.boolean != 0 : 0;
+}
+
+int hk_threads_for(int configured, int ncpu, double others)
+{
+    /* a quarter of a core of slack: a shell or a logger does not cost a thread */
+    double free_cores = (double)ncpu - others + 0.25;
+    int n = free_cores < 1 ? 1 : (int)free_cores;
+    return n < configured ? n : configured;
+}
+
+/* The machine's busy time so far (all cores, clock ticks), or 0 without /proc/stat. */
+static unsigned long long busy_ticks(void)
+{
+    FILE *f = fopen("/proc/stat", "re");
+    if (!f)
+        return 0;
+    unsigned long long v[8] = {0};
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                   &v[4], &v[5], &v[6], &v[7]);
+    fclose(f);
+    /* user nice system idle iowait irq softirq steal: busy is all but idle and iowait */
+    return n == 8 ? v[0] + v[1] + v[2] + v[5] + v[6] + v[7] : 0;
+}
+
+static long long clock_ns(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+void hk_dev_adapt(hk_dev *hd)
+{
+    if (!hd->adaptive || hd->configured < 2)
+        return;
+    long long now = clock_ns(CLOCK_MONOTONIC);
+    long long last = __atomic_load_n(&hd->probe_ns, __ATOMIC_RELAXED);
+    if (now - last < 250000000ll || __atomic_exchange_n(&hd->probing, 1, __ATOMIC_ACQUIRE))
+        return;
+    unsigned long long busy = busy_ticks();
+    double self = 1e-9 * (double)clock_ns(CLOCK_PROCESS_CPUTIME_ID), dt = 1e-9 * (double)(now - last);
+    long hz = sysconf(_SC_CLK_TCK), ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (busy && hd->busy_ticks && hz > 0 && ncpu > 0 && dt > 0 && dt < 5) {
+        double others = ((double)(busy - hd->busy_ticks) / (double)hz - (self - hd->self_cpu)) / dt;
+        __atomic_store_n(&hd->threads, hk_threads_for(hd->configured, (int)ncpu, others),
+                         __ATOMIC_RELAXED);
+    }
+    hd->busy_ticks = busy;
+    hd->self_cpu = self;
+    __atomic_store_n(&hd->probe_ns, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&hd->probing, 0, __ATOMIC_RELEASE);
 }
 
 ts_status hk_dev_device_info(void *ctx, ts_device_info *info)
@@ -111,7 +166,7 @@ ts_status hk_dev_device_info(void *ctx, ts_device_info *info)
         return s;
     info->count = 1;
     info->index = 0;
-    snprintf(info->name, sizeof info->name, "host CPU, %d threads", hd->threads);
+    snprintf(info->name, sizeof info->name, "host CPU, %d threads", hd->configured);
     info->total_bytes = total;
     info->free_bytes = avail;
     info->valid = TS_DEVINFO_TOTAL | TS_DEVINFO_FREE;

@@ -14,8 +14,31 @@
 typedef struct hk_dev {
     const ts_host *host;
     const char *name;
-    int threads; /* resolved thread count (the "threads" setting, 0 = all cores) */
+    int threads;    /* the threads kernels use now: hk_threads (changed by hk_dev_adapt) */
+    int configured; /* the "threads" setting resolved (0 = all cores) */
+    int adaptive;   /* "adaptive_threads": fewer threads while other processes use the cores */
+    int probing;          /* one caller samples at a time (atomic) */
+    long long probe_ns;   /* the last sample's monotonic clock (atomic) */
+    double self_cpu;      /* this process's CPU time then */
+    unsigned long long busy_ticks; /* and the machine's busy time, in clock ticks */
 } hk_dev;
+
+/* The threads a kernel splits its work over now (read once per kernel). */
+static inline int hk_threads(const hk_dev *hd)
+{
+    return __atomic_load_n(&hd->threads, __ATOMIC_RELAXED);
+}
+
+/* Called at every kernel call: about four times a second, samples how much of the machine
+ * other processes used since the last sample (its busy time, /proc/stat, less this process's
+ * CPU time) and sets the threads to the cores they left free (at least one, at most the
+ * setting), so that a busy machine does not leave threads waiting on each other for a core.
+ * Nothing without /proc or unless adaptive_threads = true: cpu_blas's results depend on its
+ * thread count (its reductions' partial sums, its GEMM bands), so a run that adapts is not
+ * bit-reproducible. */
+void hk_dev_adapt(hk_dev *hd);
+/* The policy: of `configured` threads on `ncpu` cores, others using `others` cores. */
+int hk_threads_for(int configured, int ncpu, double others);
 
 /* Sets up hd: reads the threads setting. */
 void hk_dev_init(hk_dev *hd, const ts_host *host, const char *name,
@@ -51,6 +74,8 @@ ts_status hk_dev_copy_strided(const ts_operand *dst, const ts_operand *src);
 
 /* The keys both CPU plugins declare. */
 #define HK_KEYS                                                                     \
-    {"threads", TS_SETTING_INT, "0", 0, 4096, "worker threads; 0 = all cores"}
+    {"threads", TS_SETTING_INT, "0", 0, 4096, "worker threads; 0 = all cores"},              \
+    {"adaptive_threads", TS_SETTING_BOOL, "false", 0, 0,                                    \
+     "fewer threads while other processes use the cores (results may then vary by load)"}
 
 #endif /* TESSERA_PLUGINS_HOSTDEV_H */

@@ -106,7 +106,7 @@ ts_status hk_index(hk_dev *hd, const ts_kernel_call *call)
     /* Split long rows so that dim-0 ops on matrices still spread over the threads. */
     k.chunk = k.last > 1024 ? 1024 : k.last;
     items *= (k.last + k.chunk - 1) / k.chunk;
-    int th = hd->threads;
+    int th = hk_threads(hd);
     switch (dst->dtype) {
     case TS_F32: walk_f32(&k, items, th); break;
     case TS_F64: walk_f64(&k, items, th); break;

@@ -96,7 +96,7 @@ ts_status hk_loss(hk_dev *hd, const ts_kernel_call *call)
     if (dt == TS_F32 && xs1 == 1 && (!bwd || os1 == 1)) {
         const float *xf = (const float *)x->data;
         float *of = (float *)out->data;
-        _Pragma("omp parallel for num_threads(hd->threads) schedule(static) if(N * C > 16384)")
+        _Pragma("omp parallel for num_threads(hk_threads(hd)) schedule(static) if(N * C > 16384)")
         for (int64_t i = 0; i < N; i++) {
             double g = gl ? ld(gl, gl->offset + i * gl->strides[0]) : 0.0;
             ce_row_f32(xf + x->offset + i * xs0, C, target_at(t, i), g,
@@ -104,7 +104,7 @@ ts_status hk_loss(hk_dev *hd, const ts_kernel_call *call)
         }
         return TS_OK;
     }
-    _Pragma("omp parallel for num_threads(hd->threads) schedule(static) if(N * C > 16384)")
+    _Pragma("omp parallel for num_threads(hk_threads(hd)) schedule(static) if(N * C > 16384)")
     for (int64_t i = 0; i < N; i++) {
         int64_t xo = x->offset + i * xs0, oo = out->offset + i * os0, ti = target_at(t, i);
         /* gloss and the target's logit are read before anything is written: glogits may be

@@ -159,7 +159,7 @@ ts_status hk_norm(hk_dev *hd, const ts_kernel_call *call)
         return TS_OK;
     }
     const ts_layer_norm_params *P = call->params;
-    int nt = rows * D > 32768 ? hd->threads : 1;
+    int nt = rows * D > 32768 ? hk_threads(hd) : 1;
     (void)nt; /* the reference flavour has no parallel regions */
     if (call->inputs[0].dtype == TS_F32) {
         if (bwd)

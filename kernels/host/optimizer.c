@@ -66,7 +66,7 @@ int hk_optimizer_supports(int32_t op, int32_t dtype)
 ts_status hk_optimizer(hk_dev *hd, const ts_kernel_call *call)
 {
     const ts_host *h = hd->host;
-    int threads = hd->threads;
+    int threads = hk_threads(hd);
     if (call->op == TS_OP_SGD_STEP) {
         ts_status s = hk_optimizer_check(h, 0, call);
         if (s)

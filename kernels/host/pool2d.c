@@ -335,9 +335,9 @@ static ts_status pool2d_bwd(hk_dev *hd, const ts_kernel_call *call)
     if (ix && (s = unalias(hd, ix, gx, name, &ixc, &ixbuf)))
         goto done;
     if (gx->dtype == TS_F32)
-        pool_bwd_float(&gyc, ix ? &ixc : NULL, gx, p, hd->threads);
+        pool_bwd_float(&gyc, ix ? &ixc : NULL, gx, p, hk_threads(hd));
     else
-        pool_bwd_double(&gyc, ix ? &ixc : NULL, gx, p, hd->threads);
+        pool_bwd_double(&gyc, ix ? &ixc : NULL, gx, p, hk_threads(hd));
 done:
     h->scratch_free(h, ixbuf);
     h->scratch_free(h, gybuf);
@@ -359,8 +359,8 @@ ts_status hk_pool2d(hk_dev *hd, const ts_kernel_call *call)
     const ts_operand *x = &call->inputs[0], *y = &call->outputs[0];
     const ts_operand *ix = call->noutputs == 2 ? &call->outputs[1] : NULL;
     if (x->dtype == TS_F32)
-        pool_float(x, y, ix, p, is_max, hd->threads);
+        pool_float(x, y, ix, p, is_max, hk_threads(hd));
     else
-        pool_double(x, y, ix, p, is_max, hd->threads);
+        pool_double(x, y, ix, p, is_max, hk_threads(hd));
     return TS_OK;
 }

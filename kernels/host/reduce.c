@@ -16,7 +16,7 @@
 
 static int threads_for(const hk_dev *hd, int64_t work)
 {
-    int nt = hd->threads > 1 && work >= RD_PAR_MIN ? hd->threads : 1;
+    int nt = hk_threads(hd) > 1 && work >= RD_PAR_MIN ? hk_threads(hd) : 1;
     return nt < RD_MAX_PARTS ? nt : RD_MAX_PARTS;
 }
 

@@ -170,7 +170,7 @@ static ts_status conv_bwd(hk_dev *hd, const ts_kernel_call *call);
  * Else 1: image after image, with OpenBLAS threading each GEMM. */
 static int image_threads(const hk_dev *hd, int64_t N, double m, double n, double k)
 {
-    return hd->threads > 1 && N > 1 && m * n * k < 262144.0 ? hd->threads : 1;
+    return hk_threads(hd) > 1 && N > 1 && m * n * k < 262144.0 ? hk_threads(hd) : 1;
 }
 
 static int thread_id(void)
@@ -321,7 +321,7 @@ ts_status ts_blas_conv(hk_dev *hd, const ts_kernel_call *call)
     /* Scratch per image thread: columns (CRSall, PQ) and, for a scattered y, (K, PQ). */
     int nt = hk_overlaps(x, y) ? 1 : image_threads(hd, N, (double)Kg, (double)PQ,
                                                              (double)CRS);
-    int inner = nt > 1 ? 1 : hd->threads;
+    int inner = nt > 1 ? 1 : hk_threads(hd);
     if (!direct_x && ((s = col_tab_make(hd, "conv2d", p, R, S, H, W, P, Q, tabsmall, &tab,
                                         &tabbuf)) ||
                       (s = h->scratch_alloc(h, (size_t)(nt * CRSall * PQ) * es, "conv2d",
@@ -579,7 +579,7 @@ static ts_status conv_bwd(hk_dev *hd, const ts_kernel_call *call)
     int nt = hk_overlaps(gy, out) || hk_overlaps(x, w) ? 1
              : is_data ? image_threads(hd, N, (double)CRS, (double)PQ, (double)Kg)
                        : image_threads(hd, N, (double)Kg, (double)CRS, (double)PQ);
-    int inner = nt > 1 ? 1 : hd->threads;
+    int inner = nt > 1 ? 1 : hk_threads(hd);
     /* w / gw as (K, CRS) row-major: in place when dense and clear of the output written image
      * after image (w of gx; gw of gy and x), else through scratch. */
     int64_t ldw = filter_ld(w);

@@ -47,6 +47,7 @@ static ts_status blas_run(void *ctx, const ts_kernel_call *call)
 {
     blas_ctx *c = ctx;
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    hk_dev_adapt(&c->hd);
     if (ts_blas_matmul_supports(call->op, dtype))
         return ts_blas_matmul(&c->hd, call);
     if (ts_blas_conv_supports(call->op, dtype))

@@ -383,8 +383,8 @@ ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *n
     const char *what = "dnnl_stream_create";
 #ifdef _OPENMP
     int omp_before = omp_get_max_threads();
-    if (c->hd.threads > 0)
-        omp_set_num_threads(c->hd.threads);
+    if (hk_threads(&c->hd) > 0)
+        omp_set_num_threads(hk_threads(&c->hd));
 #endif
     if ((st = stream_get(c, &stream)))
         goto dfail;
@@ -508,7 +508,7 @@ static ts_status dnnl_device_info(void *ctx, ts_device_info *info)
         const dnnl_version_t *v = dnnl_version();
         dn_ctx *c = ctx;
         snprintf(info->name, sizeof info->name, "host CPU, %d threads, oneDNN %d.%d.%d",
-                 c->hd.threads, v->major, v->minor, v->patch);
+                 c->hd.configured, v->major, v->minor, v->patch);
     }
     return s;
 }
@@ -524,6 +524,7 @@ static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
 {
     dn_ctx *c = ctx;
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    hk_dev_adapt(&c->hd);
     if (dn_matmul_supports(call->op, dtype))
         return dn_matmul(c, call);
     if (dn_conv_supports(call->op, dtype))

@@ -139,7 +139,7 @@ ts_status dn_eltwise(dn_ctx *c, const ts_kernel_call *call)
 {
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
     int64_t n = dense_pair(in, out, 1);
-    if (has_special(first(in), n, call->op != TS_OP_UNARY, c->hd.threads))
+    if (has_special(first(in), n, call->op != TS_OP_UNARY, hk_threads(&c->hd)))
         return hk_run(&c->hd, call);
     dn_key key = {0};
     dn_key_push(&key, call->op);

@@ -7,7 +7,7 @@
 # thread on any cpu_* plugin; --profile reports each kernel's calls per step. --model gpt:
 # its floor's GEMM count, tokens/s and the same zero counts; bench gpt's short run likewise.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 15
+plan 16
 # LeakSanitizer's exit-time tracer crashes once oneDNN's primitives have run their threads
 # (see tests/plugins/test-onednn.c); --device all runs cpu_onednn.
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
@@ -294,5 +294,19 @@ if contains "$vals" 'steps=300' && contains "$vals" 'raw_allocs_per_step=0' &&
     ok "bench gpt: 300 steps, no raw pool allocation or tessera malloc per steady step"
 else
     fail "bench gpt: 300 steps, no raw pool allocation or tessera malloc per steady step" "$vals" "$out"
+fi
+# --contend: the steps timed again beside busy processes, the ratio reported; the processes
+# are gone afterwards.
+out=$("$TESSERA" bench train --model mlp $QUICK --device cpu_blas --contend 1 2>&1)
+rc=$?
+r=$(printf '%s\n' "$out" | "$JSON_CHECK" results.[0].contend results.[0].ms_median_contended \
+    results.[0].contended_slowdown 2>&1)
+bad=$("$TESSERA" bench train --contend 0 2>&1); rb=$?
+if [ $rc -eq 0 ] && contains "$r" "results.[0].contend=1" &&
+    contains "$r" "results.[0].contended_slowdown=" && [ $rb -eq 2 ] &&
+    contains "$bad" "--contend" && ! pgrep -f "bench train --model mlp.*--contend" >/dev/null; then
+    ok "bench train --contend 1 times the steps beside a busy process and reports the ratio"
+else
+    fail "bench train --contend" "rc=$rc $r" "$rb $bad"
 fi
 finish
