@@ -214,8 +214,27 @@ dnnl_status_t dn_md_strided(dnnl_memory_desc_t *md, int ndim, const int64_t *dim
     return dnnl_memory_desc_init_by_strides(md, ndim, d, dnnl_f32, s);
 }
 
+static ts_status cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec,
+                              const char *name, dn_entry **out);
+
+/* oneDNN sizes a primitive's parallel regions when it creates it (from
+ * omp_get_max_threads()): create it under the "threads" setting, as dn_execute runs it. */
 ts_status dn_cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec, const char *name,
                           dn_entry **out)
+{
+#ifdef _OPENMP
+    int omp_before = omp_get_max_threads();
+    omp_set_num_threads(c->hd.configured);
+#endif
+    ts_status s = cache_create(c, key, spec, name, out);
+#ifdef _OPENMP
+    omp_set_num_threads(omp_before);
+#endif
+    return s;
+}
+
+static ts_status cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec,
+                              const char *name, dn_entry **out)
 {
     if (key->n < 0)
         return c->hd.host->fail(c->hd.host, TS_EINVAL, "%s: primitive key too long", name);

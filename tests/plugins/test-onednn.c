@@ -8,8 +8,10 @@
  * bounded primitive cache evicts and stays correct, and that no pool block leaks. */
 #include "kt.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <math.h>
+#include <unistd.h>
 
 #define RTOL 1e-4
 
@@ -830,6 +832,53 @@ static void test_cache_eviction(void)
     kt_check_no_live_blocks(dn);
 }
 
+/* The tasks (threads) of this process. */
+static int count_tasks(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* threads = 1 holds for oneDNN's own parallel regions too: oneDNN sizes a primitive's regions
+ * when it creates it, so a primitive created under the process's default (every core) ran
+ * them on OpenMP workers whatever the setting (their spinning slowed a one-thread step 2x
+ * beside a busy process). A matmul and a softmax under threads = 1 now start no thread. */
+static void test_threads_setting_holds(void)
+{
+    tap_start();
+    if (!has_plugin("cpu_onednn"))
+        SKIP("cpu_onednn is not built");
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+        SKIP("one core: the default is one thread anyway");
+    ts_config *cfg;
+    CHECK_OK(ts_config_parse("[plugin.cpu_onednn]\nthreads = 1\n", "t.ini", NULL, &cfg));
+    ts_device *dev;
+    CHECK_OK(ts_device_load(cfg, tap_plugin_under_test("cpu_onednn"), &dev));
+    int64_t shape[3] = {64, 128, 128};
+    ts_tensor *a, *b, *c;
+    ts_rng rng = TS_RNG(1);
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 3, shape, 0, 1, &rng, &a));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 3, shape, 0, 1, &rng, &b));
+    int before = count_tasks();
+    for (int i = 0; i < 2; i++) { /* a batched matmul and a softmax: oneDNN primitives */
+        CHECK_OK(ts_matmul(a, b, &c));
+        ts_tensor_unref(c);
+        CHECK_OK(ts_softmax(a, 2, &c));
+        ts_tensor_unref(c);
+    }
+    CHECK_MSG(count_tasks() == before, "%d threads after oneDNN primitives ran under threads = "
+              "1, %d before", count_tasks(), before);
+    ts_tensor_unref(a), ts_tensor_unref(b);
+    ts_device_unload(dev);
+    ts_config_free(cfg);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     /* LeakSanitizer's stop-the-world tracer crashes (SIGSEGV in the tracer) once oneDNN's
@@ -850,6 +899,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_softmax),
         TAP_TEST(test_steady_state),
         TAP_TEST(test_cache_eviction),
+        TAP_TEST(test_threads_setting_holds),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
