@@ -31,6 +31,33 @@ static void add_u64(cJSON *o, const char *k, unsigned long long v)
     cJSON_AddNumberToObject(o, k, (double)v);
 }
 
+/* The host CPU's half-precision instruction sets (/proc/cpuinfo's flags), as "cpu_flags". */
+static void cpu_flags(cJSON *root)
+{
+    FILE *f = fopen("/proc/cpuinfo", "re");
+    if (!f)
+        return;
+    char line[8192];
+    static const char *const want[] = {"f16c", "avx512_bf16", "avx512_fp16", "amx_bf16",
+                                       "amx_tile"};
+    cJSON *o = cJSON_AddObjectToObject(root, "cpu_flags");
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        if (!strncmp(line, "flags", 5)) {
+            found = 1;
+            for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+                char pat[40];
+                snprintf(pat, sizeof pat, " %s", want[i]);
+                const char *at = strstr(line, pat);
+                size_t n = strlen(pat);
+                cJSON_AddBoolToObject(o, want[i], at && (at[n] == ' ' || at[n] == '\n'));
+            }
+        }
+    fclose(f);
+    if (!found)
+        cJSON_DeleteItemFromObject(root, "cpu_flags");
+}
+
 /* Loads one plugin and describes it; unloads it again. */
 static void probe(const ts_config *cfg, const char *name, const char *path, void *user)
 {
@@ -85,6 +112,14 @@ static void probe(const ts_config *cfg, const char *name, const char *path, void
         else
             snprintf(origin, sizeof origin, "default");
         cJSON_AddStringToObject(e, "origin", origin);
+    }
+    /* the 16-bit floats: which ops the plugin runs in each (the rest: cast to float32) */
+    cJSON *half = cJSON_AddObjectToObject(p, "half_precision");
+    for (int32_t dt = TS_BF16; dt <= TS_F16; dt++) {
+        cJSON *ops = cJSON_AddArrayToObject(half, ts_dtype_name(dt));
+        for (int32_t op = TS_OP_NONE + 1; op < TS_OP_COUNT; op++)
+            if (ts_device_supports(dev, op, dt))
+                cJSON_AddItemToArray(ops, cJSON_CreateString(ts_plugin_op_name(op)));
     }
     ts_memory_stats st;
     ts_device_memory_stats(dev, &st);
@@ -160,6 +195,14 @@ static void print_text(const cJSON *root)
         printf("in use:          %s (%s)\n", dd->valuestring, str(root, "default_device_file"));
     else
         printf("in use:          none (%s)\n", str(root, "default_device_error"));
+    const cJSON *fl = cJSON_GetObjectItem(root, "cpu_flags"), *f;
+    if (fl) { /* what the CPU could run natively in the 16-bit floats */
+        printf("host CPU:       ");
+        int k = 0;
+        cJSON_ArrayForEach(f, fl)
+            printf("%s %s %s", k++ ? "," : "", f->string, cJSON_IsTrue(f) ? "yes" : "no");
+        printf("\n");
+    }
     printf("plugin path:\n");
     const cJSON *it;
     cJSON_ArrayForEach(it, cJSON_GetObjectItem(root, "search_path"))
@@ -190,6 +233,26 @@ static void print_text(const cJSON *root)
         cJSON_ArrayForEach(s, cJSON_GetObjectItem(it, "settings"))
             printf(" %s=%s(%s)", s->string, str(s, "value"), str(s, "origin"));
         printf("\n");
+        const cJSON *half = cJSON_GetObjectItem(it, "half_precision"), *h;
+        if (half) {
+            printf("    half precision:");
+            int nh = 0;
+            cJSON_ArrayForEach(h, half)
+            {
+                int k = 0, compute = 0;
+                const cJSON *op;
+                printf("%s %s:", nh++ ? ";" : "", h->string);
+                cJSON_ArrayForEach(op, h)
+                {
+                    printf("%s %s", k++ ? "," : "", op->valuestring);
+                    compute |= strcmp(op->valuestring, "copy") && strcmp(op->valuestring, "cast") &&
+                               strcmp(op->valuestring, "fill");
+                }
+                printf("%s", !k ? " none (cast to float32 on another device)"
+                             : compute ? "" : " (storage only: compute in float32 after a cast)");
+            }
+            printf("\n");
+        }
         const cJSON *po = cJSON_GetObjectItem(it, "pool");
         if (cJSON_IsTrue(cJSON_GetObjectItem(po, "valid"))) {
             char b3[32], b4[32];
@@ -282,6 +345,7 @@ int cmd_info(int argc, char **argv, const cli_common *common)
         cJSON_AddStringToObject(root, "default_device_error", ts_last_error());
     }
 
+    cpu_flags(root);
     cJSON *sp = cJSON_AddArrayToObject(root, "search_path");
     ts_plugin_search_path(cfg, add_dir, sp);
     scan_ctx sc = {cfg, cJSON_AddArrayToObject(root, "plugins")};

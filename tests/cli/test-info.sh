@@ -2,7 +2,7 @@
 # tests/cli/test-info.sh: `tessera info` as a user runs it: text and JSON, fallback,
 # TESSERA_DEVICE, bad configs and misuse give a one-line error and a non-zero exit.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 21
+plan 22
 
 out=$("$TESSERA" info 2>&1)
 if [ $? -eq 0 ] && contains "$out" "cpu_blas: 1 device" && contains "$out" "tests/data/test.ini" \
@@ -196,5 +196,23 @@ if [ $rc -eq 0 ] && contains "$out" "config:          $TMP/userd/u.ini over $TMP
     ok "the user's file goes on top of the installed one key by key, each value naming its file"
 else
     fail "the user's file goes on top of the installed one key by key" "rc=$rc" "$out" "$out2"
+fi
+# The 16-bit floats: per plugin, the ops it runs in each (copy, cast and fill so far: storage);
+# the host CPU's half-precision instruction sets.
+js=$("$TESSERA" info --json 2>&1)
+h=$(printf '%s\n' "$js" | "$JSON_CHECK" plugins.[0].half_precision.bfloat16.[1] \
+    plugins.[0].half_precision.float16.[0] 2>&1)
+txt=$("$TESSERA" info 2>&1)
+flags_ok=1
+if [ -r /proc/cpuinfo ]; then
+    want=no
+    grep -q '^flags.* avx512_bf16' /proc/cpuinfo && want=yes
+    contains "$txt" "avx512_bf16 $want" || flags_ok=0
+fi
+if contains "$h" 'bfloat16.[1]="cast"' && contains "$h" 'float16.[0]="copy"' &&
+    contains "$txt" "half precision: bfloat16: copy, cast, fill (storage only" && [ $flags_ok -eq 1 ]; then
+    ok "info lists the ops each plugin runs in bfloat16 and float16, and the CPU's half-precision flags"
+else
+    fail "info: half precision" "$h" "$txt"
 fi
 finish
