@@ -390,6 +390,21 @@ static int plugin_knows(const ts_device *dev, const ts_kernel_call *call)
     return known;
 }
 
+/* A 16-bit float input of a comparison (uint8 output) that dev's plugin does not claim the op
+ * for: a comparison claim takes them only from a plugin that claims the op in that dtype too
+ * (ABI 2.5). Its dtype, or -1 when there is none. */
+static int32_t unclaimed_half_input(ts_device *dev, const ts_kernel_call *call)
+{
+    if ((call->op != TS_OP_BINARY && call->op != TS_OP_BINARY_SCALAR) || call->noutputs < 1 ||
+        call->outputs[0].dtype != TS_U8)
+        return -1;
+    for (int i = 0; i < call->ninputs; i++)
+        if (ts_plugin_dtype_is_half(call->inputs[i].dtype) &&
+            !ts_device_supports(dev, call->op, call->inputs[i].dtype))
+            return call->inputs[i].dtype;
+    return -1;
+}
+
 /* What in call is newer than dev's plugin (plugin_knows said so): "unary gelu_tanh", or
  * "bfloat16". */
 static const char *newer_part(const ts_device *dev, const ts_kernel_call *call, char *buf,
@@ -452,6 +467,11 @@ TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
         return ts__fail(TS_ENOTSUP, "plugin '%s' does not implement %s for %s (%s)", dev->name,
                         ts_op_name(call->op), ts_dtype_name(dtype),
                         call_dtypes(call, dts, sizeof dts));
+    int32_t half = unclaimed_half_input(dev, call);
+    if (half >= 0)
+        return ts__fail(TS_ENOTSUP, "plugin '%s' compares no %s values (it does not claim %s "
+                        "for %s); cast them to float32 first", dev->name, ts_dtype_name(half),
+                        ts_op_name(call->op), ts_dtype_name(half));
     if (ts__fault_hit(TS_FAULT_KERNEL))
         return injected(dev, ts_op_name(call->op));
     ts_clear_error();
@@ -558,7 +578,8 @@ ts_status ts__device_run(ts_device *dev, const ts_kernel_call *call)
     int32_t dtype = call->noutputs > 0 && call->outputs ? call->outputs[0].dtype : TS_F32;
     int where = TS__RAN_PLUGIN;
     if (uses_reference(dev, call->op, dtype) ||
-        (!plugin_knows(dev, call) && host_memory(dev) && ts__hostref_supports(call->op, dtype))) {
+        ((!plugin_knows(dev, call) || unclaimed_half_input(dev, call) >= 0) && host_memory(dev) &&
+         ts__hostref_supports(call->op, dtype))) {
         where = TS__RAN_REFERENCE;
         s = ts__hostref_run(&dev->host, call);
     } else {

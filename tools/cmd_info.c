@@ -239,17 +239,17 @@ static void print_text(const cJSON *root)
             int nh = 0;
             cJSON_ArrayForEach(h, half)
             {
-                int k = 0, compute = 0;
+                int k = 0, matmul = 0;
                 const cJSON *op;
                 printf("%s %s:", nh++ ? ";" : "", h->string);
                 cJSON_ArrayForEach(op, h)
                 {
                     printf("%s %s", k++ ? "," : "", op->valuestring);
-                    compute |= strcmp(op->valuestring, "copy") && strcmp(op->valuestring, "cast") &&
-                               strcmp(op->valuestring, "fill");
+                    matmul |= !strcmp(op->valuestring, "matmul");
                 }
-                printf("%s", !k ? " none (cast to float32 on another device)"
-                             : compute ? "" : " (storage only: compute in float32 after a cast)");
+                printf("%s", !k       ? " none (cast to float32 on another device)"
+                             : matmul ? ""
+                                      : " (the others, matmul included: cast to float32)");
             }
             printf("\n");
         }

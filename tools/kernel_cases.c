@@ -211,7 +211,7 @@ static int reference64(const kcase *k, const kc_buf *in, int nin, const kc_buf *
     for (int i = 0; i < n; i++) {
         const ts_operand *o = i < nin ? &in[i].op : &out[i - nin].op;
         const unsigned char *img = i < nin ? in[i].host : out[i - nin].host;
-        int32_t dt = o->dtype == TS_F32 ? TS_F64 : o->dtype;
+        int32_t dt = o->dtype == TS_F32 || ts_plugin_dtype_is_half(o->dtype) ? TS_F64 : o->dtype;
         size_t bytes = oph_lay_out(&p[i], dt, o->ndim, o->shape, OPH_CONTIG);
         if (!(mem[i] = calloc(1, bytes)))
             goto out;
@@ -324,7 +324,7 @@ int kc_run(ts_device *dev, const kcase *k, oph_layout l, uint64_t seed, char *wh
     const int64_t terms = max_terms(in, nin);
     int have64 = 0;
     for (int i = 0; i < nout; i++)
-        have64 |= out[i].op.dtype == TS_F32;
+        have64 |= out[i].op.dtype == TS_F32 || ts_plugin_dtype_is_half(out[i].op.dtype);
     if (have64)
         have64 = reference64(k, in, nin, out, nout, 0, want64) == 0 &&
                  (fam != SUMS || (k->op == TS_OP_LAYER_NORM_BWD
@@ -347,13 +347,18 @@ int kc_run(ts_device *dev, const kcase *k, oph_layout l, uint64_t seed, char *wh
         }
         const ts_operand *o = &out[i].op;
         int64_t idx[TS_MAX_DIMS] = {0}, n = oph_numel(o);
-        int f64 = have64 && o->dtype == TS_F32;
+        int f64 = have64 && (o->dtype == TS_F32 || ts_plugin_dtype_is_half(o->dtype));
         for (int64_t e = 0; e < n; e++, oph_next(o, idx)) {
             double got = oph_get(o, out[i].host, idx), want = oph_get(o, out[i].ref, idx);
             double tol = 0;
             if (f64) {
                 want = want64[i][e];
                 tol = tolerance(k->op, fam, terms, want, fam == SUMS ? mag64[i][e] : 0);
+                /* a 16-bit float result: its float32 value rounded once more, half a unit */
+                if (o->dtype == TS_BF16)
+                    tol += 0x1p-8 * fabs(want) + 0x1p-133;
+                else if (o->dtype == TS_F16)
+                    tol += 0x1p-11 * fabs(want) + 0x1p-25;
             }
             if (f64 ? !oph_close(got, want, 0, tol) : !close_enough(got, want, o->dtype)) {
                 char at[96] = "";
@@ -438,8 +443,10 @@ int kc_is_float(int32_t dt)
 }
 
 /* The minor ABI of the plugin under test (set by kc_build): functions added after it are not
- * its to run. */
+ * its to run; and the device, whose claims decide which 16-bit float inputs a comparison
+ * takes. */
 static int plugin_minor = TS_PLUGIN_ABI_MINOR;
+static ts_device *plugin_dev;
 
 /* ---- the case table: one builder per op family ------------------------------------------ */
 /* Each builder adds the cases of op for output dtype dt: shapes (scalars and empty tensors
@@ -494,7 +501,7 @@ static void cases_relu_backward(int32_t op, int32_t dt, caselist *l)
 {
     const char *dn = ts_dtype_name(dt);
     kcase *k;
-    if (!kc_is_float(dt))
+    if (!kc_is_float(dt) && !ts_plugin_dtype_is_half(dt))
         return;
     for (size_t si = 1; si < sizeof eshapes / sizeof eshapes[0]; si++) {
         opspec o = kc_spec(dt, eshapes[si].nd, eshapes[si].shape);
@@ -527,11 +534,15 @@ static void cases_binary(int32_t op, int32_t dt, caselist *l)
             int nfrom = 0;
             if (cmp && dt != TS_U8)
                 continue;
-            if (cmp)
+            if (cmp) {
                 for (int32_t f = 0; f < TS_DTYPE_COUNT; f++)
-                    from_list[nfrom++] = f;
-            else
+                    if (ts_plugin_dtype_minor(f) <= plugin_minor && /* else never sent to it */
+                        (!ts_plugin_dtype_is_half(f) || !plugin_dev ||
+                         ts_device_supports(plugin_dev, op, f))) /* nor these, unclaimed */
+                        from_list[nfrom++] = f;
+            } else {
                 from_list[nfrom++] = dt;
+            }
             for (int fi = 0; fi < nfrom; fi++) {
                 opspec a = kc_spec(from_list[fi], o.ndim, o.shape);
                 if (fn == TS_BINARY_POW || fn == TS_BINARY_DIV)
@@ -901,9 +912,10 @@ static const struct {
 };
 
 /* The cases for op with output dtype dt (none for an op without a row). */
-void kc_build(int32_t op, int32_t dt, int minor, caselist *l)
+void kc_build(ts_device *dev, int32_t op, int32_t dt, caselist *l)
 {
-    plugin_minor = minor;
+    plugin_minor = dev ? (int)ts_device_desc(dev)->abi_minor : TS_PLUGIN_ABI_MINOR;
+    plugin_dev = dev;
     for (size_t i = 0; i < sizeof case_table / sizeof case_table[0]; i++)
         if (case_table[i].op == op)
             case_table[i].build(op, dt, l);

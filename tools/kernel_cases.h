@@ -57,9 +57,10 @@ typedef struct caselist {
 
 #define SHAPE(...) (sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
 
-/* The cases of op for output dtype dt that a plugin of ABI minor `minor` may be handed,
- * appended to l (free l->v); none for an op without a builder. */
-void kc_build(int32_t op, int32_t dt, int minor, caselist *l);
+/* The cases of op for output dtype dt that dev's plugin may be handed (by its ABI minor and
+ * its claims; dev NULL: this header's), appended to l (free l->v); none for an op without a
+ * builder. Not thread-safe: build before running cases from several threads. */
+void kc_build(ts_device *dev, int32_t op, int32_t dt, caselist *l);
 
 /* Runs case k on dev in layout l, operand values drawn from seed, against the reference:
  * 1 agrees, 0 differs (why says where and by how much), -1 the reference does not do it,

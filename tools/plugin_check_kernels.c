@@ -25,7 +25,6 @@ static int run_case(checker *c, const kcase *k, oph_layout l, char *why, size_t 
 
 void pc_check_kernels(checker *c)
 {
-    int minor = (int)ts_device_desc(c->dev)->abi_minor;
     int claimed = 0;
     for (int32_t op = TS_OP_NONE + 1; op < TS_OP_COUNT; op++)
         for (int32_t dt = 0; dt < TS_DTYPE_COUNT; dt++) {
@@ -35,7 +34,7 @@ void pc_check_kernels(checker *c)
             char name[96];
             snprintf(name, sizeof name, "kernel: %s %s", ts_op_name(op), ts_dtype_name(dt));
             caselist l = {0};
-            kc_build(op, dt, minor, &l);
+            kc_build(c->dev, op, dt, &l);
             int passed = 0, skipped = 0, failed = 0, declined = 0;
             char why[512] = "";
             for (int i = 0; i < l.n && !failed; i++)
@@ -296,7 +295,7 @@ void pc_check_threads(checker *c)
                 continue;
             }
             caselist l = {0};
-            kc_build(op, dt, (int)ts_device_desc(c->dev)->abi_minor, &l);
+            kc_build(c->dev, op, dt, &l);
             int take = l.n < TH_PER_OP ? l.n : TH_PER_OP;
             for (int t = 0; t < take; t++)
                 *kc_add(&all, op, "-") = l.v[(size_t)t * (size_t)l.n / (size_t)take];

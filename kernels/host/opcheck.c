@@ -101,8 +101,10 @@ int hk_op_defined(int32_t op, int32_t dtype)
 {
     if (op <= TS_OP_NONE || op >= TS_OP_COUNT || dtype < 0 || dtype >= TS_DTYPE_COUNT)
         return 0;
-    if (ts_plugin_dtype_is_half(dtype)) /* storage formats: copied, cast and filled */
-        return op == TS_OP_COPY || op == TS_OP_CAST || op == TS_OP_FILL;
+    if (ts_plugin_dtype_is_half(dtype)) /* copied, cast, filled; elementwise in float32 */
+        return op == TS_OP_COPY || op == TS_OP_CAST || op == TS_OP_FILL || op == TS_OP_UNARY ||
+               op == TS_OP_BINARY || op == TS_OP_BINARY_SCALAR || op == TS_OP_WHERE ||
+               op == TS_OP_RELU_BACKWARD;
     switch (op) {
     case TS_OP_COPY:
     case TS_OP_CAST:

@@ -197,7 +197,8 @@ if [ $rc -eq 0 ] && contains "$out" "config:          $TMP/userd/u.ini over $TMP
 else
     fail "the user's file goes on top of the installed one key by key" "rc=$rc" "$out" "$out2"
 fi
-# The 16-bit floats: per plugin, the ops it runs in each (copy, cast and fill so far: storage);
+# The 16-bit floats: per plugin, the ops it runs in each (copies, casts, fills and the
+# elementwise ops so far);
 # the host CPU's half-precision instruction sets.
 js=$("$TESSERA" info --json 2>&1)
 h=$(printf '%s\n' "$js" | "$JSON_CHECK" plugins.[0].half_precision.bfloat16.[1] \
@@ -210,7 +211,8 @@ if [ -r /proc/cpuinfo ]; then
     contains "$txt" "avx512_bf16 $want" || flags_ok=0
 fi
 if contains "$h" 'bfloat16.[1]="cast"' && contains "$h" 'float16.[0]="copy"' &&
-    contains "$txt" "half precision: bfloat16: copy, cast, fill (storage only" && [ $flags_ok -eq 1 ]; then
+    contains "$txt" "half precision: bfloat16: copy, cast, fill, unary, binary" &&
+    contains "$txt" "(the others, matmul included: cast to float32)" && [ $flags_ok -eq 1 ]; then
     ok "info lists the ops each plugin runs in bfloat16 and float16, and the CPU's half-precision flags"
 else
     fail "info: half precision" "$h" "$txt"

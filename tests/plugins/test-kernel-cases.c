@@ -10,7 +10,7 @@
 /* Runs every case of every claim of dev; the number of case runs that agreed. */
 static int64_t run_all(ts_device *dev, const char *name)
 {
-    int minor = (int)ts_device_desc(dev)->abi_minor, claims = 0;
+    int claims = 0;
     int64_t agreed = 0;
     for (int32_t op = TS_OP_NONE + 1; op < TS_OP_COUNT; op++)
         for (int32_t dt = 0; dt < TS_DTYPE_COUNT; dt++) {
@@ -18,7 +18,7 @@ static int64_t run_all(ts_device *dev, const char *name)
                 continue;
             claims++;
             caselist l = {0};
-            kc_build(op, dt, minor, &l);
+            kc_build(dev, op, dt, &l);
             int64_t ran = 0;
             for (int i = 0; i < l.n; i++)
                 for (int lay = 0; lay < OPH_NLAYOUTS; lay++)
@@ -73,7 +73,7 @@ static void test_sloppy_kernel_fails(void)
     if (ts_device_load(NULL, path, &dev) != TS_OK)
         SKIP("the sloppyexp fixture is not built: %s", ts_last_error());
     caselist l = {0};
-    kc_build(TS_OP_UNARY, TS_F32, (int)ts_device_desc(dev)->abi_minor, &l);
+    kc_build(dev, TS_OP_UNARY, TS_F32, &l);
     int failed = 0, exp_cases = 0;
     for (int i = 0; i < l.n; i++) {
         if (!strstr(l.v[i].what, "exp"))

@@ -8,8 +8,8 @@
  * double narrows correctly where rounding through float32 to nearest would round twice. Then
  * the dtypes themselves (TS_BF16, TS_F16) on every CPU plugin and the reference kernels:
  * casts both ways, fills, a scalar's value, printing, checkpoints and .npy files holding them
- * as such, clear errors from ops that do not take them yet, and a plugin built for an older
- * ABI never asked about them. */
+ * as such, elementwise ops computed in float32 and rounded once, clear errors from ops that
+ * do not take them yet, and a plugin built for an older ABI never asked about them. */
 #include <float.h>
 #include <math.h>
 
@@ -307,8 +307,19 @@ static void test_dtypes_on_every_plugin(void)
     double item;
     CHECK_OK(ts_tensor_item(one, &item));
     CHECK_MSG(item == -0.10009765625, "item of bfloat16 -0.1: %.17g", item);
-    CHECK_FAILS(ts_add(h, h, &sum), TS_ENOTSUP, "bfloat16");
-    CHECK(sum == NULL);
+    /* elementwise ops compute in float32 and round once; a matmul does not take them yet */
+    CHECK_OK(ts_add(h, h, &sum));
+    uint16_t sb[2];
+    CHECK_OK(ts_tensor_to_host(sum, sb, sizeof sb));
+    CHECK_MSG(ts_tensor_dtype(sum) == TS_BF16 && sb[0] == ts_plugin_f32_to_bf16(3.0f) &&
+              sb[1] == ts_plugin_f32_to_bf16(2 * ts_plugin_bf16_to_f32(ts_plugin_f32_to_bf16(-0.1f))),
+              "bfloat16 sum: 0x%04x 0x%04x", sb[0], sb[1]);
+    ts_tensor *m2, *mm = NULL;
+    CHECK_OK(ts_tensor_reshape(h, 2, (const int64_t[]){1, 2}, &m2));
+    ts_status ms = ts_matmul(m2, m2, &mm);
+    CHECK_MSG(ms != TS_OK && mm == NULL && strstr(ts_last_error(), "bfloat16"),
+              "matmul of bfloat16: %s", ts_last_error());
+    ts_tensor_unref(sum), ts_tensor_unref(m2);
     ts_tensor_unref(one), ts_tensor_unref(h), ts_tensor_unref(s);
     tap_end();
 }
@@ -393,6 +404,31 @@ static void test_older_plugin_never_sees_them(void)
                            .noutputs = 1, .inputs = &in, .outputs = &out};
     CHECK_FAILS(ts_device_run(dev, &call), TS_ENOTSUP, "built for plugin ABI 2.0",
                 "the dtype float16", "rebuild");
+    ts_device_unload(dev);
+    /* a 2.5 plugin claiming comparisons but no bfloat16 op gets no bfloat16 comparison: on
+     * its host memory the reference kernels compare, and ts_device_run says why */
+    CHECK_OK(ts_device_load(NULL, tap_fixture("cmpu8"), &dev));
+    float v[3] = {1.0f, -2.0f, 0.5f}, w[3] = {1.0f, 3.0f, 0.25f};
+    int64_t n3 = 3;
+    ts_tensor *a, *b, *ah, *bh, *lt;
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n3, v, &a));
+    CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &n3, w, &b));
+    CHECK_OK(ts_cast(a, TS_BF16, &ah));
+    CHECK_OK(ts_cast(b, TS_BF16, &bh));
+    CHECK_OK(ts_lt(ah, bh, &lt));
+    uint8_t r[3];
+    CHECK_OK(ts_tensor_to_host(lt, r, sizeof r));
+    CHECK(r[0] == 0 && r[1] == 1 && r[2] == 0);
+    in.dtype = TS_BF16;
+    ts_operand ins[2] = {in, in}, o8 = out;
+    o8.dtype = TS_U8;
+    ts_binary_params bp = {TS_BINARY_LT};
+    ts_kernel_call cc = {.struct_size = sizeof cc, .op = TS_OP_BINARY, .ninputs = 2,
+                         .noutputs = 1, .inputs = ins, .outputs = &o8, .params = &bp,
+                         .params_size = sizeof bp};
+    CHECK_FAILS(ts_device_run(dev, &cc), TS_ENOTSUP, "compares no bfloat16", "cast");
+    ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(ah), ts_tensor_unref(bh);
+    ts_tensor_unref(lt);
     ts_device_unload(dev);
     tap_end();
 }
