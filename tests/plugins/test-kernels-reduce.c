@@ -584,7 +584,8 @@ static void test_errors(void)
         CHECK_FAILS(kt_run(dev, TS_OP_REDUCE, &a.op, 1, &o2.op, 1, &p, sizeof p), TS_ESHAPE,
                     "dims");
         CHECK_FAILS(kt_run(dev, TS_OP_REDUCE, &a.op, 1, &of.op, 1, NULL, 0), TS_EINVAL, "params");
-        CHECK_FAILS(kt_run(dev, TS_OP_REDUCE, &a.op, 2, &of.op, 1, &p, sizeof p), TS_EINVAL,
+        ts_operand two_in[2] = {a.op, a.op}; /* a call must hold as many as it says */
+        CHECK_FAILS(kt_run(dev, TS_OP_REDUCE, two_in, 2, &of.op, 1, &p, sizeof p), TS_EINVAL,
                     "expected 1 input");
         p.fn = 42;
         CHECK_FAILS(kt_run(dev, TS_OP_REDUCE, &a.op, 1, &of.op, 1, &p, sizeof p), TS_EINVAL,
