@@ -8,7 +8,6 @@
  * bounded primitive cache evicts and stays correct, and that no pool block leaks. */
 #include "kt.h"
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <math.h>
 #include <unistd.h>
@@ -832,18 +831,6 @@ static void test_cache_eviction(void)
     kt_check_no_live_blocks(dn);
 }
 
-/* The tasks (threads) of this process. */
-static int count_tasks(void)
-{
-    DIR *d = opendir("/proc/self/task");
-    int n = 0;
-    for (struct dirent *e; d && (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    if (d)
-        closedir(d);
-    return n;
-}
-
 /* threads = 1 holds for oneDNN's own parallel regions too: oneDNN sizes a primitive's regions
  * when it creates it, so a primitive created under the process's default (every core) ran
  * them on OpenMP workers whatever the setting (their spinning slowed a one-thread step 2x
@@ -864,15 +851,16 @@ static void test_threads_setting_holds(void)
     ts_rng rng = TS_RNG(1);
     CHECK_OK(ts_tensor_randn(dev, TS_F32, 3, shape, 0, 1, &rng, &a));
     CHECK_OK(ts_tensor_randn(dev, TS_F32, 3, shape, 0, 1, &rng, &b));
-    int before = count_tasks();
+    int before = tap_count_entries("/proc/self/task", "");
     for (int i = 0; i < 2; i++) { /* a batched matmul and a softmax: oneDNN primitives */
         CHECK_OK(ts_matmul(a, b, &c));
         ts_tensor_unref(c);
         CHECK_OK(ts_softmax(a, 2, &c));
         ts_tensor_unref(c);
     }
-    CHECK_MSG(count_tasks() == before, "%d threads after oneDNN primitives ran under threads = "
-              "1, %d before", count_tasks(), before);
+    int after = tap_count_entries("/proc/self/task", ""); /* both count "." and ".." */
+    CHECK_MSG(after == before, "%d threads after oneDNN primitives ran under threads = 1, %d "
+              "before", after - 2, before - 2);
     ts_tensor_unref(a), ts_tensor_unref(b);
     ts_device_unload(dev);
     ts_config_free(cfg);
