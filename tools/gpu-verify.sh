@@ -231,6 +231,7 @@ run_checks() {
         step memcheck-gpt 120 $csm "$t" $short_gpt
         step racecheck-gpt 120 $csr "$t" $short_gpt
         step memcheck-conformance 180 $csm "$here/tests/test-cuda"
+        step memcheck-plugin-check 240 $csm "$t" plugin-check "$gpu"
     else
         verdict compute-sanitizer no "not found on this machine"
     fi

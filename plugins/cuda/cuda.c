@@ -522,10 +522,11 @@ static ts_status cuda_run(void *ctx, const ts_kernel_call *call)
         return c->host->fail(c->host, TS_EINVAL, "run: malformed kernel call");
     CU_CHECK(c, cudaSetDevice(c->device));
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
-    /* the 16-bit floats are copied, cast and filled; no other kernel takes them yet */
-    for (int i = 0; call->op != TS_OP_COPY && call->op != TS_OP_CAST && call->op != TS_OP_FILL &&
-                    i < call->ninputs + call->noutputs;
-         i++) {
+    /* the 16-bit floats go to the elementwise kernels (computed in float32) only */
+    int ew = call->op == TS_OP_COPY || call->op == TS_OP_CAST || call->op == TS_OP_FILL ||
+             call->op == TS_OP_UNARY || call->op == TS_OP_BINARY ||
+             call->op == TS_OP_BINARY_SCALAR || call->op == TS_OP_WHERE;
+    for (int i = 0; !ew && i < call->ninputs + call->noutputs; i++) {
         int32_t d = i < call->ninputs ? call->inputs[i].dtype
                                       : call->outputs[i - call->ninputs].dtype;
         if (ts_plugin_dtype_is_half(d))

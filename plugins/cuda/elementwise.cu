@@ -68,6 +68,34 @@ template <typename T> struct is_half16 : std::false_type {};
 template <> struct is_half16<bf16_t> : std::true_type {};
 template <> struct is_half16<f16_t> : std::true_type {};
 
+/* The type an element is computed in: float for the 16-bit floats (widened on load, rounded
+ * once on store, as the host plugins do), the element type itself otherwise. */
+template <typename T> struct calc {
+    typedef T type;
+};
+template <> struct calc<bf16_t> {
+    typedef float type;
+};
+template <> struct calc<f16_t> {
+    typedef float type;
+};
+
+template <typename T> __device__ __forceinline__ typename calc<T>::type ld(T x)
+{
+    if constexpr (is_half16<T>::value)
+        return widen16(x);
+    else
+        return x;
+}
+
+template <typename T> __device__ __forceinline__ T st(typename calc<T>::type x)
+{
+    if constexpr (is_half16<T>::value)
+        return narrow16<T>(x);
+    else
+        return x;
+}
+
 template <typename TO, typename TI> __host__ __device__ __forceinline__ TO conv(TI x);
 
 /* Casts that involve a 16-bit float: from one, widen exactly and convert the float32; to
@@ -222,7 +250,8 @@ template <typename T> __global__ void k_unary(cu_ew_arg a, int fn)
     {
         int64_t off[2];
         ew_offsets<2>(a, i, off);
-        ((T *)a.base[0])[off[0]] = unary_f<T>(fn, ((const T *)a.base[1])[off[1]]);
+        typedef typename calc<T>::type C;
+        ((T *)a.base[0])[off[0]] = st<T>(unary_f<C>(fn, ld(((const T *)a.base[1])[off[1]])));
     }
 }
 
@@ -289,28 +318,30 @@ template <typename T> __device__ __forceinline__ uint8_t compare(int fn, T x, T 
 }
 
 /* SCALAR 0: operands (out, x, y); 1: (out, y), x = s; 2: (out, x), y = s. CMP: uint8 out. */
-template <typename T, int SCALAR, bool CMP> __global__ void k_binary(cu_ew_arg a, int fn, T s)
+template <typename T, int SCALAR, bool CMP>
+__global__ void k_binary(cu_ew_arg a, int fn, typename calc<T>::type s)
 {
+    typedef typename calc<T>::type C;
     constexpr int NOPS = SCALAR ? 2 : 3;
     CU_GRID_LOOP(i, a.n)
     {
         int64_t off[NOPS];
         ew_offsets<NOPS>(a, i, off);
-        T x, y;
+        C x, y;
         if constexpr (SCALAR == 1) {
             x = s;
-            y = ((const T *)a.base[1])[off[1]];
+            y = ld(((const T *)a.base[1])[off[1]]);
         } else if constexpr (SCALAR == 2) {
-            x = ((const T *)a.base[1])[off[1]];
+            x = ld(((const T *)a.base[1])[off[1]]);
             y = s;
         } else {
-            x = ((const T *)a.base[1])[off[1]];
-            y = ((const T *)a.base[2])[off[NOPS - 1]];
+            x = ld(((const T *)a.base[1])[off[1]]);
+            y = ld(((const T *)a.base[2])[off[NOPS - 1]]);
         }
         if constexpr (CMP)
-            ((uint8_t *)a.base[0])[off[0]] = compare<T>(fn, x, y);
+            ((uint8_t *)a.base[0])[off[0]] = compare<C>(fn, x, y);
         else
-            ((T *)a.base[0])[off[0]] = arith<T>(fn, x, y);
+            ((T *)a.base[0])[off[0]] = st<T>(arith<C>(fn, x, y));
     }
 }
 
@@ -369,9 +400,9 @@ template <typename TO> cudaError_t cast_from(cudaStream_t st, const cu_ew_arg *a
 template <typename T>
 cudaError_t launch_binary(cudaStream_t st, const cu_ew_arg *a, int32_t fn, int pos, double sv)
 {
-    T s;
-    if constexpr (std::is_same<T, float>::value || std::is_same<T, double>::value)
-        s = (T)sv;
+    typename calc<T>::type s; /* the 16-bit floats take the scalar as float32, as on the host */
+    if constexpr (std::is_floating_point<typename calc<T>::type>::value)
+        s = (typename calc<T>::type)sv;
     else
         s = conv<T, double>(sv);
     unsigned b = cu_blocks(a->n, CU_THREADS);
@@ -444,6 +475,8 @@ extern "C" cudaError_t cu_ew_unary(cudaStream_t st, const cu_ew_arg *a, int32_t 
     case TS_F64: k_unary<double><<<b, CU_THREADS, 0, st>>>(*a, fn); break;
     case TS_I32: k_unary<int32_t><<<b, CU_THREADS, 0, st>>>(*a, fn); break;
     case TS_I64: k_unary<int64_t><<<b, CU_THREADS, 0, st>>>(*a, fn); break;
+    case TS_BF16: k_unary<bf16_t><<<b, CU_THREADS, 0, st>>>(*a, fn); break;
+    case TS_F16: k_unary<f16_t><<<b, CU_THREADS, 0, st>>>(*a, fn); break;
     default: return cudaErrorInvalidValue;
     }
     return cu_launched();
@@ -460,6 +493,8 @@ extern "C" cudaError_t cu_ew_binary(cudaStream_t st, const cu_ew_arg *a, int32_t
     case TS_I32: return launch_binary<int32_t>(st, a, fn, pos, s);
     case TS_I64: return launch_binary<int64_t>(st, a, fn, pos, s);
     case TS_U8: return launch_binary<uint8_t>(st, a, fn, pos, s);
+    case TS_BF16: return launch_binary<bf16_t>(st, a, fn, pos, s);
+    case TS_F16: return launch_binary<f16_t>(st, a, fn, pos, s);
     }
     return cudaErrorInvalidValue;
 }
@@ -475,6 +510,8 @@ extern "C" cudaError_t cu_ew_where(cudaStream_t st, const cu_ew_arg *a, int32_t 
     case TS_I32: k_where<int32_t><<<b, CU_THREADS, 0, st>>>(*a); break;
     case TS_I64: k_where<int64_t><<<b, CU_THREADS, 0, st>>>(*a); break;
     case TS_U8: k_where<uint8_t><<<b, CU_THREADS, 0, st>>>(*a); break;
+    case TS_BF16: k_where<bf16_t><<<b, CU_THREADS, 0, st>>>(*a); break;
+    case TS_F16: k_where<f16_t><<<b, CU_THREADS, 0, st>>>(*a); break;
     default: return cudaErrorInvalidValue;
     }
     return cu_launched();

@@ -146,7 +146,8 @@ static ts_status run_unary(cuda_ctx *c, const ts_kernel_call *call)
     if (p->fn < 0 || p->fn >= TS_UNARY_COUNT)
         return FAIL(c, TS_EINVAL, "unary: unknown function %d", (int)p->fn);
     int int_ok = p->fn == TS_UNARY_NEG || p->fn == TS_UNARY_ABS || p->fn == TS_UNARY_RELU;
-    if (out->dtype == TS_U8 || (!ts_plugin_dtype_is_float(out->dtype) && !int_ok))
+    int float_ok = ts_plugin_dtype_is_float(out->dtype) || ts_plugin_dtype_is_half(out->dtype);
+    if (out->dtype == TS_U8 || (!float_ok && !int_ok))
         return FAIL(c, TS_ENOTSUP, "unary %s is not implemented for %s",
                     name_or(ts_plugin_fn_name(TS_OP_UNARY, p->fn)), dtype_name(out->dtype));
     const ts_operand *ops[2] = {out, in};
