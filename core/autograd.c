@@ -160,9 +160,9 @@ TS_API ts_status ts_tensor_set_requires_grad(ts_tensor *t, int requires_grad)
         return ts__fail(TS_ESTATE, "set_requires_grad: the tensor was made by '%s' and is not "
                         "a leaf; use ts_tensor_detach to get one",
                         t->grad_fn->name);
-    if (requires_grad && !ts_plugin_dtype_is_float(t->dtype))
+    if (requires_grad && !ts__dtype_is_float(t->dtype))
         return ts__fail(TS_EDTYPE, "set_requires_grad: %s tensors have no gradient; only "
-                        "float32 and float64", ts_dtype_name(t->dtype));
+                        "float32, float64, bfloat16 and float16", ts_dtype_name(t->dtype));
     t->requires_grad = requires_grad != 0;
     return TS_OK;
 }
@@ -285,7 +285,7 @@ ts_status ts__record(const char *name, ts_backward_fn bw, ts_tensor *out, int ni
 {
     if (node)
         *node = NULL;
-    if (!ts__grad_needed(nin, in) || !ts_plugin_dtype_is_float(out->dtype))
+    if (!ts__grad_needed(nin, in) || !ts__dtype_is_float(out->dtype))
         return TS_OK;
     TS_ASSERT(nin <= TS_NODE_MAX_IN && nsave <= TS_NODE_MAX_SAVED);
     TS_ASSERT(params_size <= sizeof(((ts_node *)0)->p));
@@ -617,6 +617,10 @@ TS_API ts_status ts_backward(ts_tensor *loss, const ts_tensor *grad, int retain_
                         nesting);
     }
     note_work_arrays();
+    if ((s = ts__autocast_push(TS_F32))) { /* the backward ops run in their forward's dtypes */
+        ts_tensor_unref(g);
+        return s;
+    }
     ts__grad_push(0);
     if (!loss->grad_fn) {
         s = accumulate_leaf(loss, g); /* a leaf loss: its own gradient */
@@ -628,6 +632,7 @@ TS_API ts_status ts_backward(ts_tensor *loss, const ts_tensor *grad, int retain_
         ts_tensor_unref(g);
     }
     ts__grad_pop();
+    ts_autocast_end();
     return s;
 }
 
@@ -679,8 +684,11 @@ static ts_status checkpoint_backward(ts_node *n, ts_tensor *gout, ts_tensor **gi
         uint64_t now = rng ? rng->offset : 0;
         if (rng) /* the forward's draws again (dropout's masks) */
             rng->offset = n->p.seg.offset;
-        ts__grad_push(1); /* record the recomputation */
-        s = n->p.seg.fn(n->p.seg.user, n->nin, d, &out);
+        ts__grad_push(1); /* record the recomputation, in the forward's precision */
+        if ((s = ts__autocast_push(n->p.seg.autocast)) == TS_OK) {
+            s = n->p.seg.fn(n->p.seg.user, n->nin, d, &out);
+            ts_autocast_end();
+        }
         ts__grad_pop();
         if (rng)
             rng->offset = now;
@@ -726,11 +734,12 @@ static ts_status checkpoint(ts_segment_fn fn, void *user, ts_rng *rng, int nin,
             void *user;
             ts_rng *rng;
             uint64_t offset;
-        } seg = {fn, user, rng, offset};
+            int32_t autocast;
+        } seg = {fn, user, rng, offset, ts_autocast_dtype()};
         int any = 0;
         for (int i = 0; i < nin; i++)
             any |= inputs[i]->requires_grad;
-        if (!any && ts_plugin_dtype_is_float(o->dtype)) {
+        if (!any && ts__dtype_is_float(o->dtype)) {
             /* No input requires grad: the node has no edges but still recomputes the
              * segment so captured weights get their gradients. */
             n = node_new();

@@ -46,14 +46,43 @@ ts_status ts__ag_layer_norm(const ts_tensor *x, const ts_tensor *weight, const t
 ts_status ts__ag_cross_entropy(const ts_tensor *logits, const ts_tensor *targets,
                                ts_tensor *out);
 
+/* ---- mixed precision (autocast.c) ------------------------------------------------------ */
+
+enum { TS__AC_LOW = 1, TS__AC_FLOAT32 = 2, TS__AC_MAX = 4 };
+/* Under ts_autocast_begin: the n operands (up to TS__AC_MAX, NULL allowed) as the op wants
+ * them, TS__AC_LOW: float32 ones cast to the autocast dtype; TS__AC_FLOAT32: 16-bit float
+ * ones cast to float32. *cast is 0 when none needs it (out untouched); else out[i] holds a
+ * reference to each operand, cast or not (NULL for NULL), for ts__autocast_release. */
+ts_status ts__autocast(int kind, int n, const ts_tensor *const *in, ts_tensor **out, int *cast);
+void ts__autocast_release(int n, ts_tensor **t);
+/* Opens an autocast scope of dtype (TS_F32: off) without checks, for ts_autocast_end to
+ * close: backward turns it off, a checkpointed segment's recompute puts its forward's back. */
+ts_status ts__autocast_push(int32_t dtype);
+
+/* An op front end's first lines under autocast: the op again on its operands as cast, when
+ * any needed it. CALL uses ac_[0..] in place of the operands. */
+#define TS__AUTOCAST(kind, n, ops, CALL)                                                    \
+    do {                                                                                    \
+        ts_tensor *ac_[TS__AC_MAX];                                                         \
+        int acc_;                                                                           \
+        ts_status acs_ = ts__autocast((kind), (n), (ops), ac_, &acc_);                      \
+        if (acs_)                                                                           \
+            return acs_;                                                                    \
+        if (acc_) {                                                                         \
+            acs_ = (CALL);                                                                  \
+            ts__autocast_release((n), ac_);                                                 \
+            return acs_;                                                                    \
+        }                                                                                   \
+    } while (0)
+
 /* ---- what the op families share (core/op_*.c, ops.c, losses.c, grad_fns.c) ---------- */
 
-/* TS_EDTYPE unless t is float32 or float64. */
+/* TS_EDTYPE unless t is of a float dtype (float32, float64, bfloat16, float16). */
 static inline ts_status ts__need_float(const char *op, const ts_tensor *t)
 {
-    if (!ts_plugin_dtype_is_float(t->dtype))
-        return ts__fail(TS_EDTYPE, "%s: %s tensor; this op needs float32 or float64", op,
-                        ts_dtype_name(t->dtype));
+    if (!ts__dtype_is_float(t->dtype))
+        return ts__fail(TS_EDTYPE, "%s: %s tensor; this op needs a float dtype (float32, "
+                        "float64, bfloat16 or float16)", op, ts_dtype_name(t->dtype));
     return TS_OK;
 }
 

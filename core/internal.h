@@ -61,6 +61,12 @@ const char *ts__call_name(const ts_kernel_call *call);
 /* ---- status.c -------------------------------------------------------------------------- */
 
 /* Records a printf-formatted message as this thread's last error and returns code. */
+/* The dtypes with gradients and float arithmetic: float32, float64, bfloat16, float16. */
+static inline int ts__dtype_is_float(int32_t dtype)
+{
+    return ts_plugin_dtype_is_float(dtype) || ts_plugin_dtype_is_half(dtype);
+}
+
 ts_status ts__fail(ts_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 ts_status ts__vfail(ts_status code, const char *fmt, va_list ap);
 /* Prepends "prefix" to the current last error (adding context at an outer level), returns code. */
@@ -245,6 +251,7 @@ struct ts_node {
             void *user;
             ts_rng *rng;     /* replayed from offset in the recomputation (NULL: none) */
             uint64_t offset;
+            int32_t autocast; /* the forward's ts_autocast_dtype, again in the recompute */
         } seg;
     } p;
     int32_t released;                    /* backward ran without retain_graph */

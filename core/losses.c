@@ -51,6 +51,8 @@ TS_API ts_status ts_mse_loss(const ts_tensor *input, const ts_tensor *target, in
     if (!out)
         return ts__fail(TS_EINVAL, "mse_loss: out is NULL");
     *out = NULL;
+    TS__AUTOCAST(TS__AC_FLOAT32, 2, ((const ts_tensor *const[]){input, target}),
+                 ts_mse_loss(ac_[0], ac_[1], reduction, out));
     ts_status s = same_float_pair("mse_loss", input, target, reduction);
     if (s)
         return s;
@@ -278,6 +280,7 @@ TS_API ts_status ts_cross_entropy(const ts_tensor *logits, const ts_tensor *targ
     *out = NULL;
     if (!logits || !targets)
         return ts__fail(TS_EINVAL, "cross_entropy: tensor is NULL");
+    TS__AUTOCAST(TS__AC_FLOAT32, 1, &logits, ts_cross_entropy(ac_[0], targets, reduction, out));
     char b1[160], b2[160];
     ts_status s = ts__check_pair("cross_entropy", logits, targets, 0);
     if (s || (s = ts__need_float("cross_entropy", logits)))

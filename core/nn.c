@@ -585,7 +585,11 @@ static ts_status linear_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     /* x @ W^T: the transposed view reaches BLAS as a column-major operand, never copied. */
     ts_scope *sc = ts_scope_begin();
     ts_tensor *xw = ts_s_matmul(x, ts_s_transpose(m->weight, 0, 1));
-    return ts_scope_return(sc, m->bias ? ts_s_add(xw, m->bias) : xw, y);
+    /* under autocast the bias joins the matmul's dtype, as in PyTorch's addmm */
+    ts_tensor *b = m->bias && ts_autocast_dtype() != TS_F32 && ts_tensor_dtype(m->bias) == TS_F32
+                       ? ts_s_cast(m->bias, ts_autocast_dtype())
+                       : m->bias;
+    return ts_scope_return(sc, b ? ts_s_add(xw, b) : xw, y);
 }
 
 /* A checkpointed sequential's child as a segment. */

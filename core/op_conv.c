@@ -22,6 +22,8 @@ TS_API ts_status ts_conv2d(const ts_tensor *x, const ts_tensor *w, const ts_tens
     *out = NULL;
     if (!x || !w || !p)
         return ts__fail(TS_EINVAL, "conv2d: NULL argument");
+    TS__AUTOCAST(TS__AC_LOW, 3, ((const ts_tensor *const[]){x, w, bias}),
+                 ts_conv2d(ac_[0], ac_[1], ac_[2], p, out));
     char b1[160], b2[160];
     ts_status s = ts__check_pair("conv2d", x, w, 1);
     if (s || (s = ts__need_float("conv2d", x)))

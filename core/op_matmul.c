@@ -135,6 +135,8 @@ TS_API ts_status ts_matmul(const ts_tensor *a, const ts_tensor *b, ts_tensor **o
     *out = NULL;
     if (!a || !b)
         return ts__fail(TS_EINVAL, "matmul: tensor is NULL");
+    TS__AUTOCAST(TS__AC_LOW, 2, ((const ts_tensor *const[]){a, b}),
+                 ts_matmul(ac_[0], ac_[1], out));
     mm_plan p;
     ts_status s = mm_plan_make(a, b, &p);
     if (s)

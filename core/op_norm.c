@@ -73,6 +73,8 @@ out:
 TS_API ts_status ts_layer_norm(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
                                int ndim, double eps, ts_tensor **out)
 {
+    TS__AUTOCAST(TS__AC_FLOAT32, 3, ((const ts_tensor *const[]){x, weight, bias}),
+                 ts_layer_norm(ac_[0], ac_[1], ac_[2], ndim, eps, out));
     ts_status s = check_norm("layer_norm", x, ndim, eps, out);
     if (s)
         return s;
@@ -120,6 +122,8 @@ out:
 TS_API ts_status ts_rms_norm(const ts_tensor *x, const ts_tensor *weight, int ndim, double eps,
                              ts_tensor **out)
 {
+    TS__AUTOCAST(TS__AC_FLOAT32, 2, ((const ts_tensor *const[]){x, weight}),
+                 ts_rms_norm(ac_[0], ac_[1], ndim, eps, out));
     ts_status s = check_norm("rms_norm", x, ndim, eps, out);
     if (s || (weight && (s = check_affine("rms_norm", "weight", x, weight, ndim))))
         return s;

@@ -15,7 +15,7 @@ static ts_status reduce(const char *name, int fn, const ts_tensor *x, int ndims,
     *out = NULL;
     if (!x)
         return ts__fail(TS_EINVAL, "%s: tensor is NULL", name);
-    if (fn == TS_REDUCE_MEAN && !ts_plugin_dtype_is_float(x->dtype))
+    if (fn == TS_REDUCE_MEAN && !ts__dtype_is_float(x->dtype))
         return ts__fail(TS_EDTYPE, "%s: %s tensor; cast to float first", name,
                         ts_dtype_name(x->dtype));
     if (x->dtype == TS_U8)
@@ -74,12 +74,14 @@ static ts_status reduce(const char *name, int fn, const ts_tensor *x, int ndims,
 TS_API ts_status ts_sum(const ts_tensor *x, int ndims, const int *dims, int keepdim,
                         ts_tensor **out)
 {
+    TS__AUTOCAST(TS__AC_FLOAT32, 1, &x, ts_sum(ac_[0], ndims, dims, keepdim, out));
     return reduce("sum", TS_REDUCE_SUM, x, ndims, dims, keepdim, out);
 }
 
 TS_API ts_status ts_mean(const ts_tensor *x, int ndims, const int *dims, int keepdim,
                          ts_tensor **out)
 {
+    TS__AUTOCAST(TS__AC_FLOAT32, 1, &x, ts_mean(ac_[0], ndims, dims, keepdim, out));
     return reduce("mean", TS_REDUCE_MEAN, x, ndims, dims, keepdim, out);
 }
 
@@ -140,11 +142,13 @@ static ts_status softmax_op(const char *name, int32_t op, const ts_tensor *x, in
 
 TS_API ts_status ts_softmax(const ts_tensor *x, int dim, ts_tensor **out)
 {
+    TS__AUTOCAST(TS__AC_FLOAT32, 1, &x, ts_softmax(ac_[0], dim, out));
     return softmax_op("softmax", TS_OP_SOFTMAX, x, dim, out);
 }
 
 TS_API ts_status ts_log_softmax(const ts_tensor *x, int dim, ts_tensor **out)
 {
+    TS__AUTOCAST(TS__AC_FLOAT32, 1, &x, ts_log_softmax(ac_[0], dim, out));
     return softmax_op("log_softmax", TS_OP_LOG_SOFTMAX, x, dim, out);
 }
 

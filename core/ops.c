@@ -139,11 +139,45 @@ static ts_status binary_check(int fn, const ts_tensor *a, const ts_tensor *b, in
     return ts__broadcast(ts_fn_name(TS_OP_BINARY, fn), 2, pair, nd, shape);
 }
 
+/* A 16-bit float beside another float dtype: the dtype both are computed in (the other; float32
+ * for bfloat16 beside float16), as PyTorch promotes them. -1 for any other pair. */
+static int32_t half_promotion(const ts_tensor *a, const ts_tensor *b)
+{
+    if (!a || !b || a->dtype == b->dtype || !ts__dtype_is_float(a->dtype) ||
+        !ts__dtype_is_float(b->dtype))
+        return -1;
+    int ha = ts_plugin_dtype_is_half(a->dtype), hb = ts_plugin_dtype_is_half(b->dtype);
+    return ha && hb ? TS_F32 : ha ? b->dtype : hb ? a->dtype : -1;
+}
+
+/* The pair cast to dt (each a new reference); the op runs on it. */
+static ts_status promote_pair(const ts_tensor *a, const ts_tensor *b, int32_t dt,
+                              ts_tensor **pa, ts_tensor **pb)
+{
+    *pa = *pb = NULL;
+    ts_status s = ts_cast(a, dt, pa);
+    if (s == TS_OK && (s = ts_cast(b, dt, pb)) != TS_OK) {
+        ts_tensor_unref(*pa);
+        *pa = NULL;
+    }
+    return s;
+}
+
 TS_API ts_status ts_binary(int fn, const ts_tensor *a, const ts_tensor *b, ts_tensor **out)
 {
     if (!out)
         return ts__fail(TS_EINVAL, "binary: out is NULL");
     *out = NULL;
+    int32_t pd = half_promotion(a, b);
+    if (pd >= 0) {
+        ts_tensor *pa, *pb;
+        ts_status s = promote_pair(a, b, pd, &pa, &pb);
+        if (s == TS_OK)
+            s = ts_binary(fn, pa, pb, out);
+        ts_tensor_unref(pa);
+        ts_tensor_unref(pb);
+        return s;
+    }
     int nd = 0;
     int64_t shape[TS_MAX_DIMS];
     ts_status s = binary_check(fn, a, b, &nd, shape);
@@ -406,6 +440,16 @@ TS_API ts_status ts_where(const ts_tensor *cond, const ts_tensor *a, const ts_te
     if (!out)
         return ts__fail(TS_EINVAL, "where: out is NULL");
     *out = NULL;
+    int32_t pd = half_promotion(a, b);
+    if (pd >= 0) {
+        ts_tensor *pa, *pb;
+        ts_status s = promote_pair(a, b, pd, &pa, &pb);
+        if (s == TS_OK)
+            s = ts_where(cond, pa, pb, out);
+        ts_tensor_unref(pa);
+        ts_tensor_unref(pb);
+        return s;
+    }
     ts_status s;
     if ((s = ts__check_pair("where", a, b, 1)) || (s = ts__check_pair("where", cond, a, 0)))
         return s;

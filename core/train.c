@@ -23,6 +23,10 @@ static ts_status check_options(const ts_trainer_options *o, const char *fn)
     if (!(o->clip_grad_norm >= 0) || o->accumulate < 0)
         return ts__fail(TS_EINVAL, "%s: clip_grad_norm %g and accumulate %lld must not be "
                         "negative", fn, o->clip_grad_norm, (long long)o->accumulate);
+    if (o->precision != TS_F32 && o->precision != TS_BF16)
+        return ts__fail(TS_EINVAL, "%s: precision %d: float32 (TS_F32) or bfloat16 (TS_BF16); "
+                        "float16 needs loss scaling, which the trainer does not do yet", fn,
+                        (int)o->precision);
     return TS_OK;
 }
 
@@ -106,6 +110,13 @@ static ts_status micro_batch(ts_trainer *t, ts_tensor *x, ts_tensor *y, int64_t 
         x = ts_s_narrow(x, 0, lo, n);
         y = ts_s_narrow(y, 0, lo, n);
     }
+    /* mixed precision: the forward and the loss under autocast, backward as recorded */
+    int ac = 0;
+    if (t->o.precision != TS_F32) {
+        ts_status as = ts_autocast_begin(t->o.precision);
+        ac = as == TS_OK;
+        ts_scope_adopt(as, NULL);
+    }
     ts_tensor *out = ts_s_forward(t->m, x), *l = NULL;
     if (t->o.loss_fn)
         l = TS_SCOPED(t->o.loss_fn(t->o.user, out, y, &l), l);
@@ -113,6 +124,8 @@ static ts_status micro_batch(ts_trainer *t, ts_tensor *x, ts_tensor *y, int64_t 
         l = ts_s_mse_loss(out, y, TS_REDUCTION_MEAN);
     else
         l = cross_entropy(out, y);
+    if (ac)
+        ts_autocast_end();
     double lv = 0;
     if (l && loss)
         ts_scope_adopt(ts_tensor_item(l, &lv), NULL);

@@ -113,13 +113,18 @@ static void probe(const ts_config *cfg, const char *name, const char *path, void
             snprintf(origin, sizeof origin, "default");
         cJSON_AddStringToObject(e, "origin", origin);
     }
-    /* the 16-bit floats: which ops the plugin runs in each (the rest: cast to float32) */
+    /* the 16-bit floats: which ops the plugin runs in each, and which of its float32 ops it
+     * does not (those: cast to float32) */
     cJSON *half = cJSON_AddObjectToObject(p, "half_precision");
+    cJSON *without = cJSON_AddObjectToObject(p, "half_precision_without");
     for (int32_t dt = TS_BF16; dt <= TS_F16; dt++) {
         cJSON *ops = cJSON_AddArrayToObject(half, ts_dtype_name(dt));
+        cJSON *not = cJSON_AddArrayToObject(without, ts_dtype_name(dt));
         for (int32_t op = TS_OP_NONE + 1; op < TS_OP_COUNT; op++)
             if (ts_device_supports(dev, op, dt))
                 cJSON_AddItemToArray(ops, cJSON_CreateString(ts_plugin_op_name(op)));
+            else if (ts_device_supports(dev, op, TS_F32))
+                cJSON_AddItemToArray(not, cJSON_CreateString(ts_plugin_op_name(op)));
     }
     ts_memory_stats st;
     ts_device_memory_stats(dev, &st);
@@ -234,22 +239,29 @@ static void print_text(const cJSON *root)
             printf(" %s=%s(%s)", s->string, str(s, "value"), str(s, "origin"));
         printf("\n");
         const cJSON *half = cJSON_GetObjectItem(it, "half_precision"), *h;
+        const cJSON *without = cJSON_GetObjectItem(it, "half_precision_without");
         if (half) {
+            /* the shorter of the two lists: what it runs, or what it does not */
             printf("    half precision:");
             int nh = 0;
             cJSON_ArrayForEach(h, half)
             {
-                int k = 0, matmul = 0;
-                const cJSON *op;
+                const cJSON *not = cJSON_GetObjectItem(without, h->string), *op;
+                int k = 0, has = cJSON_GetArraySize(h), nnot = cJSON_GetArraySize(not);
                 printf("%s %s:", nh++ ? ";" : "", h->string);
-                cJSON_ArrayForEach(op, h)
-                {
-                    printf("%s %s", k++ ? "," : "", op->valuestring);
-                    matmul |= !strcmp(op->valuestring, "matmul");
+                if (!has)
+                    printf(" none (cast to float32 on another device)");
+                else if (!nnot)
+                    printf(" every op it runs in float32");
+                else if (nnot < has) {
+                    printf(" every op it runs in float32 but");
+                    cJSON_ArrayForEach(op, not)
+                        printf("%s %s", k++ ? "," : "", op->valuestring);
+                } else {
+                    cJSON_ArrayForEach(op, h)
+                        printf("%s %s", k++ ? "," : "", op->valuestring);
+                    printf(" (the others: cast to float32)");
                 }
-                printf("%s", !k       ? " none (cast to float32 on another device)"
-                             : matmul ? ""
-                                      : " (the others, matmul included: cast to float32)");
             }
             printf("\n");
         }

@@ -218,7 +218,8 @@ static int reference64(const kcase *k, const kc_buf *in, int nin, const kc_buf *
         int64_t idx[TS_MAX_DIMS] = {0}, ne = oph_numel(o);
         for (int64_t e = 0; e < ne; e++, oph_next(o, idx)) {
             double v = oph_get(o, img, idx);
-            oph_set(&p[i], mem[i], idx, mag && kc_is_float(o->dtype) ? fabs(v) : v);
+            int fl = kc_is_float(o->dtype) || ts_plugin_dtype_is_half(o->dtype);
+            oph_set(&p[i], mem[i], idx, mag && fl ? fabs(v) : v);
         }
         p[i].data = mem[i];
     }
@@ -840,7 +841,7 @@ static void cases_layer_norm(int32_t op, int32_t dt, caselist *l)
 {
     const char *dn = ts_dtype_name(dt);
     kcase *k;
-    if (!kc_is_float(dt))
+    if (!kc_is_float(dt) && !ts_plugin_dtype_is_half(dt))
         return;
     static const struct {
         int nd, norm;

@@ -34,6 +34,21 @@ void ts_no_grad_exit(void);
 /* Non-zero if operations on this thread record graph nodes now. */
 int ts_grad_enabled(void);
 
+/* ---- mixed precision (thread-local, nestable) ------------------------------------------ */
+
+/* Between ts_autocast_begin(dtype) and ts_autocast_end(), as PyTorch's torch.autocast does:
+ * matmuls, convolutions and linear layers run in dtype (TS_BF16 or TS_F16), their float32
+ * operands cast to it (float64 ones are left alone); softmax, log-softmax, layer and RMS norm,
+ * cross-entropy, MSE, sums and means take 16-bit float operands in float32 and return
+ * float32. Casts are recorded like any op, so the gradients of float32 parameters (the
+ * master weights) come back in float32. TS_F32 turns it off for an inner scope. backward
+ * runs with it off; an activation-checkpointed segment recomputes under the setting of its
+ * forward. TS_EDTYPE for another dtype; scopes nest (each begin needs one end). */
+ts_status ts_autocast_begin(int32_t dtype);
+void ts_autocast_end(void);
+/* The dtype matmuls run in on this thread now: TS_BF16, TS_F16, or TS_F32 when off. */
+int32_t ts_autocast_dtype(void);
+
 /* ---- per-tensor state ------------------------------------------------------------------- */
 
 /* Marks a leaf (a tensor no recorded op produced) as a parameter whose .grad backward fills.

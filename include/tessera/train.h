@@ -40,10 +40,13 @@ typedef struct ts_trainer_options {
     void *user;              /* handed to loss_fn and on_output */
     double clip_grad_norm;   /* > 0: the gradients' global norm clipped to it before the step */
     int64_t accumulate;      /* micro-batches per step (0 or 1: the batch in one pass) */
+    int32_t precision;       /* TS_F32 (0): as the parameters are; TS_BF16: mixed precision,
+                              * forward and loss under ts_autocast_begin(TS_BF16) (float32
+                              * master weights, gradients and optimizer state) */
 } ts_trainer_options;
 
-/* A zeroed struct is the default: cross-entropy, no clipping, one pass. */
-#define TS_TRAINER_OPTIONS_INIT {TS_LOSS_CROSS_ENTROPY, NULL, NULL, NULL, 0, 1}
+/* A zeroed struct is the default: cross-entropy, no clipping, one pass, float32. */
+#define TS_TRAINER_OPTIONS_INIT {TS_LOSS_CROSS_ENTROPY, NULL, NULL, NULL, 0, 1, TS_F32}
 
 typedef struct ts_trainer ts_trainer;
 

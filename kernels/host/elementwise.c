@@ -725,72 +725,16 @@ int hk_elementwise_supports(int32_t op, int32_t dtype)
     }
 }
 
-static ts_status run_op(hk_dev *hd, const ts_kernel_call *call);
-
-/* Copies src into dst (same shape, any dtypes, any strides) with the cast loops. */
-static void convert_into(hk_dev *hd, const ts_operand *dst, const ts_operand *src)
+ts_status hk_convert(void *hd, const ts_operand *dst, const ts_operand *src)
 {
     const ts_operand *ops[2] = {dst, src};
     ew_iter it;
     ew_iter_init(&it, ops, 2);
     ew_iter_run(hd, &it, cast_loops[src->dtype][dst->dtype]);
-}
-
-/* An elementwise op with a 16-bit float operand, in float32: each such input widened into a
- * dense float32 copy (exact), the op run on float32 (the very loops of float32 tensors), and a
- * 16-bit float output narrowed from its float32 result, rounded once. */
-static ts_status via_float32(hk_dev *hd, const ts_kernel_call *call)
-{
-    const ts_host *h = hd->host;
-    ts_operand in[4], out;
-    void *buf[5] = {NULL};
-    ts_status s = TS_OK;
-    const void *prm;
-    if ((s = hk_ew_check(h, 0, call, &prm))) /* the call as it is: dtypes, shapes, params */
-        return s;
-    if (call->ninputs > 4 || call->noutputs != 1)
-        return h->fail(h, TS_EINVAL, "%s: unexpected operand counts", ts_plugin_op_name(call->op));
-    for (int i = 0; i <= call->ninputs && s == TS_OK; i++) {
-        const ts_operand *o = i < call->ninputs ? &call->inputs[i] : &call->outputs[0];
-        ts_operand *d = i < call->ninputs ? &in[i] : &out;
-        *d = *o;
-        if (!ts_plugin_dtype_is_half(o->dtype))
-            continue;
-        int64_t n = 1;
-        for (int k = 0; k < o->ndim; k++)
-            n *= o->shape[k];
-        if ((s = h->scratch_alloc(h, (size_t)(n > 0 ? n : 1) * sizeof(float), "float32 of a half",
-                                  &buf[i])))
-            break;
-        *d = hk_dense_like(o, buf[i]);
-        d->dtype = TS_F32;
-        if (i < call->ninputs)
-            convert_into(hd, d, o);
-    }
-    if (s == TS_OK) {
-        ts_kernel_call c = *call;
-        c.inputs = in;
-        c.outputs = &out;
-        if ((s = run_op(hd, &c)) == TS_OK && ts_plugin_dtype_is_half(call->outputs[0].dtype))
-            convert_into(hd, &call->outputs[0], &out);
-    }
-    for (int i = 0; i < 5; i++)
-        if (buf[i])
-            h->scratch_free(h, buf[i]);
-    return s;
+    return TS_OK;
 }
 
 ts_status hk_elementwise(hk_dev *hd, const ts_kernel_call *call)
-{
-    if (call->op != TS_OP_COPY && call->op != TS_OP_CAST && call->op != TS_OP_FILL)
-        for (int i = 0; i < call->ninputs + call->noutputs; i++)
-            if (ts_plugin_dtype_is_half(i < call->ninputs ? call->inputs[i].dtype
-                                                          : call->outputs[i - call->ninputs].dtype))
-                return via_float32(hd, call);
-    return run_op(hd, call);
-}
-
-static ts_status run_op(hk_dev *hd, const ts_kernel_call *call)
 {
     switch (call->op) {
     case TS_OP_COPY:

@@ -34,6 +34,10 @@ int hk_supports(int32_t op, int32_t dtype);
 /* Runs op if the shared host kernels implement it; TS_ENOTSUP (no message) otherwise. */
 ts_status hk_run(hk_dev *hd, const ts_kernel_call *call);
 
+/* Converts src into dst (one shape, any dtypes and strides) with the cast loops; hd is the
+ * hk_dev (hk_via_float32's convert). */
+ts_status hk_convert(void *hd, const ts_operand *dst, const ts_operand *src);
+
 /* Families (elementwise.c, reduce.c, index.c, pool2d.c, loss.c). Same contract as hk_run. */
 int hk_elementwise_supports(int32_t op, int32_t dtype);
 ts_status hk_elementwise(hk_dev *hd, const ts_kernel_call *call);
@@ -52,11 +56,29 @@ ts_status hk_norm(hk_dev *hd, const ts_kernel_call *call);
 
 /* The default claim set: the output dtypes for which the ABI defines op (every dtype for
  * copies, casts, fills, selects, binary ops and gathers; all but uint8 for unary functions;
- * the numeric ones for reductions; the float ones for every other op; the 16-bit floats,
- * storage formats so far, for copies, casts and fills). A plugin claims
+ * the numeric ones for reductions; the float ones for every other op; the 16-bit floats for
+ * what hk_half_claim allows: they run through float32). A plugin claims
  * (op, dtype) where it runs op and this says the pair exists: the host kernels' families and
  * cuda do, so that a new dtype enters every claim here. */
 int hk_op_defined(int32_t op, int32_t dtype);
+
+/* The 16-bit floats run through float32 (opcheck.c, for the host kernels and the cuda
+ * plugin): ops a plugin that runs an op in float32 can also claim for bfloat16 and float16
+ * (all but the optimizer steps, whose state stays float32). */
+int hk_half_claim(int32_t op);
+/* Non-zero if call has a bfloat16 or float16 operand and is not a copy, cast or fill (the ops
+ * that take them natively everywhere). */
+int hk_call_has_half(const ts_kernel_call *call);
+/* Runs call with every 16-bit float operand in a dense float32 scratch copy: inputs widened
+ * (exact), and outputs too where the op reads them (all but the elementwise ops); run called
+ * on the float32 call; each 16-bit float output narrowed from its float32 result, rounded
+ * once. convert(cctx, dst, src) converts between two operands of one shape (any dtypes and
+ * strides), as a TS_OP_CAST does. An output overlapping an input is refused but for the
+ * elementwise ops, which read each element before writing it. */
+typedef ts_status (*hk_convert_fn)(void *cctx, const ts_operand *dst, const ts_operand *src);
+typedef ts_status (*hk_run_fn)(void *rctx, const ts_kernel_call *call);
+ts_status hk_via_float32(const ts_host *h, const ts_kernel_call *call, hk_convert_fn convert,
+                         void *cctx, hk_run_fn run, void *rctx);
 
 /* Non-zero if the elements of a and b may share a byte (their address ranges intersect; an
  * empty operand overlaps nothing). Used to route an output that aliases an input through

@@ -5,6 +5,8 @@
  * memory, no OpenMP), so the cuda plugin compiles it too. */
 #include "hostkern.h"
 
+#include <stdint.h>
+
 static int64_t elem_size(int32_t dtype)
 {
     return (int64_t)ts_plugin_dtype_size(dtype);
@@ -101,10 +103,8 @@ int hk_op_defined(int32_t op, int32_t dtype)
 {
     if (op <= TS_OP_NONE || op >= TS_OP_COUNT || dtype < 0 || dtype >= TS_DTYPE_COUNT)
         return 0;
-    if (ts_plugin_dtype_is_half(dtype)) /* copied, cast, filled; elementwise in float32 */
-        return op == TS_OP_COPY || op == TS_OP_CAST || op == TS_OP_FILL || op == TS_OP_UNARY ||
-               op == TS_OP_BINARY || op == TS_OP_BINARY_SCALAR || op == TS_OP_WHERE ||
-               op == TS_OP_RELU_BACKWARD;
+    if (ts_plugin_dtype_is_half(dtype)) /* copied, cast, filled; the rest in float32 */
+        return hk_half_claim(op) && hk_op_defined(op, TS_F32);
     switch (op) {
     case TS_OP_COPY:
     case TS_OP_CAST:
@@ -122,6 +122,88 @@ int hk_op_defined(int32_t op, int32_t dtype)
     default:
         return ts_plugin_dtype_is_float(dtype);
     }
+}
+
+int hk_half_claim(int32_t op)
+{
+    return op > TS_OP_NONE && op < TS_OP_COUNT && op != TS_OP_SGD_STEP && op != TS_OP_ADAM_STEP;
+}
+
+int hk_call_has_half(const ts_kernel_call *call)
+{
+    if (call->op == TS_OP_COPY || call->op == TS_OP_CAST || call->op == TS_OP_FILL)
+        return 0;
+    for (int i = 0; call->inputs && i < call->ninputs; i++)
+        if (ts_plugin_dtype_is_half(call->inputs[i].dtype))
+            return 1;
+    for (int i = 0; call->outputs && i < call->noutputs; i++)
+        if (ts_plugin_dtype_is_half(call->outputs[i].dtype))
+            return 1;
+    return 0;
+}
+
+static int elementwise_op(int32_t op)
+{
+    return op == TS_OP_UNARY || op == TS_OP_BINARY || op == TS_OP_BINARY_SCALAR ||
+           op == TS_OP_WHERE || op == TS_OP_RELU_BACKWARD;
+}
+
+enum { VIA_MAX_IN = 8, VIA_MAX_OUT = 4 };
+
+ts_status hk_via_float32(const ts_host *h, const ts_kernel_call *call, hk_convert_fn convert,
+                         void *cctx, hk_run_fn run, void *rctx)
+{
+    const char *name = ts_plugin_op_name(call->op);
+    name = name ? name : "op";
+    if (call->ninputs < 0 || call->noutputs < 0 || call->ninputs > VIA_MAX_IN ||
+        call->noutputs > VIA_MAX_OUT || (call->ninputs && !call->inputs) ||
+        (call->noutputs && !call->outputs))
+        return h->fail(h, TS_EINVAL, "%s: malformed call (%d inputs, %d outputs)", name,
+                       (int)call->ninputs, (int)call->noutputs);
+    int nin = call->ninputs, n = nin + call->noutputs, ew = elementwise_op(call->op);
+    ts_operand ops[VIA_MAX_IN + VIA_MAX_OUT];
+    void *buf[VIA_MAX_IN + VIA_MAX_OUT] = {NULL};
+    int64_t numel[VIA_MAX_IN + VIA_MAX_OUT] = {0};
+    ts_status s = TS_OK;
+    for (int i = 0; i < n && s == TS_OK; i++) {
+        const ts_operand *o = i < nin ? &call->inputs[i] : &call->outputs[i - nin];
+        ops[i] = *o;
+        if (!ts_plugin_dtype_is_half(o->dtype))
+            continue;
+        if ((s = hk_check_operand(h, 0, name, i < nin ? "input" : "output", o, NULL)))
+            break;
+        for (int j = nin; i < nin && !ew && j < n; j++)
+            if (hk_overlaps(o, &call->outputs[j - nin]))
+                return h->fail(h, TS_EINVAL, "%s: output %d overlaps input %d", name, j - nin,
+                               i);
+        int64_t cnt = 1;
+        for (int k = 0; k < o->ndim; k++) {
+            if (o->shape[k] && cnt > INT64_MAX / 4 / o->shape[k])
+                return h->fail(h, TS_EINVAL, "%s: operand %d is too large", name, i);
+            cnt *= o->shape[k];
+        }
+        numel[i] = cnt;
+        if ((s = h->scratch_alloc(h, (size_t)(cnt > 0 ? cnt : 1) * sizeof(float),
+                                  "float32 of a 16-bit float", &buf[i])))
+            break;
+        ops[i] = hk_dense_like(o, buf[i]);
+        ops[i].dtype = TS_F32;
+        if (cnt > 0 && (i < nin || !ew))
+            s = convert(cctx, &ops[i], o);
+    }
+    if (s == TS_OK) {
+        ts_kernel_call c = *call;
+        c.inputs = ops;
+        c.outputs = ops + nin;
+        s = run(rctx, &c);
+        for (int i = nin; i < n && s == TS_OK; i++)
+            if (buf[i] && numel[i] > 0)
+                s = convert(cctx, &call->outputs[i - nin], &ops[i]);
+    }
+    for (int i = 0; i < n; i++)
+        if (buf[i])
+            h->scratch_free(h, buf[i]);
+    return s;
 }
 
 int hk_overlaps(const ts_operand *a, const ts_operand *b)

@@ -25,7 +25,8 @@ static void st(const ts_operand *o, int64_t off, double v)
 
 static int ref_matmul_conv_supports(int32_t op, int32_t dtype)
 {
-    return ts_plugin_dtype_is_float(dtype) && (op == TS_OP_MATMUL || op == TS_OP_CONV2D ||
+    return (ts_plugin_dtype_is_float(dtype) || ts_plugin_dtype_is_half(dtype)) &&
+           (op == TS_OP_MATMUL || op == TS_OP_CONV2D ||
                                op == TS_OP_CONV2D_BWD_DATA || op == TS_OP_CONV2D_BWD_WEIGHT);
 }
 
@@ -159,8 +160,15 @@ static ts_status ref_conv(hk_dev *hd, const ts_kernel_call *call)
     return TS_OK;
 }
 
+static ts_status ref_run(void *hd, const ts_kernel_call *call)
+{
+    return hk_ref_run(hd, call);
+}
+
 ts_status hk_ref_run(hk_dev *hd, const ts_kernel_call *call)
 {
+    if (hk_call_has_half(call))
+        return hk_via_float32(hd->host, call, hk_convert, hd, ref_run, hd);
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
     if (ref_matmul_conv_supports(call->op, dtype))
         return call->op == TS_OP_MATMUL ? ref_matmul(hd, call) : ref_conv(hd, call);

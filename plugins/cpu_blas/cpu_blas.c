@@ -38,16 +38,27 @@ static void blas_shutdown(void *ctx)
 
 static int blas_supports(void *ctx, int32_t op, int32_t dtype)
 {
-    (void)ctx;
+    if (ts_plugin_dtype_is_half(dtype)) /* in float32: converted around sgemm and the rest */
+        return hk_half_claim(op) && blas_supports(ctx, op, TS_F32);
     return hk_supports(op, dtype) || ts_blas_matmul_supports(op, dtype) ||
            ts_blas_conv_supports(op, dtype);
 }
 
+static ts_status blas_run_f32(void *ctx, const ts_kernel_call *call);
+
 static ts_status blas_run(void *ctx, const ts_kernel_call *call)
 {
     blas_ctx *c = ctx;
-    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
     hk_dev_adapt(&c->hd);
+    if (hk_call_has_half(call))
+        return hk_via_float32(c->hd.host, call, hk_convert, &c->hd, blas_run_f32, c);
+    return blas_run_f32(c, call);
+}
+
+static ts_status blas_run_f32(void *ctx, const ts_kernel_call *call)
+{
+    blas_ctx *c = ctx;
+    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
     if (ts_blas_matmul_supports(call->op, dtype))
         return ts_blas_matmul(&c->hd, call);
     if (ts_blas_conv_supports(call->op, dtype))

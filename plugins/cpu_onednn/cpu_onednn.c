@@ -534,16 +534,27 @@ static ts_status dnnl_device_info(void *ctx, ts_device_info *info)
 
 static int dnnl_supports(void *ctx, int32_t op, int32_t dtype)
 {
-    (void)ctx;
+    if (ts_plugin_dtype_is_half(dtype)) /* in float32 around the primitives */
+        return hk_half_claim(op) && dnnl_supports(ctx, op, TS_F32);
     return dn_matmul_supports(op, dtype) || dn_conv_supports(op, dtype) ||
            hk_supports(op, dtype);
 }
 
+static ts_status dnnl_run_f32(void *ctx, const ts_kernel_call *call);
+
 static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
 {
     dn_ctx *c = ctx;
-    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
     hk_dev_adapt(&c->hd);
+    if (hk_call_has_half(call))
+        return hk_via_float32(c->hd.host, call, hk_convert, &c->hd, dnnl_run_f32, c);
+    return dnnl_run_f32(c, call);
+}
+
+static ts_status dnnl_run_f32(void *ctx, const ts_kernel_call *call)
+{
+    dn_ctx *c = ctx;
+    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
     if (dn_matmul_supports(call->op, dtype))
         return dn_matmul(c, call);
     if (dn_conv_supports(call->op, dtype))

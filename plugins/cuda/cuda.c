@@ -514,6 +514,23 @@ static int cuda_supports(void *ctx, int32_t op, int32_t dtype)
     return cuda_ops_supports(op, dtype) || cuda_gemm_supports(op, dtype);
 }
 
+static ts_status cuda_convert(void *ctx, const ts_operand *dst, const ts_operand *src)
+{
+    return cuda_copy_strided(ctx, dst, src);
+}
+
+static ts_status cuda_run_f32(void *ctx, const ts_kernel_call *call)
+{
+    cuda_ctx *c = ctx;
+    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
+    if (cuda_gemm_supports(call->op, dtype))
+        return cuda_gemm_run(c, call);
+    if (cuda_ops_supports(call->op, dtype))
+        return cuda_ops_run(c, call);
+    return c->host->fail(c->host, TS_ENOTSUP, "op %d is not implemented for dtype %d",
+                         (int)call->op, (int)dtype);
+}
+
 static ts_status cuda_run(void *ctx, const ts_kernel_call *call)
 {
     cuda_ctx *c = ctx;
@@ -521,25 +538,13 @@ static ts_status cuda_run(void *ctx, const ts_kernel_call *call)
         call->ninputs < 0 || call->noutputs < 0)
         return c->host->fail(c->host, TS_EINVAL, "run: malformed kernel call");
     CU_CHECK(c, cudaSetDevice(c->device));
-    int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
-    /* the 16-bit floats go to the elementwise kernels (computed in float32) only */
-    int ew = call->op == TS_OP_COPY || call->op == TS_OP_CAST || call->op == TS_OP_FILL ||
-             call->op == TS_OP_UNARY || call->op == TS_OP_BINARY ||
+    /* the 16-bit floats: elementwise kernels of their own (computed in float32); every
+     * other op on float32 copies in the pool, converted on the device */
+    int ew = call->op == TS_OP_UNARY || call->op == TS_OP_BINARY ||
              call->op == TS_OP_BINARY_SCALAR || call->op == TS_OP_WHERE;
-    for (int i = 0; !ew && i < call->ninputs + call->noutputs; i++) {
-        int32_t d = i < call->ninputs ? call->inputs[i].dtype
-                                      : call->outputs[i - call->ninputs].dtype;
-        if (ts_plugin_dtype_is_half(d))
-            return c->host->fail(c->host, TS_ENOTSUP, "%s: the cuda plugin has no %s kernels "
-                                 "for it yet; cast to float32 first",
-                                 ts_plugin_op_name(call->op), ts_plugin_dtype_name(d));
-    }
-    if (cuda_gemm_supports(call->op, dtype))
-        return cuda_gemm_run(c, call);
-    if (cuda_ops_supports(call->op, dtype))
-        return cuda_ops_run(c, call);
-    return c->host->fail(c->host, TS_ENOTSUP, "op %d is not implemented for dtype %d",
-                         (int)call->op, (int)dtype);
+    if (!ew && hk_call_has_half(call))
+        return hk_via_float32(c->host, call, cuda_convert, c, cuda_run_f32, c);
+    return cuda_run_f32(c, call);
 }
 
 static const ts_plugin_desc desc = {

@@ -1,0 +1,261 @@
+/* tests/unit/test-autocast.c: mixed precision (ts_autocast_begin, tessera/autograd.h, and the
+ * trainer's precision). Under autocast a matmul of float32 operands runs in the 16-bit dtype
+ * and the row-wise ops come back to float32; a 16-bit float beside a float32 one is computed
+ * in float32; the gradients of float32 parameters through an MLP under autocast agree with
+ * the float64 ones within a bound derived from the 16-bit dtype's unit roundoff and the
+ * roundings on the way, and come back in float32; a checkpointed segment recomputes in its
+ * forward's precision (the same gradients bit for bit); the trainer's bfloat16 steps learn
+ * as its float32 steps do. */
+#include <math.h>
+
+#include "../tap.h"
+
+enum { N = 32, F = 12, H = 24, C = 5 };
+
+static void test_dtypes_under_autocast(void)
+{
+    ts_device *dev = tap_start();
+    ts_rng rng = TS_RNG(1);
+    ts_tensor *a, *b, *mm, *sm, *sum, *mixed, *off;
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, (const int64_t[]){3, 4}, 0, 1, &rng, &a));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, (const int64_t[]){4, 5}, 0, 1, &rng, &b));
+    CHECK(ts_autocast_dtype() == TS_F32);
+    CHECK_OK(ts_autocast_begin(TS_BF16));
+    CHECK(ts_autocast_dtype() == TS_BF16);
+    CHECK_OK(ts_matmul(a, b, &mm));
+    CHECK_OK(ts_softmax(mm, 1, &sm));
+    CHECK_OK(ts_sum(mm, 0, NULL, 0, &sum));
+    CHECK_OK(ts_add(mm, sm, &mixed)); /* bfloat16 + float32: float32 */
+    CHECK_OK(ts_autocast_begin(TS_F32)); /* off inside: float32, on the rounded operands */
+    ts_scope *sc = ts_scope_begin();
+    ts_tensor *ra = ts_s_cast(ts_s_cast(a, TS_BF16), TS_F32);
+    ts_tensor *rb = ts_s_cast(ts_s_cast(b, TS_BF16), TS_F32);
+    CHECK_OK(ts_matmul(ra, rb, &off));
+    CHECK_OK(ts_scope_end(sc));
+    ts_autocast_end();
+    ts_autocast_end();
+    CHECK(ts_autocast_dtype() == TS_F32);
+    CHECK_MSG(ts_tensor_dtype(mm) == TS_BF16 && ts_tensor_dtype(sm) == TS_F32 &&
+              ts_tensor_dtype(sum) == TS_F32 && ts_tensor_dtype(mixed) == TS_F32 &&
+              ts_tensor_dtype(off) == TS_F32,
+              "dtypes: matmul %s softmax %s sum %s mixed add %s off %s",
+              ts_dtype_name(ts_tensor_dtype(mm)), ts_dtype_name(ts_tensor_dtype(sm)),
+              ts_dtype_name(ts_tensor_dtype(sum)), ts_dtype_name(ts_tensor_dtype(mixed)),
+              ts_dtype_name(ts_tensor_dtype(off)));
+    /* the bfloat16 matmul is the float32 one of the rounded operands, rounded once (half a
+     * unit, 2^-8 relative), give or take float32's error on 4 products */
+    float m16[15], m32[15];
+    ts_tensor *w;
+    CHECK_OK(ts_cast(mm, TS_F32, &w));
+    CHECK_OK(ts_tensor_to_host(w, m16, sizeof m16));
+    CHECK_OK(ts_tensor_to_host(off, m32, sizeof m32));
+    for (int i = 0; i < 15; i++)
+        CHECK_MSG(fabsf(m16[i] - m32[i]) <= 0x1p-8f * fabsf(m32[i]) + 1e-6f,
+                  "element %d: bfloat16 %.9g, float32 %.9g", i, m16[i], m32[i]);
+    CHECK_FAILS(ts_autocast_begin(TS_I32), TS_EDTYPE, "int32", "bfloat16");
+    ts_tensor_unref(w);
+    ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(mm), ts_tensor_unref(sm);
+    ts_tensor_unref(sum), ts_tensor_unref(mixed), ts_tensor_unref(off);
+    tap_end();
+}
+
+static ts_module *mlp(ts_device *dev, int32_t dtype)
+{
+    ts_rng rng = TS_RNG(5);
+    ts_weight_init init = TS_INIT_DEFAULT(&rng);
+    ts_module *seq, *l;
+    CHECK_OK(ts_nn_sequential(&seq));
+    CHECK_OK(ts_nn_linear(dev, F, H, 1, &init, &l));
+    CHECK_OK(ts_nn_sequential_add(seq, "fc1", l));
+    CHECK_OK(ts_nn_gelu(&l));
+    CHECK_OK(ts_nn_sequential_add(seq, "gelu", l));
+    CHECK_OK(ts_nn_linear(dev, H, C, 1, &init, &l));
+    CHECK_OK(ts_nn_sequential_add(seq, "fc2", l));
+    CHECK_OK(ts_module_to_dtype(seq, dtype));
+    return seq;
+}
+
+static void batch(ts_device *dev, int32_t dtype, ts_tensor **x, ts_tensor **y)
+{
+    ts_rng rng = TS_RNG(9);
+    int64_t lab[N];
+    for (int i = 0; i < N; i++)
+        lab[i] = (i * 7) % C;
+    ts_tensor *x32;
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, (const int64_t[]){N, F}, 0, 1, &rng, &x32));
+    CHECK_OK(ts_cast(x32, dtype, x));
+    ts_tensor_unref(x32);
+    CHECK_OK(ts_tensor_from_host(dev, TS_I64, 1, (const int64_t[]){N}, lab, y));
+}
+
+/* The gradients of m's parameters (loss: mean cross-entropy) into g[i] as doubles; autocast
+ * dtype ac (TS_F32: none). Returns the parameters' count. */
+static size_t grads(ts_module *m, ts_tensor *x, ts_tensor *y, int32_t ac, double **g,
+                    int64_t *len)
+{
+    ts_named_tensor p[8];
+    size_t np = ts_module_parameters(m, p, 8);
+    ts_tensor *out, *loss;
+    CHECK_OK(ts_autocast_begin(ac));
+    CHECK_OK(ts_module_forward(m, x, &out));
+    CHECK_OK(ts_cross_entropy(out, y, TS_REDUCTION_MEAN, &loss));
+    ts_autocast_end();
+    CHECK_MSG(ts_tensor_dtype(loss) == ts_tensor_dtype(p[0].tensor),
+              "the loss is %s", ts_dtype_name(ts_tensor_dtype(loss)));
+    CHECK_OK(ts_backward(loss, NULL, 0));
+    for (size_t i = 0; i < np; i++) {
+        ts_tensor *gr = ts_tensor_grad(p[i].tensor), *d;
+        CHECK_MSG(gr && ts_tensor_dtype(gr) == ts_tensor_dtype(p[i].tensor),
+                  "%s: gradient %s", p[i].name, gr ? ts_dtype_name(ts_tensor_dtype(gr)) : "none");
+        len[i] = ts_tensor_numel(p[i].tensor);
+        g[i] = malloc(sizeof(double) * (size_t)len[i]);
+        CHECK_OK(ts_cast(gr, TS_F64, &d));
+        CHECK_OK(ts_tensor_to_host(d, g[i], sizeof(double) * (size_t)len[i]));
+        ts_tensor_unref(d);
+        ts_tensor_zero_grad(p[i].tensor);
+    }
+    ts_tensor_unref(out), ts_tensor_unref(loss);
+    return np;
+}
+
+/* ||a - b|| / ||b|| over every parameter's gradient. */
+static double rel_err(size_t np, double **a, double **b, const int64_t *len)
+{
+    double d = 0, n = 0;
+    for (size_t i = 0; i < np; i++)
+        for (int64_t k = 0; k < len[i]; k++) {
+            d += (a[i][k] - b[i][k]) * (a[i][k] - b[i][k]);
+            n += b[i][k] * b[i][k];
+        }
+    return sqrt(d / n);
+}
+
+/* Against float64: each value on the way is rounded to the 16-bit dtype at most once per op:
+ * forward x, W1 and b1 cast, the matmul, the bias add, GELU, W2 and b2 cast, the matmul, the
+ * bias add (9); backward the same ops' gradients (9 more). 18 roundings of relative u each
+ * bound the norm-wise relative error by 18 u (to first order), u = 2^-8 for bfloat16 and 2^-11
+ * for float16. Float32 throughout: the same count with u = 2^-24. */
+static void test_gradients_against_float64(void)
+{
+    ts_device *dev = tap_start();
+    ts_module *m64 = mlp(dev, TS_F64), *m32 = mlp(dev, TS_F32);
+    ts_tensor *x64, *x32, *y;
+    batch(dev, TS_F64, &x64, &y);
+    ts_tensor_unref(y);
+    batch(dev, TS_F32, &x32, &y);
+    double *g64[8], *g[8];
+    int64_t len[8];
+    size_t np = grads(m64, x64, y, TS_F32, g64, len);
+    static const struct {
+        int32_t dt;
+        double u;
+    } cases[] = {{TS_F32, 0x1p-24}, {TS_BF16, 0x1p-8}, {TS_F16, 0x1p-11}};
+    for (size_t c = 0; c < 3; c++) {
+        CHECK(grads(m32, x32, y, cases[c].dt, g, len) == np);
+        double e = rel_err(np, g, g64, len), bound = 18 * cases[c].u;
+        printf("# autocast %s: gradients' relative error %.3g (bound %.3g)\n",
+                 ts_dtype_name(cases[c].dt), e, bound);
+        CHECK_MSG(e <= bound, "autocast %s: gradients' relative error %.3g > %.3g",
+                  ts_dtype_name(cases[c].dt), e, bound);
+        /* and the 16-bit paths really ran in 16 bits: farther from float64 than float32 is */
+        if (cases[c].dt != TS_F32)
+            CHECK_MSG(e > 100 * 0x1p-24, "autocast %s: error %.3g is float32's",
+                      ts_dtype_name(cases[c].dt), e);
+        for (size_t i = 0; i < np; i++)
+            free(g[i]);
+    }
+    for (size_t i = 0; i < np; i++)
+        free(g64[i]);
+    ts_module_free(m64), ts_module_free(m32);
+    ts_tensor_unref(x64), ts_tensor_unref(x32), ts_tensor_unref(y);
+    tap_end();
+}
+
+/* A checkpointed sequential under autocast recomputes in bfloat16: the same gradients, bit
+ * for bit, as without checkpointing. */
+static void test_checkpoint_recomputes_in_its_precision(void)
+{
+    ts_device *dev = tap_start();
+    ts_module *a = mlp(dev, TS_F32), *b = mlp(dev, TS_F32);
+    ts_rng rng = TS_RNG(3);
+    CHECK_OK(ts_nn_sequential_checkpoint(b, &rng, 1));
+    ts_tensor *x, *y;
+    batch(dev, TS_F32, &x, &y);
+    double *ga[8], *gb[8];
+    int64_t len[8];
+    size_t np = grads(a, x, y, TS_BF16, ga, len);
+    CHECK(grads(b, x, y, TS_BF16, gb, len) == np);
+    for (size_t i = 0; i < np; i++) {
+        CHECK_MSG(!memcmp(ga[i], gb[i], sizeof(double) * (size_t)len[i]),
+                  "parameter %zu: checkpointed gradients differ", i);
+        free(ga[i]), free(gb[i]);
+    }
+    ts_module_free(a), ts_module_free(b);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    tap_end();
+}
+
+/* 60 steps of Adam on a fixed batch: the bfloat16 trainer's loss falls as the float32 one's
+ * does, its parameters stay float32, and float16 (no loss scaling yet) is refused. */
+static void test_trainer_precision(void)
+{
+    ts_device *dev = tap_start();
+    ts_tensor *x, *y;
+    batch(dev, TS_F32, &x, &y);
+    double last[2] = {0}, first[2] = {0};
+    for (int bf = 0; bf < 2; bf++) {
+        ts_module *m = mlp(dev, TS_F32);
+        ts_named_tensor p[8];
+        size_t np = ts_module_parameters(m, p, 8);
+        ts_adam_options ao = TS_ADAM_DEFAULTS;
+        ao.lr = 1e-2;
+        ts_optim *opt;
+        CHECK_OK(ts_optim_adam(p, np, &ao, &opt));
+        ts_trainer_options o = TS_TRAINER_OPTIONS_INIT;
+        o.precision = bf ? TS_BF16 : TS_F32;
+        ts_trainer *t;
+        CHECK_OK(ts_trainer_new(m, opt, &o, &t));
+        for (int k = 0; k < 60; k++) {
+            ts_step_result r = {0};
+            CHECK_OK(ts_trainer_step(t, x, y, &r));
+            if (k == 0)
+                first[bf] = r.loss;
+            last[bf] = r.loss;
+        }
+        for (size_t i = 0; i < np; i++)
+            CHECK(ts_tensor_dtype(p[i].tensor) == TS_F32);
+        ts_trainer_free(t);
+        ts_optim_free(opt);
+        ts_module_free(m);
+    }
+    printf("# loss over 60 steps: float32 %.4f -> %.4f, bfloat16 %.4f -> %.4f\n", first[0],
+             last[0], first[1], last[1]);
+    CHECK_MSG(fabs(first[1] - first[0]) <= 18 * 0x1p-8 * first[0] &&
+                  last[1] < 0.5 * first[1] && fabs(last[1] - last[0]) <= 0.1 * first[0],
+              "bfloat16 %.4f -> %.4f against float32 %.4f -> %.4f", first[1], last[1],
+              first[0], last[0]);
+    ts_module *m = mlp(dev, TS_F32);
+    ts_named_tensor p[8];
+    ts_optim *opt;
+    ts_adam_options ao = TS_ADAM_DEFAULTS;
+    CHECK_OK(ts_optim_adam(p, ts_module_parameters(m, p, 8), &ao, &opt));
+    ts_trainer_options o = TS_TRAINER_OPTIONS_INIT;
+    o.precision = TS_F16;
+    ts_trainer *t = NULL;
+    CHECK_FAILS(ts_trainer_new(m, opt, &o, &t), TS_EINVAL, "float16", "loss scaling");
+    ts_optim_free(opt);
+    ts_module_free(m);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    tap_end();
+}
+
+int main(int argc, char **argv)
+{
+    static const tap_test tests[] = {
+        TAP_TEST(test_dtypes_under_autocast),
+        TAP_TEST(test_gradients_against_float64),
+        TAP_TEST(test_checkpoint_recomputes_in_its_precision),
+        TAP_TEST(test_trainer_precision),
+    };
+    return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
+}
