@@ -25,10 +25,11 @@ static const char usage[] =
     "                           [--init KIND] [--optimizer sgd|adam|adamw] [--lr X]\n"
     "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
     "                           [--data DIR] [--synthetic] [--graph] [--profile] [--contend N]\n"
-    "                           [--json]\n"
+    "                           [--precision fp32|bf16|fp32,bf16] [--json]\n"
     "       tessera bench train --model gpt [--context T] [--layers L] [--heads H] [--embd C]\n"
     "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
-    "                           [--graph] [--profile] [--contend N] [--json]\n"
+    "                           [--graph] [--profile] [--contend N]\n"
+    "                           [--precision fp32|bf16|fp32,bf16] [--json]\n"
     "\n"
     "Times --steps training steps (default 50) after --warmup steps (default 5) at batch\n"
     "--batch-size (default 100) on consecutive batches of the Fashion-MNIST training set held\n"
@@ -56,7 +57,12 @@ static const char usage[] =
     "--contend N: after the timed steps, N busy processes (each spinning on one core) start\n"
     "beside the benchmark, and the same number of steps is timed again with them running:\n"
     "the median under contention and its ratio to the median without (a CPU plugin's\n"
-    "adaptive_threads setting gives up the cores they take).\n";
+    "adaptive_threads setting gives up the cores they take).\n"
+    "\n"
+    "--precision LIST: fp32 (default), bf16 or fp32,bf16: each device's step in each, side by\n"
+    "side (bf16: mixed precision as `tessera train --precision bf16` runs it: float32 master\n"
+    "weights and optimizer state, the forward under autocast), with the steps' own peak pool\n"
+    "memory (step MiB: the peak over the timed steps less what was in use before them).\n";
 
 /* The q-quantile of sorted v[0..n) (nearest rank). */
 static double quantile(const double *v, int n, double q)
@@ -230,6 +236,8 @@ typedef struct bench_opts {
     int64_t batch, steps, warmup;
     int json, synthetic, profile, graph;
     int64_t contend; /* busy processes beside the second timing (0: none) */
+    int32_t prec[2]; /* --precision: each device's step in each, side by side */
+    int nprec;
 } bench_opts;
 
 enum { PROFILE_MAX = 64 };
@@ -247,6 +255,9 @@ typedef struct result {
     size_t nprof;
     double prof_steps, mean; /* mean: ms per timed step */
     double contended;        /* --contend: the median ms per step with the busy processes */
+    int32_t precision;       /* the trainer's: TS_F32 or TS_BF16 (mixed precision) */
+    uint64_t peak, step_peak; /* pool bytes in use at most over the timed steps; and that less
+                               * what was in use before them (the steps' own) */
 } result;
 
 static int device_threads(ts_device *dev)
@@ -435,8 +446,8 @@ static ts_status contended_steps(const bench_opts *o, session *ss, ts_device *de
     return s;
 }
 
-static ts_status bench_device(const bench_opts *o, const char *name, const floor_plan *fp,
-                              double *times, result *r, int *synthetic)
+static ts_status bench_device(const bench_opts *o, const char *name, int32_t precision,
+                              const floor_plan *fp, double *times, result *r, int *synthetic)
 {
     ts_device *dev;
     session ss = {0};
@@ -444,7 +455,7 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     if (s)
         return s;
     *r = (result){.device = name, .threads = device_threads(dev), .mallocs = -1,
-                  .threads_created = -1};
+                  .threads_created = -1, .precision = precision};
     ss.gpt = o->gpt;
     ss.use_graph = o->graph;
     if (o->graph && !ts_device_can_capture(dev)) {
@@ -485,7 +496,7 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
         goto out;
     }
     ts_trainer_options to = {.loss = TS_LOSS_CROSS_ENTROPY, .clip_grad_norm = o->gpt ? 1.0 : 0,
-                             .accumulate = 1};
+                             .accumulate = 1, .precision = precision};
     if ((s = ts_trainer_new(ss.model, ss.opt, &to, &ss.tr)))
         goto out;
     for (int64_t i = 0; i < o->warmup && s == TS_OK; i++)
@@ -503,6 +514,7 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     const char *paths[1] = {ts_device_path(dev)};
     double *ftimes = times + o->steps;
     int64_t it = o->warmup, nrun = 0;
+    ts_device_reset_peak(dev);
     pool_stats(dev, &st0);
     int counted = cli_malloc_count_setup(paths, 1), threads_counted = 1;
     if (o->profile)
@@ -555,6 +567,8 @@ static ts_status bench_device(const bench_opts *o, const char *name, const floor
     if (threads_counted) /* over every step since the warm-up, settling ones too */
         r->threads_created = (double)created / (double)nrun;
     if (st1.valid & TS_STATS_POOL) { /* over every step since the warm-up, settling ones too */
+        r->peak = st1.peak_in_use;
+        r->step_peak = st1.peak_in_use > st0.in_use ? st1.peak_in_use - st0.in_use : 0;
         r->raw_allocs = (double)(st1.n_raw_alloc - st0.n_raw_alloc) / (double)nrun;
         r->pool_allocs = (double)(st1.n_alloc - st0.n_alloc) / (double)nrun;
     } else {
@@ -589,6 +603,11 @@ out:
 }
 
 /* ---- the command ------------------------------------------------------------------------ */
+
+static const char *prec_name(int32_t p)
+{
+    return p == TS_BF16 ? "bf16" : "fp32";
+}
 
 
 static void print_profile(const result *r)
@@ -678,6 +697,29 @@ static int parse(int argc, char **argv, bench_opts *o)
             o->graph = 1;
             continue;
         }
+        if (!strcmp(a, "--precision")) {
+            if (!v)
+                return cli_usage_error("bench train", "--precision needs a value");
+            char buf[64];
+            snprintf(buf, sizeof buf, "%s", v);
+            o->nprec = 0;
+            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
+                 t = strtok_r(NULL, ",", &save)) {
+                int32_t p = !strcmp(t, "fp32") ? TS_F32 : !strcmp(t, "bf16") ? TS_BF16 : -1;
+                if (p < 0)
+                    return cli_usage_error("bench train", "--precision: '%s' is not fp32 or "
+                                           "bf16 (fp16 needs loss scaling, which training "
+                                           "does not do yet)", t);
+                if (o->nprec == 2 || (o->nprec == 1 && o->prec[0] == p))
+                    return cli_usage_error("bench train", "--precision: each of fp32 and bf16 "
+                                           "once");
+                o->prec[o->nprec++] = p;
+            }
+            if (!o->nprec)
+                return cli_usage_error("bench train", "--precision needs fp32, bf16 or both");
+            i++;
+            continue;
+        }
         if (!strcmp(a, "--contend")) {
             if (!v)
                 return cli_usage_error("bench train", "--contend needs a value");
@@ -754,7 +796,8 @@ static void read_loadavg(double out[3])
 int cli_bench_train(int argc, char **argv, const cli_common *common)
 {
     bench_opts o = {.optimizer = "adam", .lr = 1e-3, .batch = 100, .steps = 50, .warmup = 5,
-                    .json = common->json, .gcfg = {256, 128, 4, 4, 128, 0, 0}};
+                    .json = common->json, .gcfg = {256, 128, 4, 4, 128, 0, 0},
+                    .prec = {TS_F32}, .nprec = 1};
     cli_model_init(&o.arch);
     int rc = parse(argc, argv, &o);
     if (rc)
@@ -789,7 +832,7 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
     else
         floor_plan_make(&o.arch, o.batch, &fp);
     double *times = malloc(sizeof *times * 2 * (size_t)o.steps);
-    result res[16];
+    result res[32];
     int nres = 0, synthetic = 0;
     char arch[256];
     if (o.gpt)
@@ -807,17 +850,18 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
         goto out;
     }
     rc = 0;
-    for (int d = 0; d < nm.n; d++) {
-        int syn = 0;
-        if ((s = bench_device(&o, nm.name[d], &fp, times, &res[nres], &syn))) {
-            rc = cli_fail(s, nm.name[d]);
-            if (nm.n == 1)
-                goto out;
-            continue; /* --device all: the others still run */
+    for (int d = 0; d < nm.n; d++)
+        for (int k = 0; k < o.nprec; k++) {
+            int syn = 0;
+            if ((s = bench_device(&o, nm.name[d], o.prec[k], &fp, times, &res[nres], &syn))) {
+                rc = cli_fail(s, nm.name[d]);
+                if (nm.n * o.nprec == 1)
+                    goto out;
+                continue; /* --device all: the others still run */
+            }
+            synthetic |= syn;
+            nres++;
         }
-        synthetic |= syn;
-        nres++;
-    }
     if (!nres)
         goto out;
     double load[3];
@@ -832,13 +876,16 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                fp.flops * 1e-9, load[0], load[1], load[2]);
         for (int i = 0; i < nres; i++) {
             const result *r = &res[i];
-            printf("%s\n  {\"device\": \"%s\", \"threads\": %d, \"parameters\": %lld, "
-                   "\"ms_median\": %.4f, "
+            printf("%s\n  {\"device\": \"%s\", \"precision\": \"%s\", \"threads\": %d, "
+                   "\"parameters\": %lld, \"peak_pool_bytes\": %llu, "
+                   "\"step_peak_pool_bytes\": %llu, \"ms_median\": %.4f, "
                    "\"ms_p10\": %.4f, \"ms_p90\": %.4f, \"ms_min\": %.4f, \"ms_max\": %.4f, "
                    "\"%s_per_s\": %.1f, \"floor_ms\": %.4f, \"floor_ms_min\": %.4f, "
                    "\"step_over_floor\": %.3f, \"raw_allocs_per_step\": %.3f, "
                    "\"pool_allocs_per_step\": %.2f, ",
-                   i ? "," : "", r->device, r->threads, (long long)r->params, r->med, r->p10,
+                   i ? "," : "", r->device, prec_name(r->precision), r->threads,
+                   (long long)r->params, (unsigned long long)r->peak,
+                   (unsigned long long)r->step_peak, r->med, r->p10,
                    r->p90, r->min, r->max, unit, items * 1e3 / r->med, r->floor_ms, r->floor_min,
                    r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs, r->pool_allocs);
             if (r->mallocs >= 0)
@@ -880,10 +927,10 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                              "the data set is not installed or --synthetic was given)"
                            : "the Fashion-MNIST training set, in memory",
                fp.calls, fp.flops * 1e-9);
-        printf("  %-12s %3s %9s %17s %9s %9s %10s %9s %9s %15s %12s\n", "device", "thr",
-               "ms/step", "p10-p90", o.gpt ? "tokens/s" : "images/s", "floor ms", "step/floor",
-               "raw/step",
-               "pool/step", "mallocs/step", "threads/step");
+        printf("  %-12s %4s %3s %9s %17s %9s %9s %10s %9s %9s %15s %12s %9s\n", "device", "prec",
+               "thr", "ms/step", "p10-p90", o.gpt ? "tokens/s" : "images/s", "floor ms",
+               "step/floor", "raw/step", "pool/step", "mallocs/step", "threads/step",
+               "step MiB");
         for (int i = 0; i < nres; i++) {
             const result *r = &res[i];
             char m[48], spread[40], th[24];
@@ -896,11 +943,18 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                 snprintf(th, sizeof th, "%.2f", r->threads_created);
             else
                 snprintf(th, sizeof th, "not counted");
-            printf("  %-12s %3d %9.3f %17s %9.0f %9.3f %9.2fx %9.2f %9.1f %15s %12s\n",
-                   r->device, r->threads, r->med, spread, items * 1e3 / r->med,
-                   r->floor_ms, r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs,
-                   r->pool_allocs, m, th);
+            printf("  %-12s %4s %3d %9.3f %17s %9.0f %9.3f %9.2fx %9.2f %9.1f %15s %12s %9.2f\n",
+                   r->device, prec_name(r->precision), r->threads, r->med, spread,
+                   items * 1e3 / r->med, r->floor_ms, r->floor_ms > 0 ? r->med / r->floor_ms : 0,
+                   r->raw_allocs, r->pool_allocs, m, th, (double)r->step_peak / 1048576.0);
         }
+        for (int i = 1; i < nres; i++) /* a device's precisions side by side */
+            if (res[i].device == res[i - 1].device && res[i].precision != res[i - 1].precision)
+                printf("  %s: %s against %s: %.2fx the %s/s, %.2fx the step's peak pool "
+                       "memory\n", res[i].device, prec_name(res[i].precision),
+                       prec_name(res[i - 1].precision), res[i - 1].med / res[i].med, unit,
+                       res[i - 1].step_peak ? (double)res[i].step_peak / (double)res[i - 1].step_peak
+                                            : 0);
         printf("  mallocs/step: calls from libtessera and the plugin (all: every library); "
                "threads/step: threads created (pthread_create, by any library; 0 when every "
                "kernel runs on the pools made at start-up); load average %.2f %.2f %.2f\n",

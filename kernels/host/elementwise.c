@@ -414,6 +414,9 @@ typedef struct ew_iter {
     int64_t strides[EW_MAX_OPS][TS_MAX_DIMS]; /* elements */
     char *base[EW_MAX_OPS];                   /* each operand's element at index 0 */
     size_t es[EW_MAX_OPS];                    /* bytes per element */
+    int32_t dt[EW_MAX_OPS];                   /* each operand's dtype */
+    int half; /* some operand is a 16-bit float: the float32 loop runs on chunks converted on
+               * the way (ew_half_chunks) */
 } ew_iter;
 
 /* Builds the iteration space of ops[0..nops) (all of ops[0]'s shape). Size-1 dims are dropped
@@ -435,6 +438,9 @@ static void ew_iter_init(ew_iter *it, const ts_operand *const *ops, int nops)
             it->strides[k][nd] = ops[k]->strides[d];
         nd++;
     }
+    it->half = 0; /* copies and casts move 16-bit floats as they are */
+    for (int k = 0; k < nops; k++)
+        it->dt[k] = ops[k]->dtype;
     for (int k = 0; k < nops; k++) {
         it->es[k] = ts_plugin_dtype_size(ops[k]->dtype);
         it->base[k] = (char *)ops[k]->data + ops[k]->offset * (int64_t)it->es[k];
@@ -476,6 +482,98 @@ static void ew_iter_init(ew_iter *it, const ts_operand *const *ops, int nops)
 
 /* Runs loop over elements [lo, hi) in row-major order: the innermost dim in runs, the outer
  * dims by an odometer. Returns the OR of the loop's results. */
+/* A run of n elements with 16-bit float operands through loop, a float32 loop: in chunks of
+ * EW_HALF_CHUNK, each 16-bit float input widened into a float32 buffer on the stack (a
+ * stride-0 one once), the loop run on the buffers, and a 16-bit float output narrowed from
+ * its buffer, rounded once. Other operands (uint8 masks and results, a float32 scalar) pass as
+ * they are. An input chunk is read whole before its output is written, so an output that is
+ * its input runs as in float32. */
+enum { EW_HALF_CHUNK = 512 };
+
+/* Dense conversions, vectorized (bfloat16's are bit shifts and an add; the same bits as
+ * plugin.h's ts_plugin_bf16_to_f32 / ts_plugin_f32_to_bf16, which the strided cases use). */
+HK_CLONES static void widen_dense(float *d, const uint16_t *s, int64_t n, int32_t dt)
+{
+    if (dt == TS_BF16) {
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++)
+        {
+            uint32_t u = (uint32_t)s[i] << 16;
+            memcpy(&d[i], &u, 4);
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            d[i] = ts_plugin_f16_to_f32(s[i]);
+    }
+}
+
+HK_CLONES static void narrow_dense(uint16_t *d, const float *s, int64_t n, int32_t dt)
+{
+    if (dt == TS_BF16) {
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++)
+        {
+            uint32_t u;
+            memcpy(&u, &s[i], 4);
+            uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+            d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x0040u : r);
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            d[i] = ts_plugin_f32_to_f16(s[i]);
+    }
+}
+
+static int ew_half_chunks(const ew_iter *it, ew_loop loop, int64_t n, char *const *p,
+                          const int64_t *s)
+{
+    float buf[EW_MAX_OPS][EW_HALF_CHUNK];
+    int bad = 0;
+    for (int64_t i = 0; i < n; i += EW_HALF_CHUNK) {
+        int64_t m = n - i < EW_HALF_CHUNK ? n - i : EW_HALF_CHUNK;
+        char *q[EW_MAX_OPS];
+        int64_t qs[EW_MAX_OPS];
+        for (int k = 0; k < it->nops; k++) {
+            char *at = p[k] + i * s[k] * (int64_t)it->es[k];
+            int32_t dt = it->dt[k];
+            q[k] = at;
+            qs[k] = s[k];
+            if (!ts_plugin_dtype_is_half(dt))
+                continue;
+            q[k] = (char *)buf[k];
+            qs[k] = k == 0 || s[k] ? 1 : 0;
+            if (k == 0)
+                continue;
+            if (s[k] == 1) {
+                widen_dense(buf[k], (const uint16_t *)at, m, dt);
+                continue;
+            }
+            for (int64_t j = 0; j < (s[k] ? m : 1); j++) {
+                uint16_t h;
+                memcpy(&h, at + j * s[k] * 2, 2);
+                buf[k][j] = dt == TS_BF16 ? ts_plugin_bf16_to_f32(h) : ts_plugin_f16_to_f32(h);
+            }
+        }
+        bad |= loop(m, q, qs);
+        int32_t od = it->dt[0];
+        if (ts_plugin_dtype_is_half(od) && s[0] == 1)
+            narrow_dense((uint16_t *)(p[0] + i * 2), buf[0], m, od);
+        else if (ts_plugin_dtype_is_half(od))
+            for (int64_t j = 0; j < m; j++) {
+                uint16_t h = od == TS_BF16 ? ts_plugin_f32_to_bf16(buf[0][j])
+                                           : ts_plugin_f32_to_f16(buf[0][j]);
+                memcpy(p[0] + (i + j) * s[0] * 2, &h, 2);
+            }
+    }
+    return bad;
+}
+
+/* An iteration whose loop is a float32 one: its 16-bit float operands are converted on the
+ * way. */
+static void ew_iter_float32(ew_iter *it)
+{
+    for (int k = 0; k < it->nops; k++)
+        it->half |= ts_plugin_dtype_is_half(it->dt[k]);
+}
+
 static int ew_iter_range(const ew_iter *it, ew_loop loop, int64_t lo, int64_t hi)
 {
     int nd = it->ndim, last = nd - 1;
@@ -499,7 +597,7 @@ static int ew_iter_range(const ew_iter *it, ew_loop loop, int64_t lo, int64_t hi
         int64_t run = it->shape[last] - idx[last];
         if (run > hi - lo)
             run = hi - lo;
-        bad |= loop(run, p, s);
+        bad |= it->half ? ew_half_chunks(it, loop, run, p, s) : loop(run, p, s);
         lo += run;
         idx[last] += run;
         for (int d = last; d > 0 && idx[d] == it->shape[d]; d--) {
@@ -595,13 +693,15 @@ static ts_status run_unary(hk_dev *hd, const ts_kernel_call *call)
     const ts_unary_params *p = prm;
     if (p->fn < 0 || p->fn >= TS_UNARY_COUNT)
         return hd->host->fail(hd->host, TS_EINVAL, "unary: unknown function %d", (int)p->fn);
-    ew_loop loop = unary_loops[p->fn][out->dtype];
+    /* the 16-bit floats: the float32 loop on chunks converted on the way */
+    ew_loop loop = unary_loops[p->fn][ts_plugin_dtype_is_half(out->dtype) ? TS_F32 : out->dtype];
     if (!loop)
         return hd->host->fail(hd->host, TS_ENOTSUP, "unary %s is not implemented for %s",
                               name_or(ts_plugin_fn_name(TS_OP_UNARY, p->fn)), dtype_name(out->dtype));
     const ts_operand *ops[2] = {out, in};
     ew_iter it;
     ew_iter_init(&it, ops, 2);
+    ew_iter_float32(&it);
     ew_iter_run(hd, &it, loop);
     return TS_OK;
 }
@@ -611,10 +711,15 @@ static ts_status run_unary(hk_dev *hd, const ts_kernel_call *call)
 static ts_status run_binary_ops(hk_dev *hd, const char *what, int32_t fn, const ts_operand *out,
                                 const ts_operand *a, const ts_operand *b)
 {
-    ts_status s = hk_binary_dtype_check(hd->host, what, fn, out, a, b);
+    /* a 16-bit float op's scalar is a float32 operand (run_binary_scalar) */
+    int sa = ts_plugin_dtype_is_half(b->dtype) && a->dtype == TS_F32;
+    int sb = ts_plugin_dtype_is_half(a->dtype) && b->dtype == TS_F32;
+    ts_status s = hk_binary_dtype_check(hd->host, what, fn, out, sa ? b : a,
+                                        sa || sb ? NULL : b);
     if (s)
         return s;
-    ew_loop loop = binary_loops[fn][a->dtype];
+    int32_t dt = sa ? b->dtype : a->dtype;
+    ew_loop loop = binary_loops[fn][ts_plugin_dtype_is_half(dt) ? TS_F32 : dt];
     if (!loop)
         return hd->host->fail(hd->host, TS_ENOTSUP, "%s %s is not implemented for %s", what,
                               name_or(ts_plugin_fn_name(TS_OP_BINARY, fn)), dtype_name(a->dtype));
@@ -640,6 +745,7 @@ static ts_status run_binary_ops(hk_dev *hd, const char *what, int32_t fn, const 
     const ts_operand *ops[3] = {out, a, b};
     ew_iter it;
     ew_iter_init(&it, ops, 3);
+    ew_iter_float32(&it);
     ew_iter_run(hd, &it, loop);
     return TS_OK;
 }
@@ -664,8 +770,10 @@ static ts_status run_binary_scalar(hk_dev *hd, const ts_kernel_call *call)
     const ts_operand *out = &call->outputs[0], *in = &call->inputs[0];
     const ts_scalar_params *p = prm;
     double buf[1];
-    scalar_to(in->dtype, p->scalar, buf);
-    ts_operand sc = scalar_operand(out, in->dtype, buf);
+    /* the 16-bit floats take the scalar in float32, not rounded to their own precision */
+    int32_t sdt = ts_plugin_dtype_is_half(in->dtype) ? TS_F32 : in->dtype;
+    scalar_to(sdt, p->scalar, buf);
+    ts_operand sc = scalar_operand(out, sdt, buf);
     return p->scalar_first ? run_binary_ops(hd, "binary_scalar", p->fn, out, &sc, in)
                            : run_binary_ops(hd, "binary_scalar", p->fn, out, in, &sc);
 }
@@ -680,7 +788,8 @@ static ts_status run_where(hk_dev *hd, const ts_kernel_call *call)
     const ts_operand *ops[4] = {out, &call->inputs[0], &call->inputs[1], &call->inputs[2]};
     ew_iter it;
     ew_iter_init(&it, ops, 4);
-    ew_iter_run(hd, &it, where_loops[out->dtype]);
+    ew_iter_float32(&it);
+    ew_iter_run(hd, &it, where_loops[ts_plugin_dtype_is_half(out->dtype) ? TS_F32 : out->dtype]);
     return TS_OK;
 }
 
@@ -696,13 +805,14 @@ static ts_status run_relu_backward(hk_dev *hd, const ts_kernel_call *call)
     if (s)
         return s;
     const ts_operand *out = &call->outputs[0];
-    if (out->dtype != TS_F32 && out->dtype != TS_F64)
+    if (out->dtype != TS_F32 && out->dtype != TS_F64 && !ts_plugin_dtype_is_half(out->dtype))
         return hd->host->fail(hd->host, TS_ENOTSUP, "relu_backward is not implemented for %s",
                               dtype_name(out->dtype));
     const ts_operand *ops[3] = {out, &call->inputs[0], &call->inputs[1]};
     ew_iter it;
     ew_iter_init(&it, ops, 3);
-    ew_iter_run(hd, &it, out->dtype == TS_F32 ? relu_bwd_f32 : relu_bwd_f64);
+    ew_iter_float32(&it);
+    ew_iter_run(hd, &it, out->dtype == TS_F64 ? relu_bwd_f64 : relu_bwd_f32);
     return TS_OK;
 }
 

@@ -69,6 +69,10 @@ int hk_half_claim(int32_t op);
 /* Non-zero if call has a bfloat16 or float16 operand and is not a copy, cast or fill (the ops
  * that take them natively everywhere). */
 int hk_call_has_half(const ts_kernel_call *call);
+/* Non-zero for the ops the host kernels run on 16-bit floats themselves (the elementwise
+ * ops: float32 loops on chunks converted on the way, no scratch); hk_via_float32 for the
+ * others. */
+int hk_half_native(int32_t op);
 /* Runs call with every 16-bit float operand in a dense float32 scratch copy: inputs widened
  * (exact), and outputs too where the op reads them (all but the elementwise ops); run called
  * on the float32 call; each 16-bit float output narrowed from its float32 result, rounded

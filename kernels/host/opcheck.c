@@ -148,6 +148,11 @@ static int elementwise_op(int32_t op)
            op == TS_OP_WHERE || op == TS_OP_RELU_BACKWARD;
 }
 
+int hk_half_native(int32_t op)
+{
+    return elementwise_op(op);
+}
+
 enum { VIA_MAX_IN = 8, VIA_MAX_OUT = 4 };
 
 ts_status hk_via_float32(const ts_host *h, const ts_kernel_call *call, hk_convert_fn convert,

@@ -197,6 +197,12 @@ static size_t scratch_size(const_dnnl_primitive_desc_t pd)
 dnnl_status_t dn_md_strided(dnnl_memory_desc_t *md, int ndim, const int64_t *dims,
                             const int64_t *strides)
 {
+    return dn_md_strided_dt(md, ndim, dims, strides, TS_F32);
+}
+
+dnnl_status_t dn_md_strided_dt(dnnl_memory_desc_t *md, int ndim, const int64_t *dims,
+                               const int64_t *strides, int32_t dtype)
+{
     dnnl_dims_t d, s;
     for (int i = 0; i < ndim; i++) {
         d[i] = dims[i];
@@ -211,7 +217,11 @@ dnnl_status_t dn_md_strided(dnnl_memory_desc_t *md, int ndim, const int64_t *dim
             s[i] = ext;
         }
     }
-    return dnnl_memory_desc_init_by_strides(md, ndim, d, dnnl_f32, s);
+    return dnnl_memory_desc_init_by_strides(md, ndim, d,
+                                            dtype == TS_BF16  ? dnnl_bf16
+                                            : dtype == TS_F16 ? dnnl_f16
+                                                              : dnnl_f32,
+                                            s);
 }
 
 static ts_status cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec,
@@ -546,7 +556,14 @@ static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
 {
     dn_ctx *c = ctx;
     hk_dev_adapt(&c->hd);
-    if (hk_call_has_half(call))
+    if (call->op == TS_OP_MATMUL && call->noutputs == 1 && call->outputs &&
+        ts_plugin_dtype_is_half(call->outputs[0].dtype)) {
+        int declined = 0;
+        ts_status s = dn_matmul_half(c, call, &declined);
+        if (!declined)
+            return s;
+    }
+    if (hk_call_has_half(call) && !hk_half_native(call->op))
         return hk_via_float32(c->hd.host, call, hk_convert, &c->hd, dnnl_run_f32, c);
     return dnnl_run_f32(c, call);
 }

@@ -42,10 +42,10 @@ static ts_status pack(dn_ctx *c, const ts_operand *o, ts_operand *dense, void **
     return hk_dev_copy_strided(dense, o);
 }
 
-static ts_status matmul_entry(dn_ctx *c, const dn_key *key, int nd, const int64_t *ad,
-                              const int64_t *as, const int64_t *bd, const int64_t *bs,
-                              const int64_t *cd, const int64_t *cs, double alpha, double beta,
-                              dn_entry **e)
+static ts_status matmul_entry(dn_ctx *c, const dn_key *key, int32_t dt, int nd,
+                              const int64_t *ad, const int64_t *as, const int64_t *bd,
+                              const int64_t *bs, const int64_t *cd, const int64_t *cs,
+                              double alpha, double beta, dn_entry **e)
 {
     if ((*e = dn_cache_find(c, key)))
         return TS_OK;
@@ -57,9 +57,9 @@ static ts_status matmul_entry(dn_ctx *c, const dn_key *key, int nd, const int64_
     const char *what = "building the memory descriptors";
     dnnl_matmul_desc_t md;
     dnnl_post_ops_t po = NULL;
-    if ((st = dn_md_strided(&sp.user[0], nd, ad, as)) ||
-        (st = dn_md_strided(&sp.user[1], nd, bd, bs)) ||
-        (st = dn_md_strided(&sp.user[2], nd, cd, cs)))
+    if ((st = dn_md_strided_dt(&sp.user[0], nd, ad, as, dt)) ||
+        (st = dn_md_strided_dt(&sp.user[1], nd, bd, bs, dt)) ||
+        (st = dn_md_strided_dt(&sp.user[2], nd, cd, cs, dt)))
         return dn_fail(c, st, "matmul", what);
     if ((st = dnnl_matmul_desc_init(&md, &sp.user[0], &sp.user[1], NULL, &sp.user[2])))
         return dn_fail(c, st, "matmul", "dnnl_matmul_desc_init");
@@ -89,8 +89,10 @@ dfail:
     return dn_fail(c, st, "matmul", what);
 }
 
-/* a: (B..., M, K), b: (B..., K, N), out: (B..., M, N); out = alpha * a @ b + beta * out. */
-ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
+/* a: (B..., M, K), b: (B..., K, N), out: (B..., M, N); out = alpha * a @ b + beta * out.
+ * half: the 16-bit float path, which declines (*declined, nothing written) what it does not
+ * run. */
+static ts_status run_matmul(dn_ctx *c, const ts_kernel_call *call, int half, int *declined)
 {
     const ts_host *h = c->hd.host;
     if (call->op != TS_OP_MATMUL)
@@ -103,7 +105,7 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
     int32_t dt = C->dtype;
     int nd = md.nd;
     int64_t M = md.M, K = md.K, N = md.N, nbatch = md.nbatch;
-    if (dt != TS_F32)
+    if (dt != TS_F32 && !half)
         return h->fail(h, TS_ENOTSUP, "matmul: cpu_onednn runs float32 only (oneDNN's CPU "
                        "matmul has no float64)");
     double alpha = 1.0, beta = 0.0;
@@ -114,6 +116,11 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
     }
     if (nbatch == 0 || M == 0 || N == 0)
         return TS_OK;
+    if (half && (K == 0 || needs_pack(A) || needs_pack(B) || hk_overlaps(C, A) ||
+                 hk_overlaps(C, B))) {
+        *declined = 1; /* the rare layouts: through float32 */
+        return TS_OK;
+    }
     if (K == 0) {
         /* An empty sum: out = beta * out (beta 0 overwrites, NaN or not). */
         int64_t n = numel(C), idx[TS_MAX_DIMS] = {0};
@@ -170,6 +177,7 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
     }
     dn_key key = {0};
     dn_key_push(&key, TS_OP_MATMUL);
+    dn_key_push(&key, dt);
     dn_key_push(&key, nd);
     for (int d = 0; d < nd; d++) {
         dn_key_push(&key, ad[d]);
@@ -181,8 +189,14 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
     }
     dn_key_push_double(&key, alpha);
     dn_key_push_double(&key, beta);
-    if ((s = matmul_entry(c, &key, nd, ad, as, bd, bs, cd, cs, alpha, beta, &e)))
+    if ((s = matmul_entry(c, &key, dt, nd, ad, as, bd, bs, cd, cs, alpha, beta, &e))) {
+        if (half && s == TS_ENOTSUP) { /* no such primitive on this CPU: float32 from now on */
+            c->no_half_matmul[dt == TS_F16] = 1;
+            *declined = 1;
+            s = TS_OK;
+        }
         goto done;
+    }
 
     int64_t idx[TS_MAX_DIMS] = {0};
     for (;;) {
@@ -193,7 +207,9 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
             bo += idx[d] * Bd.strides[d];
             co += idx[d] * Cd.strides[d];
         }
-        void *handles[3] = {(float *)Ad.data + ao, (float *)Bd.data + bo, (float *)Cd.data + co};
+        size_t es = ts_plugin_dtype_size(dt);
+        void *handles[3] = {(char *)Ad.data + ao * (int64_t)es, (char *)Bd.data + bo * (int64_t)es,
+                            (char *)Cd.data + co * (int64_t)es};
         if ((s = dn_execute(c, e, handles, "matmul")))
             goto done;
         int i = nloop - 1;
@@ -214,4 +230,15 @@ done:
     h->scratch_free(h, bbuf);
     h->scratch_free(h, abuf);
     return s;
+}
+
+ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
+{
+    return run_matmul(c, call, 0, NULL);
+}
+
+ts_status dn_matmul_half(dn_ctx *c, const ts_kernel_call *call, int *declined)
+{
+    *declined = c->no_half_matmul[call->outputs[0].dtype == TS_F16];
+    return *declined ? TS_OK : run_matmul(c, call, 1, declined);
 }

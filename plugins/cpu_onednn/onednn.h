@@ -72,6 +72,9 @@ typedef struct dn_ctx {
     uint64_t tick;
     dnnl_stream_t idle[DN_MAX_IDLE_STREAMS]; /* streams no execution holds */
     int nidle;
+    /* bfloat16 / float16 matmul primitives: 1 when oneDNN has none for this CPU (the first
+     * creation said dnnl_unimplemented), so such calls go through float32 without asking */
+    int no_half_matmul[2];
 } dn_ctx;
 
 /* Key building: dn_key_push appends one word (silently marks the key unusable when full). */
@@ -88,6 +91,9 @@ void dn_entry_release(dn_ctx *c, dn_entry *e);
  * dims get a plain stride). */
 dnnl_status_t dn_md_strided(dnnl_memory_desc_t *md, int ndim, const int64_t *dims,
                             const int64_t *strides);
+/* The same in dtype (TS_F32, TS_BF16 or TS_F16). */
+dnnl_status_t dn_md_strided_dt(dnnl_memory_desc_t *md, int ndim, const int64_t *dims,
+                               const int64_t *strides, int32_t dtype);
 
 /* Description of a primitive to create: op_desc and attr (attr: NULL or one with whatever
  * the op needs; the scratchpad mode is set here), hint for backward ops. user[i] is the
@@ -123,6 +129,11 @@ ts_status dn_fail(dn_ctx *c, dnnl_status_t st, const char *name, const char *wha
 
 int dn_matmul_supports(int32_t op, int32_t dtype);
 ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call);
+/* A bfloat16 / float16 matmul on oneDNN's primitive of that dtype (float32 accumulation; the
+ * AVX512_BF16 / AMX kernels where the CPU has them). *declined when it does not take the call
+ * (no primitive for this CPU, a layout oneDNN cannot describe, an aliased output): the caller
+ * runs it through float32. */
+ts_status dn_matmul_half(dn_ctx *c, const ts_kernel_call *call, int *declined);
 int dn_conv_supports(int32_t op, int32_t dtype);
 ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call);
 /* Non-zero if oneDNN runs this UNARY / SOFTMAX / LOG_SOFTMAX call (F32, dense, large enough,

@@ -766,6 +766,69 @@ static void step(ts_device *dn, kt_buf *bufs)
     CHECK_OK(kt_run(dn, TS_OP_SOFTMAX, &y->op, 1, &y->op, 1, &dp, sizeof dp));
 }
 
+static int cpu_flag(const char *flag)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[8192];
+    int has = 0;
+    size_t n = strlen(flag);
+    while (f && !has && fgets(line, sizeof line, f))
+        if (!strncmp(line, "flags", 5))
+            for (const char *p = strstr(line, flag); p && !has; p = strstr(p + 1, flag))
+                has = p[-1] == ' ' && (p[n] == ' ' || p[n] == '\n');
+    if (f)
+        fclose(f);
+    return has;
+}
+
+/* bfloat16 and float16 matmuls on oneDNN's primitive of the dtype where the CPU has one (on a
+ * CPU with AVX512_BF16, bfloat16 must: the primitive count grows once, then not again), else
+ * through float32; either way each element is the exact sum rounded once (small integers:
+ * float32 accumulates them exactly). */
+static void test_matmul_half(void)
+{
+    ts_device *dn = load_onednn();
+    count_fn count = primitive_counter(dn);
+    for (int bf = 1; bf >= 0; bf--) {
+        int32_t dt = bf ? TS_BF16 : TS_F16;
+        kt_buf a = kt_make(dn, dt, 3, (int64_t[]){2, 7, 33}, KT_CONTIG, 1);
+        kt_buf b = kt_make(dn, dt, 3, (int64_t[]){2, 33, 9}, KT_TRANSPOSED, 2);
+        kt_buf c = kt_make(dn, dt, 3, (int64_t[]){2, 7, 9}, KT_CONTIG, 3);
+        ts_matmul_params mp = {1.0, 0.0};
+        unsigned long long c0 = count();
+        CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){a.op, b.op}, 2, &c.op, 1, &mp,
+                        sizeof mp));
+        unsigned long long c1 = count();
+        CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){a.op, b.op}, 2, &c.op, 1, &mp,
+                        sizeof mp));
+        CHECK_MSG(count() == c1, "%s: the second matmul created a primitive",
+                  ts_dtype_name(dt));
+        for (int64_t q = 0; q < 2; q++)
+            for (int64_t i = 0; i < 7; i++)
+                for (int64_t j = 0; j < 9; j++) {
+                    double sum = 0;
+                    for (int64_t k = 0; k < 33; k++)
+                        sum += kt_get(&a.op, (int64_t[]){q, i, k}) *
+                               kt_get(&b.op, (int64_t[]){q, k, j});
+                    double want = bf ? ts_plugin_bf16_to_f32(ts_plugin_f64_to_bf16(sum))
+                                     : ts_plugin_f16_to_f32(ts_plugin_f64_to_f16(sum));
+                    double got = kt_get(&c.op, (int64_t[]){q, i, j});
+                    CHECK_MSG(got == want, "%s matmul (%lld, %lld, %lld): %.9g, not %.9g (%.9g "
+                              "rounded once)", ts_dtype_name(dt), (long long)q, (long long)i,
+                              (long long)j, got, want, sum);
+                }
+        int native = c1 > c0;
+        printf("# %s matmul: %s\n", ts_dtype_name(dt),
+               native ? "oneDNN's primitive" : "through float32 (no primitive for this CPU)");
+        if (bf && cpu_flag("avx512_bf16") && !getenv("ONEDNN_MAX_CPU_ISA") &&
+            !getenv("DNNL_MAX_CPU_ISA"))
+            CHECK_MSG(native, "bfloat16 matmul did not use oneDNN's primitive on a CPU with "
+                      "AVX512_BF16");
+        kt_free(&a), kt_free(&b), kt_free(&c);
+    }
+    kt_check_no_live_blocks(dn);
+}
+
 static void test_steady_state(void)
 {
     ts_device *dn = load_onednn();
@@ -880,6 +943,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_matmul_batched),
         TAP_TEST(test_matmul_empty),
         TAP_TEST(test_matmul_in_place),
+        TAP_TEST(test_matmul_half),
         TAP_TEST(test_conv_supports),
         TAP_TEST(test_conv),
         TAP_TEST(test_conv_bad_params),
