@@ -14,7 +14,12 @@ struct ts_trainer {
     ts_ddp *ddp;     /* world > 1 */
     int rank, world; /* world 1: this process alone */
     int64_t steps;
+    double scale;      /* TS_F16: the loss scale (1 otherwise) */
+    int64_t clean;     /* TS_F16: clean steps since the scale last changed */
+    int64_t interval;  /* TS_F16: clean steps before it doubles */
 };
+
+enum { SCALE_INIT = 65536, SCALE_INTERVAL = 2000 };
 
 static ts_status check_options(const ts_trainer_options *o, const char *fn)
 {
@@ -23,10 +28,13 @@ static ts_status check_options(const ts_trainer_options *o, const char *fn)
     if (!(o->clip_grad_norm >= 0) || o->accumulate < 0)
         return ts__fail(TS_EINVAL, "%s: clip_grad_norm %g and accumulate %lld must not be "
                         "negative", fn, o->clip_grad_norm, (long long)o->accumulate);
-    if (o->precision != TS_F32 && o->precision != TS_BF16)
-        return ts__fail(TS_EINVAL, "%s: precision %d: float32 (TS_F32) or bfloat16 (TS_BF16); "
-                        "float16 needs loss scaling, which the trainer does not do yet", fn,
+    if (o->precision != TS_F32 && o->precision != TS_BF16 && o->precision != TS_F16)
+        return ts__fail(TS_EINVAL, "%s: precision %d: TS_F32, TS_BF16 or TS_F16", fn,
                         (int)o->precision);
+    if (!(o->loss_scale >= 0) || o->loss_scale > 1e30 || o->scale_interval < 0)
+        return ts__fail(TS_EINVAL, "%s: loss_scale %g must be in [0, 1e30] (0: 65536) and "
+                        "scale_interval %lld not negative", fn, o->loss_scale,
+                        (long long)o->scale_interval);
     return TS_OK;
 }
 
@@ -52,6 +60,9 @@ TS_API ts_status ts_trainer_new(ts_module *m, ts_optim *opt, const ts_trainer_op
     t->opt = opt;
     t->o = o ? *o : defaults;
     t->np = ts_module_parameters(m, t->params, np);
+    int f16 = t->o.precision == TS_F16;
+    t->scale = !f16 ? 1 : t->o.loss_scale > 0 ? t->o.loss_scale : SCALE_INIT;
+    t->interval = t->o.scale_interval > 0 ? t->o.scale_interval : SCALE_INTERVAL;
     t->rank = ts_dist_rank();
     t->world = ts_dist_size();
     if (t->world > 1 && ((s = ts_dist_broadcast_module(m, 0)) ||
@@ -131,7 +142,7 @@ static ts_status micro_batch(ts_trainer *t, ts_tensor *x, ts_tensor *y, int64_t 
         ts_scope_adopt(ts_tensor_item(l, &lv), NULL);
     /* weighted by its share of the global batch, so that the gradients, summed over the
      * micro-batches and averaged over the ranks, are the global batch's mean loss's */
-    double w = (double)n * (double)t->world / (double)rows;
+    double w = (double)n * (double)t->world / (double)rows * t->scale; /* float16: scaled */
     if (w != 1.0)
         l = ts_s_mul_scalar(l, w);
     if (l)
@@ -144,6 +155,60 @@ static ts_status micro_batch(ts_trainer *t, ts_tensor *x, ts_tensor *y, int64_t 
     if (loss)
         *loss += lv * (double)n / (double)rows;
     return ts_scope_end(sc);
+}
+
+/* float16's loss scaling after backward: every gradient times 1 / scale; *skip when one holds
+ * an infinity or NaN (the sum of each gradient times 0 is 0 exactly when all are finite), the
+ * scale then halved; else one more clean step, and the scale doubled after `interval`. */
+static ts_status unscale(ts_trainer *t, int *skip)
+{
+    ts_scope *sc = ts_scope_begin();
+    ts_no_grad_enter();
+    ts_tensor *bad = NULL;
+    for (size_t i = 0; i < t->np; i++) {
+        ts_tensor *g = ts_tensor_grad(t->params[i].tensor);
+        if (!g)
+            continue;
+        ts_s_mul_scalar_(g, 1.0 / t->scale);
+        ts_tensor *z = ts_s_sum(ts_s_cast(ts_s_mul_scalar(g, 0.0), TS_F64), 0, NULL, 0);
+        bad = bad ? ts_s_add(bad, z) : z;
+    }
+    double v = 0;
+    if (bad)
+        ts_scope_adopt(ts_tensor_item(bad, &v), NULL);
+    ts_no_grad_exit();
+    ts_status s = ts_scope_end(sc);
+    *skip = s == TS_OK && v != 0; /* NaN compares unequal too */
+    if (s == TS_OK && *skip) {
+        t->scale = t->scale * 0.5 > 0 ? t->scale * 0.5 : t->scale;
+        t->clean = 0;
+    } else if (s == TS_OK && ++t->clean >= t->interval) {
+        t->scale = t->scale * 2 <= 1e30 ? t->scale * 2 : t->scale;
+        t->clean = 0;
+    }
+    return s;
+}
+
+TS_API void ts_trainer_loss_scale(const ts_trainer *t, double *scale, int64_t *clean_steps)
+{
+    if (scale)
+        *scale = t ? t->scale : 1;
+    if (clean_steps)
+        *clean_steps = t ? t->clean : 0;
+}
+
+TS_API ts_status ts_trainer_set_loss_scale(ts_trainer *t, double scale, int64_t clean_steps)
+{
+    if (!t || !(scale > 0) || scale > 1e30 || clean_steps < 0)
+        return ts__fail(TS_EINVAL, "ts_trainer_set_loss_scale: trainer is NULL, or scale %g is "
+                        "not in (0, 1e30], or clean steps %lld negative", scale,
+                        (long long)clean_steps);
+    if (t->o.precision != TS_F16 && scale != 1)
+        return ts__fail(TS_ESTATE, "ts_trainer_set_loss_scale: the trainer is not float16; "
+                        "only float16 scales its loss (scale 1)");
+    t->scale = scale;
+    t->clean = clean_steps;
+    return TS_OK;
 }
 
 TS_API ts_status ts_trainer_step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_step_result *r)
@@ -172,9 +237,13 @@ TS_API ts_status ts_trainer_step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_s
     ts_ddp_no_sync(t->ddp, 0);
     if (s == TS_OK && t->ddp) /* every rank, even one without rows */
         s = ts_ddp_sync(t->ddp);
-    if (s == TS_OK && t->o.clip_grad_norm > 0)
+    int skip = 0;
+    if (s == TS_OK && t->o.precision == TS_F16) /* the same gradients, so the same verdict, on
+                                                 * every rank */
+        s = unscale(t, &skip);
+    if (s == TS_OK && !skip && t->o.clip_grad_norm > 0)
         s = ts_clip_grad_norm(t->params, t->np, t->o.clip_grad_norm, NULL);
-    if (s == TS_OK)
+    if (s == TS_OK && !skip)
         s = ts_optim_step(t->opt);
     ts_optim_zero_grad(t->opt);
     int stop = r && r->stop;
@@ -188,7 +257,7 @@ TS_API ts_status ts_trainer_step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_s
         return s;
     t->steps++;
     if (r)
-        *r = (ts_step_result){loss, n, stop};
+        *r = (ts_step_result){loss, n, stop, skip};
     return TS_OK;
 }
 
@@ -364,7 +433,7 @@ TS_API ts_status ts_train_epoch(ts_module *m, ts_loader *l, ts_optim *opt, ts_lo
 {
     if (!m || !l || !opt)
         return ts__fail(TS_EINVAL, "ts_train_epoch: model, loader or optimizer is NULL");
-    ts_trainer t = {.m = m, .opt = opt, .o = TS_TRAINER_OPTIONS_INIT, .world = 1};
+    ts_trainer t = {.m = m, .opt = opt, .o = TS_TRAINER_OPTIONS_INIT, .world = 1, .scale = 1};
     t.o.loss = loss;
     ts_status s = check_options(&t.o, "ts_train_epoch");
     double sum = 0;

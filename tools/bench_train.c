@@ -25,11 +25,11 @@ static const char usage[] =
     "                           [--init KIND] [--optimizer sgd|adam|adamw] [--lr X]\n"
     "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
     "                           [--data DIR] [--synthetic] [--graph] [--profile] [--contend N]\n"
-    "                           [--precision fp32|bf16|fp32,bf16] [--json]\n"
+    "                           [--precision LIST] [--json]\n"
     "       tessera bench train --model gpt [--context T] [--layers L] [--heads H] [--embd C]\n"
     "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
     "                           [--graph] [--profile] [--contend N]\n"
-    "                           [--precision fp32|bf16|fp32,bf16] [--json]\n"
+    "                           [--precision LIST] [--json]\n"
     "\n"
     "Times --steps training steps (default 50) after --warmup steps (default 5) at batch\n"
     "--batch-size (default 100) on consecutive batches of the Fashion-MNIST training set held\n"
@@ -59,10 +59,11 @@ static const char usage[] =
     "the median under contention and its ratio to the median without (a CPU plugin's\n"
     "adaptive_threads setting gives up the cores they take).\n"
     "\n"
-    "--precision LIST: fp32 (default), bf16 or fp32,bf16: each device's step in each, side by\n"
-    "side (bf16: mixed precision as `tessera train --precision bf16` runs it: float32 master\n"
-    "weights and optimizer state, the forward under autocast), with the steps' own peak pool\n"
-    "memory (step MiB: the peak over the timed steps less what was in use before them).\n";
+    "--precision LIST: any of fp32 (default), bf16 and fp16, comma-separated: each device's\n"
+    "step in each, side by side (bf16, fp16: mixed precision as `tessera train --precision`\n"
+    "runs it: float32 master weights and optimizer state, the forward under autocast; fp16\n"
+    "with loss scaling), with the steps' own peak pool memory (step MiB: the peak over the\n"
+    "timed steps less what was in use before them).\n";
 
 /* The q-quantile of sorted v[0..n) (nearest rank). */
 static double quantile(const double *v, int n, double q)
@@ -236,7 +237,7 @@ typedef struct bench_opts {
     int64_t batch, steps, warmup;
     int json, synthetic, profile, graph;
     int64_t contend; /* busy processes beside the second timing (0: none) */
-    int32_t prec[2]; /* --precision: each device's step in each, side by side */
+    int32_t prec[3]; /* --precision: each device's step in each, side by side */
     int nprec;
 } bench_opts;
 
@@ -606,7 +607,7 @@ out:
 
 static const char *prec_name(int32_t p)
 {
-    return p == TS_BF16 ? "bf16" : "fp32";
+    return p == TS_BF16 ? "bf16" : p == TS_F16 ? "fp16" : "fp32";
 }
 
 
@@ -705,14 +706,18 @@ static int parse(int argc, char **argv, bench_opts *o)
             o->nprec = 0;
             for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
                  t = strtok_r(NULL, ",", &save)) {
-                int32_t p = !strcmp(t, "fp32") ? TS_F32 : !strcmp(t, "bf16") ? TS_BF16 : -1;
+                int32_t p = !strcmp(t, "fp32")   ? TS_F32
+                            : !strcmp(t, "bf16") ? TS_BF16
+                            : !strcmp(t, "fp16") ? TS_F16
+                                                 : -1;
                 if (p < 0)
-                    return cli_usage_error("bench train", "--precision: '%s' is not fp32 or "
-                                           "bf16 (fp16 needs loss scaling, which training "
-                                           "does not do yet)", t);
-                if (o->nprec == 2 || (o->nprec == 1 && o->prec[0] == p))
-                    return cli_usage_error("bench train", "--precision: each of fp32 and bf16 "
-                                           "once");
+                    return cli_usage_error("bench train", "--precision: '%s' is not fp32, bf16 "
+                                           "or fp16", t);
+                for (int k = 0; k < o->nprec; k++)
+                    if (o->prec[k] == p)
+                        return cli_usage_error("bench train", "--precision: %s twice", t);
+                if (o->nprec == 3)
+                    return cli_usage_error("bench train", "--precision: at most fp32,bf16,fp16");
                 o->prec[o->nprec++] = p;
             }
             if (!o->nprec)
@@ -948,13 +953,16 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                    items * 1e3 / r->med, r->floor_ms, r->floor_ms > 0 ? r->med / r->floor_ms : 0,
                    r->raw_allocs, r->pool_allocs, m, th, (double)r->step_peak / 1048576.0);
         }
-        for (int i = 1; i < nres; i++) /* a device's precisions side by side */
-            if (res[i].device == res[i - 1].device && res[i].precision != res[i - 1].precision)
-                printf("  %s: %s against %s: %.2fx the %s/s, %.2fx the step's peak pool "
-                       "memory\n", res[i].device, prec_name(res[i].precision),
-                       prec_name(res[i - 1].precision), res[i - 1].med / res[i].med, unit,
-                       res[i - 1].step_peak ? (double)res[i].step_peak / (double)res[i - 1].step_peak
-                                            : 0);
+        for (int i = 1, b = 0; i < nres; i++) { /* a device's precisions against its first */
+            if (res[i].device != res[b].device) {
+                b = i;
+                continue;
+            }
+            printf("  %s: %s against %s: %.2fx the %s/s, %.2fx the step's peak pool memory\n",
+                   res[i].device, prec_name(res[i].precision), prec_name(res[b].precision),
+                   res[b].med / res[i].med, unit,
+                   res[b].step_peak ? (double)res[i].step_peak / (double)res[b].step_peak : 0);
+        }
         printf("  mallocs/step: calls from libtessera and the plugin (all: every library); "
                "threads/step: threads created (pthread_create, by any library; 0 when every "
                "kernel runs on the pools made at start-up); load average %.2f %.2f %.2f\n",

@@ -276,6 +276,24 @@ int cli_adopt_int(const ts_checkpoint *ck, const char *path, cli_run_key k, uint
                   uint64_t hi, uint64_t *v);
 int cli_adopt_f64(const ts_checkpoint *ck, const char *path, cli_run_key k, double lo,
                   int lo_open, double hi, double *v);
+/* A choice (one of choices, NULL-terminated) the same way; *v points into choices. */
+int cli_adopt_choice(const ts_checkpoint *ck, const char *path, cli_run_key k,
+                     const char *const *choices, const char **v);
+/* --precision: "fp32" (default), "bf16" or "fp16" (mixed precision; fp16 with loss scaling),
+ * and the trainer's dtype for it. */
+extern const char *const cli_precisions[];
+int32_t cli_precision_dtype(const char *p);
+/* float16 loss scaling's state in a checkpoint (train.loss_scale, train.loss_scale_clean):
+ * written from the trainer; read at --resume (absent: have 0); put back into the new trainer
+ * when it trains in fp16. read and apply: 0, or 1 after a message. */
+typedef struct cli_loss_scale {
+    double scale;
+    uint64_t clean;
+    int have;
+} cli_loss_scale;
+void cli_save_loss_scale(ts_checkpoint *ck, const ts_trainer *tr);
+int cli_read_loss_scale(const ts_checkpoint *ck, const char *path, cli_loss_scale *ls);
+int cli_apply_loss_scale(const cli_loss_scale *ls, ts_trainer *tr, const char *precision);
 /* Of names, the one a misspelt given is closest to (at most 2 edits: a letter added,
  * dropped, changed, or two swapped; fewer than half the name), or NULL: for "did you mean". */
 const char *cli_did_you_mean(const char *given, const char *const *names, size_t n);

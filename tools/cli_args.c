@@ -747,6 +747,37 @@ int cli_adopt_int(const ts_checkpoint *ck, const char *path, cli_run_key k, uint
     return 0;
 }
 
+const char *const cli_precisions[] = {"fp32", "bf16", "fp16", NULL};
+
+int32_t cli_precision_dtype(const char *p)
+{
+    return !p ? TS_F32 : !strcmp(p, "bf16") ? TS_BF16 : !strcmp(p, "fp16") ? TS_F16 : TS_F32;
+}
+
+int cli_adopt_choice(const ts_checkpoint *ck, const char *path, cli_run_key k,
+                     const char *const *choices, const char **v)
+{
+    int rc;
+    const char *t = run_key_text(ck, path, &k, &rc);
+    if (!t)
+        return rc;
+    size_t i = 0;
+    while (choices[i] && strcmp(choices[i], t))
+        i++;
+    if (!choices[i]) {
+        char shown[200];
+        fprintf(stderr, "tessera: error: %s: '%s' = '%s' is not one of the values %s takes; the "
+                        "checkpoint is damaged or was edited\n",
+                path, k.key, cli_printable(t, 60, shown, sizeof shown), k.opt);
+        return 1;
+    }
+    if (k.given && strcmp(choices[i], *v))
+        return run_key_differs(path, &k, choices[i], *v);
+    if (!k.given)
+        *v = choices[i];
+    return 0;
+}
+
 int cli_adopt_f64(const ts_checkpoint *ck, const char *path, cli_run_key k, double lo,
                   int lo_open, double hi, double *v)
 {

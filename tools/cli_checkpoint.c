@@ -203,6 +203,43 @@ void cli_meta_set_u64(ts_checkpoint *ck, const char *key, uint64_t v)
     ts_checkpoint_set_meta(ck, key, b);
 }
 
+void cli_save_loss_scale(ts_checkpoint *ck, const ts_trainer *tr)
+{
+    double scale;
+    int64_t clean;
+    ts_trainer_loss_scale(tr, &scale, &clean);
+    char b[40];
+    snprintf(b, sizeof b, "%.17g", scale); /* a power of two: exact */
+    ts_checkpoint_set_meta(ck, "train.loss_scale", b);
+    cli_meta_set_u64(ck, "train.loss_scale_clean", (uint64_t)clean);
+}
+
+int cli_read_loss_scale(const ts_checkpoint *ck, const char *path, cli_loss_scale *ls)
+{
+    *ls = (cli_loss_scale){1, 0, 0};
+    const char *t = ts_checkpoint_meta(ck, "train.loss_scale");
+    if (!t) /* an older tessera's, or none written */
+        return 0;
+    if (cli_strict_double(t, 0, 1, 1e30, &ls->scale) ||
+        cli_meta_u64(ck, path, "train.loss_scale_clean", (uint64_t)1 << 53, &ls->clean)) {
+        char shown[200];
+        fprintf(stderr, "tessera: error: %s: metadata 'train.loss_scale' = '%s' (or its "
+                        "train.loss_scale_clean) is not a loss scale; the checkpoint is damaged "
+                        "or was edited\n", path, cli_printable(t, 60, shown, sizeof shown));
+        return 1;
+    }
+    ls->have = 1;
+    return 0;
+}
+
+int cli_apply_loss_scale(const cli_loss_scale *ls, ts_trainer *tr, const char *precision)
+{
+    if (!ls->have || strcmp(precision, "fp16")) /* another precision: its own scale, 1 */
+        return 0;
+    ts_status s = ts_trainer_set_loss_scale(tr, ls->scale, (int64_t)ls->clean);
+    return s ? cli_fail(s, "--resume") : 0;
+}
+
 int cli_meta_u64(const ts_checkpoint *ck, const char *path, const char *key, uint64_t max,
                  uint64_t *v)
 {

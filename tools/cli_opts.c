@@ -266,6 +266,8 @@ int cli_opts_adopt(const cli_opt *t, size_t n, const unsigned char *given,
         int rc;
         if (r->type == CLI_F64) {
             rc = cli_adopt_f64(ck, path, k, r->lo, r->lo_open, hi, AT(o, r, double));
+        } else if (r->type == CLI_CHOICE) {
+            rc = cli_adopt_choice(ck, path, k, r->choices, AT(o, r, const char *));
         } else {
             uint64_t v = r->type == CLI_I64   ? (uint64_t)*AT(o, r, int64_t)
                          : r->type == CLI_U64 ? *AT(o, r, uint64_t)

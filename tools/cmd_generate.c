@@ -14,14 +14,16 @@
 
 static const char usage[] =
     "usage: tessera generate --resume CKPT [--prompt TEXT] [--tokens N] [--temperature T]\n"
-    "                        [--top-k K] [--seed S] [--device NAME]\n"
+    "                        [--top-k K] [--seed S] [--precision P] [--device NAME]\n"
     "\n"
     "Samples text from a checkpoint of `tessera train --model gpt`: the prompt (default a\n"
     "newline), then --tokens new bytes (default 200), each drawn from the model's next-byte\n"
     "distribution divided by --temperature (default 0.8; 0 takes the most likely byte) among\n"
     "the --top-k most likely (default 0: all), with a generator seeded by --seed (default 1).\n"
     "A key/value cache makes each new token cost one position; past the context the last half\n"
-    "of it is fed again. The text goes to stdout, the speed to stderr.\n";
+    "of it is fed again. --precision fp32 (default), bf16 or fp16: the forward under autocast\n"
+    "(the matmuls in the 16-bit type; the weights stay as the checkpoint holds them). The text\n"
+    "goes to stdout, the speed to stderr.\n";
 
 static uint64_t next_u64(uint64_t *s)
 {
@@ -83,7 +85,7 @@ static void put_byte(int c, int tty)
 
 int cmd_generate(int argc, char **argv, const cli_common *common)
 {
-    const char *resume = NULL, *prompt = "\n", *device = NULL;
+    const char *resume = NULL, *prompt = "\n", *device = NULL, *precision = "fp32";
     int64_t tokens = 200, top_k = 0;
     double temp = 0.8;
     uint64_t seed = 1;
@@ -106,6 +108,13 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
             bad = cli_parse_double("generate", a, v, 0, 0, 100, &temp), i++;
         } else if (!strcmp(a, "--seed")) {
             bad = cli_parse_u64("generate", a, v, 0, UINT64_MAX, &seed), i++;
+        } else if (!strcmp(a, "--precision")) {
+            size_t k = 0;
+            while (v && cli_precisions[k] && strcmp(v, cli_precisions[k]))
+                k++;
+            if (!v || !cli_precisions[k])
+                return cli_usage_error("generate", "--precision takes fp32, bf16 or fp16");
+            precision = cli_precisions[k], i++;
         } else if (!strcmp(a, "--config")) {
             i++;
         } else {
@@ -183,13 +192,18 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
         cli_fail(s, "generate");
         goto out;
     }
+    int ac = (s = ts_autocast_begin(cli_precision_dtype(precision))) == TS_OK;
     for (size_t i = from; i < len && !s; i++) {
         ts_tensor_unref(logits);
         logits = NULL;
         s = ts_gpt_cache_step(gpt, cache, hist[i], &logits);
     }
     for (int64_t t = 0; t < tokens && !s; t++) {
-        if ((s = ts_tensor_to_host(logits, lv, sizeof *lv * (size_t)cfg.vocab)))
+        ts_tensor *l32 = NULL; /* a 16-bit matmul's logits, as float32 */
+        if (!(s = ts_cast(logits, TS_F32, &l32)))
+            s = ts_tensor_to_host(l32, lv, sizeof *lv * (size_t)cfg.vocab);
+        ts_tensor_unref(l32);
+        if (s)
             break;
         int64_t next = pick(lv, cfg.vocab, temp, top_k, &r);
         hist[len++] = (unsigned char)next;
@@ -213,6 +227,8 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
         if (!s)
             s = ts_gpt_cache_step(gpt, cache, next, &logits);
     }
+    if (ac)
+        ts_autocast_end();
     free(hist);
     fflush(stdout);
     if (s) {

@@ -30,6 +30,7 @@ typedef struct train_opts {
     int64_t epochs, batch, max_steps, train_limit, save_every, log_every, accumulate;
     double lr, momentum, weight_decay;
     const char *lr_schedule, *decay; /* "constant" / "step" / "cosine"; "all" / "matrices" */
+    const char *precision;           /* "fp32" / "bf16" */
     int64_t warmup_steps, lr_step_size, lr_decay_steps;
     double min_lr, lr_gamma, clip;
     uint64_t seed;
@@ -91,6 +92,12 @@ static const cli_opt opts[] = {
      .help = "each step's batch in K micro-batches, their gradients summed: the activations of "
              "a batch/K at a time, the same step to float rounding (default 1; on --resume the "
              "checkpoint's unless given)"},
+    {.flag = "--precision", .type = CLI_CHOICE, .off = O(precision), .choices = cli_precisions,
+     .json = "precision", .ckpt = "train.precision", .agree = OPT, .arg = "P",
+     .help = "fp32 (default), bf16 or fp16: mixed precision as torch.autocast runs it, "
+             "float32 weights, gradients and optimizer state with the matmuls and "
+             "convolutions in the 16-bit type; fp16 with dynamic loss scaling, as GradScaler "
+             "(on --resume the checkpoint's unless given)"},
     {"--max-steps", CLI_I64, O(max_steps), 0, (double)MAX_STEPS, .json = "max_steps",
      .agree = OPT,
      .help = "stop after N optimizer steps in all (then evaluate and save)"},
@@ -412,6 +419,7 @@ typedef struct trainer {
     int64_t first_step; /* t->step then (a resumed run's start) */
     double best_acc, last_acc;
     uint64_t best_epoch; /* 1-based; 0: no evaluation yet */
+    cli_loss_scale scale; /* --resume: fp16's loss scale from the checkpoint */
 } trainer;
 
 static uint64_t fnv64(const char *p)
@@ -502,6 +510,8 @@ static ts_status save(trainer *t, const char *path)
         cli_meta_set_u64(ck, "train.train_limit", (uint64_t)t->o.train_limit);
         cli_meta_set_u64(ck, "train.epochs", (uint64_t)t->o.epochs);
         cli_meta_set_u64(ck, "train.accumulate", (uint64_t)t->o.accumulate);
+        ts_checkpoint_set_meta(ck, "train.precision", t->o.precision);
+        cli_save_loss_scale(ck, t->tr);
         cli_meta_set_u64(ck, "train.step", (uint64_t)t->step);
         cli_meta_set_u64(ck, "train.epoch", epoch);
         cli_meta_set_u64(ck, "train.batch", (uint64_t)batch);
@@ -708,7 +718,8 @@ static int resume(trainer *t)
         cli_meta_u64(ck, path, "train.epoch", MAX_EPOCHS, &epoch) ||
         cli_meta_u64(ck, path, "train.batch", MAX_LIMIT, &batch) ||
         cli_meta_u64(ck, path, "train.rng_seed", UINT64_MAX, &rseed) ||
-        cli_meta_u64(ck, path, "train.rng_offset", UINT64_MAX, &roff))
+        cli_meta_u64(ck, path, "train.rng_offset", UINT64_MAX, &roff) ||
+        cli_read_loss_scale(ck, path, &t->scale))
         goto out;
     if (seed != t->o.seed || (int64_t)batch_size != t->o.batch ||
         (int64_t)limit != t->o.train_limit) {
@@ -863,6 +874,10 @@ static ts_status evaluate(trainer *t, double *acc)
     ts_status s = TS_OK;
     ts_module_train(t->model, 0);
     ts_no_grad_enter();
+    if ((s = ts_autocast_begin(cli_precision_dtype(t->o.precision)))) { /* the run's */
+        ts_no_grad_exit();
+        return s;
+    }
     for (int64_t b = lo; b < lo + mine && s == TS_OK; b += 1000) {
         int64_t len = lo + mine - b < 1000 ? lo + mine - b : 1000;
         ts_tensor *x = NULL, *y = NULL, *logits = NULL;
@@ -874,6 +889,7 @@ static ts_status evaluate(trainer *t, double *acc)
         ts_tensor_unref(y);
         ts_tensor_unref(logits);
     }
+    ts_autocast_end();
     ts_no_grad_exit();
     ts_module_train(t->model, 1);
     if (s == TS_OK)
@@ -1033,6 +1049,7 @@ static int parse(int argc, char **argv, train_opts *o, const cli_common *common)
 {
     *o = (train_opts){.model = "lenet5", .optimizer = "adam", .epochs = 1, .batch = 64,
                       .accumulate = 1, .seed = 1, .json = common->json, .lr_schedule = "constant",
+                      .precision = "fp32",
                       .decay = "all", .min_lr = -1, .lr_gamma = 0.5};
     cli_model_init(&o->arch);
     static const char *const model_flags[] = {"--model", "--hidden", "--channels", "--init",
@@ -1365,9 +1382,11 @@ int cmd_train(int argc, char **argv, const cli_common *common)
                    strcmp(t.o.decay, "all") ? "matrices only" : "every parameter", clip_txt);
     }
     ts_trainer_options to = {.on_output = count_correct, .user = &t, .clip_grad_norm = t.o.clip,
-                             .accumulate = t.o.accumulate};
+                             .accumulate = t.o.accumulate,
+                             .precision = cli_precision_dtype(t.o.precision)};
     if ((s = ts_trainer_new(t.model, t.opt, &to, &t.tr)) ||
-        (s = ts_trainer_set_steps(t.tr, t.step))) {
+        (s = ts_trainer_set_steps(t.tr, t.step)) ||
+        (cli_apply_loss_scale(&t.scale, t.tr, t.o.precision) && (s = TS_EINVAL))) {
         cli_fail(s, t.world > 1 ? "data parallelism" : "cannot set up training");
         goto out;
     }

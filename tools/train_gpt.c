@@ -32,6 +32,7 @@ typedef struct gpt_opts {
     double lr, min_lr, weight_decay, clip;
     uint64_t seed;
     int json, log_steps, eval_only, profile;
+    const char *precision; /* "fp32" / "bf16" */
     unsigned char given[40]; /* per row of opts: given on the command line */
 } gpt_opts;
 
@@ -107,6 +108,12 @@ static const cli_opt opts[] = {
      .help = "on: keep only each block's input and recompute the block in backward: the same "
              "gradients, about a third more compute (on --resume the checkpoint's unless "
              "given)"},
+    {.flag = "--precision", .type = CLI_CHOICE, .off = O(precision), .choices = cli_precisions,
+     .json = "precision", .ckpt = "train.precision", .agree = RUN, .arg = "P",
+     .help = "fp32 (default), bf16 or fp16: mixed precision as torch.autocast runs it, "
+             "float32 weights, gradients and optimizer state with the matmuls in the 16-bit "
+             "type; fp16 with dynamic loss scaling, as GradScaler (on --resume the "
+             "checkpoint's unless given)"},
     {"--max-steps", CLI_I64, O(max_steps), 1, 1099511627776.0, .json = "max_steps",
      .agree = RUN,
      .help = "stop after N steps in all, to resume later on the same schedule"},
@@ -296,13 +303,19 @@ static ts_status windows(ts_device *dev, const unsigned char *text, size_t n, ui
     return s;
 }
 
-/* Mean loss (nats per token) of the model on batch x, y; grad mode off. */
-static ts_status eval_loss(ts_module *gpt, ts_tensor *x, ts_tensor *y, double *out)
+/* Mean loss (nats per token) of the model on batch x, y, in the run's precision (as nanoGPT
+ * evaluates under its autocast context); grad mode off. */
+static ts_status eval_loss(ts_module *gpt, const char *precision, ts_tensor *x, ts_tensor *y,
+                           double *out)
 {
     ts_tensor *logits = NULL, *loss = NULL, *d = NULL;
-    ts_status s = ts_module_forward(gpt, x, &logits);
+    ts_status s = ts_autocast_begin(cli_precision_dtype(precision));
+    if (s)
+        return s;
+    s = ts_module_forward(gpt, x, &logits);
     if (!s)
         s = ts_gpt_loss(logits, y, &loss);
+    ts_autocast_end();
     if (!s)
         s = ts_cast(loss, TS_F64, &d);
     if (!s)
@@ -337,6 +350,7 @@ typedef struct run {
     double last_val, best_val;  /* NaN: no evaluation yet */
     int save_failed;            /* a checkpoint of --save could not be written */
     int eval_failed;            /* the validation loss could not be computed */
+    cli_loss_scale scale;       /* --resume: fp16's loss scale from the checkpoint */
 } run;
 
 /* Every rank must train the same model on the same text with the same settings; a rank
@@ -385,6 +399,8 @@ static ts_status save_to(const run *r, const char *path)
         cli_meta_set_u64(ck, "train.batch_size", (uint64_t)r->o.batch);
         cli_meta_set_u64(ck, "train.accumulate", (uint64_t)r->o.accumulate);
         cli_meta_set_u64(ck, "train.checkpoint_activations", (uint64_t)r->o.cfg.checkpoint);
+        ts_checkpoint_set_meta(ck, "train.precision", r->o.precision);
+        cli_save_loss_scale(ck, r->tr);
         cli_meta_set_u64(ck, "train.step", (uint64_t)r->step);
         cli_meta_set_u64(ck, "train.rng_offset", r->rng.offset);
         cli_meta_set_u64(ck, "train.text_hash", r->text_hash);
@@ -428,7 +444,8 @@ static int resume(run *r)
     uint64_t step, roff, hash;
     if (cli_meta_u64(ck, path, "train.step", (uint64_t)1 << 53, &step) ||
         cli_meta_u64(ck, path, "train.rng_offset", UINT64_MAX, &roff) ||
-        cli_meta_u64(ck, path, "train.text_hash", UINT64_MAX, &hash))
+        cli_meta_u64(ck, path, "train.text_hash", UINT64_MAX, &hash) ||
+        cli_read_loss_scale(ck, path, &r->scale))
         return 1;
     if (hash != r->text_hash) {
         fprintf(stderr, "tessera: error: %s was trained on another text (its bytes differ "
@@ -452,6 +469,7 @@ static int parse(int argc, char **argv, gpt_opts *o, const cli_common *common)
     *o = (gpt_opts){.cfg = {256, 128, 4, 4, 128, 0, 0},
                     .batch = 16,
                     .accumulate = 1,
+                    .precision = "fp32",
                     .steps = 2000,
                     .warmup = 100,
                     .eval_every = 200,
@@ -508,7 +526,7 @@ static ts_status validation_loss(run *r, const unsigned char *vtext, size_t nval
         ts_tensor *x = NULL, *y = NULL;
         if (!(s = windows(r->dev, vtext, nval, r->o.seed ^ 0x5eed, (uint64_t)e, 0, r->o.batch,
                           T, &x, &y)))
-            s = eval_loss(r->gpt, x, y, &v);
+            s = eval_loss(r->gpt, r->o.precision, x, y, &v);
         ts_tensor_unref(x), ts_tensor_unref(y);
         vsum += v;
     }
@@ -679,11 +697,14 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         goto out;
     }
     ts_trainer_options to = {.loss = TS_LOSS_CROSS_ENTROPY, .clip_grad_norm = r.o.clip,
-                             .accumulate = r.o.accumulate};
+                             .accumulate = r.o.accumulate,
+                             .precision = cli_precision_dtype(r.o.precision)};
     if ((s = ts_trainer_new(r.gpt, r.opt, &to, &r.tr))) {
         cli_fail(s, r.world > 1 ? "data parallelism" : "cannot set up training");
         goto out;
     }
+    if (cli_apply_loss_scale(&r.scale, r.tr, r.o.precision))
+        goto out;
     /* Dropout: each rank draws from a stream of its own (the same seed on every rank would
      * give row i of every rank the same mask); rank 0's is the single process's. */
     if (r.rank > 0)

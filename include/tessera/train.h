@@ -40,13 +40,20 @@ typedef struct ts_trainer_options {
     void *user;              /* handed to loss_fn and on_output */
     double clip_grad_norm;   /* > 0: the gradients' global norm clipped to it before the step */
     int64_t accumulate;      /* micro-batches per step (0 or 1: the batch in one pass) */
-    int32_t precision;       /* TS_F32 (0): as the parameters are; TS_BF16: mixed precision,
-                              * forward and loss under ts_autocast_begin(TS_BF16) (float32
-                              * master weights, gradients and optimizer state) */
+    int32_t precision;       /* TS_F32 (0): as the parameters are; TS_BF16 or TS_F16: mixed
+                              * precision, forward and loss under ts_autocast_begin (float32
+                              * master weights, gradients and optimizer state); TS_F16 with
+                              * dynamic loss scaling, as PyTorch's GradScaler: the loss times
+                              * the scale before backward, the gradients times its inverse
+                              * after; a step whose gradients hold an infinity or NaN is
+                              * skipped and the scale halved; scale_interval clean steps in a
+                              * row double it */
+    double loss_scale;       /* TS_F16: the initial scale (0: 65536) */
+    int64_t scale_interval;  /* TS_F16: clean steps before the scale doubles (0: 2000) */
 } ts_trainer_options;
 
 /* A zeroed struct is the default: cross-entropy, no clipping, one pass, float32. */
-#define TS_TRAINER_OPTIONS_INIT {TS_LOSS_CROSS_ENTROPY, NULL, NULL, NULL, 0, 1, TS_F32}
+#define TS_TRAINER_OPTIONS_INIT {TS_LOSS_CROSS_ENTROPY, NULL, NULL, NULL, 0, 1, TS_F32, 0, 0}
 
 typedef struct ts_trainer ts_trainer;
 
@@ -65,6 +72,8 @@ typedef struct ts_step_result {
     int64_t rows; /* out: the rows this rank trained on */
     int stop;     /* in: this process wants to stop (a signal); out: some rank did, so every
                    * rank stops after this same step */
+    int skipped;  /* out: float16's loss scaling skipped the optimizer step (a gradient was
+                   * not finite; the scale was halved) */
 } ts_step_result;
 
 /* One optimizer step on the global batch (x, y) (rows first; every rank passes the same
@@ -83,6 +92,10 @@ int64_t ts_trainer_steps(const ts_trainer *t);
 
 /* A resumed run's count of steps taken (ts_trainer_steps), as its checkpoint recorded it. */
 ts_status ts_trainer_set_steps(ts_trainer *t, int64_t steps);
+/* TS_F16's loss scale and the clean steps since it last changed: what a checkpoint keeps so
+ * that a resumed run scales as the straight one (1 and 0 for other precisions). */
+void ts_trainer_loss_scale(const ts_trainer *t, double *scale, int64_t *clean_steps);
+ts_status ts_trainer_set_loss_scale(ts_trainer *t, double scale, int64_t clean_steps);
 
 /* ---- the run: ts_fit ------------------------------------------------------------------
  * The loop around the step, the one tessera train runs for every model: batch after batch

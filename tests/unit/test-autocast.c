@@ -196,7 +196,7 @@ static void test_checkpoint_recomputes_in_its_precision(void)
 }
 
 /* 60 steps of Adam on a fixed batch: the bfloat16 trainer's loss falls as the float32 one's
- * does, its parameters stay float32, and float16 (no loss scaling yet) is refused. */
+ * does, its parameters stay float32; bad precisions and scales are refused. */
 static void test_trainer_precision(void)
 {
     ts_device *dev = tap_start();
@@ -240,11 +240,145 @@ static void test_trainer_precision(void)
     ts_adam_options ao = TS_ADAM_DEFAULTS;
     CHECK_OK(ts_optim_adam(p, ts_module_parameters(m, p, 8), &ao, &opt));
     ts_trainer_options o = TS_TRAINER_OPTIONS_INIT;
-    o.precision = TS_F16;
+    o.precision = TS_I32;
     ts_trainer *t = NULL;
-    CHECK_FAILS(ts_trainer_new(m, opt, &o, &t), TS_EINVAL, "float16", "loss scaling");
+    CHECK_FAILS(ts_trainer_new(m, opt, &o, &t), TS_EINVAL, "precision", "TS_F16");
+    o.precision = TS_F16;
+    o.loss_scale = -2;
+    CHECK_FAILS(ts_trainer_new(m, opt, &o, &t), TS_EINVAL, "loss_scale");
     ts_optim_free(opt);
     ts_module_free(m);
+    ts_tensor_unref(x), ts_tensor_unref(y);
+    tap_end();
+}
+
+/* Bit-for-bit copies of m's parameters (malloc'd, one block). */
+static float *params_of(ts_module *m, size_t *n)
+{
+    ts_named_tensor p[8];
+    size_t np = ts_module_parameters(m, p, 8), total = 0, at = 0;
+    for (size_t i = 0; i < np; i++)
+        total += (size_t)ts_tensor_numel(p[i].tensor);
+    float *v = malloc(sizeof(float) * total);
+    for (size_t i = 0; i < np; i++) {
+        size_t k = (size_t)ts_tensor_numel(p[i].tensor);
+        CHECK_OK(ts_tensor_to_host(p[i].tensor, v + at, sizeof(float) * k));
+        at += k;
+    }
+    *n = total;
+    return v;
+}
+
+typedef struct f16run {
+    ts_module *m;
+    ts_optim *opt;
+    ts_trainer *t;
+} f16run;
+
+static f16run f16_new(ts_device *dev, double scale, int64_t interval)
+{
+    f16run r = {mlp(dev, TS_F32), NULL, NULL};
+    ts_named_tensor p[8];
+    ts_adam_options ao = TS_ADAM_DEFAULTS;
+    ao.lr = 1e-2;
+    CHECK_OK(ts_optim_adam(p, ts_module_parameters(r.m, p, 8), &ao, &r.opt));
+    ts_trainer_options o = TS_TRAINER_OPTIONS_INIT;
+    o.precision = TS_F16;
+    o.loss_scale = scale;
+    o.scale_interval = interval;
+    CHECK_OK(ts_trainer_new(r.m, r.opt, &o, &r.t));
+    return r;
+}
+
+static void f16_free(f16run *r)
+{
+    ts_trainer_free(r->t);
+    ts_optim_free(r->opt);
+    ts_module_free(r->m);
+}
+
+/* float16 with dynamic loss scaling: from a scale of 2^40 the scaled gradients overflow
+ * float16, so the first steps are skipped (parameters untouched, bit for bit) with the scale
+ * halved each time, until they fit; then it learns, and the scale doubles after each run of
+ * `interval` clean steps. A run saved midway (model, optimizer, loss scale, step count) and
+ * resumed in fresh objects ends bit for bit where the straight run does; resumed without its
+ * loss scale it does not. */
+static void test_float16_loss_scaling(void)
+{
+    ts_device *dev = tap_start();
+    ts_tensor *x, *y;
+    batch(dev, TS_F32, &x, &y);
+    f16run a = f16_new(dev, 0x1p40, 5);
+    int skipped = 0, first_clean = -1;
+    double scale = 0, loss0 = 0, loss = 0;
+    int64_t clean = 0;
+    for (int k = 0; k < 80; k++) {
+        size_t n;
+        float *before = params_of(a.m, &n);
+        double sc0;
+        ts_trainer_loss_scale(a.t, &sc0, NULL);
+        ts_step_result r = {0};
+        CHECK_OK(ts_trainer_step(a.t, x, y, &r));
+        float *after = params_of(a.m, &n);
+        ts_trainer_loss_scale(a.t, &scale, &clean);
+        if (r.skipped) {
+            skipped++;
+            CHECK_MSG(!memcmp(before, after, n * sizeof(float)) && scale == sc0 / 2,
+                      "step %d skipped: parameters changed, or the scale went %g -> %g", k, sc0,
+                      scale);
+        } else {
+            if (first_clean < 0) {
+                first_clean = k;
+                loss0 = r.loss;
+            }
+            loss = r.loss;
+            CHECK_MSG(memcmp(before, after, n * sizeof(float)), "step %d: nothing changed", k);
+        }
+        free(before), free(after);
+    }
+    printf("# float16: %d steps skipped from 2^40, then loss %.4f -> %.4f; scale %g\n", skipped,
+           loss0, loss, scale);
+    /* the first clean step after the initial run of skips; a doubling every 5 clean steps
+     * may overflow again (skipped, halved back) */
+    CHECK_MSG(first_clean >= 10 && skipped >= first_clean && loss < 0.5 * loss0 &&
+                  scale >= 0x1p10 && scale < 0x1p40,
+              "%d skipped, first clean step %d, loss %.4f -> %.4f, scale %g", skipped,
+              first_clean, loss0, loss, scale);
+    /* resumed midway, against a straight run of 40 steps */
+    f16_free(&a);
+    a = f16_new(dev, 0x1p40, 5);
+    for (int k = 0; k < 40; k++)
+        CHECK_OK(ts_trainer_step(a.t, x, y, NULL));
+    f16run b = f16_new(dev, 0x1p40, 5), c = f16_new(dev, 0x1p40, 5), d = f16_new(dev, 0x1p40, 5);
+    for (int k = 0; k < 25; k++)
+        CHECK_OK(ts_trainer_step(b.t, x, y, NULL));
+    ts_checkpoint *ck;
+    CHECK_OK(ts_checkpoint_new(&ck));
+    CHECK_OK(ts_module_save(b.m, NULL, ck));
+    CHECK_OK(ts_optim_save_state(b.opt, ck));
+    double bs;
+    int64_t bc;
+    ts_trainer_loss_scale(b.t, &bs, &bc);
+    f16run *rs[2] = {&c, &d};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(ts_module_load(rs[i]->m, NULL, ck));
+        CHECK_OK(ts_optim_load_state(rs[i]->opt, ck));
+        CHECK_OK(ts_trainer_set_steps(rs[i]->t, 25));
+        if (i == 0) /* d is resumed without its loss scale */
+            CHECK_OK(ts_trainer_set_loss_scale(rs[i]->t, bs, bc));
+        for (int k = 25; k < 40; k++)
+            CHECK_OK(ts_trainer_step(rs[i]->t, x, y, NULL));
+    }
+    size_t n1, n2, n3;
+    float *pa = params_of(a.m, &n1), *pc = params_of(c.m, &n2), *pd = params_of(d.m, &n3);
+    CHECK_MSG(!memcmp(pa, pc, n1 * sizeof(float)), "resumed with its loss scale: parameters "
+              "differ from the straight run's");
+    CHECK_MSG(memcmp(pa, pd, n1 * sizeof(float)), "resumed without its loss scale: the same "
+              "parameters (the test cannot tell)");
+    free(pa), free(pc), free(pd);
+    CHECK_FAILS(ts_trainer_set_loss_scale(c.t, -1, 0), TS_EINVAL, "scale");
+    ts_checkpoint_free(ck);
+    f16_free(&a), f16_free(&b), f16_free(&c), f16_free(&d);
     ts_tensor_unref(x), ts_tensor_unref(y);
     tap_end();
 }
@@ -256,6 +390,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_gradients_against_float64),
         TAP_TEST(test_checkpoint_recomputes_in_its_precision),
         TAP_TEST(test_trainer_precision),
+        TAP_TEST(test_float16_loss_scaling),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
