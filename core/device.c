@@ -390,13 +390,13 @@ static int plugin_knows(const ts_device *dev, const ts_kernel_call *call)
     return known;
 }
 
-/* A 16-bit float input of a comparison (uint8 output) that dev's plugin does not claim the op
- * for: a comparison claim takes them only from a plugin that claims the op in that dtype too
- * (ABI 2.5). Its dtype, or -1 when there is none. */
+/* A 16-bit float input of a call that dev's plugin does not claim the op for in that dtype:
+ * a claim for another output dtype (a comparison's uint8, argmax's int64) takes them only
+ * from a plugin that claims the op in that dtype too (ABI 2.5); a cast takes them with its
+ * claim. Its dtype, or -1 when there is none. */
 static int32_t unclaimed_half_input(ts_device *dev, const ts_kernel_call *call)
 {
-    if ((call->op != TS_OP_BINARY && call->op != TS_OP_BINARY_SCALAR) || call->noutputs < 1 ||
-        call->outputs[0].dtype != TS_U8)
+    if (call->op == TS_OP_COPY || call->op == TS_OP_CAST || !call->inputs)
         return -1;
     for (int i = 0; i < call->ninputs; i++)
         if (ts_plugin_dtype_is_half(call->inputs[i].dtype) &&
@@ -469,9 +469,9 @@ TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
                         call_dtypes(call, dts, sizeof dts));
     int32_t half = unclaimed_half_input(dev, call);
     if (half >= 0)
-        return ts__fail(TS_ENOTSUP, "plugin '%s' compares no %s values (it does not claim %s "
-                        "for %s); cast them to float32 first", dev->name, ts_dtype_name(half),
-                        ts_op_name(call->op), ts_dtype_name(half));
+        return ts__fail(TS_ENOTSUP, "plugin '%s' takes no %s inputs for %s (it does not claim "
+                        "%s for %s); cast them to float32 first", dev->name, ts_dtype_name(half),
+                        ts_op_name(call->op), ts_op_name(call->op), ts_dtype_name(half));
     if (ts__fault_hit(TS_FAULT_KERNEL))
         return injected(dev, ts_op_name(call->op));
     ts_clear_error();

@@ -297,6 +297,7 @@ static ts_status fit_step(ts_trainer *t, const ts_fit_options *o, ts_fit_state *
     st->step = t->steps;
     st->batch += st->batches > 0;
     st->loss = r.loss;
+    st->skipped += r.skipped;
     if (!isfinite(r.loss)) {
         st->diverged = 1;
         return ts__fail(TS_ESTATE, "ts_fit: the loss became %s at step %lld: training "

@@ -183,6 +183,13 @@ run_checks() {
     # Not bit for bit: a GPU run's float sums need not repeat exactly (seen: 9.4e-8).
     agree agree-expandable "$logs/train-gpt-gpu.log" "$logs/train-gpt-expandable.log" 1e-5
 
+    # Mixed precision on the GPU (cublasGemmEx in bfloat16 / float16, float32 accumulation;
+    # fp16 with loss scaling): the same run's losses track float32's.
+    for p in bf16 fp16; do
+        step "train-gpt-gpu-$p" 300 "$t" $gpt --device "$gpu" --precision $p
+        agree "agree-gpt-$p" "$logs/train-gpt-gpu.log" "$logs/train-gpt-gpu-$p.log" 0.03
+    done
+
     # Speed, each next to its baseline in the same run.
     if [ $dry = no ]; then
         step bench-cuda 300 "$t" bench cuda --cpu-steps 3
@@ -191,6 +198,8 @@ run_checks() {
         step "bench-train-$m" 240 "$t" bench train --model $m --device "$gpu" --steps 50 $data
     done
     step bench-train-gpt 240 "$t" bench train --model gpt --device "$gpu" --steps 50
+    step bench-train-gpt-precision 240 "$t" bench train --model gpt --device "$gpu" --steps 50 \
+        --precision fp32,bf16,fp16
     TESSERA_CONFIG=$here/expandable.ini step bench-train-gpt-expandable 240 "$t" bench train \
         --model gpt --device "$gpu" --steps 50
     # The same steps recorded once and replayed (CUDA graphs), next to the plain ones above.
@@ -205,7 +214,9 @@ run_checks() {
     # A steady step takes nothing from the driver: raw pool allocations per step are 0.
     for m in mlp lenet5 cnn gpt gpt-expandable; do
         [ -f "$logs/bench-train-$m.log" ] || continue
-        raw=$(awk -v d="$gpu" '$1 == d {print $8; exit}' "$logs/bench-train-$m.log")
+        # raw/step: the column after step/floor (the one value ending in "x")
+        raw=$(awk -v d="$gpu" '$1 == d {for (i = 2; i < NF; i++) if ($i ~ /^[0-9.]+x$/) {
+            print $(i + 1); exit}}' "$logs/bench-train-$m.log")
         if [ -n "$raw" ] && awk -v r="$raw" 'BEGIN {exit !(r + 0 == 0)}'; then
             verdict "steady-allocs-$m" ok "0 raw allocations per steady step"
         else
@@ -229,6 +240,7 @@ run_checks() {
         step memcheck-train 120 $csm "$t" $short_img
         step racecheck-train 120 $csr "$t" $short_img
         step memcheck-gpt 120 $csm "$t" $short_gpt
+        step memcheck-gpt-bf16 120 $csm "$t" $short_gpt --precision bf16
         step racecheck-gpt 120 $csr "$t" $short_gpt
         step memcheck-conformance 180 $csm "$here/tests/test-cuda"
         step memcheck-plugin-check 240 $csm "$t" plugin-check "$gpu"
@@ -239,6 +251,7 @@ run_checks() {
     say "$passed passed, $failed failed, $skipped skipped"
     # Figures worth reading first, from the logs.
     for f in bench-cuda bench-train-mlp bench-train-lenet5 bench-train-cnn bench-train-gpt \
+        bench-train-gpt-precision \
         bench-train-gpt-expandable bench-train-lenet5-graph bench-train-gpt-graph profile-gpt bench-dist; do
         [ -f "$logs/$f.log" ] || continue
         echo "---- $f" >>"$summary"

@@ -579,17 +579,26 @@ static ts_status eval_record(run *r, const ts_fit_state *st)
     r->last_val = val;
     r->best_val = isnan(r->best_val) || val < r->best_val ? val : r->best_val;
     double tps = (double)st->steps_since * (double)(r->o.batch * r->o.cfg.context) / secs;
+    char scale[96] = ""; /* fp16: the loss scale and the steps it skipped */
+    double ls;
+    ts_trainer_loss_scale(r->tr, &ls, NULL);
+    if (r->o.json && !strcmp(r->o.precision, "fp16"))
+        snprintf(scale, sizeof scale, ", \"loss_scale\": %.17g, \"skipped_steps\": %lld", ls,
+                 (long long)st->skipped);
+    else if (!strcmp(r->o.precision, "fp16"))
+        snprintf(scale, sizeof scale, ", loss scale %g (%lld steps skipped)", ls,
+                 (long long)st->skipped);
     if (r->o.json)
         printf("{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f, "
                "\"val_bits_per_byte\": %.6f, \"lr\": %.9g, \"tokens_per_s\": %.0f, "
-               "\"seconds\": %.2f, \"world_size\": %d}\n",
+               "\"seconds\": %.2f, \"world_size\": %d%s}\n",
                (long long)st->step, st->mean_loss, val, val / log(2.0), ts_optim_lr(r->opt),
-               tps, secs, r->world);
+               tps, secs, r->world, scale);
     else
         cli_printf_fit("step %lld: train loss %.4f, val loss %.4f (%.3f bits/byte), lr %.3g, "
-                       "%.0f tokens/s\n",
+                       "%.0f tokens/s%s\n",
                        (long long)st->step, st->mean_loss, val, val / log(2.0),
-                       ts_optim_lr(r->opt), tps);
+                       ts_optim_lr(r->opt), tps, scale);
     fflush(stdout);
     r->t0 = cli_now();
     if (r->o.save && r->rank == 0 && (s = save(r)))

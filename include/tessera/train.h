@@ -136,6 +136,7 @@ typedef struct ts_fit_state {
     int64_t rows_since;  /* and their global rows */
     int stopped;   /* out: the run ended on a stop request, after step `step` (no evaluation) */
     int diverged;  /* out: the run ended on a loss that is not finite (ts_fit's TS_ESTATE) */
+    int64_t skipped; /* float16: the steps of this ts_fit that loss scaling skipped */
 } ts_fit_state;
 
 /* The callback: a non-OK status ends the run with it. */

@@ -74,7 +74,7 @@ int hk_call_has_half(const ts_kernel_call *call);
  * others. */
 int hk_half_native(int32_t op);
 /* Runs call with every 16-bit float operand in a dense float32 scratch copy: inputs widened
- * (exact), and outputs too where the op reads them (all but the elementwise ops); run called
+ * (exact), and outputs too where the op reads them (index_add, a matmul with beta); run called
  * on the float32 call; each 16-bit float output narrowed from its float32 result, rounded
  * once. convert(cctx, dst, src) converts between two operands of one shape (any dtypes and
  * strides), as a TS_OP_CAST does. An output overlapping an input is refused but for the

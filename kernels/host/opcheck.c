@@ -155,6 +155,18 @@ int hk_half_native(int32_t op)
 
 enum { VIA_MAX_IN = 8, VIA_MAX_OUT = 4 };
 
+/* Whether call reads its outputs' values before writing them (the ABI's accumulating ops):
+ * only then are they widened before the float32 call. */
+static int reads_outputs(const ts_kernel_call *call)
+{
+    if (call->op == TS_OP_INDEX_ADD || call->op == TS_OP_SGD_STEP || call->op == TS_OP_ADAM_STEP)
+        return 1;
+    if (call->op == TS_OP_MATMUL) /* beta * out; a call without params has beta 0 */
+        return call->params && call->params_size >= sizeof(ts_matmul_params) &&
+               ((const ts_matmul_params *)call->params)->beta != 0.0;
+    return 0;
+}
+
 ts_status hk_via_float32(const ts_host *h, const ts_kernel_call *call, hk_convert_fn convert,
                          void *cctx, hk_run_fn run, void *rctx)
 {
@@ -166,6 +178,7 @@ ts_status hk_via_float32(const ts_host *h, const ts_kernel_call *call, hk_conver
         return h->fail(h, TS_EINVAL, "%s: malformed call (%d inputs, %d outputs)", name,
                        (int)call->ninputs, (int)call->noutputs);
     int nin = call->ninputs, n = nin + call->noutputs, ew = elementwise_op(call->op);
+    int widen_out = reads_outputs(call);
     ts_operand ops[VIA_MAX_IN + VIA_MAX_OUT];
     void *buf[VIA_MAX_IN + VIA_MAX_OUT] = {NULL};
     int64_t numel[VIA_MAX_IN + VIA_MAX_OUT] = {0};
@@ -193,7 +206,7 @@ ts_status hk_via_float32(const ts_host *h, const ts_kernel_call *call, hk_conver
             break;
         ops[i] = hk_dense_like(o, buf[i]);
         ops[i].dtype = TS_F32;
-        if (cnt > 0 && (i < nin || !ew))
+        if (cnt > 0 && (i < nin || widen_out))
             s = convert(cctx, &ops[i], o);
     }
     if (s == TS_OK) {

@@ -130,4 +130,52 @@ HK_VINLINE double hk_exp_shift_sum_f32(const float *x, float m, float *y, int64_
     return sum;
 }
 
+/* The 16-bit float conversions of plugin.h (ts_plugin_f16_to_f32, ts_plugin_f32_to_f16,
+ * ts_plugin_f32_to_bf16), the same bits, written as selects instead of early returns so that
+ * a loop over them vectorizes: every case is computed and the one that applies kept. */
+HK_VINLINE float hk_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t normal = sign | ((exp + 112u) << 23) | (man << 13);
+    uint32_t special = sign | 0x7f800000u | (man << 13); /* infinity, NaN (payload kept) */
+    float sub = (float)man * 5.9604644775390625e-8f;     /* zero, subnormal: exact */
+    uint32_t subb;
+    memcpy(&subb, &sub, sizeof subb);
+    uint32_t r = exp == 0x1fu ? special : exp ? normal : (subb | sign);
+    float f;
+    memcpy(&f, &r, sizeof f);
+    return f;
+}
+
+HK_VINLINE uint16_t hk_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t a = u & 0x7fffffffu, sign = (u >> 16) & 0x8000u;
+    uint32_t nan = sign | 0x7e00u | ((a >> 13) & 0x3ffu);
+    uint32_t r = a - 0x38000000u;
+    uint32_t normal = sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
+    /* subnormal: k units of 2^-24, k = m 2^(e - 126) rounded to even (shift clamped so the
+     * unused lanes stay defined) */
+    uint32_t e = a >> 23, sh = 126u - e;
+    sh = sh > 31u ? 31u : sh < 1u ? 1u : sh;
+    uint32_t m = (a & 0x7fffffu) | 0x800000u, k = m >> sh, rem = m & ((1u << sh) - 1u);
+    uint32_t half = 1u << (sh - 1u);
+    k += (rem > half) | ((rem == half) & (k & 1u));
+    uint32_t res = a > 0x7f800000u    ? nan
+                   : a >= 0x477ff000u ? (sign | 0x7c00u)
+                   : a >= 0x38800000u ? normal
+                   : a <= 0x33000000u ? sign
+                                      : (sign | k);
+    return (uint16_t)res;
+}
+
+HK_VINLINE uint16_t hk_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x0040u : r);
+}
+
 #endif /* TESSERA_KERNELS_HOST_VMATH_H */

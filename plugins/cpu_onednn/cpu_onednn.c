@@ -269,6 +269,13 @@ static ts_status cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec,
     if ((st = dnnl_primitive_desc_create(&e->pd, spec->op_desc, spec->attr, c->engine,
                                          e->hint_pd)))
         goto dfail;
+    const char *impl = NULL;
+    if (spec->no_reference &&
+        (dnnl_primitive_desc_query(e->pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
+         !impl || !strncmp(impl, "ref", 3))) {
+        st = dnnl_unimplemented; /* only oneDNN's reference loops for it on this CPU */
+        goto dfail;
+    }
     what = "dnnl_primitive_create";
     if ((st = make_primitive(&e->prim, e->pd)))
         goto dfail;

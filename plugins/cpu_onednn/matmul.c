@@ -52,7 +52,8 @@ static ts_status matmul_entry(dn_ctx *c, const dn_key *key, int32_t dt, int nd,
     dn_spec sp = {.nargs = 3,
                   .args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
                   .outputs = {0, 0, 1},
-                  .query = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md}};
+                  .query = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md},
+                  .no_reference = dt != TS_F32};
     dnnl_status_t st;
     const char *what = "building the memory descriptors";
     dnnl_matmul_desc_t md;

@@ -109,6 +109,8 @@ typedef struct dn_spec {
     dnnl_memory_desc_t user[DN_MAX_ARGS];
     dnnl_query_t query[DN_MAX_ARGS];
     int qidx[DN_MAX_ARGS];
+    int no_reference; /* refuse oneDNN's reference implementation (TS_ENOTSUP): a 16-bit
+                       * primitive the CPU has no kernels for runs faster through float32 */
 } dn_spec;
 
 /* Creates the primitive(s) for spec and caches them under key; fails through host->fail

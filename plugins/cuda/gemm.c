@@ -56,6 +56,20 @@ static ts_status gemm(cuda_ctx *c, int32_t dtype, cublasOperation_t ta, cublasOp
             CUBLAS_CHECK(c, cublasSgemmStridedBatched(c->blas, ta, tb, (int)m, (int)n, (int)k,
                                                       &fa, A, (int)lda, sa, B, (int)ldb, sb, &fb,
                                                       C, (int)ldc, sc, (int)batch));
+    } else if (ts_plugin_dtype_is_half(dtype)) {
+        /* bfloat16 / float16 operands, float32 accumulation (the tensor cores' path), the
+         * result rounded once */
+        float fa = (float)alpha, fb = (float)beta;
+        cudaDataType_t t = dtype == TS_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        if (batch == 1)
+            CUBLAS_CHECK(c, cublasGemmEx(c->blas, ta, tb, (int)m, (int)n, (int)k, &fa, A, t,
+                                         (int)lda, B, t, (int)ldb, &fb, C, t, (int)ldc,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        else
+            CUBLAS_CHECK(c, cublasGemmStridedBatchedEx(
+                                c->blas, ta, tb, (int)m, (int)n, (int)k, &fa, A, t, (int)lda, sa,
+                                B, t, (int)ldb, sb, &fb, C, t, (int)ldc, sc, (int)batch,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     } else {
         if (batch == 1)
             CUBLAS_CHECK(c, cublasDgemm(c->blas, ta, tb, (int)m, (int)n, (int)k, &alpha, A,

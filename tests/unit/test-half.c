@@ -435,10 +435,93 @@ static void test_older_plugin_never_sees_them(void)
     ts_kernel_call cc = {.struct_size = sizeof cc, .op = TS_OP_BINARY, .ninputs = 2,
                          .noutputs = 1, .inputs = ins, .outputs = &o8, .params = &bp,
                          .params_size = sizeof bp};
-    CHECK_FAILS(ts_device_run(dev, &cc), TS_ENOTSUP, "compares no bfloat16", "cast");
+    CHECK_FAILS(ts_device_run(dev, &cc), TS_ENOTSUP, "takes no bfloat16 inputs", "cast");
     ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(ah), ts_tensor_unref(bh);
     ts_tensor_unref(lt);
     ts_device_unload(dev);
+    tap_end();
+}
+
+/* Casts on dev against plugin.h, bit for bit: all 65,536 patterns of each 16-bit format to
+ * float32, and float32 to each over 2^21 patterns spread over the whole space (both signs,
+ * NaNs, infinities) and every pattern of float16's subnormal and rounding range whose low 12
+ * bits sit at a rounding edge. The CPU plugins' dense conversions are vectorized or use the
+ * CPU's F16C instruction; these must give the very bits of the scalar definitions. */
+static void check_casts_bit_exact(ts_device *dev, const char *what)
+{
+    int64_t n16 = 65536;
+    uint16_t *h = malloc(2 * (size_t)n16);
+    float *w = malloc(4 * (size_t)n16);
+    for (int64_t i = 0; i < n16; i++)
+        h[i] = (uint16_t)i;
+    for (int bf = 0; bf < 2; bf++) {
+        ts_tensor *t, *f;
+        CHECK_OK(ts_tensor_from_host(dev, bf ? TS_BF16 : TS_F16, 1, &n16, h, &t));
+        CHECK_OK(ts_cast(t, TS_F32, &f));
+        CHECK_OK(ts_tensor_to_host(f, w, 4 * (size_t)n16));
+        int bad = 0;
+        for (int64_t i = 0; i < n16 && bad < 3; i++) {
+            float want = widen(h[i], bf);
+            if (memcmp(&want, &w[i], 4)) {
+                bad++;
+                CHECK_MSG(0, "%s: %s 0x%04x widens to %a, not %a", what, bf ? "bf16" : "f16",
+                          h[i], w[i], want);
+            }
+        }
+        ts_tensor_unref(t), ts_tensor_unref(f);
+    }
+    free(h), free(w);
+    const uint32_t edges[] = {0x000, 0x001, 0x7ff, 0x800, 0x801, 0xfff, 0x1000, 0x1fff};
+    int64_t nf = (1 << 21) + 2 * 22528 * 8, k = 0;
+    uint32_t *u = malloc(4 * (size_t)nf);
+    uint16_t *got = malloc(2 * (size_t)nf);
+    for (int64_t i = 0; i < (1 << 21); i++)
+        u[k++] = (uint32_t)i * 0x9E3779B1u;
+    for (uint32_t hi = 0x33000000u >> 13; hi < 0x38800000u >> 13 && k + 16 <= nf; hi += 2)
+        for (int e = 0; e < 8; e++)
+            u[k++] = (hi << 13) | edges[e], u[k++] = 0x80000000u | (hi << 13) | edges[e];
+    /* dense (the vectorized / F16C runs) and every other element (the strided loops) */
+    for (int run = 0; run < 4; run++) {
+        int bf = run & 1, strided = run >> 1;
+        ts_tensor *t, *v = NULL, *c;
+        CHECK_OK(ts_tensor_from_host(dev, TS_F32, 1, &k, u, &t));
+        if (strided)
+            CHECK_OK(ts_tensor_slice(t, 0, 0, k, 2, &v));
+        CHECK_OK(ts_cast(v ? v : t, bf ? TS_BF16 : TS_F16, &c));
+        int64_t m = ts_tensor_numel(c);
+        CHECK_OK(ts_tensor_to_host(c, got, 2 * (size_t)m));
+        int bad = 0;
+        for (int64_t i = 0; i < m && bad < 3; i++) {
+            float f;
+            uint32_t ui = u[strided ? 2 * i : i];
+            memcpy(&f, &ui, 4);
+            uint16_t want = narrow(f, bf);
+            if (got[i] != want) {
+                bad++;
+                CHECK_MSG(0, "%s: float32 0x%08x to %s%s: 0x%04x, not 0x%04x", what, ui,
+                          bf ? "bf16" : "f16", strided ? " (strided)" : "", got[i], want);
+            }
+        }
+        ts_tensor_unref(t), ts_tensor_unref(v), ts_tensor_unref(c);
+    }
+    free(u), free(got);
+}
+
+static void test_plugin_casts_bit_exact(void)
+{
+    ts_device *dev = tap_start();
+    check_casts_bit_exact(dev, "the test device");
+    static const char *const names[] = {"cpu_blas", "cpu_onednn"};
+    for (int i = 0; i < 2; i++) {
+        char *path;
+        if (ts_plugin_find(NULL, names[i], &path) != TS_OK)
+            continue;
+        free(path);
+        ts_device *d;
+        CHECK_OK(ts_device_load(NULL, names[i], &d));
+        check_casts_bit_exact(d, names[i]);
+        ts_device_unload(d);
+    }
     tap_end();
 }
 
@@ -452,6 +535,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_dtypes_on_every_plugin),
         TAP_TEST(test_files_hold_them_as_such),
         TAP_TEST(test_older_plugin_never_sees_them),
+        TAP_TEST(test_plugin_casts_bit_exact),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
