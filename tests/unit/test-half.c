@@ -270,10 +270,9 @@ static void check_dtype_ops(ts_device *dev, const char *what)
     ts_tensor_unref(x);
 }
 
-static void test_dtypes_on_every_plugin(void)
+/* fn on each built CPU plugin, loaded for it. */
+static void on_cpu_plugins(void (*fn)(ts_device *d, const char *name))
 {
-    ts_device *dev = tap_start();
-    check_dtype_ops(dev, "the test device");
     static const char *const names[] = {"cpu_blas", "cpu_onednn"};
     for (int i = 0; i < 2; i++) {
         char *path;
@@ -282,15 +281,27 @@ static void test_dtypes_on_every_plugin(void)
         free(path);
         ts_device *d;
         CHECK_OK(ts_device_load(NULL, names[i], &d));
-        CHECK(ts_device_supports(d, TS_OP_CAST, TS_BF16) && ts_device_supports(d, TS_OP_COPY, TS_F16));
-        /* every op in float32 (matmul around sgemm or oneDNN's float32 primitive), but the
-         * optimizer steps: their state stays float32 */
-        CHECK(ts_device_supports(d, TS_OP_MATMUL, TS_BF16) &&
-              ts_device_supports(d, TS_OP_LAYER_NORM, TS_F16) &&
-              !ts_device_supports(d, TS_OP_ADAM_STEP, TS_BF16));
-        check_dtype_ops(d, names[i]);
+        fn(d, names[i]);
         ts_device_unload(d);
     }
+}
+
+static void check_plugin_dtypes(ts_device *d, const char *name)
+{
+    CHECK(ts_device_supports(d, TS_OP_CAST, TS_BF16) && ts_device_supports(d, TS_OP_COPY, TS_F16));
+    /* every op (matmul around sgemm or on oneDNN's bfloat16 primitive), but the optimizer
+     * steps: their state stays float32 */
+    CHECK(ts_device_supports(d, TS_OP_MATMUL, TS_BF16) &&
+          ts_device_supports(d, TS_OP_LAYER_NORM, TS_F16) &&
+          !ts_device_supports(d, TS_OP_ADAM_STEP, TS_BF16));
+    check_dtype_ops(d, name);
+}
+
+static void test_dtypes_on_every_plugin(void)
+{
+    ts_device *dev = tap_start();
+    check_dtype_ops(dev, "the test device");
+    on_cpu_plugins(check_plugin_dtypes);
     /* a scalar's value, printing, and an op that does not take them yet */
     ts_tensor *s, *h, *sum = NULL;
     int64_t two = 2;
@@ -511,17 +522,7 @@ static void test_plugin_casts_bit_exact(void)
 {
     ts_device *dev = tap_start();
     check_casts_bit_exact(dev, "the test device");
-    static const char *const names[] = {"cpu_blas", "cpu_onednn"};
-    for (int i = 0; i < 2; i++) {
-        char *path;
-        if (ts_plugin_find(NULL, names[i], &path) != TS_OK)
-            continue;
-        free(path);
-        ts_device *d;
-        CHECK_OK(ts_device_load(NULL, names[i], &d));
-        check_casts_bit_exact(d, names[i]);
-        ts_device_unload(d);
-    }
+    on_cpu_plugins(check_casts_bit_exact);
     tap_end();
 }
 
