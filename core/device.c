@@ -476,6 +476,8 @@ TS_API ts_status ts_device_run(ts_device *dev, const ts_kernel_call *call)
         return injected(dev, ts_op_name(call->op));
     ts_clear_error();
     ts_status s = dev->vt.run(dev->ctx, call);
+    if (s == TS_OK) /* a path the plugin tried and recovered from leaves no message */
+        ts_clear_error();
     if (s == TS_ENOTSUP && !ts_last_error()[0])
         ts__fail(TS_ENOTSUP, "plugin '%s' declined %s (%s), which it claims for %s; %s",
                  dev->name, ts_op_name(call->op), call_dtypes(call, dts, sizeof dts),

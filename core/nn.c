@@ -566,8 +566,10 @@ static ts_status dropout_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
         return TS_OK;
     }
     ts_scope *sc = ts_scope_begin();
-    ts_tensor *r = NULL; /* keep where uniform [0, 1) >= p, scaled by 1 / (1 - p) */
-    r = TS_SCOPED(ts_tensor_rand(ts_tensor_device(x), ts_tensor_dtype(x), ts_tensor_ndim(x),
+    ts_tensor *r = NULL; /* keep where uniform [0, 1) >= p, scaled by 1 / (1 - p); the draws
+                          * of a 16-bit x (under autocast) in float32, the same as float32's */
+    int32_t rdt = ts_tensor_dtype(x) == TS_F64 ? TS_F64 : TS_F32;
+    r = TS_SCOPED(ts_tensor_rand(ts_tensor_device(x), rdt, ts_tensor_ndim(x),
                                       ts_tensor_shape(x), 0, 1, m->rng, &r), r);
     ts_tensor *keep = ts_s_cast(ts_s_binary_scalar(TS_BINARY_GE, r, m->p, 0), ts_tensor_dtype(x));
     return ts_scope_return(sc, ts_s_mul_scalar(ts_s_mul(x, keep), 1.0 / (1.0 - m->p)), y);

@@ -837,7 +837,7 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
     else
         floor_plan_make(&o.arch, o.batch, &fp);
     double *times = malloc(sizeof *times * 2 * (size_t)o.steps);
-    result res[32];
+    result *res = calloc((size_t)nm.n * (size_t)o.nprec, sizeof *res);
     int nres = 0, synthetic = 0;
     char arch[256];
     if (o.gpt)
@@ -849,7 +849,7 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
     /* items per step: images, or tokens for the GPT */
     const double items = (double)o.batch * (o.gpt ? (double)o.gcfg.context : 1.0);
     const char *unit = o.gpt ? "tokens" : "images";
-    if (!times || floor_alloc(&fp)) {
+    if (!times || !res || floor_alloc(&fp)) {
         fprintf(stderr, "tessera: error: bench train: out of memory\n");
         rc = 1;
         goto out;
@@ -977,6 +977,7 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
 out:
     floor_free(&fp);
     free(times);
+    free(res);
     ts_shutdown();
     return rc;
 }

@@ -284,14 +284,16 @@ int cli_adopt_choice(const ts_checkpoint *ck, const char *path, cli_run_key k,
 extern const char *const cli_precisions[];
 int32_t cli_precision_dtype(const char *p);
 /* float16 loss scaling's state in a checkpoint (train.loss_scale, train.loss_scale_clean):
- * written from the trainer; read at --resume (absent: have 0); put back into the new trainer
- * when it trains in fp16. read and apply: 0, or 1 after a message. */
+ * written from a float16 trainer only (none before the trainer exists: --save-initial); read
+ * at --resume (absent: have 0, and a new fp16 trainer starts from the initial scale); put
+ * back into the new trainer when it trains in fp16. read and apply: 0, or 1 after a
+ * message. */
 typedef struct cli_loss_scale {
     double scale;
     uint64_t clean;
     int have;
 } cli_loss_scale;
-void cli_save_loss_scale(ts_checkpoint *ck, const ts_trainer *tr);
+void cli_save_loss_scale(ts_checkpoint *ck, const ts_trainer *tr, const char *precision);
 int cli_read_loss_scale(const ts_checkpoint *ck, const char *path, cli_loss_scale *ls);
 int cli_apply_loss_scale(const cli_loss_scale *ls, ts_trainer *tr, const char *precision);
 /* Of names, the one a misspelt given is closest to (at most 2 edits: a letter added,

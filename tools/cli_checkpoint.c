@@ -203,8 +203,10 @@ void cli_meta_set_u64(ts_checkpoint *ck, const char *key, uint64_t v)
     ts_checkpoint_set_meta(ck, key, b);
 }
 
-void cli_save_loss_scale(ts_checkpoint *ck, const ts_trainer *tr)
+void cli_save_loss_scale(ts_checkpoint *ck, const ts_trainer *tr, const char *precision)
 {
+    if (!tr || strcmp(precision, "fp16")) /* only a float16 trainer's scale means anything */
+        return;
     double scale;
     int64_t clean;
     ts_trainer_loss_scale(tr, &scale, &clean);

@@ -511,7 +511,7 @@ static ts_status save(trainer *t, const char *path)
         cli_meta_set_u64(ck, "train.epochs", (uint64_t)t->o.epochs);
         cli_meta_set_u64(ck, "train.accumulate", (uint64_t)t->o.accumulate);
         ts_checkpoint_set_meta(ck, "train.precision", t->o.precision);
-        cli_save_loss_scale(ck, t->tr);
+        cli_save_loss_scale(ck, t->tr, t->o.precision);
         cli_meta_set_u64(ck, "train.step", (uint64_t)t->step);
         cli_meta_set_u64(ck, "train.epoch", epoch);
         cli_meta_set_u64(ck, "train.batch", (uint64_t)batch);
@@ -1385,11 +1385,12 @@ int cmd_train(int argc, char **argv, const cli_common *common)
                              .accumulate = t.o.accumulate,
                              .precision = cli_precision_dtype(t.o.precision)};
     if ((s = ts_trainer_new(t.model, t.opt, &to, &t.tr)) ||
-        (s = ts_trainer_set_steps(t.tr, t.step)) ||
-        (cli_apply_loss_scale(&t.scale, t.tr, t.o.precision) && (s = TS_EINVAL))) {
+        (s = ts_trainer_set_steps(t.tr, t.step))) {
         cli_fail(s, t.world > 1 ? "data parallelism" : "cannot set up training");
         goto out;
     }
+    if (cli_apply_loss_scale(&t.scale, t.tr, t.o.precision))
+        goto out;
     t.started = cli_now();
     t.first_step = t.step;
     cli_profile_begin(t.o.profile);

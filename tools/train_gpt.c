@@ -400,7 +400,7 @@ static ts_status save_to(const run *r, const char *path)
         cli_meta_set_u64(ck, "train.accumulate", (uint64_t)r->o.accumulate);
         cli_meta_set_u64(ck, "train.checkpoint_activations", (uint64_t)r->o.cfg.checkpoint);
         ts_checkpoint_set_meta(ck, "train.precision", r->o.precision);
-        cli_save_loss_scale(ck, r->tr);
+        cli_save_loss_scale(ck, r->tr, r->o.precision);
         cli_meta_set_u64(ck, "train.step", (uint64_t)r->step);
         cli_meta_set_u64(ck, "train.rng_offset", r->rng.offset);
         cli_meta_set_u64(ck, "train.text_hash", r->text_hash);

@@ -741,11 +741,11 @@ static ts_status run_unary(hk_dev *hd, const ts_kernel_call *call)
 /* Binary and binary-with-scalar share this: a and b are the inputs (one of them may be a
  * stride-0 scalar operand), same dtype; out is their dtype, or uint8 for comparisons. */
 static ts_status run_binary_ops(hk_dev *hd, const char *what, int32_t fn, const ts_operand *out,
-                                const ts_operand *a, const ts_operand *b)
+                                const ts_operand *a, const ts_operand *b, int scalar)
 {
-    /* a 16-bit float op's scalar is a float32 operand (run_binary_scalar) */
-    int sa = ts_plugin_dtype_is_half(b->dtype) && a->dtype == TS_F32;
-    int sb = ts_plugin_dtype_is_half(a->dtype) && b->dtype == TS_F32;
+    /* a 16-bit float op's scalar (scalar 1: a, 2: b; run_binary_scalar) is a float32 operand */
+    int sa = scalar == 1 && ts_plugin_dtype_is_half(b->dtype);
+    int sb = scalar == 2 && ts_plugin_dtype_is_half(a->dtype);
     ts_status s = hk_binary_dtype_check(hd->host, what, fn, out, sa ? b : a,
                                         sa || sb ? NULL : b);
     if (s)
@@ -790,7 +790,7 @@ static ts_status run_binary(hk_dev *hd, const ts_kernel_call *call)
         return s;
     const ts_binary_params *p = prm;
     return run_binary_ops(hd, "binary", p->fn, &call->outputs[0], &call->inputs[0],
-                          &call->inputs[1]);
+                          &call->inputs[1], 0);
 }
 
 static ts_status run_binary_scalar(hk_dev *hd, const ts_kernel_call *call)
@@ -806,8 +806,8 @@ static ts_status run_binary_scalar(hk_dev *hd, const ts_kernel_call *call)
     int32_t sdt = ts_plugin_dtype_is_half(in->dtype) ? TS_F32 : in->dtype;
     scalar_to(sdt, p->scalar, buf);
     ts_operand sc = scalar_operand(out, sdt, buf);
-    return p->scalar_first ? run_binary_ops(hd, "binary_scalar", p->fn, out, &sc, in)
-                           : run_binary_ops(hd, "binary_scalar", p->fn, out, in, &sc);
+    return p->scalar_first ? run_binary_ops(hd, "binary_scalar", p->fn, out, &sc, in, 1)
+                           : run_binary_ops(hd, "binary_scalar", p->fn, out, in, &sc, 2);
 }
 
 static ts_status run_where(hk_dev *hd, const ts_kernel_call *call)

@@ -73,16 +73,17 @@ int hk_call_has_half(const ts_kernel_call *call);
  * ops: float32 loops on chunks converted on the way, no scratch); hk_via_float32 for the
  * others. */
 int hk_half_native(int32_t op);
-/* Runs call with every 16-bit float operand in a dense float32 scratch copy: inputs widened
- * (exact), and outputs too where the op reads them (index_add, a matmul with beta); run called
- * on the float32 call; each 16-bit float output narrowed from its float32 result, rounded
- * once. convert(cctx, dst, src) converts between two operands of one shape (any dtypes and
- * strides), as a TS_OP_CAST does. An output overlapping an input is refused but for the
- * elementwise ops, which read each element before writing it. */
+/* Runs call with every 16-bit float operand in a float32 scratch copy of its distinct
+ * elements (a broadcast dim stays stride 0): inputs widened (exact), and outputs too where
+ * the op reads them (index_add, a matmul with beta); run called on the float32 call; each
+ * 16-bit float output narrowed from its float32 result, rounded once. Every float operand
+ * must have one dtype (TS_EINVAL otherwise, as the ABI says); dev as for hk_check_operand.
+ * convert(cctx, dst, src) converts between two operands of one shape (any dtypes and
+ * strides), as a TS_OP_CAST does. An output may alias an input: both are copies here. */
 typedef ts_status (*hk_convert_fn)(void *cctx, const ts_operand *dst, const ts_operand *src);
 typedef ts_status (*hk_run_fn)(void *rctx, const ts_kernel_call *call);
-ts_status hk_via_float32(const ts_host *h, const ts_kernel_call *call, hk_convert_fn convert,
-                         void *cctx, hk_run_fn run, void *rctx);
+ts_status hk_via_float32(const ts_host *h, int dev, const ts_kernel_call *call,
+                         hk_convert_fn convert, void *cctx, hk_run_fn run, void *rctx);
 
 /* Non-zero if the elements of a and b may share a byte (their address ranges intersect; an
  * empty operand overlaps nothing). Used to route an output that aliases an input through

@@ -148,6 +148,7 @@ static int elementwise_op(int32_t op)
            op == TS_OP_WHERE || op == TS_OP_RELU_BACKWARD;
 }
 
+
 int hk_half_native(int32_t op)
 {
     return elementwise_op(op);
@@ -167,8 +168,18 @@ static int reads_outputs(const ts_kernel_call *call)
     return 0;
 }
 
-ts_status hk_via_float32(const ts_host *h, const ts_kernel_call *call, hk_convert_fn convert,
-                         void *cctx, hk_run_fn run, void *rctx)
+/* o with each stride-0 (broadcast) dim cut to size 1: what its elements are. */
+static ts_operand distinct_elements(const ts_operand *o)
+{
+    ts_operand c = *o;
+    for (int k = 0; k < c.ndim; k++)
+        if (c.strides[k] == 0)
+            c.shape[k] = 1;
+    return c;
+}
+
+ts_status hk_via_float32(const ts_host *h, int dev, const ts_kernel_call *call,
+                         hk_convert_fn convert, void *cctx, hk_run_fn run, void *rctx)
 {
     const char *name = ts_plugin_op_name(call->op);
     name = name ? name : "op";
@@ -177,37 +188,53 @@ ts_status hk_via_float32(const ts_host *h, const ts_kernel_call *call, hk_conver
         (call->noutputs && !call->outputs))
         return h->fail(h, TS_EINVAL, "%s: malformed call (%d inputs, %d outputs)", name,
                        (int)call->ninputs, (int)call->noutputs);
-    int nin = call->ninputs, n = nin + call->noutputs, ew = elementwise_op(call->op);
-    int widen_out = reads_outputs(call);
-    ts_operand ops[VIA_MAX_IN + VIA_MAX_OUT];
+    int nin = call->ninputs, n = nin + call->noutputs, widen_out = reads_outputs(call);
+    ts_operand ops[VIA_MAX_IN + VIA_MAX_OUT], cut[VIA_MAX_IN + VIA_MAX_OUT];
     void *buf[VIA_MAX_IN + VIA_MAX_OUT] = {NULL};
     int64_t numel[VIA_MAX_IN + VIA_MAX_OUT] = {0};
+    int32_t fdt = -1; /* the float dtype every float operand has (the ABI's rule) */
     ts_status s = TS_OK;
+    for (int i = 0; i < n; i++) {
+        const ts_operand *o = i < nin ? &call->inputs[i] : &call->outputs[i - nin];
+        if (!ts_plugin_dtype_is_float(o->dtype) && !ts_plugin_dtype_is_half(o->dtype))
+            continue;
+        if (fdt >= 0 && o->dtype != fdt)
+            return h->fail(h, TS_EINVAL, "%s: operand dtypes differ (%s and %s)", name,
+                           ts_plugin_dtype_name(fdt), ts_plugin_dtype_name(o->dtype));
+        fdt = o->dtype;
+    }
     for (int i = 0; i < n && s == TS_OK; i++) {
         const ts_operand *o = i < nin ? &call->inputs[i] : &call->outputs[i - nin];
         ops[i] = *o;
         if (!ts_plugin_dtype_is_half(o->dtype))
             continue;
-        if ((s = hk_check_operand(h, 0, name, i < nin ? "input" : "output", o, NULL)))
+        if ((s = hk_check_operand(h, dev, name, i < nin ? "input" : "output", o, NULL)))
             break;
-        for (int j = nin; i < nin && !ew && j < n; j++)
-            if (hk_overlaps(o, &call->outputs[j - nin]))
-                return h->fail(h, TS_EINVAL, "%s: output %d overlaps input %d", name, j - nin,
-                               i);
+        /* a float32 copy of its distinct elements only: a broadcast dim stays stride 0 */
+        cut[i] = distinct_elements(o);
         int64_t cnt = 1;
         for (int k = 0; k < o->ndim; k++) {
-            if (o->shape[k] && cnt > INT64_MAX / 4 / o->shape[k])
-                return h->fail(h, TS_EINVAL, "%s: operand %d is too large", name, i);
-            cnt *= o->shape[k];
+            if (cut[i].shape[k] && cnt > INT64_MAX / 4 / cut[i].shape[k]) {
+                s = h->fail(h, TS_EINVAL, "%s: operand %d is too large", name, i);
+                break;
+            }
+            cnt *= cut[i].shape[k];
         }
+        if (s)
+            break;
         numel[i] = cnt;
         if ((s = h->scratch_alloc(h, (size_t)(cnt > 0 ? cnt : 1) * sizeof(float),
                                   "float32 of a 16-bit float", &buf[i])))
             break;
-        ops[i] = hk_dense_like(o, buf[i]);
+        ops[i] = hk_dense_like(&cut[i], buf[i]);
         ops[i].dtype = TS_F32;
         if (cnt > 0 && (i < nin || widen_out))
-            s = convert(cctx, &ops[i], o);
+            s = convert(cctx, &ops[i], &cut[i]);
+        for (int k = 0; k < o->ndim; k++) { /* the operand's shape again */
+            ops[i].shape[k] = o->shape[k];
+            if (o->strides[k] == 0)
+                ops[i].strides[k] = 0;
+        }
     }
     if (s == TS_OK) {
         ts_kernel_call c = *call;
@@ -215,8 +242,11 @@ ts_status hk_via_float32(const ts_host *h, const ts_kernel_call *call, hk_conver
         c.outputs = ops + nin;
         s = run(rctx, &c);
         for (int i = nin; i < n && s == TS_OK; i++)
-            if (buf[i] && numel[i] > 0)
-                s = convert(cctx, &call->outputs[i - nin], &ops[i]);
+            if (buf[i] && numel[i] > 0) {
+                ts_operand from = hk_dense_like(&cut[i], buf[i]);
+                from.dtype = TS_F32;
+                s = convert(cctx, &cut[i], &from);
+            }
     }
     for (int i = 0; i < n; i++)
         if (buf[i])

@@ -168,7 +168,7 @@ static ts_status ref_run(void *hd, const ts_kernel_call *call)
 ts_status hk_ref_run(hk_dev *hd, const ts_kernel_call *call)
 {
     if (hk_call_has_half(call) && !hk_half_native(call->op))
-        return hk_via_float32(hd->host, call, hk_convert, hd, ref_run, hd);
+        return hk_via_float32(hd->host, 0, call, hk_convert, hd, ref_run, hd);
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
     if (ref_matmul_conv_supports(call->op, dtype))
         return call->op == TS_OP_MATMUL ? ref_matmul(hd, call) : ref_conv(hd, call);

@@ -113,6 +113,26 @@ static uint64_t key_hash(const dn_key *k)
     return h;
 }
 
+int dn_is_declined(dn_ctx *c, const dn_key *key)
+{
+    uint64_t h = key_hash(key);
+    int found = 0;
+    pthread_mutex_lock(&c->lock);
+    for (int i = 0; i < c->ndeclined && !found; i++)
+        found = c->declined[i] == h;
+    pthread_mutex_unlock(&c->lock);
+    return found;
+}
+
+void dn_declined(dn_ctx *c, const dn_key *key)
+{
+    uint64_t h = key_hash(key);
+    pthread_mutex_lock(&c->lock);
+    if (c->ndeclined < DN_DECLINED)
+        c->declined[c->ndeclined++] = h;
+    pthread_mutex_unlock(&c->lock);
+}
+
 static int key_equal(const dn_key *a, const dn_key *b)
 {
     return a->n == b->n && a->n >= 0 && memcmp(a->v, b->v, (size_t)a->n * sizeof a->v[0]) == 0;
@@ -571,7 +591,7 @@ static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
             return s;
     }
     if (hk_call_has_half(call) && !hk_half_native(call->op))
-        return hk_via_float32(c->hd.host, call, hk_convert, &c->hd, dnnl_run_f32, c);
+        return hk_via_float32(c->hd.host, 0, call, hk_convert, &c->hd, dnnl_run_f32, c);
     return dnnl_run_f32(c, call);
 }
 

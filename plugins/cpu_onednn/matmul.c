@@ -190,9 +190,13 @@ static ts_status run_matmul(dn_ctx *c, const ts_kernel_call *call, int half, int
     }
     dn_key_push_double(&key, alpha);
     dn_key_push_double(&key, beta);
+    if (half && dn_is_declined(c, &key)) {
+        *declined = 1;
+        goto done;
+    }
     if ((s = matmul_entry(c, &key, dt, nd, ad, as, bd, bs, cd, cs, alpha, beta, &e))) {
-        if (half && s == TS_ENOTSUP) { /* no such primitive on this CPU: float32 from now on */
-            c->no_half_matmul[dt == TS_F16] = 1;
+        if (half && s == TS_ENOTSUP) { /* no fast kernels for it: this key through float32 */
+            dn_declined(c, &key);
             *declined = 1;
             s = TS_OK;
         }
@@ -240,6 +244,6 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call)
 
 ts_status dn_matmul_half(dn_ctx *c, const ts_kernel_call *call, int *declined)
 {
-    *declined = c->no_half_matmul[call->outputs[0].dtype == TS_F16];
-    return *declined ? TS_OK : run_matmul(c, call, 1, declined);
+    *declined = 0;
+    return run_matmul(c, call, 1, declined);
 }

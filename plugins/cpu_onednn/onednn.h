@@ -63,6 +63,8 @@ typedef struct dn_entry {
 /* The plugin context. run may be called from several threads at once (docs/writing-a-plugin.md):
  * lock guards the cache (its array, tick and every entry's refs and last_use) and the idle
  * streams; nothing is executed or created under it. */
+enum { DN_DECLINED = 64 };
+
 typedef struct dn_ctx {
     hk_dev hd; /* first: the hostdev vtable members take this ctx */
     dnnl_engine_t engine;
@@ -72,14 +74,18 @@ typedef struct dn_ctx {
     uint64_t tick;
     dnnl_stream_t idle[DN_MAX_IDLE_STREAMS]; /* streams no execution holds */
     int nidle;
-    /* bfloat16 / float16 matmul primitives: 1 when oneDNN has none for this CPU (the first
-     * creation said dnnl_unimplemented), so such calls go through float32 without asking */
-    int no_half_matmul[2];
+    /* the keys of 16-bit matmuls oneDNN has no fast kernels for (under lock), so that they
+     * go through float32 without asking again; a full list asks again */
+    uint64_t declined[DN_DECLINED];
+    int ndeclined;
 } dn_ctx;
 
 /* Key building: dn_key_push appends one word (silently marks the key unusable when full). */
 void dn_key_push(dn_key *k, int64_t v);
 void dn_key_push_double(dn_key *k, double v);
+/* Whether key was declined (dn_declined), and marking it so; thread-safe. */
+int dn_is_declined(dn_ctx *c, const dn_key *key);
+void dn_declined(dn_ctx *c, const dn_key *key);
 
 /* The cached entry for key, or NULL. Counts as a use. The caller holds a reference on the
  * entry (eviction by another thread does not free it) until dn_entry_release. */

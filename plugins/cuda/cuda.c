@@ -545,7 +545,7 @@ static ts_status cuda_run(void *ctx, const ts_kernel_call *call)
              call->op == TS_OP_BINARY_SCALAR || call->op == TS_OP_WHERE ||
              call->op == TS_OP_MATMUL;
     if (!ew && hk_call_has_half(call))
-        return hk_via_float32(c->host, call, cuda_convert, c, cuda_run_f32, c);
+        return hk_via_float32(c->host, 1, call, cuda_convert, c, cuda_run_f32, c);
     return cuda_run_f32(c, call);
 }
 

@@ -7,7 +7,7 @@
 # unknown precision is a usage error naming the choices; an edited checkpoint value is refused;
 # bench train --precision fp32,bf16 reports both side by side.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 8
+plan 10
 DATA=/usr/share/datasets/fashion-mnist
 cd "$TMP" || exit 1
 
@@ -89,6 +89,27 @@ if cmp -s ha.ckpt hb.ckpt && contains "$meta" "train.precision = fp16" &&
     ok "gpt --precision fp16: the loss scale in the checkpoint; resumed byte-identical"
 else
     fail "gpt --precision fp16 resume" "$out" "$meta" "$(cmp ha.ckpt hb.ckpt 2>&1)"
+fi
+
+# dropout under autocast: its draws in float32, the model trains
+# shellcheck disable=SC2086
+out=$("$TESSERA" train $G --dropout 0.1 --precision bf16 2>&1)
+rc=$?
+if [ $rc -eq 0 ] && contains "$out" "done:"; then
+    ok "gpt --dropout 0.1 --precision bf16 trains"
+else
+    fail "gpt --dropout with bf16" "rc=$rc" "$out"
+fi
+
+# only a float16 trainer writes its loss scale: not a bf16 run, not --save-initial
+# shellcheck disable=SC2086
+"$TESSERA" train $G --precision fp16 --max-steps 2 --save-initial hi.ckpt --save hj.ckpt >hi.out 2>&1
+if ! contains "$("$TESSERA" inspect b5.ckpt 2>&1)" "train.loss_scale" &&
+    ! contains "$("$TESSERA" inspect hi.ckpt 2>&1)" "train.loss_scale" &&
+    contains "$("$TESSERA" inspect hj.ckpt 2>&1)" "train.loss_scale = 65536"; then
+    ok "the loss scale is written by a float16 trainer only"
+else
+    fail "where the loss scale is written" "$(cat hi.out)"
 fi
 
 out=$("$TESSERA" generate --resume ba.ckpt --tokens 20 --precision bf16 2>&1)
