@@ -181,6 +181,28 @@ static double num(const cJSON *o, const char *k)
     return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
+/* lead, then text broken at spaces into lines of at most 80 columns, indented as lead. */
+static void print_wrapped(const char *lead, const char *text)
+{
+    size_t ind = strlen(lead), col = ind;
+    printf("%s", lead);
+    while (*text) {
+        size_t w = strcspn(text, " ");
+        if (col > ind && col + 1 + w > 80) {
+            printf("\n%*s", (int)ind, "");
+            col = ind;
+        } else if (col > ind) {
+            putchar(' ');
+            col++;
+        }
+        printf("%.*s", (int)w, text);
+        col += w;
+        text += w;
+        text += strspn(text, " ");
+    }
+    putchar('\n');
+}
+
 static void print_text(const cJSON *root)
 {
     char b1[32], b2[32];
@@ -264,6 +286,9 @@ static void print_text(const cJSON *root)
                 }
             }
             printf("\n");
+            const char *how = strchr(str(it, "description"), ';'); /* the plugin's own words */
+            if (how)
+                print_wrapped("    how: ", how + 2);
         }
         const cJSON *po = cJSON_GetObjectItem(it, "pool");
         if (cJSON_IsTrue(cJSON_GetObjectItem(po, "valid"))) {

@@ -77,7 +77,8 @@ static const ts_plugin_desc desc = {
     .struct_size = sizeof(ts_plugin_desc),
     .name = "cpu_blas",
     .version = PACKAGE_VERSION,
-    .description = "CPU kernels with OpenBLAS GEMMs",
+    .description = "CPU kernels with OpenBLAS GEMMs; bfloat16 and float16 emulated: computed "
+                   "in float32, the GEMMs on float32 copies (OpenBLAS has no 16-bit GEMM)",
     .config_keys = keys,
     HK_DESC_MEMBERS,
     .init = blas_init,

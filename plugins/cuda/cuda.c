@@ -555,7 +555,9 @@ static const ts_plugin_desc desc = {
     .struct_size = sizeof(ts_plugin_desc),
     .name = "cuda",
     .version = PACKAGE_VERSION,
-    .description = "NVIDIA GPUs through the CUDA runtime and cuBLAS",
+    .description = "NVIDIA GPUs through the CUDA runtime and cuBLAS; bfloat16 and float16 "
+                   "matmuls native on cublasGemmEx (float32 accumulation), the other ops "
+                   "computed in float32",
     .config_keys = keys,
     .alignment = CUDA_ALIGN,
     .init = cuda_init,

@@ -197,7 +197,8 @@ if [ $rc -eq 0 ] && contains "$out" "config:          $TMP/userd/u.ini over $TMP
 else
     fail "the user's file goes on top of the installed one key by key" "rc=$rc" "$out" "$out2"
 fi
-# The 16-bit floats: per plugin, the ops it runs in each (all but the optimizer steps);
+# The 16-bit floats: per plugin, the ops it runs in each (all but the optimizer steps) and
+# how (native or emulated, in the plugin's words);
 # the host CPU's half-precision instruction sets.
 js=$("$TESSERA" info --json 2>&1)
 h=$(printf '%s\n' "$js" | "$JSON_CHECK" plugins.[0].half_precision.bfloat16.[1] \
@@ -212,6 +213,7 @@ fi
 if contains "$h" 'bfloat16.[1]="cast"' && contains "$h" 'float16.[0]="copy"' &&
     contains "$h" 'half_precision_without.bfloat16=["sgd_step","adam_step"]' &&
     contains "$txt" "half precision: bfloat16: every op it runs in float32 but sgd_step, adam_step; float16:" &&
+    contains "$txt" "how: bfloat16 and float16 emulated: computed" &&
     [ $flags_ok -eq 1 ]; then
     ok "info lists the ops each plugin runs in bfloat16 and float16, and the CPU's half-precision flags"
 else
