@@ -18,6 +18,7 @@
 
 static const char usage[] =
     "usage: tessera convert INPUT... -o OUTPUT [--name NAME]\n"
+    "       tessera convert CKPT --to bf16|fp16|fp32 -o OUTPUT\n"
     "\n"
     "Converts between NumPy .npy files and safetensors files (checkpoints), by what the inputs\n"
     "hold, whatever their names:\n"
@@ -29,12 +30,18 @@ static const char usage[] =
     "      one tensor\n"
     "  tessera convert a.npy -o b.npy\n"
     "      rewrites an array as float32/64, int32/64 or uint8, C order, little-endian\n"
+    "  tessera convert run.ckpt --to bf16 -o model-bf16.safetensors\n"
+    "      every float tensor of a safetensors file stored as bfloat16 (fp16: float16; fp32\n"
+    "      widens back), the metadata kept and the optimizer's state tensors left out: a model\n"
+    "      in half the bytes, which loads into a float32 model (widened exactly) for eval and\n"
+    "      generate; training resumes from the original\n"
     "Arrays in, a safetensors file out (any name: run.ckpt), unless one array goes to a .npy\n"
     "name; a safetensors file in, arrays out: to a directory, or one to a file.\n"
-    "Arrays keep float32, float64, int32, int64 and uint8; float16 becomes float32, bool\n"
-    "uint8, int8/int16/uint16 int32 and uint32 int64 (exactly). safetensors F16, BF16 and BOOL\n"
-    "become float32 and uint8. Outputs are written atomically; an existing output that is not\n"
-    "a regular file (a link, a directory, a FIFO) is refused.\n";
+    "Arrays keep float32, float64, float16, int32, int64 and uint8; bool becomes uint8,\n"
+    "int8/int16/uint16 int32 and uint32 int64 (exactly). safetensors F16 and BF16 stay as they\n"
+    "are (NumPy has no bfloat16: a BF16 tensor is refused as an array; convert --to fp32\n"
+    "first), BOOL becomes uint8. Outputs are written atomically; an existing output that is\n"
+    "not a regular file (a link, a directory, a FIFO) is refused.\n";
 
 static int ends_with(const char *s, const char *suffix)
 {
@@ -195,9 +202,55 @@ out:
     return rc;
 }
 
+/* --to: every float tensor of in stored as dtype, the metadata kept (the run's settings, for
+ * eval), the optimizer's state tensors (optim.*) left out. */
+static int safetensors_to_dtype(const char *in, int32_t dtype, const char *out)
+{
+    ts_checkpoint *ck = NULL, *o = NULL;
+    ts_status s = ts_checkpoint_load(in, NULL, &ck);
+    if (!s)
+        s = ts_checkpoint_new(&o);
+    size_t n = ck ? ts_checkpoint_count(ck) : 0, converted = 0, dropped = 0;
+    for (size_t i = 0; !s && i < ts_checkpoint_meta_count(ck); i++) {
+        const char *k = ts_checkpoint_meta_key(ck, i);
+        s = ts_checkpoint_set_meta(o, k, ts_checkpoint_meta(ck, k));
+    }
+    for (size_t i = 0; !s && i < n; i++) {
+        const char *nm = ts_checkpoint_name(ck, i);
+        ts_tensor *t = ts_checkpoint_get(ck, nm), *c = NULL;
+        if (!strncmp(nm, "optim.", 6)) {
+            dropped++;
+            continue;
+        }
+        int32_t dt = t ? ts_tensor_dtype(t) : -1;
+        int fl = dt == TS_F32 || dt == TS_F64 || dt == TS_BF16 || dt == TS_F16;
+        if (!t) {
+            s = TS_ECORRUPT;
+            break;
+        }
+        if (fl && dt != dtype && (s = ts_cast(t, dtype, &c)))
+            break;
+        converted += fl && dt != dtype;
+        s = ts_checkpoint_add(o, nm, c ? c : t);
+        ts_tensor_unref(c);
+    }
+    if (!s)
+        s = ts_checkpoint_save(o, out);
+    int rc = 0;
+    if (s)
+        rc = cli_fail(s, "convert");
+    else
+        printf("%s: %zu tensor%s, %zu of them converted to %s; %zu optimizer-state tensor%s left "
+               "out\n", out, ts_checkpoint_count(o), ts_checkpoint_count(o) == 1 ? "" : "s",
+               converted, ts_dtype_name(dtype), dropped, dropped == 1 ? "" : "s");
+    ts_checkpoint_free(o);
+    ts_checkpoint_free(ck);
+    return rc;
+}
+
 int cmd_convert(int argc, char **argv, const cli_common *common)
 {
-    const char *out = NULL, *name = NULL, *config = common->config;
+    const char *out = NULL, *name = NULL, *config = common->config, *to = NULL;
     char **in = calloc((size_t)argc, sizeof *in);
     int nin = 0, rc;
     if (!in)
@@ -208,12 +261,12 @@ int cmd_convert(int argc, char **argv, const cli_common *common)
             fputs(usage, stdout);
             free(in);
             return 0;
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--name")) {
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--name") || !strcmp(a, "--to")) {
             if (!v || !*v) {
                 free(in);
                 return cli_usage_error("convert", "%s needs a value", a);
             }
-            *(!strcmp(a, "-o") ? &out : &name) = v;
+            *(!strcmp(a, "-o") ? &out : !strcmp(a, "--name") ? &name : &to) = v;
             i++;
         } else if (!strcmp(a, "--config")) {
             if (!v || !*v) {
@@ -256,7 +309,23 @@ int cmd_convert(int argc, char **argv, const cli_common *common)
             free(in);
             return rc;
         }
-    int kind = n_st == 0 && !(nin == 1 && ends_with(out, ".npy")) && !out_dir ? 1
+    int32_t to_dt = !to ? -1
+                    : !strcmp(to, "bf16") ? TS_BF16
+                    : !strcmp(to, "fp16") ? TS_F16
+                    : !strcmp(to, "fp32") ? TS_F32
+                                          : -2;
+    if (to_dt == -2 || (to && (n_st != 1 || nin != 1 || out_dir || ends_with(out, ".npy") ||
+                               name))) {
+        rc = to_dt == -2 ? cli_usage_error("convert", "--to takes bf16, fp16 or fp32, not '%s'",
+                                           to)
+                         : cli_usage_error("convert", "--to converts one safetensors file into "
+                                           "another: tessera convert CKPT --to %s -o FILE",
+                                           to);
+        free(in);
+        return rc;
+    }
+    int kind = to ? 4
+               : n_st == 0 && !(nin == 1 && ends_with(out, ".npy")) && !out_dir ? 1
                : n_st == 0 && nin == 1 && ends_with(out, ".npy")           ? 2
                : n_npy == 0 && nin == 1                                     ? 3
                                                                             : 0;
@@ -289,7 +358,9 @@ int cmd_convert(int argc, char **argv, const cli_common *common)
         free(in);
         return cli_fail(s, "convert");
     }
-    if (kind == 1) {
+    if (kind == 4) {
+        rc = safetensors_to_dtype(in[0], to_dt, out);
+    } else if (kind == 1) {
         rc = npy_to_safetensors(in, nin, name, out);
     } else if (kind == 3) {
         rc = safetensors_to_npy(in[0], name, out, out_dir);

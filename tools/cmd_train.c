@@ -781,7 +781,8 @@ static int resume(trainer *t)
     }
     if (cli_restore_model(ck, path, t->params, t->nparams, t->buffers, t->nbuffers))
         goto out;
-    if ((s = ts_optim_load_state(t->opt, ck)) ||
+    /* eval needs the model only (an exported model has no optimizer state) */
+    if ((!t->o.eval_only && (s = ts_optim_load_state(t->opt, ck))) ||
         (s = ts_loader_seek(t->loader, epoch, (int64_t)batch))) {
         rc = cli_fail(s, "--resume");
         goto out;

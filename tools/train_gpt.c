@@ -454,7 +454,8 @@ static int resume(run *r)
     }
     if (cli_restore_model(ck, path, r->params, r->np, NULL, 0))
         return 1;
-    ts_status s = ts_optim_load_state(r->opt, ck);
+    /* eval needs the model only (an exported model has no optimizer state) */
+    ts_status s = r->o.eval_only ? TS_OK : ts_optim_load_state(r->opt, ck);
     if (s)
         return cli_fail(s, "--resume");
     r->step = (int64_t)step;

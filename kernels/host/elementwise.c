@@ -252,7 +252,9 @@ HALF_CASTS(f16, hk_f16_to_f32, hk_f32_to_f16, ts_plugin_f64_to_f16)
 /* float32 to float16, dense: the CPU's F16C instruction where it has one (round to nearest
  * even, as plugin.h's; subnormal results kept, NaN quieted with its payload's top bits: the
  * same bits, which test-half checks on every CPU plugin), 4x faster than the selects. */
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) /* as HK_CLONES; clang's
+                                                                     * __builtin_cpu_supports
+                                                                     * has no "f16c" */
 #include <immintrin.h>
 __attribute__((target("avx,f16c"))) static void narrow_f16_f16c(uint16_t *d, const float *s,
                                                                  int64_t n)

@@ -2,9 +2,11 @@
 # tests/cli/test-convert.sh: `tessera convert`. numpy's own files (tests/data/npy) go into a
 # safetensors file and come back byte for byte; a tensor name that is no safe file name is
 # refused instead of becoming a path; hostile inputs and outputs (a corrupt array, a FIFO, a
-# symbolic link) are refused by name without hanging; misuse is exit status 2.
+# symbolic link) are refused by name without hanging; misuse is exit status 2. --to bf16
+# exports a training checkpoint's weights in bfloat16 (optimizer state left out): half the
+# bytes, each weight rounded once, and eval and generate read it.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 9
+plan 11
 D="$TS_SRCDIR/tests/data/npy"
 
 out=$("$TESSERA" convert "$D/f32_2x3.npy" "$D/i8_scalar.npy" "$D/f32_4d_fortran.npy" \
@@ -136,5 +138,48 @@ if [ $r1 -eq 2 ] && contains "$o1" "is the input" && cmp -s "$D/f32_2x3.npy" "$T
     ok "an output that is an input is refused, the input kept; a cut safetensors file is named as such"
 else
     fail "convert onto an input, or a cut file" "r1=$r1 $o1" "r2=$r2 $o2" "r3=$r3 $o3"
+fi
+# --to bf16: a GPT checkpoint's weights in half the bytes, readable by eval and generate
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 60) >"$TMP/t.txt"
+"$TESSERA" train --model gpt --text "$TMP/t.txt" --context 16 --layers 1 --heads 2 --embd 16 \
+    --batch-size 2 --steps 6 --eval-every 6 --eval-batches 1 --save "$TMP/g.ckpt" >/dev/null 2>&1
+out=$("$TESSERA" convert "$TMP/g.ckpt" --to bf16 -o "$TMP/g16.safetensors" 2>&1)
+rc=$?
+ins=$("$TESSERA" inspect "$TMP/g16.safetensors" 2>&1)
+ev=$("$TESSERA" eval --resume "$TMP/g16.safetensors" --text "$TMP/t.txt" --eval-batches 1 2>&1)
+rce=$?
+gen=$("$TESSERA" generate --resume "$TMP/g16.safetensors" --tokens 5 2>&1)
+rcg=$?
+back=$("$TESSERA" convert "$TMP/g16.safetensors" --to fp32 -o "$TMP/g32.safetensors" 2>&1)
+w16=$("$TESSERA" convert "$TMP/g32.safetensors" --name transformer.wpe.weight -o "$TMP/wpe16.npy" 2>&1)
+"$TESSERA" convert "$TMP/g.ckpt" --name transformer.wpe.weight -o "$TMP/wpe.npy" >/dev/null 2>&1
+# every float32 weight rounded to bfloat16 once: the low 16 bits zero, the high 16 the same
+# or one unit more (od's 16-bit words of little-endian floats: low, then high)
+od -An -v -tx2 -j128 "$TMP/wpe.npy" | tr -s ' ' '\n' | sed '/^$/d' >"$TMP/a.hex"
+od -An -v -tx2 -j128 "$TMP/wpe16.npy" | tr -s ' ' '\n' | sed '/^$/d' >"$TMP/b.hex"
+same=$(paste "$TMP/a.hex" "$TMP/b.hex" | awk '
+    function hex(s,   i, v) { v = 0; for (i = 1; i <= length(s); i++)
+        v = v * 16 + index("0123456789abcdef", substr(s, i, 1)) - 1; return v }
+    NR % 2 == 1 { if ($2 != "0000") bad++ }
+    NR % 2 == 0 { d = hex($2) - hex($1); if (d < 0 || d > 1) bad++ }
+    END { print ((NR > 0 && !bad) ? "yes" : "no") }')
+if [ $rc -eq 0 ] && contains "$out" "optimizer-state tensors left out" &&
+    contains "$ins" "transformer.wte.weight  BF16" && ! contains "$ins" "exp_avg" &&
+    [ $rce -eq 0 ] && contains "$ev" "validation loss" && [ $rcg -eq 0 ] &&
+    contains "$back" "converted to float32" && [ "$same" = yes ]; then
+    ok "convert --to bf16: weights rounded once, no optimizer state; eval and generate read it"
+else
+    fail "convert --to bf16" "rc=$rc" "$out" "$ins" "eval rc=$rce" "$ev" "generate rc=$rcg" "$gen" "$back" "$w16" "same=$same"
+fi
+
+out=$("$TESSERA" convert "$TMP/g.ckpt" --to fp8 -o "$TMP/x.safetensors" 2>&1)
+rc=$?
+out2=$("$TESSERA" convert "$D/f32_2x3.npy" --to bf16 -o "$TMP/y.safetensors" 2>&1)
+rc2=$?
+if [ $rc -eq 2 ] && contains "$out" "bf16, fp16 or fp32" && [ $rc2 -eq 2 ] &&
+    contains "$out2" "one safetensors file" && [ ! -e "$TMP/x.safetensors" ]; then
+    ok "convert --to: an unknown type or an array input is a usage error"
+else
+    fail "convert --to misuse" "rc=$rc" "$out" "rc=$rc2" "$out2"
 fi
 finish
