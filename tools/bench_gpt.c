@@ -13,12 +13,15 @@
 
 static const char usage[] =
     "usage: tessera bench gpt [--steps N] [--context T] [--layers L] [--heads H] [--embd C]\n"
-    "                         [--batch-size B] [--device NAME] [--json]\n"
+    "                         [--batch-size B] [--precision fp32|bf16|fp16] [--device NAME]\n"
+    "                         [--json]\n"
     "\n"
     "Trains a GPT (default: 10000 steps, context 64, 2 layers, 2 heads, embd 64, batch 8,\n"
     "AdamW with clipping) on synthetic text and reports, at step 1000 and at the end: peak\n"
     "RSS (VmHWM), the pool's peak reserved bytes, raw pool allocations and tessera mallocs per\n"
-    "step since step 100, and tokens per second.\n";
+    "step since step 100, and tokens per second. --precision: mixed precision as `tessera\n"
+    "train --precision` runs it (float32 weights and optimizer state, the forward under\n"
+    "autocast; fp16 with loss scaling).\n";
 
 /* VmHWM and VmRSS of this process, kB. */
 static void rss(long *hwm, long *now)
@@ -47,7 +50,7 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
 {
     int64_t steps = 10000, B = 8;
     ts_gpt_config cfg = {256, 64, 2, 2, 64, 0, 0};
-    const char *device = NULL;
+    const char *device = NULL, *precision = "fp32";
     int json = common->json;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -68,6 +71,13 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
             i++;
         } else if (!strcmp(a, "--device") && v) {
             device = argv[++i];
+        } else if (!strcmp(a, "--precision")) {
+            size_t k = 0;
+            while (v && cli_precisions[k] && strcmp(v, cli_precisions[k]))
+                k++;
+            if (!v || !cli_precisions[k])
+                return cli_usage_error("bench gpt", "--precision takes fp32, bf16 or fp16");
+            precision = cli_precisions[k], i++;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else {
@@ -112,7 +122,7 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
     }
     ts_gpt_decay_groups(opt);
     ts_trainer_options to = {.loss = TS_LOSS_CROSS_ENTROPY, .clip_grad_norm = 1.0,
-                             .accumulate = 1};
+                             .accumulate = 1, .precision = cli_precision_dtype(precision)};
     if ((s = ts_trainer_new(gpt, opt, &to, &tr))) {
         cli_fail(s, "bench gpt");
         goto out;
@@ -174,18 +184,20 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
                                    : 0;
     if (json) {
         printf("{\"steps\": %lld, \"context\": %lld, \"layers\": %lld, \"embd\": %lld, "
-               "\"batch_size\": %lld, \"device\": \"%s\", \"peak_rss_kb_at_1000\": %ld, "
+               "\"batch_size\": %lld, \"device\": \"%s\", \"precision\": \"%s\", "
+               "\"peak_rss_kb_at_1000\": %ld, "
                "\"peak_rss_kb_at_end\": %ld, \"peak_rss_growth_percent\": %.3f, "
                "\"pool_peak_reserved\": %llu, \"raw_allocs_per_step\": %.6f, "
                "\"tessera_mallocs_per_step\": %s%.6f, \"tokens_per_s\": %.0f}\n",
                (long long)steps, (long long)cfg.context, (long long)cfg.layers,
-               (long long)cfg.embd, (long long)B, ts_device_name(dev), k->hwm_kb, end->hwm_kb,
+               (long long)cfg.embd, (long long)B, ts_device_name(dev), precision, k->hwm_kb,
+               end->hwm_kb,
                growth, (unsigned long long)end->peak_reserved, (double)end->raw / per,
                counted ? "" : "-", counted ? (double)end->mallocs / per : 1.0, tps);
     } else {
         printf("tessera bench gpt: %lld steps, context %lld, %lld layers, embd %lld, batch %lld, "
-               "on '%s'\n", (long long)steps, (long long)cfg.context, (long long)cfg.layers,
-               (long long)cfg.embd, (long long)B, ts_device_name(dev));
+               "%s, on '%s'\n", (long long)steps, (long long)cfg.context, (long long)cfg.layers,
+               (long long)cfg.embd, (long long)B, precision, ts_device_name(dev));
         for (int i = 0; i < nm; i++)
             printf("  step %6lld: peak RSS %ld kB (now %ld kB), pool peak reserved %llu B\n",
                    (long long)marks[i].step, marks[i].hwm_kb, marks[i].rss_kb,

@@ -7,7 +7,7 @@
 # unknown precision is a usage error naming the choices; an edited checkpoint value is refused;
 # bench train --precision fp32,bf16 reports both side by side.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 10
+plan 11
 DATA=/usr/share/datasets/fashion-mnist
 cd "$TMP" || exit 1
 
@@ -120,6 +120,16 @@ if [ $rc -eq 0 ] && contains "$out" "20 tokens" && [ $rcb -eq 2 ] && contains "$
     ok "generate --precision bf16 samples; an unknown precision is a usage error"
 else
     fail "generate --precision" "rc=$rc" "$out" "rc=$rcb" "$bad"
+fi
+
+out=$("$TESSERA" bench gpt --steps 200 --context 8 --layers 1 --heads 1 --embd 8 --batch-size 2 \
+    --precision bf16 --json 2>&1)
+rc=$?
+if [ $rc -eq 0 ] && contains "$out" '"precision": "bf16"' &&
+    contains "$out" '"raw_allocs_per_step": 0.000000'; then
+    ok "bench gpt --precision bf16: flat (no raw pool allocations per steady step)"
+else
+    fail "bench gpt --precision bf16" "rc=$rc" "$out"
 fi
 
 out=$("$TESSERA" bench train --model gpt --context 16 --layers 1 --heads 2 --embd 16 \
