@@ -72,12 +72,9 @@ int cli_bench_gpt(int argc, char **argv, const cli_common *common)
         } else if (!strcmp(a, "--device") && v) {
             device = argv[++i];
         } else if (!strcmp(a, "--precision")) {
-            size_t k = 0;
-            while (v && cli_precisions[k] && strcmp(v, cli_precisions[k]))
-                k++;
-            if (!v || !cli_precisions[k])
+            if (!(precision = cli_precision_find(v)))
                 return cli_usage_error("bench gpt", "--precision takes fp32, bf16 or fp16");
-            precision = cli_precisions[k], i++;
+            i++;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else {

@@ -706,13 +706,10 @@ static int parse(int argc, char **argv, bench_opts *o)
             o->nprec = 0;
             for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
                  t = strtok_r(NULL, ",", &save)) {
-                int32_t p = !strcmp(t, "fp32")   ? TS_F32
-                            : !strcmp(t, "bf16") ? TS_BF16
-                            : !strcmp(t, "fp16") ? TS_F16
-                                                 : -1;
-                if (p < 0)
+                if (!cli_precision_find(t))
                     return cli_usage_error("bench train", "--precision: '%s' is not fp32, bf16 "
                                            "or fp16", t);
+                int32_t p = cli_precision_dtype(t);
                 for (int k = 0; k < o->nprec; k++)
                     if (o->prec[k] == p)
                         return cli_usage_error("bench train", "--precision: %s twice", t);

@@ -283,6 +283,17 @@ int cli_adopt_choice(const ts_checkpoint *ck, const char *path, cli_run_key k,
  * and the trainer's dtype for it. */
 extern const char *const cli_precisions[];
 int32_t cli_precision_dtype(const char *p);
+/* The entry of cli_precisions that v names, or NULL (v NULL too). */
+const char *cli_precision_find(const char *v);
+/* The --precision row of a trainer's option table (off: its field, a const char *; agree:
+ * the ranks' agreement group; what: the ops that run in the 16-bit type). */
+#define CLI_PRECISION_OPT(off_, agree_, what)                                                 \
+    {.flag = "--precision", .type = CLI_CHOICE, .off = (off_), .choices = cli_precisions,     \
+     .json = "precision", .ckpt = "train.precision", .agree = (agree_), .arg = "P",           \
+     .help = "fp32 (default), bf16 or fp16: mixed precision as torch.autocast runs it, "      \
+             "float32 weights, gradients and optimizer state with " what " in the 16-bit "    \
+             "type; fp16 with dynamic loss scaling, as GradScaler (on --resume the "          \
+             "checkpoint's unless given)"}
 /* float16 loss scaling's state in a checkpoint (train.loss_scale, train.loss_scale_clean):
  * written from a float16 trainer only (none before the trainer exists: --save-initial); read
  * at --resume (absent: have 0, and a new fp16 trainer starts from the initial scale); put

@@ -749,6 +749,14 @@ int cli_adopt_int(const ts_checkpoint *ck, const char *path, cli_run_key k, uint
 
 const char *const cli_precisions[] = {"fp32", "bf16", "fp16", NULL};
 
+const char *cli_precision_find(const char *v)
+{
+    for (size_t k = 0; v && cli_precisions[k]; k++)
+        if (!strcmp(v, cli_precisions[k]))
+            return cli_precisions[k];
+    return NULL;
+}
+
 int32_t cli_precision_dtype(const char *p)
 {
     return !p ? TS_F32 : !strcmp(p, "bf16") ? TS_BF16 : !strcmp(p, "fp16") ? TS_F16 : TS_F32;

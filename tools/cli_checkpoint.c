@@ -222,14 +222,15 @@ int cli_read_loss_scale(const ts_checkpoint *ck, const char *path, cli_loss_scal
     const char *t = ts_checkpoint_meta(ck, "train.loss_scale");
     if (!t) /* an older tessera's, or none written */
         return 0;
-    if (cli_strict_double(t, 0, 1, 1e30, &ls->scale) ||
-        cli_meta_u64(ck, path, "train.loss_scale_clean", (uint64_t)1 << 53, &ls->clean)) {
+    if (cli_strict_double(t, 0, 1, 1e30, &ls->scale)) {
         char shown[200];
-        fprintf(stderr, "tessera: error: %s: metadata 'train.loss_scale' = '%s' (or its "
-                        "train.loss_scale_clean) is not a loss scale; the checkpoint is damaged "
-                        "or was edited\n", path, cli_printable(t, 60, shown, sizeof shown));
+        fprintf(stderr, "tessera: error: %s: metadata 'train.loss_scale' = '%s' is not a loss "
+                        "scale in (0, 1e30]; the checkpoint is damaged or was edited\n", path,
+                cli_printable(t, 60, shown, sizeof shown));
         return 1;
     }
+    if (cli_meta_u64(ck, path, "train.loss_scale_clean", (uint64_t)1 << 53, &ls->clean))
+        return 1; /* it said why */
     ls->have = 1;
     return 0;
 }

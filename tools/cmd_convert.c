@@ -309,11 +309,7 @@ int cmd_convert(int argc, char **argv, const cli_common *common)
             free(in);
             return rc;
         }
-    int32_t to_dt = !to ? -1
-                    : !strcmp(to, "bf16") ? TS_BF16
-                    : !strcmp(to, "fp16") ? TS_F16
-                    : !strcmp(to, "fp32") ? TS_F32
-                                          : -2;
+    int32_t to_dt = !to ? -1 : cli_precision_find(to) ? cli_precision_dtype(to) : -2;
     if (to_dt == -2 || (to && (n_st != 1 || nin != 1 || out_dir || ends_with(out, ".npy") ||
                                name))) {
         rc = to_dt == -2 ? cli_usage_error("convert", "--to takes bf16, fp16 or fp32, not '%s'",

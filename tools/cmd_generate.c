@@ -109,12 +109,9 @@ int cmd_generate(int argc, char **argv, const cli_common *common)
         } else if (!strcmp(a, "--seed")) {
             bad = cli_parse_u64("generate", a, v, 0, UINT64_MAX, &seed), i++;
         } else if (!strcmp(a, "--precision")) {
-            size_t k = 0;
-            while (v && cli_precisions[k] && strcmp(v, cli_precisions[k]))
-                k++;
-            if (!v || !cli_precisions[k])
+            if (!(precision = cli_precision_find(v)))
                 return cli_usage_error("generate", "--precision takes fp32, bf16 or fp16");
-            precision = cli_precisions[k], i++;
+            i++;
         } else if (!strcmp(a, "--config")) {
             i++;
         } else {

@@ -92,12 +92,7 @@ static const cli_opt opts[] = {
      .help = "each step's batch in K micro-batches, their gradients summed: the activations of "
              "a batch/K at a time, the same step to float rounding (default 1; on --resume the "
              "checkpoint's unless given)"},
-    {.flag = "--precision", .type = CLI_CHOICE, .off = O(precision), .choices = cli_precisions,
-     .json = "precision", .ckpt = "train.precision", .agree = OPT, .arg = "P",
-     .help = "fp32 (default), bf16 or fp16: mixed precision as torch.autocast runs it, "
-             "float32 weights, gradients and optimizer state with the matmuls and "
-             "convolutions in the 16-bit type; fp16 with dynamic loss scaling, as GradScaler "
-             "(on --resume the checkpoint's unless given)"},
+    CLI_PRECISION_OPT(O(precision), OPT, "the matmuls and convolutions"),
     {"--max-steps", CLI_I64, O(max_steps), 0, (double)MAX_STEPS, .json = "max_steps",
      .agree = OPT,
      .help = "stop after N optimizer steps in all (then evaluate and save)"},

@@ -108,12 +108,7 @@ static const cli_opt opts[] = {
      .help = "on: keep only each block's input and recompute the block in backward: the same "
              "gradients, about a third more compute (on --resume the checkpoint's unless "
              "given)"},
-    {.flag = "--precision", .type = CLI_CHOICE, .off = O(precision), .choices = cli_precisions,
-     .json = "precision", .ckpt = "train.precision", .agree = RUN, .arg = "P",
-     .help = "fp32 (default), bf16 or fp16: mixed precision as torch.autocast runs it, "
-             "float32 weights, gradients and optimizer state with the matmuls in the 16-bit "
-             "type; fp16 with dynamic loss scaling, as GradScaler (on --resume the "
-             "checkpoint's unless given)"},
+    CLI_PRECISION_OPT(O(precision), RUN, "the matmuls"),
     {"--max-steps", CLI_I64, O(max_steps), 1, 1099511627776.0, .json = "max_steps",
      .agree = RUN,
      .help = "stop after N steps in all, to resume later on the same schedule"},

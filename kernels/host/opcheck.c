@@ -142,16 +142,10 @@ int hk_call_has_half(const ts_kernel_call *call)
     return 0;
 }
 
-static int elementwise_op(int32_t op)
+int hk_half_native(int32_t op)
 {
     return op == TS_OP_UNARY || op == TS_OP_BINARY || op == TS_OP_BINARY_SCALAR ||
            op == TS_OP_WHERE || op == TS_OP_RELU_BACKWARD;
-}
-
-
-int hk_half_native(int32_t op)
-{
-    return elementwise_op(op);
 }
 
 enum { VIA_MAX_IN = 8, VIA_MAX_OUT = 4 };

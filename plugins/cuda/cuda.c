@@ -541,10 +541,7 @@ static ts_status cuda_run(void *ctx, const ts_kernel_call *call)
     /* the 16-bit floats: elementwise kernels of their own (computed in float32) and
      * cublasGemmEx's matmul (float32 accumulation); every other op on float32 copies in the
      * pool, converted on the device */
-    int ew = call->op == TS_OP_UNARY || call->op == TS_OP_BINARY ||
-             call->op == TS_OP_BINARY_SCALAR || call->op == TS_OP_WHERE ||
-             call->op == TS_OP_MATMUL;
-    if (!ew && hk_call_has_half(call))
+    if (!hk_half_native(call->op) && call->op != TS_OP_MATMUL && hk_call_has_half(call))
         return hk_via_float32(c->host, 1, call, cuda_convert, c, cuda_run_f32, c);
     return cuda_run_f32(c, call);
 }

@@ -7,7 +7,7 @@
 # unknown precision is a usage error naming the choices; an edited checkpoint value is refused;
 # bench train --precision fp32,bf16 reports both side by side.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 11
+plan 12
 DATA=/usr/share/datasets/fashion-mnist
 cd "$TMP" || exit 1
 
@@ -89,6 +89,20 @@ if cmp -s ha.ckpt hb.ckpt && contains "$meta" "train.precision = fp16" &&
     ok "gpt --precision fp16: the loss scale in the checkpoint; resumed byte-identical"
 else
     fail "gpt --precision fp16 resume" "$out" "$meta" "$(cmp ha.ckpt hb.ckpt 2>&1)"
+fi
+
+# an edited loss scale (NaN, infinite, negative, zero, empty) is refused by name
+bad=0
+for v in 'nan  ' 'inf  ' '-1   ' '0    ' '     '; do
+    sed "s/\"train.loss_scale\":\"[0-9]*\"/\"train.loss_scale\":\"$v\"/" hb.ckpt >hs.ckpt
+    cmp -s hb.ckpt hs.ckpt && bad=1 # the key was not found
+    out=$("$TESSERA" train --resume hs.ckpt --text t.txt 2>&1) && bad=1
+    contains "$out" "train.loss_scale" || bad=1
+done
+if [ $bad -eq 0 ]; then
+    ok "an edited train.loss_scale (nan, inf, -1, 0, empty) is refused, naming the key"
+else
+    fail "edited train.loss_scale" "$out"
 fi
 
 # dropout under autocast: its draws in float32, the model trains
