@@ -219,7 +219,7 @@ ts_status ts__new(ts_device *dev, int32_t dtype, int nd, const int64_t *shape, t
 /* ---- autograd.c --------------------------------------------------------------------------- */
 
 #define TS_NODE_MAX_IN 4
-#define TS_NODE_MAX_SAVED 4
+#define TS_NODE_MAX_SAVED 6
 
 /* Computes the gradients of a node's inputs from the gradient of its output. gin[i] must be
  * set (transfer full) for every input with n->needs[i]; others may stay NULL. Runs with

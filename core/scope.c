@@ -209,6 +209,7 @@ static int may_run(const char *fn, int n, ...)
 #define RUN(call) ts_tensor *o_ = NULL; return ts_scope_adopt(call, &o_)
 #define IN1(a) if (!may_run(__func__, 1, a)) return NULL
 #define IN2(a, b) if (!may_run(__func__, 2, a, b)) return NULL
+#define IN3(a, b, c) if (!may_run(__func__, 3, a, b, c)) return NULL
 
 /* clang-format off */
 TS_API ts_tensor *ts_s_add(const ts_tensor *a, const ts_tensor *b) { IN2(a, b); RUN(ts_add(a, b, &o_)); }
@@ -236,6 +237,7 @@ TS_API ts_tensor *ts_s_sum(const ts_tensor *x, int nd, const int *dims, int keep
 TS_API ts_tensor *ts_s_mean(const ts_tensor *x, int nd, const int *dims, int keep) { IN1(x); RUN(ts_mean(x, nd, dims, keep, &o_)); }
 TS_API ts_tensor *ts_s_matmul(const ts_tensor *a, const ts_tensor *b) { IN2(a, b); RUN(ts_matmul(a, b, &o_)); }
 TS_API ts_tensor *ts_s_softmax(const ts_tensor *x, int dim) { IN1(x); RUN(ts_softmax(x, dim, &o_)); }
+TS_API ts_tensor *ts_s_attention(const ts_tensor *q, const ts_tensor *k, const ts_tensor *v, int c, double sc) { IN3(q, k, v); RUN(ts_attention(q, k, v, c, sc, &o_)); }
 TS_API ts_tensor *ts_s_log_softmax(const ts_tensor *x, int dim) { IN1(x); RUN(ts_log_softmax(x, dim, &o_)); }
 TS_API ts_tensor *ts_s_embedding(const ts_tensor *w, const ts_tensor *i) { IN2(w, i); RUN(ts_embedding(w, i, &o_)); }
 TS_API ts_tensor *ts_s_layer_norm(const ts_tensor *x, const ts_tensor *w, const ts_tensor *b, int nd, double eps) { IN1(x); RUN(ts_layer_norm(x, w, b, nd, eps, &o_)); }

@@ -124,6 +124,7 @@ static family family_of(int32_t op)
     case TS_OP_AVGPOOL2D_BWD:
         return SUMS;
     case TS_OP_LAYER_NORM_BWD: /* its magnitudes from ln_bwd_mag: sums over rows and columns */
+    case TS_OP_ATTENTION_BWD:  /* from att_bwd_mag: sums over keys and over queries */
         return SUMS;
     case TS_OP_COPY:
     case TS_OP_CAST:
@@ -197,6 +198,61 @@ out:
     return rc;
 }
 
+/* Attention's backward: with P = exp(scale q k^T - lse) (masked) and gs = P (go v^T - delta),
+ * delta_i = go_i . o_i: gv = P^T go, gq = scale gs k, gk = scale gs^T q. Its terms'
+ * magnitudes, per output element: P |go|, and scale P (|go v^T| + |delta|) times |k| or |q|
+ * summed the same way, where each P carries the float32 error of its exponent (a sum of D
+ * products) relative to it; that is within (K + 2) u of the bound the runner applies.
+ * 0, or -1 out of memory. */
+static int att_bwd_mag(const kcase *k, const kc_buf *in, double **mag)
+{
+    const ts_attention_params *p = (const void *)k->params;
+    const ts_operand *q = &in[1].op, *kk = &in[2].op, *v = &in[3].op;
+    const int64_t B = q->shape[0], Tq = q->shape[1], D = q->shape[2], Tk = kk->shape[1],
+                  Dv = v->shape[2];
+    double *x[6] = {0};
+    int rc = -1;
+    for (int i = 0; i < 6; i++)
+        if (!(x[i] = dense(&in[i])))
+            goto out;
+    const int64_t n[3] = {B * Tq * D, B * Tk * D, B * Tk * Dv};
+    for (int o = 0; o < 3; o++)
+        if (!(mag[o] = calloc((size_t)(n[o] > 0 ? n[o] : 1), sizeof(double))))
+            goto out;
+    const double *go = x[0], *qv = x[1], *kv = x[2], *vv = x[3], *ov = x[4], *lse = x[5];
+    const double sc = fabs(p->scale);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < Tq; i++) {
+            const double *qi = qv + (b * Tq + i) * D, *goi = go + (b * Tq + i) * Dv;
+            double delta = 0;
+            for (int64_t e = 0; e < Dv; e++)
+                delta += fabs(goi[e] * ov[(b * Tq + i) * Dv + e]);
+            for (int64_t j = 0; j < Tk; j++) {
+                if (p->causal && j > i + Tk - Tq)
+                    continue;
+                const double *kj = kv + (b * Tk + j) * D, *vj = vv + (b * Tk + j) * Dv;
+                double s = 0, dp = 0;
+                for (int64_t d = 0; d < D; d++)
+                    s += qi[d] * kj[d];
+                for (int64_t e = 0; e < Dv; e++)
+                    dp += fabs(goi[e] * vj[e]);
+                const double P = exp(p->scale * s - lse[b * Tq + i]);
+                const double gs = P * (dp + delta);
+                for (int64_t e = 0; e < Dv; e++)
+                    mag[2][(b * Tk + j) * Dv + e] += P * fabs(goi[e]);
+                for (int64_t d = 0; d < D; d++) {
+                    mag[0][(b * Tq + i) * D + d] += sc * gs * fabs(kj[d]);
+                    mag[1][(b * Tk + j) * D + d] += sc * gs * fabs(qi[d]);
+                }
+            }
+        }
+    rc = 0;
+out:
+    for (int i = 0; i < 6; i++)
+        free(x[i]);
+    return rc;
+}
+
 /* The float64 reference of k: the reference kernels on copies of the operands (inputs and
  * the outputs' values before the call, from each buffer's host image) in which float32 is
  * float64, laid out densely; mag: on the magnitudes of the float values instead. want[i]
@@ -205,8 +261,8 @@ out:
 static int reference64(const kcase *k, const kc_buf *in, int nin, const kc_buf *out, int nout,
                        int mag, double **want)
 {
-    ts_operand p[8];
-    void *mem[8] = {0};
+    ts_operand p[KC_MAX_IN + KC_MAX_OUT];
+    void *mem[KC_MAX_IN + KC_MAX_OUT] = {0};
     int n = nin + nout, rc = -1;
     for (int i = 0; i < n; i++) {
         const ts_operand *o = i < nin ? &in[i].op : &out[i - nin].op;
@@ -282,8 +338,8 @@ static int host_memory_plugin(ts_device *dev)
 int kc_run(ts_device *dev, const kcase *k, oph_layout l, uint64_t seed, char *why,
            size_t whylen)
 {
-    kc_buf in[5], out[3];
-    double *want64[3] = {0}, *mag64[3] = {0};
+    kc_buf in[KC_MAX_IN], out[KC_MAX_OUT];
+    double *want64[KC_MAX_OUT] = {0}, *mag64[KC_MAX_OUT] = {0};
     int nin = 0, nout = 0, r = 0;
     uint64_t rng = seed;
     ts_status s = TS_OK;
@@ -298,7 +354,7 @@ int kc_run(ts_device *dev, const kcase *k, oph_layout l, uint64_t seed, char *wh
         snprintf(why, whylen, "setting up operands: %s", kc_err());
         goto done;
     }
-    ts_operand din[5], dout[3], rin[5], rout[3];
+    ts_operand din[KC_MAX_IN], dout[KC_MAX_OUT], rin[KC_MAX_IN], rout[KC_MAX_OUT];
     for (int i = 0; i < nin; i++) {
         din[i] = rin[i] = in[i].op;
         din[i].data = in[i].dptr;
@@ -328,8 +384,9 @@ int kc_run(ts_device *dev, const kcase *k, oph_layout l, uint64_t seed, char *wh
         have64 |= out[i].op.dtype == TS_F32 || ts_plugin_dtype_is_half(out[i].op.dtype);
     if (have64)
         have64 = reference64(k, in, nin, out, nout, 0, want64) == 0 &&
-                 (fam != SUMS || (k->op == TS_OP_LAYER_NORM_BWD
-                                      ? ln_bwd_mag(k, in, nin, mag64)
+                 (fam != SUMS || (k->op == TS_OP_LAYER_NORM_BWD ? ln_bwd_mag(k, in, nin, mag64)
+                                  : k->op == TS_OP_ATTENTION_BWD
+                                      ? att_bwd_mag(k, in, mag64)
                                       : reference64(k, in, nin, out, nout, 1, mag64)) == 0);
     ts_clear_error();
     if ((s = ts_device_run(dev, &call)) || (s = ts_device_synchronize(dev))) {
@@ -879,6 +936,50 @@ static void cases_layer_norm(int32_t op, int32_t dt, caselist *l)
         }
 }
 
+/* Attention and its backward: contiguous (B, T, D) operands (the ABI promises them), causal
+ * and not, more keys than queries, D != Dv, a single row, no queries. The row statistics
+ * (lse) are float32 beside 16-bit operands; the backward's are drawn positive, its o and go
+ * at random (the arithmetic is the same whatever they are). */
+static void cases_attention(int32_t op, int32_t dt, caselist *l)
+{
+    if (!kc_is_float(dt) && !ts_plugin_dtype_is_half(dt))
+        return;
+    const int32_t sdt = dt == TS_F64 ? TS_F64 : TS_F32;
+    static const struct {
+        int64_t B, Tq, Tk, D, Dv;
+        int causal;
+    } as[] = {{2, 3, 3, 4, 4, 1}, {1, 5, 5, 3, 2, 0}, {2, 2, 6, 4, 3, 1}, {1, 1, 1, 2, 2, 1},
+              {3, 9, 9, 8, 8, 1}, {1, 4, 7, 5, 5, 0}, {2, 0, 3, 2, 2, 1}};
+    for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) {
+        const int64_t B = as[i].B, Tq = as[i].Tq, Tk = as[i].Tk, D = as[i].D, Dv = as[i].Dv;
+        kcase *k = kc_add(l, op, "%s %s B %lld Tq %lld Tk %lld D %lld Dv %lld%s",
+                          op == TS_OP_ATTENTION ? "attention" : "attention_bwd",
+                          ts_dtype_name(dt), (long long)B, (long long)Tq, (long long)Tk,
+                          (long long)D, (long long)Dv, as[i].causal ? " causal" : "");
+        opspec q = kc_spec(dt, 3, (const int64_t[]){B, Tq, D});
+        opspec kk = kc_spec(dt, 3, (const int64_t[]){B, Tk, D});
+        opspec v = kc_spec(dt, 3, (const int64_t[]){B, Tk, Dv});
+        opspec o = kc_spec(dt, 3, (const int64_t[]){B, Tq, Dv});
+        opspec lse = kc_spec(sdt, 2, (const int64_t[]){B, Tq});
+        q.contig_only = kk.contig_only = v.contig_only = o.contig_only = lse.contig_only = 1;
+        if (op == TS_OP_ATTENTION) {
+            k->nin = 3;
+            k->in[0] = q, k->in[1] = kk, k->in[2] = v;
+            k->nout = 2;
+            k->out[0] = o, k->out[1] = lse;
+        } else {
+            k->nin = 6;
+            k->in[0] = o, k->in[1] = q, k->in[2] = kk, k->in[3] = v, k->in[4] = o;
+            k->in[5] = lse;
+            k->in[5].v = V_POSITIVE;
+            k->nout = 3;
+            k->out[0] = q, k->out[1] = kk, k->out[2] = v;
+        }
+        ts_attention_params p = {0.5, as[i].causal};
+        kc_set_params(k, &p, sizeof p);
+    }
+}
+
 static const struct {
     int32_t op;
     void (*build)(int32_t op, int32_t dt, caselist *l);
@@ -910,6 +1011,8 @@ static const struct {
     {TS_OP_ADAM_STEP, cases_optimizer},
     {TS_OP_LAYER_NORM, cases_layer_norm},
     {TS_OP_LAYER_NORM_BWD, cases_layer_norm},
+    {TS_OP_ATTENTION, cases_attention},
+    {TS_OP_ATTENTION_BWD, cases_attention},
 };
 
 /* The cases for op with output dtype dt (none for an op without a row). */

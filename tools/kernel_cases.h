@@ -33,10 +33,14 @@ typedef struct opspec {
     int no_bcast;    /* outputs, indices, operands whose every dim matters */
 } opspec;
 
+/* The most inputs and outputs a case has (attention's backward: six and three). */
+#define KC_MAX_IN 6
+#define KC_MAX_OUT 3
+
 typedef struct kcase {
     int32_t op;
     int nin, nout;
-    opspec in[5], out[3];
+    opspec in[KC_MAX_IN], out[KC_MAX_OUT];
     unsigned char params[96];
     uint32_t params_size;
     char what[160];

@@ -88,7 +88,7 @@ void pc_check_kernels(checker *c)
 static void expect_error(checker *c, const char *name, const kcase *k)
 {
     char why[256];
-    kc_buf in[5], out[3];
+    kc_buf in[KC_MAX_IN], out[KC_MAX_OUT];
     int nin = 0, nout = 0;
     uint64_t rng = c->seed;
     ts_status s = TS_OK;
@@ -100,7 +100,7 @@ static void expect_error(checker *c, const char *name, const kcase *k)
         snprintf(why, sizeof why, "setting up: %s", pc_err());
         pc_report(c, 0, name, "%s", why);
     } else {
-        ts_operand din[5], dout[3];
+        ts_operand din[KC_MAX_IN], dout[KC_MAX_OUT];
         for (int i = 0; i < nin; i++)
             din[i] = in[i].op, din[i].data = in[i].dptr;
         for (int i = 0; i < nout; i++)

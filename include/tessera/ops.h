@@ -86,6 +86,22 @@ ts_status ts_layer_norm(const ts_tensor *x, const ts_tensor *weight, const ts_te
 ts_status ts_rms_norm(const ts_tensor *x, const ts_tensor *weight, int ndim, double eps,
                       ts_tensor **out);
 
+/* Scaled dot-product attention: softmax(scale q k^T + mask) v over the last two dims, q
+ * (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv) with the same leading dims (for a GPT: batch
+ * and heads), out (..., Tq, Dv). causal 1: query i sees keys j <= i + Tk - Tq (with Tq == Tk
+ * the usual lower triangle; Tq <= Tk); 0: every key. scale 0 means 1 / sqrt(D). Float
+ * dtypes, all three the same; under autocast it runs in the low dtype. Where the device runs
+ * TS_OP_ATTENTION and its backward, one fused pass each way (the online softmax of
+ * FlashAttention: no Tq x Tk matrix is stored, only q, k, v, the output and one float per
+ * row for the backward); elsewhere the same arithmetic composed from matmul and softmax.
+ * (transfer full) on *out. */
+ts_status ts_attention(const ts_tensor *q, const ts_tensor *k, const ts_tensor *v, int causal,
+                       double scale, ts_tensor **out);
+/* Whether ts_attention may use the fused kernel (default 1): enable 1 or 0 sets it for the
+ * whole process, -1 only asks. Returns the setting before the call. For comparisons and
+ * benchmarks; the results agree to rounding either way. */
+int ts_attention_fused(int enable);
+
 /* cond (TS_U8) ? a : b, all three broadcast together. */
 ts_status ts_where(const ts_tensor *cond, const ts_tensor *a, const ts_tensor *b,
                    ts_tensor **out);

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define TS_PLUGIN_ABI_MAJOR 2
-#define TS_PLUGIN_ABI_MINOR 5
+#define TS_PLUGIN_ABI_MINOR 6
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
@@ -471,6 +471,21 @@ typedef struct ts_operand {
      * optional in[4] weight; out[0] gx, and with a weight out[1] gweight and out[2] gbias, all    \
      * overwritten. Float dtypes, contiguous. ts_layer_norm_params. */                             \
     X(LAYER_NORM_BWD, 27, "layer_norm_backward", 1)                                                \
+    /* ABI 2.6. Scaled dot-product attention in one pass per (batch, query block), with the     \
+     * online softmax (no Tq x Tk matrix): in[0] q (B, Tq, D), in[1] k (B, Tk, D), in[2] v       \
+     * (B, Tk, Dv); out[0] o (B, Tq, Dv) = softmax(scale q k^T + mask) v, out[1] lse (B, Tq) =   \
+     * the log-sum-exp of each row of scale q k^T + mask, for the backward. With causal, query    \
+     * i sees keys j <= i + Tk - Tq (the last query sees every key; Tq <= Tk); without, every    \
+     * key (Tk >= 1). Contiguous operands (the host makes them so); q, k, v, o one float dtype;   \
+     * lse float32, or float64 when q is float64. Accumulates in float32 or wider.               \
+     * ts_attention_params. Optional: the core composes it from matmul and softmax on a plugin   \
+     * that does not claim both it and its backward. */                                         \
+    X(ATTENTION, 28, "attention", 6)                                                               \
+    /* Its gradient: in[0] go (B, Tq, Dv), in[1] q, in[2] k, in[3] v, in[4] o, in[5] lse (as the  \
+     * forward wrote them); out[0] gq, out[1] gk, out[2] gv, overwritten. With P = exp(scale q    \
+     * k^T + mask - lse) and delta_i = go_i . o_i: gv = P^T go, gs = P * (go v^T - delta),        \
+     * gq = scale gs k, gk = scale gs^T q. ts_attention_params. */                               \
+    X(ATTENTION_BWD, 29, "attention_backward", 6)                                                  \
     /* end of TS_OP_TABLE */
 
 typedef enum ts_op {
@@ -667,6 +682,11 @@ typedef struct ts_layer_norm_params {
     double eps;   /* > 0 */
     int32_t ndim; /* the trailing dims normalized: 1 .. x's ndim */
 } ts_layer_norm_params;
+
+typedef struct ts_attention_params {
+    double scale;   /* the factor of q k^T: commonly 1 / sqrt(D) */
+    int32_t causal; /* 1: query i sees keys j <= i + Tk - Tq; 0: every key */
+} ts_attention_params;
 
 typedef struct ts_pool2d_params {
     int32_t kernel_h, kernel_w;

@@ -82,6 +82,8 @@ ts_tensor *ts_s_sum(const ts_tensor *x, int ndims, const int *dims, int keepdim)
 ts_tensor *ts_s_mean(const ts_tensor *x, int ndims, const int *dims, int keepdim);
 ts_tensor *ts_s_matmul(const ts_tensor *a, const ts_tensor *b);
 ts_tensor *ts_s_softmax(const ts_tensor *x, int dim);
+ts_tensor *ts_s_attention(const ts_tensor *q, const ts_tensor *k, const ts_tensor *v,
+                          int causal, double scale);
 ts_tensor *ts_s_log_softmax(const ts_tensor *x, int dim);
 ts_tensor *ts_s_embedding(const ts_tensor *weight, const ts_tensor *index);
 ts_tensor *ts_s_layer_norm(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,

@@ -14,6 +14,7 @@ static const family families[] = {
     {hk_loss_supports, hk_loss},
     {hk_optimizer_supports, hk_optimizer},
     {hk_norm_supports, hk_norm},
+    {hk_attention_supports, hk_attention},
 };
 
 int hk_supports(int32_t op, int32_t dtype)

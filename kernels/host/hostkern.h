@@ -53,6 +53,8 @@ int hk_optimizer_supports(int32_t op, int32_t dtype);
 ts_status hk_optimizer(hk_dev *hd, const ts_kernel_call *call);
 int hk_norm_supports(int32_t op, int32_t dtype);
 ts_status hk_norm(hk_dev *hd, const ts_kernel_call *call);
+int hk_attention_supports(int32_t op, int32_t dtype);
+ts_status hk_attention(hk_dev *hd, const ts_kernel_call *call);
 
 /* The default claim set: the output dtypes for which the ABI defines op (every dtype for
  * copies, casts, fills, selects, binary ops and gathers; all but uint8 for unary functions;
@@ -154,6 +156,19 @@ ts_status hk_pool2d_check(const ts_host *h, int dev, const ts_kernel_call *call)
  * counts; *affine whether weight (and bias) take part, *rows and *cols (D) the row layout. */
 ts_status hk_norm_check(const ts_host *h, const ts_kernel_call *call, int bwd, int *affine,
                         int64_t *rows, int64_t *cols);
+/* The sizes of an attention call: q (B, Tq, D), k (B, Tk, D), v (B, Tk, Dv). */
+typedef struct hk_attention_dims {
+    int64_t B, Tq, Tk, D, Dv;
+} hk_attention_dims;
+/* TS_OP_ATTENTION / _BWD: counts, params, dtypes (lse float32, or float64 with float64 q),
+ * contiguity and shapes; fills *a. */
+ts_status hk_attention_check(const ts_host *h, int dev, const ts_kernel_call *call,
+                             hk_attention_dims *a);
+/* The element count of o. */
+int64_t hk_attention_numel(const ts_operand *o);
+/* Non-zero if operand i (inputs first, then outputs) of call is an attention call's row
+ * statistics (lse): float32 beside 16-bit q, k and v. */
+int hk_attention_stats(const ts_kernel_call *call, int i);
 /* TS_OP_SGD_STEP / TS_OP_ADAM_STEP. */
 ts_status hk_optimizer_check(const ts_host *h, int dev, const ts_kernel_call *call);
 

@@ -6,6 +6,7 @@
 #include "hostkern.h"
 
 #include <stdint.h>
+#include <math.h>
 
 static int64_t elem_size(int32_t dtype)
 {
@@ -190,7 +191,8 @@ ts_status hk_via_float32(const ts_host *h, int dev, const ts_kernel_call *call,
     ts_status s = TS_OK;
     for (int i = 0; i < n; i++) {
         const ts_operand *o = i < nin ? &call->inputs[i] : &call->outputs[i - nin];
-        if (!ts_plugin_dtype_is_float(o->dtype) && !ts_plugin_dtype_is_half(o->dtype))
+        if ((!ts_plugin_dtype_is_float(o->dtype) && !ts_plugin_dtype_is_half(o->dtype)) ||
+            (hk_attention_stats(call, i) && o->dtype == TS_F32))
             continue;
         if (fdt >= 0 && o->dtype != fdt)
             return h->fail(h, TS_EINVAL, "%s: operand dtypes differ (%s and %s)", name,
@@ -671,6 +673,9 @@ ts_status hk_optimizer_check(const ts_host *h, int dev, const ts_kernel_call *ca
 
 static int ln_contiguous(const ts_operand *o)
 {
+    for (int d = 0; d < o->ndim; d++)
+        if (o->shape[d] == 0) /* no elements: any strides will do */
+            return 1;
     int64_t want = 1;
     for (int d = o->ndim - 1; d >= 0; d--) {
         if (o->shape[d] != 1 && o->strides[d] != want)
@@ -728,6 +733,83 @@ ts_status hk_norm_check(const ts_host *h, const ts_kernel_call *call, int bwd, i
             want = i <= 1 || i == nin ? *rows * *cols : (i == 2 || i == 3) ? *rows : *cols;
         else
             want = i == 0 || i == nin ? *rows * *cols : i < nin ? *cols : *rows;
+        if (ln_numel(o) != want)
+            return h->fail(h, TS_ESHAPE, "%s: operand %d has %lld elements, want %lld", what, i,
+                           (long long)ln_numel(o), (long long)want);
+    }
+    return TS_OK;
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+int64_t hk_attention_numel(const ts_operand *o)
+{
+    return ln_numel(o);
+}
+
+int hk_attention_stats(const ts_kernel_call *call, int i)
+{
+    return (call->op == TS_OP_ATTENTION && i == call->ninputs + 1) ||
+           (call->op == TS_OP_ATTENTION_BWD && i == 5);
+}
+
+ts_status hk_attention_check(const ts_host *h, int dev, const ts_kernel_call *call,
+                             hk_attention_dims *a)
+{
+    int bwd = call->op == TS_OP_ATTENTION_BWD;
+    const char *what = bwd ? "attention_backward" : "attention";
+    ts_status s = hk_check_counts(h, dev, call, what, bwd ? 6 : 3, bwd ? 3 : 2);
+    if (s)
+        return s;
+    if (!call->params || call->params_size < sizeof(ts_attention_params))
+        return h->fail(h, TS_EINVAL, "%s: params missing or too small", what);
+    const ts_attention_params *p = call->params;
+    if (!isfinite(p->scale) || (p->causal != 0 && p->causal != 1))
+        return h->fail(h, TS_EINVAL, "%s: scale %g must be finite and causal (%d) 0 or 1", what,
+                       p->scale, (int)p->causal);
+    const ts_operand *q = &call->inputs[bwd], *k = &call->inputs[bwd + 1];
+    const ts_operand *v = &call->inputs[bwd + 2];
+    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3)
+        return h->fail(h, TS_ESHAPE, "%s: q, k and v must be 3-d (batch, rows, features)",
+                       what);
+    a->B = q->shape[0];
+    a->Tq = q->shape[1];
+    a->D = q->shape[2];
+    a->Tk = k->shape[1];
+    a->Dv = v->shape[2];
+    if (k->shape[0] != a->B || v->shape[0] != a->B || k->shape[2] != a->D ||
+        v->shape[1] != a->Tk)
+        return h->fail(h, TS_ESHAPE, "%s: q (%lld, %lld, %lld), k (%lld, %lld, %lld) and v "
+                       "(%lld, %lld, %lld) do not fit: k (B, Tk, D), v (B, Tk, Dv)", what,
+                       (long long)q->shape[0], (long long)q->shape[1], (long long)q->shape[2],
+                       (long long)k->shape[0], (long long)k->shape[1], (long long)k->shape[2],
+                       (long long)v->shape[0], (long long)v->shape[1], (long long)v->shape[2]);
+    if (p->causal ? a->Tq > a->Tk : (a->Tk == 0 && a->Tq > 0))
+        return h->fail(h, TS_ESHAPE, "%s: %lld queries and %lld keys: a causal call needs "
+                       "Tq <= Tk, any other at least one key", what, (long long)a->Tq,
+                       (long long)a->Tk);
+    const int32_t dt = q->dtype;
+    if (!ts_plugin_dtype_is_float(dt) && !ts_plugin_dtype_is_half(dt))
+        return h->fail(h, TS_EINVAL, "%s: q is %s, not a float dtype", what, dtype_name(dt));
+    const int32_t sdt = dt == TS_F64 ? TS_F64 : TS_F32;
+    /* every operand: its dtype, its shape by element count, dense */
+    const int64_t qn = a->B * a->Tq * a->D, kn = a->B * a->Tk * a->D, vn = a->B * a->Tk * a->Dv;
+    const int64_t on = a->B * a->Tq * a->Dv, ln = a->B * a->Tq;
+    const int64_t fwd_want[5] = {qn, kn, vn, on, ln};
+    const int64_t bwd_want[9] = {on, qn, kn, vn, on, ln, qn, kn, vn};
+    for (int i = 0; i < (bwd ? 9 : 5); i++) {
+        const ts_operand *o = i < call->ninputs ? &call->inputs[i]
+                                                : &call->outputs[i - call->ninputs];
+        if ((s = hk_check_operand(h, dev, what, i < call->ninputs ? "input" : "output", o,
+                                  NULL)))
+            return s;
+        int32_t want_dt = hk_attention_stats(call, i) ? sdt : dt;
+        if (o->dtype != want_dt)
+            return h->fail(h, TS_EINVAL, "%s: operand %d is %s, want %s", what, i,
+                           dtype_name(o->dtype), dtype_name(want_dt));
+        if (!ln_contiguous(o))
+            return h->fail(h, TS_EINVAL, "%s: operand %d is not contiguous", what, i);
+        int64_t want = bwd ? bwd_want[i] : fwd_want[i];
         if (ln_numel(o) != want)
             return h->fail(h, TS_ESHAPE, "%s: operand %d has %lld elements, want %lld", what, i,
                            (long long)ln_numel(o), (long long)want);
