@@ -165,6 +165,23 @@ cudaError_t cu_layer_norm_bwd(cudaStream_t st, int32_t dtype, const void *gy, co
                               const void *mean, const void *rstd, const void *w, void *gx,
                               void *gw, void *gb, int64_t rows, int64_t D);
 
+/* Attention (plugin.h, TS_OP_ATTENTION and its backward) on dense (B, T, D) operands, float32
+ * or float64 (lse in the same dtype here: ops.c hands 16-bit calls over as float32). The
+ * forward reads q, k, v and writes o, lse; the backward reads go, q, k, v, o, lse and writes
+ * gq, gk, gv, with cu_attention_scratch bytes of scratch. */
+#define CU_ATT_MAX_FEATURES 256
+typedef struct cu_att_arg {
+    int32_t dtype, backward, causal;
+    int64_t B, Tq, Tk, D, Dv;
+    double scale;
+    const void *q, *k, *v, *go;
+    void *o, *lse, *gq, *gk, *gv; /* o and lse inputs of the backward */
+} cu_att_arg;
+/* Non-zero if the kernels take heads of D and Dv features (their registers hold 256). */
+int cu_attention_fits(int64_t D, int64_t Dv);
+size_t cu_attention_scratch(const cu_att_arg *a);
+cudaError_t cu_attention(cudaStream_t st, const cu_att_arg *a, void *scratch);
+
 #ifdef __cplusplus
 }
 #endif

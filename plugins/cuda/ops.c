@@ -648,6 +648,48 @@ static ts_status run_layer_norm(cuda_ctx *c, const ts_kernel_call *call)
     return TS_OK;
 }
 
+/* ---- attention -------------------------------------------------------------------------- */
+
+static ts_status run_attention(cuda_ctx *c, const ts_kernel_call *call)
+{
+    hk_attention_dims d;
+    ts_status s = hk_attention_check(c->host, 1, call, &d);
+    if (s)
+        return s;
+    const int bwd = call->op == TS_OP_ATTENTION_BWD;
+    /* heads wider than the kernels' registers, or more batch rows than a grid's y: declined
+     * (no message), and the core composes the attention */
+    if (!cu_attention_fits(d.D, d.Dv) || d.B > 65535)
+        return TS_ENOTSUP;
+    const ts_attention_params *P = call->params;
+    const ts_operand *in = call->inputs, *out = call->outputs;
+    cu_att_arg a = {.dtype = in[0].dtype, .backward = bwd, .causal = P->causal, .B = d.B,
+                    .Tq = d.Tq, .Tk = d.Tk, .D = d.D, .Dv = d.Dv, .scale = P->scale};
+    if (bwd) {
+        a.go = cuda_elem0(&in[0]), a.q = cuda_elem0(&in[1]), a.k = cuda_elem0(&in[2]);
+        a.v = cuda_elem0(&in[3]), a.o = cuda_elem0(&in[4]), a.lse = cuda_elem0(&in[5]);
+        a.gq = cuda_elem0(&out[0]), a.gk = cuda_elem0(&out[1]), a.gv = cuda_elem0(&out[2]);
+        if (d.B * d.Tq == 0) { /* no query sees a key: their gradients are zero */
+            const size_t es = ts_plugin_dtype_size(in[0].dtype);
+            LAUNCH(c, cudaMemsetAsync(a.gk, 0, (size_t)(d.B * d.Tk * d.D) * es, c->stream));
+            LAUNCH(c, cudaMemsetAsync(a.gv, 0, (size_t)(d.B * d.Tk * d.Dv) * es, c->stream));
+            return TS_OK;
+        }
+    } else {
+        a.q = cuda_elem0(&in[0]), a.k = cuda_elem0(&in[1]), a.v = cuda_elem0(&in[2]);
+        a.o = cuda_elem0(&out[0]), a.lse = cuda_elem0(&out[1]);
+    }
+    void *scratch = NULL;
+    size_t nb = cu_attention_scratch(&a);
+    if (nb && (s = cuda_scratch(c, nb, "attention row sums", &scratch)))
+        return s;
+    cudaError_t e = cu_attention(c->stream, &a, scratch);
+    if (scratch)
+        cuda_scratch_free(c, scratch);
+    LAUNCH(c, e);
+    return TS_OK;
+}
+
 /* ---- entry points ---------------------------------------------------------------------- */
 
 int cuda_ops_supports(int32_t op, int32_t dtype)
@@ -675,6 +717,8 @@ int cuda_ops_supports(int32_t op, int32_t dtype)
     case TS_OP_ADAM_STEP:
     case TS_OP_LAYER_NORM:
     case TS_OP_LAYER_NORM_BWD:
+    case TS_OP_ATTENTION:
+    case TS_OP_ATTENTION_BWD:
         return hk_op_defined(op, dtype);
     default:
         return 0;
@@ -706,6 +750,8 @@ ts_status cuda_ops_run(cuda_ctx *c, const ts_kernel_call *call)
     case TS_OP_ADAM_STEP: return run_optim(c, call);
     case TS_OP_LAYER_NORM:
     case TS_OP_LAYER_NORM_BWD: return run_layer_norm(c, call);
+    case TS_OP_ATTENTION:
+    case TS_OP_ATTENTION_BWD: return run_attention(c, call);
     default: return TS_ENOTSUP;
     }
 }
