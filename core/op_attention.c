@@ -7,13 +7,30 @@
 
 #include "grad_fns.h"
 
-static atomic_int fused_on = 1;
+static atomic_int fused_mode = TS_ATTENTION_AUTO;
 
-TS_API int ts_attention_fused(int enable)
+TS_API int ts_attention_fused(int mode)
 {
-    if (enable < 0)
-        return atomic_load(&fused_on);
-    return atomic_exchange(&fused_on, enable != 0);
+    if (mode < TS_ATTENTION_COMPOSED || mode > TS_ATTENTION_AUTO)
+        return atomic_load(&fused_mode);
+    return atomic_exchange(&fused_mode, mode);
+}
+
+/* Where the measurements (docs/performance.md) put the crossover of the CPU plugins: below
+ * this many keys the composed path's GEMMs (BLAS, with fused multiply-adds) beat the fused
+ * pass; from it on the fused pass is as fast or faster, and it always saves the score
+ * matrices. On other devices the fused pass won at every length measured. */
+#define HOST_FUSED_MIN_KEYS 512
+
+static int use_fused(ts_device *dev, int32_t dtype, int64_t Tk)
+{
+    int mode = atomic_load(&fused_mode);
+    if (mode == TS_ATTENTION_COMPOSED || !ts__device_runs(dev, TS_OP_ATTENTION, dtype) ||
+        !ts__device_runs(dev, TS_OP_ATTENTION_BWD, dtype))
+        return 0;
+    const ts_plugin_desc *d = ts_device_desc(dev);
+    return mode == TS_ATTENTION_FUSED || !(d->flags & TS_PLUGIN_HOST_MEMORY) ||
+           Tk >= HOST_FUSED_MIN_KEYS;
 }
 
 /* Checks q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv): one device and dtype, the same
@@ -138,8 +155,7 @@ TS_API ts_status ts_attention(const ts_tensor *q, const ts_tensor *k, const ts_t
     if (!isfinite(scale))
         return ts__fail(TS_EINVAL, "attention: scale %g must be finite (0: 1/sqrt(D))", scale);
     ts_device *dev = q->storage->dev;
-    if (!atomic_load(&fused_on) || !ts__device_runs(dev, TS_OP_ATTENTION, q->dtype) ||
-        !ts__device_runs(dev, TS_OP_ATTENTION_BWD, q->dtype))
+    if (!use_fused(dev, q->dtype, k->shape[nd - 2]))
         return attention_composed(q, k, v, causal, scale, out);
     ts_tensor *q3 = NULL, *k3 = NULL, *v3 = NULL, *o = NULL, *lse = NULL, *y = NULL;
     ts_attention_params p = {scale, causal};
@@ -156,7 +172,13 @@ TS_API ts_status ts_attention(const ts_tensor *q, const ts_tensor *k, const ts_t
     ts__operand(v3, &in[2]);
     ts__operand(o, &outs[0]);
     ts__operand(lse, &outs[1]);
-    if ((s = ts__run(dev, TS_OP_ATTENTION, in, 3, outs, 2, &p, sizeof p)))
+    if ((s = ts__run(dev, TS_OP_ATTENTION, in, 3, outs, 2, &p, sizeof p)) == TS_ENOTSUP) {
+        /* declined for these sizes (a cuda head wider than its kernels take): composed */
+        ts_clear_error();
+        s = attention_composed(q, k, v, causal, scale, out);
+        goto done;
+    }
+    if (s)
         goto done;
     int64_t shape[TS_MAX_DIMS];
     for (int d = 0; d < nd - 1; d++)

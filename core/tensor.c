@@ -427,13 +427,17 @@ static ts_status from_host_fn(ts_device *dev, int32_t dtype, int ndim, const int
     if (s)
         return s;
     size_t es = ts_dtype_size(dtype);
-    unsigned char *buf = ts__malloc((size_t)numel * es + 1);
+    /* small tensors (an attention mask's row of positions) staged on the stack: no malloc */
+    _Alignas(16) unsigned char small[4096];
+    unsigned char *buf = (size_t)numel * es <= sizeof small ? small
+                                                            : ts__malloc((size_t)numel * es + 1);
     if (!buf)
         return ts__fail(TS_ENOMEM, "out of host memory for %lld elements", (long long)numel);
     for (int64_t i = 0; i < numel; i++)
         ts__scalar_bytes(dtype, fill(i, ctx), buf + (size_t)i * es);
     s = ts_tensor_from_host(dev, dtype, ndim, shape, buf, out);
-    free(buf);
+    if (buf != small)
+        free(buf);
     return s;
 }
 

@@ -51,12 +51,21 @@ static ts_status attn_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     ts_tensor *qkv = ts_s_forward(child(m, "c_attn"), x);
     ts_tensor *q = heads(ts_s_narrow(qkv, 2, 0, C), H), *k = heads(ts_s_narrow(qkv, 2, C, C), H);
     ts_tensor *v = heads(ts_s_narrow(qkv, 2, 2 * C, C), H);
+    ts_tensor *o;
+    if (st->cfg.dropout == 0 || !ts_module_is_training(child(m, "attn_dropout"))) {
+        /* one fused pass where the device has it (no T x T matrix), composed elsewhere */
+        o = ts_s_attention(q, k, v, 1, 1 / sqrt(C / H));
+        o = ts_s_contiguous(ts_s_transpose(o, 1, 2)); /* (B, T, H, C/H) */
+        o = ts_s_forward(child(m, "c_proj"), ts_s_view(o, 3, (const int64_t[]){B, T, C}));
+        return ts_scope_return(sc, ts_s_forward(child(m, "resid_dropout"), o), y);
+    }
+    /* dropout on the attention weights: the weights themselves, composed */
     ts_tensor *att = ts_s_mul_scalar(ts_s_matmul(q, ts_s_transpose(k, 2, 3)), 1 / sqrt(C / H));
     /* causal: -inf above the diagonal, in the model's dtype (float64 after to_dtype) */
     ts_tensor *mask = ts_s_cast(st->mask, att ? ts_tensor_dtype(att) : TS_F32);
     att = ts_s_add(att, ts_s_narrow(ts_s_narrow(mask, 0, 0, T), 1, 0, T));
     att = ts_s_forward(child(m, "attn_dropout"), ts_s_softmax(att, 3));
-    ts_tensor *o = ts_s_contiguous(ts_s_transpose(ts_s_matmul(att, v), 1, 2)); /* (B, T, H, C/H) */
+    o = ts_s_contiguous(ts_s_transpose(ts_s_matmul(att, v), 1, 2)); /* (B, T, H, C/H) */
     o = ts_s_forward(child(m, "c_proj"), ts_s_view(o, 3, (const int64_t[]){B, T, C}));
     return ts_scope_return(sc, ts_s_forward(child(m, "resid_dropout"), o), y);
 }

@@ -18,6 +18,9 @@ static const char usage[] =
     "  matmul 128/512/2048 float32 through tessera vs raw cblas_sgemm (GFLOP/s)\n"
     "  add of two 16M-float tensors into a third vs memcpy of 64 MiB (GB/s moved)\n"
     "  one add on 1-element tensors, with and without allocating the result (ns)\n"
+    "  causal attention forward + backward at context 128, 512 and 1024 (batch 8, 4 heads of\n"
+    "  32: the default GPT's), fused (one pass, no T x T matrix) vs composed from matmul and\n"
+    "  softmax: tokens per second and peak pool memory above the operands\n"
     "Each figure is the best of --reps runs (default 5).\n";
 
 typedef struct bench_ctx {
@@ -168,6 +171,63 @@ static ts_status bench_small(bench_ctx *b)
     return s;
 }
 
+/* One causal attention forward and backward (q = k = v, a leaf) on the fused or composed
+ * path: the best time of b->reps runs and the peak pool bytes above what was in use. */
+static ts_status attention_once(bench_ctx *b, ts_tensor *q, int fused, double *best,
+                                double *peak)
+{
+    ts_status s = TS_OK;
+    int was = ts_attention_fused(fused ? TS_ATTENTION_FUSED : TS_ATTENTION_COMPOSED);
+    *best = 1e30;
+    *peak = 0;
+    for (int r = 0; r < b->reps && s == TS_OK; r++) {
+        ts_memory_stats st0 = {.struct_size = sizeof st0}, st = {.struct_size = sizeof st};
+        ts_device_memory_stats(b->dev, &st0);
+        ts_device_reset_peak(b->dev);
+        double t = cli_now();
+        ts_scope *sc = ts_scope_begin();
+        ts_tensor *l = ts_s_sum(ts_s_attention(q, q, q, 1, 0), 0, NULL, 0);
+        if (l)
+            s = ts_backward(l, NULL, 0);
+        ts_status e = ts_scope_end(sc);
+        s = s ? s : e;
+        ts_device_synchronize(b->dev);
+        t = cli_now() - t;
+        ts_device_memory_stats(b->dev, &st);
+        *best = t < *best ? t : *best;
+        *peak = (double)st.peak_in_use - (double)st0.in_use;
+        ts_tensor_zero_grad(q);
+    }
+    ts_attention_fused(was);
+    return s;
+}
+
+static ts_status bench_attention(bench_ctx *b, int64_t T)
+{
+    const int64_t B = 8, H = 4, D = 32;
+    ts_tensor *q;
+    ts_rng rng;
+    ts_rng_init(&rng, 2);
+    ts_status s = ts_tensor_randn(b->dev, TS_F32, 4, (const int64_t[]){B, H, T, D}, 0, 1, &rng,
+                                  &q);
+    if (s || (s = ts_tensor_set_requires_grad(q, 1))) {
+        ts_tensor_unref(q);
+        return s;
+    }
+    double tf, tc, pf, pc;
+    if ((s = attention_once(b, q, 1, &tf, &pf)) == TS_OK &&
+        (s = attention_once(b, q, 0, &tc, &pc)) == TS_OK) {
+        char name[64];
+        snprintf(name, sizeof name, "attention T %lld", (long long)T);
+        report(b, name, (double)(B * T) / tf * 1e-3, "ktok/s", (double)(B * T) / tc * 1e-3,
+               "composed");
+        snprintf(name, sizeof name, "attention T %lld peak", (long long)T);
+        report(b, name, pf / 1048576.0, "MiB", pc / 1048576.0, "composed");
+    }
+    ts_tensor_unref(q);
+    return s;
+}
+
 int cli_bench_ops(int argc, char **argv, const cli_common *common)
 {
     bench_ctx b = {.reps = 5, .json = common->json, .first = 1};
@@ -211,6 +271,9 @@ int cli_bench_ops(int argc, char **argv, const cli_common *common)
         s = bench_add(&b);
     if (s == TS_OK)
         s = bench_small(&b);
+    static const int64_t contexts[] = {128, 512, 1024};
+    for (int i = 0; i < 3 && s == TS_OK; i++)
+        s = bench_attention(&b, contexts[i]);
     if (b.json)
         printf("\n]}\n");
     int rc = s ? cli_fail(s, "bench ops") : 0;

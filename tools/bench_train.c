@@ -29,7 +29,7 @@ static const char usage[] =
     "       tessera bench train --model gpt [--context T] [--layers L] [--heads H] [--embd C]\n"
     "                           [--batch-size B] [--steps N] [--warmup N] [--device D|all]\n"
     "                           [--graph] [--profile] [--contend N]\n"
-    "                           [--precision LIST] [--json]\n"
+    "                           [--precision LIST] [--attention MODE] [--json]\n"
     "\n"
     "Times --steps training steps (default 50) after --warmup steps (default 5) at batch\n"
     "--batch-size (default 100) on consecutive batches of the Fashion-MNIST training set held\n"
@@ -53,6 +53,9 @@ static const char usage[] =
     "embd 128, batch 16) on random byte windows; tokens/s instead of images/s. Its floor: the\n"
     "linear layers' GEMMs over batch x context rows, the attention's (Q K^T, P V and their four\n"
     "backward GEMMs, one cblas_sgemm per batch and head) and the tied head's.\n"
+    "--attention auto|fused|composed: how the attention runs (ts_attention_fused): the fused\n"
+    "kernel where it pays (auto, the default), wherever the device has it, or from matmul\n"
+    "and softmax.\n"
     "\n"
     "--contend N: after the timed steps, N busy processes (each spinning on one core) start\n"
     "beside the benchmark, and the same number of steps is timed again with them running:\n"
@@ -696,6 +699,17 @@ static int parse(int argc, char **argv, bench_opts *o)
         }
         if (!strcmp(a, "--graph")) {
             o->graph = 1;
+            continue;
+        }
+        if (!strcmp(a, "--attention")) { /* the whole process: ts_attention_fused */
+            static const char *const modes[] = {"composed", "fused", "auto"};
+            int mode = -1;
+            for (int k = 0; v && k < 3; k++)
+                mode = !strcmp(v, modes[k]) ? k : mode;
+            if (mode < 0)
+                return cli_usage_error("bench train", "--attention takes auto, fused or composed");
+            ts_attention_fused(mode);
+            i++;
             continue;
         }
         if (!strcmp(a, "--precision")) {

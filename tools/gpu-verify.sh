@@ -198,6 +198,9 @@ run_checks() {
         step "bench-train-$m" 240 "$t" bench train --model $m --device "$gpu" --steps 50 $data
     done
     step bench-train-gpt 240 "$t" bench train --model gpt --device "$gpu" --steps 50
+    step bench-train-gpt-composed 240 "$t" bench train --model gpt --device "$gpu" --steps 50 \
+        --attention composed
+    step bench-ops 240 "$t" bench ops --device "$gpu" --reps 3
     step bench-train-gpt-precision 240 "$t" bench train --model gpt --device "$gpu" --steps 50 \
         --precision fp32,bf16,fp16
     TESSERA_CONFIG=$here/expandable.ini step bench-train-gpt-expandable 240 "$t" bench train \

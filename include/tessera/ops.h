@@ -97,10 +97,13 @@ ts_status ts_rms_norm(const ts_tensor *x, const ts_tensor *weight, int ndim, dou
  * (transfer full) on *out. */
 ts_status ts_attention(const ts_tensor *q, const ts_tensor *k, const ts_tensor *v, int causal,
                        double scale, ts_tensor **out);
-/* Whether ts_attention may use the fused kernel (default 1): enable 1 or 0 sets it for the
- * whole process, -1 only asks. Returns the setting before the call. For comparisons and
- * benchmarks; the results agree to rounding either way. */
-int ts_attention_fused(int enable);
+/* How ts_attention chooses, for the whole process: TS_ATTENTION_FUSED wherever the device
+ * runs the fused kernel, TS_ATTENTION_COMPOSED never, TS_ATTENTION_AUTO (the default) where it
+ * pays: always on a device of its own memory (a GPU), on a CPU plugin from 512 keys on (below
+ * that its BLAS GEMMs win; the fused pass still saves the score matrices). Any other value
+ * only asks. Returns the mode before the call. The results agree to rounding either way. */
+enum { TS_ATTENTION_COMPOSED = 0, TS_ATTENTION_FUSED = 1, TS_ATTENTION_AUTO = 2 };
+int ts_attention_fused(int mode);
 
 /* cond (TS_U8) ? a : b, all three broadcast together. */
 ts_status ts_where(const ts_tensor *cond, const ts_tensor *a, const ts_tensor *b,

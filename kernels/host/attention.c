@@ -24,7 +24,7 @@ int hk_attention_supports(int32_t op, int32_t dtype)
     return (op == TS_OP_ATTENTION || op == TS_OP_ATTENTION_BWD) && hk_op_defined(op, dtype);
 }
 
-enum { QB = 16, KB = 64 };
+enum { QB = 64, KB = 64, R = 4 };
 
 #define AT(o, T) ((T *)(o).data + (o).offset)
 
@@ -33,40 +33,149 @@ static inline int64_t min64(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
-/* The keys [j0, j1) of rows of width D transposed into t (D x KB, column j - j0). */
+static inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* 64-byte vectors (GCC's and clang's vector extension): one AVX-512 register, two AVX2 ones
+ * or four SSE2 ones on the clones of HK_CLONES; the arithmetic is lane by lane, so every
+ * clone computes the same bits. */
+typedef float att_vf __attribute__((vector_size(64)));
+typedef double att_vd __attribute__((vector_size(64)));
+
+/* The keys [j0, j1) of rows of width D transposed into t (D x KB, column j - j0); the
+ * columns past j1 - j0 zero. */
 #define ATT_TRANSPOSE(name, T)                                                               \
     static void name(const T *k, int64_t D, int64_t j0, int64_t j1, T *t)                   \
     {                                                                                        \
-        for (int64_t j = j0; j < j1; j++)                                                    \
-            for (int64_t d = 0; d < D; d++)                                                  \
-                t[d * KB + (j - j0)] = k[j * D + d];                                         \
+        for (int64_t d = 0; d < D; d++) {                                                    \
+            T *td = t + d * KB;                                                              \
+            for (int64_t j = j0; j < j1; j++)                                                \
+                td[j - j0] = k[j * D + d];                                                   \
+            for (int64_t j = j1 - j0; j < KB; j++)                                           \
+                td[j] = 0;                                                                   \
+        }                                                                                    \
     }
 
-/* s[0, n) = scale * (a . column j of t), summed over d in order. */
-#define ATT_DOTS(name, T)                                                                    \
-    HK_VINLINE void name(const T *a, const T *t, int64_t D, int64_t n, T scale, T *s)        \
+/* s[r][j] = scale * sum_d a[r][d] t[d][j] for the R rows a[r] and all KB columns of t, the
+ * R x 2 vectors of a column chunk held in registers over d. */
+#define ATT_SCORES(name, T, V, W)                                                            \
+    HK_VINLINE void name(const T *const *a, const T *t, int64_t D, T scale, T (*s)[KB])     \
     {                                                                                        \
-        for (int64_t j = 0; j < n; j++)                                                      \
-            s[j] = 0;                                                                        \
-        for (int64_t d = 0; d < D; d++) {                                                    \
-            const T ad = a[d], *td = t + d * KB;                                             \
-            _Pragma("omp simd")                                                              \
-            for (int64_t j = 0; j < n; j++)                                                  \
-                s[j] += ad * td[j];                                                          \
+        for (int c = 0; c < KB; c += 2 * W) {                                                \
+            V acc[R][2];                                                                     \
+            memset(acc, 0, sizeof acc);                                                      \
+            for (int64_t d = 0; d < D; d++) {                                                \
+                V t0, t1;                                                                    \
+                memcpy(&t0, t + d * KB + c, sizeof t0);                                      \
+                memcpy(&t1, t + d * KB + c + W, sizeof t1);                                  \
+                for (int r = 0; r < R; r++) {                                                \
+                    const T ar = a[r][d];                                                    \
+                    acc[r][0] += t0 * ar;                                                    \
+                    acc[r][1] += t1 * ar;                                                    \
+                }                                                                            \
+            }                                                                                \
+            for (int r = 0; r < R; r++) {                                                    \
+                acc[r][0] *= scale;                                                          \
+                acc[r][1] *= scale;                                                          \
+                memcpy(&s[r][c], &acc[r][0], sizeof acc[r][0]);                              \
+                memcpy(&s[r][c + W], &acc[r][1], sizeof acc[r][1]);                          \
+            }                                                                                \
         }                                                                                    \
-        _Pragma("omp simd")                                                                  \
+    }
+
+/* out[r][e] += sum_{j < n} s[r][j] rows[j][e] for the R output rows, e < width (rows of
+ * `width` elements): per chunk of W the R sums in registers over j. */
+#define ATT_ACCUM(name, T, V, W)                                                             \
+    HK_VINLINE void name(T *const *out, const T (*s)[KB], const T *rows, int64_t n,          \
+                         int64_t width)                                                      \
+    {                                                                                        \
+        int64_t e0 = 0;                                                                      \
+        for (; e0 + W <= width; e0 += W) {                                                   \
+            V acc[R];                                                                        \
+            for (int r = 0; r < R; r++)                                                      \
+                memcpy(&acc[r], out[r] + e0, sizeof acc[r]);                                 \
+            for (int64_t j = 0; j < n; j++) {                                                \
+                V x;                                                                         \
+                memcpy(&x, rows + j * width + e0, sizeof x);                                 \
+                for (int r = 0; r < R; r++)                                                  \
+                    acc[r] += x * s[r][j];                                                   \
+            }                                                                                \
+            for (int r = 0; r < R; r++)                                                      \
+                memcpy(out[r] + e0, &acc[r], sizeof acc[r]);                                 \
+        }                                                                                    \
+        for (int r = 0; r < R; r++)                                                          \
+            for (int64_t e = e0; e < width; e++) {                                           \
+                T acc = out[r][e];                                                           \
+                for (int64_t j = 0; j < n; j++)                                              \
+                    acc += rows[j * width + e] * s[r][j];                                    \
+                out[r][e] = acc;                                                             \
+            }                                                                                \
+    }
+
+/* rows[j][e] += sum_r s[r][j] in[r][e] for j < n, e < width: the transposed accumulation
+ * (a key's gradient from R queries), per chunk the R input vectors in registers. */
+#define ATT_ACCUM_T(name, T, V, W)                                                           \
+    HK_VINLINE void name(T *rows, const T (*s)[KB], const T *const *in, int64_t n,           \
+                         int64_t width)                                                      \
+    {                                                                                        \
+        int64_t e0 = 0;                                                                      \
+        for (; e0 + W <= width; e0 += W) {                                                   \
+            V x[R];                                                                          \
+            for (int r = 0; r < R; r++)                                                      \
+                memcpy(&x[r], in[r] + e0, sizeof x[r]);                                      \
+            for (int64_t j = 0; j < n; j++) {                                                \
+                V acc;                                                                       \
+                memcpy(&acc, rows + j * width + e0, sizeof acc);                             \
+                for (int r = 0; r < R; r++)                                                  \
+                    acc += x[r] * s[r][j];                                                   \
+                memcpy(rows + j * width + e0, &acc, sizeof acc);                             \
+            }                                                                                \
+        }                                                                                    \
         for (int64_t j = 0; j < n; j++)                                                      \
-            s[j] *= scale;                                                                   \
+            for (int64_t e = e0; e < width; e++) {                                           \
+                T acc = rows[j * width + e];                                                 \
+                for (int r = 0; r < R; r++)                                                  \
+                    acc += in[r][e] * s[r][j];                                               \
+                rows[j * width + e] = acc;                                                   \
+            }                                                                                \
+    }
+
+/* Each thread's scratch (elements of T): kt (D x KB), vt (Dv x KB), and two rows of zeros
+ * standing in for the rows past a block's end. */
+static size_t scratch_per_thread(int64_t D, int64_t Dv)
+{
+    int64_t w = D > Dv ? D : Dv;
+    return (size_t)((D + Dv) * KB + 2 * w);
+}
+
+/* The row pointers of a group of R rows from i (rows >= end: the zero row z, written to the
+ * sink row when out) and each row's key count in the block [j0, j0 + n): all n, or under
+ * the causal mask those up to i + off. Returns the most. */
+#define ATT_GROUP(name, T)                                                                   \
+    static int64_t name(int64_t i, int64_t end, int causal, int64_t off, int64_t j0,         \
+                        int64_t n, int64_t *nr)                                              \
+    {                                                                                        \
+        int64_t most = 0;                                                                    \
+        for (int r = 0; r < R; r++) {                                                        \
+            nr[r] = i + r >= end ? 0 : causal ? clamp64(i + r + off + 1 - j0, 0, n) : n;     \
+            most = nr[r] > most ? nr[r] : most;                                              \
+        }                                                                                    \
+        return most;                                                                         \
     }
 
 /* The forward of the query rows [i0, i1) of one batch row: o and lse. */
-#define ATT_FWD(name, T, EXP, LOG, DOTS, TRANSPOSE)                                          \
+#define ATT_FWD(name, T, EXP, LOG, SCORES, ACCUM, TRANSPOSE, GROUP)                          \
     HK_CLONES static void name(const T *q, const T *k, const T *v, T *o, T *lse, int64_t Tq, \
                                int64_t Tk, int64_t D, int64_t Dv, int64_t i0, int64_t i1,    \
-                               T scale, int causal, T *kt)                                   \
+                               T scale, int causal, T *w)                                    \
     {                                                                                        \
         const int64_t off = Tk - Tq;                                                         \
-        T m[QB], l[QB], s[KB];                                                               \
+        T *kt = w, *zero = w + (D + Dv) * KB, *sink = zero + (D > Dv ? D : Dv);              \
+        T m[QB], l[QB], s[R][KB];                                                            \
+        int64_t nr[R];                                                                       \
+        memset(zero, 0, (size_t)(D > Dv ? D : Dv) * sizeof(T));                              \
         for (int64_t i = i0; i < i1; i++) {                                                  \
             m[i - i0] = -(T)INFINITY;                                                        \
             l[i - i0] = 0;                                                                   \
@@ -74,38 +183,46 @@ static inline int64_t min64(int64_t a, int64_t b)
         }                                                                                    \
         const int64_t jend = causal ? min64(Tk, i1 + off) : Tk;                              \
         for (int64_t j0 = 0; j0 < jend; j0 += KB) {                                          \
-            const int64_t j1 = min64(j0 + KB, jend);                                         \
-            TRANSPOSE(k, D, j0, j1, kt);                                                     \
-            for (int64_t i = i0; i < i1; i++) {                                              \
-                const int64_t n = (causal ? min64(j1, i + off + 1) : j1) - j0;               \
-                if (n <= 0)                                                                  \
+            const int64_t n = min64(KB, jend - j0);                                          \
+            TRANSPOSE(k, D, j0, j0 + n, kt);                                                 \
+            for (int64_t g = i0; g < i1; g += R) {                                           \
+                const int64_t most = GROUP(g, i1, causal, off, j0, n, nr);                   \
+                if (most == 0)                                                               \
                     continue;                                                                \
-                DOTS(q + i * D, kt, D, n, scale, s);                                         \
-                T mb = m[i - i0];                                                            \
-                for (int64_t j = 0; j < n; j++)                                              \
-                    mb = s[j] > mb ? s[j] : mb;                                              \
-                T *oi = o + i * Dv;                                                          \
-                if (mb > m[i - i0]) { /* the running maximum grew: rescale what is summed */ \
-                    const T c = EXP(m[i - i0] - mb);                                         \
-                    l[i - i0] *= c;                                                          \
-                    _Pragma("omp simd")                                                      \
-                    for (int64_t e = 0; e < Dv; e++)                                         \
-                        oi[e] *= c;                                                          \
-                    m[i - i0] = mb;                                                          \
+                const T *qr[R];                                                              \
+                T *orow[R];                                                                  \
+                for (int r = 0; r < R; r++) {                                                \
+                    qr[r] = g + r < i1 ? q + (g + r) * D : zero;                             \
+                    orow[r] = g + r < i1 ? o + (g + r) * Dv : sink;                          \
                 }                                                                            \
-                T sum = 0;                                                                   \
-                _Pragma("omp simd")                                                          \
-                for (int64_t j = 0; j < n; j++)                                              \
-                    s[j] = EXP(s[j] - mb);                                                   \
-                for (int64_t j = 0; j < n; j++)                                              \
-                    sum += s[j];                                                             \
-                l[i - i0] += sum;                                                            \
-                for (int64_t j = 0; j < n; j++) {                                            \
-                    const T p = s[j], *vj = v + (j0 + j) * Dv;                               \
+                SCORES(qr, kt, D, scale, s);                                                 \
+                for (int r = 0; r < R; r++) {                                                \
+                    T *sr = s[r];                                                            \
+                    if (nr[r] == 0) {                                                        \
+                        memset(sr, 0, sizeof s[r]);                                          \
+                        continue;                                                            \
+                    }                                                                        \
+                    const int64_t x = g + r - i0;                                            \
+                    T mb = m[x];                                                             \
+                    for (int64_t j = 0; j < nr[r]; j++)                                      \
+                        mb = sr[j] > mb ? sr[j] : mb;                                        \
+                    if (mb > m[x]) { /* the running maximum grew: rescale what is summed */  \
+                        const T c = EXP(m[x] - mb);                                          \
+                        l[x] *= c;                                                           \
+                        _Pragma("omp simd")                                                  \
+                        for (int64_t e = 0; e < Dv; e++)                                     \
+                            orow[r][e] *= c;                                                 \
+                        m[x] = mb;                                                           \
+                    }                                                                        \
                     _Pragma("omp simd")                                                      \
-                    for (int64_t e = 0; e < Dv; e++)                                         \
-                        oi[e] += p * vj[e];                                                  \
+                    for (int64_t j = 0; j < KB; j++)                                         \
+                        sr[j] = j < nr[r] ? EXP(sr[j] - mb) : 0;                             \
+                    T sum = 0;                                                               \
+                    for (int64_t j = 0; j < nr[r]; j++)                                      \
+                        sum += sr[j];                                                        \
+                    l[x] += sum;                                                             \
                 }                                                                            \
+                ACCUM(orow, (const T(*)[KB])s, v + j0 * Dv, most, Dv);                       \
             }                                                                                \
         }                                                                                    \
         for (int64_t i = i0; i < i1; i++) {                                                  \
@@ -118,79 +235,94 @@ static inline int64_t min64(int64_t a, int64_t b)
         }                                                                                    \
     }
 
-/* The key and value gradients of the keys [j0, j1) of one batch row: sums over the queries
- * that see them. */
-#define ATT_BWD_KV(name, T, EXP, DOTS, TRANSPOSE)                                            \
-    HK_CLONES static void name(const T *go, const T *q, const T *k, const T *v,              \
-                               const T *lse, const T *delta, T *gk, T *gv, int64_t Tq,       \
-                               int64_t Tk, int64_t D, int64_t Dv, int64_t j0, int64_t j1,    \
-                               T scale, int causal, T *kt, T *vt)                            \
+/* P and the scaled score gradient of a group: p[r][j] = exp(s - lse) and
+ * dp[r][j] = scale p (dp - delta) for j < nr[r], 0 beyond. */
+#define ATT_PROBS(name, T, EXP)                                                              \
+    HK_VINLINE void name(T (*p)[KB], T (*dp)[KB], const int64_t *nr, const T *lse,           \
+                         const T *delta, int64_t g, int64_t end, T scale)                    \
     {                                                                                        \
-        const int64_t off = Tk - Tq;                                                         \
-        T p[KB], dp[KB];                                                                     \
-        memset(gk + j0 * D, 0, (size_t)((j1 - j0) * D) * sizeof(T));                          \
-        memset(gv + j0 * Dv, 0, (size_t)((j1 - j0) * Dv) * sizeof(T));                        \
-        TRANSPOSE(k, D, j0, j1, kt);                                                         \
-        TRANSPOSE(v, Dv, j0, j1, vt);                                                        \
-        /* query i sees key j when j <= i + off: the first query to see j0 is j0 - off */    \
-        for (int64_t i = causal && j0 - off > 0 ? j0 - off : 0; i < Tq; i++) {               \
-            const int64_t n = (causal ? min64(j1, i + off + 1) : j1) - j0;                   \
-            if (n <= 0)                                                                      \
-                continue;                                                                    \
-            const T *qi = q + i * D, *goi = go + i * Dv;                                     \
-            DOTS(qi, kt, D, n, scale, p);                                                    \
-            DOTS(goi, vt, Dv, n, (T)1, dp);                                                  \
-            const T li = lse[i], di = delta[i];                                              \
+        for (int r = 0; r < R; r++) {                                                        \
+            const T li = g + r < end ? lse[g + r] : 0, di = g + r < end ? delta[g + r] : 0;  \
+            const int64_t n = nr[r];                                                         \
+            T *pr = p[r], *dr = dp[r];                                                       \
             _Pragma("omp simd")                                                              \
-            for (int64_t j = 0; j < n; j++) {                                                \
-                p[j] = EXP(p[j] - li);                                                       \
-                dp[j] = scale * p[j] * (dp[j] - di); /* scale * gs */                        \
-            }                                                                                \
-            for (int64_t j = 0; j < n; j++) {                                                \
-                T *gvj = gv + (j0 + j) * Dv, *gkj = gk + (j0 + j) * D;                       \
-                const T pj = p[j], gsj = dp[j];                                              \
-                _Pragma("omp simd")                                                          \
-                for (int64_t e = 0; e < Dv; e++)                                             \
-                    gvj[e] += pj * goi[e];                                                   \
-                _Pragma("omp simd")                                                          \
-                for (int64_t d = 0; d < D; d++)                                              \
-                    gkj[d] += gsj * qi[d];                                                   \
+            for (int64_t j = 0; j < KB; j++) {                                               \
+                const T pj = j < n ? EXP(pr[j] - li) : 0;                                    \
+                pr[j] = pj;                                                                  \
+                dr[j] = j < n ? scale * pj * (dr[j] - di) : 0;                               \
             }                                                                                \
         }                                                                                    \
     }
 
+/* The key and value gradients of the keys [j0, j1) of one batch row: sums over the queries
+ * that see them, R queries at a time. */
+#define ATT_BWD_KV(name, T, SCORES, ACCUM_T, TRANSPOSE, GROUP, PROBS)                        \
+    HK_CLONES static void name(const T *go, const T *q, const T *k, const T *v,              \
+                               const T *lse, const T *delta, T *gk, T *gv, int64_t Tq,       \
+                               int64_t Tk, int64_t D, int64_t Dv, int64_t j0, int64_t j1,    \
+                               T scale, int causal, T *w)                                    \
+    {                                                                                        \
+        const int64_t off = Tk - Tq, n = j1 - j0;                                            \
+        T *kt = w, *vt = w + D * KB, *zero = w + (D + Dv) * KB;                              \
+        T p[R][KB], dp[R][KB];                                                               \
+        int64_t nr[R];                                                                       \
+        memset(zero, 0, (size_t)(D > Dv ? D : Dv) * sizeof(T));                              \
+        memset(gk + j0 * D, 0, (size_t)(n * D) * sizeof(T));                                 \
+        memset(gv + j0 * Dv, 0, (size_t)(n * Dv) * sizeof(T));                               \
+        TRANSPOSE(k, D, j0, j1, kt);                                                         \
+        TRANSPOSE(v, Dv, j0, j1, vt);                                                        \
+        /* query i sees key j when j <= i + off: the first query to see j0 is j0 - off */    \
+        for (int64_t g = causal && j0 - off > 0 ? j0 - off : 0; g < Tq; g += R) {            \
+            const int64_t most = GROUP(g, Tq, causal, off, j0, n, nr);                       \
+            if (most == 0)                                                                   \
+                continue;                                                                    \
+            const T *qr[R], *gor[R];                                                         \
+            for (int r = 0; r < R; r++) {                                                    \
+                qr[r] = g + r < Tq ? q + (g + r) * D : zero;                                 \
+                gor[r] = g + r < Tq ? go + (g + r) * Dv : zero;                              \
+            }                                                                                \
+            SCORES(qr, kt, D, scale, p);                                                     \
+            SCORES(gor, vt, Dv, (T)1, dp);                                                   \
+            PROBS(p, dp, nr, lse, delta, g, Tq, scale);                                      \
+            ACCUM_T(gv + j0 * Dv, (const T(*)[KB])p, gor, most, Dv);                         \
+            ACCUM_T(gk + j0 * D, (const T(*)[KB])dp, qr, most, D);                           \
+        }                                                                                    \
+    }
+
 /* The query gradients of the rows [i0, i1) of one batch row: sums over the keys they see. */
-#define ATT_BWD_Q(name, T, EXP, DOTS, TRANSPOSE)                                             \
+#define ATT_BWD_Q(name, T, SCORES, ACCUM, TRANSPOSE, GROUP, PROBS)                           \
     HK_CLONES static void name(const T *go, const T *q, const T *k, const T *v,              \
                                const T *lse, const T *delta, T *gq, int64_t Tq, int64_t Tk,  \
                                int64_t D, int64_t Dv, int64_t i0, int64_t i1, T scale,       \
-                               int causal, T *kt, T *vt)                                     \
+                               int causal, T *w)                                             \
     {                                                                                        \
         const int64_t off = Tk - Tq;                                                         \
-        T p[KB], dp[KB];                                                                     \
-        memset(gq + i0 * D, 0, (size_t)((i1 - i0) * D) * sizeof(T));                          \
+        T *kt = w, *vt = w + D * KB, *zero = w + (D + Dv) * KB;                              \
+        T *sink = zero + (D > Dv ? D : Dv);                                                  \
+        T p[R][KB], dp[R][KB];                                                               \
+        int64_t nr[R];                                                                       \
+        memset(zero, 0, (size_t)(D > Dv ? D : Dv) * sizeof(T));                              \
+        memset(gq + i0 * D, 0, (size_t)((i1 - i0) * D) * sizeof(T));                         \
         const int64_t jend = causal ? min64(Tk, i1 + off) : Tk;                              \
         for (int64_t j0 = 0; j0 < jend; j0 += KB) {                                          \
-            const int64_t j1 = min64(j0 + KB, jend);                                         \
-            TRANSPOSE(k, D, j0, j1, kt);                                                     \
-            TRANSPOSE(v, Dv, j0, j1, vt);                                                    \
-            for (int64_t i = i0; i < i1; i++) {                                              \
-                const int64_t n = (causal ? min64(j1, i + off + 1) : j1) - j0;               \
-                if (n <= 0)                                                                  \
+            const int64_t n = min64(KB, jend - j0);                                          \
+            TRANSPOSE(k, D, j0, j0 + n, kt);                                                 \
+            TRANSPOSE(v, Dv, j0, j0 + n, vt);                                                \
+            for (int64_t g = i0; g < i1; g += R) {                                           \
+                const int64_t most = GROUP(g, i1, causal, off, j0, n, nr);                   \
+                if (most == 0)                                                               \
                     continue;                                                                \
-                DOTS(q + i * D, kt, D, n, scale, p);                                         \
-                DOTS(go + i * Dv, vt, Dv, n, (T)1, dp);                                      \
-                const T li = lse[i], di = delta[i];                                          \
-                _Pragma("omp simd")                                                          \
-                for (int64_t j = 0; j < n; j++)                                              \
-                    dp[j] = scale * EXP(p[j] - li) * (dp[j] - di);                           \
-                T *gqi = gq + i * D;                                                         \
-                for (int64_t j = 0; j < n; j++) {                                            \
-                    const T gsj = dp[j], *kj = k + (j0 + j) * D;                             \
-                    _Pragma("omp simd")                                                      \
-                    for (int64_t d = 0; d < D; d++)                                          \
-                        gqi[d] += gsj * kj[d];                                               \
+                const T *qr[R], *gor[R];                                                     \
+                T *gqr[R];                                                                   \
+                for (int r = 0; r < R; r++) {                                                \
+                    qr[r] = g + r < i1 ? q + (g + r) * D : zero;                             \
+                    gor[r] = g + r < i1 ? go + (g + r) * Dv : zero;                          \
+                    gqr[r] = g + r < i1 ? gq + (g + r) * D : sink;                           \
                 }                                                                            \
+                SCORES(qr, kt, D, scale, p);                                                 \
+                SCORES(gor, vt, Dv, (T)1, dp);                                               \
+                PROBS(p, dp, nr, lse, delta, g, i1, scale);                                  \
+                ACCUM(gqr, (const T(*)[KB])dp, k + j0 * D, most, D);                         \
             }                                                                                \
         }                                                                                    \
     }
@@ -214,14 +346,28 @@ static inline double exp_f64(double x)
 
 ATT_TRANSPOSE(att_transpose_f32, float)
 ATT_TRANSPOSE(att_transpose_f64, double)
-ATT_DOTS(att_dots_f32, float)
-ATT_DOTS(att_dots_f64, double)
-ATT_FWD(att_fwd_f32, float, hk_expf, logf, att_dots_f32, att_transpose_f32)
-ATT_FWD(att_fwd_f64, double, exp_f64, log, att_dots_f64, att_transpose_f64)
-ATT_BWD_KV(att_bwd_kv_f32, float, hk_expf, att_dots_f32, att_transpose_f32)
-ATT_BWD_KV(att_bwd_kv_f64, double, exp_f64, att_dots_f64, att_transpose_f64)
-ATT_BWD_Q(att_bwd_q_f32, float, hk_expf, att_dots_f32, att_transpose_f32)
-ATT_BWD_Q(att_bwd_q_f64, double, exp_f64, att_dots_f64, att_transpose_f64)
+ATT_SCORES(att_scores_f32, float, att_vf, 16)
+ATT_SCORES(att_scores_f64, double, att_vd, 8)
+ATT_ACCUM(att_accum_f32, float, att_vf, 16)
+ATT_ACCUM(att_accum_f64, double, att_vd, 8)
+ATT_ACCUM_T(att_accum_t_f32, float, att_vf, 16)
+ATT_ACCUM_T(att_accum_t_f64, double, att_vd, 8)
+ATT_GROUP(att_group_f32, float)
+ATT_GROUP(att_group_f64, double)
+ATT_PROBS(att_probs_f32, float, hk_expf)
+ATT_PROBS(att_probs_f64, double, exp_f64)
+ATT_FWD(att_fwd_f32, float, hk_expf, logf, att_scores_f32, att_accum_f32, att_transpose_f32,
+        att_group_f32)
+ATT_FWD(att_fwd_f64, double, exp_f64, log, att_scores_f64, att_accum_f64, att_transpose_f64,
+        att_group_f64)
+ATT_BWD_KV(att_bwd_kv_f32, float, att_scores_f32, att_accum_t_f32, att_transpose_f32,
+           att_group_f32, att_probs_f32)
+ATT_BWD_KV(att_bwd_kv_f64, double, att_scores_f64, att_accum_t_f64, att_transpose_f64,
+           att_group_f64, att_probs_f64)
+ATT_BWD_Q(att_bwd_q_f32, float, att_scores_f32, att_accum_f32, att_transpose_f32,
+          att_group_f32, att_probs_f32)
+ATT_BWD_Q(att_bwd_q_f64, double, att_scores_f64, att_accum_f64, att_transpose_f64,
+          att_group_f64, att_probs_f64)
 ATT_DELTA(att_delta_f32, float)
 ATT_DELTA(att_delta_f64, double)
 
@@ -284,7 +430,6 @@ static void fwd_task_f64(const att_job *j, int64_t t, double *w)
         const T *go = AT(c->inputs[0], const T), *q = AT(c->inputs[1], const T);             \
         const T *k = AT(c->inputs[2], const T), *v = AT(c->inputs[3], const T);              \
         const T *lse = AT(c->inputs[5], const T), *delta = j->delta;                         \
-        T *kt = w, *vt = w + a->D * KB;                                                      \
         int64_t b, blk;                                                                      \
         if (t < a->B * nkb) {                                                                \
             task_of(t, nkb, &b, &blk);                                                       \
@@ -295,14 +440,14 @@ static void fwd_task_f64(const att_job *j, int64_t t, double *w)
                v + b * a->Tk * a->Dv, lse + b * a->Tq, delta + b * a->Tq,                    \
                AT(c->outputs[1], T) + b * a->Tk * a->D,                                      \
                AT(c->outputs[2], T) + b * a->Tk * a->Dv, a->Tq, a->Tk, a->D, a->Dv, j0, j1,  \
-               (T)j->scale, j->causal, kt, vt);                                              \
+               (T)j->scale, j->causal, w);                                                   \
         } else {                                                                             \
             task_of(t - a->B * nkb, nqb, &b, &blk);                                          \
             const int64_t i0 = blk * QB, i1 = min64(i0 + QB, a->Tq);                         \
             Q(go + b * a->Tq * a->Dv, q + b * a->Tq * a->D, k + b * a->Tk * a->D,            \
               v + b * a->Tk * a->Dv, lse + b * a->Tq, delta + b * a->Tq,                     \
               AT(c->outputs[0], T) + b * a->Tq * a->D, a->Tq, a->Tk, a->D, a->Dv, i0, i1,    \
-              (T)j->scale, j->causal, kt, vt);                                               \
+              (T)j->scale, j->causal, w);                                                    \
         }                                                                                    \
     }
 
@@ -339,7 +484,7 @@ ts_status hk_attention(hk_dev *hd, const ts_kernel_call *call)
     const int64_t nkb = (a->Tk + KB - 1) / KB, nqb = (a->Tq + QB - 1) / QB;
     const int64_t ntask = bwd ? a->B * (nkb + nqb) : a->B * nqb;
     nt = ntask < nt ? (int)ntask : nt;
-    j.per = (size_t)((a->D + a->Dv) * KB);
+    j.per = scratch_per_thread(a->D, a->Dv);
     if ((s = h->scratch_alloc(h, (size_t)nt * j.per * es, "attention key blocks", &j.scratch)))
         return s;
     if (bwd && (s = h->scratch_alloc(h, (size_t)(a->B * a->Tq) * es, "attention row sums",

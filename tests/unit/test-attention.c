@@ -44,7 +44,7 @@ static void drop(qkv *t)
 /* Output and the gradients of sum(out * w) as float64 host arrays (out[0..3]: o, gq, gk, gv). */
 static void run(const qkv *t, int causal, double scale, int fused, double *out[4])
 {
-    int was = ts_attention_fused(fused);
+    int was = ts_attention_fused(fused ? TS_ATTENTION_FUSED : TS_ATTENTION_COMPOSED);
     ts_tensor *o, *l;
     CHECK_OK(ts_attention(t->q, t->k, t->v, causal, scale, &o));
     ts_attention_fused(was);
@@ -254,7 +254,7 @@ static void test_no_score_matrix(void)
         ts_memory_stats st = {.struct_size = sizeof st}, st0 = {.struct_size = sizeof st0};
         CHECK_OK(ts_device_memory_stats(dev, &st0));
         ts_device_reset_peak(dev);
-        int was = ts_attention_fused(fused);
+        int was = ts_attention_fused(fused ? TS_ATTENTION_FUSED : TS_ATTENTION_COMPOSED);
         ts_scope *sc = ts_scope_begin();
         ts_tensor *l = ts_s_sum(ts_s_attention(q, q, q, 1, 0), 0, NULL, 0);
         CHECK_OK(l ? ts_backward(l, NULL, 0) : TS_EINVAL);

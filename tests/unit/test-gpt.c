@@ -175,9 +175,12 @@ static double loss_value(ts_module *gpt, ts_tensor *x, ts_tensor *y)
  * Weights are drawn large (uniform +-0.6, norms' gains around 1) so that every path carries
  * gradient. With h = 1e-5 the difference's truncation error is O(h^2) ~ 1e-10 and its
  * rounding 1e-16 / 1e-5 ~ 1e-11, so 1e-7 + 1e-6 |g| bounds it with room. */
-static void test_gradcheck_float64(void)
+/* The gradient check with the attention composed and with the fused kernel (mode of
+ * ts_attention_fused). */
+static void gradcheck(int mode)
 {
     setup();
+    int was = ts_attention_fused(mode);
     ts_rng rng;
     ts_rng_init(&rng, 3);
     ts_gpt_config cfg = {11, 6, 2, 2, 8, 0, 0};
@@ -244,7 +247,18 @@ static void test_gradcheck_float64(void)
     free(p);
     ts_module_free(gpt);
     CHECK_INT_EQ(ts_memory_live_count(), 0);
+    ts_attention_fused(was);
     teardown();
+}
+
+static void test_gradcheck_float64(void)
+{
+    gradcheck(TS_ATTENTION_COMPOSED);
+}
+
+static void test_gradcheck_float64_fused(void)
+{
+    gradcheck(TS_ATTENTION_FUSED);
 }
 
 /* The key/value-cached step gives, for each new position, the logits a full forward pass
@@ -486,6 +500,7 @@ int main(int argc, char **argv)
         TAP_SLOW_TEST(test_memorises_text),
         TAP_TEST(test_cache_matches_full_forward),
         TAP_TEST(test_gradcheck_float64),
+        TAP_TEST(test_gradcheck_float64_fused),
         TAP_TEST(test_checkpoint_activations),
         TAP_TEST(test_trainer_step_is_gpt_step),
         TAP_TEST(test_roles_add_up),
