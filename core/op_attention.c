@@ -16,11 +16,12 @@ TS_API int ts_attention_fused(int mode)
     return atomic_exchange(&fused_mode, mode);
 }
 
-/* Where the measurements (docs/performance.md) put the crossover of the CPU plugins: below
- * this many keys the composed path's GEMMs (BLAS, with fused multiply-adds) beat the fused
- * pass; from it on the fused pass is as fast or faster, and it always saves the score
- * matrices. On other devices the fused pass won at every length measured. */
-#define HOST_FUSED_MIN_KEYS 512
+/* Where the measurements (docs/performance.md) put the crossovers. On the CPU plugins the
+ * composed path's GEMMs (BLAS, with fused multiply-adds) win below this many keys and the
+ * fused pass from it on. On the GPU the other way round: the fused kernel wins the short
+ * contexts, where a step is bound by kernel launches, and cuBLAS's GEMMs the long ones. The
+ * fused pass always saves the score matrices. */
+#define FUSED_CROSSOVER_KEYS 512
 
 static int use_fused(ts_device *dev, int32_t dtype, int64_t Tk)
 {
@@ -29,8 +30,20 @@ static int use_fused(ts_device *dev, int32_t dtype, int64_t Tk)
         !ts__device_runs(dev, TS_OP_ATTENTION_BWD, dtype))
         return 0;
     const ts_plugin_desc *d = ts_device_desc(dev);
-    return mode == TS_ATTENTION_FUSED || !(d->flags & TS_PLUGIN_HOST_MEMORY) ||
-           Tk >= HOST_FUSED_MIN_KEYS;
+    return mode == TS_ATTENTION_FUSED ||
+           ((d->flags & TS_PLUGIN_HOST_MEMORY) ? Tk >= FUSED_CROSSOVER_KEYS
+                                               : Tk < FUSED_CROSSOVER_KEYS);
+}
+
+TS_API int ts_attention_fuses(const ts_tensor *q, const ts_tensor *k)
+{
+    if (!q || !k || q->ndim < 2 || k->ndim < 2)
+        return 0;
+    /* as ts_attention decides, under autocast in the dtype it would run in */
+    int32_t dt = q->dtype;
+    if (dt == TS_F32 && ts_autocast_dtype() != TS_F32)
+        dt = ts_autocast_dtype();
+    return use_fused(q->storage->dev, dt, k->shape[k->ndim - 2]);
 }
 
 /* Checks q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv): one device and dtype, the same
@@ -81,17 +94,18 @@ static ts_status attention_composed(const ts_tensor *q, const ts_tensor *k, cons
     ts_tensor *att = ts_s_mul_scalar(ts_s_matmul(q, ts_s_transpose((ts_tensor *)k, nd - 2,
                                                                    nd - 1)), scale);
     if (causal) {
-        /* query i keeps key j where j <= i + Tk - Tq; the others are -inf */
-        ts_tensor *i = NULL, *j = NULL, *ninf = NULL;
+        /* + 0 where query i sees key j (j <= i + Tk - Tq), + -inf elsewhere: a (Tq, Tk) mask
+         * broadcast over the leading dims, as a model that keeps one would add it */
+        ts_tensor *i = NULL, *j = NULL, *zero = NULL, *ninf = NULL, *keep = NULL, *mask = NULL;
         i = TS_SCOPED(ts_tensor_arange(dev, TS_I64, (double)(Tk - Tq),
                                        (double)(Tk - Tq + Tq), 1, &i), i);
         j = TS_SCOPED(ts_tensor_arange(dev, TS_I64, 0, (double)Tk, 1, &j), j);
+        zero = TS_SCOPED(ts_tensor_zeros(dev, q->dtype, 0, NULL, &zero), zero);
         ninf = TS_SCOPED(ts_tensor_full(dev, q->dtype, 0, NULL, -INFINITY, &ninf), ninf);
-        ts_tensor *keep = NULL;
         keep = TS_SCOPED(ts_ge(ts_s_view(i, 2, (const int64_t[]){Tq, 1}),
                                ts_s_view(j, 2, (const int64_t[]){1, Tk}), &keep), keep);
-        ts_tensor *m = NULL;
-        att = TS_SCOPED(ts_where(keep, att, ninf, &m), m);
+        mask = TS_SCOPED(ts_where(keep, zero, ninf, &mask), mask);
+        att = ts_s_add(att, mask);
     }
     return ts_scope_return(sc, ts_s_matmul(ts_s_softmax(att, -1), v), out);
 }

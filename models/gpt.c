@@ -52,14 +52,15 @@ static ts_status attn_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     ts_tensor *q = heads(ts_s_narrow(qkv, 2, 0, C), H), *k = heads(ts_s_narrow(qkv, 2, C, C), H);
     ts_tensor *v = heads(ts_s_narrow(qkv, 2, 2 * C, C), H);
     ts_tensor *o;
-    if (st->cfg.dropout == 0 || !ts_module_is_training(child(m, "attn_dropout"))) {
-        /* one fused pass where the device has it (no T x T matrix), composed elsewhere */
+    if ((st->cfg.dropout == 0 || !ts_module_is_training(child(m, "attn_dropout"))) &&
+        ts_attention_fuses(q, k)) {
+        /* one fused pass (no T x T matrix) where it pays */
         o = ts_s_attention(q, k, v, 1, 1 / sqrt(C / H));
         o = ts_s_contiguous(ts_s_transpose(o, 1, 2)); /* (B, T, H, C/H) */
         o = ts_s_forward(child(m, "c_proj"), ts_s_view(o, 3, (const int64_t[]){B, T, C}));
         return ts_scope_return(sc, ts_s_forward(child(m, "resid_dropout"), o), y);
     }
-    /* dropout on the attention weights: the weights themselves, composed */
+    /* composed (and so with dropout on the attention weights), the mask kept on the device */
     ts_tensor *att = ts_s_mul_scalar(ts_s_matmul(q, ts_s_transpose(k, 2, 3)), 1 / sqrt(C / H));
     /* causal: -inf above the diagonal, in the model's dtype (float64 after to_dtype) */
     ts_tensor *mask = ts_s_cast(st->mask, att ? ts_tensor_dtype(att) : TS_F32);

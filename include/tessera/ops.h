@@ -99,11 +99,16 @@ ts_status ts_attention(const ts_tensor *q, const ts_tensor *k, const ts_tensor *
                        double scale, ts_tensor **out);
 /* How ts_attention chooses, for the whole process: TS_ATTENTION_FUSED wherever the device
  * runs the fused kernel, TS_ATTENTION_COMPOSED never, TS_ATTENTION_AUTO (the default) where it
- * pays: always on a device of its own memory (a GPU), on a CPU plugin from 512 keys on (below
- * that its BLAS GEMMs win; the fused pass still saves the score matrices). Any other value
- * only asks. Returns the mode before the call. The results agree to rounding either way. */
+ * was measured to be faster: on a CPU plugin from 512 keys on (below that its BLAS GEMMs
+ * win), on a GPU below 512 keys (above, cuBLAS's GEMMs win). The fused pass always saves the
+ * score matrices: choose TS_ATTENTION_FUSED when memory is what limits. Any other value only
+ * asks. Returns the mode before the call. The results agree to rounding either way. */
 enum { TS_ATTENTION_COMPOSED = 0, TS_ATTENTION_FUSED = 1, TS_ATTENTION_AUTO = 2 };
 int ts_attention_fused(int mode);
+/* 1 if ts_attention(q, k, ...) would run the fused kernel now (the mode, the device, the
+ * dtype under autocast, the number of keys), else 0: a model with a composed path of its own
+ * (a causal mask it keeps on the device) takes that one instead. */
+int ts_attention_fuses(const ts_tensor *q, const ts_tensor *k);
 
 /* cond (TS_U8) ? a : b, all three broadcast together. */
 ts_status ts_where(const ts_tensor *cond, const ts_tensor *a, const ts_tensor *b,

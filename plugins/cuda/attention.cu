@@ -1,21 +1,25 @@
 /* plugins/cuda/attention.cu: scaled dot-product attention (TS_OP_ATTENTION and its backward),
- * the host kernels' algorithm on the GPU: one thread per query row in the forward, walking
- * the keys in tiles staged in shared memory with the online softmax (running maximum, running
- * sum, output rescaled when the maximum grows), its row's q and output in registers; it
- * writes o and the row's log-sum-exp. The backward recomputes the probabilities: one pass
- * with a thread per key (its k, v and their gradients in registers, the queries in tiles),
- * one with a thread per query (q, go and gq in registers, the keys in tiles), so every
- * output element has one writer: no atomics, deterministic. Float32 accumulates in float32,
- * float64 in float64; the 16-bit dtypes arrive as float32 (ops.c). The registers hold up to
- * 256 features (D and Dv); wider heads are declined and the core composes the attention. */
+ * the host kernels' algorithm on the GPU with a warp per row: a row's features are spread
+ * over the 32 lanes (feature d on lane d % 32), a dot product is the lanes' partial sums
+ * reduced with five shuffles, and the eight warps of a block share the tile of keys (or
+ * queries) staged in shared memory. The forward walks each query row's keys with the online
+ * softmax (running maximum, running sum, output rescaled when the maximum grows) and writes
+ * o and the row's log-sum-exp. The backward recomputes the probabilities: one pass with a
+ * warp per key (its k, v and their gradients in registers, the queries in tiles), one with a
+ * warp per query (q, go and gq in registers, the keys in tiles), so every output element has
+ * one writer: no atomics, deterministic. Float32 accumulates in float32, float64 in float64;
+ * the 16-bit dtypes arrive as float32 (ops.c). A lane holds up to 8 features of a row (256
+ * in all); wider heads are declined and the core composes the attention. */
 #include "common.cuh"
 
 namespace {
 
-/* Keys (or queries) per shared-memory tile: as many as fit 32 KiB of (D + Dv) features. */
-template <typename T> int tile_rows(int D, int Dv)
+constexpr int WARPS = 8; /* rows per block: a warp each */
+
+/* Rows per shared-memory tile: as many as fit 32 KiB of `width` features (at least 1). */
+template <typename T> int tile_rows(int64_t width)
 {
-    int64_t per = (int64_t)(D + Dv) * (int64_t)sizeof(T);
+    int64_t per = width * (int64_t)sizeof(T);
     int64_t n = per > 0 ? 32768 / per : 64;
     return (int)(n < 1 ? 1 : n > 64 ? 64 : n);
 }
@@ -28,24 +32,53 @@ __device__ __forceinline__ void load_tile(const T *src, int64_t r0, int n, int W
         dst[e] = src[(r0 + e / W) * W + e % W];
 }
 
-template <typename T, int DM>
+/* The warp's sum of v, on every lane (butterfly: the same order on every lane). */
+template <typename T> __device__ __forceinline__ T warp_sum(T v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Lane `lane`'s features of a row of width W: row[lane + 32 c] (0 past the end). */
+template <typename T, int C>
+__device__ __forceinline__ void load_lane(const T *row, int W, int lane, T (&x)[C])
+{
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        x[c] = lane + 32 * c < W ? row[lane + 32 * c] : T(0);
+}
+
+template <typename T, int C>
+__device__ __forceinline__ T dot_lane(const T (&x)[C], const T *row, int W, int lane)
+{
+    T s = 0;
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        if (lane + 32 * c < W)
+            s += x[c] * row[lane + 32 * c];
+    return warp_sum(s);
+}
+
+template <typename T, int C>
 __global__ void k_att_fwd(const T *__restrict__ q, const T *__restrict__ k,
                           const T *__restrict__ v, T *__restrict__ o, T *__restrict__ lse,
                           int64_t Tq, int64_t Tk, int D, int Dv, T scale, int causal, int BK)
 {
     extern __shared__ unsigned char cu_smem[];
     T *ks = (T *)cu_smem, *vs = ks + (size_t)BK * D;
-    const int64_t b = blockIdx.y, row0 = (int64_t)blockIdx.x * blockDim.x;
-    const int64_t i = row0 + threadIdx.x, off = Tk - Tq;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t b = blockIdx.y, row0 = (int64_t)blockIdx.x * WARPS;
+    const int64_t i = row0 + warp, off = Tk - Tq;
     const bool active = i < Tq;
     q += b * Tq * D, k += b * Tk * D, v += b * Tk * Dv, o += b * Tq * Dv, lse += b * Tq;
-    T qr[DM], acc[DM];
-    for (int d = 0; d < DM; d++) {
-        qr[d] = active && d < D ? q[i * D + d] : T(0);
-        acc[d] = 0;
-    }
+    T qr[C], acc[C];
+    load_lane(q + (active ? i : 0) * D, active ? D : 0, lane, qr);
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        acc[c] = 0;
     T m = -INFINITY, l = 0;
-    const int64_t last = row0 + blockDim.x - 1 < Tq - 1 ? row0 + blockDim.x - 1 : Tq - 1;
+    const int64_t last = row0 + WARPS - 1 < Tq - 1 ? row0 + WARPS - 1 : Tq - 1;
     const int64_t jend = causal ? (last + off + 1 < Tk ? last + off + 1 : Tk) : Tk;
     const int64_t jlim = causal ? i + off + 1 : Tk; /* this row's keys: [0, jlim) */
     for (int64_t j0 = 0; j0 < jend; j0 += BK) {
@@ -57,35 +90,33 @@ __global__ void k_att_fwd(const T *__restrict__ q, const T *__restrict__ k,
         if (!active)
             continue;
         for (int jj = 0; jj < n && j0 + jj < jlim; jj++) {
-            const T *kj = ks + (size_t)jj * D, *vj = vs + (size_t)jj * Dv;
-            T s = 0;
-#pragma unroll
-            for (int d = 0; d < DM; d++)
-                if (d < D)
-                    s += qr[d] * kj[d];
-            s *= scale;
+            const T s = dot_lane(qr, ks + (size_t)jj * D, D, lane) * scale;
             if (s > m) {
                 const T c = exp(m - s);
                 l *= c;
 #pragma unroll
-                for (int e = 0; e < DM; e++)
+                for (int e = 0; e < C; e++)
                     acc[e] *= c;
                 m = s;
             }
             const T p = exp(s - m);
             l += p;
+            const T *vj = vs + (size_t)jj * Dv;
 #pragma unroll
-            for (int e = 0; e < DM; e++)
-                if (e < Dv)
-                    acc[e] += p * vj[e];
+            for (int e = 0; e < C; e++)
+                if (lane + 32 * e < Dv)
+                    acc[e] += p * vj[lane + 32 * e];
         }
     }
     if (!active)
         return;
     const T inv = T(1) / l;
-    for (int e = 0; e < Dv && e < DM; e++)
-        o[i * Dv + e] = acc[e] * inv;
-    lse[i] = m + log(l);
+#pragma unroll
+    for (int e = 0; e < C; e++)
+        if (lane + 32 * e < Dv)
+            o[i * Dv + lane + 32 * e] = acc[e] * inv;
+    if (lane == 0)
+        lse[i] = m + log(l);
 }
 
 /* delta_i = go_i . o_i */
@@ -101,9 +132,9 @@ __global__ void k_att_delta(const T *go, const T *o, T *delta, int64_t rows, int
     }
 }
 
-/* A thread per key j: gk_j = scale sum_i gs_ij q_i, gv_j = sum_i P_ij go_i over the queries
+/* A warp per key j: gk_j = scale sum_i gs_ij q_i, gv_j = sum_i P_ij go_i over the queries
  * that see it, the queries in tiles of BQ rows (q, go, lse, delta). */
-template <typename T, int DM>
+template <typename T, int C>
 __global__ void k_att_bwd_kv(const T *__restrict__ go, const T *__restrict__ q,
                              const T *__restrict__ k, const T *__restrict__ v,
                              const T *__restrict__ lse, const T *__restrict__ delta,
@@ -113,17 +144,18 @@ __global__ void k_att_bwd_kv(const T *__restrict__ go, const T *__restrict__ q,
     extern __shared__ unsigned char cu_smem[];
     T *qs = (T *)cu_smem, *gos = qs + (size_t)BQ * D, *ls = gos + (size_t)BQ * Dv,
       *ds = ls + BQ;
-    const int64_t b = blockIdx.y, col0 = (int64_t)blockIdx.x * blockDim.x;
-    const int64_t j = col0 + threadIdx.x, off = Tk - Tq;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t b = blockIdx.y, col0 = (int64_t)blockIdx.x * WARPS;
+    const int64_t j = col0 + warp, off = Tk - Tq;
     const bool active = j < Tk;
     go += b * Tq * Dv, q += b * Tq * D, k += b * Tk * D, v += b * Tk * Dv;
     lse += b * Tq, delta += b * Tq, gk += b * Tk * D, gv += b * Tk * Dv;
-    T kr[DM], vr[DM], gkr[DM], gvr[DM];
-    for (int d = 0; d < DM; d++) {
-        kr[d] = active && d < D ? k[j * D + d] : T(0);
-        vr[d] = active && d < Dv ? v[j * Dv + d] : T(0);
-        gkr[d] = gvr[d] = 0;
-    }
+    T kr[C], vr[C], gkr[C], gvr[C];
+    load_lane(k + (active ? j : 0) * D, active ? D : 0, lane, kr);
+    load_lane(v + (active ? j : 0) * Dv, active ? Dv : 0, lane, vr);
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        gkr[c] = gvr[c] = 0;
     /* the first query that sees key col0 is col0 - off */
     const int64_t istart = causal && col0 - off > 0 ? col0 - off : 0;
     for (int64_t i0 = istart; i0 < Tq; i0 += BQ) {
@@ -142,36 +174,32 @@ __global__ void k_att_bwd_kv(const T *__restrict__ go, const T *__restrict__ q,
             if (causal && j > i0 + ii + off)
                 continue;
             const T *qi = qs + (size_t)ii * D, *goi = gos + (size_t)ii * Dv;
-            T s = 0, dp = 0;
-#pragma unroll
-            for (int d = 0; d < DM; d++) {
-                if (d < D)
-                    s += qi[d] * kr[d];
-                if (d < Dv)
-                    dp += goi[d] * vr[d];
-            }
+            const T s = dot_lane(kr, qi, D, lane), dp = dot_lane(vr, goi, Dv, lane);
             const T p = exp(s * scale - ls[ii]);
             const T gs = scale * p * (dp - ds[ii]);
 #pragma unroll
-            for (int d = 0; d < DM; d++) {
-                if (d < Dv)
-                    gvr[d] += p * goi[d];
-                if (d < D)
-                    gkr[d] += gs * qi[d];
+            for (int c = 0; c < C; c++) {
+                if (lane + 32 * c < Dv)
+                    gvr[c] += p * goi[lane + 32 * c];
+                if (lane + 32 * c < D)
+                    gkr[c] += gs * qi[lane + 32 * c];
             }
         }
     }
     if (!active)
         return;
-    for (int d = 0; d < D && d < DM; d++)
-        gk[j * D + d] = gkr[d];
-    for (int d = 0; d < Dv && d < DM; d++)
-        gv[j * Dv + d] = gvr[d];
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        if (lane + 32 * c < D)
+            gk[j * D + lane + 32 * c] = gkr[c];
+        if (lane + 32 * c < Dv)
+            gv[j * Dv + lane + 32 * c] = gvr[c];
+    }
 }
 
-/* A thread per query i: gq_i = scale sum_j gs_ij k_j over the keys it sees, the keys in tiles
+/* A warp per query i: gq_i = scale sum_j gs_ij k_j over the keys it sees, the keys in tiles
  * of BK rows (k, v). */
-template <typename T, int DM>
+template <typename T, int C>
 __global__ void k_att_bwd_q(const T *__restrict__ go, const T *__restrict__ q,
                             const T *__restrict__ k, const T *__restrict__ v,
                             const T *__restrict__ lse, const T *__restrict__ delta,
@@ -180,19 +208,20 @@ __global__ void k_att_bwd_q(const T *__restrict__ go, const T *__restrict__ q,
 {
     extern __shared__ unsigned char cu_smem[];
     T *ks = (T *)cu_smem, *vs = ks + (size_t)BK * D;
-    const int64_t b = blockIdx.y, row0 = (int64_t)blockIdx.x * blockDim.x;
-    const int64_t i = row0 + threadIdx.x, off = Tk - Tq;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t b = blockIdx.y, row0 = (int64_t)blockIdx.x * WARPS;
+    const int64_t i = row0 + warp, off = Tk - Tq;
     const bool active = i < Tq;
     go += b * Tq * Dv, q += b * Tq * D, k += b * Tk * D, v += b * Tk * Dv;
     lse += b * Tq, delta += b * Tq, gq += b * Tq * D;
-    T qr[DM], gor[DM], gqr[DM];
-    for (int d = 0; d < DM; d++) {
-        qr[d] = active && d < D ? q[i * D + d] : T(0);
-        gor[d] = active && d < Dv ? go[i * Dv + d] : T(0);
-        gqr[d] = 0;
-    }
+    T qr[C], gor[C], gqr[C];
+    load_lane(q + (active ? i : 0) * D, active ? D : 0, lane, qr);
+    load_lane(go + (active ? i : 0) * Dv, active ? Dv : 0, lane, gor);
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        gqr[c] = 0;
     const T li = active ? lse[i] : T(0), di = active ? delta[i] : T(0);
-    const int64_t last = row0 + blockDim.x - 1 < Tq - 1 ? row0 + blockDim.x - 1 : Tq - 1;
+    const int64_t last = row0 + WARPS - 1 < Tq - 1 ? row0 + WARPS - 1 : Tq - 1;
     const int64_t jend = causal ? (last + off + 1 < Tk ? last + off + 1 : Tk) : Tk;
     const int64_t jlim = causal ? i + off + 1 : Tk;
     for (int64_t j0 = 0; j0 < jend; j0 += BK) {
@@ -205,76 +234,69 @@ __global__ void k_att_bwd_q(const T *__restrict__ go, const T *__restrict__ q,
             continue;
         for (int jj = 0; jj < n && j0 + jj < jlim; jj++) {
             const T *kj = ks + (size_t)jj * D, *vj = vs + (size_t)jj * Dv;
-            T s = 0, dp = 0;
-#pragma unroll
-            for (int d = 0; d < DM; d++) {
-                if (d < D)
-                    s += qr[d] * kj[d];
-                if (d < Dv)
-                    dp += gor[d] * vj[d];
-            }
+            const T s = dot_lane(qr, kj, D, lane), dp = dot_lane(gor, vj, Dv, lane);
             const T gs = scale * exp(s * scale - li) * (dp - di);
 #pragma unroll
-            for (int d = 0; d < DM; d++)
-                if (d < D)
-                    gqr[d] += gs * kj[d];
+            for (int c = 0; c < C; c++)
+                if (lane + 32 * c < D)
+                    gqr[c] += gs * kj[lane + 32 * c];
         }
     }
     if (!active)
         return;
-    for (int d = 0; d < D && d < DM; d++)
-        gq[i * D + d] = gqr[d];
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        if (lane + 32 * c < D)
+            gq[i * D + lane + 32 * c] = gqr[c];
 }
 
-constexpr int ROWS_PER_BLOCK = 64;
-
-template <typename T, int DM>
+template <typename T, int C>
 cudaError_t fwd(cudaStream_t st, const cu_att_arg *a)
 {
-    const int BK = tile_rows<T>(a->D, a->Dv);
+    const int BK = tile_rows<T>(a->D + a->Dv);
     const size_t sh = (size_t)BK * (a->D + a->Dv) * sizeof(T);
-    const dim3 grid((unsigned)((a->Tq + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), (unsigned)a->B);
-    k_att_fwd<T, DM><<<grid, ROWS_PER_BLOCK, sh, st>>>(
+    const dim3 grid((unsigned)((a->Tq + WARPS - 1) / WARPS), (unsigned)a->B);
+    k_att_fwd<T, C><<<grid, 32 * WARPS, sh, st>>>(
         (const T *)a->q, (const T *)a->k, (const T *)a->v, (T *)a->o, (T *)a->lse, a->Tq, a->Tk,
-        a->D, a->Dv, (T)a->scale, a->causal, BK);
+        (int)a->D, (int)a->Dv, (T)a->scale, a->causal, BK);
     return cu_launched();
 }
 
-template <typename T, int DM>
+template <typename T, int C>
 cudaError_t bwd(cudaStream_t st, const cu_att_arg *a, void *delta)
 {
     const int64_t rows = a->B * a->Tq;
     k_att_delta<T><<<cu_blocks(rows, CU_THREADS), CU_THREADS, 0, st>>>(
-        (const T *)a->go, (const T *)a->o, (T *)delta, rows, a->Dv);
+        (const T *)a->go, (const T *)a->o, (T *)delta, rows, (int)a->Dv);
     cudaError_t e = cu_launched();
     if (e != cudaSuccess)
         return e;
     /* the query tile carries lse and delta too: two more features per row */
-    const int BQ = tile_rows<T>(a->D, a->Dv + 2);
+    const int BQ = tile_rows<T>(a->D + a->Dv + 2);
     const size_t shq = (size_t)BQ * (a->D + a->Dv + 2) * sizeof(T);
-    const dim3 gkv((unsigned)((a->Tk + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), (unsigned)a->B);
-    k_att_bwd_kv<T, DM><<<gkv, ROWS_PER_BLOCK, shq, st>>>(
+    const dim3 gkv((unsigned)((a->Tk + WARPS - 1) / WARPS), (unsigned)a->B);
+    k_att_bwd_kv<T, C><<<gkv, 32 * WARPS, shq, st>>>(
         (const T *)a->go, (const T *)a->q, (const T *)a->k, (const T *)a->v,
-        (const T *)a->lse, (const T *)delta, (T *)a->gk, (T *)a->gv, a->Tq, a->Tk, a->D, a->Dv,
-        (T)a->scale, a->causal, BQ);
+        (const T *)a->lse, (const T *)delta, (T *)a->gk, (T *)a->gv, a->Tq, a->Tk, (int)a->D,
+        (int)a->Dv, (T)a->scale, a->causal, BQ);
     if ((e = cu_launched()) != cudaSuccess)
         return e;
-    const int BK = tile_rows<T>(a->D, a->Dv);
+    const int BK = tile_rows<T>(a->D + a->Dv);
     const size_t shk = (size_t)BK * (a->D + a->Dv) * sizeof(T);
-    const dim3 gq((unsigned)((a->Tq + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), (unsigned)a->B);
-    k_att_bwd_q<T, DM><<<gq, ROWS_PER_BLOCK, shk, st>>>(
+    const dim3 gq((unsigned)((a->Tq + WARPS - 1) / WARPS), (unsigned)a->B);
+    k_att_bwd_q<T, C><<<gq, 32 * WARPS, shk, st>>>(
         (const T *)a->go, (const T *)a->q, (const T *)a->k, (const T *)a->v,
-        (const T *)a->lse, (const T *)delta, (T *)a->gq, a->Tq, a->Tk, a->D, a->Dv,
+        (const T *)a->lse, (const T *)delta, (T *)a->gq, a->Tq, a->Tk, (int)a->D, (int)a->Dv,
         (T)a->scale, a->causal, BK);
     return cu_launched();
 }
 
-/* The kernels for features up to DM, float32 or float64. */
-template <int DM> cudaError_t run(cudaStream_t st, const cu_att_arg *a, void *delta)
+/* The kernels for C features per lane, float32 or float64. */
+template <int C> cudaError_t run(cudaStream_t st, const cu_att_arg *a, void *delta)
 {
     if (a->dtype == TS_F32)
-        return a->backward ? bwd<float, DM>(st, a, delta) : fwd<float, DM>(st, a);
-    return a->backward ? bwd<double, DM>(st, a, delta) : fwd<double, DM>(st, a);
+        return a->backward ? bwd<float, C>(st, a, delta) : fwd<float, C>(st, a);
+    return a->backward ? bwd<double, C>(st, a, delta) : fwd<double, C>(st, a);
 }
 
 } // namespace
@@ -297,13 +319,11 @@ extern "C" cudaError_t cu_attention(cudaStream_t st, const cu_att_arg *a, void *
     if (a->B == 0 || a->Tq == 0)
         return cudaSuccess;
     const int64_t m = a->D > a->Dv ? a->D : a->Dv;
-    if (m <= 16)
-        return run<16>(st, a, scratch);
     if (m <= 32)
-        return run<32>(st, a, scratch);
+        return run<1>(st, a, scratch);
     if (m <= 64)
-        return run<64>(st, a, scratch);
+        return run<2>(st, a, scratch);
     if (m <= 128)
-        return run<128>(st, a, scratch);
-    return run<256>(st, a, scratch);
+        return run<4>(st, a, scratch);
+    return run<8>(st, a, scratch);
 }

@@ -271,6 +271,28 @@ static void test_no_score_matrix(void)
     tap_end();
 }
 
+/* The modes: fused and composed as asked; auto on a CPU plugin from 512 keys on (where the
+ * fused pass was measured to pay); the default is auto; a bad mode only asks. */
+static void test_modes(void)
+{
+    ts_device *dev = tap_start();
+    ts_tensor *q, *k128, *k512;
+    CHECK_OK(ts_tensor_zeros(dev, TS_F32, 3, (const int64_t[]){1, 4, 8}, &q));
+    CHECK_OK(ts_tensor_zeros(dev, TS_F32, 3, (const int64_t[]){1, 128, 8}, &k128));
+    CHECK_OK(ts_tensor_zeros(dev, TS_F32, 3, (const int64_t[]){1, 512, 8}, &k512));
+    CHECK_INT_EQ(ts_attention_fused(-1), TS_ATTENTION_AUTO);
+    CHECK(!ts_attention_fuses(q, k128) && ts_attention_fuses(q, k512));
+    CHECK_INT_EQ(ts_attention_fused(TS_ATTENTION_FUSED), TS_ATTENTION_AUTO);
+    CHECK(ts_attention_fuses(q, k128) && ts_attention_fuses(q, k512));
+    CHECK_INT_EQ(ts_attention_fused(TS_ATTENTION_COMPOSED), TS_ATTENTION_FUSED);
+    CHECK(!ts_attention_fuses(q, k128) && !ts_attention_fuses(q, k512));
+    CHECK_INT_EQ(ts_attention_fused(7), TS_ATTENTION_COMPOSED); /* asks */
+    CHECK_INT_EQ(ts_attention_fused(TS_ATTENTION_AUTO), TS_ATTENTION_COMPOSED);
+    CHECK(!ts_attention_fuses(NULL, k128));
+    ts_tensor_unref(q), ts_tensor_unref(k128), ts_tensor_unref(k512);
+    tap_end();
+}
+
 static void test_bad_calls(void)
 {
     ts_device *dev = tap_start();
@@ -301,7 +323,7 @@ int main(int argc, char **argv)
     static const tap_test tests[] = {
         TAP_TEST(test_fused_matches_composed), TAP_TEST(test_low_precision),
         TAP_TEST(test_autocast_and_views),     TAP_TEST(test_no_score_matrix),
-        TAP_TEST(test_bad_calls),
+        TAP_TEST(test_modes),                  TAP_TEST(test_bad_calls),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
