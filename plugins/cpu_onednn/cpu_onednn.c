@@ -590,6 +590,13 @@ static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
         if (!declined)
             return s;
     }
+    if (dn_conv_supports(call->op, TS_F32) && call->noutputs == 1 && call->outputs &&
+        ts_plugin_dtype_is_half(call->outputs[0].dtype)) {
+        int declined = 0;
+        ts_status s = dn_conv_half(c, call, &declined);
+        if (!declined)
+            return s;
+    }
     if (hk_call_has_half(call) && !hk_half_native(call->op))
         return hk_via_float32(c->hd.host, 0, call, hk_convert, &c->hd, dnnl_run_f32, c);
     return dnnl_run_f32(c, call);

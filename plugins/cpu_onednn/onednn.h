@@ -144,6 +144,9 @@ ts_status dn_matmul(dn_ctx *c, const ts_kernel_call *call);
 ts_status dn_matmul_half(dn_ctx *c, const ts_kernel_call *call, int *declined);
 int dn_conv_supports(int32_t op, int32_t dtype);
 ts_status dn_conv(dn_ctx *c, const ts_kernel_call *call);
+/* The 16-bit float convolutions on oneDNN's own bfloat16 / float16 kernels; declines
+ * (*declined, nothing written) what it does not run natively. */
+ts_status dn_conv_half(dn_ctx *c, const ts_kernel_call *call, int *declined);
 /* Non-zero if oneDNN runs this UNARY / SOFTMAX / LOG_SOFTMAX call (F32, dense, large enough,
  * a function oneDNN computes as exactly as the host kernel); decided per call from the
  * operands, so the same op may run on either. */

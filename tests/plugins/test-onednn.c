@@ -837,6 +837,102 @@ static void test_matmul_half(void)
     kt_check_no_live_blocks(dn);
 }
 
+/* Convolutions in bfloat16 and float16, each way (bias on the forward): the float32 sum of
+ * the 16-bit inputs' products, rounded once (half a unit of the 16-bit dtype, plus float32's
+ * error on the sum of the terms' magnitudes), on oneDNN's own 16-bit primitive where it has
+ * one: on a CPU with AVX512_BF16 the bfloat16 forward must be (a primitive the float32 route
+ * would not have made). */
+static void test_conv_half(void)
+{
+    ts_device *dn = load_onednn();
+    count_fn count = primitive_counter(dn);
+    const int64_t N = 2, C = 16, H = 7, W = 7, K = 16, R = 3, S = 3;
+    const ts_conv2d_params p = CONVP(1, 1, 1, 1);
+    static const char *const names[3] = {"conv2d", "conv2d_bwd_data", "conv2d_bwd_weight"};
+    static const int32_t ops[3] = {TS_OP_CONV2D, TS_OP_CONV2D_BWD_DATA, TS_OP_CONV2D_BWD_WEIGHT};
+    for (int bf = 1; bf >= 0; bf--) {
+        const int32_t dt = bf ? TS_BF16 : TS_F16;
+        for (int o = 0; o < 3; o++) {
+            /* the float32 primitive the route through float32 would use, made first */
+            kt_buf f[4];
+            int32_t fdts[2] = {TS_F32, dt};
+            kt_buf x, w, y, b;
+            for (int pass = 0; pass < 2; pass++) {
+                const int32_t t = fdts[pass];
+                kt_buf *xs = pass ? &x : &f[0], *ws = pass ? &w : &f[1], *ys = pass ? &y : &f[2],
+                       *bs = pass ? &b : &f[3];
+                *xs = kt_make(dn, t, 4, (int64_t[]){N, C, H, W}, KT_CONTIG, 1);
+                *ws = kt_make(dn, t, 4, (int64_t[]){K, C, R, S}, KT_CONTIG, 2);
+                *ys = kt_make(dn, t, 4, (int64_t[]){N, K, H, W}, KT_CONTIG, 3);
+                *bs = kt_make(dn, t, 1, (int64_t[]){K}, KT_CONTIG, 4);
+                ts_operand fin[3] = {xs->op, ws->op, bs->op}, din[2] = {ys->op, ws->op},
+                           win[2] = {ys->op, xs->op};
+                const ts_operand *in = o == 0 ? fin : o == 1 ? din : win;
+                const ts_operand *out = o == 0 ? &ys->op : o == 1 ? &xs->op : &ws->op;
+                unsigned long long c0 = count();
+                CHECK_OK(kt_run(dn, ops[o], in, o == 0 ? 3 : 2, out, 1, &p, sizeof p));
+                if (!pass)
+                    continue;
+                int native = count() > c0;
+                printf("# %s %s: %s\n", ts_dtype_name(dt), names[o],
+                       native ? "oneDNN's primitive" : "through float32");
+                if (o == 0 && bf && cpu_flag("avx512_bf16") && !getenv("ONEDNN_MAX_CPU_ISA") &&
+                    !getenv("DNNL_MAX_CPU_ISA"))
+                    CHECK_MSG(native, "bfloat16 conv2d did not use oneDNN's primitive on a CPU "
+                              "with AVX512_BF16");
+            }
+            /* the float64 sums of the 16-bit values, and their terms' magnitudes */
+            const double unit = bf ? 0x1p-8 : 0x1p-11;
+            const ts_operand *res = o == 0 ? &y.op : o == 1 ? &x.op : &w.op;
+            int64_t nres = kt_numel(res), bad = 0;
+            for (int64_t e = 0; e < nres; e++) {
+                int64_t id[4];
+                kt_unravel(res, e, id);
+                double sum = 0, mag = 0;
+                /* y[n,k,i,j] = b[k] + sum_{c,r,q} x[n,c,i+r-1,j+q-1] w[k,c,r,q]; the backward
+                 * ops sum the same products over the other indices */
+                for (int64_t u = 0; u < (o == 0 ? C : o == 1 ? K : N); u++)
+                    for (int64_t v1 = 0; v1 < (o == 2 ? H : R); v1++)
+                        for (int64_t v2 = 0; v2 < (o == 2 ? W : S); v2++) {
+                            int64_t n, c, k, i, j, r, q;
+                            if (o == 0)
+                                n = id[0], k = id[1], i = id[2], j = id[3], c = u, r = v1, q = v2;
+                            else if (o == 1)
+                                n = id[0], c = id[1], k = u, r = v1, q = v2,
+                                i = id[2] - r + 1, j = id[3] - q + 1;
+                            else
+                                k = id[0], c = id[1], r = id[2], q = id[3], n = u, i = v1, j = v2;
+                            int64_t hi = i + r - 1, wi = j + q - 1;
+                            if (i < 0 || i >= H || j < 0 || j >= W || hi < 0 || hi >= H ||
+                                wi < 0 || wi >= W)
+                                continue;
+                            double t = (o == 1 ? kt_get(&y.op, (int64_t[]){n, k, i, j})
+                                               : kt_get(&x.op, (int64_t[]){n, c, hi, wi})) *
+                                       (o == 2 ? kt_get(&y.op, (int64_t[]){n, k, i, j})
+                                               : kt_get(&w.op, (int64_t[]){k, c, r, q}));
+                            sum += t;
+                            mag += fabs(t);
+                        }
+                if (o == 0) {
+                    double bk = kt_get(&b.op, (int64_t[]){id[1]});
+                    sum += bk;
+                    mag += fabs(bk);
+                }
+                double got = kt_get(res, id);
+                double tol = unit * fabs(sum) + 64 * 0x1p-24 * mag + 1e-30;
+                if (fabs(got - sum) > tol && bad++ < 3)
+                    CHECK_MSG(0, "%s %s at %lld: %.9g, the float64 sum %.9g (tolerance %.3g)",
+                              ts_dtype_name(dt), names[o], (long long)e, got, sum, tol);
+            }
+            CHECK_INT_EQ(bad, 0);
+            for (int i = 0; i < 4; i++)
+                kt_free(&f[i]);
+            kt_free(&x), kt_free(&w), kt_free(&y), kt_free(&b);
+        }
+    }
+    kt_check_no_live_blocks(dn);
+}
+
 static void test_steady_state(void)
 {
     ts_device *dn = load_onednn();
@@ -955,6 +1051,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_conv_supports),
         TAP_TEST(test_conv),
         TAP_TEST(test_conv_bad_params),
+        TAP_TEST(test_conv_half),
         TAP_TEST(test_unary),
         TAP_TEST(test_softmax),
         TAP_TEST(test_steady_state),
