@@ -625,10 +625,10 @@ static const ts_plugin_desc desc = {
     .struct_size = sizeof(ts_plugin_desc),
     .name = "cpu_onednn",
     .version = PACKAGE_VERSION,
-    .description = "CPU kernels with oneDNN primitives; bfloat16 and float16 matmuls native on "
-                   "oneDNN's 16-bit kernels where the CPU has them (AVX512_BF16 or AMX for "
-                   "bfloat16, AVX512_FP16 for float16), else emulated in float32 like the "
-                   "other ops",
+    .description = "CPU kernels with oneDNN primitives; bfloat16 and float16 matmuls and "
+                   "convolutions native on oneDNN's 16-bit kernels where the CPU has them "
+                   "(AVX512_BF16 or AMX for bfloat16, AVX512_FP16 for float16; convolutions "
+                   "of 16 channels or more), else emulated in float32 like the other ops",
     .config_keys = keys,
     HK_DESC_MEMBERS,
     .init = dnnl_init_ctx,
