@@ -79,6 +79,23 @@ const char *tap_plugin_under_test(const char *name)
     return access(buf, F_OK) == 0 ? buf : name;
 }
 
+void tap_on_cpu_plugins(void (*fn)(ts_device *dev, const char *name))
+{
+    static const char *const names[] = {"cpu_blas", "cpu_onednn"};
+    for (int i = 0; i < 2; i++) {
+        char *path;
+        if (ts_plugin_find(NULL, names[i], &path) != TS_OK) {
+            ts_clear_error();
+            continue;
+        }
+        free(path);
+        ts_device *d;
+        CHECK_OK(ts_device_load(NULL, names[i], &d));
+        fn(d, names[i]);
+        ts_device_unload(d);
+    }
+}
+
 static void rm_tmpdir(void)
 {
     if (tmpdir[0]) {

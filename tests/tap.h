@@ -89,6 +89,9 @@ const char *tap_srcdir(void);
 /* What to load for plugin name: the test build of cpu_onednn (its diagnostics exported,
  * $TS_BUILDDIR/tests/plugins/hooks) when it is built, else name itself. */
 const char *tap_plugin_under_test(const char *name);
+/* fn on each CPU plugin that is built (cpu_blas, cpu_onednn), loaded for the call and
+ * unloaded after it. */
+void tap_on_cpu_plugins(void (*fn)(ts_device *dev, const char *name));
 /* A fresh empty directory for this test, removed at exit. (transfer none) */
 const char *tap_tmpdir(void);
 /* Writes text to dir/name and returns the path. (transfer none until next call) */

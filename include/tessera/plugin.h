@@ -476,8 +476,9 @@ typedef struct ts_operand {
      * (B, Tk, Dv); out[0] o (B, Tq, Dv) = softmax(scale q k^T + mask) v, out[1] lse (B, Tq) =   \
      * the log-sum-exp of each row of scale q k^T + mask, for the backward. With causal, query    \
      * i sees keys j <= i + Tk - Tq (the last query sees every key; Tq <= Tk); without, every    \
-     * key (Tk >= 1). Contiguous operands (the host makes them so); q, k, v, o one float dtype;   \
-     * lse float32, or float64 when q is float64. Accumulates in float32 or wider.               \
+     * key (Tk >= 1). Contiguous operands (the host makes them so), no output overlapping an    \
+     * input; q, k, v, o one float dtype; lse float32, or float64 when q is float64.             \
+     * Accumulates in float32 or wider.                                                          \
      * ts_attention_params. Optional: the core composes it from matmul and softmax on a plugin   \
      * that does not claim both it and its backward. */                                         \
     X(ATTENTION, 28, "attention", 6)                                                               \

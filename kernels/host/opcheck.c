@@ -814,5 +814,11 @@ ts_status hk_attention_check(const ts_host *h, int dev, const ts_kernel_call *ca
             return h->fail(h, TS_ESHAPE, "%s: operand %d has %lld elements, want %lld", what, i,
                            (long long)ln_numel(o), (long long)want);
     }
+    /* the kernels read every row of the inputs while writing the outputs */
+    for (int i = 0; i < call->noutputs; i++)
+        for (int j = 0; j < call->ninputs; j++)
+            if (hk_overlaps(&call->outputs[i], &call->inputs[j]))
+                return h->fail(h, TS_EINVAL, "%s: output %d overlaps input %d; give outputs "
+                               "memory of their own", what, i, j);
     return TS_OK;
 }

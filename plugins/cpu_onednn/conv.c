@@ -277,12 +277,6 @@ static ts_status run_conv(dn_ctx *c, const ts_kernel_call *call, int half, int *
         *declined = 1;
         return TS_OK;
     }
-    dn_key key = {0};
-    conv_key(&key, op, p, x, w, y, bias);
-    if (half && dn_is_declined(c, &key)) {
-        *declined = 1;
-        return TS_OK;
-    }
     if (fwd && (d.N == 0 || d.K == 0))
         return TS_OK;
     if (!fwd && (d.N == 0 || d.C == 0 || d.K == 0)) {
@@ -311,7 +305,14 @@ static ts_status run_conv(dn_ctx *c, const ts_kernel_call *call, int half, int *
         else
             w = &od;
     }
+    /* the key of the operands the primitive will see: an aliased output's dense scratch */
+    dn_key key = {0};
+    conv_key(&key, op, p, x, w, y, bias);
     dn_entry *e = NULL;
+    if (half && dn_is_declined(c, &key)) {
+        *declined = 1;
+        goto done;
+    }
     if ((s = conv_entry(c, &key, op, name, p, x, w, y, bias, &e))) {
         if (half && s == TS_ENOTSUP) { /* no fast kernels for it: this key through float32 */
             dn_declined(c, &key);

@@ -32,6 +32,25 @@ __device__ __forceinline__ void load_tile(const T *src, int64_t r0, int n, int W
         dst[e] = src[(r0 + e / W) * W + e % W];
 }
 
+/* The key and value rows [j0, j0 + n) into the block's tiles, once every warp is done with
+ * the previous ones. */
+template <typename T>
+__device__ __forceinline__ void load_kv(const T *k, const T *v, int64_t j0, int n, int D, int Dv,
+                                        T *ks, T *vs)
+{
+    __syncthreads();
+    load_tile(k, j0, n, D, ks);
+    load_tile(v, j0, n, Dv, vs);
+    __syncthreads();
+}
+
+/* The keys that the block's rows [row0, row0 + WARPS) see: [0, the result). */
+__device__ __forceinline__ int64_t block_keys(int64_t row0, int64_t Tq, int64_t Tk, int causal)
+{
+    const int64_t last = row0 + WARPS - 1 < Tq - 1 ? row0 + WARPS - 1 : Tq - 1;
+    return causal && last + Tk - Tq + 1 < Tk ? last + Tk - Tq + 1 : Tk;
+}
+
 /* The warp's sum of v, on every lane (butterfly: the same order on every lane). */
 template <typename T> __device__ __forceinline__ T warp_sum(T v)
 {
@@ -47,6 +66,26 @@ __device__ __forceinline__ void load_lane(const T *row, int W, int lane, T (&x)[
 #pragma unroll
     for (int c = 0; c < C; c++)
         x[c] = lane + 32 * c < W ? row[lane + 32 * c] : T(0);
+}
+
+/* acc[c] += a row[lane + 32 c], the lane's features of a row of width W. */
+template <typename T, int C>
+__device__ __forceinline__ void axpy_lane(T (&acc)[C], T a, const T *row, int W, int lane)
+{
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        if (lane + 32 * c < W)
+            acc[c] += a * row[lane + 32 * c];
+}
+
+/* row[lane + 32 c] = x[c] * scale, the lane's features of a row of width W. */
+template <typename T, int C>
+__device__ __forceinline__ void store_lane(T *row, const T (&x)[C], T scale, int W, int lane)
+{
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        if (lane + 32 * c < W)
+            row[lane + 32 * c] = x[c] * scale;
 }
 
 template <typename T, int C>
@@ -78,15 +117,11 @@ __global__ void k_att_fwd(const T *__restrict__ q, const T *__restrict__ k,
     for (int c = 0; c < C; c++)
         acc[c] = 0;
     T m = -INFINITY, l = 0;
-    const int64_t last = row0 + WARPS - 1 < Tq - 1 ? row0 + WARPS - 1 : Tq - 1;
-    const int64_t jend = causal ? (last + off + 1 < Tk ? last + off + 1 : Tk) : Tk;
+    const int64_t jend = block_keys(row0, Tq, Tk, causal);
     const int64_t jlim = causal ? i + off + 1 : Tk; /* this row's keys: [0, jlim) */
     for (int64_t j0 = 0; j0 < jend; j0 += BK) {
         const int n = (int)(jend - j0 < BK ? jend - j0 : BK);
-        __syncthreads();
-        load_tile(k, j0, n, D, ks);
-        load_tile(v, j0, n, Dv, vs);
-        __syncthreads();
+        load_kv(k, v, j0, n, D, Dv, ks, vs);
         if (!active)
             continue;
         for (int jj = 0; jj < n && j0 + jj < jlim; jj++) {
@@ -101,20 +136,12 @@ __global__ void k_att_fwd(const T *__restrict__ q, const T *__restrict__ k,
             }
             const T p = exp(s - m);
             l += p;
-            const T *vj = vs + (size_t)jj * Dv;
-#pragma unroll
-            for (int e = 0; e < C; e++)
-                if (lane + 32 * e < Dv)
-                    acc[e] += p * vj[lane + 32 * e];
+            axpy_lane(acc, p, vs + (size_t)jj * Dv, Dv, lane);
         }
     }
     if (!active)
         return;
-    const T inv = T(1) / l;
-#pragma unroll
-    for (int e = 0; e < C; e++)
-        if (lane + 32 * e < Dv)
-            o[i * Dv + lane + 32 * e] = acc[e] * inv;
+    store_lane(o + i * Dv, acc, T(1) / l, Dv, lane);
     if (lane == 0)
         lse[i] = m + log(l);
 }
@@ -177,24 +204,14 @@ __global__ void k_att_bwd_kv(const T *__restrict__ go, const T *__restrict__ q,
             const T s = dot_lane(kr, qi, D, lane), dp = dot_lane(vr, goi, Dv, lane);
             const T p = exp(s * scale - ls[ii]);
             const T gs = scale * p * (dp - ds[ii]);
-#pragma unroll
-            for (int c = 0; c < C; c++) {
-                if (lane + 32 * c < Dv)
-                    gvr[c] += p * goi[lane + 32 * c];
-                if (lane + 32 * c < D)
-                    gkr[c] += gs * qi[lane + 32 * c];
-            }
+            axpy_lane(gvr, p, goi, Dv, lane);
+            axpy_lane(gkr, gs, qi, D, lane);
         }
     }
     if (!active)
         return;
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-        if (lane + 32 * c < D)
-            gk[j * D + lane + 32 * c] = gkr[c];
-        if (lane + 32 * c < Dv)
-            gv[j * Dv + lane + 32 * c] = gvr[c];
-    }
+    store_lane(gk + j * D, gkr, T(1), D, lane);
+    store_lane(gv + j * Dv, gvr, T(1), Dv, lane);
 }
 
 /* A warp per query i: gq_i = scale sum_j gs_ij k_j over the keys it sees, the keys in tiles
@@ -221,33 +238,23 @@ __global__ void k_att_bwd_q(const T *__restrict__ go, const T *__restrict__ q,
     for (int c = 0; c < C; c++)
         gqr[c] = 0;
     const T li = active ? lse[i] : T(0), di = active ? delta[i] : T(0);
-    const int64_t last = row0 + WARPS - 1 < Tq - 1 ? row0 + WARPS - 1 : Tq - 1;
-    const int64_t jend = causal ? (last + off + 1 < Tk ? last + off + 1 : Tk) : Tk;
+    const int64_t jend = block_keys(row0, Tq, Tk, causal);
     const int64_t jlim = causal ? i + off + 1 : Tk;
     for (int64_t j0 = 0; j0 < jend; j0 += BK) {
         const int n = (int)(jend - j0 < BK ? jend - j0 : BK);
-        __syncthreads();
-        load_tile(k, j0, n, D, ks);
-        load_tile(v, j0, n, Dv, vs);
-        __syncthreads();
+        load_kv(k, v, j0, n, D, Dv, ks, vs);
         if (!active)
             continue;
         for (int jj = 0; jj < n && j0 + jj < jlim; jj++) {
             const T *kj = ks + (size_t)jj * D, *vj = vs + (size_t)jj * Dv;
             const T s = dot_lane(qr, kj, D, lane), dp = dot_lane(gor, vj, Dv, lane);
             const T gs = scale * exp(s * scale - li) * (dp - di);
-#pragma unroll
-            for (int c = 0; c < C; c++)
-                if (lane + 32 * c < D)
-                    gqr[c] += gs * kj[lane + 32 * c];
+            axpy_lane(gqr, gs, kj, D, lane);
         }
     }
     if (!active)
         return;
-#pragma unroll
-    for (int c = 0; c < C; c++)
-        if (lane + 32 * c < D)
-            gq[i * D + lane + 32 * c] = gqr[c];
+    store_lane(gq + i * D, gqr, T(1), D, lane);
 }
 
 template <typename T, int C>

@@ -97,22 +97,6 @@ static const struct {
     {130, 130, 32, 32, 1}, {20, 17, 33, 2, 0},
 };
 
-/* fn on each built CPU plugin, loaded for it. */
-static void on_cpu_plugins(void (*fn)(ts_device *d, const char *name))
-{
-    static const char *const names[] = {"cpu_blas", "cpu_onednn"};
-    for (int i = 0; i < 2; i++) {
-        char *path;
-        if (ts_plugin_find(NULL, names[i], &path) != TS_OK)
-            continue;
-        free(path);
-        ts_device *d;
-        CHECK_OK(ts_device_load(NULL, names[i], &d));
-        fn(d, names[i]);
-        ts_device_unload(d);
-    }
-}
-
 /* In float64 fused == composed to float64 rounding: the sums are the same sums, in other
  * orders, of at most Tk + D terms of magnitude below 16 * scale. */
 static void fused_matches_composed_f64(ts_device *dev, const char *name)
@@ -138,7 +122,7 @@ static void fused_matches_composed_f64(ts_device *dev, const char *name)
 static void test_fused_matches_composed(void)
 {
     tap_start();
-    on_cpu_plugins(fused_matches_composed_f64);
+    tap_on_cpu_plugins(fused_matches_composed_f64);
     tap_end();
 }
 
@@ -202,7 +186,7 @@ static void low_precision_against_f64(ts_device *dev, const char *name)
 static void test_low_precision(void)
 {
     tap_start();
-    on_cpu_plugins(low_precision_against_f64);
+    tap_on_cpu_plugins(low_precision_against_f64);
     tap_end();
 }
 
@@ -293,6 +277,43 @@ static void test_modes(void)
     tap_end();
 }
 
+/* A plugin call whose output overlaps an input is refused (the kernels read every row of
+ * the inputs while writing the outputs; the core never makes such a call). */
+static void test_kernel_refuses_aliasing(void)
+{
+    ts_device *dev = tap_start();
+    ts_tensor *q, *k, *v, *o, *lse;
+    ts_rng rng = TS_RNG(4);
+    const int64_t sh[3] = {1, 8, 4};
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 3, sh, 0, 1, &rng, &q));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 3, sh, 0, 1, &rng, &k));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 3, sh, 0, 1, &rng, &v));
+    CHECK_OK(ts_tensor_empty(dev, TS_F32, 3, sh, &o));
+    CHECK_OK(ts_tensor_empty(dev, TS_F32, 2, (const int64_t[]){1, 8}, &lse));
+    ts_operand in[3], out[2];
+    const ts_tensor *ins[3] = {q, k, v};
+    for (int i = 0; i < 3; i++) {
+        in[i] = (ts_operand){.data = ts_tensor_data((ts_tensor *)ins[i]), .dtype = TS_F32,
+                             .ndim = 3};
+        for (int d = 0; d < 3; d++)
+            in[i].shape[d] = sh[d], in[i].strides[d] = d == 0 ? 32 : d == 1 ? 4 : 1;
+    }
+    out[0] = in[0];
+    out[0].data = ts_tensor_data(o);
+    out[1] = (ts_operand){.data = ts_tensor_data(lse), .dtype = TS_F32, .ndim = 2,
+                          .shape = {1, 8}, .strides = {8, 1}};
+    ts_attention_params p = {0.5, 1};
+    ts_kernel_call call = {.struct_size = sizeof call, .op = TS_OP_ATTENTION, .ninputs = 3,
+                           .noutputs = 2, .inputs = in, .outputs = out, .params = &p,
+                           .params_size = sizeof p};
+    CHECK_OK(ts_device_run(dev, &call));
+    out[0] = in[0]; /* o == q */
+    CHECK_FAILS(ts_device_run(dev, &call), TS_EINVAL, "overlaps");
+    ts_tensor_unref(q), ts_tensor_unref(k), ts_tensor_unref(v), ts_tensor_unref(o);
+    ts_tensor_unref(lse);
+    tap_end();
+}
+
 static void test_bad_calls(void)
 {
     ts_device *dev = tap_start();
@@ -323,7 +344,8 @@ int main(int argc, char **argv)
     static const tap_test tests[] = {
         TAP_TEST(test_fused_matches_composed), TAP_TEST(test_low_precision),
         TAP_TEST(test_autocast_and_views),     TAP_TEST(test_no_score_matrix),
-        TAP_TEST(test_modes),                  TAP_TEST(test_bad_calls),
+        TAP_TEST(test_modes),                  TAP_TEST(test_kernel_refuses_aliasing),
+        TAP_TEST(test_bad_calls),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -270,22 +270,6 @@ static void check_dtype_ops(ts_device *dev, const char *what)
     ts_tensor_unref(x);
 }
 
-/* fn on each built CPU plugin, loaded for it. */
-static void on_cpu_plugins(void (*fn)(ts_device *d, const char *name))
-{
-    static const char *const names[] = {"cpu_blas", "cpu_onednn"};
-    for (int i = 0; i < 2; i++) {
-        char *path;
-        if (ts_plugin_find(NULL, names[i], &path) != TS_OK)
-            continue;
-        free(path);
-        ts_device *d;
-        CHECK_OK(ts_device_load(NULL, names[i], &d));
-        fn(d, names[i]);
-        ts_device_unload(d);
-    }
-}
-
 static void check_plugin_dtypes(ts_device *d, const char *name)
 {
     CHECK(ts_device_supports(d, TS_OP_CAST, TS_BF16) && ts_device_supports(d, TS_OP_COPY, TS_F16));
@@ -301,7 +285,7 @@ static void test_dtypes_on_every_plugin(void)
 {
     ts_device *dev = tap_start();
     check_dtype_ops(dev, "the test device");
-    on_cpu_plugins(check_plugin_dtypes);
+    tap_on_cpu_plugins(check_plugin_dtypes);
     /* a scalar's value, printing, and an op that does not take them yet */
     ts_tensor *s, *h, *sum = NULL;
     int64_t two = 2;
@@ -575,8 +559,8 @@ static void test_plugin_casts_bit_exact(void)
 {
     ts_device *dev = tap_start();
     check_casts_bit_exact(dev, "the test device");
-    on_cpu_plugins(check_casts_bit_exact);
-    on_cpu_plugins(check_via_float32_calls);
+    tap_on_cpu_plugins(check_casts_bit_exact);
+    tap_on_cpu_plugins(check_via_float32_calls);
     tap_end();
 }
 
