@@ -5,7 +5,12 @@ optimizer and schedule: the validation curves and the tokens per second of both,
 and in generation (each with a key/value cache, one position per new token).
 
     /usr/bin/python3 bench/gpt_compare.py --tessera _build/tools/tessera --text FILE \\
-        [--steps 2000] [--eval-every 200] [tessera train --model gpt options...]
+        [--steps 2000] [--eval-every 200] [--precision fp32|bf16]
+        [tessera train --model gpt options...]
+
+--precision bf16: both train in mixed precision, float32 weights and optimizer state, the
+forward under autocast (tessera's --precision bf16; PyTorch's torch.autocast("cpu",
+torch.bfloat16), whose CPU autocast has no float16 in 1.13).
 
 PyTorch 1.13 comes from Debian (python3-torch); without it the script says so and exits 77
 (skipped). Nothing in the build or `make check` needs it. The windows are drawn by the same
@@ -167,6 +172,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--device", default="cpu_blas")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     text = open(a.text, "rb").read()
@@ -177,7 +183,8 @@ def main():
               "--context", str(a.context), "--layers", str(a.layers), "--heads", str(a.heads),
               "--embd", str(a.embd), "--batch-size", str(a.batch_size), "--lr", str(a.lr),
               "--warmup-steps", str(a.warmup_steps), "--weight-decay", str(a.weight_decay),
-              "--seed", str(a.seed), "--device", a.device, "--json"]
+              "--seed", str(a.seed), "--device", a.device, "--precision", a.precision,
+              "--json"]
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "init.st")
         t0 = time.time()
@@ -206,13 +213,17 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": rest, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16")
+
     theirs, t0, since, loss_sum = [], time.time(), 0, 0.0
     lo = a.lr / 10
     for step in range(a.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a.lr, a.warmup_steps, a.steps, lo)
         x, y = windows(train, a.seed, step, a.batch_size, a.context)
-        loss = torch.nn.functional.cross_entropy(model(x).view(-1, 256), y.view(-1))
+        with autocast():
+            loss = torch.nn.functional.cross_entropy(model(x).view(-1, 256), y.view(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -221,7 +232,7 @@ def main():
         since += 1
         if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
             secs = time.time() - t0
-            with torch.no_grad():
+            with torch.no_grad(), autocast():
                 v = sum(torch.nn.functional.cross_entropy(
                     model(xv).view(-1, 256), yv.view(-1)).item()
                     for xv, yv in (windows(val, a.seed ^ 0x5EED, e, a.batch_size, a.context)

@@ -251,14 +251,15 @@ TS_API ts_device *ts_dist_device(void)
 /* A device-buffer backend's collective on host memory: in (nin bytes) copied to a device
  * buffer, the collective run there (op 0: allreduce in place of count elements of dtype, 1:
  * broadcast in place from root, 2: allgather of nin bytes a rank into the nout bytes after
- * them), and the result (nout bytes) copied back to out. The other ranks are already in the
+ * them, 3: reduce-scatter of the nin bytes into the nout bytes after them, count elements a
+ * rank), and the result (nout bytes) copied back to out. The other ranks are already in the
  * collective or about to be: a rank that cannot stage its part (out of device memory) cannot
  * leave them waiting, so it ends the job with the reason. */
 static ts_status staged(int op, const void *in, size_t nin, void *out, size_t nout,
                         size_t count, int32_t dtype, int root)
 {
     ts_tensor *t = NULL;
-    const size_t at = op == 2 ? nin : 0; /* where the result lies in the device buffer */
+    const size_t at = op >= 2 ? nin : 0; /* where the result lies in the device buffer */
     int64_t n = (int64_t)(at + nout);
     ts_status s = ts_tensor_empty(W.dev, TS_U8, 1, &n, &t);
     if (s == TS_OK)
@@ -272,7 +273,8 @@ static ts_status staged(int op, const void *in, size_t nin, void *out, size_t no
     pthread_mutex_lock(&comm_lock);
     s = op == 0   ? W.vt.allreduce(W.ctx, buf, count, dtype, TS_COMM_SUM)
         : op == 1 ? W.vt.broadcast(W.ctx, buf, nout, root)
-                  : W.vt.allgather(W.ctx, buf, buf + at, nin);
+        : op == 2 ? W.vt.allgather(W.ctx, buf, buf + at, nin)
+                  : W.vt.reduce_scatter(W.ctx, buf, buf + at, count, dtype, TS_COMM_SUM);
     pthread_mutex_unlock(&comm_lock);
     if (s == TS_OK)
         s = ts_device_copy_to_host(W.dev, out, buf + at, nout);
@@ -329,6 +331,44 @@ TS_API ts_status ts_dist_allgather(const void *send, void *recv, size_t nbytes)
     }
     pthread_mutex_lock(&comm_lock);
     ts_status s = W.vt.allgather(W.ctx, send, recv, nbytes);
+    pthread_mutex_unlock(&comm_lock);
+    return s;
+}
+
+TS_API ts_status ts_dist_reduce_scatter_sum(const void *send, void *recv, size_t count,
+                                            int32_t dtype)
+{
+    size_t es = dtype >= 0 && dtype < TS_DTYPE_COUNT ? ts_dtype_size(dtype) : 0;
+    if (!es || count > SIZE_MAX / es / (size_t)(W.size + 1))
+        return ts__fail(TS_EINVAL, "ts_dist_reduce_scatter_sum: dtype %d or %zu elements a rank "
+                        "invalid", (int)dtype, count);
+    const size_t chunk = count * es, total = chunk * (size_t)W.size;
+    if (count && (!send || !recv))
+        return ts__fail(TS_EINVAL, "ts_dist_reduce_scatter_sum: a buffer is NULL");
+    if (count && (const char *)send < (char *)recv + chunk &&
+        (char *)recv < (const char *)send + total)
+        return ts__fail(TS_EINVAL, "ts_dist_reduce_scatter_sum: send and recv overlap");
+    if (W.size == 1 || !count) {
+        if (count)
+            memcpy(recv, send, chunk);
+        return TS_OK;
+    }
+    if (!W.vt.reduce_scatter) { /* an older backend: the whole sum, this rank's chunk of it */
+        char *all = ts__malloc(total);
+        if (!all)
+            return ts__fail(TS_ENOMEM, "ts_dist_reduce_scatter_sum: no host memory for a copy "
+                            "of %zu bytes", total);
+        memcpy(all, send, total);
+        ts_status s = ts_dist_allreduce_sum(all, count * (size_t)W.size, dtype);
+        if (s == TS_OK)
+            memcpy(recv, all + chunk * (size_t)W.rank, chunk);
+        free(all);
+        return s;
+    }
+    if (W.dev)
+        return staged(3, send, total, recv, chunk, count, dtype, 0);
+    pthread_mutex_lock(&comm_lock);
+    ts_status s = W.vt.reduce_scatter(W.ctx, send, recv, count, dtype, TS_COMM_SUM);
     pthread_mutex_unlock(&comm_lock);
     return s;
 }

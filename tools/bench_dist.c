@@ -25,11 +25,15 @@ static const char usage[] =
     "20, after 3 untimed; bus bandwidth 2 (N-1)/N bytes / time); ts_ddp's bucketed averaging of\n"
     "96 MiB of float32 gradients in 8 tensors against one MPI_Allreduce of the same bytes; and\n"
     "--steps (default 100) data-parallel training steps of --model (default mlp) at global batch\n"
-    "--batch-size (default 256) on random images: images/s, raw pool allocations per step. Alone,\n"
-    "a world of one rank: the training figures are the single-process baseline.\n";
+    "--batch-size (default 256) on random images: images/s, raw pool allocations per step.\n"
+    "Also reduce-scatter and all-gather of 1 MiB .. --max-mib MiB (the halves of a sharded\n"
+    "optimizer's step) next to MPI_Reduce_scatter_block and MPI_Allgather. Alone, a world of\n"
+    "one rank: the training figures are the single-process baseline.\n";
 
 typedef int (*mpi_ready_fn)(void);
 typedef int (*mpi_allreduce_fn)(float *, long);
+typedef int (*mpi_reduce_scatter_fn)(const float *, float *, long);
+typedef int (*mpi_allgather_fn)(const void *, void *, long);
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -127,6 +131,57 @@ static int allreduce_size(const opts *o, mpi_allreduce_fn raw, long count, doubl
     *t_raw = raw ? median(b, o->iters) : 0;
     free(buf), free(a), free(b);
     return s ? cli_fail(s, "all-reduce") : 0;
+}
+
+/* (1b) reduce-scatter of `total` floats (each rank keeps total / world of the sum) and
+ * all-gather of total / world floats a rank, tessera's against the raw MPI calls, alternating,
+ * medians: t[0] tessera reduce-scatter, t[1] raw, t[2] tessera all-gather, t[3] raw. */
+static int shard_collectives(const opts *o, mpi_reduce_scatter_fn rs, mpi_allgather_fn ag,
+                             long total, int world, double t[4])
+{
+    const long per = total / world;
+    float *all = malloc(sizeof *all * (size_t)total), *mine = malloc(sizeof *mine * (size_t)per);
+    double *v[4];
+    for (int k = 0; k < 4; k++)
+        v[k] = malloc(sizeof(double) * (size_t)o->iters);
+    if (!all || !mine || !v[0] || !v[1] || !v[2] || !v[3]) {
+        free(all), free(mine);
+        for (int k = 0; k < 4; k++)
+            free(v[k]);
+        fprintf(stderr, "tessera: error: out of memory\n");
+        return 1;
+    }
+    for (long i = 0; i < total; i++)
+        all[i] = 1.0f / (float)(1 + i % 7);
+    for (long i = 0; i < per; i++)
+        mine[i] = (float)i;
+    ts_status s = TS_OK;
+    for (int it = -3; it < o->iters && s == TS_OK; it++) {
+        double d[4] = {0, 0, 0, 0};
+        for (int k = 0; k < 4 && s == TS_OK; k++) {
+            if ((k == 1 && !rs) || (k == 3 && !ag))
+                continue;
+            ts_dist_barrier();
+            double t0 = cli_now();
+            if (k == 0)
+                s = ts_dist_reduce_scatter_sum(all, mine, (size_t)per, TS_F32);
+            else if (k == 1)
+                s = rs(all, mine, per) ? TS_EIO : TS_OK;
+            else if (k == 2)
+                s = ts_dist_allgather(mine, all, sizeof(float) * (size_t)per);
+            else
+                s = ag(mine, all, (long)sizeof(float) * per) ? TS_EIO : TS_OK;
+            d[k] = cli_now() - t0;
+        }
+        for (int k = 0; it >= 0 && k < 4; k++)
+            v[k][it] = d[k];
+    }
+    for (int k = 0; k < 4; k++) {
+        t[k] = median(v[k], o->iters);
+        free(v[k]);
+    }
+    free(all), free(mine);
+    return s ? cli_fail(s, "reduce-scatter / all-gather") : 0;
 }
 
 /* (2) ts_ddp over 8 float32 tensors of 3 Mi elements (96 MiB, 4 buckets of 25 MiB): time of
@@ -347,6 +402,36 @@ int cli_bench_dist(int argc, char **argv, const cli_common *common)
         else
             printf("  %10ld %12.4f %12.4f %12.3f %7.2fx\n", bytes, tt * 1e3, tr * 1e3, gbs,
                    tr > 0 ? tr / tt : 0);
+        first = 0;
+    }
+    /* (1b) the halves of a sharded step: reduce-scatter and all-gather, 1 MiB and up */
+    mpi_reduce_scatter_fn rsraw = NULL;
+    mpi_allgather_fn agraw = NULL;
+    if (mod && raw) {
+        *(void **)&rsraw = dlsym(mod, "tsb_mpi_reduce_scatter_f32");
+        *(void **)&agraw = dlsym(mod, "tsb_mpi_allgather");
+    }
+    if (world > 1 && !o.json)
+        printf("  reduce-scatter (sum, float32) and all-gather of the same bytes, ms, median "
+               "of %d; raw: MPI_Reduce_scatter_block, MPI_Allgather\n  %10s %12s %12s %8s "
+               "%12s %12s %8s\n", o.iters, "bytes", "rs tessera", "rs raw", "ratio",
+               "ag tessera", "ag raw", "ratio");
+    if (o.json)
+        printf("], \"shards\": [");
+    first = 1;
+    for (long bytes = 1048576; world > 1 && bytes <= o.max_mib * 1048576L; bytes *= 4) {
+        double t[4];
+        if ((rc = shard_collectives(&o, rsraw, agraw, bytes / 4 / world * world, world, t)))
+            goto out;
+        rc = 1;
+        if (o.json)
+            printf("%s{\"bytes\": %ld, \"reduce_scatter_ms\": %.4f, \"reduce_scatter_raw_ms\": "
+                   "%.4f, \"allgather_ms\": %.4f, \"allgather_raw_ms\": %.4f}",
+                   first ? "" : ", ", bytes, t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3);
+        else
+            printf("  %10ld %12.4f %12.4f %7.2fx %12.4f %12.4f %7.2fx\n", bytes, t[0] * 1e3,
+                   t[1] * 1e3, t[1] > 0 ? t[1] / t[0] : 0, t[2] * 1e3, t[3] * 1e3,
+                   t[3] > 0 ? t[3] / t[2] : 0);
         first = 0;
     }
     double td = 0, trd = 0, mib = 0, ips = 0, rps = 0;

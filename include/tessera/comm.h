@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 #define TS_COMM_ABI_MAJOR 1
-#define TS_COMM_ABI_MINOR 1
+#define TS_COMM_ABI_MINOR 2
 
 /* Reductions. Values are ABI: append only. */
 typedef enum ts_comm_reduce {
@@ -100,6 +100,15 @@ typedef struct ts_comm_desc {
      * and that device must drive the same GPU: both pick it from the launcher's local rank
      * (the cuda plugin's device_index = -1, its default). Valid after init. */
     const char *(*device)(void *ctx);
+
+    /* ---- 1.2 ---- */
+    /* recv (count elements of dtype) = the reduction over every rank of this rank's chunk of
+     * send: send holds size x count elements, rank r's chunk at [r count, (r + 1) count);
+     * send and recv do not overlap. Optional (NULL, or a 1.0/1.1 plugin): the host runs an
+     * all-reduce of a copy of send and keeps this rank's chunk (the same sums, twice the
+     * bytes on the wire). */
+    ts_status (*reduce_scatter)(void *ctx, const void *send, void *recv, size_t count,
+                                int32_t dtype, int32_t op);
 } ts_comm_desc;
 
 /* Whether a launcher started this process as one rank of a job: mpirun sets

@@ -43,6 +43,13 @@ ts_status ts_dist_allreduce_sum(void *buf, size_t count, int32_t dtype);
 ts_status ts_dist_broadcast(void *buf, size_t nbytes, int root);
 /* recv (size x nbytes) = every rank's send, in rank order. */
 ts_status ts_dist_allgather(const void *send, void *recv, size_t nbytes);
+/* recv (count elements of dtype, host memory) = the sum over ranks of this rank's chunk of
+ * send (size x count elements; rank r's chunk at [r count, (r + 1) count)): the first half of
+ * an all-reduce, each rank left with its shard (ZeRO's gradient step). send and recv must not
+ * overlap. The backend's reduce-scatter (MPI_Reduce_scatter_block, ncclReduceScatter), or an
+ * all-reduce of a copy where the backend has none. */
+ts_status ts_dist_reduce_scatter_sum(const void *send, void *recv, size_t count,
+                                     int32_t dtype);
 ts_status ts_dist_barrier(void);
 /* Ends every rank of the job now, this rank's reason printed; exits with code in a world of
  * one. Does not return. */

@@ -296,6 +296,25 @@ static ts_status nccl_allreduce(void *ctx, void *buf, size_t count, int32_t dtyp
                             : finish(c, "ncclAllReduce");
 }
 
+static ts_status nccl_reduce_scatter(void *ctx, const void *send, void *recv, size_t count,
+                                     int32_t dtype, int32_t op)
+{
+    nccl_ctx *c = ctx;
+    int ok;
+    ncclDataType_t t = nccl_type(dtype, &ok);
+    if (!ok || op != TS_COMM_SUM)
+        return c->host->fail(c->host, TS_EINVAL, "reduce_scatter: dtype %d or reduction %d "
+                             "not supported", (int)dtype, (int)op);
+    ts_status s = ready(c, "ncclReduceScatter");
+    if (!s && count && !(s = check_buffer(c, send, "reduce_scatter (send)")))
+        s = check_buffer(c, recv, "reduce_scatter (receive)");
+    if (s || !count)
+        return s;
+    ncclResult_t r = ncclReduceScatter(send, recv, count, t, ncclSum, c->comm, c->stream);
+    return r != ncclSuccess ? nccl_fail(c->host, r, "ncclReduceScatter")
+                            : finish(c, "ncclReduceScatter");
+}
+
 static ts_status nccl_broadcast(void *ctx, void *buf, size_t nbytes, int root)
 {
     nccl_ctx *c = ctx;
@@ -379,6 +398,7 @@ static const ts_comm_desc desc = {
     .abort = nccl_abort,
     .shutdown = nccl_shutdown,
     .device = nccl_device,
+    .reduce_scatter = nccl_reduce_scatter,
 };
 
 TS_COMM_DEFINE(desc)

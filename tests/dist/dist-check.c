@@ -4,7 +4,8 @@
  * (the ranks' verdicts are summed), and the exit status says so on every rank.
  *
  *   dist-check collectives   rank and size, sums of float32/float64/int64, broadcast,
- *                            allgather, barrier, broadcast of a module's weights
+ *                            allgather, reduce-scatter, barrier, broadcast of a module's
+ *                            weights
  *   dist-check ddp           gradients averaged by ts_ddp over ranks, each rank holding its
  *                            shard of a global batch, against the full batch's gradient
  *                            computed in the same process (float64: the two differ only in
@@ -82,6 +83,20 @@ static void collectives(void)
     for (int r = 0; r < size_; r++)
         good &= all[r] == 100 + r;
     check(good, "allgather in rank order", NULL);
+    /* reduce-scatter: rank q sends chunk r = {q 1000 + r 10 + i}; rank r gets their sums */
+    enum { RS = 5 };
+    double *rs_send = malloc(sizeof(double) * RS * (size_t)size_), rs[RS];
+    for (int r = 0; r < size_; r++)
+        for (int i = 0; i < RS; i++)
+            rs_send[r * RS + i] = rank_ * 1000.0 + r * 10.0 + i;
+    OK(ts_dist_reduce_scatter_sum(rs_send, rs, RS, TS_F64));
+    good = 1;
+    for (int i = 0; i < RS; i++)
+        good &= rs[i] == 1000.0 * (tri - n) + n * (rank_ * 10.0 + i);
+    check(good, "reduce-scatter: this rank's chunk of the sum", NULL);
+    check(ts_dist_reduce_scatter_sum(rs_send, rs_send + 1, RS, TS_F64) == TS_EINVAL,
+          "reduce-scatter refuses overlapping buffers", ts_last_error());
+    free(rs_send);
     OK(ts_dist_barrier());
     check(ts_dist_broadcast(msg, 1, size_) == TS_EINVAL, "a broadcast root past the ranks is "
           "refused", ts_last_error());

@@ -125,7 +125,7 @@ static void test_comm_layout(void)
 {
     if (sizeof(void *) != 8)
         SKIP("layouts are recorded for LP64 only");
-    CHECK_MSG(TS_COMM_ABI_MAJOR == 1 && TS_COMM_ABI_MINOR == 1,
+    CHECK_MSG(TS_COMM_ABI_MAJOR == 1 && TS_COMM_ABI_MINOR == 2,
               "communication ABI is %d.%d: add its layout row to this test", TS_COMM_ABI_MAJOR,
               TS_COMM_ABI_MINOR);
     static const layout v1_0[] = {
@@ -142,9 +142,14 @@ static void test_comm_layout(void)
     /* 1.1: device (the device whose memory a TS_COMM_DEVICE_BUFFERS plugin takes) appended */
     static const layout v1_1[] = {
         L(offsetof(ts_comm_desc, device), 112),
-        L(sizeof(ts_comm_desc), 120),
     };
     check_rows("comm 1.1", v1_1, sizeof v1_1 / sizeof v1_1[0]);
+    /* 1.2: reduce_scatter appended (optional: the host composes it for an older plugin) */
+    static const layout v1_2[] = {
+        L(offsetof(ts_comm_desc, reduce_scatter), 120),
+        L(sizeof(ts_comm_desc), 128),
+    };
+    check_rows("comm 1.2", v1_2, sizeof v1_2 / sizeof v1_2[0]);
     CHECK_INT_EQ(TS_COMM_SUM, 0);
     CHECK_INT_EQ(TS_COMM_HOST_BUFFERS, 1);
     CHECK_INT_EQ(TS_COMM_DEVICE_BUFFERS, 2);

@@ -6,6 +6,8 @@
 
 int tsb_mpi_ready(void);
 int tsb_mpi_allreduce_f32(float *buf, long count);
+int tsb_mpi_reduce_scatter_f32(const float *send, float *recv, long count);
+int tsb_mpi_allgather(const void *send, void *recv, long nbytes);
 
 __attribute__((visibility("default"))) int tsb_mpi_ready(void)
 {
@@ -27,4 +29,25 @@ __attribute__((visibility("default"))) int tsb_mpi_allreduce_f32(float *buf, lon
             return -1;
     }
     return 0;
+}
+
+/* recv (count floats) = the sum over the ranks of this rank's chunk of send (size x count):
+ * MPI_Reduce_scatter_block. 0 on success. */
+__attribute__((visibility("default"))) int tsb_mpi_reduce_scatter_f32(const float *send,
+                                                                      float *recv, long count)
+{
+    return MPI_Reduce_scatter_block(send, recv, (int)count, MPI_FLOAT, MPI_SUM,
+                                    MPI_COMM_WORLD) == MPI_SUCCESS
+               ? 0
+               : -1;
+}
+
+/* recv (size x nbytes) = every rank's send: MPI_Allgather. 0 on success. */
+__attribute__((visibility("default"))) int tsb_mpi_allgather(const void *send, void *recv,
+                                                             long nbytes)
+{
+    return MPI_Allgather(send, (int)nbytes, MPI_BYTE, recv, (int)nbytes, MPI_BYTE,
+                         MPI_COMM_WORLD) == MPI_SUCCESS
+               ? 0
+               : -1;
 }
