@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 27
+plan 30
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -275,6 +275,39 @@ else
     fail "2 ranks save, 1 process resumes" "rc=$rc1/$rc2 worst=$worst" "$(tail -3 "$TMP/a.err")" \
         "$(tail -3 "$TMP/b.err")"
 fi
+# across world sizes: a checkpoint of 4 ranks resumes on 2 and on 1, one of 1 process on 4,
+# each to the losses of a straight run on the world it resumes on (the global batch is the
+# same; the data order and the random streams are functions of the global step and row)
+MPI4=$(printf '%s' "$MPI" | sed 's/-np 2/-np 4/')
+timeout "$(hang_limit 180)" $MPI4 $R --max-steps 25 --save "$TMP/w4.ckpt" >"$TMP/w4.json" 2>"$TMP/w4.err"
+rc4=$?
+$R --max-steps 25 --save "$TMP/w1.ckpt" >"$TMP/w1.json" 2>"$TMP/w1.err"
+rc1=$?
+for case in "4 2" "4 1" "1 4"; do
+    from=${case% *} to=${case#* }
+    case $to in
+    1) run_on="" ;;
+    2) run_on="$MPI" ;;
+    4) run_on="$MPI4" ;;
+    esac
+    cp "$TMP/w$from.ckpt" "$TMP/c$from$to.ckpt" # a resumed run saves back into its checkpoint
+    timeout "$(hang_limit 180)" $run_on $R --max-steps 50 --resume "$TMP/c$from$to.ckpt" \
+        >"$TMP/r$from$to.json" 2>"$TMP/r$from$to.err"
+    rcr=$?
+    timeout "$(hang_limit 180)" $run_on $R --max-steps 50 >"$TMP/s$to.json" 2>&1
+    rcs=$?
+    cat "$TMP/w$from.json" "$TMP/r$from$to.json" >"$TMP/x.json"
+    steps_of "$TMP/x.json" >"$TMP/x.l"
+    steps_of "$TMP/s$to.json" >"$TMP/s.l"
+    worst=$(worst_of x s)
+    if [ $rc4 -eq 0 ] && [ $rc1 -eq 0 ] && [ $rcr -eq 0 ] && [ $rcs -eq 0 ] &&
+        awk "BEGIN{exit !(\"$worst\" !~ /n=/ && $worst <= 1e-4)}"; then
+        ok "a checkpoint of $from rank(s) resumes on $to: the losses of 50 straight steps on $to (worst $worst)"
+    else
+        fail "a checkpoint of $from rank(s) resumes on $to" "rc=$rc4/$rc1/$rcr/$rcs worst=$worst" \
+            "$(tail -3 "$TMP/r$from$to.err")"
+    fi
+done
 # bench dist, short: tessera's all-reduce and the raw MPI_Allreduce both measured, the bucketed
 # averaging and training run, nothing allocated per steady step
 out=$(timeout "$(hang_limit 120)" $MPI "$TESSERA" bench dist --iters 3 --max-mib 1 --steps 20 --json 2>&1)
