@@ -206,12 +206,26 @@ static int handler(void *user, const char *section, const char *key, const char 
             return fail_at(ps, TS_ECONFIG, "[core] device is empty: expected %s",
                            core_keys[i].expected);
     } else if (strcmp(section, "dist") == 0) {
-        if (strcmp(key, "backend") != 0)
-            return fail_at(ps, TS_ECONFIG, "[dist] unknown key '%s'; known keys: backend", key);
-        if (!*value || strlen(value) > 64 ||
-            strspn(value, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(value))
+        if (strcmp(key, "hierarchical") == 0) {
+            if (strcmp(value, "auto") && strcmp(value, "on") && strcmp(value, "off"))
+                return fail_at(ps, TS_ECONFIG, "[dist] hierarchical = '%s': expected auto (across "
+                               "machines when a job spans several), on or off", value);
+        } else if (strcmp(key, "ranks_per_node") == 0) {
+            char *end;
+            errno = 0;
+            long v = strtol(value, &end, 10);
+            if (!*value || *end || errno || v < 1 || v > 65536)
+                return fail_at(ps, TS_ECONFIG, "[dist] ranks_per_node = '%s': expected a whole "
+                               "number from 1 to 65536 (consecutive ranks per machine; unset: "
+                               "from the host names)", value);
+        } else if (strcmp(key, "backend") != 0) {
+            return fail_at(ps, TS_ECONFIG, "[dist] unknown key '%s'; known keys: backend, "
+                           "hierarchical, ranks_per_node", key);
+        } else if (!*value || strlen(value) > 64 ||
+                   strspn(value, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(value)) {
             return fail_at(ps, TS_ECONFIG, "[dist] backend = '%s': expected auto (a launcher's "
                            "backend, else none), none, or a backend name such as mpi", value);
+        }
     } else if (section_ok(ps, section)) {
         for (size_t i = 0; i < TS__NCOMMON; i++) {
             if (strcmp(key, ts__common_keys[i].name) == 0) {

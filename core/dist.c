@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <tessera/comm.h>
 #include <tessera/dist.h>
@@ -30,6 +31,12 @@ typedef struct world {
     int rank, size;
     ts_device *dev; /* TS_COMM_DEVICE_BUFFERS: the device the collectives take memory of */
     char name[72];
+    /* the hierarchical all-reduce (host-buffer backends with split): this rank's machine
+     * (local) and its peers of the same local rank on the other machines (rail) */
+    void *local, *rail;
+    int nodes, per_node;
+    void *scratch; /* a shard of a buffer being summed; grows, never shrinks */
+    size_t scratch_bytes;
 } world;
 
 static world W = {.size = 1, .name = "none"};
@@ -37,6 +44,8 @@ static int joined;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t comm_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static ts_status setup_hierarchy(const ts_config *cfg);
+static void free_hierarchy(void);
 static ts_status staged(int op, const void *in, size_t nin, void *out, size_t nout,
                         size_t count, int32_t dtype, int root);
 
@@ -217,6 +226,11 @@ TS_API ts_status ts_dist_init(const ts_config *cfg)
         } else if (!ts_last_error()[0]) {
             ts__fail(s, "comm plugin '%s': init failed with no message", W.name);
         }
+        if (s == TS_OK && (s = setup_hierarchy(cfg))) {
+            /* every rank took the same path here: leave the job together */
+            free_hierarchy();
+            W.vt.shutdown(W.ctx);
+        }
         if (s) {
             dlclose(W.handle);
             free(W.path);
@@ -226,6 +240,142 @@ TS_API ts_status ts_dist_init(const ts_config *cfg)
     joined = s == TS_OK;
     pthread_mutex_unlock(&init_lock);
     return s;
+}
+
+/* Hierarchical all-reduce: the machines of the job from [dist] ranks_per_node (consecutive
+ * ranks) or from the host names, then a sub-communicator per machine and one per local rank
+ * across machines. Every rank decides alike (the inputs are gathered, and the ranks' settings
+ * compared): a split is a collective. */
+static ts_status setup_hierarchy(const ts_config *cfg)
+{
+    const char *mode = ts_config_get(cfg, "dist", "hierarchical");
+    const char *rpn = ts_config_get(cfg, "dist", "ranks_per_node");
+    int want = mode && !strcmp(mode, "on") ? 2 : mode && !strcmp(mode, "off") ? 0 : 1;
+    if (W.size < 2 || W.dev || !W.vt.split || !W.vt.free_sub || !W.vt.reduce_scatter)
+        return TS_OK;
+    int L = 0, node = 0, lrank = 0, nodes = 0;
+    if (rpn) {
+        L = atoi(rpn);
+        if (W.size % L == 0) {
+            node = W.rank / L, lrank = W.rank % L, nodes = W.size / L;
+        } else {
+            L = 0; /* uneven: flat */
+        }
+    } else {
+        char host[64] = {0}, *all = ts__calloc((size_t)W.size, sizeof host);
+        if (!all)
+            return ts__fail(TS_ENOMEM, "ts_dist_init: out of host memory for the host names");
+        gethostname(host, sizeof host - 1);
+        ts_status s = W.vt.allgather(W.ctx, host, all, sizeof host);
+        if (s) {
+            free(all);
+            return s;
+        }
+        /* machines in order of their first rank; L the ranks of each, all alike or none */
+        L = -1;
+        for (int r = 0; r < W.size; r++) {
+            int first = r, count = 0, ord = 0;
+            for (int q = 0; q < W.size; q++) {
+                int same = !strncmp(all + (size_t)q * sizeof host, all + (size_t)r * sizeof host,
+                                    sizeof host);
+                if (same && q < first)
+                    first = q;
+                count += same;
+            }
+            if (first == r) {
+                nodes++;
+                L = L < 0 || L == count ? count : 0;
+            }
+            if (r == W.rank) {
+                for (int q = 0; q < r; q++)
+                    lrank += !strncmp(all + (size_t)q * sizeof host, host, sizeof host);
+                for (int q = 0; q < first; q++) { /* machines that start before this one */
+                    int f = q;
+                    for (int p = 0; p < q; p++)
+                        if (!strncmp(all + (size_t)p * sizeof host, all + (size_t)q * sizeof host,
+                                     sizeof host))
+                            f = p;
+                    ord += f == q;
+                }
+                node = ord;
+            }
+        }
+        free(all);
+        L = L < 0 ? 0 : L;
+    }
+    /* auto: across machines from 8 ranks, where a flat ring's 2 (N - 1) latencies start to
+     * weigh; on: whenever there are several machines of several ranks each */
+    int use = want && L > 1 && nodes > 1 && (want == 2 || W.size >= 8);
+    int64_t agree[3] = {use, use ? L : 0, want}, sum[3] = {use, use ? L : 0, want};
+    ts_status s = W.vt.allreduce(W.ctx, sum, 3, TS_I64, TS_COMM_SUM);
+    if (s)
+        return s;
+    for (int i = 0; i < 3; i++)
+        if (sum[i] != agree[i] * W.size)
+            return ts__fail(TS_ECONFIG, "rank %d: the ranks disagree on [dist] hierarchical or "
+                            "ranks_per_node (give every rank the same configuration)", W.rank);
+    if (!use)
+        return TS_OK;
+    if ((s = W.vt.split(W.ctx, node, W.rank, &W.local)) ||
+        (s = W.vt.split(W.ctx, lrank, W.rank, &W.rail)))
+        return s;
+    if (!W.local || !W.rail || W.vt.size(W.local) != L || W.vt.size(W.rail) != nodes)
+        return ts__fail(TS_EPLUGIN, "comm plugin '%s': its sub-communicators do not have %d "
+                        "and %d ranks", W.name, L, nodes);
+    W.nodes = nodes;
+    W.per_node = L;
+    ts__log(TS_LOG_INFO, "dist: hierarchical all-reduce over %d machines of %d ranks", nodes, L);
+    return TS_OK;
+}
+
+static void free_hierarchy(void)
+{
+    if (W.local)
+        W.vt.free_sub(W.local);
+    if (W.rail)
+        W.vt.free_sub(W.rail);
+    free(W.scratch);
+    W.local = W.rail = W.scratch = NULL;
+    W.scratch_bytes = 0;
+    W.nodes = W.per_node = 0;
+}
+
+/* buf's sum over the ranks, under comm_lock: flat, or a reduce-scatter within each machine,
+ * the all-reduce of each shard across machines, an all-gather within each machine (and a flat
+ * all-reduce of the elements past the last whole shard). */
+static ts_status allreduce_locked(void *buf, size_t count, int32_t dtype)
+{
+    if (!W.local)
+        return W.vt.allreduce(W.ctx, buf, count, dtype, TS_COMM_SUM);
+    const size_t es = ts_dtype_size(dtype), L = (size_t)W.per_node, per = count / L;
+    ts_status s = TS_OK;
+    if (per) {
+        if (W.scratch_bytes < per * es) {
+            void *n = ts__realloc(W.scratch, per * es);
+            if (!n)
+                return ts__fail(TS_ENOMEM, "hierarchical all-reduce: no host memory for a "
+                                "shard of %zu bytes", per * es);
+            W.scratch = n;
+            W.scratch_bytes = per * es;
+        }
+        if ((s = W.vt.reduce_scatter(W.local, buf, W.scratch, per, dtype, TS_COMM_SUM)) ||
+            (s = W.vt.allreduce(W.rail, W.scratch, per, dtype, TS_COMM_SUM)) ||
+            (s = W.vt.allgather(W.local, W.scratch, buf, per * es)))
+            return s;
+    }
+    if (count > per * L)
+        s = W.vt.allreduce(W.ctx, (char *)buf + per * L * es, count - per * L, dtype,
+                           TS_COMM_SUM);
+    return s;
+}
+
+TS_API int ts_dist_hierarchy(int *nodes, int *ranks_per_node)
+{
+    if (nodes)
+        *nodes = W.local ? W.nodes : 0;
+    if (ranks_per_node)
+        *ranks_per_node = W.local ? W.per_node : 0;
+    return W.local != NULL;
 }
 
 TS_API int ts_dist_rank(void)
@@ -296,7 +446,7 @@ TS_API ts_status ts_dist_allreduce_sum(void *buf, size_t count, int32_t dtype)
         return staged(0, buf, count * es, buf, count * es, count, dtype, 0);
     }
     pthread_mutex_lock(&comm_lock);
-    ts_status s = W.vt.allreduce(W.ctx, buf, count, dtype, TS_COMM_SUM);
+    ts_status s = allreduce_locked(buf, count, dtype);
     pthread_mutex_unlock(&comm_lock);
     return s;
 }
@@ -400,6 +550,7 @@ TS_API void ts_dist_shutdown(void)
 {
     pthread_mutex_lock(&init_lock);
     if (joined && W.handle) {
+        free_hierarchy();
         W.vt.shutdown(W.ctx);
         dlclose(W.handle);
         free(W.path);
@@ -554,7 +705,8 @@ out:
 ts_status ts__dist_allreduce_in_place(void *buf, size_t count, int32_t dtype)
 {
     pthread_mutex_lock(&comm_lock);
-    ts_status s = W.vt.allreduce(W.ctx, buf, count, dtype, TS_COMM_SUM);
+    ts_status s = W.dev ? W.vt.allreduce(W.ctx, buf, count, dtype, TS_COMM_SUM)
+                        : allreduce_locked(buf, count, dtype);
     pthread_mutex_unlock(&comm_lock);
     return s;
 }

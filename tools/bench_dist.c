@@ -379,6 +379,10 @@ int cli_bench_dist(int argc, char **argv, const cli_common *common)
     if (!o.json) {
         printf("tessera bench dist: %d rank%s over '%s', device '%s'\n", world,
                world == 1 ? "" : "s", ts_dist_backend(), ts_device_name(dev));
+        int hn = 0, hp = 0;
+        if (world > 1 && ts_dist_hierarchy(&hn, &hp))
+            printf("  all-reduce: hierarchical, %d machines of %d ranks ([dist] "
+                   "hierarchical)\n", hn, hp);
         if (world > 1)
             printf("  all-reduce (sum, float32), bus bandwidth GB/s, median of %d; raw: "
                    "MPI_Allreduce on the same buffer%s\n  %10s %12s %12s %12s %8s\n",

@@ -51,6 +51,15 @@ ts_status ts_dist_allgather(const void *send, void *recv, size_t nbytes);
 ts_status ts_dist_reduce_scatter_sum(const void *send, void *recv, size_t count,
                                      int32_t dtype);
 ts_status ts_dist_barrier(void);
+/* Whether the all-reduce is hierarchical, and over how many machines of how many ranks:
+ * [dist] hierarchical = auto (the default: when the job spans several machines of several
+ * ranks each and has 8 ranks or more), on (several machines of several ranks), off; the
+ * machines from the host names, or [dist] ranks_per_node consecutive ranks each. Each sum
+ * is then a reduce-scatter within every machine, an all-reduce of each shard across the
+ * machines (one rank per machine and shard), and an all-gather within every machine: the
+ * same bytes leave each machine as in a flat ring over the machines alone. Needs a
+ * host-buffer backend with sub-communicators (MPI; NCCL builds its own hierarchy). */
+int ts_dist_hierarchy(int *nodes, int *ranks_per_node);
 /* Ends every rank of the job now, this rank's reason printed; exits with code in a world of
  * one. Does not return. */
 void ts_dist_abort(int code, const char *fmt, ...)

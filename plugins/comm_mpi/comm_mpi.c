@@ -172,6 +172,38 @@ static ts_status mpi_reduce_scatter(void *ctx, const void *send, void *recv, siz
     return rc == MPI_SUCCESS ? TS_OK : mpi_fail(c->host, rc, "MPI_Reduce_scatter_block");
 }
 
+static ts_status mpi_split(void *ctx, int color, int key, void **sub)
+{
+    mpi_ctx *c = ctx;
+    *sub = NULL;
+    MPI_Comm nc = MPI_COMM_NULL;
+    int rc = MPI_Comm_split(c->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(c->host, rc, "MPI_Comm_split");
+    if (nc == MPI_COMM_NULL)
+        return TS_OK;
+    mpi_ctx *n = calloc(1, sizeof *n);
+    if (!n) {
+        MPI_Comm_free(&nc);
+        return c->host->fail(c->host, TS_ENOMEM, "split: out of memory");
+    }
+    n->host = c->host;
+    n->comm = nc;
+    MPI_Comm_rank(nc, &n->rank);
+    MPI_Comm_size(nc, &n->size);
+    *sub = n;
+    return TS_OK;
+}
+
+static void mpi_free_sub(void *sub)
+{
+    mpi_ctx *n = sub;
+    if (!n)
+        return;
+    MPI_Comm_free(&n->comm);
+    free(n);
+}
+
 static ts_status mpi_barrier(void *ctx)
 {
     mpi_ctx *c = ctx;
@@ -248,6 +280,8 @@ static const ts_comm_desc desc = {
     .allgather = mpi_allgather,
 #ifndef COMM_MPI_V11_TEST
     .reduce_scatter = mpi_reduce_scatter,
+    .split = mpi_split,
+    .free_sub = mpi_free_sub,
 #endif
     .barrier = mpi_barrier,
     .abort = mpi_abort,

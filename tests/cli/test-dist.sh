@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 30
+plan 35
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -50,6 +50,27 @@ for mode in collectives ddp steps mismatch; do
         fail "device-buffer backend: dist-check $mode" "$(cat "$TMP/$mode.out")" "$(tail -20 "$TMP/$mode.err")"
     fi
 done
+# The hierarchical all-reduce on 4 ranks posing as 2 machines of 2 ([dist] ranks_per_node):
+# every sum (shards within each "machine", across, gathered) as the flat one, the gradients
+# and the steps of ts_ddp too; auto below 8 ranks and off stay flat.
+MPI4=$(printf '%s' "$MPI" | sed 's/-np 2/-np 4/')
+for h in "on 2x2" "auto flat" "off flat"; do
+    printf '[core]\ndevice = cpu_blas\n[plugin.cpu_blas]\nthreads = 1\n[dist]\nranks_per_node = 2\nhierarchical = %s\n' \
+        "${h% *}" >"$TMP/hier.ini"
+    modes="collectives"
+    [ "${h% *}" = on ] && modes="collectives ddp steps"
+    for mode in $modes; do
+        if TESSERA_CONFIG="$TMP/hier.ini" DIST_CHECK_HIERARCHY="${h#* }" \
+            DIST_CHECK_OVERSUBSCRIBED=1 timeout "$(hang_limit 180)" $MPI4 "$CHECK" $mode \
+            >"$TMP/h.out" 2>"$TMP/h.err" && ! grep -q "^not ok" "$TMP/h.out" &&
+            grep -q "^1\.\." "$TMP/h.out"; then
+            ok "4 ranks, ranks_per_node 2, hierarchical ${h% *}: dist-check $mode ($(grep -c '^ok' "$TMP/h.out") checks, ${h#* })"
+        else
+            fail "4 ranks, hierarchical ${h% *}: dist-check $mode" "$(cat "$TMP/h.out")" \
+                "$(tail -20 "$TMP/h.err")"
+        fi
+    done
+done
 # A communication ABI 1.1 backend (no reduce_scatter): the host composes it from all-reduce.
 printf '[core]\nplugin_path = %s\ndevice = cpu_blas\n[dist]\nbackend = v11test\n' \
     "$TS_BUILDDIR/tests/dist/.libs" >"$TMP/v11test.ini"
@@ -83,7 +104,7 @@ fi
 # the same program alone: a world of one, no MPI loaded
 out=$("$CHECK" collectives 2>&1)
 rc=$?
-if [ $rc -eq 0 ] && contains "$out" "ok 1 - rank and size" && contains "$out" "1..10" &&
+if [ $rc -eq 0 ] && contains "$out" "ok 1 - rank and size" && contains "$out" "1..11" &&
     ! contains "$out" "not ok"; then
     ok "alone: a world of one rank, every collective a no-op"
 else

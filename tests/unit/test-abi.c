@@ -144,10 +144,13 @@ static void test_comm_layout(void)
         L(offsetof(ts_comm_desc, device), 112),
     };
     check_rows("comm 1.1", v1_1, sizeof v1_1 / sizeof v1_1[0]);
-    /* 1.2: reduce_scatter appended (optional: the host composes it for an older plugin) */
+    /* 1.2: reduce_scatter (optional: the host composes it for an older plugin), split and
+     * free_sub (optional: the host's all-reduce then stays flat) appended */
     static const layout v1_2[] = {
         L(offsetof(ts_comm_desc, reduce_scatter), 120),
-        L(sizeof(ts_comm_desc), 128),
+        L(offsetof(ts_comm_desc, split), 128),
+        L(offsetof(ts_comm_desc, free_sub), 136),
+        L(sizeof(ts_comm_desc), 144),
     };
     check_rows("comm 1.2", v1_2, sizeof v1_2 / sizeof v1_2[0]);
     CHECK_INT_EQ(TS_COMM_SUM, 0);

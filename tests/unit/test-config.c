@@ -93,6 +93,14 @@ static void test_bad_values(void)
     BAD("[core]\nlog_level = loud\n", "t.ini:2:", "log_level", "error, warn, info, debug");
     BAD("[core]\nallow_insecure_plugin_path = sure\n", "allow_insecure_plugin_path", "boolean");
     BAD("[core]\ndevice =\n", "t.ini:2:", "device is empty");
+    BAD("[dist]\nhierarchical = maybe\n", "t.ini:2:", "hierarchical", "auto", "on or off");
+    const char *rpn[] = {"0", "-2", "2x", "", "65537", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof rpn / sizeof *rpn; i++) {
+        char text[96];
+        snprintf(text, sizeof text, "[dist]\nranks_per_node = %s\n", rpn[i]);
+        BAD(text, "t.ini:2:", "ranks_per_node", "1 to 65536");
+    }
+    BAD("[dist]\nshards = 2\n", "t.ini:2:", "unknown key 'shards'", "ranks_per_node");
 }
 
 static void test_syntax_errors(void)
