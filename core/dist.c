@@ -10,6 +10,7 @@
  * not MULTIPLE). */
 #include <dirent.h>
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -250,24 +251,46 @@ static ts_status setup_hierarchy(const ts_config *cfg)
 {
     const char *mode = ts_config_get(cfg, "dist", "hierarchical");
     const char *rpn = ts_config_get(cfg, "dist", "ranks_per_node");
-    int want = mode && !strcmp(mode, "on") ? 2 : mode && !strcmp(mode, "off") ? 0 : 1;
-    if (W.size < 2 || W.dev || !W.vt.split || !W.vt.free_sub || !W.vt.reduce_scatter)
+    if (W.size < 2 || W.dev)
+        return TS_OK;
+    /* First, with no condition, every rank's settings and the plugin's means, compared with
+     * rank 0's: from here on every rank takes the same branches (a split, an all-gather of
+     * host names), so a disagreement cannot leave one rank waiting in a collective. */
+    int64_t mine[4] = {mode && !strcmp(mode, "on") ? 2 : mode && !strcmp(mode, "off") ? 0 : 1,
+                       rpn ? atoi(rpn) : 0, W.vt.split && W.vt.free_sub,
+                       W.vt.reduce_scatter != NULL};
+    int64_t *rec = ts__calloc((size_t)W.size, sizeof mine);
+    if (!rec)
+        ts_dist_abort(1, "rank %d of %d: out of host memory joining the job", W.rank, W.size);
+    ts_status s = W.vt.allgather(W.ctx, mine, rec, sizeof mine);
+    int differ = -1;
+    for (int r = 1; s == TS_OK && r < W.size && differ < 0; r++)
+        if (memcmp(rec + 4 * r, rec, sizeof mine))
+            differ = r;
+    free(rec);
+    if (s)
+        return s;
+    if (differ >= 0)
+        return ts__fail(TS_ECONFIG, "ranks 0 and %d disagree on [dist] hierarchical or "
+                        "ranks_per_node, or run different builds of comm plugin '%s' (give "
+                        "every rank the same configuration and plugin)", differ, W.name);
+    const int want = (int)mine[0];
+    if (!want || !mine[2] || !mine[3])
         return TS_OK;
     int L = 0, node = 0, lrank = 0, nodes = 0;
-    if (rpn) {
-        L = atoi(rpn);
-        if (W.size % L == 0) {
+    if (mine[1]) {
+        L = (int)mine[1];
+        if (W.size % L == 0)
             node = W.rank / L, lrank = W.rank % L, nodes = W.size / L;
-        } else {
+        else
             L = 0; /* uneven: flat */
-        }
     } else {
         char host[64] = {0}, *all = ts__calloc((size_t)W.size, sizeof host);
         if (!all)
-            return ts__fail(TS_ENOMEM, "ts_dist_init: out of host memory for the host names");
+            ts_dist_abort(1, "rank %d of %d: out of host memory for the host names", W.rank,
+                          W.size);
         gethostname(host, sizeof host - 1);
-        ts_status s = W.vt.allgather(W.ctx, host, all, sizeof host);
-        if (s) {
+        if ((s = W.vt.allgather(W.ctx, host, all, sizeof host))) {
             free(all);
             return s;
         }
@@ -304,17 +327,9 @@ static ts_status setup_hierarchy(const ts_config *cfg)
         L = L < 0 ? 0 : L;
     }
     /* auto: across machines from 8 ranks, where a flat ring's 2 (N - 1) latencies start to
-     * weigh; on: whenever there are several machines of several ranks each */
-    int use = want && L > 1 && nodes > 1 && (want == 2 || W.size >= 8);
-    int64_t agree[3] = {use, use ? L : 0, want}, sum[3] = {use, use ? L : 0, want};
-    ts_status s = W.vt.allreduce(W.ctx, sum, 3, TS_I64, TS_COMM_SUM);
-    if (s)
-        return s;
-    for (int i = 0; i < 3; i++)
-        if (sum[i] != agree[i] * W.size)
-            return ts__fail(TS_ECONFIG, "rank %d: the ranks disagree on [dist] hierarchical or "
-                            "ranks_per_node (give every rank the same configuration)", W.rank);
-    if (!use)
+     * weigh; on: whenever there are several machines of several ranks each. The inputs are
+     * the same on every rank, and so is the decision. */
+    if (!(L > 1 && nodes > 1 && (want == 2 || W.size >= 8)))
         return TS_OK;
     if ((s = W.vt.split(W.ctx, node, W.rank, &W.local)) ||
         (s = W.vt.split(W.ctx, lrank, W.rank, &W.rail)))
@@ -347,25 +362,32 @@ static ts_status allreduce_locked(void *buf, size_t count, int32_t dtype)
 {
     if (!W.local)
         return W.vt.allreduce(W.ctx, buf, count, dtype, TS_COMM_SUM);
-    const size_t es = ts_dtype_size(dtype), L = (size_t)W.per_node, per = count / L;
+    const size_t es = ts_dtype_size(dtype), L = (size_t)W.per_node;
+    if (!es)
+        return W.vt.allreduce(W.ctx, buf, count, dtype, TS_COMM_SUM); /* the plugin refuses */
+    /* windows whose shards stay within what one MPI call takes (int counts and bytes) */
+    const size_t wshard = (size_t)INT_MAX / es, window = wshard * L;
     ts_status s = TS_OK;
-    if (per) {
-        if (W.scratch_bytes < per * es) {
-            void *n = ts__realloc(W.scratch, per * es);
-            if (!n)
-                return ts__fail(TS_ENOMEM, "hierarchical all-reduce: no host memory for a "
-                                "shard of %zu bytes", per * es);
-            W.scratch = n;
-            W.scratch_bytes = per * es;
+    for (size_t at = 0; at < count && s == TS_OK; at += window) {
+        const size_t n = count - at < window ? count - at : window, per = n / L;
+        char *b = (char *)buf + at * es;
+        if (per) {
+            if (W.scratch_bytes < per * es) {
+                void *nb = ts__realloc(W.scratch, per * es);
+                if (!nb) /* the machine's other ranks are in the reduce-scatter already */
+                    ts_dist_abort(1, "rank %d of %d: no host memory for a shard of %zu bytes "
+                                  "of the hierarchical all-reduce", W.rank, W.size, per * es);
+                W.scratch = nb;
+                W.scratch_bytes = per * es;
+            }
+            if ((s = W.vt.reduce_scatter(W.local, b, W.scratch, per, dtype, TS_COMM_SUM)) ||
+                (s = W.vt.allreduce(W.rail, W.scratch, per, dtype, TS_COMM_SUM)) ||
+                (s = W.vt.allgather(W.local, W.scratch, b, per * es)))
+                break;
         }
-        if ((s = W.vt.reduce_scatter(W.local, buf, W.scratch, per, dtype, TS_COMM_SUM)) ||
-            (s = W.vt.allreduce(W.rail, W.scratch, per, dtype, TS_COMM_SUM)) ||
-            (s = W.vt.allgather(W.local, W.scratch, buf, per * es)))
-            return s;
+        if (n > per * L)
+            s = W.vt.allreduce(W.ctx, b + per * L * es, n - per * L, dtype, TS_COMM_SUM);
     }
-    if (count > per * L)
-        s = W.vt.allreduce(W.ctx, (char *)buf + per * L * es, count - per * L, dtype,
-                           TS_COMM_SUM);
     return s;
 }
 
@@ -505,9 +527,9 @@ TS_API ts_status ts_dist_reduce_scatter_sum(const void *send, void *recv, size_t
     }
     if (!W.vt.reduce_scatter) { /* an older backend: the whole sum, this rank's chunk of it */
         char *all = ts__malloc(total);
-        if (!all)
-            return ts__fail(TS_ENOMEM, "ts_dist_reduce_scatter_sum: no host memory for a copy "
-                            "of %zu bytes", total);
+        if (!all) /* the other ranks go on into the sum: end the job rather than hang it */
+            ts_dist_abort(1, "rank %d of %d: no host memory for a copy of %zu bytes "
+                          "(ts_dist_reduce_scatter_sum)", W.rank, W.size, total);
         memcpy(all, send, total);
         ts_status s = ts_dist_allreduce_sum(all, count * (size_t)W.size, dtype);
         if (s == TS_OK)
@@ -550,8 +572,10 @@ TS_API void ts_dist_shutdown(void)
 {
     pthread_mutex_lock(&init_lock);
     if (joined && W.handle) {
+        pthread_mutex_lock(&comm_lock); /* a communication thread may still be in a sum */
         free_hierarchy();
         W.vt.shutdown(W.ctx);
+        pthread_mutex_unlock(&comm_lock);
         dlclose(W.handle);
         free(W.path);
     }

@@ -110,11 +110,12 @@ typedef struct ts_comm_desc {
     ts_status (*reduce_scatter)(void *ctx, const void *send, void *recv, size_t count,
                                 int32_t dtype, int32_t op);
     /* Sub-communicators (every rank calls it, as a collective): the ranks that give the same
-     * color >= 0 form one, ordered by key then rank; *sub is its ctx, which every member
-     * above but init, abort and shutdown takes (rank and size within it), until free_sub.
-     * color < 0: this rank joins none (*sub NULL). Optional (both NULL): the host then keeps
-     * its all-reduce flat. The host uses them for its hierarchical all-reduce (within each
-     * machine, then across machines). */
+     * color >= 0 form one, ordered by key then rank; *sub is its ctx, which rank, size,
+     * allreduce, broadcast, allgather, reduce_scatter and barrier take (rank and size within
+     * it). color < 0: this rank joins none (*sub NULL). free_sub frees one; it is collective
+     * over the sub-communicator's ranks, and the host calls it before shutdown. Optional
+     * (both NULL): the host then keeps its all-reduce flat. The host uses them for its
+     * hierarchical all-reduce (within each machine, then across machines). */
     ts_status (*split)(void *ctx, int color, int key, void **sub);
     void (*free_sub)(void *sub);
 } ts_comm_desc;

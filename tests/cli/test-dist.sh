@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 35
+plan 36
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -71,6 +71,19 @@ for h in "on 2x2" "auto flat" "off flat"; do
         fi
     done
 done
+# Ranks that disagree on the hierarchy (one groups by ranks_per_node, the other by host names,
+# which takes a collective the first would skip) fail together when the job starts, naming
+# the setting, instead of waiting in different collectives.
+printf '[core]\ndevice = cpu_blas\n[dist]\nranks_per_node = 1\nhierarchical = on\n' >"$TMP/h0.ini"
+printf '[core]\ndevice = cpu_blas\n[dist]\nhierarchical = on\n' >"$TMP/h1.ini"
+out=$(TMPD="$TMP" CHECKP="$CHECK" timeout "$(hang_limit 60)" $MPI sh -c \
+    'TESSERA_CONFIG="$TMPD/h$OMPI_COMM_WORLD_RANK.ini" exec "$CHECKP" collectives' 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && contains "$out" "disagree on [dist] hierarchical"; then
+    ok "ranks that disagree on [dist] hierarchical fail together at the start (rc $rc, no hang)"
+else
+    fail "ranks that disagree on [dist] hierarchical" "rc=$rc" "$out"
+fi
 # A communication ABI 1.1 backend (no reduce_scatter): the host composes it from all-reduce.
 printf '[core]\nplugin_path = %s\ndevice = cpu_blas\n[dist]\nbackend = v11test\n' \
     "$TS_BUILDDIR/tests/dist/.libs" >"$TMP/v11test.ini"
