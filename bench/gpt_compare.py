@@ -192,7 +192,8 @@ def main():
         res = subprocess.run([a.tessera, "train", *common, "--save-initial", init,
                               "--save", final], capture_output=True, text=True, check=True)
         t_ts = time.time() - t0
-        ours = [json.loads(l) for l in res.stdout.splitlines() if l.startswith("{")]
+        ours = [r for r in (json.loads(l) for l in res.stdout.splitlines()
+                            if l.startswith("{")) if "val_loss" in r]  # not start / end
         weights = read_safetensors(init)
         # generation: context - 1 new bytes after a one-byte prompt, a few times; tessera
         # reports its own speed on stderr
