@@ -168,8 +168,23 @@ static dn_entry *find_locked(dn_ctx *c, const dn_key *key, uint64_t h)
     return NULL;
 }
 
-dn_entry *dn_cache_find(dn_ctx *c, const dn_key *key)
+/* key with the thread count the primitive is made for: oneDNN fixes a primitive's parallel
+ * regions when it creates it, so when adaptive_threads changes the count (another process
+ * took a core) the next call makes, and caches, a primitive for the new count instead of
+ * running the old one's threads on too few cores. Constant without adaptive_threads. */
+static dn_key with_threads(const dn_ctx *c, const dn_key *key, int *threads)
 {
+    dn_key k = *key;
+    int nt = hk_threads(&c->hd);
+    dn_key_push(&k, nt);
+    if (threads)
+        *threads = nt > 0 ? nt : c->hd.configured;
+    return k;
+}
+
+dn_entry *dn_cache_find(dn_ctx *c, const dn_key *key0)
+{
+    const dn_key tk = with_threads(c, key0, NULL), *key = &tk;
     if (key->n < 0)
         return NULL;
     uint64_t h = key_hash(key);
@@ -248,15 +263,20 @@ static ts_status cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec,
                               const char *name, dn_entry **out);
 
 /* oneDNN sizes a primitive's parallel regions when it creates it (from
- * omp_get_max_threads()): create it under the "threads" setting, as dn_execute runs it. */
-ts_status dn_cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec, const char *name,
+ * omp_get_max_threads()): create it for the thread count in its key (with_threads), the
+ * count dn_execute runs it with. */
+ts_status dn_cache_create(dn_ctx *c, const dn_key *key0, const dn_spec *spec, const char *name,
                           dn_entry **out)
 {
+    int nt;
+    const dn_key key = with_threads(c, key0, &nt);
 #ifdef _OPENMP
     int omp_before = omp_get_max_threads();
-    omp_set_num_threads(c->hd.configured);
+    omp_set_num_threads(nt);
+#else
+    (void)nt;
 #endif
-    ts_status s = cache_create(c, key, spec, name, out);
+    ts_status s = cache_create(c, &key, spec, name, out);
 #ifdef _OPENMP
     omp_set_num_threads(omp_before);
 #endif
