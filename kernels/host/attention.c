@@ -150,20 +150,19 @@ static size_t scratch_per_thread(int64_t D, int64_t Dv)
     return (size_t)((D + Dv) * KB + 2 * w);
 }
 
-/* The row pointers of a group of R rows from i (rows >= end: the zero row z, written to the
- * sink row when out) and each row's key count in the block [j0, j0 + n): all n, or under
- * the causal mask those up to i + off. Returns the most. */
-#define ATT_GROUP(name, T)                                                                   \
-    static int64_t name(int64_t i, int64_t end, int causal, int64_t off, int64_t j0,         \
-                        int64_t n, int64_t *nr)                                              \
-    {                                                                                        \
-        int64_t most = 0;                                                                    \
-        for (int r = 0; r < R; r++) {                                                        \
-            nr[r] = i + r >= end ? 0 : causal ? clamp64(i + r + off + 1 - j0, 0, n) : n;     \
-            most = nr[r] > most ? nr[r] : most;                                              \
-        }                                                                                    \
-        return most;                                                                         \
+/* Each row's key count in the block [j0, j0 + n) for the group of R rows from i (0 for rows
+ * at or past end): all n, or under the causal mask those up to i + off. Returns the most.
+ * Dtype-free: one function for both kernels. */
+static int64_t att_group(int64_t i, int64_t end, int causal, int64_t off, int64_t j0, int64_t n,
+                         int64_t *nr)
+{
+    int64_t most = 0;
+    for (int r = 0; r < R; r++) {
+        nr[r] = i + r >= end ? 0 : causal ? clamp64(i + r + off + 1 - j0, 0, n) : n;
+        most = nr[r] > most ? nr[r] : most;
     }
+    return most;
+}
 
 /* The forward of the query rows [i0, i1) of one batch row: o and lse. */
 #define ATT_FWD(name, T, EXP, LOG, SCORES, ACCUM, TRANSPOSE, GROUP)                          \
@@ -352,22 +351,20 @@ ATT_ACCUM(att_accum_f32, float, att_vf, 16)
 ATT_ACCUM(att_accum_f64, double, att_vd, 8)
 ATT_ACCUM_T(att_accum_t_f32, float, att_vf, 16)
 ATT_ACCUM_T(att_accum_t_f64, double, att_vd, 8)
-ATT_GROUP(att_group_f32, float)
-ATT_GROUP(att_group_f64, double)
 ATT_PROBS(att_probs_f32, float, hk_expf)
 ATT_PROBS(att_probs_f64, double, exp_f64)
 ATT_FWD(att_fwd_f32, float, hk_expf, logf, att_scores_f32, att_accum_f32, att_transpose_f32,
-        att_group_f32)
+        att_group)
 ATT_FWD(att_fwd_f64, double, exp_f64, log, att_scores_f64, att_accum_f64, att_transpose_f64,
-        att_group_f64)
+        att_group)
 ATT_BWD_KV(att_bwd_kv_f32, float, att_scores_f32, att_accum_t_f32, att_transpose_f32,
-           att_group_f32, att_probs_f32)
+           att_group, att_probs_f32)
 ATT_BWD_KV(att_bwd_kv_f64, double, att_scores_f64, att_accum_t_f64, att_transpose_f64,
-           att_group_f64, att_probs_f64)
+           att_group, att_probs_f64)
 ATT_BWD_Q(att_bwd_q_f32, float, att_scores_f32, att_accum_f32, att_transpose_f32,
-          att_group_f32, att_probs_f32)
+          att_group, att_probs_f32)
 ATT_BWD_Q(att_bwd_q_f64, double, att_scores_f64, att_accum_f64, att_transpose_f64,
-          att_group_f64, att_probs_f64)
+          att_group, att_probs_f64)
 ATT_DELTA(att_delta_f32, float)
 ATT_DELTA(att_delta_f64, double)
 

@@ -312,7 +312,6 @@ fi
 # across world sizes: a checkpoint of 4 ranks resumes on 2 and on 1, one of 1 process on 4,
 # each to the losses of a straight run on the world it resumes on (the global batch is the
 # same; the data order and the random streams are functions of the global step and row)
-MPI4=$(printf '%s' "$MPI" | sed 's/-np 2/-np 4/')
 timeout "$(hang_limit 180)" $MPI4 $R --max-steps 25 --save "$TMP/w4.ckpt" >"$TMP/w4.json" 2>"$TMP/w4.err"
 rc4=$?
 $R --max-steps 25 --save "$TMP/w1.ckpt" >"$TMP/w1.json" 2>"$TMP/w1.err"
