@@ -218,9 +218,14 @@ static int handler(void *user, const char *section, const char *key, const char 
                 return fail_at(ps, TS_ECONFIG, "[dist] ranks_per_node = '%s': expected a whole "
                                "number from 1 to 65536 (consecutive ranks per machine; unset: "
                                "from the host names)", value);
+        } else if (strcmp(key, "shard_optimizer") == 0) {
+            int32_t b;
+            if (!ts__config_bool(value, &b))
+                return fail_at(ps, TS_ECONFIG, "[dist] shard_optimizer = '%s': expected true or "
+                               "false (each rank keeping 1/N of the optimizer's state)", value);
         } else if (strcmp(key, "backend") != 0) {
             return fail_at(ps, TS_ECONFIG, "[dist] unknown key '%s'; known keys: backend, "
-                           "hierarchical, ranks_per_node", key);
+                           "hierarchical, ranks_per_node, shard_optimizer", key);
         } else if (!*value || strlen(value) > 64 ||
                    strspn(value, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(value)) {
             return fail_at(ps, TS_ECONFIG, "[dist] backend = '%s': expected auto (a launcher's "

@@ -28,6 +28,8 @@ enum { B_IDLE, B_QUEUED, B_DONE };
 typedef struct bucket {
     int32_t dtype;
     size_t numel, nparams, remaining;
+    size_t padded; /* numel rounded up to a multiple of the ranks: shards of padded / size */
+    ts_tensor *shard; /* sharded: this rank's shard of the sum (its averaged gradients) */
     size_t first; /* its parameters: order[first .. first + nparams) */
     ts_tensor *bt; /* host memory: the bucket as a device tensor (buf is its data) */
     void *buf;
@@ -51,6 +53,8 @@ struct ts_ddp {
     int twice;   /* in place: a second backward added into a bucket being summed */
     int devmode; /* buckets on the device-buffer backend's device, summed there */
     int deferred; /* ts_ddp_no_sync: backward's gradients are summed at a later backward */
+    int sharded;  /* each bucket reduce-scattered into its shard (a sharded optimizer's) */
+    struct ts_optim *zero_opt; /* that optimizer, told when this ts_ddp goes */
     ts_status err;
     char errmsg[512];
     uint64_t step;
@@ -68,6 +72,9 @@ static double now_s(void)
  * bucket's contents complete: the device was synchronised when it was queued). */
 static ts_status bucket_sum(ts_ddp *d, bucket *b)
 {
+    if (d->sharded) /* host memory: the bucket's padding is zeros */
+        return ts_dist_reduce_scatter_sum(b->buf, ts__data(b->shard),
+                                          b->padded / (size_t)ts_dist_size(), b->dtype);
     if (!d->devmode)
         return ts_dist_allreduce_sum(b->buf, b->numel, b->dtype);
     ts_status s = ts__dist_allreduce_in_place(b->buf, b->numel, b->dtype);
@@ -283,17 +290,20 @@ TS_API ts_status ts_ddp_new(const ts_named_tensor *params, size_t n, size_t buck
     d->devmode = views && ts_dist_device();
     d->st.in_place = views;
     d->st.on_device = d->devmode;
+    const size_t world = (size_t)ts_dist_size();
     for (size_t k = 0; k < d->nb && s == TS_OK; k++) {
         bucket *b = &d->b[k];
         b->remaining = b->nparams;
+        /* room for equal shards (zeros past the gradients); the all-reduce sums numel */
+        b->padded = (b->numel + world - 1) / world * world;
         if (views) {
-            int64_t ne = (int64_t)b->numel;
+            int64_t ne = (int64_t)b->padded;
             if ((s = ts_tensor_zeros(dev, b->dtype, 1, &ne, &b->bt)) == TS_OK) {
                 ts_tensor_set_role(b->bt, TS_ROLE_GRADIENT); /* the gradients are its views */
                 b->buf = (char *)b->bt->storage->data +
                          b->bt->offset * (int64_t)ts_dtype_size(b->dtype);
             }
-        } else if (!(b->buf = malloc(b->numel * ts_dtype_size(b->dtype) + 1))) {
+        } else if (!(b->buf = calloc(b->padded * ts_dtype_size(b->dtype) + 1, 1))) {
             s = ts__fail(TS_ENOMEM, "out of host memory for a gradient bucket of %zu elements",
                          b->numel);
         }
@@ -376,6 +386,11 @@ TS_API ts_status ts_ddp_sync(ts_ddp *d)
         pthread_mutex_unlock(&d->mu);
         b->state = B_IDLE;
         b->remaining = b->nparams;
+        if (d->sharded) { /* this rank's shard averaged; the rest is the optimizer's peers' */
+            if (s == TS_OK)
+                s = ts_mul_scalar_(b->shard, inv);
+            continue;
+        }
         if (d->devmode && s == TS_OK) /* one kernel scales the whole bucket */
             s = ts_mul_scalar_(b->bt, inv);
         for (size_t j = 0; j < b->nparams && s == TS_OK; j++)
@@ -434,7 +449,10 @@ TS_API void ts_ddp_free(ts_ddp *d)
     }
     for (size_t i = 0; d->p && i < d->n; i++)
         ts_tensor_unref(d->p[i].home);
+    if (d->zero_opt)
+        ts__optim_ddp_gone(d->zero_opt);
     for (size_t k = 0; d->b && k < d->nb; k++) {
+        ts_tensor_unref(d->b[k].shard);
         if (d->b[k].bt)
             ts_tensor_unref(d->b[k].bt);
         else
@@ -447,4 +465,65 @@ TS_API void ts_ddp_free(ts_ddp *d)
     pthread_cond_destroy(&d->cv);
     pthread_mutex_destroy(&d->mu);
     free(d);
+}
+
+/* ---- for the sharded optimizer (core/zero.c) ---------------------------------------------- */
+
+ts_status ts__ddp_shard(ts_ddp *d, struct ts_optim *opt)
+{
+    if (d->zero_opt)
+        return ts__fail(TS_ESTATE, "ts_optim_shard: this ts_ddp shards another optimizer's "
+                        "state already (one sharded optimizer per ts_ddp)");
+    if (ts_dist_size() > 1 && (!d->st.in_place || d->devmode))
+        return ts__fail(TS_EINVAL, "ts_optim_shard: the parameters must all live on one "
+                        "host-memory device (cpu_blas, cpu_onednn) under a host-buffer comm "
+                        "backend (mpi); here %s: keep the optimizer unsharded",
+                        d->devmode ? "the gradients are summed in device memory"
+                                   : "they are on several devices or in device memory");
+    const size_t world = (size_t)ts_dist_size();
+    ts_status s = TS_OK;
+    for (size_t k = 0; k < d->nb && s == TS_OK; k++) {
+        bucket *b = &d->b[k];
+        if (b->shard)
+            continue;
+        int64_t ne = (int64_t)(b->padded / world);
+        if ((s = ts_tensor_zeros(d->p[d->order[b->first]].t->storage->dev, b->dtype, 1, &ne,
+                                 &b->shard)) == TS_OK)
+            ts_tensor_set_role(b->shard, TS_ROLE_GRADIENT);
+    }
+    if (s == TS_OK) {
+        d->sharded = world > 1;
+        d->zero_opt = opt;
+    }
+    return s;
+}
+
+void ts__ddp_unshard(ts_ddp *d)
+{
+    d->sharded = 0;
+    d->zero_opt = NULL;
+}
+
+size_t ts__ddp_buckets(const ts_ddp *d)
+{
+    return d->nb;
+}
+
+void ts__ddp_bucket(const ts_ddp *d, size_t k, size_t *padded, int32_t *dtype,
+                    ts_tensor **shard)
+{
+    *padded = d->b[k].padded;
+    *dtype = d->b[k].dtype;
+    *shard = d->b[k].shard;
+}
+
+int ts__ddp_locate(const ts_ddp *d, const ts_tensor *t, size_t *bk, size_t *off)
+{
+    for (size_t i = 0; i < d->n; i++)
+        if (d->p[i].t == t) {
+            *bk = d->p[i].bucket;
+            *off = d->p[i].off;
+            return 1;
+        }
+    return 0;
 }

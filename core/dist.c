@@ -38,6 +38,7 @@ typedef struct world {
     int nodes, per_node;
     void *scratch; /* a shard of a buffer being summed; grows, never shrinks */
     size_t scratch_bytes;
+    int shard; /* [dist] shard_optimizer */
 } world;
 
 static world W = {.size = 1, .name = "none"};
@@ -183,6 +184,11 @@ TS_API ts_status ts_dist_init(const ts_config *cfg)
         }
     }
     if (s == TS_OK && w.handle) {
+        int32_t shard = 0;
+        const char *sh = ts_config_get(cfg, "dist", "shard_optimizer");
+        if (sh)
+            ts__config_bool(sh, &shard); /* checked when the file was read */
+        w.shard = shard != 0;
         W = w; /* the host's messages name the backend */
         W.host = (ts_comm_host){.struct_size = sizeof(ts_comm_host),
                                 .abi_major = TS_COMM_ABI_MAJOR,
@@ -256,24 +262,26 @@ static ts_status setup_hierarchy(const ts_config *cfg)
     /* First, with no condition, every rank's settings and the plugin's means, compared with
      * rank 0's: from here on every rank takes the same branches (a split, an all-gather of
      * host names), so a disagreement cannot leave one rank waiting in a collective. */
-    int64_t mine[4] = {mode && !strcmp(mode, "on") ? 2 : mode && !strcmp(mode, "off") ? 0 : 1,
-                       rpn ? atoi(rpn) : 0, W.vt.split && W.vt.free_sub,
-                       W.vt.reduce_scatter != NULL};
+    enum { NSET = 5 };
+    int64_t mine[NSET] = {mode && !strcmp(mode, "on") ? 2 : mode && !strcmp(mode, "off") ? 0 : 1,
+                          rpn ? atoi(rpn) : 0, W.vt.split && W.vt.free_sub,
+                          W.vt.reduce_scatter != NULL, W.shard};
     int64_t *rec = ts__calloc((size_t)W.size, sizeof mine);
     if (!rec)
         ts_dist_abort(1, "rank %d of %d: out of host memory joining the job", W.rank, W.size);
     ts_status s = W.vt.allgather(W.ctx, mine, rec, sizeof mine);
     int differ = -1;
     for (int r = 1; s == TS_OK && r < W.size && differ < 0; r++)
-        if (memcmp(rec + 4 * r, rec, sizeof mine))
+        if (memcmp(rec + NSET * r, rec, sizeof mine))
             differ = r;
     free(rec);
     if (s)
         return s;
     if (differ >= 0)
-        return ts__fail(TS_ECONFIG, "ranks 0 and %d disagree on [dist] hierarchical or "
-                        "ranks_per_node, or run different builds of comm plugin '%s' (give "
-                        "every rank the same configuration and plugin)", differ, W.name);
+        return ts__fail(TS_ECONFIG, "ranks 0 and %d disagree on [dist] hierarchical, "
+                        "ranks_per_node or shard_optimizer, or run different builds of comm "
+                        "plugin '%s' (give every rank the same configuration and plugin)",
+                        differ, W.name);
     const int want = (int)mine[0];
     if (!want || !mine[2] || !mine[3])
         return TS_OK;
@@ -389,6 +397,11 @@ static ts_status allreduce_locked(void *buf, size_t count, int32_t dtype)
             s = W.vt.allreduce(W.ctx, b + per * L * es, n - per * L, dtype, TS_COMM_SUM);
     }
     return s;
+}
+
+int ts__dist_shard_optimizer(void)
+{
+    return W.shard;
 }
 
 TS_API int ts_dist_hierarchy(int *nodes, int *ranks_per_node)

@@ -166,6 +166,13 @@ struct ts_tensor {
     int64_t pending;          /* gradients still to arrive in that backward */
 };
 
+/* t's first element in its storage (host-memory devices: a pointer to read and write). */
+static inline void *ts__data(const ts_tensor *t)
+{
+    return (char *)t->storage->data + t->offset * (int64_t)ts_dtype_size(t->dtype);
+}
+
+
 /* A new tensor struct over storage (takes a new reference on it), with the given layout.
  * (transfer full) */
 ts_status ts__tensor_wrap(ts_storage *st, int32_t dtype, int ndim, const int64_t *shape,
@@ -345,5 +352,29 @@ char *ts__asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The communication plugin's all-reduce (sum) of buf as it lies, under the world's lock
  * (core/dist.c, for core/ddp.c). */
 ts_status ts__dist_allreduce_in_place(void *buf, size_t count, int32_t dtype);
+/* [dist] shard_optimizer, as every rank agreed on it at ts_dist_init. */
+int ts__dist_shard_optimizer(void);
+
+/* ts_ddp for the sharded optimizer (core/ddp.c, core/zero.c). ddp_shard: from now on each
+ * bucket is reduce-scattered into this rank's shard of it (a tensor of padded / ranks
+ * elements: the averaged gradients of bucket elements [rank, rank + 1) x that), which opt
+ * steps; the parameters' .grad keep this rank's own gradients. One optimizer per ts_ddp; the
+ * parameters on one host-memory device under a host-buffer backend. ddp_unshard: back to
+ * all-reducing (the optimizer is going). When the ts_ddp goes first it calls
+ * ts__optim_ddp_gone(opt). locate: bucket and offset (elements) of parameter t, 0 if t is
+ * not one of the ts_ddp's. */
+struct ts_optim;
+ts_status ts__ddp_shard(ts_ddp *d, struct ts_optim *opt);
+void ts__ddp_unshard(ts_ddp *d);
+size_t ts__ddp_buckets(const ts_ddp *d);
+void ts__ddp_bucket(const ts_ddp *d, size_t k, size_t *padded, int32_t *dtype,
+                    ts_tensor **shard);
+int ts__ddp_locate(const ts_ddp *d, const ts_tensor *t, size_t *bucket, size_t *off);
+void ts__optim_ddp_gone(struct ts_optim *opt);
+/* The tensors ts_optim_step reads .grad of: how many (nstep) and the i-th. *sharded: they
+ * are this rank's pieces of a sharded optimizer's parameters, so a sum over them is to be
+ * summed over the ranks as well. */
+size_t ts__optim_nstep(const struct ts_optim *o, int *sharded);
+ts_tensor *ts__optim_step_tensor(const struct ts_optim *o, size_t i);
 
 #endif /* TESSERA_CORE_INTERNAL_H */

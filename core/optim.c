@@ -113,6 +113,7 @@ TS_API void ts_optim_free(ts_optim *o)
 {
     if (!o)
         return;
+    ts__zero_free(o);
     for (size_t i = 0; i < o->n; i++) {
         ts_tensor_unref(o->slots[i].param);
         ts_tensor_unref(o->slots[i].state[0]);
@@ -379,6 +380,8 @@ TS_API ts_status ts_optim_step(ts_optim *o)
 {
     if (!o)
         return ts__fail(TS_EINVAL, "optimizer step: optimizer is NULL");
+    if (o->zero)
+        return ts__zero_step(o);
     if (o->scheduled)
         set_lr(o, ts_lr_at(&o->sched, o->steps));
     ts_no_grad_enter();
@@ -393,18 +396,29 @@ TS_API ts_status ts_optim_step(ts_optim *o)
 
 /* ---- clipping and schedules -------------------------------------------------------------- */
 
-TS_API ts_status ts_clip_grad_norm(const ts_named_tensor *params, size_t n, double max_norm,
-                                   double *total_norm)
+/* The gradient of tensor i of a list: params[i].tensor's, or the i-th step tensor of an
+ * optimizer. */
+typedef struct grad_list {
+    const ts_named_tensor *params;
+    const ts_optim *opt;
+    size_t n;
+    int across; /* a sharded optimizer's pieces: the sum of squares is summed over the ranks */
+} grad_list;
+
+static ts_tensor *grad_at(const grad_list *l, size_t i)
 {
-    if (n && !params)
-        return ts__fail(TS_EINVAL, "clip_grad_norm: params is NULL");
+    return ts_tensor_grad(l->params ? l->params[i].tensor : ts__optim_step_tensor(l->opt, i));
+}
+
+static ts_status clip(const grad_list *l, double max_norm, double *total_norm, const char *who)
+{
     if (!(max_norm > 0))
-        return ts__fail(TS_EINVAL, "clip_grad_norm: max_norm must be > 0, got %g", max_norm);
+        return ts__fail(TS_EINVAL, "%s: max_norm must be > 0, got %g", who, max_norm);
     double total = 0;
     ts_status s = TS_OK;
     ts_no_grad_enter();
-    for (size_t i = 0; i < n && s == TS_OK; i++) {
-        ts_tensor *g = ts_tensor_grad(params[i].tensor), *sq = NULL, *sum = NULL, *d = NULL;
+    for (size_t i = 0; i < l->n && s == TS_OK; i++) {
+        ts_tensor *g = grad_at(l, i), *sq = NULL, *sum = NULL, *d = NULL;
         if (!g)
             continue;
         double v = 0;
@@ -416,19 +430,21 @@ TS_API ts_status ts_clip_grad_norm(const ts_named_tensor *params, size_t n, doub
         ts_tensor_unref(sum);
         ts_tensor_unref(d);
     }
+    if (s == TS_OK && l->across) /* every rank then decides alike */
+        s = ts_dist_allreduce_sum(&total, 1, TS_F64);
     total = sqrt(total);
     if (s == TS_OK && !isfinite(total)) {
         ts_no_grad_exit();
         if (total_norm)
             *total_norm = total;
-        return ts__fail(TS_EINVAL, "clip_grad_norm: the gradients' norm is %g: a gradient holds "
-                        "NaN or infinity; nothing was scaled (lower the learning rate, or find "
-                        "the op that overflows)", total);
+        return ts__fail(TS_EINVAL, "%s: the gradients' norm is %g: a gradient holds NaN or "
+                        "infinity; nothing was scaled (lower the learning rate, or find the op "
+                        "that overflows)", who, total);
     }
     if (s == TS_OK && total > max_norm) {
         double scale = max_norm / (total + 1e-6);
-        for (size_t i = 0; i < n && s == TS_OK; i++) {
-            ts_tensor *g = ts_tensor_grad(params[i].tensor);
+        for (size_t i = 0; i < l->n && s == TS_OK; i++) {
+            ts_tensor *g = grad_at(l, i);
             if (g)
                 s = ts_mul_scalar_(g, scale);
         }
@@ -437,6 +453,25 @@ TS_API ts_status ts_clip_grad_norm(const ts_named_tensor *params, size_t n, doub
     if (s == TS_OK && total_norm)
         *total_norm = total;
     return s;
+}
+
+TS_API ts_status ts_clip_grad_norm(const ts_named_tensor *params, size_t n, double max_norm,
+                                   double *total_norm)
+{
+    if (n && !params)
+        return ts__fail(TS_EINVAL, "clip_grad_norm: params is NULL");
+    grad_list l = {params, NULL, n, 0};
+    return clip(&l, max_norm, total_norm, "clip_grad_norm");
+}
+
+TS_API ts_status ts_optim_clip_grad_norm(ts_optim *o, double max_norm, double *total_norm)
+{
+    if (!o)
+        return ts__fail(TS_EINVAL, "ts_optim_clip_grad_norm: optimizer is NULL");
+    int sharded;
+    size_t n = ts__optim_nstep(o, &sharded);
+    grad_list l = {NULL, o, n, sharded};
+    return clip(&l, max_norm, total_norm, "ts_optim_clip_grad_norm");
 }
 
 TS_API double ts_lr_at(const ts_lr_schedule *sch, int64_t step)

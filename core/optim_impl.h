@@ -25,7 +25,17 @@ struct ts_optim {
     ts_lr_schedule sched;
     size_t n;
     slot *slots;
+    struct ts__zero *zero; /* sharded over the ranks (core/zero.c), else NULL */
 };
+
+/* The sharded optimizer (core/zero.c). zero_step: ts_optim_step of a sharded one; zero_free:
+ * back to unsharded and its shards freed (the state goes with them); zero_saveable: whether
+ * ts_optim_save_state may write it (unsharded, or consolidated on this rank since the last
+ * step); zero_loaded: a loaded whole state cut into this rank's pieces. */
+ts_status ts__zero_step(ts_optim *o);
+void ts__zero_free(ts_optim *o);
+int ts__zero_saveable(const ts_optim *o);
+ts_status ts__zero_loaded(ts_optim *o);
 
 /* The state tensors' names, by (kind is SGD ? 0 : 1, state index). */
 extern const char *const ts__optim_state_names[2][2];

@@ -25,6 +25,10 @@ TS_API ts_status ts_optim_save_state(const ts_optim *o, ts_checkpoint *ck)
 {
     if (!o || !ck)
         return ts__fail(TS_EINVAL, "optim save_state: NULL argument");
+    if (!ts__zero_saveable(o))
+        return ts__fail(TS_ESTATE, "optim save_state: the optimizer's state is sharded over the "
+                        "ranks; call ts_optim_consolidate_state(opt, root) on every rank first, "
+                        "then save on root (before the next step)");
     char v[64];
     ts_status s = ts_checkpoint_set_meta(ck, "optim.kind", ts__optim_kind_names[o->kind]);
     snprintf(v, sizeof v, "%lld", (long long)o->steps);
@@ -384,5 +388,7 @@ TS_API ts_status ts_optim_load_state(ts_optim *o, const ts_checkpoint *ck)
     for (size_t i = 0; i < 2 * o->n; i++)
         ts_tensor_unref(fresh[i]);
     free(fresh);
+    if (s == TS_OK) /* sharded: this rank keeps its pieces of it */
+        s = ts__zero_loaded(o);
     return s;
 }

@@ -65,8 +65,10 @@ TS_API ts_status ts_trainer_new(ts_module *m, ts_optim *opt, const ts_trainer_op
     t->interval = t->o.scale_interval > 0 ? t->o.scale_interval : SCALE_INTERVAL;
     t->rank = ts_dist_rank();
     t->world = ts_dist_size();
+    int shard = t->o.shard_optimizer || ts__dist_shard_optimizer();
     if (t->world > 1 && ((s = ts_dist_broadcast_module(m, 0)) ||
-                         (s = ts_ddp_new(t->params, t->np, 0, &t->ddp)))) {
+                         (s = ts_ddp_new(t->params, t->np, 0, &t->ddp)) ||
+                         (shard && (s = ts_optim_shard(opt, t->ddp))))) {
         ts_trainer_free(t);
         return s;
     }
@@ -165,8 +167,13 @@ static ts_status unscale(ts_trainer *t, int *skip)
     ts_scope *sc = ts_scope_begin();
     ts_no_grad_enter();
     ts_tensor *bad = NULL;
-    for (size_t i = 0; i < t->np; i++) {
-        ts_tensor *g = ts_tensor_grad(t->params[i].tensor);
+    int sharded; /* the gradients the step reads: this rank's share of them */
+    size_t n = ts__optim_nstep(t->opt, &sharded);
+    if (!sharded)
+        n = t->np;
+    for (size_t i = 0; i < n; i++) {
+        ts_tensor *g = ts_tensor_grad(sharded ? ts__optim_step_tensor(t->opt, i)
+                                              : t->params[i].tensor);
         if (!g)
             continue;
         ts_s_mul_scalar_(g, 1.0 / t->scale);
@@ -178,6 +185,10 @@ static ts_status unscale(ts_trainer *t, int *skip)
         ts_scope_adopt(ts_tensor_item(bad, &v), NULL);
     ts_no_grad_exit();
     ts_status s = ts_scope_end(sc);
+    if (s == TS_OK && sharded) { /* one verdict for every rank */
+        v = v != 0; /* NaN too */
+        s = ts_dist_allreduce_sum(&v, 1, TS_F64);
+    }
     *skip = s == TS_OK && v != 0; /* NaN compares unequal too */
     if (s == TS_OK && *skip) {
         t->scale = t->scale * 0.5 > 0 ? t->scale * 0.5 : t->scale;
@@ -242,7 +253,9 @@ TS_API ts_status ts_trainer_step(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_s
                                                  * every rank */
         s = unscale(t, &skip);
     if (s == TS_OK && !skip && t->o.clip_grad_norm > 0)
-        s = ts_clip_grad_norm(t->params, t->np, t->o.clip_grad_norm, NULL);
+        s = ts_optim_sharded(t->opt)
+                ? ts_optim_clip_grad_norm(t->opt, t->o.clip_grad_norm, NULL)
+                : ts_clip_grad_norm(t->params, t->np, t->o.clip_grad_norm, NULL);
     if (s == TS_OK && !skip)
         s = ts_optim_step(t->opt);
     ts_optim_zero_grad(t->opt);

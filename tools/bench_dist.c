@@ -258,10 +258,11 @@ static long peak_rss_kb(void)
     return v;
 }
 
-/* (3) data-parallel training: images/s over the global batch, raw allocations per step, peak
- * RSS after the first 100 timed steps and at the end (the largest over ranks). */
-static int train(const opts *o, ts_device *dev, double *ips, double *raw_per_step,
-                 int64_t *params, long rss_kb[2])
+/* (3) data-parallel training, the optimizer sharded or not: images/s over the global batch,
+ * raw allocations per step, peak RSS after the first 100 timed steps and at the end, and the
+ * bytes of optimizer state (pool statistics, role "optimizer"), the largest over ranks. */
+static int train(const opts *o, ts_device *dev, int shard, double *ips, double *raw_per_step,
+                 int64_t *params, long rss_kb[2], long *opt_bytes)
 {
     const int rank = ts_dist_rank(), world = ts_dist_size();
     const int64_t B = o->batch, n = B / world + (rank < B % world), N = 64 * n;
@@ -290,8 +291,9 @@ static int train(const opts *o, ts_device *dev, double *ips, double *raw_per_ste
         *params = ts_module_num_params(m);
         ts_adam_options ao = {1e-3, 0.9, 0.999, 1e-8, 0};
         if ((s = ts_dist_broadcast_module(m, 0)) == TS_OK &&
-            (s = ts_optim_adam(p, np, &ao, &opt)) == TS_OK)
-            s = ts_ddp_new(p, np, 0, &d);
+            (s = ts_optim_adam(p, np, &ao, &opt)) == TS_OK &&
+            (s = ts_ddp_new(p, np, 0, &d)) == TS_OK && shard)
+            s = ts_optim_shard(opt, d);
     }
     ts_memory_stats st0 = {.struct_size = sizeof st0}, st1 = {.struct_size = sizeof st1};
     double t0 = 0;
@@ -324,11 +326,15 @@ static int train(const opts *o, ts_device *dev, double *ips, double *raw_per_ste
         *ips = (double)B * o->steps / secs;
         *raw_per_step = (double)(st1.n_raw_alloc - st0.n_raw_alloc) / o->steps;
         rss_kb[1] = peak_rss_kb();
-        int64_t r[2] = {rss_kb[0], rss_kb[1]}, all[2 * 64];
+        uint64_t roles[TS_ROLE_COUNT];
+        ts_device_memory_by_role(dev, roles);
+        *opt_bytes = (long)roles[TS_ROLE_OPTIMIZER];
+        int64_t r[3] = {rss_kb[0], rss_kb[1], *opt_bytes}, all[3 * 64];
         if (world <= 64 && ts_dist_allgather(r, all, sizeof r) == TS_OK)
             for (int i = 0; i < world; i++) {
-                rss_kb[0] = all[2 * i] > rss_kb[0] ? all[2 * i] : rss_kb[0];
-                rss_kb[1] = all[2 * i + 1] > rss_kb[1] ? all[2 * i + 1] : rss_kb[1];
+                rss_kb[0] = all[3 * i] > rss_kb[0] ? all[3 * i] : rss_kb[0];
+                rss_kb[1] = all[3 * i + 1] > rss_kb[1] ? all[3 * i + 1] : rss_kb[1];
+                *opt_bytes = all[3 * i + 2] > *opt_bytes ? all[3 * i + 2] : *opt_bytes;
             }
     }
     ts_ddp_free(d);
@@ -446,8 +452,11 @@ int cli_bench_dist(int argc, char **argv, const cli_common *common)
             goto out;
         rc = 1;
     }
-    long rss[2];
-    if ((rc = train(&o, dev, &ips, &rps, &params, rss)))
+    long rss[2], ob = 0, rss_z[2] = {-1, -1}, ob_z = 0;
+    double ips_z = 0, rps_z = 0;
+    if ((rc = train(&o, dev, 0, &ips, &rps, &params, rss, &ob)))
+        goto out;
+    if (world > 1 && (rc = train(&o, dev, 1, &ips_z, &rps_z, &params, rss_z, &ob_z)))
         goto out;
     char arch[128];
     cli_model_describe(&o.arch, arch, sizeof arch);
@@ -456,9 +465,12 @@ int cli_bench_dist(int argc, char **argv, const cli_common *common)
                "\"of_raw_bandwidth\": %.3f}, \"train\": {\"model\": \"%s\", \"parameters\": "
                "%lld, \"global_batch\": %lld, \"images_per_s\": %.1f, "
                "\"raw_allocs_per_step\": %.3f, \"peak_rss_kb_early\": %ld, "
-               "\"peak_rss_kb_end\": %ld}}\n",
+               "\"peak_rss_kb_end\": %ld, \"optimizer_bytes_per_rank\": %ld}, "
+               "\"train_sharded\": {\"images_per_s\": %.1f, \"raw_allocs_per_step\": %.3f, "
+               "\"peak_rss_kb_end\": %ld, \"optimizer_bytes_per_rank\": %ld}}\n",
                mib, nb, td * 1e3, trd * 1e3, td > 0 && trd > 0 ? trd / td : 0, arch,
-               (long long)params, (long long)o.batch, ips, rps, rss[0], rss[1]);
+               (long long)params, (long long)o.batch, ips, rps, rss[0], rss[1], ob, ips_z,
+               rps_z, rss_z[1], ob_z);
     } else {
         if (world > 1)
             printf("  gradient averaging (ts_ddp_sync, %zu buckets of <= 25 MiB, %.0f MiB): "
@@ -471,6 +483,13 @@ int cli_bench_dist(int argc, char **argv, const cli_common *common)
         printf("  peak RSS (largest rank): %ld kB after %d steps, %ld kB after %d (%+.3f%%)\n",
                rss[0], o.steps > 200 ? 100 : 0, rss[1], o.steps,
                rss[0] > 0 ? 100.0 * (double)(rss[1] - rss[0]) / (double)rss[0] : 0.0);
+        if (world > 1)
+            printf("  optimizer sharded ([dist] shard_optimizer): %.0f images/s (%.2fx), "
+                   "%.2f raw allocations per steady step; optimizer state per rank %.2f MiB, "
+                   "unsharded %.2f MiB (%.3f of it; 1/%d is %.3f)\n", ips_z,
+                   ips > 0 ? ips_z / ips : 0, rps_z, (double)ob_z / 1048576,
+                   (double)ob / 1048576, ob > 0 ? (double)ob_z / (double)ob : 0, world,
+                   1.0 / world);
     }
     rc = 0;
 out:

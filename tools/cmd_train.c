@@ -524,6 +524,14 @@ static ts_status save(trainer *t, const char *path)
     return s;
 }
 
+/* A save of every rank: a sharded optimizer's state gathered on rank 0 (every rank takes
+ * part), then rank 0 writes the checkpoint. */
+static ts_status save_all(trainer *t, const char *path)
+{
+    ts_status s = ts_optim_consolidate_state(t->opt, 0);
+    return s == TS_OK && t->rank == 0 ? save(t, path) : s;
+}
+
 /* v in the fewest significant digits that read back as v (0.1, not 0.10000000000000001). */
 static const char *shortest(double v, char *buf, size_t len)
 {
@@ -991,8 +999,8 @@ static ts_status on_event(void *user, ts_fit_event ev, const ts_fit_state *st)
         t->step = st->step;
         if (t->show_progress && (!t->tty || st->batch % 10 == 0 || st->batch == st->batches))
             progress(t, st, (double)st->rows_since / (cli_now() - t->epoch_t0));
-        if (t->o.save_every > 0 && t->step % t->o.save_every == 0 && t->rank == 0) {
-            ts_status s = save(t, t->o.save);
+        if (t->o.save_every > 0 && t->step % t->o.save_every == 0) {
+            ts_status s = save_all(t, t->o.save);
             t->save_failed = s != TS_OK;
             return s;
         }
@@ -1000,8 +1008,8 @@ static ts_status on_event(void *user, ts_fit_event ev, const ts_fit_state *st)
     case TS_FIT_EVAL:
         return epoch_record(t, st);
     case TS_FIT_EPOCH_END: /* the position saved is the next epoch's start */
-        if (t->o.save && t->rank == 0) {
-            ts_status s = save(t, t->o.save);
+        if (t->o.save) {
+            ts_status s = save_all(t, t->o.save);
             t->save_failed = s != TS_OK;
             return s;
         }
@@ -1400,7 +1408,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
     if (st.stopped) { /* saved, if asked; no evaluation */
         cli_progress_clear(&t.progress);
         t.stopped_by = cli_stop_requested() ? cli_stop_requested() : SIGTERM;
-        if (t.o.save && t.rank == 0 && (s = save(&t, t.o.save))) {
+        if (t.o.save && (s = save_all(&t, t.o.save))) {
             cli_fail(s, "--save");
             goto out;
         }

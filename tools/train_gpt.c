@@ -367,9 +367,11 @@ static int same_run_everywhere(const run *r)
 
 static ts_status save_to(const run *r, const char *path);
 
+/* Every rank: a sharded optimizer's state gathered on rank 0; rank 0 writes --save. */
 static ts_status save(const run *r)
 {
-    return save_to(r, r->o.save);
+    ts_status s = ts_optim_consolidate_state(r->opt, 0);
+    return s == TS_OK && r->rank == 0 ? save_to(r, r->o.save) : s;
 }
 
 static ts_status save_to(const run *r, const char *path)
@@ -597,7 +599,7 @@ static ts_status eval_record(run *r, const ts_fit_state *st)
                        ts_optim_lr(r->opt), tps, scale);
     fflush(stdout);
     r->t0 = cli_now();
-    if (r->o.save && r->rank == 0 && (s = save(r)))
+    if (r->o.save && (s = save(r)))
         r->save_failed = 1;
     return s;
 }
@@ -807,7 +809,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
     if (st.stopped) {
         cli_progress_clear(&r.prog);
         int sig = cli_stop_requested() ? cli_stop_requested() : SIGTERM;
-        if (r.o.save && r.rank == 0 && (s = save(&r))) {
+        if (r.o.save && (s = save(&r))) {
             cli_fail(s, "--save");
             goto out;
         }

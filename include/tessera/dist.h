@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <tessera/config.h>
 #include <tessera/nn.h>
+#include <tessera/optim.h>
 #include <tessera/status.h>
 
 #ifdef __cplusplus
@@ -114,6 +115,26 @@ typedef struct ts_ddp_stats {
 } ts_ddp_stats;
 void ts_ddp_get_stats(const ts_ddp *d, ts_ddp_stats *st);
 void ts_ddp_free(ts_ddp *d);
+
+/* Sharded optimizer state (ZeRO stage 1, as PyTorch's ZeroRedundancyOptimizer): opt's state
+ * (AdamW's two moments, SGD's momentum) is cut into one share per rank, each rank keeping and
+ * updating 1/N of it. The parameters are those of d, on one host-memory device (cpu_blas,
+ * cpu_onednn) under a host-buffer backend (mpi); every rank calls it alike, after ts_ddp_new
+ * and before a step. From then on each step is
+ *     ts_backward(loss); ts_ddp_sync(d); ts_optim_step(opt); ts_optim_zero_grad(opt);
+ * where ts_ddp_sync reduce-scatters each bucket (this rank receives the averaged gradients of
+ * its share only; the parameters' .grad keep this rank's own), ts_optim_step updates this
+ * rank's share of every parameter and all-gathers the parameters: the same bytes on the wire
+ * as the all-reduce, the same arithmetic as the unsharded optimizer. Clip with
+ * ts_optim_clip_grad_norm, which sums the norm over the ranks. To save: every rank calls
+ * ts_optim_consolidate_state(opt, root), then root calls ts_optim_save_state; the file is the
+ * one an unsharded optimizer writes, and ts_optim_load_state (on every rank) loads either
+ * kind, keeping this rank's share. With one rank it does nothing. TS_EINVAL for parameters d
+ * does not have or devices it cannot shard on; the state already taken (a resumed optimizer)
+ * is cut into shares. (d outlives the sharding: freed first, the next step fails.) */
+ts_status ts_optim_shard(ts_optim *opt, ts_ddp *d);
+/* Whether opt's state is sharded over the ranks. */
+int ts_optim_sharded(const ts_optim *opt);
 
 #ifdef __cplusplus
 }

@@ -88,6 +88,15 @@ ts_status ts_optim_load_state(ts_optim *opt, const ts_checkpoint *ck);
 ts_status ts_clip_grad_norm(const ts_named_tensor *params, size_t n, double max_norm,
                             double *total_norm);
 
+/* ts_clip_grad_norm of the gradients opt's next step reads: the parameters', or with a
+ * sharded optimizer (ts_optim_shard) this rank's averaged share of them, the norm then summed
+ * over the ranks so that every rank scales alike. */
+ts_status ts_optim_clip_grad_norm(ts_optim *opt, double max_norm, double *total_norm);
+/* A sharded optimizer's whole state gathered on rank root, for ts_optim_save_state there
+ * until the next step (a collective: every rank calls it; the others keep their share only).
+ * Unsharded: does nothing. */
+ts_status ts_optim_consolidate_state(ts_optim *opt, int root);
+
 /* Learning-rate schedules: a linear warm-up from 0 over warmup_steps, then constant, step
  * decay (times gamma every step_size steps) or cosine decay to min_lr at total_steps. */
 typedef enum ts_lr_kind {

@@ -50,10 +50,13 @@ typedef struct ts_trainer_options {
                               * row double it */
     double loss_scale;       /* TS_F16: the initial scale (0: 65536) */
     int64_t scale_interval;  /* TS_F16: clean steps before the scale doubles (0: 2000) */
+    int32_t shard_optimizer; /* more than one rank: the optimizer's state sharded over them
+                              * (ts_optim_shard); also on with [dist] shard_optimizer = true.
+                              * Save it after ts_optim_consolidate_state on every rank */
 } ts_trainer_options;
 
 /* A zeroed struct is the default: cross-entropy, no clipping, one pass, float32. */
-#define TS_TRAINER_OPTIONS_INIT {TS_LOSS_CROSS_ENTROPY, NULL, NULL, NULL, 0, 1, TS_F32, 0, 0}
+#define TS_TRAINER_OPTIONS_INIT {TS_LOSS_CROSS_ENTROPY, NULL, NULL, NULL, 0, 1, TS_F32, 0, 0, 0}
 
 typedef struct ts_trainer ts_trainer;
 

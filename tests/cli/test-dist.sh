@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 36
+plan 46
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -83,6 +83,32 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && contains "$out" "disagree on [dist] hiera
     ok "ranks that disagree on [dist] hierarchical fail together at the start (rc $rc, no hang)"
 else
     fail "ranks that disagree on [dist] hierarchical" "rc=$rc" "$out"
+fi
+# The sharded optimizer (ZeRO stage 1, ts_optim_shard) on 2 and 4 ranks: SGD with momentum and
+# AdamW equal their unsharded runs, 1/N of the state per rank, checkpoints interchangeable.
+for np in 2 4; do
+    run=$MPI
+    [ $np = 4 ] && run=$MPI4
+    if DIST_CHECK_OVERSUBSCRIBED=1 timeout "$(hang_limit 180)" $run "$CHECK" zero "$TMP" \
+        >"$TMP/z.out" 2>"$TMP/z.err" && ! grep -q "^not ok" "$TMP/z.out" &&
+        grep -q "^1\.\." "$TMP/z.out"; then
+        notes=$(grep "^# " "$TMP/z.out" | grep bytes | sed 's/^# //' | tr '\n' ';')
+        ok "mpirun -np $np dist-check zero: $(grep -c '^ok' "$TMP/z.out") checks ($notes)"
+    else
+        fail "mpirun -np $np dist-check zero" "$(cat "$TMP/z.out")" "$(tail -20 "$TMP/z.err")"
+    fi
+done
+# Ranks that disagree on [dist] shard_optimizer (one would reduce-scatter where the other
+# all-reduces) fail together at the start.
+printf '[core]\ndevice = cpu_blas\n[dist]\nshard_optimizer = true\n' >"$TMP/h0.ini"
+printf '[core]\ndevice = cpu_blas\n' >"$TMP/h1.ini"
+out=$(TMPD="$TMP" CHECKP="$CHECK" timeout "$(hang_limit 60)" $MPI sh -c \
+    'TESSERA_CONFIG="$TMPD/h$OMPI_COMM_WORLD_RANK.ini" exec "$CHECKP" collectives' 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && contains "$out" "ranks_per_node or shard_optimizer"; then
+    ok "ranks that disagree on [dist] shard_optimizer fail together at the start (rc $rc)"
+else
+    fail "ranks that disagree on [dist] shard_optimizer" "rc=$rc" "$out"
 fi
 # A communication ABI 1.1 backend (no reduce_scatter): the host composes it from all-reduce.
 printf '[core]\nplugin_path = %s\ndevice = cpu_blas\n[dist]\nbackend = v11test\n' \
@@ -341,6 +367,66 @@ for case in "4 2" "4 1" "1 4"; do
             "$(tail -3 "$TMP/r$from$to.err")"
     fi
 done
+# tessera train with [dist] shard_optimizer = true: Adam on 2 and 4 ranks and SGD with momentum
+# on 2 give the unsharded runs' losses; a sharded 4-rank checkpoint resumes unsharded in one
+# process, a 1-process checkpoint sharded on 2 ranks, each to the straight run's losses.
+{ cat "$TESSERA_CONFIG"; printf '\n[dist]\nshard_optimizer = true\n'; } >"$TMP/shard.ini"
+zrun() { # NP OUT ARGS...: a sharded run of $R on NP ranks
+    np=$1 out=$2
+    shift 2
+    run=$MPI
+    [ "$np" = 4 ] && run=$MPI4
+    TESSERA_CONFIG="$TMP/shard.ini" timeout "$(hang_limit 180)" $run $R "$@" >"$TMP/$out.json" \
+        2>"$TMP/$out.err"
+}
+zcmp() { # WHAT RC A B: the losses of runs A and B agree
+    steps_of "$TMP/$3.json" >"$TMP/$3.l"
+    steps_of "$TMP/$4.json" >"$TMP/$4.l"
+    worst=$(worst_of "$3" "$4")
+    if [ "$2" -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n=/ && $worst <= 1e-4)}"; then
+        ok "$1 (worst $worst)"
+    else
+        fail "$1" "rc=$2 worst=$worst" "$(tail -3 "$TMP/$3.err")" "$(paste "$TMP/$3.l" "$TMP/$4.l" | head -3)"
+    fi
+}
+zrun 2 z2 --max-steps 50
+zcmp "train on 2 ranks, Adam sharded: the unsharded run's 50 losses" $? z2 s2
+zrun 4 z4 --max-steps 50
+zcmp "train on 4 ranks, Adam sharded: the unsharded run's 50 losses" $? z4 s4
+timeout "$(hang_limit 180)" $MPI $R --max-steps 50 --optimizer sgd --momentum 0.9 >"$TMP/m2.json" 2>&1
+zrun 2 zm2 --max-steps 50 --optimizer sgd --momentum 0.9
+zcmp "train on 2 ranks, SGD with momentum sharded: the unsharded run's 50 losses" $? zm2 m2
+zrun 4 zc4 --max-steps 25 --save "$TMP/zc4.ckpt"
+rc=$?
+$R --max-steps 50 --resume "$TMP/zc4.ckpt" >"$TMP/zr41.json" 2>"$TMP/zr41.err" || rc=1
+cat "$TMP/zc4.json" "$TMP/zr41.json" >"$TMP/zx.json"
+zcmp "a sharded 4-rank checkpoint resumes unsharded in one process: 50 straight steps' losses" $rc zx s1
+cp "$TMP/w1.ckpt" "$TMP/zc1.ckpt"
+zrun 2 zr12 --max-steps 50 --resume "$TMP/zc1.ckpt"
+rc=$?
+cat "$TMP/w1.json" "$TMP/zr12.json" >"$TMP/zy.json"
+zcmp "a 1-process checkpoint resumes sharded on 2 ranks: 50 straight steps' losses" $rc zy s2
+TESSERA_CONFIG="$TMP/shard.ini" timeout "$(hang_limit 300)" $MPI $G >"$TMP/gz.json" 2>"$TMP/gz.err"
+rc=$?
+grep '"step": [0-9]*, "loss"' "$TMP/gz.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/gz.l"
+worst=$(worst_of g2 gz)
+vworst=$(echo "$(vals "$TMP/g2.json")" "$(vals "$TMP/gz.json")" | awk '{ if (NF != 4) { print "nf=" NF; exit }
+    w = 0; for (i = 1; i <= 2; i++) { d = ($i - $(i + 2)) / $i; if (d < 0) d = -d; if (d > w) w = d } printf "%.2g", w }')
+if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst$vworst\" !~ /n/ && $worst <= 1e-4 && $vworst <= 1e-4)}"; then
+    ok "train --model gpt on 2 ranks, AdamW sharded (decay groups, clipping): the unsharded run's 50 losses and 2 validation losses (worst $worst, validation $vworst)"
+else
+    fail "train --model gpt sharded on 2 ranks" "rc=$rc worst=$worst validation=$vworst" \
+        "$(paste "$TMP/g2.l" "$TMP/gz.l" | head -5)" "$(tail -5 "$TMP/gz.err")"
+fi
+# a device-buffer backend (NCCL's kind) cannot shard: every rank says why
+{ cat "$TMP/devtest.ini"; printf 'shard_optimizer = true\n'; } >"$TMP/devz.ini"
+out=$(TESSERA_CONFIG="$TMP/devz.ini" timeout "$(hang_limit 120)" $MPI $R --max-steps 2 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && contains "$out" "host-buffer comm backend"; then
+    ok "shard_optimizer under a device-buffer backend is refused with the reason (rc $rc)"
+else
+    fail "shard_optimizer under a device-buffer backend" "rc=$rc" "$out"
+fi
 # bench dist, short: tessera's all-reduce and the raw MPI_Allreduce both measured, the bucketed
 # averaging and training run, nothing allocated per steady step
 out=$(timeout "$(hang_limit 120)" $MPI "$TESSERA" bench dist --iters 3 --max-mib 1 --steps 20 --json 2>&1)

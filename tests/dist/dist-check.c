@@ -14,6 +14,10 @@
  *                            the full batch in one process: the losses agree (float64)
  *   dist-check mismatch      rank 1 builds another model: broadcast_module refuses on every
  *                            rank with a message naming both ranks
+ *   dist-check zero DIR      the sharded optimizer (ts_optim_shard): SGD with momentum and
+ *                            AdamW sharded equal unsharded over 30 steps, the optimizer's bytes
+ *                            per rank 1/N plus one bucket, checkpoints (written in DIR) of
+ *                            either kind resumed by the other
  */
 #include <math.h>
 #include <stdio.h>
@@ -373,6 +377,215 @@ static void steps(void)
     }
 }
 
+/* One data-parallel run for the sharded-optimizer checks: the model of seed 9 (or a
+ * checkpoint's), SGD with momentum or AdamW (decay groups, a cosine schedule), gradients
+ * clipped to norm 1 through ts_optim_clip_grad_norm, 64 KiB buckets (a parameter larger than
+ * a bucket gets its own; shards cut parameters), steps [from, to) of a global batch of 12.
+ * losses[step]: the global batch's loss; save_at > 0: model and optimizer written to `save`
+ * after that step (rank 0, after consolidating); *w (malloc'd): the weights at the end;
+ * *state_bytes: the device's optimizer-role bytes at the end. */
+typedef struct zrun {
+    int adamw, shard, from, to, save_at;
+    const char *resume, *save;
+    double losses[30];
+    double *w;
+    size_t nw;
+    uint64_t state_bytes;
+} zrun;
+
+static void zero_run(zrun *r)
+{
+    const int64_t B = 12, n = B / size_, lo = rank_ * n;
+    IN = 256;
+    ts_rng rng;
+    ts_rng_init(&rng, 9);
+    ts_module *m = model(&rng, TS_F64);
+    size_t np = ts_module_parameters(m, NULL, 0);
+    ts_named_tensor *p = calloc(np, sizeof *p);
+    ts_module_parameters(m, p, np);
+    ts_optim *o;
+    if (!r->adamw) {
+        ts_sgd_options so = {0.01, 0.5, 0, 1e-4, 0};
+        OK(ts_optim_sgd(p, np, &so, &o));
+    } else {
+        ts_adam_options ao = {1e-3, 0.9, 0.95, 1e-8, 0.1};
+        OK(ts_optim_adamw(p, np, &ao, &o));
+        ts_optim_decay_matrices_only(o);
+        ts_lr_schedule sch = {TS_LR_COSINE, 1e-3, 3, 0, 0, 30, 1e-4};
+        OK(ts_optim_set_schedule(o, &sch));
+    }
+    ts_ddp *ddp;
+    OK(ts_ddp_new(p, np, 64 << 10, &ddp));
+    ts_checkpoint *ck = NULL;
+    if (r->resume) {
+        OK(ts_checkpoint_load(r->resume, NULL, &ck));
+        OK(ts_module_load(m, "model.", ck));
+    }
+    /* resumed SGD loads before sharding (the state cut at ts_optim_shard), AdamW after (cut
+     * at the load) */
+    if (ck && !r->adamw)
+        OK(ts_optim_load_state(o, ck));
+    if (r->shard)
+        OK(ts_optim_shard(o, ddp));
+    if (ck && r->adamw)
+        OK(ts_optim_load_state(o, ck));
+    ts_checkpoint_free(ck);
+    for (int step = r->from; step < r->to; step++) {
+        ts_tensor *l = loss_on(m, B, lo, n, step);
+        OK(ts_backward(l, NULL, 0));
+        OK(ts_ddp_sync(ddp));
+        OK(ts_optim_clip_grad_norm(o, 1.0, NULL));
+        OK(ts_optim_step(o));
+        ts_optim_zero_grad(o);
+        double a;
+        OK(ts_tensor_to_host(l, &a, sizeof a));
+        OK(ts_dist_allreduce_sum(&a, 1, TS_F64));
+        r->losses[step] = a / size_;
+        ts_tensor_unref(l);
+        if (step + 1 == r->save_at) {
+            OK(ts_optim_consolidate_state(o, 0));
+            if (rank_ == 0) {
+                OK(ts_checkpoint_new(&ck));
+                OK(ts_module_save(m, "model.", ck));
+                OK(ts_optim_save_state(o, ck));
+                OK(ts_checkpoint_save(ck, r->save));
+                ts_checkpoint_free(ck);
+            }
+            OK(ts_dist_barrier());
+        }
+    }
+    uint64_t roles[TS_ROLE_COUNT];
+    ts_device_memory_by_role(ts_tensor_device(p[0].tensor), roles);
+    r->state_bytes = roles[TS_ROLE_OPTIMIZER];
+    r->nw = 0;
+    for (size_t i = 0; i < np; i++)
+        r->nw += (size_t)ts_tensor_numel(p[i].tensor);
+    r->w = malloc(sizeof *r->w * r->nw);
+    for (size_t i = 0, at = 0; i < np; i++) {
+        size_t ne = (size_t)ts_tensor_numel(p[i].tensor);
+        OK(ts_tensor_to_host(p[i].tensor, r->w + at, ne * sizeof *r->w));
+        at += ne;
+    }
+    ts_ddp_free(ddp);
+    ts_optim_free(o);
+    free(p);
+    ts_module_free(m);
+}
+
+/* Largest difference of two weight vectors, relative to the largest weight. */
+static double weights_apart(const zrun *a, const zrun *b)
+{
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < a->nw; i++)
+        scale = fmax(scale, fabs(a->w[i]));
+    for (size_t i = 0; i < a->nw && i < b->nw; i++)
+        worst = fmax(worst, fabs(a->w[i] - b->w[i]) / scale);
+    return a->nw == b->nw ? worst : INFINITY;
+}
+
+static double losses_apart(const zrun *a, const zrun *b, int from, int to)
+{
+    double worst = 0;
+    for (int i = from; i < to; i++)
+        worst = fmax(worst, fabs(a->losses[i] - b->losses[i]) / fabs(b->losses[i]));
+    return worst;
+}
+
+static void zero(const char *dir)
+{
+    if (12 % size_) {
+        check(0, "zero: 12 rows split evenly over the ranks", "run on 1, 2, 3, 4 or 6 ranks");
+        return;
+    }
+    char ck_plain[512], ck_shard[512], d[400];
+    snprintf(ck_plain, sizeof ck_plain, "%s/zero-plain.safetensors", dir);
+    snprintf(ck_shard, sizeof ck_shard, "%s/zero-shard.safetensors", dir);
+    for (int adamw = 0; adamw < 2; adamw++) {
+        const char *name = adamw ? "AdamW" : "SGD with momentum";
+        /* float64 throughout: the runs differ in summation order only (the reduce-scatter
+         * against the all-reduce, the norm summed by shard) */
+        const double tol = 1e-11;
+        zrun plain = {.adamw = adamw, .to = 30, .save_at = 15, .save = ck_plain},
+             shard = {.adamw = adamw, .shard = 1, .to = 30, .save_at = 15, .save = ck_shard};
+        zero_run(&plain);
+        zero_run(&shard);
+        double dl = losses_apart(&shard, &plain, 0, 30), dw = weights_apart(&shard, &plain);
+        snprintf(d, sizeof d, "%s: loss %.6f -> %.6f; sharded vs not: losses %.3g, weights %.3g "
+                 "apart", name, plain.losses[0], plain.losses[29], dl, dw);
+        if (rank_ == 0)
+            printf("# %s\n", d);
+        check(dl < tol && dw < tol && plain.losses[29] < plain.losses[0],
+              adamw ? "zero: 30 sharded AdamW steps equal the unsharded ones"
+                    : "zero: 30 sharded SGD steps equal the unsharded ones", d);
+        /* 1/N of the state, plus the all-gather's buffers: an eighth of the parameters'
+         * bytes within [64 KiB, 1 MiB], and 1/N of that (docs/distributed.md) */
+        const double share = (double)plain.state_bytes / size_,
+                     bucket = fmax(64 << 10, fmin(1 << 20, (double)plain.nw * 8 / 8 + 64));
+        snprintf(d, sizeof d, "%s: optimizer bytes per rank %llu sharded, %llu not (1/%d of it "
+                 "%.0f, buffers at most %.0f)", name, (unsigned long long)shard.state_bytes,
+                 (unsigned long long)plain.state_bytes, size_, share, bucket * (1 + 1.0 / size_));
+        if (rank_ == 0)
+            printf("# %s\n", d);
+        check(size_ == 1 ? shard.state_bytes == plain.state_bytes
+                         : shard.state_bytes <= share + bucket * (1 + 1.0 / size_) + 64 &&
+                               shard.state_bytes >= share &&
+                               shard.state_bytes < plain.state_bytes,
+              "zero: the optimizer's bytes per rank are 1/N, plus the all-gather's buffers", d);
+        /* the checkpoints are interchangeable: each resumed the other way from step 15 */
+        zrun from_plain = {.adamw = adamw, .shard = 1, .from = 15, .to = 30, .resume = ck_plain},
+             from_shard = {.adamw = adamw, .from = 15, .to = 30, .resume = ck_shard};
+        zero_run(&from_plain);
+        zero_run(&from_shard);
+        double d1 = losses_apart(&from_plain, &plain, 15, 30), w1 = weights_apart(&from_plain, &plain);
+        double d2 = losses_apart(&from_shard, &shard, 15, 30), w2 = weights_apart(&from_shard, &shard);
+        snprintf(d, sizeof d, "%s: unsharded checkpoint resumed sharded: losses %.3g, weights "
+                 "%.3g apart; sharded resumed unsharded: %.3g, %.3g", name, d1, w1, d2, w2);
+        if (rank_ == 0)
+            printf("# %s\n", d);
+        check(d1 < tol && w1 < tol && d2 < tol && w2 < tol,
+              adamw ? "zero: AdamW checkpoints of sharded and unsharded runs are interchangeable"
+                    : "zero: SGD checkpoints of sharded and unsharded runs are interchangeable",
+              d);
+        free(plain.w), free(shard.w), free(from_plain.w), free(from_shard.w);
+    }
+    /* misuse: a sharded state saved without consolidating; parameters the ts_ddp lacks */
+    if (size_ > 1) {
+        ts_rng rng;
+        ts_rng_init(&rng, 9);
+        ts_module *m = model(&rng, TS_F64);
+        size_t np = ts_module_parameters(m, NULL, 0);
+        ts_named_tensor *p = calloc(np, sizeof *p);
+        ts_module_parameters(m, p, np);
+        ts_optim *o;
+        ts_ddp *ddp, *part;
+        ts_adam_options ao = TS_ADAMW_DEFAULTS;
+        OK(ts_optim_adamw(p, np, &ao, &o));
+        OK(ts_ddp_new(p, np - 1, 0, &part));
+        ts_status s1 = ts_optim_shard(o, part);
+        snprintf(d, sizeof d, "%s: %s", ts_status_name(s1), ts_last_error());
+        check(s1 == TS_EINVAL && strstr(ts_last_error(), "fc3.bias") && !ts_optim_sharded(o),
+              "zero: sharding over a ts_ddp without every parameter is refused, naming it", d);
+        ts_ddp_free(part);
+        OK(ts_ddp_new(p, np, 0, &ddp));
+        OK(ts_optim_shard(o, ddp));
+        ts_checkpoint *ck;
+        OK(ts_checkpoint_new(&ck));
+        ts_status s2 = ts_optim_save_state(o, ck);
+        snprintf(d, sizeof d, "%s: %s", ts_status_name(s2), ts_last_error());
+        check(s2 == TS_ESTATE && strstr(ts_last_error(), "ts_optim_consolidate_state"),
+              "zero: saving a sharded state unconsolidated is refused, saying what to call", d);
+        ts_checkpoint_free(ck);
+        ts_ddp_free(ddp); /* freed first: the next step fails, no crash */
+        ts_status s3 = ts_optim_step(o);
+        snprintf(d, sizeof d, "%s: %s", ts_status_name(s3), ts_last_error());
+        check(s3 == TS_ESTATE && strstr(ts_last_error(), "was freed"),
+              "zero: a step after its ts_ddp is freed fails cleanly", d);
+        ts_optim_free(o);
+        free(p);
+        ts_module_free(m);
+    }
+}
+
 static void mismatch(void)
 {
     ts_rng rng;
@@ -390,8 +603,8 @@ static void mismatch(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: dist-check collectives|ddp|steps|mismatch\n");
+    if (argc < 2 || (argc != 2 && strcmp(argv[1], "zero")) || (!strcmp(argv[1], "zero") && argc != 3)) {
+        fprintf(stderr, "usage: dist-check collectives|ddp|steps|mismatch|zero DIR\n");
         return 2;
     }
     if (ts_init(NULL) != TS_OK || ts_dist_init(NULL) != TS_OK) {
@@ -408,6 +621,8 @@ int main(int argc, char **argv)
         steps();
     else if (!strcmp(argv[1], "mismatch"))
         mismatch();
+    else if (!strcmp(argv[1], "zero"))
+        zero(argv[2]);
     else
         return 2;
     if (rank_ == 0)

@@ -100,7 +100,9 @@ static void test_bad_values(void)
         snprintf(text, sizeof text, "[dist]\nranks_per_node = %s\n", rpn[i]);
         BAD(text, "t.ini:2:", "ranks_per_node", "1 to 65536");
     }
-    BAD("[dist]\nshards = 2\n", "t.ini:2:", "unknown key 'shards'", "ranks_per_node");
+    BAD("[dist]\nshards = 2\n", "t.ini:2:", "unknown key 'shards'", "ranks_per_node",
+        "shard_optimizer");
+    BAD("[dist]\nshard_optimizer = 2\n", "t.ini:2:", "shard_optimizer = '2'", "true or false");
 }
 
 static void test_syntax_errors(void)
