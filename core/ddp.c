@@ -72,9 +72,9 @@ static double now_s(void)
  * bucket's contents complete: the device was synchronised when it was queued). */
 static ts_status bucket_sum(ts_ddp *d, bucket *b)
 {
-    if (d->sharded) /* host memory: the bucket's padding is zeros */
-        return ts_dist_reduce_scatter_sum(b->buf, ts__data(b->shard),
-                                          b->padded / (size_t)ts_dist_size(), b->dtype);
+    if (d->sharded) /* the bucket's padding is zeros */
+        return ts__dist_reduce_scatter_mem(b->buf, ts__data(b->shard),
+                                           b->padded / (size_t)ts_dist_size(), b->dtype);
     if (!d->devmode)
         return ts_dist_allreduce_sum(b->buf, b->numel, b->dtype);
     ts_status s = ts__dist_allreduce_in_place(b->buf, b->numel, b->dtype);
@@ -474,12 +474,16 @@ ts_status ts__ddp_shard(ts_ddp *d, struct ts_optim *opt)
     if (d->zero_opt)
         return ts__fail(TS_ESTATE, "ts_optim_shard: this ts_ddp shards another optimizer's "
                         "state already (one sharded optimizer per ts_ddp)");
-    if (ts_dist_size() > 1 && (!d->st.in_place || d->devmode))
+    if (ts_dist_size() > 1 && !d->st.in_place)
         return ts__fail(TS_EINVAL, "ts_optim_shard: the parameters must all live on one "
-                        "host-memory device (cpu_blas, cpu_onednn) under a host-buffer comm "
-                        "backend (mpi); here %s: keep the optimizer unsharded",
-                        d->devmode ? "the gradients are summed in device memory"
-                                   : "they are on several devices or in device memory");
+                        "device whose memory the comm backend takes: a host-memory device "
+                        "(cpu_blas, cpu_onednn) under a host-buffer backend (mpi), or the "
+                        "backend's own device under a device-buffer one (nccl); here they are "
+                        "on several devices or on another: keep the optimizer unsharded");
+    if (ts_dist_size() > 1 && !ts__dist_device_reduce_scatter())
+        return ts__fail(TS_EPLUGIN, "ts_optim_shard: the comm backend '%s' has no "
+                        "reduce-scatter (communication ABI 1.2): keep the optimizer unsharded",
+                        ts_dist_backend());
     const size_t world = (size_t)ts_dist_size();
     ts_status s = TS_OK;
     for (size_t k = 0; k < d->nb && s == TS_OK; k++) {

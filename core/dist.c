@@ -739,6 +739,35 @@ out:
 
 /* The plugin's all-reduce (sum) of buf as it lies, under the world's lock (ts_ddp's buckets:
  * device memory on a device-buffer backend). */
+ts_status ts__dist_reduce_scatter_mem(const void *send, void *recv, size_t count,
+                                      int32_t dtype)
+{
+    if (!W.dev)
+        return ts_dist_reduce_scatter_sum(send, recv, count, dtype);
+    if (!W.vt.reduce_scatter)
+        return ts__fail(TS_EPLUGIN, "comm plugin '%s' has no reduce-scatter (communication ABI "
+                        "1.2): a sharded optimizer cannot use it", W.name);
+    pthread_mutex_lock(&comm_lock);
+    ts_status s = W.vt.reduce_scatter(W.ctx, send, recv, count, dtype, TS_COMM_SUM);
+    pthread_mutex_unlock(&comm_lock);
+    return s;
+}
+
+ts_status ts__dist_allgather_mem(const void *send, void *recv, size_t nbytes)
+{
+    if (!W.dev || W.size == 1)
+        return ts_dist_allgather(send, recv, nbytes);
+    pthread_mutex_lock(&comm_lock);
+    ts_status s = W.vt.allgather(W.ctx, send, recv, nbytes);
+    pthread_mutex_unlock(&comm_lock);
+    return s;
+}
+
+int ts__dist_device_reduce_scatter(void)
+{
+    return !W.dev || W.vt.reduce_scatter != NULL;
+}
+
 ts_status ts__dist_allreduce_in_place(void *buf, size_t count, int32_t dtype)
 {
     pthread_mutex_lock(&comm_lock);

@@ -352,6 +352,14 @@ char *ts__asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The communication plugin's all-reduce (sum) of buf as it lies, under the world's lock
  * (core/dist.c, for core/ddp.c). */
 ts_status ts__dist_allreduce_in_place(void *buf, size_t count, int32_t dtype);
+/* The sharded optimizer's collectives on the memory its buffers live in: the backend's
+ * device memory under a device-buffer backend (NCCL), host memory otherwise (where they are
+ * ts_dist_reduce_scatter_sum and ts_dist_allgather). device_reduce_scatter: whether a
+ * device-buffer backend has a reduce-scatter (1 under a host-buffer one). */
+ts_status ts__dist_reduce_scatter_mem(const void *send, void *recv, size_t count,
+                                      int32_t dtype);
+ts_status ts__dist_allgather_mem(const void *send, void *recv, size_t nbytes);
+int ts__dist_device_reduce_scatter(void);
 /* [dist] shard_optimizer, as every rank agreed on it at ts_dist_init. */
 int ts__dist_shard_optimizer(void);
 
@@ -359,7 +367,8 @@ int ts__dist_shard_optimizer(void);
  * bucket is reduce-scattered into this rank's shard of it (a tensor of padded / ranks
  * elements: the averaged gradients of bucket elements [rank, rank + 1) x that), which opt
  * steps; the parameters' .grad keep this rank's own gradients. One optimizer per ts_ddp; the
- * parameters on one host-memory device under a host-buffer backend. ddp_unshard: back to
+ * parameters on one device whose memory the backend takes (host memory under MPI, the
+ * backend's device under NCCL). ddp_unshard: back to
  * all-reducing (the optimizer is going). When the ts_ddp goes first it calls
  * ts__optim_ddp_gone(opt). locate: bucket and offset (elements) of parameter t, 0 if t is
  * not one of the ts_ddp's. */

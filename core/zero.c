@@ -6,7 +6,9 @@
  * optimizer of the same kind; then every bucket's updated shards are all-gathered into the
  * parameters. The arithmetic of an update is elementwise, so a piece steps as its parameter
  * would. The whole state is gathered on one rank only to be saved
- * (ts_optim_consolidate_state), and a loaded one is cut into the pieces again. */
+ * (ts_optim_consolidate_state), and a loaded one is cut into the pieces again. Host memory
+ * under MPI or the backend's device under NCCL alike: the copies are the device's, the
+ * collectives the backend's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,8 +90,9 @@ static ts_status take_state(ts_optim *o)
             if ((s = ts_tensor_empty(ts_tensor_device(whole), whole->dtype, 1, &ne,
                                      &ps->state[k])) == TS_OK) {
                 ts_tensor_set_role(ps->state[k], TS_ROLE_OPTIMIZER);
-                memcpy(ts__data(ps->state[k]), (const char *)ts__data(whole) + p->lo * es,
-                       p->len * es);
+                s = ts_device_copy_device(ts_tensor_device(whole), ts__data(ps->state[k]),
+                                          (const char *)ts__data(whole) + p->lo * es,
+                                          p->len * es);
             }
         }
     }
@@ -250,6 +253,7 @@ static ts_status gather(ts_optim *o, int which, int root)
 {
     struct ts__zero *z = o->zero;
     char *send = o->n ? ts__data(z->send) : NULL, *all = o->n ? ts__data(z->gather) : NULL;
+    ts_device *dev = o->n ? ts_tensor_device(z->send) : NULL;
     const size_t W = (size_t)z->world;
     ts_status s = TS_OK;
     for (size_t k = 0; k < z->nb && s == TS_OK; k++) {
@@ -272,11 +276,14 @@ static ts_status gather(ts_optim *o, int which, int root)
                                                  : z->in->slots[j].state[which];
                 size_t a = p->at > c0 ? p->at : c0;
                 size_t b = p->at + p->len < c1 ? p->at + p->len : c1;
-                if (p->bucket == k && src && a < b)
-                    memcpy(send + (a - c0) * es,
-                           (const char *)ts__data(src) + (a - p->at) * es, (b - a) * es);
+                if (p->bucket == k && src && a < b && s == TS_OK)
+                    s = ts_device_copy_device(dev, send + (a - c0) * es,
+                                              (const char *)ts__data(src) + (a - p->at) * es,
+                                              (b - a) * es);
             }
-            if ((s = ts_dist_allgather(send, all, cl * es)))
+            /* the copies (and the step before them) done before the collective reads */
+            if (s || (s = ts_device_synchronize(dev)) ||
+                (s = ts__dist_allgather_mem(send, all, cl * es)))
                 break;
             /* rank r's part: bucket elements [r S + c0, r S + c1), at r cl in `all` */
             for (size_t i = 0; i < o->n; i++) {
@@ -287,11 +294,15 @@ static ts_status gather(ts_optim *o, int which, int root)
                 for (size_t r = 0; r < W; r++) {
                     size_t a = q->off > r * S + c0 ? q->off : r * S + c0;
                     size_t b = q->off + q->numel < r * S + c1 ? q->off + q->numel : r * S + c1;
-                    if (a < b)
-                        memcpy((char *)ts__data(dst) + (a - q->off) * es,
-                               all + (r * cl + a - r * S - c0) * es, (b - a) * es);
+                    if (a < b && s == TS_OK)
+                        s = ts_device_copy_device(dev, (char *)ts__data(dst) + (a - q->off) * es,
+                                                  all + (r * cl + a - r * S - c0) * es,
+                                                  (b - a) * es);
                 }
             }
+            /* the buffer is overwritten by the next round's copies */
+            if (s == TS_OK)
+                s = ts_device_synchronize(dev);
         }
         for (size_t i = 0; i < o->n && which < 0; i++)
             if (z->par[i].bucket == k)

@@ -391,6 +391,7 @@ typedef struct zrun {
     double *w;
     size_t nw;
     uint64_t state_bytes;
+    int on_device; /* the buckets were summed in the backend's device memory */
 } zrun;
 
 static void zero_run(zrun *r)
@@ -466,6 +467,9 @@ static void zero_run(zrun *r)
         OK(ts_tensor_to_host(p[i].tensor, r->w + at, ne * sizeof *r->w));
         at += ne;
     }
+    ts_ddp_stats st;
+    ts_ddp_get_stats(ddp, &st);
+    r->on_device = st.on_device;
     ts_ddp_free(ddp);
     ts_optim_free(o);
     free(p);
@@ -514,6 +518,10 @@ static void zero(const char *dir)
                  "apart", name, plain.losses[0], plain.losses[29], dl, dw);
         if (rank_ == 0)
             printf("# %s\n", d);
+        if (ts_dist_device()) /* a device-buffer backend: the sharded path in its memory */
+            check(shard.on_device && plain.on_device,
+                  "zero: under a device-buffer backend the shards live in its device memory",
+                  ts_device_name(ts_dist_device()));
         check(dl < tol && dw < tol && plain.losses[29] < plain.losses[0],
               adamw ? "zero: 30 sharded AdamW steps equal the unsharded ones"
                     : "zero: 30 sharded SGD steps equal the unsharded ones", d);
