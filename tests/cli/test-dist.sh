@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 47
+plan 48
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -419,6 +419,21 @@ if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst$vworst\" !~ /n/ && $worst <= 1e-4
 else
     fail "train --model gpt sharded on 2 ranks" "rc=$rc worst=$worst validation=$vworst" \
         "$(paste "$TMP/g2.l" "$TMP/gz.l" | head -5)" "$(tail -5 "$TMP/gz.err")"
+fi
+# the GPT across world sizes, sharded: 2 ranks with the optimizer sharded save at step 25 (the
+# state gathered on rank 0), one process resumes: the losses of 50 straight steps in one
+TESSERA_CONFIG="$TMP/shard.ini" timeout "$(hang_limit 300)" $MPI $G --max-steps 25 \
+    --save "$TMP/gz.ckpt" >"$TMP/gza.json" 2>"$TMP/gza.err"
+rc=$?
+$G --resume "$TMP/gz.ckpt" >"$TMP/gzb.json" 2>"$TMP/gzb.err" || rc=1
+cat "$TMP/gza.json" "$TMP/gzb.json" | grep '"step": [0-9]*, "loss"' |
+    sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/gzab.l"
+worst=$(worst_of g1 gzab)
+if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n/ && $worst <= 1e-4)}"; then
+    ok "gpt: a sharded 2-rank checkpoint at step 25 resumes in one process: 50 straight steps' losses (worst $worst)"
+else
+    fail "gpt: a sharded 2-rank checkpoint resumes in one process" "rc=$rc worst=$worst" \
+        "$(tail -3 "$TMP/gza.err")" "$(tail -3 "$TMP/gzb.err")" "$(paste "$TMP/g1.l" "$TMP/gzab.l" | sed -n '24,28p')"
 fi
 # under a device-buffer backend (NCCL's kind; here comm_devtest on cpu_blas) the buckets are
 # reduce-scattered and the parameters all-gathered in the device's memory: the same losses
