@@ -34,6 +34,12 @@ typedef int (*mpi_ready_fn)(void);
 typedef int (*mpi_allreduce_fn)(float *, long);
 typedef int (*mpi_reduce_scatter_fn)(const float *, float *, long);
 typedef int (*mpi_allgather_fn)(const void *, void *, long);
+typedef int (*mpi_hier_fn)(float *, long, int);
+
+/* The raw hierarchical all-reduce (the same three MPI calls tessera makes), when the job's
+ * all-reduce is hierarchical: what tessera's is compared with besides the flat one. */
+static mpi_hier_fn hier_raw;
+static int hier_per_node;
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -98,12 +104,13 @@ static int parse(int argc, char **argv, opts *o)
 
 /* (1) one buffer size: tessera's all-reduce and the raw one, alternating, medians. */
 static int allreduce_size(const opts *o, mpi_allreduce_fn raw, long count, double *t_ts,
-                          double *t_raw)
+                          double *t_raw, double *t_hraw)
 {
     float *buf = malloc(sizeof *buf * (size_t)count);
     double *a = malloc(sizeof *a * (size_t)o->iters), *b = malloc(sizeof *b * (size_t)o->iters);
-    if (!buf || !a || !b) {
-        free(buf), free(a), free(b);
+    double *h = malloc(sizeof *h * (size_t)o->iters);
+    if (!buf || !a || !b || !h) {
+        free(buf), free(a), free(b), free(h);
         fprintf(stderr, "tessera: error: out of memory\n");
         return 1;
     }
@@ -124,12 +131,21 @@ static int allreduce_size(const opts *o, mpi_allreduce_fn raw, long count, doubl
             if (it >= 0)
                 b[it] = t3 - t2;
         }
+        if (hier_raw) {
+            ts_dist_barrier();
+            double t4 = cli_now();
+            if (hier_raw(buf, count, hier_per_node))
+                s = TS_EIO;
+            if (it >= 0)
+                h[it] = cli_now() - t4;
+        }
         if (it >= 0)
             a[it] = t1 - t0;
     }
     *t_ts = median(a, o->iters);
     *t_raw = raw ? median(b, o->iters) : 0;
-    free(buf), free(a), free(b);
+    *t_hraw = hier_raw ? median(h, o->iters) : 0;
+    free(buf), free(a), free(b), free(h);
     return s ? cli_fail(s, "all-reduce") : 0;
 }
 
@@ -380,6 +396,8 @@ int cli_bench_dist(int argc, char **argv, const cli_common *common)
         *(void **)&raw = dlsym(mod, "tsb_mpi_allreduce_f32");
         if (!ready || !ready())
             raw = NULL;
+        if (raw && ts_dist_hierarchy(NULL, &hier_per_node))
+            *(void **)&hier_raw = dlsym(mod, "tsb_mpi_hier_allreduce_f32");
     }
     const double bus = world > 1 ? 2.0 * (world - 1) / world : 0;
     if (!o.json) {
@@ -388,30 +406,40 @@ int cli_bench_dist(int argc, char **argv, const cli_common *common)
         int hn = 0, hp = 0;
         if (world > 1 && ts_dist_hierarchy(&hn, &hp))
             printf("  all-reduce: hierarchical, %d machines of %d ranks ([dist] "
-                   "hierarchical)\n", hn, hp);
+                   "hierarchical); \"hier raw\": the same three MPI calls made directly\n",
+                   hn, hp);
         if (world > 1)
             printf("  all-reduce (sum, float32), bus bandwidth GB/s, median of %d; raw: "
-                   "MPI_Allreduce on the same buffer%s\n  %10s %12s %12s %12s %8s\n",
+                   "MPI_Allreduce on the same buffer%s\n  %10s %12s %12s %12s %8s%s\n",
                    o.iters, raw ? "" : " (not measured: tessera-bench-mpi.so not found)",
-                   "bytes", "tessera ms", "raw ms", "tessera GB/s", "ratio");
+                   "bytes", "tessera ms", "raw ms", "tessera GB/s", "ratio",
+                   hier_raw ? "  hier raw ms    ratio" : "");
     } else {
         printf("{\"world_size\": %d, \"backend\": \"%s\", \"allreduce\": [", world,
                ts_dist_backend());
     }
     int first = 1;
     for (long bytes = 4096; world > 1 && bytes <= o.max_mib * 1048576L; bytes *= 4) {
-        double tt, tr;
-        if ((rc = allreduce_size(&o, raw, bytes / 4, &tt, &tr)))
+        double tt, tr, th;
+        if ((rc = allreduce_size(&o, raw, bytes / 4, &tt, &tr, &th)))
             goto out;
         rc = 1;
         double gbs = bus * (double)bytes / tt * 1e-9;
-        if (o.json)
+        char hier[96] = "";
+        if (o.json) {
+            if (hier_raw)
+                snprintf(hier, sizeof hier, ", \"raw_hier_ms\": %.4f, \"hier_ratio\": %.3f",
+                         th * 1e3, th / tt);
             printf("%s{\"bytes\": %ld, \"tessera_ms\": %.4f, \"raw_ms\": %.4f, "
-                   "\"tessera_busbw_gbs\": %.3f, \"ratio\": %.3f}",
-                   first ? "" : ", ", bytes, tt * 1e3, tr * 1e3, gbs, tr > 0 ? tr / tt : 0);
-        else
-            printf("  %10ld %12.4f %12.4f %12.3f %7.2fx\n", bytes, tt * 1e3, tr * 1e3, gbs,
-                   tr > 0 ? tr / tt : 0);
+                   "\"tessera_busbw_gbs\": %.3f, \"ratio\": %.3f%s}",
+                   first ? "" : ", ", bytes, tt * 1e3, tr * 1e3, gbs, tr > 0 ? tr / tt : 0,
+                   hier);
+        } else {
+            if (hier_raw)
+                snprintf(hier, sizeof hier, " %12.4f %7.2fx", th * 1e3, th / tt);
+            printf("  %10ld %12.4f %12.4f %12.3f %7.2fx%s\n", bytes, tt * 1e3, tr * 1e3, gbs,
+                   tr > 0 ? tr / tt : 0, hier);
+        }
         first = 0;
     }
     /* (1b) the halves of a sharded step: reduce-scatter and all-gather, 1 MiB and up */
