@@ -104,6 +104,14 @@ void hk_dev_init(hk_dev *hd, const ts_host *host, const char *name,
     hd->configured = threads && threads->v.i > 0 ? (int)threads->v.i : (ncpu > 0 ? (int)ncpu : 1);
     hd->threads = hd->configured;
     hd->adaptive = adapt ? adapt->v.boolean != 0 : 0;
+    /* TESSERA_RUN_THREADS=N: kernels run on N threads (at most the setting) as adaptive
+     * threads would under load, the work still cut for `threads`: to check that results do
+     * not depend on how many threads run (tests/cli/test-threads-invariant.sh). */
+    const char *run = getenv("TESSERA_RUN_THREADS");
+    if (run && atoi(run) > 0) {
+        hd->threads = atoi(run) < hd->configured ? atoi(run) : hd->configured;
+        hd->adaptive = 0;
+    }
 }
 
 int hk_threads_for(int configured, int ncpu, double others)

@@ -33,9 +33,9 @@ static inline int hk_threads(const hk_dev *hd)
  * other processes used since the last sample (its busy time, /proc/stat, less this process's
  * CPU time) and sets the threads to the cores they left free (at least one, at most the
  * setting), so that a busy machine does not leave threads waiting on each other for a core.
- * Nothing without /proc or unless adaptive_threads = true: cpu_blas's results depend on its
- * thread count (its reductions' partial sums, its GEMM bands), so a run that adapts is not
- * bit-reproducible. */
+ * Nothing without /proc or with adaptive_threads = false. Kernels cut their work for the
+ * threads setting (hd->configured: GEMM bands, a split reduction's parts, a convolution's
+ * image slots) and run the parts on hk_threads of them, so the bits do not follow the load. */
 void hk_dev_adapt(hk_dev *hd);
 /* The policy: of `configured` threads on `ncpu` cores, others using `others` cores. */
 int hk_threads_for(int configured, int ncpu, double others);
@@ -75,7 +75,7 @@ ts_status hk_dev_copy_strided(const ts_operand *dst, const ts_operand *src);
 /* The keys both CPU plugins declare. */
 #define HK_KEYS                                                                     \
     {"threads", TS_SETTING_INT, "0", 0, 4096, "worker threads; 0 = all cores"},              \
-    {"adaptive_threads", TS_SETTING_BOOL, "false", 0, 0,                                    \
-     "fewer threads while other processes use the cores (results may then vary by load)"}
+    {"adaptive_threads", TS_SETTING_BOOL, "true", 0, 0,                                     \
+     "fewer threads while other processes use the cores (the work still cut for threads)"}
 
 #endif /* TESSERA_PLUGINS_HOSTDEV_H */

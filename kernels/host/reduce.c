@@ -14,10 +14,19 @@
 /* Most threads a split slice uses: the size of the partials array. */
 #define RD_MAX_PARTS 256
 
+/* The threads the work is cut for: the threads setting, not the threads running now
+ * (adaptive_threads), so that a slice split in parts sums alike whatever the load. */
 static int threads_for(const hk_dev *hd, int64_t work)
 {
-    int nt = hk_threads(hd) > 1 && work >= RD_PAR_MIN ? hk_threads(hd) : 1;
+    int nt = hd->configured > 1 && work >= RD_PAR_MIN ? hd->configured : 1;
     return nt < RD_MAX_PARTS ? nt : RD_MAX_PARTS;
+}
+
+/* The threads to run nt parts on now. */
+static int run_for(const hk_dev *hd, int nt)
+{
+    int run = hk_threads(hd);
+    return run < nt ? (run > 1 ? run : 1) : nt;
 }
 
 /* ---- reduce ---------------------------------------------------------------------------- */
@@ -245,7 +254,7 @@ static int rd_by_rows(const rd_plan *p)
 static void rd_execute_rows(const hk_dev *hd, const rd_plan *p, size_t out_es)
 {
     int64_t nblocks = (p->nout + RD_COLS - 1) / RD_COLS;
-    int nt = threads_for(hd, p->nout * p->nslice);
+    int nt = run_for(hd, threads_for(hd, p->nout * p->nslice));
     (void)nt; /* the reference flavour has no parallel regions */
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && nblocks > 1)
     for (int64_t b = 0; b < nblocks; b++) {
@@ -270,10 +279,10 @@ static void rd_execute(const hk_dev *hd, const rd_plan *p, size_t out_es)
         rd_execute_rows(hd, p, out_es);
         return;
     }
-    int nt = threads_for(hd, p->nout * p->nslice);
-    (void)nt; /* the reference flavour has no parallel regions */
+    int nt = threads_for(hd, p->nout * p->nslice), nrun = run_for(hd, nt);
+    (void)nrun; /* the reference flavour has no parallel regions */
     if (nt == 1 || p->nout >= nt) {
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+#pragma omp parallel for num_threads(nrun) schedule(static) if (nrun > 1)
         for (int64_t j = 0; j < p->nout; j++) {
             int64_t io, oo;
             rd_locate(p, j, &io, &oo);
@@ -289,7 +298,7 @@ static void rd_execute(const hk_dev *hd, const rd_plan *p, size_t out_es)
         int64_t io, oo;
         rd_locate(p, j, &io, &oo);
         rd_part parts[RD_MAX_PARTS];
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nrun) schedule(static) if (nrun > 1)
         for (int t = 0; t < nt; t++) {
             rd_part_init(&parts[t]);
             int64_t lo = p->nslice * t / nt, hi = p->nslice * (t + 1) / nt;
@@ -437,7 +446,7 @@ static ts_status run_softmax(hk_dev *hd, const ts_kernel_call *call)
     const char *xbase = (const char *)in->data + in->offset * (int64_t)es;
     char *ybase = (char *)out->data + out->offset * (int64_t)es;
     int32_t dtype = in->dtype;
-    int nt = threads_for(hd, nslices * len * 8); /* exp makes each element costly */
+    int nt = run_for(hd, threads_for(hd, nslices * len * 8)); /* exp: costly elements */
     (void)nt;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && nslices > 1)
     for (int64_t j = 0; j < nslices; j++) {

@@ -170,20 +170,28 @@ static ts_status conv_bwd(hk_dev *hd, const ts_kernel_call *call);
  * Else 1: image after image, with OpenBLAS threading each GEMM. */
 static int image_threads(const hk_dev *hd, int64_t N, double m, double n, double k)
 {
-    return hk_threads(hd) > 1 && N > 1 && m * n * k < 262144.0 ? hk_threads(hd) : 1;
+    return hd->configured > 1 && N > 1 && m * n * k < 262144.0 ? hd->configured : 1;
 }
 
-static int thread_id(void)
+/* The images of slot t of nt: libgomp's static schedule of N over nt threads. The slots (and
+ * their scratch, and BWD_WEIGHT's partial sums) follow the threads setting, not the threads
+ * running now (adaptive_threads), so the bits do not depend on the machine's load. */
+static void slot_images(int64_t N, int t, int nt, int64_t *lo, int64_t *hi)
 {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
+    int64_t q = N / nt, r = N % nt;
+    *lo = q * t + (t < r ? t : r);
+    *hi = *lo + q + (t < r);
+}
+
+/* Threads to run nt slots on now. */
+static int slot_run(const hk_dev *hd, int nt)
+{
+    int run = hk_threads(hd);
+    return run < nt ? (run > 1 ? run : 1) : nt;
 }
 
 /* What every image of a forward convolution shares: the operands, the (K, CRS) filter matrix,
- * the im2col table and each image thread's scratch. */
+ * the im2col table and each slot's scratch. */
 typedef struct fwd_job {
     const ts_conv2d_params *p;
     const ts_operand *x, *y, *bias;
@@ -194,9 +202,10 @@ typedef struct fwd_job {
     size_t es;
     int direct_x, direct_y;
     int inner; /* threads for the image's own im2col, GEMMs and bias pass */
+    int parts; /* the threads its GEMMs are cut for */
 } fwd_job;
 
-/* Image n, with image thread tid's scratch. */
+/* Image n, with slot tid's scratch. */
 static void fwd_image(const fwd_job *j, int64_t n, int tid)
 {
     const ts_conv2d_params *p = j->p;
@@ -228,7 +237,7 @@ static void fwd_image(const fwd_job *j, int64_t n, int tid)
     int64_t ldy = direct_y ? (K == 1 ? PQ : y->strides[1]) : PQ;
     /* Group g: y[n, g*Kg:(g+1)*Kg] (Kg, PQ) = w[g*Kg:...] (Kg, CRS) @ col[g*CRS:...] */
     for (int64_t g = 0; g < G; g++)
-        ts_blas_gemm(inner, es, 0, 0, Kg, PQ, CRS, 1.0, wmat + g * Kg * ldw * (int64_t)es,
+        ts_blas_gemm(j->parts, inner, es, 0, 0, Kg, PQ, CRS, 1.0, wmat + g * Kg * ldw * (int64_t)es,
                      ldw, xmat + g * CRS * ldx * (int64_t)es, ldx, 0.0,
                      ymat + g * Kg * ldy * (int64_t)es, ldy);
     /* Bias and, for a scattered y, the copy out: one pass over the (K, P, Q) planes. */
@@ -318,10 +327,10 @@ ts_status ts_blas_conv(hk_dev *hd, const ts_kernel_call *call)
     int direct_x = R == 1 && S == 1 && p->stride_h == 1 && p->stride_w == 1 && p->pad_h == 0 &&
                    p->pad_w == 0 && x->strides[3] == 1 && (H == 1 || x->strides[2] == W) &&
                    (C == 1 || x->strides[1] >= H * W) && x->strides[1] <= INT_MAX;
-    /* Scratch per image thread: columns (CRSall, PQ) and, for a scattered y, (K, PQ). */
+    /* Scratch per slot: columns (CRSall, PQ) and, for a scattered y, (K, PQ). */
     int nt = hk_overlaps(x, y) ? 1 : image_threads(hd, N, (double)Kg, (double)PQ,
                                                              (double)CRS);
-    int inner = nt > 1 ? 1 : hk_threads(hd);
+    int inner = nt > 1 ? 1 : hk_threads(hd), parts = nt > 1 ? 1 : hd->configured;
     if (!direct_x && ((s = col_tab_make(hd, "conv2d", p, R, S, H, W, P, Q, tabsmall, &tab,
                                         &tabbuf)) ||
                       (s = h->scratch_alloc(h, (size_t)(nt * CRSall * PQ) * es, "conv2d",
@@ -336,15 +345,20 @@ ts_status ts_blas_conv(hk_dev *hd, const ts_kernel_call *call)
     fwd_job job = {.p = p, .x = x, .y = y, .bias = bias, .tab = tab, .wmat = wmat,
                    .colbuf = colbuf, .ybuf = ybuf, .ldw = ldw, .C = C, .K = K, .G = G, .R = R,
                    .S = S, .P = P, .Q = Q, .es = es, .direct_x = direct_x,
-                   .direct_y = direct_y, .inner = inner};
+                   .direct_y = direct_y, .inner = inner, .parts = parts};
     /* One image at a time runs outside any parallel region, so that the GEMMs' and im2col's
      * own regions are top-level ones on the plugin's one OpenMP pool: inside even an inactive
      * team of one they would be nested, and libgomp starts fresh threads for every nested
      * team (a thread per GEMM, 96 per training step of the default cnn). */
     if (nt > 1) {
-        _Pragma("omp parallel for num_threads(nt) schedule(static)")
-        for (int64_t n = 0; n < N; n++)
-            fwd_image(&job, n, thread_id());
+        int nrun = slot_run(hd, nt);
+        _Pragma("omp parallel for num_threads(nrun) schedule(static) if(nrun > 1)")
+        for (int t = 0; t < nt; t++) {
+            int64_t lo, hi;
+            slot_images(N, t, nt, &lo, &hi);
+            for (int64_t n = lo; n < hi; n++)
+                fwd_image(&job, n, t);
+        }
     } else {
         for (int64_t n = 0; n < N; n++)
             fwd_image(&job, n, 0);
@@ -483,9 +497,10 @@ typedef struct bwd_job {
     size_t es;
     int is_data, direct_x;
     int inner; /* threads for the image's own GEMMs, im2col and col2im */
+    int parts; /* the threads its GEMMs are cut for */
 } bwd_job;
 
-/* Image n, with image thread tid's scratch. */
+/* Image n, with slot tid's scratch. */
 static void bwd_image(const bwd_job *j, int64_t n, int tid)
 {
     const ts_conv2d_params *p = j->p;
@@ -515,7 +530,7 @@ static void bwd_image(const bwd_job *j, int64_t n, int tid)
     if (is_data) {
         /* Group g: col[g*CRS:...] (CRS, PQ) = w[g*Kg:...]^T (CRS, Kg) @ gy[g*Kg:...] */
         for (int64_t g = 0; g < G; g++)
-            ts_blas_gemm(inner, es, 1, 0, CRS, PQ, Kg, 1.0,
+            ts_blas_gemm(j->parts, inner, es, 1, 0, CRS, PQ, Kg, 1.0,
                          wmat + g * Kg * ldw * (int64_t)es, ldw,
                          gymat + g * Kg * ldg * (int64_t)es, ldg, 0.0,
                          xmat + g * CRS * ldx * (int64_t)es, ldx);
@@ -534,7 +549,7 @@ static void bwd_image(const bwd_job *j, int64_t n, int tid)
         }
         /* Group g: gw[g*Kg:...] (Kg, CRS) (+)= gy[g*Kg:...] (Kg, PQ) @ col[g*CRS:...]^T */
         for (int64_t g = 0; g < G; g++)
-            ts_blas_gemm(inner, es, 0, 1, Kg, CRS, PQ, 1.0,
+            ts_blas_gemm(j->parts, inner, es, 0, 1, Kg, CRS, PQ, 1.0,
                          gymat + g * Kg * ldg * (int64_t)es, ldg,
                          xmat + g * CRS * ldx * (int64_t)es, ldx, beta,
                          gwmat + g * Kg * ldgw * (int64_t)es, ldgw);
@@ -579,7 +594,7 @@ static ts_status conv_bwd(hk_dev *hd, const ts_kernel_call *call)
     int nt = hk_overlaps(gy, out) || hk_overlaps(x, w) ? 1
              : is_data ? image_threads(hd, N, (double)CRS, (double)PQ, (double)Kg)
                        : image_threads(hd, N, (double)Kg, (double)CRS, (double)PQ);
-    int inner = nt > 1 ? 1 : hk_threads(hd);
+    int inner = nt > 1 ? 1 : hk_threads(hd), parts = nt > 1 ? 1 : hd->configured;
     /* w / gw as (K, CRS) row-major: in place when dense and clear of the output written image
      * after image (w of gx; gw of gy and x), else through scratch. */
     int64_t ldw = filter_ld(w);
@@ -620,12 +635,17 @@ static ts_status conv_bwd(hk_dev *hd, const ts_kernel_call *call)
     bwd_job job = {.p = p, .x = x, .gy = gy, .tab = tab, .wmat = wmat, .colbuf = colbuf,
                    .gybuf = gybuf, .partbuf = partbuf, .ldw = ldw, .ldgy = ldgy, .C = C, .K = K,
                    .G = G, .R = R, .S = S, .P = P, .Q = Q, .es = es, .is_data = is_data,
-                   .direct_x = direct_x, .inner = inner};
+                   .direct_x = direct_x, .inner = inner, .parts = parts};
     /* Outside any parallel region when the images are not spread: see ts_blas_conv. */
     if (nt > 1) {
-        _Pragma("omp parallel for num_threads(nt) schedule(static)")
-        for (int64_t n = 0; n < N; n++)
-            bwd_image(&job, n, thread_id());
+        int nrun = slot_run(hd, nt);
+        _Pragma("omp parallel for num_threads(nrun) schedule(static) if(nrun > 1)")
+        for (int t = 0; t < nt; t++) {
+            int64_t lo, hi;
+            slot_images(N, t, nt, &lo, &hi);
+            for (int64_t n = lo; n < hi; n++)
+                bwd_image(&job, n, t);
+        }
     } else {
         for (int64_t n = 0; n < N; n++)
             bwd_image(&job, n, 0);

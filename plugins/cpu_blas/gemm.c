@@ -86,20 +86,22 @@ static int64_t band_start(int64_t len, int t, int nt)
     return len * t / nt / BAND_ALIGN * BAND_ALIGN;
 }
 
-void ts_blas_gemm(int threads, size_t es, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                  double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
-                  double beta, void *c, int64_t ldc)
+void ts_blas_gemm(int parts, int run, size_t es, int ta, int tb, int64_t m, int64_t n,
+                  int64_t k, double alpha, const void *a, int64_t lda, const void *b,
+                  int64_t ldb, double beta, void *c, int64_t ldc)
 {
     const char *ap = a, *bp = b;
     char *cp = c;
     ts_blas_single_thread();
     int by_cols = n >= m;
-    int nt = band_threads(threads, by_cols ? n : m, (double)m * (double)n * (double)k);
+    /* the bands from `parts` alone, so that running them on fewer threads changes nothing */
+    int nt = band_threads(parts, by_cols ? n : m, (double)m * (double)n * (double)k);
     if (nt == 1) {
         call(es, ta, tb, m, n, k, alpha, ap, lda, bp, ldb, beta, cp, ldc);
         return;
     }
-    _Pragma("omp parallel for num_threads(nt) schedule(static)")
+    int nrun = run < nt ? (run > 1 ? run : 1) : nt;
+    _Pragma("omp parallel for num_threads(nrun) schedule(static) if(nrun > 1)")
     for (int t = 0; t < nt; t++) {
         int64_t len = by_cols ? n : m;
         int64_t lo = band_start(len, t, nt), hi = band_start(len, t + 1, nt);

@@ -69,7 +69,7 @@ static void gemm(const hk_dev *hd, int32_t dtype, enum CBLAS_TRANSPOSE ta,
                  enum CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, double alpha,
                  const gemm_mat *a, const gemm_mat *b, double beta, char *c, int64_t ldc)
 {
-    ts_blas_gemm(hk_threads(hd), dtype == TS_F32 ? 4 : 8, ta == CblasTrans, tb == CblasTrans, m, n,
+    ts_blas_gemm(hd->configured, hk_threads(hd), dtype == TS_F32 ? 4 : 8, ta == CblasTrans, tb == CblasTrans, m, n,
                  k, alpha, a->base, a->ld, b->base, b->ld, beta, c, ldc);
 }
 

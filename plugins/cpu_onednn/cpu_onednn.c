@@ -171,11 +171,17 @@ static dn_entry *find_locked(dn_ctx *c, const dn_key *key, uint64_t h)
 /* key with the thread count the primitive is made for: oneDNN fixes a primitive's parallel
  * regions when it creates it, so when adaptive_threads changes the count (another process
  * took a core) the next call makes, and caches, a primitive for the new count instead of
- * running the old one's threads on too few cores. Constant without adaptive_threads. */
+ * running the old one's threads on too few cores. Constant without adaptive_threads.
+ * Convolutions keep the threads setting: oneDNN splits their sums (the weight gradient's
+ * over the images) by thread, so their bits would follow the machine's load; matmuls,
+ * eltwise and softmax give the same bits on any count (50-step mlp and gpt checkpoints on 1
+ * and 2 running threads are byte-identical, tests/cli/test-threads-invariant.sh). */
 static dn_key with_threads(const dn_ctx *c, const dn_key *key, int *threads)
 {
     dn_key k = *key;
-    int nt = hk_threads(&c->hd);
+    int conv = key->n > 0 && (key->v[0] == TS_OP_CONV2D || key->v[0] == TS_OP_CONV2D_BWD_DATA ||
+                              key->v[0] == TS_OP_CONV2D_BWD_WEIGHT);
+    int nt = conv ? c->hd.configured : hk_threads(&c->hd);
     dn_key_push(&k, nt);
     if (threads)
         *threads = nt > 0 ? nt : c->hd.configured;
@@ -292,6 +298,7 @@ static ts_status cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec,
     if (!e)
         return c->hd.host->fail(c->hd.host, TS_ENOMEM, "%s: out of memory", name);
     e->key = *key;
+    e->threads = key->n > 0 ? (int)key->v[key->n - 1] : 0; /* pushed last by with_threads */
     e->hash = key_hash(key);
     ts_status s = TS_OK;
     dnnl_status_t st;
@@ -459,8 +466,8 @@ ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *n
     const char *what = "dnnl_stream_create";
 #ifdef _OPENMP
     int omp_before = omp_get_max_threads();
-    if (hk_threads(&c->hd) > 0)
-        omp_set_num_threads(hk_threads(&c->hd));
+    if (e->threads > 0) /* the count the primitive was made for */
+        omp_set_num_threads(e->threads);
 #endif
     if ((st = stream_get(c, &stream)))
         goto dfail;

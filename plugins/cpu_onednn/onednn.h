@@ -56,6 +56,7 @@ typedef struct dn_entry {
     dn_arg args[DN_MAX_ARGS];
     dnnl_memory_desc_t scratch_md; /* user scratchpad, shared by prim and reorders */
     size_t scratch_bytes;          /* 0: none */
+    int threads;                   /* the OpenMP threads it was made for and runs on */
 } dn_entry;
 
 #define DN_MAX_IDLE_STREAMS 16 /* streams kept for reuse; more threads make and destroy theirs */
