@@ -531,3 +531,13 @@ int ts__ddp_locate(const ts_ddp *d, const ts_tensor *t, size_t *bk, size_t *off)
         }
     return 0;
 }
+
+size_t ts__ddp_nparams(const ts_ddp *d)
+{
+    return d->n;
+}
+
+const ts_tensor *ts__ddp_param(const ts_ddp *d, size_t i)
+{
+    return d->p[i].t;
+}

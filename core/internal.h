@@ -379,6 +379,8 @@ size_t ts__ddp_buckets(const ts_ddp *d);
 void ts__ddp_bucket(const ts_ddp *d, size_t k, size_t *padded, int32_t *dtype,
                     ts_tensor **shard);
 int ts__ddp_locate(const ts_ddp *d, const ts_tensor *t, size_t *bucket, size_t *off);
+size_t ts__ddp_nparams(const ts_ddp *d);
+const ts_tensor *ts__ddp_param(const ts_ddp *d, size_t i);
 void ts__optim_ddp_gone(struct ts_optim *opt);
 /* The tensors ts_optim_step reads .grad of: how many (nstep) and the i-th. *sharded: they
  * are this rank's pieces of a sharded optimizer's parameters, so a sum over them is to be

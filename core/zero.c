@@ -68,35 +68,46 @@ static void drop_whole(ts_optim *o)
         o->zero->consolidated = -1;
 }
 
-/* The slots' whole state (loaded, or from steps before sharding) cut into the pieces. */
+/* The slots' whole state (loaded, or from steps before sharding) cut into the pieces: built
+ * aside, so that a failure (out of memory) leaves the pieces and the slots as they were. */
 static ts_status take_state(ts_optim *o)
 {
     struct ts__zero *z = o->zero;
     const int ns = nstate_of(o);
+    const size_t np = z->in->n;
+    ts_tensor **fresh = ts__calloc(2 * np + 1, sizeof *fresh);
+    if (!fresh)
+        return ts__fail(TS_ENOMEM, "sharded optimizer: out of host memory");
     ts_status s = TS_OK;
-    for (size_t i = 0; i < o->n; i++)
-        z->has_state[i] = ns > 0 && o->slots[i].state[0] != NULL;
-    for (size_t j = 0; j < z->in->n && s == TS_OK; j++) {
+    for (size_t j = 0; j < np && s == TS_OK; j++) {
         const zpiece *p = &z->pc[j];
-        slot *ps = &z->in->slots[j];
-        for (int k = 0; k < 2; k++) {
-            ts_tensor_unref(ps->state[k]);
-            ps->state[k] = NULL;
-        }
-        for (int k = 0; k < ns && s == TS_OK && z->has_state[p->slot]; k++) {
+        for (int k = 0; k < ns && s == TS_OK && o->slots[p->slot].state[0]; k++) {
             const ts_tensor *whole = o->slots[p->slot].state[k];
             int64_t ne = (int64_t)p->len;
             size_t es = ts_dtype_size(whole->dtype);
             if ((s = ts_tensor_empty(ts_tensor_device(whole), whole->dtype, 1, &ne,
-                                     &ps->state[k])) == TS_OK) {
-                ts_tensor_set_role(ps->state[k], TS_ROLE_OPTIMIZER);
-                s = ts_device_copy_device(ts_tensor_device(whole), ts__data(ps->state[k]),
+                                     &fresh[2 * j + k])) == TS_OK) {
+                ts_tensor_set_role(fresh[2 * j + k], TS_ROLE_OPTIMIZER);
+                s = ts_device_copy_device(ts_tensor_device(whole), ts__data(fresh[2 * j + k]),
                                           (const char *)ts__data(whole) + p->lo * es,
                                           p->len * es);
             }
         }
     }
-    drop_whole(o);
+    if (s == TS_OK) {
+        for (size_t i = 0; i < o->n; i++)
+            z->has_state[i] = ns > 0 && o->slots[i].state[0] != NULL;
+        for (size_t j = 0; j < np; j++)
+            for (int k = 0; k < 2; k++) {
+                ts_tensor_unref(z->in->slots[j].state[k]);
+                z->in->slots[j].state[k] = fresh[2 * j + k];
+                fresh[2 * j + k] = NULL;
+            }
+        drop_whole(o);
+    }
+    for (size_t j = 0; j < 2 * np; j++)
+        ts_tensor_unref(fresh[j]);
+    free(fresh);
     return s;
 }
 
@@ -149,12 +160,27 @@ TS_API ts_status ts_optim_shard(ts_optim *o, ts_ddp *d)
     z->world = world;
     z->consolidated = -1;
     ts_status s = TS_OK;
+    /* the same parameters: one the optimizer lacks would keep each rank's own gradient */
+    for (size_t i = 0; i < ts__ddp_nparams(d) && s == TS_OK; i++) {
+        const ts_tensor *t = ts__ddp_param(d, i);
+        size_t j = 0;
+        while (j < o->n && o->slots[j].param != t)
+            j++;
+        if (j == o->n)
+            s = ts__fail(TS_EINVAL, "ts_optim_shard: the ts_ddp averages a parameter this "
+                         "optimizer does not have (its gradient would stay this rank's own): "
+                         "give both the same parameters");
+    }
     for (size_t i = 0; i < o->n && s == TS_OK; i++) {
         ts_tensor *p = o->slots[i].param;
-        if (!ts__ddp_locate(d, p, &z->par[i].bucket, &z->par[i].off))
+        for (size_t j = 0; j < i && s == TS_OK; j++)
+            if (o->slots[j].param == p)
+                s = ts__fail(TS_EINVAL, "ts_optim_shard: '%s' and '%s' are the same tensor",
+                             o->slots[j].name, o->slots[i].name);
+        if (s == TS_OK && !ts__ddp_locate(d, p, &z->par[i].bucket, &z->par[i].off))
             s = ts__fail(TS_EINVAL, "ts_optim_shard: parameter '%s' is not one of the ts_ddp's "
                          "(give both the same parameters)", o->slots[i].name);
-        else if (!ts_tensor_is_contiguous(p))
+        else if (s == TS_OK && !ts_tensor_is_contiguous(p))
             s = ts__fail(TS_EINVAL, "ts_optim_shard: parameter '%s' is not contiguous",
                          o->slots[i].name);
         z->par[i].numel = (size_t)ts_tensor_numel(p);
@@ -255,60 +281,64 @@ static ts_status gather(ts_optim *o, int which, int root)
     char *send = o->n ? ts__data(z->send) : NULL, *all = o->n ? ts__data(z->gather) : NULL;
     ts_device *dev = o->n ? ts_tensor_device(z->send) : NULL;
     const size_t W = (size_t)z->world;
-    ts_status s = TS_OK;
+    /* s: the collectives'; err: this rank's own failure (a copy, the root's allocation),
+     * after which it still joins every round, so that no other rank waits for it in vain */
+    ts_status s = TS_OK, err = TS_OK;
     for (size_t k = 0; k < z->nb && s == TS_OK; k++) {
         const size_t es = ts_dtype_size(z->b[k].dtype), S = z->b[k].shard;
-        for (size_t i = 0; i < o->n && s == TS_OK; i++) { /* the root's whole state, once */
+        for (size_t i = 0; i < o->n && !err; i++) { /* the root's whole state, once */
             slot *sl = &o->slots[i];
             if (which < 0 || z->par[i].bucket != k || z->rank != root || !z->has_state[i] ||
                 sl->state[which])
                 continue;
-            if ((s = ts_tensor_empty(ts_tensor_device(sl->param), ts_tensor_dtype(sl->param),
-                                     ts_tensor_ndim(sl->param), ts_tensor_shape(sl->param),
-                                     &sl->state[which])) == TS_OK)
+            if ((err = ts_tensor_empty(ts_tensor_device(sl->param), ts_tensor_dtype(sl->param),
+                                       ts_tensor_ndim(sl->param), ts_tensor_shape(sl->param),
+                                       &sl->state[which])) == TS_OK)
                 ts_tensor_set_role(sl->state[which], TS_ROLE_OPTIMIZER);
         }
         for (size_t c0 = 0; c0 < S && s == TS_OK; c0 += z->chunk / es) {
             const size_t c1 = c0 + z->chunk / es < S ? c0 + z->chunk / es : S, cl = c1 - c0;
-            for (size_t j = 0; j < z->in->n; j++) { /* this rank's pieces in [c0, c1) */
+            for (size_t j = 0; j < z->in->n && !err; j++) { /* this rank's pieces in [c0, c1) */
                 const zpiece *p = &z->pc[j];
                 const ts_tensor *src = which < 0 ? z->in->slots[j].param
                                                  : z->in->slots[j].state[which];
                 size_t a = p->at > c0 ? p->at : c0;
                 size_t b = p->at + p->len < c1 ? p->at + p->len : c1;
-                if (p->bucket == k && src && a < b && s == TS_OK)
-                    s = ts_device_copy_device(dev, send + (a - c0) * es,
-                                              (const char *)ts__data(src) + (a - p->at) * es,
-                                              (b - a) * es);
+                if (p->bucket == k && src && a < b)
+                    err = ts_device_copy_device(dev, send + (a - c0) * es,
+                                                (const char *)ts__data(src) + (a - p->at) * es,
+                                                (b - a) * es);
             }
             /* the copies (and the step before them) done before the collective reads */
-            if (s || (s = ts_device_synchronize(dev)) ||
-                (s = ts__dist_allgather_mem(send, all, cl * es)))
+            if (!err)
+                err = ts_device_synchronize(dev);
+            if ((s = ts__dist_allgather_mem(send, all, cl * es)))
                 break;
             /* rank r's part: bucket elements [r S + c0, r S + c1), at r cl in `all` */
-            for (size_t i = 0; i < o->n; i++) {
+            for (size_t i = 0; i < o->n && !err; i++) {
                 const zparam *q = &z->par[i];
                 ts_tensor *dst = which < 0 ? o->slots[i].param : o->slots[i].state[which];
-                if (q->bucket != k || (which >= 0 && (z->rank != root || !z->has_state[i])))
+                if (q->bucket != k || !dst ||
+                    (which >= 0 && (z->rank != root || !z->has_state[i])))
                     continue;
-                for (size_t r = 0; r < W; r++) {
+                for (size_t r = 0; r < W && !err; r++) {
                     size_t a = q->off > r * S + c0 ? q->off : r * S + c0;
                     size_t b = q->off + q->numel < r * S + c1 ? q->off + q->numel : r * S + c1;
-                    if (a < b && s == TS_OK)
-                        s = ts_device_copy_device(dev, (char *)ts__data(dst) + (a - q->off) * es,
-                                                  all + (r * cl + a - r * S - c0) * es,
-                                                  (b - a) * es);
+                    if (a < b)
+                        err = ts_device_copy_device(dev, (char *)ts__data(dst) + (a - q->off) * es,
+                                                    all + (r * cl + a - r * S - c0) * es,
+                                                    (b - a) * es);
                 }
             }
             /* the buffer is overwritten by the next round's copies */
-            if (s == TS_OK)
-                s = ts_device_synchronize(dev);
+            if (!err)
+                err = ts_device_synchronize(dev);
         }
         for (size_t i = 0; i < o->n && which < 0; i++)
             if (z->par[i].bucket == k)
                 ts__bump_version(o->slots[i].param);
     }
-    return s;
+    return err ? err : s;
 }
 
 ts_status ts__zero_step(ts_optim *o)

@@ -129,9 +129,11 @@ void ts_ddp_free(ts_ddp *d);
  * ts_optim_clip_grad_norm, which sums the norm over the ranks. To save: every rank calls
  * ts_optim_consolidate_state(opt, root), then root calls ts_optim_save_state; the file is the
  * one an unsharded optimizer writes, and ts_optim_load_state (on every rank) loads either
- * kind, keeping this rank's share. With one rank it does nothing. TS_EINVAL for parameters d
- * does not have or devices it cannot shard on; the state already taken (a resumed optimizer)
- * is cut into shares. (d outlives the sharding: freed first, the next step fails.) */
+ * kind, keeping this rank's share. With one rank it does nothing. TS_EINVAL unless opt and d
+ * hold the same parameters, or for devices it cannot shard on; TS_EPLUGIN for a
+ * device-buffer backend without reduce-scatter. The state already taken (a resumed
+ * optimizer) is cut into shares. The sharding lasts as long as opt: once d is freed (also by
+ * ts_trainer_free, for a trainer's) the next step fails, so free opt with it. */
 ts_status ts_optim_shard(ts_optim *opt, ts_ddp *d);
 /* Whether opt's state is sharded over the ranks. */
 int ts_optim_sharded(const ts_optim *opt);

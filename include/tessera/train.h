@@ -52,7 +52,9 @@ typedef struct ts_trainer_options {
     int64_t scale_interval;  /* TS_F16: clean steps before the scale doubles (0: 2000) */
     int32_t shard_optimizer; /* more than one rank: the optimizer's state sharded over them
                               * (ts_optim_shard); also on with [dist] shard_optimizer = true.
-                              * Save it after ts_optim_consolidate_state on every rank */
+                              * Save it after ts_optim_consolidate_state on every rank; it
+                              * stays sharded over this trainer's ranks, so free it with the
+                              * trainer (it cannot step without it) */
 } ts_trainer_options;
 
 /* A zeroed struct is the default: cross-entropy, no clipping, one pass, float32. */

@@ -574,6 +574,16 @@ static void zero(const char *dir)
         check(s1 == TS_EINVAL && strstr(ts_last_error(), "fc3.bias") && !ts_optim_sharded(o),
               "zero: sharding over a ts_ddp without every parameter is refused, naming it", d);
         ts_ddp_free(part);
+        ts_optim *fewer; /* the reverse: the ts_ddp averages one the optimizer lacks */
+        OK(ts_optim_adamw(p, np - 1, &ao, &fewer));
+        OK(ts_ddp_new(p, np, 0, &ddp));
+        ts_status s0 = ts_optim_shard(fewer, ddp);
+        snprintf(d, sizeof d, "%s: %s", ts_status_name(s0), ts_last_error());
+        check(s0 == TS_EINVAL && strstr(ts_last_error(), "does not have") &&
+                  !ts_optim_sharded(fewer),
+              "zero: sharding over a ts_ddp with a parameter the optimizer lacks is refused", d);
+        ts_optim_free(fewer);
+        ts_ddp_free(ddp);
         OK(ts_ddp_new(p, np, 0, &ddp));
         OK(ts_optim_shard(o, ddp));
         ts_checkpoint *ck;
