@@ -183,11 +183,19 @@ static void slot_images(int64_t N, int t, int nt, int64_t *lo, int64_t *hi)
     *hi = *lo + q + (t < r);
 }
 
-/* Threads to run nt slots on now. */
-static int slot_run(const hk_dev *hd, int nt)
+/* fn(job, n, t) for every image n of every slot t of nt, the slots on the threads running
+ * now (at most nt). */
+static void run_slots(const hk_dev *hd, int64_t N, int nt,
+                      void (*fn)(const void *job, int64_t n, int t), const void *job)
 {
-    int run = hk_threads(hd);
-    return run < nt ? (run > 1 ? run : 1) : nt;
+    int run = hk_threads(hd), nrun = run < nt ? (run > 1 ? run : 1) : nt;
+    _Pragma("omp parallel for num_threads(nrun) schedule(static) if(nrun > 1)")
+    for (int t = 0; t < nt; t++) {
+        int64_t lo, hi;
+        slot_images(N, t, nt, &lo, &hi);
+        for (int64_t n = lo; n < hi; n++)
+            fn(job, n, t);
+    }
 }
 
 /* What every image of a forward convolution shares: the operands, the (K, CRS) filter matrix,
@@ -266,6 +274,11 @@ static void fwd_image(const fwd_job *j, int64_t n, int tid)
                 }
         }
     }
+}
+
+static void fwd_image_any(const void *j, int64_t n, int tid)
+{
+    fwd_image(j, n, tid);
 }
 
 /* x: (N, C, H, W), w: (K, C/groups, R, S), bias: (K) optional, y: (N, K, P, Q). */
@@ -351,14 +364,7 @@ ts_status ts_blas_conv(hk_dev *hd, const ts_kernel_call *call)
      * team of one they would be nested, and libgomp starts fresh threads for every nested
      * team (a thread per GEMM, 96 per training step of the default cnn). */
     if (nt > 1) {
-        int nrun = slot_run(hd, nt);
-        _Pragma("omp parallel for num_threads(nrun) schedule(static) if(nrun > 1)")
-        for (int t = 0; t < nt; t++) {
-            int64_t lo, hi;
-            slot_images(N, t, nt, &lo, &hi);
-            for (int64_t n = lo; n < hi; n++)
-                fwd_image(&job, n, t);
-        }
+        run_slots(hd, N, nt, fwd_image_any, &job);
     } else {
         for (int64_t n = 0; n < N; n++)
             fwd_image(&job, n, 0);
@@ -556,6 +562,11 @@ static void bwd_image(const bwd_job *j, int64_t n, int tid)
     }
 }
 
+static void bwd_image_any(const void *j, int64_t n, int tid)
+{
+    bwd_image(j, n, tid);
+}
+
 /* BWD_DATA: gy (N, K, P, Q), w (K, C/G, R, S) -> gx (N, C, H, W).
  * BWD_WEIGHT: gy (N, K, P, Q), x (N, C, H, W) -> gw (K, C/G, R, S). */
 static ts_status conv_bwd(hk_dev *hd, const ts_kernel_call *call)
@@ -638,14 +649,7 @@ static ts_status conv_bwd(hk_dev *hd, const ts_kernel_call *call)
                    .direct_x = direct_x, .inner = inner, .parts = parts};
     /* Outside any parallel region when the images are not spread: see ts_blas_conv. */
     if (nt > 1) {
-        int nrun = slot_run(hd, nt);
-        _Pragma("omp parallel for num_threads(nrun) schedule(static) if(nrun > 1)")
-        for (int t = 0; t < nt; t++) {
-            int64_t lo, hi;
-            slot_images(N, t, nt, &lo, &hi);
-            for (int64_t n = lo; n < hi; n++)
-                bwd_image(&job, n, t);
-        }
+        run_slots(hd, N, nt, bwd_image_any, &job);
     } else {
         for (int64_t n = 0; n < N; n++)
             bwd_image(&job, n, 0);

@@ -76,16 +76,20 @@ done
 # Ranks that disagree on the hierarchy (one groups by ranks_per_node, the other by host names,
 # which takes a collective the first would skip) fail together when the job starts, naming
 # the setting, instead of waiting in different collectives.
-printf '[core]\ndevice = cpu_blas\n[dist]\nranks_per_node = 1\nhierarchical = on\n' >"$TMP/h0.ini"
-printf '[core]\ndevice = cpu_blas\n[dist]\nhierarchical = on\n' >"$TMP/h1.ini"
-out=$(TMPD="$TMP" CHECKP="$CHECK" timeout "$(hang_limit 60)" $MPI sh -c \
-    'TESSERA_CONFIG="$TMPD/h$OMPI_COMM_WORLD_RANK.ini" exec "$CHECKP" collectives' 2>&1)
-rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && contains "$out" "disagree on [dist] hierarchical"; then
-    ok "ranks that disagree on [dist] hierarchical fail together at the start (rc $rc, no hang)"
-else
-    fail "ranks that disagree on [dist] hierarchical" "rc=$rc" "$out"
-fi
+disagree() { # WHAT SAYS INI0 INI1: rank 0 and rank 1 started with these [dist] sections
+    printf '[core]\ndevice = cpu_blas\n[dist]\n%b' "$3" >"$TMP/h0.ini"
+    printf '[core]\ndevice = cpu_blas\n[dist]\n%b' "$4" >"$TMP/h1.ini"
+    out=$(TMPD="$TMP" CHECKP="$CHECK" timeout "$(hang_limit 60)" $MPI sh -c \
+        'TESSERA_CONFIG="$TMPD/h$OMPI_COMM_WORLD_RANK.ini" exec "$CHECKP" collectives' 2>&1)
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && contains "$out" "$2"; then
+        ok "ranks that disagree on [dist] $1 fail together at the start (rc $rc, no hang)"
+    else
+        fail "ranks that disagree on [dist] $1" "rc=$rc" "$out"
+    fi
+}
+disagree hierarchical "disagree on [dist] hierarchical" 'ranks_per_node = 1\nhierarchical = on\n' \
+    'hierarchical = on\n'
 # The sharded optimizer (ZeRO stage 1, ts_optim_shard) on 2 and 4 ranks: SGD with momentum and
 # AdamW equal their unsharded runs, 1/N of the state per rank, checkpoints interchangeable.
 for np in 2 4; do
@@ -102,16 +106,7 @@ for np in 2 4; do
 done
 # Ranks that disagree on [dist] shard_optimizer (one would reduce-scatter where the other
 # all-reduces) fail together at the start.
-printf '[core]\ndevice = cpu_blas\n[dist]\nshard_optimizer = true\n' >"$TMP/h0.ini"
-printf '[core]\ndevice = cpu_blas\n' >"$TMP/h1.ini"
-out=$(TMPD="$TMP" CHECKP="$CHECK" timeout "$(hang_limit 60)" $MPI sh -c \
-    'TESSERA_CONFIG="$TMPD/h$OMPI_COMM_WORLD_RANK.ini" exec "$CHECKP" collectives' 2>&1)
-rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && contains "$out" "ranks_per_node or shard_optimizer"; then
-    ok "ranks that disagree on [dist] shard_optimizer fail together at the start (rc $rc)"
-else
-    fail "ranks that disagree on [dist] shard_optimizer" "rc=$rc" "$out"
-fi
+disagree shard_optimizer "ranks_per_node or shard_optimizer" 'shard_optimizer = true\n' ''
 # A communication ABI 1.1 backend (no reduce_scatter): the host composes it from all-reduce.
 printf '[core]\nplugin_path = %s\ndevice = cpu_blas\n[dist]\nbackend = v11test\n' \
     "$TS_BUILDDIR/tests/dist/.libs" >"$TMP/v11test.ini"

@@ -394,16 +394,25 @@ typedef struct zrun {
     int on_device; /* the buckets were summed in the backend's device memory */
 } zrun;
 
-static void zero_run(zrun *r)
+/* The model of seed 9 (IN 256) and its parameters (*p malloc'd, *np of them). */
+static ts_module *seed9_model(ts_named_tensor **p, size_t *np)
 {
-    const int64_t B = 12, n = B / size_, lo = rank_ * n;
     IN = 256;
     ts_rng rng;
     ts_rng_init(&rng, 9);
     ts_module *m = model(&rng, TS_F64);
-    size_t np = ts_module_parameters(m, NULL, 0);
-    ts_named_tensor *p = calloc(np, sizeof *p);
-    ts_module_parameters(m, p, np);
+    *np = ts_module_parameters(m, NULL, 0);
+    *p = calloc(*np, sizeof **p);
+    ts_module_parameters(m, *p, *np);
+    return m;
+}
+
+static void zero_run(zrun *r)
+{
+    const int64_t B = 12, n = B / size_, lo = rank_ * n;
+    size_t np;
+    ts_named_tensor *p;
+    ts_module *m = seed9_model(&p, &np);
     ts_optim *o;
     if (!r->adamw) {
         ts_sgd_options so = {0.01, 0.5, 0, 1e-4, 0};
@@ -558,12 +567,9 @@ static void zero(const char *dir)
     }
     /* misuse: a sharded state saved without consolidating; parameters the ts_ddp lacks */
     if (size_ > 1) {
-        ts_rng rng;
-        ts_rng_init(&rng, 9);
-        ts_module *m = model(&rng, TS_F64);
-        size_t np = ts_module_parameters(m, NULL, 0);
-        ts_named_tensor *p = calloc(np, sizeof *p);
-        ts_module_parameters(m, p, np);
+        size_t np;
+        ts_named_tensor *p;
+        ts_module *m = seed9_model(&p, &np);
         ts_optim *o;
         ts_ddp *ddp, *part;
         ts_adam_options ao = TS_ADAMW_DEFAULTS;
