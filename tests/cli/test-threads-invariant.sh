@@ -12,7 +12,7 @@ DATA=/usr/share/datasets/fashion-mnist
 PLUGINS=cpu_blas
 [ -f "$TS_BUILDDIR/plugins/cpu_onednn/.libs/cpu_onednn.so" ] && PLUGINS="$PLUGINS cpu_onednn"
 CASES="mlp lenet5 cnn gpt gpt-bf16 gpt-fused"
-plan $(($(echo $PLUGINS | wc -w) * $(echo $CASES | wc -w)))
+plan $(($(echo $PLUGINS | wc -w) * $(echo $CASES | wc -w) + 2))
 awk 'BEGIN { split("the quick brown fox jumps over a lazy dog and a curious cat", w, " ");
     s = 7; while (n < 20000) { s = (s * 1103515245 + 12345) % 2147483648; x = w[1 + int(s / 65536) % 12] " ";
     printf "%s", x; n += length(x) } }' >"$TMP/g.txt"
@@ -50,5 +50,26 @@ for plugin in $PLUGINS; do
                 "$(cmp "$TMP/two.ckpt" "$TMP/one.ckpt" 2>&1)"
         fi
     done
+done
+# And as it happens: adaptive_threads (the default) beside a process that keeps a core busy,
+# against the same run alone.
+for case in lenet5 gpt; do
+    what="cpu_blas $case: 10 steps beside a busy process (adapting) == alone, byte for byte"
+    if [ "$case" = lenet5 ] && [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
+        skip "$what" "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)"
+        continue
+    fi
+    sh -c 'while :; do :; done' &
+    hog=$!
+    sleep 1 # a sample of the machine sees it
+    train busy "$case" cpu_blas X=1
+    rc=$?
+    kill $hog
+    wait $hog 2>/dev/null
+    if [ $rc -eq 0 ] && train alone "$case" cpu_blas X=1 && cmp -s "$TMP/busy.ckpt" "$TMP/alone.ckpt"; then
+        ok "$what"
+    else
+        fail "$what" "rc=$rc" "$(tail -3 "$TMP/busy.out")" "$(cmp "$TMP/busy.ckpt" "$TMP/alone.ckpt" 2>&1)"
+    fi
 done
 finish
