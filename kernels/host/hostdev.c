@@ -108,8 +108,11 @@ void hk_dev_init(hk_dev *hd, const ts_host *host, const char *name,
      * threads would under load, the work still cut for `threads`: to check that results do
      * not depend on how many threads run (tests/cli/test-threads-invariant.sh). */
     const char *run = getenv("TESSERA_RUN_THREADS");
-    if (run && atoi(run) > 0) {
-        hd->threads = atoi(run) < hd->configured ? atoi(run) : hd->configured;
+    char *end;
+    errno = 0;
+    long n = run ? strtol(run, &end, 10) : 0;
+    if (run && *run && !*end && !errno && n > 0) { /* anything else: ignored */
+        hd->threads = n < hd->configured ? (int)n : hd->configured;
         hd->adaptive = 0;
     }
 }

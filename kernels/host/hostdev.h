@@ -33,9 +33,10 @@ static inline int hk_threads(const hk_dev *hd)
  * other processes used since the last sample (its busy time, /proc/stat, less this process's
  * CPU time) and sets the threads to the cores they left free (at least one, at most the
  * setting), so that a busy machine does not leave threads waiting on each other for a core.
- * Nothing without /proc or with adaptive_threads = false. Kernels cut their work for the
- * threads setting (hd->configured: GEMM bands, a split reduction's parts, a convolution's
- * image slots) and run the parts on hk_threads of them, so the bits do not follow the load. */
+ * Nothing without /proc or with adaptive_threads = false. The host kernels and cpu_blas cut
+ * their work for the threads setting (hd->configured: GEMM bands, a split reduction's parts,
+ * a convolution's image slots) and run the parts on hk_threads of them, so their bits do not
+ * follow the load; oneDNN's primitives partition by the count they are made for. */
 void hk_dev_adapt(hk_dev *hd);
 /* The policy: of `configured` threads on `ncpu` cores, others using `others` cores. */
 int hk_threads_for(int configured, int ncpu, double others);
@@ -72,10 +73,10 @@ void hk_dev_vm_decommit(void *ctx, void *addr, size_t nbytes);
 ts_status hk_dev_copy_strided(const ts_operand *dst, const ts_operand *src);
 
 
-/* The keys both CPU plugins declare. */
-#define HK_KEYS                                                                     \
+/* The keys both CPU plugins declare; adaptive_threads' default and help are the plugin's
+ * (cpu_blas adapts without changing a bit; cpu_onednn's oneDNN primitives would). */
+#define HK_KEYS(adaptive_default, adaptive_help)                                            \
     {"threads", TS_SETTING_INT, "0", 0, 4096, "worker threads; 0 = all cores"},              \
-    {"adaptive_threads", TS_SETTING_BOOL, "true", 0, 0,                                     \
-     "fewer threads while other processes use the cores (the work still cut for threads)"}
+    {"adaptive_threads", TS_SETTING_BOOL, adaptive_default, 0, 0, adaptive_help}
 
 #endif /* TESSERA_PLUGINS_HOSTDEV_H */

@@ -278,41 +278,55 @@ static ts_status ready(nccl_ctx *c, const char *what)
     return e == cudaSuccess ? TS_OK : cuda_fail(c->host, e, "cudaSetDevice");
 }
 
+/* A sum's NCCL type in *t, or TS_EINVAL naming what for another dtype or reduction. */
+static ts_status sum_type(const nccl_ctx *c, int32_t dtype, int32_t op, const char *what,
+                          ncclDataType_t *t)
+{
+    int ok;
+    *t = nccl_type(dtype, &ok);
+    if (!ok || op != TS_COMM_SUM)
+        return c->host->fail(c->host, TS_EINVAL, "%s: dtype %d or reduction %d not supported",
+                             what, (int)dtype, (int)op);
+    return TS_OK;
+}
+
+/* What an NCCL call returned r: its failure, or the wait for its completion. */
+static ts_status issued(nccl_ctx *c, ncclResult_t r, const char *what)
+{
+    return r != ncclSuccess ? nccl_fail(c->host, r, what) : finish(c, what);
+}
+
 static ts_status nccl_allreduce(void *ctx, void *buf, size_t count, int32_t dtype, int32_t op)
 {
     nccl_ctx *c = ctx;
-    int ok;
-    ncclDataType_t t = nccl_type(dtype, &ok);
-    if (!ok || op != TS_COMM_SUM)
-        return c->host->fail(c->host, TS_EINVAL, "allreduce: dtype %d or reduction %d not "
-                             "supported", (int)dtype, (int)op);
-    ts_status s = ready(c, "ncclAllReduce");
+    ncclDataType_t t;
+    ts_status s = sum_type(c, dtype, op, "allreduce", &t);
+    if (s)
+        return s;
+    s = ready(c, "ncclAllReduce");
     if (!s && count)
         s = check_buffer(c, buf, "allreduce");
     if (s || !count)
         return s;
-    ncclResult_t r = ncclAllReduce(buf, buf, count, t, ncclSum, c->comm, c->stream);
-    return r != ncclSuccess ? nccl_fail(c->host, r, "ncclAllReduce")
-                            : finish(c, "ncclAllReduce");
+    return issued(c, ncclAllReduce(buf, buf, count, t, ncclSum, c->comm, c->stream),
+                    "ncclAllReduce");
 }
 
 static ts_status nccl_reduce_scatter(void *ctx, const void *send, void *recv, size_t count,
                                      int32_t dtype, int32_t op)
 {
     nccl_ctx *c = ctx;
-    int ok;
-    ncclDataType_t t = nccl_type(dtype, &ok);
-    if (!ok || op != TS_COMM_SUM)
-        return c->host->fail(c->host, TS_EINVAL, "reduce_scatter: dtype %d or reduction %d "
-                             "not supported", (int)dtype, (int)op);
-    ts_status s = ready(c, "ncclReduceScatter");
+    ncclDataType_t t;
+    ts_status s = sum_type(c, dtype, op, "reduce_scatter", &t);
+    if (s)
+        return s;
+    s = ready(c, "ncclReduceScatter");
     if (!s && count && !(s = check_buffer(c, send, "reduce_scatter (send)")))
         s = check_buffer(c, recv, "reduce_scatter (receive)");
     if (s || !count)
         return s;
-    ncclResult_t r = ncclReduceScatter(send, recv, count, t, ncclSum, c->comm, c->stream);
-    return r != ncclSuccess ? nccl_fail(c->host, r, "ncclReduceScatter")
-                            : finish(c, "ncclReduceScatter");
+    return issued(c, ncclReduceScatter(send, recv, count, t, ncclSum, c->comm, c->stream),
+                    "ncclReduceScatter");
 }
 
 static ts_status nccl_broadcast(void *ctx, void *buf, size_t nbytes, int root)
@@ -323,9 +337,8 @@ static ts_status nccl_broadcast(void *ctx, void *buf, size_t nbytes, int root)
         s = check_buffer(c, buf, "broadcast");
     if (s || !nbytes)
         return s;
-    ncclResult_t r = ncclBroadcast(buf, buf, nbytes, ncclUint8, root, c->comm, c->stream);
-    return r != ncclSuccess ? nccl_fail(c->host, r, "ncclBroadcast")
-                            : finish(c, "ncclBroadcast");
+    return issued(c, ncclBroadcast(buf, buf, nbytes, ncclUint8, root, c->comm, c->stream),
+                    "ncclBroadcast");
 }
 
 static ts_status nccl_allgather(void *ctx, const void *send, void *recv, size_t nbytes)
@@ -336,9 +349,8 @@ static ts_status nccl_allgather(void *ctx, const void *send, void *recv, size_t 
         s = check_buffer(c, recv, "allgather (receive)");
     if (s || !nbytes)
         return s;
-    ncclResult_t r = ncclAllGather(send, recv, nbytes, ncclUint8, c->comm, c->stream);
-    return r != ncclSuccess ? nccl_fail(c->host, r, "ncclAllGather")
-                            : finish(c, "ncclAllGather");
+    return issued(c, ncclAllGather(send, recv, nbytes, ncclUint8, c->comm, c->stream),
+                    "ncclAllGather");
 }
 
 static ts_status nccl_barrier(void *ctx)

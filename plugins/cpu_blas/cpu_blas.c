@@ -13,7 +13,8 @@ typedef struct blas_ctx {
 } blas_ctx;
 
 static const ts_config_key keys[] = {
-    HK_KEYS,
+    HK_KEYS("true", "fewer threads while other processes use the cores (the work still cut "
+                    "for threads: the same bits)"),
     {NULL, 0, NULL, 0, 0, NULL},
 };
 

@@ -77,7 +77,8 @@ static void destroy_stream(dnnl_stream_t s)
 }
 
 static const ts_config_key keys[] = {
-    HK_KEYS,
+    HK_KEYS("false", "fewer threads while other processes use the cores (oneDNN's matmuls "
+                     "then give bits that follow the load on some CPUs)"),
     {NULL, 0, NULL, 0, 0, NULL},
 };
 
@@ -169,13 +170,13 @@ static dn_entry *find_locked(dn_ctx *c, const dn_key *key, uint64_t h)
 }
 
 /* key with the thread count the primitive is made for: oneDNN fixes a primitive's parallel
- * regions when it creates it, so when adaptive_threads changes the count (another process
- * took a core) the next call makes, and caches, a primitive for the new count instead of
- * running the old one's threads on too few cores. Constant without adaptive_threads.
- * Convolutions keep the threads setting: oneDNN splits their sums (the weight gradient's
- * over the images) by thread, so their bits would follow the machine's load; matmuls,
- * eltwise and softmax give the same bits on any count (50-step mlp and gpt checkpoints on 1
- * and 2 running threads are byte-identical, tests/cli/test-threads-invariant.sh). */
+ * regions when it creates it, so when adaptive_threads (off by default here) changes the
+ * count (another process took a core) the next call makes, and caches, a primitive for the
+ * new count instead of running the old one's threads on too few cores. Convolutions keep the
+ * threads setting: oneDNN splits their sums (the weight gradient's over the images) by
+ * thread. Matmuls adapt, and their bits follow the count on some CPUs (AVX2: the GPT's
+ * 10-step checkpoints on 1 and 2 running threads differ; with AVX-512 they were equal),
+ * which is why adapting is opt-in on this plugin. */
 static dn_key with_threads(const dn_ctx *c, const dn_key *key, int *threads)
 {
     dn_key k = *key;
@@ -265,7 +266,7 @@ dnnl_status_t dn_md_strided_dt(dnnl_memory_desc_t *md, int ndim, const int64_t *
                                             s);
 }
 
-static ts_status cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec,
+static ts_status cache_create(dn_ctx *c, const dn_key *key, int threads, const dn_spec *spec,
                               const char *name, dn_entry **out);
 
 /* oneDNN sizes a primitive's parallel regions when it creates it (from
@@ -279,17 +280,15 @@ ts_status dn_cache_create(dn_ctx *c, const dn_key *key0, const dn_spec *spec, co
 #ifdef _OPENMP
     int omp_before = omp_get_max_threads();
     omp_set_num_threads(nt);
-#else
-    (void)nt;
 #endif
-    ts_status s = cache_create(c, &key, spec, name, out);
+    ts_status s = cache_create(c, &key, nt, spec, name, out);
 #ifdef _OPENMP
     omp_set_num_threads(omp_before);
 #endif
     return s;
 }
 
-static ts_status cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec,
+static ts_status cache_create(dn_ctx *c, const dn_key *key, int threads, const dn_spec *spec,
                               const char *name, dn_entry **out)
 {
     if (key->n < 0)
@@ -298,7 +297,7 @@ static ts_status cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec,
     if (!e)
         return c->hd.host->fail(c->hd.host, TS_ENOMEM, "%s: out of memory", name);
     e->key = *key;
-    e->threads = key->n > 0 ? (int)key->v[key->n - 1] : 0; /* pushed last by with_threads */
+    e->threads = threads;
     e->hash = key_hash(key);
     ts_status s = TS_OK;
     dnnl_status_t st;

@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 48
+plan 49
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -208,8 +208,11 @@ G="$TESSERA train --model gpt --text $TMP/g.txt --context 16 --layers 1 --heads 
 $G >"$TMP/g1.json" 2>"$TMP/g1.err"
 timeout "$(hang_limit 300)" $MPI $G >"$TMP/g2.json" 2>"$TMP/g2.err"
 rc=$?
-grep '"step": [0-9]*, "loss"' "$TMP/g1.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/g1.l"
-grep '"step": [0-9]*, "loss"' "$TMP/g2.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/g2.l"
+gpt_losses() { # FILE...: the GPT's per-step losses of these --json outputs, in order
+    cat "$@" | grep '"step": [0-9]*, "loss"' | sed 's/.*"loss": \([^,]*\),.*/\1/'
+}
+gpt_losses "$TMP/g1.json" >"$TMP/g1.l"
+gpt_losses "$TMP/g2.json" >"$TMP/g2.l"
 vals() { sed -n 's/.*"val_loss": \([^,]*\),.*/\1/p' "$1" | tr '\n' ' '; }
 worst=$(worst_of g1 g2)
 vworst=$(echo "$(vals "$TMP/g1.json")" "$(vals "$TMP/g2.json")" | awk '{ if (NF != 4) { print "nf=" NF; exit }
@@ -226,7 +229,7 @@ fi
 # checkpointed blocks. The same losses as one process without either, to the bound above.
 timeout "$(hang_limit 300)" $MPI $G --accumulate 2 --checkpoint-activations on >"$TMP/g3.json" 2>"$TMP/g3.err"
 rc=$?
-grep '"step": [0-9]*, "loss"' "$TMP/g3.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/g3.l"
+gpt_losses "$TMP/g3.json" >"$TMP/g3.l"
 worst=$(worst_of g1 g3)
 if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n/ && $worst <= 1e-4)}"; then
     ok "mpirun -np 2 train --model gpt --accumulate 2 --checkpoint-activations on: 50 losses equal one process's (worst $worst)"
@@ -405,7 +408,7 @@ cat "$TMP/w1.json" "$TMP/zr12.json" >"$TMP/zy.json"
 zcmp "a 1-process checkpoint resumes sharded on 2 ranks: 50 straight steps' losses" $rc zy s2
 TESSERA_CONFIG="$TMP/shard.ini" timeout "$(hang_limit 300)" $MPI $G >"$TMP/gz.json" 2>"$TMP/gz.err"
 rc=$?
-grep '"step": [0-9]*, "loss"' "$TMP/gz.json" | sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/gz.l"
+gpt_losses "$TMP/gz.json" >"$TMP/gz.l"
 worst=$(worst_of g2 gz)
 vworst=$(echo "$(vals "$TMP/g2.json")" "$(vals "$TMP/gz.json")" | awk '{ if (NF != 4) { print "nf=" NF; exit }
     w = 0; for (i = 1; i <= 2; i++) { d = ($i - $(i + 2)) / $i; if (d < 0) d = -d; if (d > w) w = d } printf "%.2g", w }')
@@ -415,14 +418,28 @@ else
     fail "train --model gpt sharded on 2 ranks" "rc=$rc worst=$worst validation=$vworst" \
         "$(paste "$TMP/g2.l" "$TMP/gz.l" | head -5)" "$(tail -5 "$TMP/gz.err")"
 fi
+# float16 with loss scaling and 2 micro-batches, sharded: the scaler's skip verdict taken from
+# every rank's share, the accumulated gradients reduce-scattered once: the unsharded losses
+timeout "$(hang_limit 300)" $MPI $G --precision fp16 --accumulate 2 >"$TMP/gf.json" 2>"$TMP/gf.err"
+rc=$?
+TESSERA_CONFIG="$TMP/shard.ini" timeout "$(hang_limit 300)" $MPI $G --precision fp16 --accumulate 2 \
+    >"$TMP/gfz.json" 2>"$TMP/gfz.err" || rc=1
+gpt_losses "$TMP/gf.json" >"$TMP/gf.l"
+gpt_losses "$TMP/gfz.json" >"$TMP/gfz.l"
+worst=$(worst_of gf gfz)
+if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n/ && $worst <= 1e-4)}"; then
+    ok "train --model gpt --precision fp16 --accumulate 2 on 2 ranks, sharded: the unsharded run's 50 losses (worst $worst)"
+else
+    fail "gpt fp16 --accumulate 2 sharded on 2 ranks" "rc=$rc worst=$worst" \
+        "$(paste "$TMP/gf.l" "$TMP/gfz.l" | head -5)" "$(tail -5 "$TMP/gfz.err")"
+fi
 # the GPT across world sizes, sharded: 2 ranks with the optimizer sharded save at step 25 (the
 # state gathered on rank 0), one process resumes: the losses of 50 straight steps in one
 TESSERA_CONFIG="$TMP/shard.ini" timeout "$(hang_limit 300)" $MPI $G --max-steps 25 \
     --save "$TMP/gz.ckpt" >"$TMP/gza.json" 2>"$TMP/gza.err"
 rc=$?
 $G --resume "$TMP/gz.ckpt" >"$TMP/gzb.json" 2>"$TMP/gzb.err" || rc=1
-cat "$TMP/gza.json" "$TMP/gzb.json" | grep '"step": [0-9]*, "loss"' |
-    sed 's/.*"loss": \([^,]*\),.*/\1/' >"$TMP/gzab.l"
+gpt_losses "$TMP/gza.json" "$TMP/gzb.json" >"$TMP/gzab.l"
 worst=$(worst_of g1 gzab)
 if [ $rc -eq 0 ] && awk "BEGIN{exit !(\"$worst\" !~ /n/ && $worst <= 1e-4)}"; then
     ok "gpt: a sharded 2-rank checkpoint at step 25 resumes in one process: 50 straight steps' losses (worst $worst)"

@@ -1080,9 +1080,9 @@ int main(int argc, char **argv)
      * primitives have run their threads in this process, so the per-test LSan check is off
      * here; leaks of tessera's own objects are still checked by kt_check_no_live_blocks. */
     setenv("TS_NO_LSAN_CHECK", "1", 1);
-    /* Primitives are keyed by the threads running them, which adaptive_threads (on by
-     * default) changes with the machine's load; the counts of primitives made here need a
-     * steady count: every thread the setting gives, always. */
+    /* Primitives are keyed by the threads running them, which adaptive_threads (when on)
+     * changes with the machine's load; the counts of primitives made here need a steady
+     * count: every thread the setting gives, always. */
     setenv("TESSERA_RUN_THREADS", "4096", 1);
     static const tap_test tests[] = {
         TAP_TEST(test_matmul_supports),
