@@ -541,3 +541,18 @@ const ts_tensor *ts__ddp_param(const ts_ddp *d, size_t i)
 {
     return d->p[i].t;
 }
+
+uint64_t ts__ddp_syncs(const ts_ddp *d)
+{
+    return d->step;
+}
+
+int ts__ddp_pending(ts_ddp *d)
+{
+    int pending = 0;
+    pthread_mutex_lock(&d->mu);
+    for (size_t k = 0; k < d->nb && !pending; k++)
+        pending = d->b[k].state != B_IDLE;
+    pthread_mutex_unlock(&d->mu);
+    return pending;
+}

@@ -380,6 +380,9 @@ void ts__ddp_bucket(const ts_ddp *d, size_t k, size_t *padded, int32_t *dtype,
                     ts_tensor **shard);
 int ts__ddp_locate(const ts_ddp *d, const ts_tensor *t, size_t *bucket, size_t *off);
 size_t ts__ddp_nparams(const ts_ddp *d);
+/* ts_ddp_sync calls so far; whether a backward queued bucket sums no sync has collected. */
+uint64_t ts__ddp_syncs(const ts_ddp *d);
+int ts__ddp_pending(ts_ddp *d);
 const ts_tensor *ts__ddp_param(const ts_ddp *d, size_t i);
 void ts__optim_ddp_gone(struct ts_optim *opt);
 /* The tensors ts_optim_step reads .grad of: how many (nstep) and the i-th. *sharded: they

@@ -49,6 +49,8 @@ struct ts__zero {
     size_t chunk; /* bytes of a shard that one round gathers */
     unsigned char *has_state; /* by slot: the parameter's state exists (alike on every rank) */
     int64_t consolidated; /* the step count the whole state in the slots is of; -1: none */
+    uint64_t synced_at; /* the ts_ddp's sync count its gradients were last stepped at */
+    int stepped;
 };
 
 static int nstate_of(const ts_optim *o)
@@ -192,6 +194,7 @@ TS_API ts_status ts_optim_shard(ts_optim *o, ts_ddp *d)
         return s;
     }
     z->ddp = d;
+    z->synced_at = ts__ddp_syncs(d); /* a step needs a sync after this */
     o->zero = z;
     z->nb = ts__ddp_buckets(d);
     size_t npc = 0, most_shard = 0, total = 0;
@@ -347,6 +350,13 @@ ts_status ts__zero_step(ts_optim *o)
     if (!z->ddp)
         return ts__fail(TS_ESTATE, "optimizer step: the ts_ddp this optimizer is sharded over "
                         "was freed, so no gradients reach its shards");
+    /* The step all-gathers: gradient sums still queued from a backward would meet it in the
+     * middle (a hang), and a step without a new sync would apply spent gradients again. */
+    if (ts__ddp_pending(z->ddp) || ts__ddp_syncs(z->ddp) == z->synced_at)
+        return ts__fail(TS_ESTATE, "optimizer step: a sharded optimizer steps on the gradients "
+                        "ts_ddp_sync averaged, and there has been no ts_ddp_sync since %s; call "
+                        "ts_backward, ts_ddp_sync, then ts_optim_step",
+                        z->stepped ? "its last step" : "it was sharded");
     drop_whole(o);
     if (o->scheduled) {
         double lr = ts_lr_at(&o->sched, o->steps);
@@ -368,6 +378,8 @@ ts_status ts__zero_step(ts_optim *o)
     if (s) /* the others wait in the all-gather: this rank's failure ends the job */
         return s;
     o->steps = in->steps;
+    z->synced_at = ts__ddp_syncs(z->ddp);
+    z->stepped = 1;
     const int ns = nstate_of(o);
     for (size_t i = 0; i < o->n; i++)
         z->has_state[i] = ns > 0;

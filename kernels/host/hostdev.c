@@ -1,4 +1,6 @@
 /* kernels/host/hostdev.c: host-memory device plumbing shared by the CPU plugins. */
+#include "config.h"
+
 #include "hostdev.h"
 
 #include <errno.h>
@@ -107,7 +109,11 @@ void hk_dev_init(hk_dev *hd, const ts_host *host, const char *name,
     /* TESSERA_RUN_THREADS=N: kernels run on N threads (at most the setting) as adaptive
      * threads would under load, the work still cut for `threads`: to check that results do
      * not depend on how many threads run (tests/cli/test-threads-invariant.sh). */
+#ifdef HAVE_SECURE_GETENV
+    const char *run = secure_getenv("TESSERA_RUN_THREADS"); /* as the core reads its own */
+#else
     const char *run = getenv("TESSERA_RUN_THREADS");
+#endif
     char *end;
     errno = 0;
     long n = run ? strtol(run, &end, 10) : 0;

@@ -55,8 +55,9 @@ static ts_status mpi_fail(const ts_comm_host *h, int rc, const char *what)
 static void keep_temporaries(void)
 {
 #ifdef M_MMAP_THRESHOLD
+    const char *tun = getenv("GLIBC_TUNABLES");
     if (getenv("MALLOC_MMAP_THRESHOLD_") || getenv("MALLOC_TRIM_THRESHOLD_") ||
-        getenv("GLIBC_TUNABLES"))
+        (tun && (strstr(tun, "mmap_threshold") || strstr(tun, "trim_threshold"))))
         return;
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 256 << 20);

@@ -599,6 +599,22 @@ static void zero(const char *dir)
         check(s2 == TS_ESTATE && strstr(ts_last_error(), "ts_optim_consolidate_state"),
               "zero: saving a sharded state unconsolidated is refused, saying what to call", d);
         ts_checkpoint_free(ck);
+        /* a backward without ts_ddp_sync: its sums are queued, the step would all-gather
+         * into them (a hang); refused on every rank instead */
+        ts_tensor *l = loss_on(m, 12, rank_ * (12 / size_), 12 / size_, 0);
+        OK(ts_backward(l, NULL, 0));
+        ts_status s4 = ts_optim_step(o);
+        snprintf(d, sizeof d, "%s: %s", ts_status_name(s4), ts_last_error());
+        int refused = s4 == TS_ESTATE && strstr(ts_last_error(), "no ts_ddp_sync") != NULL;
+        /* the queued sums collected before any other collective (check's own sum) */
+        OK(ts_ddp_sync(ddp));
+        check(refused, "zero: a step without ts_ddp_sync is refused, not a hang", d);
+        OK(ts_optim_step(o)); /* after the sync: fine, once */
+        ts_status s5 = ts_optim_step(o);
+        check(s5 == TS_ESTATE, "zero: a second step on the same sync is refused",
+              ts_last_error());
+        ts_optim_zero_grad(o);
+        ts_tensor_unref(l);
         ts_ddp_free(ddp); /* freed first: the next step fails, no crash */
         ts_status s3 = ts_optim_step(o);
         snprintf(d, sizeof d, "%s: %s", ts_status_name(s3), ts_last_error());
