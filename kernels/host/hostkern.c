@@ -32,7 +32,7 @@ static ts_status run_families(void *hd, const ts_kernel_call *call)
 
 ts_status hk_run(hk_dev *hd, const ts_kernel_call *call)
 {
-    if (hk_call_has_half(call) && !hk_half_native(call->op))
+    if (hk_call_has_half(call) && !hk_half_native_call(call))
         return hk_via_float32(hd->host, 0, call, hk_convert, hd, run_families, hd);
     int32_t dtype = call->noutputs > 0 ? call->outputs[0].dtype : TS_F32;
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)

@@ -75,6 +75,10 @@ int hk_call_has_half(const ts_kernel_call *call);
  * ops: float32 loops on chunks converted on the way, no scratch); hk_via_float32 for the
  * others. */
 int hk_half_native(int32_t op);
+/* hk_half_native for one call of the host kernels' families: also a float sum or mean (the
+ * bias gradients' sums over rows read their 16-bit input as it is; the other layouts convert
+ * it inside hk_reduce). */
+int hk_half_native_call(const ts_kernel_call *call);
 /* Runs call with every 16-bit float operand in a float32 scratch copy of its distinct
  * elements (a broadcast dim stays stride 0): inputs widened (exact), and outputs too where
  * the op reads them (index_add, a matmul with beta); run called on the float32 call; each

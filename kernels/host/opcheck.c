@@ -149,6 +149,16 @@ int hk_half_native(int32_t op)
            op == TS_OP_WHERE || op == TS_OP_RELU_BACKWARD;
 }
 
+int hk_half_native_call(const ts_kernel_call *call)
+{
+    if (hk_half_native(call->op))
+        return 1;
+    if (call->op != TS_OP_REDUCE || !call->params || call->params_size < sizeof(ts_reduce_params))
+        return 0;
+    int32_t fn = ((const ts_reduce_params *)call->params)->fn;
+    return fn == TS_REDUCE_SUM || fn == TS_REDUCE_MEAN;
+}
+
 enum { VIA_MAX_IN = 8, VIA_MAX_OUT = 4 };
 
 /* Whether call reads its outputs' values before writing them (the ABI's accumulating ops):
@@ -469,7 +479,11 @@ ts_status hk_reduce_check(const ts_host *h, int dev, const ts_kernel_call *call,
     if (!ts_plugin_fn_name(TS_OP_REDUCE, fn)) /* past the op table */
         return h->fail(h, TS_ENOTSUP, "reduce function %d is not implemented", (int)fn);
     const char *what = ts_plugin_fn_name(TS_OP_REDUCE, fn);
-    if (!is_numeric(in->dtype) || (fn == TS_REDUCE_MEAN && !ts_plugin_dtype_is_float(in->dtype)))
+    int sum = fn == TS_REDUCE_SUM || fn == TS_REDUCE_MEAN;
+    if (ts_plugin_dtype_is_half(in->dtype) ? !sum /* the rest through float32 */
+                                           : !is_numeric(in->dtype) ||
+                                                 (fn == TS_REDUCE_MEAN &&
+                                                  !ts_plugin_dtype_is_float(in->dtype)))
         return h->fail(h, TS_ENOTSUP, "reduce %s is not implemented for %s", what,
                        dtype_name(in->dtype));
     int32_t want = arg ? TS_I64 : in->dtype;

@@ -180,6 +180,18 @@ static void rd_part_merge(const rd_plan *p, rd_part *a, const rd_part *b)
     }
 }
 
+/* A float32 result stored in dtype: a 16-bit float rounded once from it, the bits of the same
+ * reduction run in float32 and then narrowed (hk_via_float32). */
+static void rd_store_f32(int32_t dtype, float f, char *out)
+{
+    if (dtype == TS_F32) {
+        memcpy(out, &f, sizeof f);
+        return;
+    }
+    uint16_t h = dtype == TS_BF16 ? ts_plugin_f32_to_bf16(f) : ts_plugin_f32_to_f16(f);
+    memcpy(out, &h, sizeof h);
+}
+
 /* Writes the result of a whole slice to out (an element of the output's dtype). */
 static void rd_part_store(const rd_plan *p, const rd_part *r, char *out)
 {
@@ -190,10 +202,10 @@ static void rd_part_store(const rd_plan *p, const rd_part *r, char *out)
         return;
     case TS_REDUCE_MEAN: {
         double m = r->fsum / (double)p->nslice; /* 0 / 0: NaN for an empty slice */
-        if (p->dtype == TS_F32)
-            *(float *)out = (float)m;
-        else
+        if (p->dtype == TS_F64)
             *(double *)out = m;
+        else
+            rd_store_f32(p->dtype, (float)m, out);
         return;
     }
     default:
@@ -202,7 +214,9 @@ static void rd_part_store(const rd_plan *p, const rd_part *r, char *out)
     int sum = p->fn == TS_REDUCE_SUM;
     switch (p->dtype) {
     case TS_F32:
-        *(float *)out = (float)(sum ? r->fsum : r->fbest);
+    case TS_BF16:
+    case TS_F16:
+        rd_store_f32(p->dtype, (float)(sum ? r->fsum : r->fbest), out);
         break;
     case TS_F64:
         *(double *)out = sum ? r->fsum : r->fbest;
@@ -239,16 +253,42 @@ enum { RD_COLS = 256 }; /* accumulators per block, on the stack */
 static int rd_by_rows(const rd_plan *p)
 {
     return (p->fn == TS_REDUCE_SUM || p->fn == TS_REDUCE_MEAN) &&
-           ts_plugin_dtype_is_float(p->dtype) && p->nkeep == 1 && p->keep_in[0] == 1 &&
+           (ts_plugin_dtype_is_float(p->dtype) || ts_plugin_dtype_is_half(p->dtype)) &&
+           p->nkeep == 1 && p->keep_in[0] == 1 &&
            p->nred == 1 && p->nout >= 8;
 }
 
-#define RD_ROWS(T)                                                                                 \
+#define RD_ROWS(T, WIDEN)                                                                          \
     do {                                                                                           \
         const T *x = (const T *)p->in + j0;                                                        \
         for (int64_t i = 0; i < p->nslice; i++, x += p->red_in[0])                                 \
             for (int64_t j = 0; j < nj; j++)                                                       \
-                acc[j] += (double)x[j];                                                            \
+                acc[j] += (double)WIDEN(x[j]);                                                     \
+    } while (0)
+#define RD_SAME(x) (x)
+
+/* acc[j] += x[j] over one row of 16-bit floats, widened on the way (vectorized) */
+HK_CLONES static void rd_row_bf16(double *acc, const uint16_t *x, int64_t nj)
+{
+    _Pragma("omp simd") for (int64_t j = 0; j < nj; j++)
+    {
+        uint32_t u = (uint32_t)x[j] << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        acc[j] += (double)f;
+    }
+}
+
+HK_CLONES static void rd_row_f16(double *acc, const uint16_t *x, int64_t nj)
+{
+    _Pragma("omp simd") for (int64_t j = 0; j < nj; j++) acc[j] += (double)hk_f16_to_f32(x[j]);
+}
+
+#define RD_ROWS_HALF(FN)                                                                           \
+    do {                                                                                           \
+        const uint16_t *x = (const uint16_t *)p->in + j0;                                          \
+        for (int64_t i = 0; i < p->nslice; i++, x += p->red_in[0])                                 \
+            FN(acc, x, nj);                                                                        \
     } while (0)
 
 static void rd_execute_rows(const hk_dev *hd, const rd_plan *p, size_t out_es)
@@ -261,9 +301,13 @@ static void rd_execute_rows(const hk_dev *hd, const rd_plan *p, size_t out_es)
         int64_t j0 = b * RD_COLS, nj = p->nout - j0 < RD_COLS ? p->nout - j0 : RD_COLS;
         double acc[RD_COLS] = {0};
         if (p->dtype == TS_F32)
-            RD_ROWS(float);
+            RD_ROWS(float, RD_SAME);
+        else if (p->dtype == TS_BF16)
+            RD_ROWS_HALF(rd_row_bf16);
+        else if (p->dtype == TS_F16)
+            RD_ROWS_HALF(rd_row_f16);
         else
-            RD_ROWS(double);
+            RD_ROWS(double, RD_SAME);
         for (int64_t j = 0; j < nj; j++) {
             rd_part r;
             rd_part_init(&r);
@@ -309,6 +353,13 @@ static void rd_execute(const hk_dev *hd, const rd_plan *p, size_t out_es)
             rd_part_merge(p, &parts[0], &parts[t]);
         rd_part_store(p, &parts[0], p->out + oo * (int64_t)out_es);
     }
+}
+
+static ts_status run_reduce(hk_dev *hd, const ts_kernel_call *call);
+
+static ts_status reduce_f32(void *hd, const ts_kernel_call *call)
+{
+    return run_reduce(hd, call);
 }
 
 /* in: (d0, ..., dk); out: the same dims with 1 where reduced. ARGMAX/ARGMIN: only params.dim
@@ -358,6 +409,9 @@ static ts_status run_reduce(hk_dev *hd, const ts_kernel_call *call)
     }
     if (p.nout == 0)
         return TS_OK;
+    /* 16-bit floats: read as they are by the sums over rows, widened first otherwise */
+    if (ts_plugin_dtype_is_half(p.dtype) && !rd_by_rows(&p))
+        return hk_via_float32(hd->host, 0, call, hk_convert, hd, reduce_f32, hd);
     if (p.nslice == 0 && fn != TS_REDUCE_SUM && fn != TS_REDUCE_MEAN)
         return hd->host->fail(hd->host, TS_EINVAL,
                               "reduce %s over an empty dim has no result (input has 0 elements "

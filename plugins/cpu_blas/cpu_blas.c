@@ -51,7 +51,7 @@ static ts_status blas_run(void *ctx, const ts_kernel_call *call)
 {
     blas_ctx *c = ctx;
     hk_dev_adapt(&c->hd);
-    if (hk_call_has_half(call) && !hk_half_native(call->op))
+    if (hk_call_has_half(call) && !hk_half_native_call(call))
         return hk_via_float32(c->hd.host, 0, call, hk_convert, &c->hd, blas_run_f32, c);
     return blas_run_f32(c, call);
 }

@@ -623,7 +623,7 @@ static ts_status dnnl_run(void *ctx, const ts_kernel_call *call)
         if (!declined)
             return s;
     }
-    if (hk_call_has_half(call) && !hk_half_native(call->op))
+    if (hk_call_has_half(call) && !hk_half_native_call(call))
         return hk_via_float32(c->hd.host, 0, call, hk_convert, &c->hd, dnnl_run_f32, c);
     return dnnl_run_f32(c, call);
 }

@@ -555,10 +555,107 @@ static void check_casts_bit_exact(ts_device *dev, const char *what)
     free(u), free(got);
 }
 
+/* Elementwise arithmetic on dense 16-bit runs narrows its float32 result as plugin.h does:
+ * every pattern times eight others (products of two 8- or 11-bit significands round, and the
+ * small ones land among the subnormals, which the CPU plugins' vectorized narrowing handles
+ * apart), against the scalar float32 product narrowed once. */
+static void check_products_narrow_bit_exact(ts_device *dev, const char *what)
+{
+    enum { NB = 8 };
+    const uint16_t bs[2][NB] = {{0x3c01, 0xbc03, 0x0401, 0x1fff, 0x7bff, 0x0001, 0x3555, 0xc000},
+                                {0x3f81, 0xbf83, 0x0081, 0x1fff, 0x7f7f, 0x0001, 0x3eab, 0xc000}};
+    int64_t n = 65536, shape[2] = {NB, n}, bshape[2] = {NB, 1};
+    uint16_t *a = malloc(2 * (size_t)n), *got = malloc(2 * (size_t)(n * NB));
+    for (int64_t i = 0; i < n; i++)
+        a[i] = (uint16_t)i;
+    for (int bf = 0; bf < 2; bf++) {
+        int32_t dt = bf ? TS_BF16 : TS_F16;
+        ts_tensor *ta, *tb, *wa, *y;
+        CHECK_OK(ts_tensor_from_host(dev, dt, 1, &n, a, &ta));
+        CHECK_OK(ts_tensor_from_host(dev, dt, 2, bshape, bs[bf], &tb));
+        CHECK_OK(ts_tensor_expand(ta, 2, shape, &wa));
+        CHECK_OK(ts_tensor_contiguous(wa, &y)); /* a dense (NB, n) */
+        ts_tensor_unref(wa);
+        wa = y;
+        CHECK_OK(ts_mul(wa, tb, &y));
+        CHECK_OK(ts_tensor_to_host(y, got, 2 * (size_t)(n * NB)));
+        int bad = 0;
+        for (int j = 0; j < NB; j++)
+            for (int64_t i = 0; i < n && bad < 3; i++) {
+                float p = widen(a[i], bf) * widen(bs[bf][j], bf);
+                uint16_t want = narrow(p, bf), g = got[j * n + i];
+                if (g != want && !(isnan(p) && is_nan16(g, bf))) {
+                    bad++;
+                    CHECK_MSG(0, "%s: %s 0x%04x * 0x%04x gives 0x%04x, not 0x%04x", what,
+                              bf ? "bf16" : "f16", a[i], bs[bf][j], g, want);
+                }
+            }
+        ts_tensor_unref(ta), ts_tensor_unref(tb), ts_tensor_unref(wa), ts_tensor_unref(y);
+    }
+    free(a), free(got);
+}
+
+/* Sums and means of 16-bit floats: over the rows of a matrix (a bias gradient) the CPU
+ * plugins read the 16-bit input as it is, other layouts go through float32; either way the
+ * result is the float32 reduction narrowed once, and the plugin runs it (no reference kernel
+ * stands in). The values are multiples of 2^-8, so every order of summation is exact. */
+static void check_sums_narrow_once(ts_device *dev, const char *what)
+{
+    enum { M = 37, N = 300 };
+    int64_t shape[2] = {M, N}, n = M * N;
+    uint16_t *x = malloc(2 * (size_t)n), got[N];
+    double *v = malloc(sizeof *v * (size_t)n);
+    for (int bf = 0; bf < 2; bf++) {
+        for (int64_t i = 0; i < n; i++) {
+            v[i] = (double)((int)((i * 7919 + 13) % 513) - 256) / 256.0;
+            x[i] = narrow((float)v[i], bf);
+        }
+        ts_tensor *t, *y;
+        CHECK_OK(ts_tensor_from_host(dev, bf ? TS_BF16 : TS_F16, 2, shape, x, &t));
+        ts_profile_reset();
+        int was = ts_profile_enable(1);
+        for (int k = 0; k < 3; k++) { /* sum over rows, mean over rows, sum over columns */
+            int dim = k == 2 ? 1 : 0;
+            CHECK_OK(k == 1 ? ts_mean(t, 1, &dim, 0, &y) : ts_sum(t, 1, &dim, 0, &y));
+            int64_t m = ts_tensor_numel(y);
+            CHECK_OK(ts_tensor_to_host(y, got, 2 * (size_t)m));
+            for (int64_t j = 0; j < m; j++) {
+                double sum = 0;
+                for (int64_t i = 0; i < (dim ? N : M); i++)
+                    sum += dim ? v[j * N + i] : v[i * N + j];
+                uint16_t want = narrow((float)(k == 1 ? sum / M : sum), bf);
+                if (got[j] != want) {
+                    CHECK_MSG(0, "%s: %s %s over dim %d, element %lld: 0x%04x, not 0x%04x", what,
+                              bf ? "bf16" : "f16", k == 1 ? "mean" : "sum", dim, (long long)j,
+                              got[j], want);
+                    break;
+                }
+            }
+            ts_tensor_unref(y);
+        }
+        ts_profile_enable(was);
+        ts_profile_entry e[64];
+        size_t ne = ts_profile_read(e, 64), reduces = 0;
+        for (size_t i = 0; i < ne && i < 64; i++)
+            if (e[i].op == TS_OP_REDUCE) {
+                reduces += e[i].calls;
+                CHECK_MSG(e[i].reference_calls == 0 && e[i].declined_calls == 0,
+                          "%s: a %s reduction ran on the reference kernels", what,
+                          bf ? "bf16" : "f16");
+            }
+        CHECK_MSG(reduces == 3, "%s: %zu reductions counted, not 3", what, reduces);
+        ts_tensor_unref(t);
+    }
+    free(x), free(v);
+}
+
 static void test_plugin_casts_bit_exact(void)
 {
     ts_device *dev = tap_start();
     check_casts_bit_exact(dev, "the test device");
+    check_products_narrow_bit_exact(dev, "the test device");
+    tap_on_cpu_plugins(check_products_narrow_bit_exact);
+    tap_on_cpu_plugins(check_sums_narrow_once);
     tap_on_cpu_plugins(check_casts_bit_exact);
     tap_on_cpu_plugins(check_via_float32_calls);
     tap_end();
