@@ -101,6 +101,9 @@ uint64_t cli_opts_fingerprint(const cli_opt *t, size_t n, const void *o, int gro
  * fragmentation 3%": dev's pool at the end of a run, into buf; and the same figures as JSON
  * fields (pool_peak_in_use, pool_reserved, pool_hit_rate, pool_fragmentation) in j. */
 const char *cli_pool_summary(ts_device *dev, char *buf, size_t len);
+/* "; the optimizer's state sharded over them, 1/world on each ([dist] shard_optimizer)" into
+ * buf for a sharded opt, else "": the tail of the trainers' data-parallel line. */
+const char *cli_sharded_text(const ts_optim *opt, int world, char *buf, size_t len);
 void cli_pool_record(ts_device *dev, struct cJSON *j);
 /* ---- progress (tools/cli_progress.c) ---------------------------------------------------- */
 /* One display for every training loop. On a terminal: one line redrawn in place, as wide as

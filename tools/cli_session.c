@@ -81,6 +81,15 @@ int cli_session_end(cli_session *ss, int rc, const cli_common *common)
     return rc;
 }
 
+const char *cli_sharded_text(const ts_optim *opt, int world, char *buf, size_t len)
+{
+    if (!ts_optim_sharded(opt))
+        return "";
+    snprintf(buf, len, "; the optimizer's state sharded over them, 1/%d on each ([dist] "
+             "shard_optimizer)", world);
+    return buf;
+}
+
 static void pool_stats(ts_device *dev, ts_memory_stats *st)
 {
     memset(st, 0, sizeof *st);

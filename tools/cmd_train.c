@@ -1343,6 +1343,15 @@ int cmd_train(int argc, char **argv, const cli_common *common)
             fprintf(stderr, "tessera: resumed from %s at epoch %llu, step %lld\n", t.o.resume,
                     (unsigned long long)t.epoch + 1, (long long)t.step);
     }
+    /* the trainer first: the header says what it set up (sharding) */
+    ts_trainer_options to = {.on_output = count_correct, .user = &t, .clip_grad_norm = t.o.clip,
+                             .accumulate = t.o.accumulate,
+                             .precision = cli_precision_dtype(t.o.precision)};
+    if ((s = ts_trainer_new(t.model, t.opt, &to, &t.tr)) ||
+        (s = ts_trainer_set_steps(t.tr, t.step))) {
+        cli_fail(s, t.world > 1 ? "data parallelism" : "cannot set up training");
+        goto out;
+    }
     char arch[256], hyper_txt[96], sched_txt[160];
     cli_model_describe(&t.o.arch, arch, sizeof arch);
     if (!strcmp(t.o.optimizer, "sgd"))
@@ -1361,6 +1370,7 @@ int cmd_train(int argc, char **argv, const cli_common *common)
         cli_opts_record(opts, NOPTS, &t.o, j); /* the settings in use */
         cJSON_AddNumberToObject(j, "train_images", (double)ts_tensor_size(t.train_x, 0));
         cJSON_AddNumberToObject(j, "world_size", t.world);
+        cJSON_AddBoolToObject(j, "optimizer_sharded", ts_optim_sharded(t.opt));
         cJSON_AddNumberToObject(j, "start_step", (double)t.step);
         cli_json_line(j);
     } else { /* the values in use: on --resume, the checkpoint's */
@@ -1370,10 +1380,11 @@ int cmd_train(int argc, char **argv, const cli_common *common)
                (long long)ts_module_num_params(t.model), ts_device_name(t.dev), t.o.optimizer,
                hyper_txt, (long long)t.o.batch, (long long)ts_tensor_size(t.train_x, 0),
                cli_now() - t0);
+        char zt[96];
         if (t.world > 1)
             cli_printf_fit("  data parallel: %d ranks over '%s', each a %lld-row part of every batch "
-                   "of %lld\n", t.world, ts_dist_backend(), (long long)(t.o.batch / t.world),
-                   (long long)t.o.batch);
+                   "of %lld%s\n", t.world, ts_dist_backend(), (long long)(t.o.batch / t.world),
+                   (long long)t.o.batch, cli_sharded_text(t.opt, t.world, zt, sizeof zt));
         if (t.o.accumulate > 1)
             cli_printf_fit("  gradient accumulation: each batch in %lld micro-batches\n",
                    (long long)t.o.accumulate);
@@ -1384,14 +1395,6 @@ int cmd_train(int argc, char **argv, const cli_common *common)
             cli_printf_fit("  lr schedule %s; weight decay on %s; gradient clipping %s\n",
                    schedule_text(t.opt, sched_txt, sizeof sched_txt),
                    strcmp(t.o.decay, "all") ? "matrices only" : "every parameter", clip_txt);
-    }
-    ts_trainer_options to = {.on_output = count_correct, .user = &t, .clip_grad_norm = t.o.clip,
-                             .accumulate = t.o.accumulate,
-                             .precision = cli_precision_dtype(t.o.precision)};
-    if ((s = ts_trainer_new(t.model, t.opt, &to, &t.tr)) ||
-        (s = ts_trainer_set_steps(t.tr, t.step))) {
-        cli_fail(s, t.world > 1 ? "data parallelism" : "cannot set up training");
-        goto out;
     }
     if (cli_apply_loss_scale(&t.scale, t.tr, t.o.precision))
         goto out;

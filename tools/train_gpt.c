@@ -748,6 +748,7 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
         cli_opts_record(opts, NOPTS, &r.o, j); /* the settings in use */
         cJSON_AddNumberToObject(j, "text_bytes", (double)n);
         cJSON_AddNumberToObject(j, "world_size", r.world);
+        cJSON_AddBoolToObject(j, "optimizer_sharded", ts_optim_sharded(r.opt));
         cJSON_AddNumberToObject(j, "start_step", (double)r.step);
         cli_json_line(j);
     } else {
@@ -763,6 +764,11 @@ int cli_train_gpt(int argc, char **argv, const cli_common *common)
                (unsigned long long)r.o.seed, r.o.lr, r.o.weight_decay, (long long)r.o.warmup,
                r.o.min_lr, (long long)r.o.steps, r.o.resume ? ", resumed from " : "",
                r.o.resume ? r.o.resume : "", resumed_at);
+        char zt[96];
+        if (r.world > 1)
+            cli_printf_fit("  data parallel: %d ranks over '%s', sharing each batch's windows%s\n",
+                           r.world, ts_dist_backend(), cli_sharded_text(r.opt, r.world, zt,
+                                                                        sizeof zt));
         if (r.o.accumulate > 1)
             cli_printf_fit("  gradient accumulation: each batch in %lld micro-batches\n",
                    (long long)r.o.accumulate);

@@ -11,7 +11,7 @@ if [ -z "$MPIRUN" ] || [ ! -f "$TS_BUILDDIR/plugins/comm_mpi/.libs/comm_mpi.so" 
     echo "1..0 # SKIP no Open MPI (Debian packages openmpi-bin, libopenmpi-dev)"
     exit 77
 fi
-plan 49
+plan 50
 # Open MPI's own allocations are not ours to report (LeakSanitizer at exit).
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -418,6 +418,22 @@ else
     fail "train --model gpt sharded on 2 ranks" "rc=$rc worst=$worst validation=$vworst" \
         "$(paste "$TMP/g2.l" "$TMP/gz.l" | head -5)" "$(tail -5 "$TMP/gz.err")"
 fi
+# A user can see that sharding took effect: the --json start record says so (and says not on
+# the unsharded runs), as does the data-parallel line of each trainer's header.
+starts() { for f in "$@"; do grep -o '"optimizer_sharded":[a-z]*' "$TMP/$f.json" | head -1; done | tr '\n' ' '; }
+said=$(starts z2 z4 gz s2 g2)
+TESSERA_CONFIG="$TMP/shard.ini" timeout "$(hang_limit 180)" $MPI $TESSERA train --model mlp \
+    --train-limit 640 --epochs 1 >"$TMP/zh.out" 2>&1
+TESSERA_CONFIG="$TMP/shard.ini" timeout "$(hang_limit 180)" $MPI ${G%--json} --max-steps 2 \
+    >>"$TMP/zh.out" 2>&1
+header=$(tr '\n' ' ' <"$TMP/zh.out" | grep -o "state sharded over them, 1/2 on each" | wc -l)
+if [ "$said" = '"optimizer_sharded":true "optimizer_sharded":true "optimizer_sharded":true "optimizer_sharded":false "optimizer_sharded":false ' ] &&
+    [ "$header" -eq 2 ]; then
+    ok "sharding is reported: the start records (true sharded, false not) and both trainers' headers"
+else
+    fail "sharding reported" "start records: $said; headers saying it: $header" "$(head -8 "$TMP/zh.out")"
+fi
+
 # float16 with loss scaling and 2 micro-batches, sharded: the scaler's skip verdict taken from
 # every rank's share, the accumulated gradients reduce-scattered once: the unsharded losses
 timeout "$(hang_limit 300)" $MPI $G --precision fp16 --accumulate 2 >"$TMP/gf.json" 2>"$TMP/gf.err"
