@@ -54,6 +54,8 @@ struct ts_ddp {
     int devmode; /* buckets on the device-buffer backend's device, summed there */
     int deferred; /* ts_ddp_no_sync: backward's gradients are summed at a later backward */
     int sharded;  /* each bucket reduce-scattered into its shard (a sharded optimizer's) */
+    int agreed;   /* the ranks compared `sharded` before their first sum */
+    int sharding_ranks; /* how many of them shard: 0 or all, or every sum fails */
     struct ts_optim *zero_opt; /* that optimizer, told when this ts_ddp goes */
     ts_status err;
     char errmsg[512];
@@ -72,6 +74,22 @@ static double now_s(void)
  * bucket's contents complete: the device was synchronised when it was queued). */
 static ts_status bucket_sum(ts_ddp *d, bucket *b)
 {
+    /* One rank sharding alone would reduce-scatter where the others all-reduce (a hang):
+     * before their first sum the ranks count the sharding ones, and if some shard and some
+     * do not, every rank's sums fail alike (no collective meets a different one). */
+    if (!d->agreed) {
+        float n = d->sharded ? 1.0f : 0.0f;
+        ts_status s = ts_dist_allreduce_sum(&n, 1, TS_F32);
+        if (s)
+            return s;
+        d->agreed = 1;
+        d->sharding_ranks = (int)n;
+    }
+    if (d->sharding_ranks != 0 && d->sharding_ranks != ts_dist_size())
+        return ts__fail(TS_ESTATE, "ts_ddp_sync: %d of the %d ranks sharded their optimizer "
+                        "over this ts_ddp (ts_optim_shard) and the others did not; call "
+                        "ts_optim_shard on every rank or on none, before the first backward",
+                        d->sharding_ranks, ts_dist_size());
     if (d->sharded) /* the bucket's padding is zeros */
         return ts__dist_reduce_scatter_mem(b->buf, ts__data(b->shard),
                                            b->padded / (size_t)ts_dist_size(), b->dtype);

@@ -120,7 +120,9 @@ void ts_ddp_free(ts_ddp *d);
  * (AdamW's two moments, SGD's momentum) is cut into one share per rank, each rank keeping and
  * updating 1/N of it. The parameters are those of d, on one device whose memory the backend
  * takes (a host-memory device such as cpu_blas under mpi, the backend's own device under
- * nccl); every rank calls it alike, after ts_ddp_new and before a step. From then on each step is
+ * nccl); every rank calls it alike, after ts_ddp_new and before the first backward (if some
+ * ranks do and others not, every rank's first ts_ddp_sync fails with TS_ESTATE rather than
+ * hang: the ranks compare before their first sum). From then on each step is
  *     ts_backward(loss); ts_ddp_sync(d); ts_optim_step(opt); ts_optim_zero_grad(opt);
  * where ts_ddp_sync reduce-scatters each bucket (this rank receives the averaged gradients of
  * its share only; the parameters' .grad keep this rank's own), ts_optim_step updates this

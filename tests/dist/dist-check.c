@@ -621,6 +621,22 @@ static void zero(const char *dir)
         check(s3 == TS_ESTATE && strstr(ts_last_error(), "was freed"),
               "zero: a step after its ts_ddp is freed fails cleanly", d);
         ts_optim_free(o);
+        /* only rank 0 shards: it would reduce-scatter where the others all-reduce (a hang);
+         * the ranks compare before their first sum and every sync fails instead */
+        OK(ts_optim_adamw(p, np, &ao, &o));
+        OK(ts_ddp_new(p, np, 0, &ddp));
+        if (rank_ == 0)
+            OK(ts_optim_shard(o, ddp));
+        l = loss_on(m, 12, rank_ * (12 / size_), 12 / size_, 0);
+        OK(ts_backward(l, NULL, 0));
+        ts_status s6 = ts_ddp_sync(ddp);
+        snprintf(d, sizeof d, "%s: %s", ts_status_name(s6), ts_last_error());
+        check(s6 == TS_ESTATE && strstr(ts_last_error(), "ts_optim_shard"),
+              "zero: one rank sharding alone: every rank's sync fails naming ts_optim_shard, "
+              "no hang", d);
+        ts_tensor_unref(l);
+        ts_ddp_free(ddp);
+        ts_optim_free(o);
         free(p);
         ts_module_free(m);
     }
