@@ -2,10 +2,12 @@
  * LOG_SOFTMAX, F32, on oneDNN eltwise and softmax primitives, for the calls where they are
  * exact enough and faster than the shared host kernels; dn_eltwise_wants decides per call.
  *
- * oneDNN runs these as JIT-vectorised polynomial approximations, while the host kernels call
- * libm's scalar expf/logf/tanhf per element (glibc vectorises them only under -ffast-math), so
- * oneDNN wins by several times on large tensors; on small ones the fixed cost of a primitive
- * execution loses (thresholds below). The functions left on the host kernels, and why:
+ * oneDNN runs these as JIT-vectorised polynomial approximations. When the thresholds below were
+ * measured, the host kernels called libm's scalar expf/tanhf per element and oneDNN won by
+ * several times on large tensors; they now use vmath.h's vectorised ones, and a remeasurement
+ * (docs/backends.md) finds the host kernels faster for exp, sigmoid and softmax. On small
+ * tensors the fixed cost of a primitive execution loses. The functions left on the host
+ * kernels, and why:
  *  - neg, abs, relu, sqrt: one instruction per element, memory bound, vectorised by the
  *    compiler in the host kernel; oneDNN ties (relu) or loses (sqrt, 2x at 1M elements).
  *  - gelu: oneDNN's gelu_erf is 0.5x(1 + erf(x/sqrt 2)), which cancels for x << 0, where the
