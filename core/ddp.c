@@ -55,6 +55,8 @@ struct ts_ddp {
     int deferred; /* ts_ddp_no_sync: backward's gradients are summed at a later backward */
     int sharded;  /* each bucket reduce-scattered into its shard (a sharded optimizer's) */
     int agreed;   /* the ranks compared `sharded` before their first sum */
+    int last_failed;  /* the last ts_ddp_sync failed: its gradients are not to be stepped */
+    uint64_t good_syncs; /* ts_ddp_sync calls that succeeded */
     int sharding_ranks; /* how many of them shard: 0 or all, or every sum fails */
     struct ts_optim *zero_opt; /* that optimizer, told when this ts_ddp goes */
     ts_status err;
@@ -428,6 +430,8 @@ TS_API ts_status ts_ddp_sync(ts_ddp *d)
     pthread_mutex_unlock(&d->mu);
     d->st.buckets += d->nb;
     d->step++;
+    d->good_syncs += s == TS_OK;
+    d->last_failed = s != TS_OK;
     return s;
 }
 
@@ -492,6 +496,10 @@ ts_status ts__ddp_shard(ts_ddp *d, struct ts_optim *opt)
     if (d->zero_opt)
         return ts__fail(TS_ESTATE, "ts_optim_shard: this ts_ddp shards another optimizer's "
                         "state already (one sharded optimizer per ts_ddp)");
+    if (d->agreed) /* the ranks compared sharding once, before the first sum */
+        return ts__fail(TS_ESTATE, "ts_optim_shard: this ts_ddp has summed gradients already; "
+                        "shard before the first backward, on every rank alike (or make a new "
+                        "ts_ddp)");
     if (ts_dist_size() > 1 && !d->st.in_place)
         return ts__fail(TS_EINVAL, "ts_optim_shard: the parameters must all live on one "
                         "device whose memory the comm backend takes: a host-memory device "
@@ -562,7 +570,12 @@ const ts_tensor *ts__ddp_param(const ts_ddp *d, size_t i)
 
 uint64_t ts__ddp_syncs(const ts_ddp *d)
 {
-    return d->step;
+    return d->good_syncs;
+}
+
+int ts__ddp_last_sync_failed(const ts_ddp *d)
+{
+    return d->last_failed;
 }
 
 int ts__ddp_pending(ts_ddp *d)

@@ -380,8 +380,10 @@ void ts__ddp_bucket(const ts_ddp *d, size_t k, size_t *padded, int32_t *dtype,
                     ts_tensor **shard);
 int ts__ddp_locate(const ts_ddp *d, const ts_tensor *t, size_t *bucket, size_t *off);
 size_t ts__ddp_nparams(const ts_ddp *d);
-/* ts_ddp_sync calls so far; whether a backward queued bucket sums no sync has collected. */
+/* ts_ddp_sync calls that succeeded so far; whether the last one failed; whether a backward
+ * queued bucket sums no sync has collected. */
 uint64_t ts__ddp_syncs(const ts_ddp *d);
+int ts__ddp_last_sync_failed(const ts_ddp *d);
 int ts__ddp_pending(ts_ddp *d);
 const ts_tensor *ts__ddp_param(const ts_ddp *d, size_t i);
 void ts__optim_ddp_gone(struct ts_optim *opt);

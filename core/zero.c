@@ -352,6 +352,10 @@ ts_status ts__zero_step(ts_optim *o)
                         "was freed, so no gradients reach its shards");
     /* The step all-gathers: gradient sums still queued from a backward would meet it in the
      * middle (a hang), and a step without a new sync would apply spent gradients again. */
+    if (ts__ddp_last_sync_failed(z->ddp))
+        return ts__fail(TS_ESTATE, "optimizer step: the last ts_ddp_sync failed, so this rank's "
+                        "share of the gradients is not averaged and the others may not step: "
+                        "see that sync's error");
     if (ts__ddp_pending(z->ddp) || ts__ddp_syncs(z->ddp) == z->synced_at)
         return ts__fail(TS_ESTATE, "optimizer step: a sharded optimizer steps on the gradients "
                         "ts_ddp_sync averaged, and there has been no ts_ddp_sync since %s; call "

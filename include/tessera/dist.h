@@ -122,7 +122,8 @@ void ts_ddp_free(ts_ddp *d);
  * takes (a host-memory device such as cpu_blas under mpi, the backend's own device under
  * nccl); every rank calls it alike, after ts_ddp_new and before the first backward (if some
  * ranks do and others not, every rank's first ts_ddp_sync fails with TS_ESTATE rather than
- * hang: the ranks compare before their first sum). From then on each step is
+ * hang: the ranks compare before their first sum; after a sum TS_ESTATE; a step after a
+ * failed sync is refused). From then on each step is
  *     ts_backward(loss); ts_ddp_sync(d); ts_optim_step(opt); ts_optim_zero_grad(opt);
  * where ts_ddp_sync reduce-scatters each bucket (this rank receives the averaged gradients of
  * its share only; the parameters' .grad keep this rank's own), ts_optim_step updates this

@@ -634,6 +634,35 @@ static void zero(const char *dir)
         check(s6 == TS_ESTATE && strstr(ts_last_error(), "ts_optim_shard"),
               "zero: one rank sharding alone: every rank's sync fails naming ts_optim_shard, "
               "no hang", d);
+        /* the sharded rank's step after that failed sync must not all-gather (a hang) */
+        ts_status s7 = ts_optim_step(o);
+        snprintf(d, sizeof d, "%s: %s", ts_status_name(s7), ts_last_error());
+        check(rank_ != 0 || (s7 == TS_ESTATE && strstr(ts_last_error(), "failed")),
+              "zero: after that failed sync the sharded rank's step is refused, no hang", d);
+        ts_optim_zero_grad(o);
+        ts_tensor_unref(l);
+        ts_ddp_free(ddp);
+        ts_optim_free(o);
+        /* sharding after the ts_ddp has summed (one rank alone could not be caught later):
+         * refused; the job goes on unsharded */
+        OK(ts_optim_adamw(p, np, &ao, &o));
+        OK(ts_ddp_new(p, np, 0, &ddp));
+        l = loss_on(m, 12, rank_ * (12 / size_), 12 / size_, 0);
+        OK(ts_backward(l, NULL, 0));
+        OK(ts_ddp_sync(ddp));
+        OK(ts_optim_step(o));
+        ts_optim_zero_grad(o);
+        ts_tensor_unref(l);
+        ts_status s8 = rank_ == 0 ? ts_optim_shard(o, ddp) : TS_ESTATE;
+        snprintf(d, sizeof d, "%s: %s", ts_status_name(s8), ts_last_error());
+        int late = s8 == TS_ESTATE && !ts_optim_sharded(o) &&
+                   (rank_ != 0 || strstr(ts_last_error(), "before the first backward"));
+        l = loss_on(m, 12, rank_ * (12 / size_), 12 / size_, 0);
+        OK(ts_backward(l, NULL, 0));
+        ts_status s9 = ts_ddp_sync(ddp);
+        check(late && s9 == TS_OK,
+              "zero: sharding after the first sum is refused and the job goes on unsharded", d);
+        ts_optim_zero_grad(o);
         ts_tensor_unref(l);
         ts_ddp_free(ddp);
         ts_optim_free(o);
