@@ -258,14 +258,13 @@ static int rd_by_rows(const rd_plan *p)
            p->nred == 1 && p->nout >= 8;
 }
 
-#define RD_ROWS(T, WIDEN)                                                                          \
+#define RD_ROWS(T)                                                                                 \
     do {                                                                                           \
         const T *x = (const T *)p->in + j0;                                                        \
         for (int64_t i = 0; i < p->nslice; i++, x += p->red_in[0])                                 \
             for (int64_t j = 0; j < nj; j++)                                                       \
-                acc[j] += (double)WIDEN(x[j]);                                                     \
+                acc[j] += (double)x[j];                                                            \
     } while (0)
-#define RD_SAME(x) (x)
 
 /* acc[j] += x[j] over one row of 16-bit floats, widened on the way (vectorized) */
 HK_CLONES static void rd_row_bf16(double *acc, const uint16_t *x, int64_t nj)
@@ -301,13 +300,13 @@ static void rd_execute_rows(const hk_dev *hd, const rd_plan *p, size_t out_es)
         int64_t j0 = b * RD_COLS, nj = p->nout - j0 < RD_COLS ? p->nout - j0 : RD_COLS;
         double acc[RD_COLS] = {0};
         if (p->dtype == TS_F32)
-            RD_ROWS(float, RD_SAME);
+            RD_ROWS(float);
         else if (p->dtype == TS_BF16)
             RD_ROWS_HALF(rd_row_bf16);
         else if (p->dtype == TS_F16)
             RD_ROWS_HALF(rd_row_f16);
         else
-            RD_ROWS(double, RD_SAME);
+            RD_ROWS(double);
         for (int64_t j = 0; j < nj; j++) {
             rd_part r;
             rd_part_init(&r);
