@@ -3,8 +3,11 @@
  * and the kernel dispatch; kernels live one file per family. */
 #include "config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include <cblas.h>
 
 #include "blas.h"
 
@@ -35,6 +38,25 @@ static ts_status blas_init(const ts_host *host, const ts_setting *settings, size
 static void blas_shutdown(void *ctx)
 {
     free(ctx);
+}
+
+/* "host CPU, 2 threads, OpenBLAS 0.3.21 (SkylakeX kernels)": which of its kernel sets
+ * OpenBLAS picked for this CPU matters (an OpenBLAS older than the CPU picks an older set:
+ * docs/backends.md), so `tessera info` says it. */
+static ts_status blas_device_info(void *ctx, ts_device_info *info)
+{
+    ts_status s = hk_dev_device_info(ctx, info);
+    if (s == TS_OK) {
+        const char *cfg = openblas_get_config(), *core = openblas_get_corename();
+        /* the configuration string starts "OpenBLAS <version> " */
+        char ver[32] = "";
+        if (cfg && strncmp(cfg, "OpenBLAS ", 9) == 0)
+            sscanf(cfg + 9, "%31s", ver);
+        blas_ctx *c = ctx;
+        snprintf(info->name, sizeof info->name, "host CPU, %d threads, OpenBLAS %s (%s kernels)",
+                 c->hd.configured, *ver ? ver : "?", core && *core ? core : "unknown");
+    }
+    return s;
 }
 
 static int blas_supports(void *ctx, int32_t op, int32_t dtype)
@@ -84,7 +106,7 @@ static const ts_plugin_desc desc = {
     HK_DESC_MEMBERS,
     .init = blas_init,
     .shutdown = blas_shutdown,
-    .device_info = hk_dev_device_info,
+    .device_info = blas_device_info,
     .supports = blas_supports,
     .run = blas_run,
 };

@@ -2,7 +2,7 @@
 # tests/cli/test-info.sh: `tessera info` as a user runs it: text and JSON, fallback,
 # TESSERA_DEVICE, bad configs and misuse give a one-line error and a non-zero exit.
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 22
+plan 23
 
 out=$("$TESSERA" info 2>&1)
 if [ $? -eq 0 ] && contains "$out" "cpu_blas: 1 device" && contains "$out" "tests/data/test.ini" \
@@ -24,6 +24,16 @@ if grep -q '^default_device="cpu_blas"$' "$TMP/fields"; then
     ok "info --json names the device in use"
 else
     fail "info --json names the device in use" "$(cat "$TMP/fields")"
+fi
+
+# Which of its kernel sets OpenBLAS picked, as OpenBLAS says: the one OPENBLAS_CORETYPE asks
+# for (Nehalem: SSE4.2, which every x86-64 machine these tests run on has).
+nb=$(OPENBLAS_CORETYPE=Nehalem "$TESSERA" info 2>&1)
+if contains "$nb" "cpu_blas: 1 device: host CPU, 2 threads, OpenBLAS 0." \
+    && contains "$nb" "(Nehalem kernels)"; then
+    ok "info names OpenBLAS's version and the kernel set it picked"
+else
+    fail "info names OpenBLAS's version and the kernel set it picked" "$nb"
 fi
 
 # cuda: built here? Then without a GPU it must say "0 devices (reason)".
