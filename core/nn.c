@@ -586,10 +586,16 @@ static ts_status linear_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
                         ts_tensor_describe(m->weight, b2, sizeof b2));
     /* x @ W^T: the transposed view reaches BLAS as a column-major operand, never copied. */
     ts_scope *sc = ts_scope_begin();
-    ts_tensor *xw = ts_s_matmul(x, ts_s_transpose(m->weight, 0, 1));
-    /* under autocast the bias joins the matmul's dtype, as in PyTorch's addmm */
-    ts_tensor *b = m->bias && ts_autocast_dtype() != TS_F32 && ts_tensor_dtype(m->bias) == TS_F32
-                       ? ts_s_cast(m->bias, ts_autocast_dtype())
+    /* Under autocast W is cast before it is transposed, not by the matmul after: a dense cast
+     * rather than a strided one, and W's gradient comes back through the cast in W's own
+     * layout, so the optimizer's gradient needs no copy. The bias joins the matmul's dtype, as
+     * in PyTorch's addmm. */
+    const int32_t ac = ts_autocast_dtype();
+    ts_tensor *w = ac != TS_F32 && ts_tensor_dtype(m->weight) == TS_F32 ? ts_s_cast(m->weight, ac)
+                                                                       : m->weight;
+    ts_tensor *xw = ts_s_matmul(x, ts_s_transpose(w, 0, 1));
+    ts_tensor *b = m->bias && ac != TS_F32 && ts_tensor_dtype(m->bias) == TS_F32
+                       ? ts_s_cast(m->bias, ac)
                        : m->bias;
     return ts_scope_return(sc, b ? ts_s_add(xw, b) : xw, y);
 }

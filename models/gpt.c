@@ -83,6 +83,17 @@ static ts_status block_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
 
 /* ---- the whole model ------------------------------------------------------------------- */
 
+/* The head's (C, V) operand: wte transposed, under autocast cast before it is transposed (as
+ * the linears do: a dense cast, and its gradient back in wte's layout). */
+static ts_tensor *head_weight(ts_module *gpt)
+{
+    ts_tensor *w = ts_module_param(gpt, "lm_head_weight");
+    const int32_t ac = ts_autocast_dtype();
+    if (w && ac != TS_F32 && ts_tensor_dtype(w) == TS_F32)
+        w = ts_s_cast(w, ac);
+    return ts_s_transpose(w, 0, 1);
+}
+
 static ts_status gpt_forward(ts_module *m, ts_tensor *idx, ts_tensor **y)
 {
     const gpt_state *st = ts_module_user(m);
@@ -101,8 +112,7 @@ static ts_status gpt_forward(ts_module *m, ts_tensor *idx, ts_tensor **y)
     h = ts_s_forward(child(tr, "h"), ts_s_forward(child(tr, "drop"), h));
     h = ts_s_forward(child(tr, "ln_f"), h);
     /* the head tied to wte: (B, T, C) @ (C, V) */
-    ts_tensor *wt = ts_s_transpose(ts_module_param(m, "lm_head_weight"), 0, 1);
-    return ts_scope_return(sc, ts_s_matmul(h, wt), y);
+    return ts_scope_return(sc, ts_s_matmul(h, head_weight(m)), y);
 }
 
 static ts_status linear(ts_device *dev, int64_t in, int64_t out, double std, ts_rng *rng,
@@ -352,8 +362,7 @@ TS_API ts_status ts_gpt_cache_step(ts_module *gpt, ts_gpt_cache *c, int64_t toke
         x = ts_s_add(x, ts_s_forward(child(blk, "mlp"), ts_s_forward(child(blk, "ln_2"), x)));
     }
     x = ts_s_forward(child(tr, "ln_f"), x);
-    ts_tensor *wt = ts_s_transpose(ts_module_param(gpt, "lm_head_weight"), 0, 1);
-    ts_status s = ts_scope_return(sc, ts_s_matmul(x, wt), logits); /* (1, vocab) */
+    ts_status s = ts_scope_return(sc, ts_s_matmul(x, head_weight(gpt)), logits); /* (1, vocab) */
     if (s == TS_OK)
         c->pos++;
     ts_no_grad_exit();

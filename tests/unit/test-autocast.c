@@ -383,6 +383,71 @@ static void test_float16_loss_scaling(void)
     tap_end();
 }
 
+/* Under autocast a linear casts its float32 weight before transposing it: one dense cast, and
+ * the weight's gradient comes back through the cast in the weight's own layout, so the
+ * optimizer's gradient is the backward's tensor itself, not a copy of a transposed view (the
+ * kernel profile counts no float32 copy in the forward and backward). */
+static void test_linear_weight_cast_dense(void)
+{
+    ts_device *dev = tap_start();
+    ts_rng rng = TS_RNG(4);
+    ts_weight_init init = TS_INIT_DEFAULT(&rng);
+    ts_module *lin;
+    ts_tensor *x, *y, *g;
+    CHECK_OK(ts_nn_linear(dev, F, H, 1, &init, &lin));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, (const int64_t[]){N, F}, 0, 1, &rng, &x));
+    CHECK_OK(ts_tensor_full(dev, TS_BF16, 2, (const int64_t[]){N, H}, 1.0, &g));
+    ts_profile_reset();
+    int was = ts_profile_enable(1);
+    CHECK_OK(ts_autocast_begin(TS_BF16));
+    CHECK_OK(ts_module_forward(lin, x, &y));
+    ts_autocast_end();
+    CHECK_OK(ts_backward(y, g, 0));
+    ts_profile_enable(was);
+    ts_profile_entry e[64];
+    size_t ne = ts_profile_read(e, 64);
+    for (size_t i = 0; i < ne && i < 64; i++)
+        CHECK_MSG(!(e[i].op == TS_OP_COPY && e[i].dtype == TS_F32),
+                  "%llu float32 copies in a linear's forward and backward under autocast",
+                  (unsigned long long)e[i].calls);
+    ts_named_tensor p[2]; /* weight, bias */
+    CHECK(ts_module_parameters(lin, p, 2) == 2);
+    const ts_tensor *gw = ts_tensor_grad(p[0].tensor);
+    CHECK_MSG(ts_tensor_dtype(y) == TS_BF16 && gw && ts_tensor_dtype(gw) == TS_F32 &&
+                  ts_tensor_is_contiguous(gw),
+              "y %s, weight gradient %s%s", ts_dtype_name(ts_tensor_dtype(y)),
+              gw ? ts_dtype_name(ts_tensor_dtype(gw)) : "none",
+              gw && !ts_tensor_is_contiguous(gw) ? " (not contiguous)" : "");
+    if (!gw)
+        goto out;
+    /* the gradient itself: sum over the rows of x's bfloat16 values, for every output */
+    float xs[N * F], gws[H * F];
+    ts_tensor *xb, *xr;
+    CHECK_OK(ts_cast(x, TS_BF16, &xb));
+    CHECK_OK(ts_cast(xb, TS_F32, &xr));
+    CHECK_OK(ts_tensor_to_host(xr, xs, sizeof xs));
+    CHECK_OK(ts_tensor_to_host(gw, gws, sizeof gws));
+    for (int o = 0; o < H; o++)
+        for (int f = 0; f < F; f++) {
+            double want = 0;
+            for (int i = 0; i < N; i++)
+                want += xs[i * F + f];
+            /* N bfloat16 products summed in float32, rounded once to bfloat16 */
+            double tol = 0x1p-8 * fabs(want) + N * 0x1p-24 * 8;
+            if (fabs(gws[o * F + f] - want) > tol) {
+                CHECK_MSG(0, "weight gradient (%d, %d): %.9g, not %.9g", o, f, gws[o * F + f],
+                          want);
+                o = H;
+                break;
+            }
+        }
+    ts_tensor_unref(xb), ts_tensor_unref(xr);
+out:
+    ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(g);
+    ts_module_free(lin);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -391,6 +456,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_checkpoint_recomputes_in_its_precision),
         TAP_TEST(test_trainer_precision),
         TAP_TEST(test_float16_loss_scaling),
+        TAP_TEST(test_linear_weight_cast_dense),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
