@@ -107,7 +107,17 @@ static ts_status attention_composed(const ts_tensor *q, const ts_tensor *k, cons
         mask = TS_SCOPED(ts_where(keep, zero, ninf, &mask), mask);
         att = ts_s_add(att, mask);
     }
-    return ts_scope_return(sc, ts_s_matmul(ts_s_softmax(att, -1), v), out);
+    /* In a 16-bit dtype (autocast's low one) the softmax reads and writes the scores in that
+     * dtype, computing in float32 and rounding once, as the fused kernel does: not autocast's
+     * float32 softmax with its casts both ways (2.5 passes over the T x T scores each way). */
+    ts_tensor *p;
+    if (ts_plugin_dtype_is_half(q->dtype) && ts__autocast_push(TS_F32) == TS_OK) {
+        p = ts_s_softmax(att, -1);
+        ts_autocast_end();
+    } else {
+        p = ts_s_softmax(att, -1);
+    }
+    return ts_scope_return(sc, ts_s_matmul(p, v), out);
 }
 
 static ts_status attention_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)

@@ -198,11 +198,35 @@ ts_status ts__ag_reduce(int fn, const ts_tensor *x, int64_t reduced_mask, ts_ten
 
 /* ---- softmax --------------------------------------------------------------------------- */
 
+/* y * (g - sum(g * y)) in one kernel pass (TS_OP_SOFTMAX_BWD), where the device runs it. */
+static ts_status softmax_backward_fused(const ts_tensor *y, const ts_tensor *g, int dim,
+                                        ts_tensor **out)
+{
+    ts_tensor *o;
+    ts_status s = ts__new(y->storage->dev, y->dtype, y->ndim, y->shape, &o);
+    if (s)
+        return s;
+    ts_operand in[2], op;
+    ts__operand(y, &in[0]);
+    ts__operand(g, &in[1]);
+    ts__operand(o, &op);
+    ts_dim_params p = {dim};
+    if ((s = ts__run(o->storage->dev, TS_OP_SOFTMAX_BWD, in, 2, &op, 1, &p, sizeof p))) {
+        ts_tensor_unref(o);
+        return s;
+    }
+    *out = o;
+    return TS_OK;
+}
+
 static ts_status softmax_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
 {
     int dim = (int)n->p.i[0], log_form = (int)n->p.i[1];
     ts_tensor *y = n->saved[0], *t1 = NULL, *t2 = NULL, *t3 = NULL;
     ts_status s;
+    if (!log_form && g->dtype == y->dtype && g->storage->dev == y->storage->dev &&
+        ts__device_runs(y->storage->dev, TS_OP_SOFTMAX_BWD, y->dtype))
+        return softmax_backward_fused(y, g, dim, &gin[0]);
     if (log_form) { /* g - exp(y) * sum(g) */
         TRY(ts_sum(g, 1, &dim, 1, &t1));
         TRY(ts_exp(y, &t2));

@@ -52,9 +52,9 @@ static ts_status attn_forward(ts_module *m, ts_tensor *x, ts_tensor **y)
     ts_tensor *q = heads(ts_s_narrow(qkv, 2, 0, C), H), *k = heads(ts_s_narrow(qkv, 2, C, C), H);
     ts_tensor *v = heads(ts_s_narrow(qkv, 2, 2 * C, C), H);
     ts_tensor *o;
-    if ((st->cfg.dropout == 0 || !ts_module_is_training(child(m, "attn_dropout"))) &&
-        ts_attention_fuses(q, k)) {
-        /* one fused pass (no T x T matrix) where it pays */
+    if (st->cfg.dropout == 0 || !ts_module_is_training(child(m, "attn_dropout"))) {
+        /* ts_attention: one fused pass (no T x T matrix) where it pays, else composed as
+         * below (in a 16-bit dtype with the softmax in that dtype) */
         o = ts_s_attention(q, k, v, 1, 1 / sqrt(C / H));
         o = ts_s_contiguous(ts_s_transpose(o, 1, 2)); /* (B, T, H, C/H) */
         o = ts_s_forward(child(m, "c_proj"), ts_s_view(o, 3, (const int64_t[]){B, T, C}));

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define TS_PLUGIN_ABI_MAJOR 2
-#define TS_PLUGIN_ABI_MINOR 6
+#define TS_PLUGIN_ABI_MINOR 7
 
 /* Most dims a tensor or operand has. */
 #define TS_MAX_DIMS 8
@@ -487,6 +487,12 @@ typedef struct ts_operand {
      * k^T + mask - lse) and delta_i = go_i . o_i: gv = P^T go, gs = P * (go v^T - delta),        \
      * gq = scale gs k, gk = scale gs^T q. ts_attention_params. */                               \
     X(ATTENTION_BWD, 29, "attention_backward", 6)                                                  \
+    /* ABI 2.7. Softmax's gradient in one pass per slice along params.dim: in[0] y (the          \
+     * forward's output), in[1] g (the output's gradient), both of out's shape, any strides;     \
+     * out[0] = y * (g - sum_dim(g * y)), overwritten. One float dtype for all three; the sum   \
+     * accumulated in float32 or wider. ts_dim_params. Optional: the core composes it from mul,  \
+     * sum and sub on a plugin that does not claim it. */                                       \
+    X(SOFTMAX_BWD, 30, "softmax_backward", 7)                                                      \
     /* end of TS_OP_TABLE */
 
 typedef enum ts_op {

@@ -691,6 +691,16 @@ HK_CLONES static void narrow_dense(uint16_t *d, const float *s, int64_t n, int32
     }
 }
 
+void hk_widen_half(float *d, const void *s, int64_t n, int32_t dt)
+{
+    widen_dense(d, (const uint16_t *)s, n, dt);
+}
+
+void hk_narrow_half(void *d, const float *s, int64_t n, int32_t dt)
+{
+    narrow_dense((uint16_t *)d, s, n, dt);
+}
+
 static int ew_half_chunks(const ew_iter *it, ew_loop loop, int64_t n, char *const *p,
                           const int64_t *s)
 {

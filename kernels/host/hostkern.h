@@ -79,6 +79,12 @@ int hk_half_native(int32_t op);
  * bias gradients' sums over rows read their 16-bit input as it is; the other layouts convert
  * it inside hk_reduce). */
 int hk_half_native_call(const ts_kernel_call *call);
+/* The longest 16-bit softmax row (and softmax gradient row) the host kernels run natively;
+ * longer ones, and rows that are not dense, go through float32 copies. */
+enum { HK_HALF_ROW = 4096 };
+/* Dense 16-bit <-> float32 runs (dt TS_BF16 or TS_F16), plugin.h's rounding. */
+void hk_widen_half(float *d, const void *s, int64_t n, int32_t dt);
+void hk_narrow_half(void *d, const float *s, int64_t n, int32_t dt);
 /* Runs call with every 16-bit float operand in a float32 scratch copy of its distinct
  * elements (a broadcast dim stays stride 0): inputs widened (exact), and outputs too where
  * the op reads them (index_add, a matmul with beta); run called on the float32 call; each
@@ -148,7 +154,7 @@ ts_status hk_binary_dtype_check(const ts_host *h, const char *what, int32_t fn,
 /* TS_OP_REDUCE: *dim the reduced dim of argmax / argmin, else -1. */
 ts_status hk_reduce_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                    int *dim);
-/* TS_OP_SOFTMAX / TS_OP_LOG_SOFTMAX: *dim the normalized dim. */
+/* TS_OP_SOFTMAX / TS_OP_LOG_SOFTMAX / TS_OP_SOFTMAX_BWD: *dim the normalized dim. */
 ts_status hk_softmax_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                     int *dim);
 /* TS_OP_INDEX_SELECT / TS_OP_INDEX_ADD (not the index values): *dim the normalized dim. */

@@ -149,10 +149,34 @@ int hk_half_native(int32_t op)
            op == TS_OP_WHERE || op == TS_OP_RELU_BACKWARD;
 }
 
+/* A softmax (or its gradient) whose 16-bit operands all run along params.dim with unit
+ * strides, in rows of at most HK_HALF_ROW: the host kernels widen each row on the stack. */
+static int softmax_half_rows(const ts_kernel_call *call)
+{
+    if (!call->params || call->params_size < sizeof(ts_dim_params) || call->noutputs != 1 ||
+        call->ninputs != (call->op == TS_OP_SOFTMAX_BWD ? 2 : 1) || !call->inputs ||
+        !call->outputs)
+        return 0;
+    const ts_operand *out = &call->outputs[0];
+    int dim = out->ndim ? hk_norm_dim(((const ts_dim_params *)call->params)->dim, out->ndim) : -1;
+    if (dim < 0 || out->shape[dim] > HK_HALF_ROW || !ts_plugin_dtype_is_half(out->dtype) ||
+        (out->shape[dim] > 1 && out->strides[dim] != 1))
+        return 0;
+    for (int i = 0; i < call->ninputs; i++) {
+        const ts_operand *in = &call->inputs[i];
+        if (in->dtype != out->dtype || in->ndim != out->ndim || in->shape[dim] != out->shape[dim] ||
+            (in->shape[dim] > 1 && in->strides[dim] != 1))
+            return 0;
+    }
+    return 1;
+}
+
 int hk_half_native_call(const ts_kernel_call *call)
 {
     if (hk_half_native(call->op))
         return 1;
+    if (call->op == TS_OP_SOFTMAX || call->op == TS_OP_SOFTMAX_BWD)
+        return softmax_half_rows(call);
     if (call->op != TS_OP_REDUCE || !call->params || call->params_size < sizeof(ts_reduce_params))
         return 0;
     int32_t fn = ((const ts_reduce_params *)call->params)->fn;
@@ -505,18 +529,62 @@ ts_status hk_reduce_check(const ts_host *h, int dev, const ts_kernel_call *call,
     return TS_OK;
 }
 
+/* A float dtype softmax's kernels take: float32, float64, and the 16-bit floats (computed in
+ * float32, where the host kernels run them natively: hk_half_native_call). */
+static int softmax_dtype(int32_t dt)
+{
+    return ts_plugin_dtype_is_float(dt) || ts_plugin_dtype_is_half(dt);
+}
+
+/* TS_OP_SOFTMAX_BWD's operands: y and g, out; one float dtype, out's shape. */
+static ts_status softmax_bwd_operands(const ts_host *h, int dev, const ts_kernel_call *call)
+{
+    const char *what = "softmax_backward";
+    ts_status s = hk_check_counts(h, dev, call, what, 2, 1);
+    if (s)
+        return s;
+    if (!call->params || call->params_size < sizeof(ts_dim_params))
+        return h->fail(h, TS_EINVAL, "%s: params missing or too small (%u < %zu)", what,
+                       (unsigned)call->params_size, sizeof(ts_dim_params));
+    static const char *const names[] = {"y", "g"};
+    const ts_operand *out = &call->outputs[0];
+    if ((s = hk_check_operand(h, dev, what, "output", out, NULL)))
+        return s;
+    for (int i = 0; i < 2; i++) {
+        const ts_operand *in = &call->inputs[i];
+        if ((s = hk_check_operand(h, dev, what, names[i], in, NULL)))
+            return s;
+        if (in->dtype != out->dtype || !softmax_dtype(out->dtype))
+            return h->fail(h, softmax_dtype(in->dtype) ? TS_EINVAL : TS_ENOTSUP,
+                           "%s: %s %s, output %s (one float dtype for all three)", what,
+                           names[i], dtype_name(in->dtype), dtype_name(out->dtype));
+        if (in->ndim != out->ndim)
+            return h->fail(h, TS_ESHAPE, "%s: %s has %d dims, output %d", what, names[i],
+                           (int)in->ndim, (int)out->ndim);
+        for (int d = 0; d < in->ndim; d++)
+            if (in->shape[d] != out->shape[d])
+                return h->fail(h, TS_ESHAPE, "%s: %s size %lld at dim %d, output %lld", what,
+                               names[i], (long long)in->shape[d], d, (long long)out->shape[d]);
+    }
+    return TS_OK;
+}
+
 ts_status hk_softmax_check(const ts_host *h, int dev, const ts_kernel_call *call,
                                     int *dim)
 {
-    const char *what = call->op == TS_OP_LOG_SOFTMAX ? "log_softmax" : "softmax";
-    ts_status s = check_1in1out(h, dev, call, what, sizeof(ts_dim_params));
+    const char *what = call->op == TS_OP_LOG_SOFTMAX ? "log_softmax"
+                       : call->op == TS_OP_SOFTMAX_BWD ? "softmax_backward"
+                                                        : "softmax";
+    ts_status s = call->op == TS_OP_SOFTMAX_BWD
+                      ? softmax_bwd_operands(h, dev, call)
+                      : check_1in1out(h, dev, call, what, sizeof(ts_dim_params));
     if (s)
         return s;
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
-    if (!ts_plugin_dtype_is_float(out->dtype) || in->dtype != out->dtype)
-        return h->fail(h, ts_plugin_dtype_is_float(in->dtype) ? TS_EINVAL : TS_ENOTSUP,
-                       "%s: input %s, output %s (float32 or float64, the same)", what,
-                       dtype_name(in->dtype), dtype_name(out->dtype));
+    if (!softmax_dtype(out->dtype) || in->dtype != out->dtype)
+        return h->fail(h, softmax_dtype(in->dtype) ? TS_EINVAL : TS_ENOTSUP,
+                       "%s: input %s, output %s (float32, float64 or a 16-bit float, the same)",
+                       what, dtype_name(in->dtype), dtype_name(out->dtype));
     for (int d = 0; d < in->ndim; d++)
         if (in->shape[d] != out->shape[d])
             return h->fail(h, TS_ESHAPE, "%s: output size %lld at dim %d, input %lld", what,

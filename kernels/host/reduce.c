@@ -471,48 +471,113 @@ HK_CLONES static void softmax_f32_contig(const float *x, float *y, int64_t len,
         y[i] *= inv;
 }
 
-/* in, out: the same shape, any strides; along params.dim. */
+/* Softmax's gradient over one slice: y * (g - sum(g * y)), each product rounded to T and the
+ * sum accumulated in double, as the composed mul, sum, sub and mul compute it. */
+#define SOFTMAX_BWD_SLICE(T)                                                                       \
+    do {                                                                                           \
+        const T *y = (const T *)px, *g = (const T *)pg;                                            \
+        T *o = (T *)py;                                                                            \
+        double sum = 0;                                                                            \
+        for (int64_t i = 0; i < len; i++) {                                                        \
+            T p = g[i * sg] * y[i * sx];                                                           \
+            sum += (double)p;                                                                      \
+        }                                                                                          \
+        const T dot = (T)sum;                                                                      \
+        for (int64_t i = 0; i < len; i++)                                                          \
+            o[i * sy] = y[i * sx] * (g[i * sg] - dot);                                             \
+    } while (0)
+
+/* The float32 slice with unit strides, vectorized (the sum in double lanes). o may be y or g. */
+HK_CLONES static void softmax_bwd_f32_contig(const float *y, const float *g, float *o,
+                                             int64_t len)
+{
+    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < len; i++) {
+        float p = g[i] * y[i];
+        sum += (double)p;
+    }
+    const float s = (float)sum;
+#pragma omp simd
+    for (int64_t i = 0; i < len; i++)
+        o[i] = y[i] * (g[i] - s);
+}
+
+/* A 16-bit slice with unit strides (hk_half_native_call admits only those, of at most
+ * HK_HALF_ROW elements): widened into float32 rows, the float32 slice's arithmetic, the
+ * result rounded once to 16 bits: the bits of the float32 kernel run on the widened values. */
+static void softmax_half_contig(int32_t dt, int bwd, const void *px, const void *pg, void *py,
+                                int64_t len)
+{
+    float a[HK_HALF_ROW], b[HK_HALF_ROW];
+    hk_widen_half(a, px, len, dt);
+    if (bwd) {
+        hk_widen_half(b, pg, len, dt);
+        softmax_bwd_f32_contig(a, b, a, len);
+    } else {
+        softmax_f32_contig(a, a, len, 0);
+    }
+    hk_narrow_half(py, a, len, dt);
+}
+
+/* in (and g for the backward), out: the same shape, any strides; along params.dim. */
 static ts_status run_softmax(hk_dev *hd, const ts_kernel_call *call)
 {
-    int log_form = call->op == TS_OP_LOG_SOFTMAX;
+    int log_form = call->op == TS_OP_LOG_SOFTMAX, bwd = call->op == TS_OP_SOFTMAX_BWD;
     int dim;
     ts_status s = hk_softmax_check(hd->host, 0, call, &dim);
     if (s)
         return s;
     const ts_operand *in = &call->inputs[0], *out = &call->outputs[0];
+    const ts_operand *gin = bwd ? &call->inputs[1] : in;
     /* The other dims, as an odometer over slices. */
     int nouter = 0;
-    int64_t oshape[TS_MAX_DIMS], ostr_in[TS_MAX_DIMS], ostr_out[TS_MAX_DIMS], nslices = 1;
+    int64_t oshape[TS_MAX_DIMS], ostr_in[TS_MAX_DIMS], ostr_g[TS_MAX_DIMS];
+    int64_t ostr_out[TS_MAX_DIMS], nslices = 1;
     for (int d = 0; d < in->ndim; d++) {
         if (d == dim)
             continue;
         oshape[nouter] = in->shape[d];
         ostr_in[nouter] = in->strides[d];
+        ostr_g[nouter] = gin->strides[d];
         ostr_out[nouter++] = out->strides[d];
         nslices *= in->shape[d];
     }
     int64_t len = in->ndim ? in->shape[dim] : 1;
     int64_t sx = in->ndim ? in->strides[dim] : 0, sy = in->ndim ? out->strides[dim] : 0;
+    int64_t sg = in->ndim ? gin->strides[dim] : 0;
     if (nslices == 0 || len == 0)
         return TS_OK;
     size_t es = ts_plugin_dtype_size(in->dtype);
     const char *xbase = (const char *)in->data + in->offset * (int64_t)es;
+    const char *gbase = (const char *)gin->data + gin->offset * (int64_t)es;
     char *ybase = (char *)out->data + out->offset * (int64_t)es;
     int32_t dtype = in->dtype;
-    int nt = run_for(hd, threads_for(hd, nslices * len * 8)); /* exp: costly elements */
+    /* exp: costly elements; the backward's are cheap */
+    int nt = run_for(hd, threads_for(hd, nslices * len * (bwd ? 2 : 8)));
     (void)nt;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && nslices > 1)
     for (int64_t j = 0; j < nslices; j++) {
-        int64_t rem = j, xo = 0, yo = 0;
+        int64_t rem = j, xo = 0, go = 0, yo = 0;
         for (int d = nouter - 1; d >= 0; d--) {
             int64_t i = rem % oshape[d];
             rem /= oshape[d];
             xo += i * ostr_in[d];
+            go += i * ostr_g[d];
             yo += i * ostr_out[d];
         }
-        const char *px = xbase + xo * (int64_t)es;
+        const char *px = xbase + xo * (int64_t)es, *pg = gbase + go * (int64_t)es;
         char *py = ybase + yo * (int64_t)es;
-        if (dtype == TS_F32 && sx == 1 && sy == 1)
+        int dense = sx == 1 && sy == 1 && (!bwd || sg == 1);
+        if (ts_plugin_dtype_is_half(dtype))
+            softmax_half_contig(dtype, bwd, px, pg, py, len);
+        else if (bwd && dtype == TS_F32 && dense)
+            softmax_bwd_f32_contig((const float *)px, (const float *)pg, (float *)py, len);
+        else if (bwd && dtype == TS_F32)
+            SOFTMAX_BWD_SLICE(float);
+        else if (bwd)
+            SOFTMAX_BWD_SLICE(double);
+        else if (dtype == TS_F32 && dense)
             softmax_f32_contig((const float *)px, (float *)py, len, log_form);
         else if (dtype == TS_F32)
             SOFTMAX_SLICE(float, hk_expf);
@@ -526,7 +591,8 @@ static ts_status run_softmax(hk_dev *hd, const ts_kernel_call *call)
 
 int hk_reduce_supports(int32_t op, int32_t dtype)
 {
-    return (op == TS_OP_REDUCE || op == TS_OP_SOFTMAX || op == TS_OP_LOG_SOFTMAX) &&
+    return (op == TS_OP_REDUCE || op == TS_OP_SOFTMAX || op == TS_OP_LOG_SOFTMAX ||
+            op == TS_OP_SOFTMAX_BWD) &&
            hk_op_defined(op, dtype);
 }
 
@@ -537,6 +603,7 @@ ts_status hk_reduce(hk_dev *hd, const ts_kernel_call *call)
         return run_reduce(hd, call);
     case TS_OP_SOFTMAX:
     case TS_OP_LOG_SOFTMAX:
+    case TS_OP_SOFTMAX_BWD:
         return run_softmax(hd, call);
     default:
         return TS_ENOTSUP;

@@ -30,7 +30,7 @@ static void test_layout_matches_version(void)
 {
     if (sizeof(void *) != 8)
         SKIP("layouts are recorded for LP64 only");
-    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 6,
+    CHECK_MSG(TS_PLUGIN_ABI_MAJOR == 2 && TS_PLUGIN_ABI_MINOR == 7,
               "ABI is %d.%d: add its layout row to this test", TS_PLUGIN_ABI_MAJOR,
               TS_PLUGIN_ABI_MINOR);
     /* ABI 2.0: the host owns the pool. The descriptor lost alloc, free, memory_stats,
@@ -79,7 +79,8 @@ static void test_layout_matches_version(void)
     /* ABI 2.3: pinned host memory, asynchronous uploads and graph capture appended to the
      * descriptor. ABI 2.4: no layout change; TS_UNARY_SILU appended to ts_unary_fn. ABI 2.5:
      * no layout change; TS_BF16 and TS_F16 appended to ts_dtype. ABI 2.6: no layout change;
-     * TS_OP_ATTENTION and its backward appended to ts_op, with ts_attention_params. */
+     * TS_OP_ATTENTION and its backward appended to ts_op, with ts_attention_params. ABI 2.7:
+     * no layout change; TS_OP_SOFTMAX_BWD appended to ts_op. */
     static const layout v2_3[] = {
         L(offsetof(ts_plugin_desc, host_alloc), 192),
         L(offsetof(ts_plugin_desc, host_free), 200),
@@ -202,6 +203,7 @@ static void test_enums_are_append_only(void)
     CHECK_INT_EQ(sizeof(ts_layer_norm_params), 16);
     CHECK_INT_EQ(TS_OP_ATTENTION, 28); /* 2.6 */
     CHECK_INT_EQ(TS_OP_ATTENTION_BWD, 29);
+    CHECK_INT_EQ(TS_OP_SOFTMAX_BWD, 30); /* 2.7 */
     CHECK_INT_EQ(sizeof(ts_attention_params), 16);
     CHECK_INT_EQ(TS_ENOMEM, -2);
     CHECK_INT_EQ(TS_ENODEV, -8);
@@ -241,6 +243,7 @@ static const char frozen_rows[] =
     "LAYER_NORM_BWD 27 layer_norm_backward 1\n"
     "ATTENTION 28 attention 6\n"
     "ATTENTION_BWD 29 attention_backward 6\n"
+    "SOFTMAX_BWD 30 softmax_backward 7\n"
     "NEG 0 neg 0\n"
     "ABS 1 abs 0\n"
     "EXP 2 exp 0\n"

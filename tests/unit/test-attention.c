@@ -195,7 +195,7 @@ static void test_low_precision(void)
     tap_end();
 }
 
-/* Under autocast the attention runs in the low dtype; heads as views (a transpose, as a GPT
+/* Under autocast the attention runs in the low dtype, its softmax too; heads as views (a transpose, as a GPT
  * hands them) give what their contiguous copies give. */
 static void test_autocast_and_views(void)
 {
@@ -208,10 +208,24 @@ static void test_autocast_and_views(void)
     ts_tensor *h = ts_s_transpose(x, 1, 2), *hc = ts_s_contiguous(h);
     CHECK_OK(ts_attention(h, h, h, 1, 0, &o));
     CHECK_OK(ts_attention(hc, hc, hc, 1, 0, &oc));
+    ts_profile_reset();
+    int was = ts_profile_enable(1);
     CHECK_OK(ts_autocast_begin(TS_BF16));
     ts_tensor *ob = ts_s_attention(h, h, h, 1, 0);
     ts_autocast_end();
+    ts_profile_enable(was);
     CHECK(ob && ts_tensor_dtype(ob) == TS_BF16);
+    /* composed here (9 keys), its softmax too in bfloat16 (computed in float32 inside the
+     * kernel): no float32 softmax with casts of the scores both ways */
+    ts_profile_entry e[64];
+    size_t ne = ts_profile_read(e, 64);
+    uint64_t sm16 = 0, sm32 = 0;
+    for (size_t i = 0; i < ne && i < 64; i++)
+        if (e[i].op == TS_OP_SOFTMAX)
+            *(e[i].dtype == TS_BF16 ? &sm16 : &sm32) += e[i].calls;
+    if (!ts_attention_fuses(h, h))
+        CHECK_MSG(sm16 == 1 && sm32 == 0, "softmax calls under autocast: %llu bfloat16, "
+                  "%llu float32", (unsigned long long)sm16, (unsigned long long)sm32);
     float a[216], b[216], c[216];
     CHECK_OK(ts_tensor_to_host(o, a, sizeof a));
     CHECK_OK(ts_tensor_to_host(oc, b, sizeof b));

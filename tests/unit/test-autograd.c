@@ -1096,6 +1096,66 @@ static void test_slice_gradients_accumulate_in_place(void)
     tap_end();
 }
 
+/* Softmax's gradient, one kernel pass on the CPU plugins (TS_OP_SOFTMAX_BWD), against
+ * y (g - sum(g y)) on the host in float64: along the rows (unit strides) and along the
+ * columns (strided), and in float32 within the roundings of the sum's terms. */
+static void check_softmax_backward(ts_device *d, const char *what)
+{
+    enum { M = 5, N = 11 };
+    for (int dt = 0; dt < 2; dt++)
+        for (int dim = 0; dim < 2; dim++) {
+            double xv[M * N], gv[M * N], yv[M * N], got[M * N];
+            for (int i = 0; i < M * N; i++) {
+                xv[i] = sin(1.7 * i) * 3;
+                gv[i] = cos(0.9 * i + 0.3);
+            }
+            const int64_t shape[2] = {M, N};
+            const int32_t dtype = dt ? TS_F32 : TS_F64;
+            ts_tensor *x64, *g64, *x, *g, *y, *y64, *gr64;
+            CHECK_OK(ts_tensor_from_host(d, TS_F64, 2, shape, xv, &x64));
+            CHECK_OK(ts_tensor_from_host(d, TS_F64, 2, shape, gv, &g64));
+            CHECK_OK(ts_cast(x64, dtype, &x));
+            CHECK_OK(ts_cast(g64, dtype, &g));
+            CHECK_OK(ts_tensor_set_requires_grad(x, 1));
+            CHECK_OK(ts_softmax(x, dim, &y));
+            CHECK_OK(ts_cast(y, TS_F64, &y64));
+            CHECK_OK(ts_tensor_to_host(y64, yv, sizeof yv));
+            CHECK_OK(ts_backward(y, g, 0));
+            CHECK_OK(ts_cast(ts_tensor_grad(x), TS_F64, &gr64));
+            CHECK_OK(ts_tensor_to_host(gr64, got, sizeof got));
+            double worst = 0;
+            const int outer = dim ? M : N, len = dim ? N : M;
+            for (int o = 0; o < outer; o++) {
+                double dot = 0, mag = 0;
+                for (int j = 0; j < len; j++) {
+                    int i = dim ? o * N + j : j * N + o;
+                    dot += gv[i] * yv[i];
+                    mag += fabs(gv[i] * yv[i]);
+                }
+                for (int j = 0; j < len; j++) {
+                    int i = dim ? o * N + j : j * N + o;
+                    double want = yv[i] * (gv[i] - dot);
+                    /* float64: a few roundings; float32: the terms' and the sum's roundings */
+                    double tol = dt ? (len + 4) * 0x1p-24 * fabs(yv[i]) * (fabs(gv[i]) + mag)
+                                    : 1e-14 * (1 + fabs(want));
+                    double e = fabs(got[i] - want) / tol;
+                    worst = e > worst ? e : worst;
+                }
+            }
+            CHECK_MSG(worst <= 1, "%s: %s softmax gradient along dim %d: %.3g of the bound",
+                      what, ts_dtype_name(dtype), dim, worst);
+            ts_tensor_unref(x64), ts_tensor_unref(g64), ts_tensor_unref(x), ts_tensor_unref(g);
+            ts_tensor_unref(y), ts_tensor_unref(y64), ts_tensor_unref(gr64);
+        }
+}
+
+static void test_softmax_backward_one_pass(void)
+{
+    check_softmax_backward(tap_start(), "the test device");
+    tap_on_cpu_plugins(check_softmax_backward);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -1117,6 +1177,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_grad_mode_is_thread_local),
         TAP_SLOW_TEST(test_memory_flat_over_10000_steps),
         TAP_TEST(test_slice_gradients_accumulate_in_place),
+        TAP_TEST(test_softmax_backward_one_pass),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

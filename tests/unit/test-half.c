@@ -649,6 +649,74 @@ static void check_sums_narrow_once(ts_device *dev, const char *what)
     free(x), free(v);
 }
 
+/* Softmax and its gradient on 16-bit rows, as the attention's composed path runs them under
+ * autocast: computed in float32, rounded once. The forward against the plugin's own float32
+ * softmax of the widened values, narrowed (rows of 37, of HK_HALF_ROW = 4096, the longest the
+ * host kernels run in place, and of 4097, which go through float32 copies); the gradient
+ * against y (g - sum(g y)) on the host from the forward's own 16-bit y, whose products with
+ * g (8- or 11-bit significands each) are exact in float32 and whose sums are exact in double,
+ * so that only the roundings the kernel must make remain. */
+static void check_softmax_narrow_once(ts_device *dev, const char *what)
+{
+    static const int64_t lens[] = {37, 4096, 4097};
+    for (int bf = 0; bf < 2; bf++)
+        for (size_t li = 0; li < 3; li++) {
+            const int64_t M = 3, N = lens[li], n = M * N;
+            uint16_t *x = malloc(2 * (size_t)n), *y = malloc(2 * (size_t)n);
+            uint16_t *g = malloc(2 * (size_t)n), *gx = malloc(2 * (size_t)n);
+            uint16_t *want = malloc(2 * (size_t)n);
+            float *xf = malloc(4 * (size_t)n), *yf = malloc(4 * (size_t)n);
+            for (int64_t i = 0; i < n; i++) {
+                xf[i] = widen(narrow((float)((i * 7919 + 17) % 1201 - 600) / 97.0f, bf), bf);
+                x[i] = narrow(xf[i], bf);
+                g[i] = narrow((float)((i * 104729 + 5) % 129 - 64) / 64.0f, bf);
+            }
+            const int64_t shape[2] = {M, N};
+            ts_tensor *t, *t32, *yt, *y32, *gt;
+            CHECK_OK(ts_tensor_from_host(dev, bf ? TS_BF16 : TS_F16, 2, shape, x, &t));
+            CHECK_OK(ts_tensor_from_host(dev, TS_F32, 2, shape, xf, &t32));
+            CHECK_OK(ts_tensor_from_host(dev, bf ? TS_BF16 : TS_F16, 2, shape, g, &gt));
+            CHECK_OK(ts_tensor_set_requires_grad(t, 1));
+            CHECK_OK(ts_softmax(t, 1, &yt));
+            CHECK_OK(ts_softmax(t32, 1, &y32));
+            CHECK_OK(ts_tensor_to_host(yt, y, 2 * (size_t)n));
+            CHECK_OK(ts_tensor_to_host(y32, yf, 4 * (size_t)n));
+            int64_t bad = -1;
+            for (int64_t i = 0; i < n && bad < 0; i++)
+                if (y[i] != narrow(yf[i], bf))
+                    bad = i;
+            CHECK_MSG(bad < 0, "%s: %s softmax, rows of %lld: element %lld is 0x%04x, not 0x%04x",
+                      what, bf ? "bf16" : "f16", (long long)N, (long long)bad,
+                      bad < 0 ? 0 : y[bad], bad < 0 ? 0 : narrow(yf[bad], bf));
+            CHECK_OK(ts_backward(yt, gt, 0));
+            const ts_tensor *gr = ts_tensor_grad(t);
+            CHECK(gr && ts_tensor_dtype(gr) == ts_tensor_dtype(t));
+            if (gr)
+                CHECK_OK(ts_tensor_to_host(gr, gx, 2 * (size_t)n));
+            for (int64_t r = 0; r < M; r++) {
+                double sum = 0;
+                for (int64_t j = 0; j < N; j++)
+                    sum += (double)(widen(g[r * N + j], bf) * widen(y[r * N + j], bf));
+                const float dot = (float)sum;
+                for (int64_t j = 0; j < N; j++) {
+                    float yv = widen(y[r * N + j], bf), gv = widen(g[r * N + j], bf);
+                    want[r * N + j] = narrow(yv * (gv - dot), bf);
+                }
+            }
+            bad = -1;
+            for (int64_t i = 0; gr && i < n && bad < 0; i++)
+                if (gx[i] != want[i])
+                    bad = i;
+            CHECK_MSG(bad < 0,
+                      "%s: %s softmax gradient, rows of %lld: element %lld is 0x%04x, not 0x%04x",
+                      what, bf ? "bf16" : "f16", (long long)N, (long long)bad,
+                      bad < 0 ? 0 : gx[bad], bad < 0 ? 0 : want[bad]);
+            ts_tensor_unref(t), ts_tensor_unref(t32), ts_tensor_unref(yt);
+            ts_tensor_unref(y32), ts_tensor_unref(gt);
+            free(x), free(y), free(g), free(gx), free(want), free(xf), free(yf);
+        }
+}
+
 static void test_plugin_casts_bit_exact(void)
 {
     ts_device *dev = tap_start();
@@ -656,6 +724,7 @@ static void test_plugin_casts_bit_exact(void)
     check_products_narrow_bit_exact(dev, "the test device");
     tap_on_cpu_plugins(check_products_narrow_bit_exact);
     tap_on_cpu_plugins(check_sums_narrow_once);
+    tap_on_cpu_plugins(check_softmax_narrow_once);
     tap_on_cpu_plugins(check_casts_bit_exact);
     tap_on_cpu_plugins(check_via_float32_calls);
     tap_end();
