@@ -349,6 +349,63 @@ narrow_bf16_avx512bf16(uint16_t *d, const float *s, int64_t n)
     for (; i < n; i++)
         d[i] = hk_f32_to_bf16(s[i]);
 }
+
+/* A bfloat16 add, sub or mul over a dense run with its operands widened and its result
+ * narrowed in registers, no float32 buffers between: the float32 loop's arithmetic on the
+ * widened values, rounded as narrow_bf16 rounds, so the same bits as the chunks
+ * (ew_half_chunks), in one pass. An input is a dense bfloat16 run (p) or one value (v). */
+typedef struct bf16_in {
+    const uint16_t *p; /* NULL: v everywhere */
+    float v;
+} bf16_in;
+
+#define BF16_BINARY(NAME, ATTR, NARROW16)                                                          \
+    ATTR static void NAME(int fn, int64_t n, uint16_t *o, bf16_in a, bf16_in b)                    \
+    {                                                                                              \
+        const __m512 va = _mm512_set1_ps(a.v), vb = _mm512_set1_ps(b.v);                           \
+        int64_t i = 0;                                                                             \
+        for (; i + 16 <= n; i += 16) {                                                             \
+            __m512 x = a.p ? _mm512_castsi512_ps(_mm512_slli_epi32(                                \
+                                 _mm512_cvtepu16_epi32(                                            \
+                                     _mm256_loadu_si256((const __m256i *)(a.p + i))),              \
+                                 16))                                                              \
+                           : va;                                                                   \
+            __m512 y = b.p ? _mm512_castsi512_ps(_mm512_slli_epi32(                                \
+                                 _mm512_cvtepu16_epi32(                                            \
+                                     _mm256_loadu_si256((const __m256i *)(b.p + i))),              \
+                                 16))                                                              \
+                           : vb;                                                                   \
+            __m512 r = fn == TS_BINARY_ADD   ? _mm512_add_ps(x, y)                                 \
+                       : fn == TS_BINARY_SUB ? _mm512_sub_ps(x, y)                                 \
+                                             : _mm512_mul_ps(x, y);                                \
+            _mm256_storeu_si256((__m256i *)(o + i), NARROW16(_mm512_castps_si512(r)));             \
+        }                                                                                          \
+        for (; i < n; i++) {                                                                       \
+            float x = a.p ? ts_plugin_bf16_to_f32(a.p[i]) : a.v;                                   \
+            float y = b.p ? ts_plugin_bf16_to_f32(b.p[i]) : b.v;                                   \
+            o[i] = hk_f32_to_bf16(fn == TS_BINARY_ADD   ? x + y                                    \
+                                  : fn == TS_BINARY_SUB ? x - y                                    \
+                                                        : x * y);                                  \
+        }                                                                                          \
+    }
+
+/* VCVTNEPS2BF16 unless a lane is a float32 subnormal (which it flushes): narrow_bf16's rule */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline __m256i
+narrow16_bf16_ins(__m512i u)
+{
+    __m512i am1 = _mm512_sub_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                   _mm512_set1_epi32(1));
+    if (_mm512_cmple_epu32_mask(am1, _mm512_set1_epi32(0x007ffffe)))
+        return narrow16_bf16_sel(u);
+    __m256bh b = _mm512_cvtneps_pbh(_mm512_castsi512_ps(u));
+    __m256i h;
+    memcpy(&h, &b, sizeof h);
+    return h;
+}
+
+BF16_BINARY(bf16_binary_avx512bf16, __attribute__((target("avx512f,avx512bw,avx512bf16"))),
+            narrow16_bf16_ins)
+BF16_BINARY(bf16_binary_avx512, __attribute__((target("avx512f,avx512bw"))), narrow16_bf16_sel)
 #define HAVE_BF16_AVX512_PATH 1
 #endif
 
@@ -598,6 +655,8 @@ typedef struct ew_iter {
     int32_t dt[EW_MAX_OPS];                   /* each operand's dtype */
     int half; /* some operand is a 16-bit float: the float32 loop runs on chunks converted on
                * the way (ew_half_chunks) */
+    int bf16_fn; /* a bfloat16 add, sub or mul (TS_BINARY_* + 1) that dense runs may take in
+                  * one pass (bf16_binary_run); 0 otherwise */
 } ew_iter;
 
 /* Builds the iteration space of ops[0..nops) (all of ops[0]'s shape). Size-1 dims are dropped
@@ -620,6 +679,7 @@ static void ew_iter_init(ew_iter *it, const ts_operand *const *ops, int nops)
         nd++;
     }
     it->half = 0; /* copies and casts move 16-bit floats as they are */
+    it->bf16_fn = 0;
     for (int k = 0; k < nops; k++)
         it->dt[k] = ops[k]->dtype;
     for (int k = 0; k < nops; k++) {
@@ -701,9 +761,51 @@ void hk_narrow_half(void *d, const float *s, int64_t n, int32_t dt)
     narrow_dense((uint16_t *)d, s, n, dt);
 }
 
+/* it's bfloat16 add, sub or mul on one run in one pass, where the CPU has AVX-512 and the
+ * run is dense (each input a dense bfloat16 run or one value, bfloat16 or a float32 scalar);
+ * 0 if not taken. */
+static int bf16_binary_run(const ew_iter *it, int64_t n, char *const *p, const int64_t *s)
+{
+#ifdef HAVE_BF16_AVX512_PATH
+    if (!it->bf16_fn || it->nops != 3 || it->dt[0] != TS_BF16 || s[0] != 1 || !cpu_avx512bw())
+        return 0;
+    bf16_in in[2];
+    for (int k = 1; k < 3; k++) {
+        bf16_in *q = &in[k - 1];
+        q->p = NULL;
+        q->v = 0;
+        if (it->dt[k] == TS_BF16 && s[k] == 1) {
+            q->p = (const uint16_t *)(const void *)p[k];
+        } else if (it->dt[k] == TS_BF16 && s[k] == 0) {
+            uint16_t h;
+            memcpy(&h, p[k], 2);
+            q->v = ts_plugin_bf16_to_f32(h);
+        } else if (it->dt[k] == TS_F32 && s[k] == 0) {
+            memcpy(&q->v, p[k], 4);
+        } else {
+            return 0;
+        }
+    }
+    uint16_t *o = (uint16_t *)(void *)p[0];
+    for (int k = 0; k < 2; k++) /* in place is fine; a shifted overlap goes through chunks */
+        if (in[k].p && in[k].p != o && in[k].p < o + n && o < in[k].p + n)
+            return 0;
+    if (__builtin_cpu_supports("avx512bf16"))
+        bf16_binary_avx512bf16(it->bf16_fn - 1, n, o, in[0], in[1]);
+    else
+        bf16_binary_avx512(it->bf16_fn - 1, n, o, in[0], in[1]);
+    return 1;
+#else
+    (void)it, (void)n, (void)p, (void)s;
+    return 0;
+#endif
+}
+
 static int ew_half_chunks(const ew_iter *it, ew_loop loop, int64_t n, char *const *p,
                           const int64_t *s)
 {
+    if (bf16_binary_run(it, n, p, s))
+        return 0;
     float buf[EW_MAX_OPS][EW_HALF_CHUNK];
     int bad = 0;
     for (int64_t i = 0; i < n; i += EW_HALF_CHUNK) {
@@ -925,6 +1027,9 @@ static ts_status run_binary_ops(hk_dev *hd, const char *what, int32_t fn, const 
     ew_iter it;
     ew_iter_init(&it, ops, 3);
     ew_iter_float32(&it);
+    if (dt == TS_BF16 && out->dtype == TS_BF16 &&
+        (fn == TS_BINARY_ADD || fn == TS_BINARY_SUB || fn == TS_BINARY_MUL))
+        it.bf16_fn = fn + 1;
     ew_iter_run(hd, &it, loop);
     return TS_OK;
 }

@@ -556,41 +556,65 @@ static void check_casts_bit_exact(ts_device *dev, const char *what)
 }
 
 /* Elementwise arithmetic on dense 16-bit runs narrows its float32 result as plugin.h does:
- * every pattern times eight others (products of two 8- or 11-bit significands round, and the
- * small ones land among the subnormals, which the CPU plugins' vectorized narrowing handles
- * apart), against the scalar float32 product narrowed once. */
+ * every pattern plus, minus and times eight others, each broadcast along a row and dense, and
+ * with a float32 scalar (products of two 8- or 11-bit significands round, and the small ones
+ * land among the subnormals, which the CPU plugins' vectorized narrowing handles apart; the
+ * bfloat16 add, sub and mul run in one pass where the CPU has AVX-512), against the scalar
+ * float32 result narrowed once. */
 static void check_products_narrow_bit_exact(ts_device *dev, const char *what)
 {
     enum { NB = 8 };
     const uint16_t bs[2][NB] = {{0x3c01, 0xbc03, 0x0401, 0x1fff, 0x7bff, 0x0001, 0x3555, 0xc000},
                                 {0x3f81, 0xbf83, 0x0081, 0x1fff, 0x7f7f, 0x0001, 0x3eab, 0xc000}};
+    static const char *const names[] = {"+", "-", "*", "* (scalar)", "+ (scalar)"};
+    const double scalar = 0.3; /* taken in float32 by the 16-bit ops */
     int64_t n = 65536, shape[2] = {NB, n}, bshape[2] = {NB, 1};
     uint16_t *a = malloc(2 * (size_t)n), *got = malloc(2 * (size_t)(n * NB));
     for (int64_t i = 0; i < n; i++)
         a[i] = (uint16_t)i;
     for (int bf = 0; bf < 2; bf++) {
         int32_t dt = bf ? TS_BF16 : TS_F16;
-        ts_tensor *ta, *tb, *wa, *y;
+        ts_tensor *ta, *tb, *wa, *wb, *y;
         CHECK_OK(ts_tensor_from_host(dev, dt, 1, &n, a, &ta));
         CHECK_OK(ts_tensor_from_host(dev, dt, 2, bshape, bs[bf], &tb));
         CHECK_OK(ts_tensor_expand(ta, 2, shape, &wa));
         CHECK_OK(ts_tensor_contiguous(wa, &y)); /* a dense (NB, n) */
         ts_tensor_unref(wa);
         wa = y;
-        CHECK_OK(ts_mul(wa, tb, &y));
-        CHECK_OK(ts_tensor_to_host(y, got, 2 * (size_t)(n * NB)));
-        int bad = 0;
-        for (int j = 0; j < NB; j++)
-            for (int64_t i = 0; i < n && bad < 3; i++) {
-                float p = widen(a[i], bf) * widen(bs[bf][j], bf);
-                uint16_t want = narrow(p, bf), g = got[j * n + i];
-                if (g != want && !(isnan(p) && is_nan16(g, bf))) {
-                    bad++;
-                    CHECK_MSG(0, "%s: %s 0x%04x * 0x%04x gives 0x%04x, not 0x%04x", what,
-                              bf ? "bf16" : "f16", a[i], bs[bf][j], g, want);
+        CHECK_OK(ts_tensor_expand(tb, 2, shape, &wb));
+        CHECK_OK(ts_tensor_contiguous(wb, &y)); /* b dense too */
+        ts_tensor_unref(wb);
+        wb = y;
+        /* each op with b broadcast along the rows and dense, then with a scalar */
+        for (int c = 0; c < 8; c++) {
+            int op = c < 6 ? c % 3 : c - 3;
+            const ts_tensor *b = c < 3 ? tb : wb;
+            ts_status st = op == 0   ? ts_add(wa, b, &y)
+                           : op == 1 ? ts_sub(wa, b, &y)
+                           : op == 2 ? ts_mul(wa, b, &y)
+                           : op == 3 ? ts_mul_scalar(wa, scalar, &y)
+                                     : ts_add_scalar(wa, scalar, &y);
+            CHECK_OK(st);
+            if (st)
+                continue;
+            CHECK_OK(ts_tensor_to_host(y, got, 2 * (size_t)(n * NB)));
+            ts_tensor_unref(y);
+            int bad = 0;
+            for (int j = 0; j < NB; j++)
+                for (int64_t i = 0; i < n && bad < 3; i++) {
+                    float x = widen(a[i], bf), v = op >= 3 ? (float)scalar : widen(bs[bf][j], bf);
+                    float p = op == 0 || op == 4 ? x + v : op == 1 ? x - v : x * v;
+                    uint16_t want = narrow(p, bf), g = got[j * n + i];
+                    if (g != want && !(isnan(p) && is_nan16(g, bf))) {
+                        bad++;
+                        CHECK_MSG(0, "%s: %s 0x%04x %s 0x%04x (%s b) gives 0x%04x, not 0x%04x",
+                                  what, bf ? "bf16" : "f16", a[i], names[op],
+                                  op >= 3 ? 0 : bs[bf][j], c < 3 ? "broadcast" : "dense", g,
+                                  want);
+                    }
                 }
-            }
-        ts_tensor_unref(ta), ts_tensor_unref(tb), ts_tensor_unref(wa), ts_tensor_unref(y);
+        }
+        ts_tensor_unref(ta), ts_tensor_unref(tb), ts_tensor_unref(wa), ts_tensor_unref(wb);
     }
     free(a), free(got);
 }
