@@ -701,8 +701,9 @@ static void cases_matmul(int32_t op, int32_t dt, caselist *l)
         }
 }
 
-/* Softmax's gradient: y and g of out's shape along each dim, strided rows included. */
-static void cases_softmax_bwd(int32_t op, int32_t dt, caselist *l)
+/* Softmax, log-softmax and softmax's gradient (y and g of out's shape) along each dim,
+ * strided rows included. */
+static void cases_softmax(int32_t op, int32_t dt, caselist *l)
 {
     const char *dn = ts_dtype_name(dt);
     kcase *k;
@@ -712,29 +713,10 @@ static void cases_softmax_bwd(int32_t op, int32_t dt, caselist *l)
         int dim;
     } ss[] = {{2, {4, 7}, 1}, {2, {4, 7}, 0}, {3, {2, 3, 5}, 1}, {1, {9}, 0}, {2, {3, 33}, -1}};
     for (size_t i = 0; i < sizeof ss / sizeof ss[0]; i++) {
-        k = kc_add(l, op, "softmax_backward %s %dd dim %d", dn, ss[i].nd, ss[i].dim);
-        k->nin = 2;
+        k = kc_add(l, op, "%s %s %dd dim %d", ts_plugin_op_name(op), dn, ss[i].nd, ss[i].dim);
+        k->nin = op == TS_OP_SOFTMAX_BWD ? 2 : 1;
         k->nout = 1;
         k->in[0] = k->in[1] = k->out[0] = kc_spec(dt, ss[i].nd, ss[i].s);
-        ts_dim_params p = {ss[i].dim};
-        kc_set_params(k, &p, sizeof p);
-    }
-}
-
-static void cases_softmax(int32_t op, int32_t dt, caselist *l)
-{
-    const char *dn = ts_dtype_name(dt);
-    kcase *k;
-    static const struct {
-        int nd;
-        int64_t s[3];
-        int dim;
-    } ss[] = {{2, {4, 7}, 1}, {2, {4, 7}, 0}, {3, {2, 3, 5}, 1}, {1, {9}, 0}};
-    for (size_t i = 0; i < sizeof ss / sizeof ss[0]; i++) {
-        k = kc_add(l, op, "%s %s %dd dim %d", op == TS_OP_SOFTMAX ? "softmax" : "log_softmax",
-                dn, ss[i].nd, ss[i].dim);
-        k->nin = k->nout = 1;
-        k->in[0] = k->out[0] = kc_spec(dt, ss[i].nd, ss[i].s);
         ts_dim_params p = {ss[i].dim};
         kc_set_params(k, &p, sizeof p);
     }
@@ -1016,7 +998,7 @@ static const struct {
     {TS_OP_MATMUL, cases_matmul},
     {TS_OP_SOFTMAX, cases_softmax},
     {TS_OP_LOG_SOFTMAX, cases_softmax},
-    {TS_OP_SOFTMAX_BWD, cases_softmax_bwd},
+    {TS_OP_SOFTMAX_BWD, cases_softmax},
     {TS_OP_INDEX_SELECT, cases_index},
     {TS_OP_INDEX_ADD, cases_index},
     {TS_OP_CONV2D, cases_conv2d},
