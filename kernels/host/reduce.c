@@ -553,6 +553,15 @@ static ts_status run_softmax(hk_dev *hd, const ts_kernel_call *call)
     const char *gbase = (const char *)gin->data + gin->offset * (int64_t)es;
     char *ybase = (char *)out->data + out->offset * (int64_t)es;
     int32_t dtype = in->dtype;
+    /* 16-bit rows reach here only as hk_half_native_call admits them (dense, at most
+     * HK_HALF_ROW: the row buffers are on the stack); anything else is a caller's bug */
+    if (ts_plugin_dtype_is_half(dtype) &&
+        (len > HK_HALF_ROW || (len > 1 && (sx != 1 || sy != 1 || (bwd && sg != 1)))))
+        return hd->host->fail(hd->host, TS_ENOTSUP,
+                              "%s: %s rows must be dense and at most %d long here; run it "
+                              "through float32 (hk_via_float32)",
+                              ts_plugin_op_name(call->op), ts_plugin_dtype_name(dtype),
+                              (int)HK_HALF_ROW);
     /* exp: costly elements; the backward's are cheap */
     int nt = run_for(hd, threads_for(hd, nslices * len * (bwd ? 2 : 8)));
     (void)nt;
