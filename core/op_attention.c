@@ -110,13 +110,10 @@ static ts_status attention_composed(const ts_tensor *q, const ts_tensor *k, cons
     /* In a 16-bit dtype (autocast's low one) the softmax reads and writes the scores in that
      * dtype, computing in float32 and rounding once, as the fused kernel does: not autocast's
      * float32 softmax with its casts both ways (2.5 passes over the T x T scores each way). */
-    ts_tensor *p;
-    if (ts_plugin_dtype_is_half(q->dtype) && ts__autocast_push(TS_F32) == TS_OK) {
-        p = ts_s_softmax(att, -1);
+    int off = ts_plugin_dtype_is_half(q->dtype) && ts__autocast_push(TS_F32) == TS_OK;
+    ts_tensor *p = ts_s_softmax(att, -1);
+    if (off)
         ts_autocast_end();
-    } else {
-        p = ts_s_softmax(att, -1);
-    }
     return ts_scope_return(sc, ts_s_matmul(p, v), out);
 }
 

@@ -288,15 +288,20 @@ static void narrow_f16(uint16_t *d, const float *s, int64_t n)
  * through the selects instead). Checked bit for bit against plugin.h's conversion on every
  * float32 (test-half). */
 #ifdef HAVE_F16C_PATH
+/* 16 bfloat16 values widened (exact: the bits shifted up) */
+__attribute__((target("avx512f,avx512bw"))) static inline __m512 widen16_bf16(const uint16_t *s)
+{
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)s));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
 __attribute__((target("avx512f,avx512bw"))) static void widen_bf16_avx512(float *d,
                                                                           const uint16_t *s,
                                                                           int64_t n)
 {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i)));
-        _mm512_storeu_si512(d + i, _mm512_slli_epi32(w, 16));
-    }
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(d + i, widen16_bf16(s + i));
     for (; i < n; i++) {
         uint32_t u = (uint32_t)s[i] << 16;
         memcpy(&d[i], &u, 4);
@@ -328,24 +333,27 @@ __attribute__((target("avx512f,avx512bw"))) static void narrow_bf16_avx512(uint1
         d[i] = hk_f32_to_bf16(s[i]);
 }
 
+/* VCVTNEPS2BF16 unless a lane is a float32 subnormal (which it flushes): narrow_bf16's rule */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline __m256i
+narrow16_bf16_ins(__m512i u)
+{
+    __m512i am1 = _mm512_sub_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                   _mm512_set1_epi32(1));
+    if (_mm512_cmple_epu32_mask(am1, _mm512_set1_epi32(0x007ffffe)))
+        return narrow16_bf16_sel(u);
+    __m256bh b = _mm512_cvtneps_pbh(_mm512_castsi512_ps(u));
+    __m256i h;
+    memcpy(&h, &b, sizeof h);
+    return h;
+}
+
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void
 narrow_bf16_avx512bf16(uint16_t *d, const float *s, int64_t n)
 {
-    const __m512i abs = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
-    const __m512i submax = _mm512_set1_epi32(0x007ffffe); /* |u| - 1 below this: subnormal */
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512i u = _mm512_loadu_si512((const void *)(s + i));
-        __m512i am1 = _mm512_sub_epi32(_mm512_and_si512(u, abs), one);
-        __m256i h;
-        if (_mm512_cmple_epu32_mask(am1, submax)) {
-            h = narrow16_bf16_sel(u);
-        } else {
-            __m256bh b = _mm512_cvtneps_pbh(_mm512_castsi512_ps(u));
-            memcpy(&h, &b, sizeof h);
-        }
-        _mm256_storeu_si256((__m256i *)(d + i), h);
-    }
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(d + i),
+                            narrow16_bf16_ins(_mm512_loadu_si512((const void *)(s + i))));
     for (; i < n; i++)
         d[i] = hk_f32_to_bf16(s[i]);
 }
@@ -365,16 +373,7 @@ typedef struct bf16_in {
         const __m512 va = _mm512_set1_ps(a.v), vb = _mm512_set1_ps(b.v);                           \
         int64_t i = 0;                                                                             \
         for (; i + 16 <= n; i += 16) {                                                             \
-            __m512 x = a.p ? _mm512_castsi512_ps(_mm512_slli_epi32(                                \
-                                 _mm512_cvtepu16_epi32(                                            \
-                                     _mm256_loadu_si256((const __m256i *)(a.p + i))),              \
-                                 16))                                                              \
-                           : va;                                                                   \
-            __m512 y = b.p ? _mm512_castsi512_ps(_mm512_slli_epi32(                                \
-                                 _mm512_cvtepu16_epi32(                                            \
-                                     _mm256_loadu_si256((const __m256i *)(b.p + i))),              \
-                                 16))                                                              \
-                           : vb;                                                                   \
+            __m512 x = a.p ? widen16_bf16(a.p + i) : va, y = b.p ? widen16_bf16(b.p + i) : vb;    \
             __m512 r = fn == TS_BINARY_ADD   ? _mm512_add_ps(x, y)                                 \
                        : fn == TS_BINARY_SUB ? _mm512_sub_ps(x, y)                                 \
                                              : _mm512_mul_ps(x, y);                                \
@@ -388,20 +387,6 @@ typedef struct bf16_in {
                                                         : x * y);                                  \
         }                                                                                          \
     }
-
-/* VCVTNEPS2BF16 unless a lane is a float32 subnormal (which it flushes): narrow_bf16's rule */
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline __m256i
-narrow16_bf16_ins(__m512i u)
-{
-    __m512i am1 = _mm512_sub_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                   _mm512_set1_epi32(1));
-    if (_mm512_cmple_epu32_mask(am1, _mm512_set1_epi32(0x007ffffe)))
-        return narrow16_bf16_sel(u);
-    __m256bh b = _mm512_cvtneps_pbh(_mm512_castsi512_ps(u));
-    __m256i h;
-    memcpy(&h, &b, sizeof h);
-    return h;
-}
 
 BF16_BINARY(bf16_binary_avx512bf16, __attribute__((target("avx512f,avx512bw,avx512bf16"))),
             narrow16_bf16_ins)
