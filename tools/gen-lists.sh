@@ -2,7 +2,8 @@
 # tools/gen-lists.sh [-n] [SRCDIR]: writes lists.am, the file lists Makefile.am includes, from
 # the tree's names: the library's sources (core/, models/), the CLI's (tools/*.[ch]), the
 # installed headers (include/tessera/*.h), the user guides
-# (docs/*.md), the tests (tests/unit/test-*.c, tests/plugins/test-*.c, tests/cli/test-*.sh),
+# (docs/*.md), the tests (tests/unit/test-*.c, tests/plugins/test-*.c, tests/cli/test-*.sh,
+# the slowest CLI tests first),
 # the C helpers of the CLI tests (tests/cli/*.c), the fixture plugins (tests/fixtures/*.c,
 # each one .so) and the fuzz targets (tests/fuzz/fuzz-*.c). A new file of one of these kinds is picked up by running this again;
 # tests/cli/test-lists.sh fails while lists.am is stale. `-n [SRCDIR]`: print it instead.
@@ -26,7 +27,14 @@ gen() {
     printf 'dist_doc_DATA = README.md'; words 'docs/*.md' '' '' ''
     printf 'UNIT_TESTS ='; words 'tests/unit/test-*.c' 's|\.c$||' '' ''
     printf 'KERNEL_TESTS ='; words 'tests/plugins/test-*.c' 's|\.c$||' '' ''
-    printf 'CLI_TESTS ='; words 'tests/cli/test-*.sh' '' '' ''
+    # the slowest first, by the rank on their "# make check: start N" line, so that make -j
+    # starts them early instead of leaving one running alone at the end; then the rest by name
+    printf 'CLI_TESTS ='
+    (cd "$src" && { grep -H '^# make check: start [0-9]' tests/cli/test-*.sh |
+        sed 's/^\([^:]*\):# make check: start \([0-9]*\).*/\2 \1/' | LC_ALL=C sort -n -k1,1 -k2 |
+        cut -d' ' -f2
+        grep -L '^# make check: start [0-9]' tests/cli/test-*.sh | LC_ALL=C sort; }) |
+        awk '{ printf " \\\n\t%s", $0 } END { print "" }'
     printf 'CLI_HELPERS ='; words 'tests/cli/*.c' 's|\.c$||' '' ''
     printf 'FIXTURES ='; words 'tests/fixtures/*.c' 's|\.c$||' '' '.la'
     printf 'FIXTURE_HDRS ='; words 'tests/fixtures/*.h' '' '' ''

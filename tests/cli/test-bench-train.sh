@@ -6,6 +6,7 @@
 # step makes no raw pool allocation and no host malloc from tessera's own code and creates no
 # thread on any cpu_* plugin; --profile reports each kernel's calls per step. --model gpt:
 # its floor's GEMM count, tokens/s and the same zero counts; bench gpt's short run likewise.
+# make check: start 5 (the slowest first: tools/gen-lists.sh)
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
 plan 16
 # LeakSanitizer's exit-time tracer crashes once oneDNN's primitives have run their threads

@@ -4,6 +4,7 @@
 # averaging (against the global batch's gradient in float64), 30 SGD and 30 AdamW steps
 # against one process, and the refusal of a rank with another model; the same program alone
 # is a world of one. Skips without Open MPI (mpirun and the comm_mpi plugin).
+# make check: start 1 (the slowest first: tools/gen-lists.sh)
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
 CHECK="$TS_BUILDDIR/tests/dist/dist-check"
 MPIRUN=$(command -v mpirun)

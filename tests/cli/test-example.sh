@@ -4,6 +4,7 @@
 # train, evaluate, save, reload) learns, the reloaded model scores exactly what the trained one
 # did, in at most 40 lines of code; examples/c/custom_block.c (a residual block with an RMSNorm
 # of its own) learns, in at most 60. The installed copies are the same files (docs/nn.md).
+# make check: start 7 (the slowest first: tools/gen-lists.sh)
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
 plan 2
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then

@@ -4,6 +4,7 @@
 # and refused, never silently ignored; numeric options are parsed strictly; a diverging run
 # stops with an error and leaves the last checkpoint alone. Needs Fashion-MNIST (skips without
 # it): 256 training images in batches of 32 make 8 steps an epoch.
+# make check: start 3 (the slowest first: tools/gen-lists.sh)
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
 DATA=/usr/share/datasets/fashion-mnist
 BAD_VALUES="--lr=-0.1 --lr=inf --lr=1e400 --lr=nan --lr= --lr=0 --momentum=inf --momentum=1

@@ -9,6 +9,7 @@
 # (cpu_onednn does not adapt by default: oneDNN's matmuls partition by the count they run on),
 # the same checkpoints as alone. Needs Fashion-MNIST for the image models (skipped without
 # it); the GPT trains on a generated text.
+# make check: start 8 (the slowest first: tools/gen-lists.sh)
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
 # LeakSanitizer's tracer crashes once oneDNN's threads have run in a process (the exit status
 # of the run, not its checkpoint, would fail); tessera's own objects are checked elsewhere.

@@ -5,6 +5,7 @@
 # SIGKILL; a --save path that cannot be written is refused before any training; progress goes
 # to stderr (plain lines with --log-every when it is not a terminal) and never into the JSON
 # on stdout; a text run ends with a summary.
+# make check: start 6 (the slowest first: tools/gen-lists.sh)
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
 plan 9
 DATA=/usr/share/datasets/fashion-mnist

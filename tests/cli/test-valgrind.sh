@@ -9,6 +9,7 @@
 # buffers that oneDNN's JIT-generated kernels make (first frame in no object file), and turn
 # the pool's caching off so that every block is its own allocation whose bounds valgrind sees:
 # a bad read or write in tessera's own code on that device is still an error.
+# make check: start 2 (the slowest first: tools/gen-lists.sh)
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
 plan 3
 NAMES="tessera info is valgrind-clean|tessera train --max-steps 20 is valgrind-clean|tessera train on cpu_onednn is valgrind-clean"
