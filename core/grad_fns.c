@@ -320,6 +320,10 @@ ts_status ts__ag_where(const ts_tensor *c, const ts_tensor *a, const ts_tensor *
 
 static ts_status cast_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
 {
+    if (g->dtype == n->in_dtype[0]) { /* a cast to its own dtype (a copy): g passes through */
+        gin[0] = ts_tensor_ref(g);
+        return TS_OK;
+    }
     return ts_cast(g, n->in_dtype[0], &gin[0]);
 }
 

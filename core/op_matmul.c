@@ -214,6 +214,25 @@ static ts_tensor *s_sum_to(const ts_node *n, int i, ts_tensor *t, const ts_tenso
     return ts_s_reshape(r, n->in_ndim[i], n->in_shape[i]);
 }
 
+/* Whether b (a matmul's second operand, promoted) is a transposed view, its rows adjacent
+ * (stride 1 down a column), and broadcast over no batch dim of the product g (a, b's partner,
+ * already folded to 2-D when b is one matrix): then b's gradient can be made in b's own
+ * layout. */
+static int transposed_unbroadcast(const ts_tensor *a, const ts_tensor *b, const ts_tensor *g)
+{
+    if (!b)
+        return 0;
+    const int nd = ts_tensor_ndim(b);
+    const int64_t *bs = ts_tensor_strides(b), *bsh = ts_tensor_shape(b);
+    if (nd < 2 || bs[nd - 2] != 1 || bsh[nd - 2] < 2 || bsh[nd - 1] < 2 ||
+        bs[nd - 1] < bsh[nd - 2] || ts_tensor_ndim(g) != nd || ts_tensor_ndim(a) != nd)
+        return 0;
+    for (int d = 0; d < nd - 2; d++)
+        if (bsh[d] != ts_tensor_shape(g)[d])
+            return 0;
+    return 1;
+}
+
 static ts_status matmul_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
 {
     ts_tensor *t;
@@ -238,11 +257,10 @@ static ts_status matmul_backward(ts_node *n, ts_tensor *g, ts_tensor **gin)
         a = ts_s_reshape(a, 2, (const int64_t[]){ts_tensor_numel(a) / K, K});
         g2 = ts_s_reshape(g2, 2, (const int64_t[]){ts_tensor_numel(g2) / N, N});
     }
-    const int64_t *bs = b ? ts_tensor_strides(b) : NULL;
-    if (n->needs[1] && a && bs && ts_tensor_ndim(a) == 2 && n->in_ndim[1] == 2 && bs[0] == 1 &&
-        bs[1] == ts_tensor_shape(b)[0] && ts_tensor_shape(b)[1] > 1)
-        /* b is a transposed view of a dense matrix (linear's W^T): gb^T = g^T @ a is made
-         * dense, so the transpose's backward hands the weight a dense gradient (no copy). */
+    if (n->needs[1] && a && g2 && transposed_unbroadcast(a, b, g2))
+        /* b is a transposed view (linear's W^T, attention's k^T): gb^T = g^T @ a is made
+         * dense, so the transpose's backward hands b's own tensor a dense gradient (no copy,
+         * and no strided pass where it is added up). */
         gb = s_mT(ts_s_matmul(s_mT(g2), a));
     else if (n->needs[1]) /* gb = a^T @ g */
         gb = s_sum_to(n, 1, ts_s_matmul(s_mT(a), g2), b);

@@ -150,13 +150,23 @@ static int32_t half_promotion(const ts_tensor *a, const ts_tensor *b)
     return ha && hb ? TS_F32 : ha ? b->dtype : hb ? a->dtype : -1;
 }
 
-/* The pair cast to dt (each a new reference); the op runs on it. */
+/* t in dtype dt: t itself when it is (a new reference), else its cast. */
+static ts_status as_dtype(const ts_tensor *t, int32_t dt, ts_tensor **out)
+{
+    if (t->dtype != dt)
+        return ts_cast(t, dt, out);
+    *out = ts_tensor_ref((ts_tensor *)t);
+    return TS_OK;
+}
+
+/* The pair in dtype dt (each a new reference; the one already in dt not copied); the op runs on
+ * it. */
 static ts_status promote_pair(const ts_tensor *a, const ts_tensor *b, int32_t dt,
                               ts_tensor **pa, ts_tensor **pb)
 {
     *pa = *pb = NULL;
-    ts_status s = ts_cast(a, dt, pa);
-    if (s == TS_OK && (s = ts_cast(b, dt, pb)) != TS_OK) {
+    ts_status s = as_dtype(a, dt, pa);
+    if (s == TS_OK && (s = as_dtype(b, dt, pb)) != TS_OK) {
         ts_tensor_unref(*pa);
         *pa = NULL;
     }

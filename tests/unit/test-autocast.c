@@ -448,6 +448,65 @@ out:
     tap_end();
 }
 
+/* A float32 tensor plus a bfloat16 one (the GPT's residual stream plus a block's output under
+ * autocast) is computed in float32, the bfloat16 one cast up; the float32 one is used as it
+ * is, not copied by a cast to its own dtype, in the forward or (its gradient) the backward
+ * (each was a float32 copy of the residual stream, twice per block). */
+static void test_promotion_copies_nothing(void)
+{
+    ts_device *dev = tap_start();
+    ts_rng rng = TS_RNG(6);
+    ts_tensor *x, *h, *h32, *y, *g;
+    const int64_t shape[2] = {N, F};
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, shape, 0, 1, &rng, &x));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, shape, 0, 1, &rng, &h32));
+    CHECK_OK(ts_cast(h32, TS_BF16, &h));
+    CHECK_OK(ts_tensor_randn(dev, TS_F32, 2, shape, 0, 1, &rng, &g));
+    CHECK_OK(ts_tensor_set_requires_grad(x, 1));
+    CHECK_OK(ts_tensor_set_requires_grad(h, 1));
+    /* x2 = 2 x, not a leaf (whose .grad would be its own copy of g): as in a model */
+    ts_tensor *x2;
+    CHECK_OK(ts_mul_scalar(x, 2, &x2));
+    ts_profile_reset();
+    int was = ts_profile_enable(1);
+    CHECK_OK(ts_add(x2, h, &y));
+    CHECK_OK(ts_backward(y, g, 0));
+    ts_profile_enable(was);
+    ts_profile_entry e[64];
+    size_t ne = ts_profile_read(e, 64);
+    for (size_t i = 0; i < ne && i < 64; i++)
+        CHECK_MSG(e[i].op != TS_OP_COPY, "%llu %s copies in x + h and its backward",
+                  (unsigned long long)e[i].calls, ts_dtype_name(e[i].dtype));
+    CHECK(ts_tensor_dtype(y) == TS_F32);
+    float xs[N * F], hs[N * F], ys[N * F], gs[N * F], gx[N * F], gh[N * F];
+    ts_tensor *hw, *ghw;
+    CHECK_OK(ts_cast(h, TS_F32, &hw));
+    CHECK_OK(ts_cast(ts_tensor_grad(h), TS_F32, &ghw));
+    CHECK_OK(ts_tensor_to_host(x, xs, sizeof xs));
+    CHECK_OK(ts_tensor_to_host(hw, hs, sizeof hs));
+    CHECK_OK(ts_tensor_to_host(y, ys, sizeof ys));
+    CHECK_OK(ts_tensor_to_host(g, gs, sizeof gs));
+    CHECK_OK(ts_tensor_to_host(ts_tensor_grad(x), gx, sizeof gx));
+    CHECK_OK(ts_tensor_to_host(ghw, gh, sizeof gh));
+    for (int i = 0; i < N * F; i++) {
+        /* the gradient of h: g rounded to bfloat16 (to nearest, even) */
+        uint32_t u;
+        memcpy(&u, &gs[i], 4);
+        u = (u + 0x7fff + (u >> 16 & 1)) & 0xffff0000u;
+        float want_gh;
+        memcpy(&want_gh, &u, 4);
+        if (ys[i] != 2 * xs[i] + hs[i] || gx[i] != 2 * gs[i] || gh[i] != want_gh) {
+            CHECK_MSG(0, "element %d: y %.9g (2 x + h %.9g), grad x %.9g (2 g %.9g), grad h "
+                      "%.9g (%.9g)", i, ys[i], 2 * xs[i] + hs[i], gx[i], 2 * gs[i], gh[i],
+                      want_gh);
+            break;
+        }
+    }
+    ts_tensor_unref(x), ts_tensor_unref(x2), ts_tensor_unref(h), ts_tensor_unref(h32);
+    ts_tensor_unref(y), ts_tensor_unref(g), ts_tensor_unref(hw), ts_tensor_unref(ghw);
+    tap_end();
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -457,6 +516,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_trainer_precision),
         TAP_TEST(test_float16_loss_scaling),
         TAP_TEST(test_linear_weight_cast_dense),
+        TAP_TEST(test_promotion_copies_nothing),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -467,6 +467,18 @@ static ts_status f_matmul_t(ts_tensor *const *in, const void *c, ts_tensor **out
     return s;
 }
 
+/* a @ b^T, b^T a transposed view of b (as attention's q k^T is) */
+static ts_status f_matmul_bt(ts_tensor *const *in, const void *c, ts_tensor **out)
+{
+    (void)c;
+    ts_tensor *bt;
+    ts_status s = ts_tensor_transpose(in[1], -1, -2, &bt);
+    if (s == TS_OK)
+        s = ts_matmul(in[0], bt, out);
+    ts_tensor_unref(bt);
+    return s;
+}
+
 static void test_gradcheck_matmul(void)
 {
     setup();
@@ -486,6 +498,67 @@ static void test_gradcheck_matmul(void)
     ts_tensor *a = leaf(2, (const int64_t[]){4, 3}, -1, 1), *b = leaf(2, (const int64_t[]){4, 2}, -1, 1);
     gradcheck("matmul(a^T)", f_matmul_t, 2, (ts_tensor *const[]){a, b}, NULL);
     ts_tensor_unref(a), ts_tensor_unref(b);
+    /* a @ b^T with b batched (its gradient made in b's own layout), with b's batch broadcast
+     * (summed), and with b one matrix */
+    struct {
+        int n;
+        int64_t sa[4], sb[4];
+    } bt[] = {
+        {3, {2, 3, 4}, {2, 5, 4}},
+        {4, {2, 2, 3, 4}, {2, 2, 5, 4}},
+        {3, {2, 3, 4}, {1, 5, 4}},
+        {4, {2, 2, 3, 4}, {1, 2, 5, 4}},
+    };
+    for (size_t k = 0; k < sizeof bt / sizeof *bt; k++) {
+        a = leaf(bt[k].n, bt[k].sa, -1, 1), b = leaf(bt[k].n, bt[k].sb, -1, 1);
+        gradcheck("matmul(b^T)", f_matmul_bt, 2, (ts_tensor *const[]){a, b}, NULL);
+        ts_tensor_unref(a), ts_tensor_unref(b);
+    }
+    a = leaf(3, (const int64_t[]){2, 3, 4}, -1, 1), b = leaf(2, (const int64_t[]){5, 4}, -1, 1);
+    gradcheck("matmul(b^T), b one matrix", f_matmul_bt, 2, (ts_tensor *const[]){a, b}, NULL);
+    ts_tensor_unref(a), ts_tensor_unref(b);
+    tap_end();
+}
+
+/* A batched a @ b^T (attention's q k^T) hands b a gradient in b's own layout: b's .grad is the
+ * backward's tensor itself, no copy of a transposed view (the kernel profile counts none). */
+static void test_matmul_transposed_b_gradient_dense(void)
+{
+    setup();
+    ts_tensor *a = leaf(3, (const int64_t[]){3, 4, 6}, -1, 1);
+    ts_tensor *b = leaf(3, (const int64_t[]){3, 5, 6}, -1, 1), *bt, *y;
+    CHECK_OK(ts_tensor_transpose(b, -1, -2, &bt));
+    CHECK_OK(ts_matmul(a, bt, &y));
+    ts_tensor *g;
+    CHECK_OK(ts_tensor_full(dev, TS_F64, 3, (const int64_t[]){3, 4, 5}, 1.0, &g));
+    ts_profile_reset();
+    int was = ts_profile_enable(1);
+    CHECK_OK(ts_backward(y, g, 0));
+    ts_tensor_unref(g);
+    ts_profile_enable(was);
+    ts_profile_entry e[64];
+    size_t ne = ts_profile_read(e, 64);
+    for (size_t i = 0; i < ne && i < 64; i++)
+        CHECK_MSG(e[i].op != TS_OP_COPY, "%llu copies in the backward of a @ b^T",
+                  (unsigned long long)e[i].calls);
+    /* grad b[n][j][k] = sum_i a[n][i][k] (the upstream gradient is all ones) */
+    double av[3 * 4 * 6], gb[3 * 5 * 6];
+    CHECK_OK(ts_tensor_to_host(a, av, sizeof av));
+    CHECK(ts_tensor_grad(b) != NULL);
+    if (ts_tensor_grad(b)) {
+        CHECK_OK(ts_tensor_to_host(ts_tensor_grad(b), gb, sizeof gb));
+        for (int n = 0; n < 3; n++)
+            for (int j = 0; j < 5; j++)
+                for (int k = 0; k < 6; k++) {
+                    double want = 0;
+                    for (int i = 0; i < 4; i++)
+                        want += av[(n * 4 + i) * 6 + k];
+                    CHECK_MSG(fabs(gb[(n * 5 + j) * 6 + k] - want) <= 1e-14 * 4,
+                              "grad b[%d][%d][%d] = %.17g, not %.17g", n, j, k,
+                              gb[(n * 5 + j) * 6 + k], want);
+                }
+    }
+    ts_tensor_unref(a), ts_tensor_unref(b), ts_tensor_unref(bt), ts_tensor_unref(y);
     tap_end();
 }
 
@@ -1166,6 +1239,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_print),
         TAP_TEST(test_gradcheck_reductions),
         TAP_TEST(test_gradcheck_matmul),
+        TAP_TEST(test_matmul_transposed_b_gradient_dense),
         TAP_TEST(test_gradcheck_nn_and_views),
         TAP_TEST(test_gradcheck_conv_pool_loss),
         TAP_TEST(test_backward_rules),
