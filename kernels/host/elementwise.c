@@ -176,14 +176,8 @@ static inline double sigmoid_d(double x)
     return x >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
 }
 
-/* d/dx of GELU's tanh form: (1 + t)/2 + x/2 (1 - t^2) c (1 + 3 k x^2), t = tanh(c (x + k x^3)). */
-HK_VINLINE float gelu_tanh_deriv_f(float x)
-{
-    const float c = 0.7978845608028654f, k = 0.044715f;
-    float x2 = x * x, t = hk_tanhf(c * x * (1.0f + k * x2));
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * k * x2);
-}
-
+/* d/dx of GELU's tanh form: (1 + t)/2 + x/2 (1 - t^2) c (1 + 3 k x^2), t = tanh(c (x + k x^3));
+ * in float as hk_gelu_tanh_derivf (vmath.h). */
 static inline double gelu_tanh_deriv_d(double x)
 {
     const double c = 0.7978845608028654, k = 0.044715;
@@ -503,11 +497,10 @@ EW_UNARY(relu_i64, int64_t, int64_t, x < 0 ? 0 : x)
 EW_UNARY(gelu_f32, float, float, 0.5f * x * erfcf(-x * (float)INV_SQRT2))
 EW_UNARY(gelu_f64, double, double, 0.5 * x * erfc(-x * INV_SQRT2))
 /* GPT-2's tanh approximation; c = sqrt(2 / pi). */
-EW_UNARY(gelu_tanh_f32, float, float,
-         0.5f * x * (1.0f + hk_tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))))
+EW_UNARY(gelu_tanh_f32, float, float, hk_gelu_tanhf(x))
 EW_UNARY(gelu_tanh_f64, double, double,
          0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))))
-EW_UNARY(gelu_tanh_deriv_f32, float, float, gelu_tanh_deriv_f(x))
+EW_UNARY(gelu_tanh_deriv_f32, float, float, hk_gelu_tanh_derivf(x))
 EW_UNARY(gelu_tanh_deriv_f64, double, double, gelu_tanh_deriv_d(x))
 EW_UNARY(silu_f32, float, float, x * sigmoid_f(x))
 EW_UNARY(silu_f64, double, double, x * sigmoid_d(x))

@@ -96,6 +96,27 @@ HK_VINLINE float hk_tanhf(float x)
     return x != x ? x : y;
 }
 
+/* GELU's tanh form, GPT-2's 0.5 x (1 + tanh u) with u = c (x + k x^3), c = sqrt(2 / pi),
+ * k = 0.044715, evaluated as x sigma(2u) = x / (1 + e^-2u), the same function: one exp and
+ * one division where tanh takes a polynomial, an exp and a division, and no cancellation in
+ * 1 + tanh u for negative x (which cost that form every bit of the result below x = -4).
+ * Within 4 ulp of the result for the float u it computes (tests/unit/test-vmath). */
+HK_VINLINE float hk_gelu_tanhf(float x)
+{
+    const float c = 0.7978845608028654f, k = 0.044715f;
+    return x / (1.0f + hk_expf(-2.0f * (c * (x + k * x * x * x))));
+}
+
+/* Its derivative in the same form: with s = sigma(2u), s + 2 x s (1 - s) c (1 + 3 k x^2)
+ * (= (1 + t) / 2 + x (1 - t^2) c (1 + 3 k x^2) / 2 for t = tanh u = 2 s - 1). */
+HK_VINLINE float hk_gelu_tanh_derivf(float x)
+{
+    const float c = 0.7978845608028654f, k = 0.044715f;
+    float x2 = x * x;
+    float s = 1.0f / (1.0f + hk_expf(-2.0f * (c * x * (1.0f + k * x2))));
+    return s + 2.0f * x * s * (1.0f - s) * c * (1.0f + 3.0f * k * x2);
+}
+
 /* The largest of x[0..n) (n >= 1), or NaN when any is NaN (as a strided loop that stops at
  * the first NaN gives); a vectorized reduction, for softmax-like rows. */
 HK_VINLINE float hk_max_nan_f32(const float *x, int64_t n)
