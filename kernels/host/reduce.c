@@ -464,11 +464,29 @@ HK_CLONES static void softmax_f32_contig(const float *x, float *y, int64_t len,
             y[i] = x[i] - m - lse;
         return;
     }
-    double sum = hk_exp_shift_sum_f32(x, m, y, len);
+    /* A masked tail (a causal mask's -inf up to the row's end: half of each row on average)
+     * gives exactly 0 and adds 0 to the sum: the exp runs over the elements before it, cut
+     * in whole blocks of 16 from a row of a multiple of 16, so that the rest vectorizes as
+     * the full row did: the same lanes, the same sum, the same bits (tests/unit/test-half).
+     * Only under a finite max (with a NaN, or every element -inf, the whole row as it is). */
+    int64_t n = len;
+    if (len % 16 == 0 && m > -__builtin_inff() && m < __builtin_inff())
+        while (n >= 16) {
+            int tail = 1;
+#pragma omp simd reduction(& : tail)
+            for (int64_t i = n - 16; i < n; i++)
+                tail &= x[i] == -__builtin_inff();
+            if (!tail)
+                break;
+            n -= 16;
+        }
+    double sum = hk_exp_shift_sum_f32(x, m, y, n);
     const float inv = (float)(1.0 / sum);
 #pragma omp simd
-    for (int64_t i = 0; i < len; i++)
+    for (int64_t i = 0; i < n; i++)
         y[i] *= inv;
+    for (int64_t i = n; i < len; i++)
+        y[i] = 0.0f;
 }
 
 /* Softmax's gradient over one slice: y * (g - sum(g * y)), each product rounded to T and the

@@ -741,6 +741,54 @@ static void check_softmax_narrow_once(ts_device *dev, const char *what)
         }
 }
 
+/* A causal mask's rows: softmax skips the exp of a -inf tail (whole blocks of 16) and gives
+ * the same bits as the same row whose tail is -1e30 instead (whose exp is as exactly 0 but is
+ * computed), in float32 and in bfloat16; the tail exactly 0; a row all -inf NaN as before. */
+static void check_softmax_masked_tail(ts_device *dev, const char *what)
+{
+    static const int64_t tails[] = {0, 5, 16, 17, 33, 100, 127, 128};
+    enum { M = sizeof tails / sizeof *tails };
+    for (int dt = 0; dt < 2; dt++)
+        for (int64_t N = 37; N <= 128; N += 91) { /* 37 (never cut) and 128 */
+            float *a = malloc(4 * (size_t)(M * N)), *b = malloc(4 * (size_t)(M * N));
+            float *ya = malloc(4 * (size_t)(M * N)), *yb = malloc(4 * (size_t)(M * N));
+            for (int64_t r = 0; r < M; r++)
+                for (int64_t j = 0; j < N; j++) {
+                    float v = widen(narrow((float)((r * N + j) * 37 % 101 - 50) / 9.0f, 1), 1);
+                    int masked = j >= N - (tails[r] < N ? tails[r] : N);
+                    a[r * N + j] = masked ? -INFINITY : v;
+                    b[r * N + j] = masked ? -1e30f : v;
+                }
+            const int64_t shape[2] = {M, N};
+            ts_tensor *ta, *tb, *sa, *sb, *ca, *cb, *fa, *fb;
+            CHECK_OK(ts_tensor_from_host(dev, TS_F32, 2, shape, a, &ta));
+            CHECK_OK(ts_tensor_from_host(dev, TS_F32, 2, shape, b, &tb));
+            CHECK_OK(ts_cast(ta, dt ? TS_BF16 : TS_F32, &ca));
+            CHECK_OK(ts_cast(tb, dt ? TS_BF16 : TS_F32, &cb));
+            CHECK_OK(ts_softmax(ca, 1, &sa));
+            CHECK_OK(ts_softmax(cb, 1, &sb));
+            CHECK_OK(ts_cast(sa, TS_F32, &fa));
+            CHECK_OK(ts_cast(sb, TS_F32, &fb));
+            CHECK_OK(ts_tensor_to_host(fa, ya, 4 * (size_t)(M * N)));
+            CHECK_OK(ts_tensor_to_host(fb, yb, 4 * (size_t)(M * N)));
+            int64_t bad = -1;
+            for (int64_t r = 0; r < M && bad < 0; r++)
+                for (int64_t j = 0; j < N && bad < 0; j++) {
+                    int64_t i = r * N + j;
+                    if (tails[r] >= N ? ya[i] == ya[i] /* all -inf: NaN */
+                                      : memcmp(&ya[i], &yb[i], 4) ||
+                                            (a[i] == -INFINITY && ya[i] != 0.0f))
+                        bad = i;
+                }
+            CHECK_MSG(bad < 0, "%s: %s softmax of a row of %lld with a -inf tail: element %lld "
+                      "is %a, with -1e30 %a", what, dt ? "bf16" : "f32", (long long)N,
+                      (long long)bad, bad < 0 ? 0.0 : ya[bad], bad < 0 ? 0.0 : yb[bad]);
+            ts_tensor_unref(ta), ts_tensor_unref(tb), ts_tensor_unref(ca), ts_tensor_unref(cb);
+            ts_tensor_unref(sa), ts_tensor_unref(sb), ts_tensor_unref(fa), ts_tensor_unref(fb);
+            free(a), free(b), free(ya), free(yb);
+        }
+}
+
 static void test_plugin_casts_bit_exact(void)
 {
     ts_device *dev = tap_start();
@@ -749,6 +797,7 @@ static void test_plugin_casts_bit_exact(void)
     tap_on_cpu_plugins(check_products_narrow_bit_exact);
     tap_on_cpu_plugins(check_sums_narrow_once);
     tap_on_cpu_plugins(check_softmax_narrow_once);
+    tap_on_cpu_plugins(check_softmax_masked_tail);
     tap_on_cpu_plugins(check_casts_bit_exact);
     tap_on_cpu_plugins(check_via_float32_calls);
     tap_end();
