@@ -404,11 +404,28 @@ static ts_status accumulate(ts_tensor **acc, ts_tensor *g)
     return TS_OK;
 }
 
+/* Runs a gradient hook, which may change the gradient in place: on one that aliases nothing,
+ * copied first when shared (an add hands its inputs the same values, a cast to the same
+ * dtype or the root the caller's own tensor), so that the change reaches this gradient only.
+ * (*g: transfer full; replaced by the copy) */
+static ts_status run_hook(ts_grad_hook fn, void *user, ts_tensor **g)
+{
+    if (atomic_load(&(*g)->refcount) > 1 || atomic_load(&(*g)->storage->refcount) > 1) {
+        ts_tensor *c = NULL;
+        ts_status s = ts_tensor_clone(*g, &c);
+        if (s)
+            return s;
+        ts_tensor_unref(*g);
+        *g = c;
+    }
+    return fn(*g, user);
+}
+
 /* Accumulates g into a leaf's .grad, running its hook first. (g: transfer full) */
 static ts_status accumulate_leaf(ts_tensor *leaf, ts_tensor *g)
 {
     ts_status s = TS_OK;
-    if (leaf->hook && (s = leaf->hook(g, leaf->hook_user))) {
+    if (leaf->hook && (s = run_hook(leaf->hook, leaf->hook_user, &g))) {
         ts_tensor_unref(g);
         return s;
     }
@@ -507,7 +524,7 @@ static ts_status run_backward(ts_node *root, ts_tensor *gout, int retain, vec *v
         n->gacc = NULL;
         ts_tensor *gin[TS_NODE_MAX_IN] = {NULL};
         if (n->hook)
-            s = n->hook(g, n->hook_user);
+            s = run_hook(n->hook, n->hook_user, &g);
         if (s == TS_OK)
             s = check_saved(n);
         /* A slice's gradient straight into the part of its input's gradient so far, when

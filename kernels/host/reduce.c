@@ -465,12 +465,14 @@ HK_CLONES static void softmax_f32_contig(const float *x, float *y, int64_t len,
         return;
     }
     /* A masked tail (a causal mask's -inf up to the row's end: half of each row on average)
-     * gives exactly 0 and adds 0 to the sum: the exp runs over the elements before it, cut
-     * in whole blocks of 16 from a row of a multiple of 16, so that the rest vectorizes as
-     * the full row did: the same lanes, the same sum, the same bits (tests/unit/test-half).
-     * Only under a finite max (with a NaN, or every element -inf, the whole row as it is). */
-    int64_t n = len;
-    if (len % 16 == 0 && m > -__builtin_inff() && m < __builtin_inff())
+     * gives exactly 0 and adds 0 to the sum: in a row of a multiple of 16 with a finite max
+     * the exp stops at the last block of 16 that is not all -inf, the tail is written 0, and
+     * the sum runs over the whole row in a pass of its own, so that a row gives the same bits
+     * cut or not, whatever the compiler's vector lanes (tests/unit/test-half). Any other row
+     * (a NaN, every element -inf, a length not a multiple of 16) as one pass. */
+    double sum;
+    if (len % 16 == 0 && m > -__builtin_inff() && m < __builtin_inff()) {
+        int64_t n = len;
         while (n >= 16) {
             int tail = 1;
 #pragma omp simd reduction(& : tail)
@@ -480,13 +482,22 @@ HK_CLONES static void softmax_f32_contig(const float *x, float *y, int64_t len,
                 break;
             n -= 16;
         }
-    double sum = hk_exp_shift_sum_f32(x, m, y, n);
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++)
+            y[i] = hk_expf(x[i] - m);
+        for (int64_t i = n; i < len; i++)
+            y[i] = 0.0f;
+        sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < len; i++)
+            sum += (double)y[i];
+    } else {
+        sum = hk_exp_shift_sum_f32(x, m, y, len);
+    }
     const float inv = (float)(1.0 / sum);
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < len; i++)
         y[i] *= inv;
-    for (int64_t i = n; i < len; i++)
-        y[i] = 0.0f;
 }
 
 /* Softmax's gradient over one slice: y * (g - sum(g * y)), each product rounded to T and the

@@ -502,6 +502,28 @@ static void test_promotion_copies_nothing(void)
             break;
         }
     }
+    /* a cast to its own dtype copies in the forward (a new tensor), and its backward hands
+     * the gradient on as it is */
+    ts_tensor *c, *x3;
+    ts_tensor_zero_grad(x);
+    CHECK_OK(ts_mul_scalar(x, 2, &x3));
+    CHECK_OK(ts_cast(x3, TS_F32, &c));
+    ts_profile_reset();
+    was = ts_profile_enable(1);
+    CHECK_OK(ts_backward(c, g, 0));
+    ts_profile_enable(was);
+    ne = ts_profile_read(e, 64);
+    for (size_t i = 0; i < ne && i < 64; i++)
+        CHECK_MSG(e[i].op != TS_OP_COPY, "%llu %s copies in the backward of a cast to float32 "
+                  "of a float32 tensor", (unsigned long long)e[i].calls,
+                  ts_dtype_name(e[i].dtype));
+    CHECK_OK(ts_tensor_to_host(ts_tensor_grad(x), gx, sizeof gx));
+    for (int i = 0; i < N * F; i++)
+        if (gx[i] != 2 * gs[i]) {
+            CHECK_MSG(0, "through the cast: grad x %.9g, not %.9g", gx[i], 2 * gs[i]);
+            break;
+        }
+    ts_tensor_unref(c), ts_tensor_unref(x3);
     ts_tensor_unref(x), ts_tensor_unref(x2), ts_tensor_unref(h), ts_tensor_unref(h32);
     ts_tensor_unref(y), ts_tensor_unref(g), ts_tensor_unref(hw), ts_tensor_unref(ghw);
     tap_end();

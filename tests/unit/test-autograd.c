@@ -818,6 +818,59 @@ static void test_hooks(void)
     tap_end();
 }
 
+/* A hook that changes its gradient in place changes that gradient only: not the gradient an
+ * add hands its other input (the same values), not the caller's own gradient of the output,
+ * for a leaf's hook and a non-leaf's, in one dtype and across float32 and bfloat16. */
+static void test_hook_changes_only_its_gradient(void)
+{
+    setup();
+    for (int mixed = 0; mixed < 2; mixed++)
+        for (int on_leaf = 0; on_leaf < 2; on_leaf++) {
+            const int32_t dt = mixed ? TS_F32 : TS_F64;
+            const double gv[3] = {1, 2, 3};
+            ts_tensor *x, *y, *x1, *z, *g, *x64;
+            int calls = 0;
+            CHECK_OK(ts_tensor_rand(dev, dt, 1, (const int64_t[]){3}, 1, 2, &rng, &x));
+            ts_tensor *y0;
+            CHECK_OK(ts_tensor_rand(dev, dt, 1, (const int64_t[]){3}, 1, 2, &rng, &y0));
+            CHECK_OK(ts_cast(y0, mixed ? TS_BF16 : TS_F64, &y));
+            ts_tensor_unref(y0);
+            CHECK_OK(ts_tensor_set_requires_grad(x, 1));
+            CHECK_OK(ts_tensor_set_requires_grad(y, 1));
+            CHECK_OK(ts_tensor_from_host(dev, TS_F64, 1, (const int64_t[]){3}, gv, &x64));
+            CHECK_OK(ts_cast(x64, dt, &g));
+            if (on_leaf) {
+                x1 = ts_tensor_ref(x);
+                CHECK_OK(ts_tensor_register_hook(x, double_it, &calls));
+            } else {
+                CHECK_OK(ts_mul_scalar(x, 1, &x1));
+                CHECK_OK(ts_tensor_register_hook(x1, double_it, &calls));
+            }
+            CHECK_OK(ts_add(x1, y, &z));
+            CHECK_OK(ts_backward(z, g, 0));
+            double gx[3], gy[3], gg[3];
+            ts_tensor *t;
+            CHECK_OK(ts_cast(ts_tensor_grad(x), TS_F64, &t));
+            CHECK_OK(ts_tensor_to_host(t, gx, sizeof gx));
+            ts_tensor_unref(t);
+            CHECK_OK(ts_cast(ts_tensor_grad(y), TS_F64, &t));
+            CHECK_OK(ts_tensor_to_host(t, gy, sizeof gy));
+            ts_tensor_unref(t);
+            CHECK_OK(ts_cast(g, TS_F64, &t));
+            CHECK_OK(ts_tensor_to_host(t, gg, sizeof gg));
+            ts_tensor_unref(t);
+            for (int i = 0; i < 3; i++)
+                CHECK_MSG(calls == 1 && gx[i] == 2 * gv[i] && gy[i] == gv[i] && gg[i] == gv[i],
+                          "%s, hook on %s: grad x %g (want %g), grad y %g (want %g), the "
+                          "caller's gradient %g (was %g)", mixed ? "float32 + bfloat16" :
+                          "float64", on_leaf ? "the leaf" : "a non-leaf", gx[i], 2 * gv[i],
+                          gy[i], gv[i], gg[i], gv[i]);
+            ts_tensor_unref(x), ts_tensor_unref(y), ts_tensor_unref(x1), ts_tensor_unref(z);
+            ts_tensor_unref(g), ts_tensor_unref(x64);
+        }
+    tap_end();
+}
+
 static void test_graphs_leak_nothing(void)
 {
     setup();
@@ -1245,6 +1298,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_backward_rules),
         TAP_TEST(test_inplace_safety),
         TAP_TEST(test_hooks),
+        TAP_TEST(test_hook_changes_only_its_gradient),
         TAP_TEST(test_graphs_leak_nothing),
         TAP_TEST(test_deep_chain_releases_iteratively),
         TAP_TEST(test_checkpoint_lowers_peak),
