@@ -175,6 +175,17 @@ unsigned char *tap_read_all(const char *path, size_t *n)
     return b;
 }
 
+uint64_t tap_profile_calls(int32_t op, int32_t fn, int32_t dtype)
+{
+    ts_profile_entry e[128];
+    size_t n = ts_profile_read(e, 128);
+    uint64_t c = 0;
+    for (size_t i = 0; i < n && i < 128; i++)
+        if (e[i].op == op && (fn < 0 || e[i].fn == fn) && (dtype < 0 || e[i].dtype == dtype))
+            c += e[i].calls;
+    return c;
+}
+
 int tap_count_entries(const char *dir, const char *needle)
 {
     DIR *d = opendir(dir);

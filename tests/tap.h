@@ -108,6 +108,9 @@ void tap_write_bytes(const char *path, const void *data, size_t n);
 unsigned char *tap_read_all(const char *path, size_t *n);
 /* How many entries of dir have needle in their name. */
 int tap_count_entries(const char *dir, const char *needle);
+/* Kernel calls of op in the profile so far (ts_profile_read), of function fn and dtype dtype
+ * (-1: any). */
+uint64_t tap_profile_calls(int32_t op, int32_t fn, int32_t dtype);
 /* dir/name as a safetensors file: hlen as the 8-byte header length (the true one is
  * strlen(header)), the header text, then data_len bytes of 0x11. (transfer none) */
 const char *tap_write_safetensors(const char *dir, const char *name, uint64_t hlen,

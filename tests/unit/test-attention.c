@@ -217,12 +217,8 @@ static void test_autocast_and_views(void)
     CHECK(ob && ts_tensor_dtype(ob) == TS_BF16);
     /* composed here (9 keys), its softmax too in bfloat16 (computed in float32 inside the
      * kernel): no float32 softmax with casts of the scores both ways */
-    ts_profile_entry e[64];
-    size_t ne = ts_profile_read(e, 64);
-    uint64_t sm16 = 0, sm32 = 0;
-    for (size_t i = 0; i < ne && i < 64; i++)
-        if (e[i].op == TS_OP_SOFTMAX)
-            *(e[i].dtype == TS_BF16 ? &sm16 : &sm32) += e[i].calls;
+    uint64_t sm16 = tap_profile_calls(TS_OP_SOFTMAX, -1, TS_BF16);
+    uint64_t sm32 = tap_profile_calls(TS_OP_SOFTMAX, -1, -1) - sm16;
     if (!ts_attention_fuses(h, h))
         CHECK_MSG(sm16 == 1 && sm32 == 0, "softmax calls under autocast: %llu bfloat16, "
                   "%llu float32", (unsigned long long)sm16, (unsigned long long)sm32);

@@ -536,11 +536,8 @@ static void test_matmul_transposed_b_gradient_dense(void)
     CHECK_OK(ts_backward(y, g, 0));
     ts_tensor_unref(g);
     ts_profile_enable(was);
-    ts_profile_entry e[64];
-    size_t ne = ts_profile_read(e, 64);
-    for (size_t i = 0; i < ne && i < 64; i++)
-        CHECK_MSG(e[i].op != TS_OP_COPY, "%llu copies in the backward of a @ b^T",
-                  (unsigned long long)e[i].calls);
+    uint64_t copies = tap_profile_calls(TS_OP_COPY, -1, -1);
+    CHECK_MSG(copies == 0, "%llu copies in the backward of a @ b^T", (unsigned long long)copies);
     /* grad b[n][j][k] = sum_i a[n][i][k] (the upstream gradient is all ones) */
     double av[3 * 4 * 6], gb[3 * 5 * 6];
     CHECK_OK(ts_tensor_to_host(a, av, sizeof av));
@@ -1144,17 +1141,6 @@ static void test_memory_flat_over_10000_steps(void)
     tap_end();
 }
 
-static uint64_t profile_calls(int32_t op, int32_t fn)
-{
-    ts_profile_entry e[64];
-    size_t n = ts_profile_read(e, 64);
-    uint64_t c = 0;
-    for (size_t i = 0; i < n && i < 64; i++)
-        if (e[i].op == op && (fn < 0 || e[i].fn == fn))
-            c += e[i].calls;
-    return c;
-}
-
 /* A tensor split in slices (a fused q/k/v projection): the slices' gradients land in one
  * buffer of the whole, each added into its part in place, instead of one zeroed whole per
  * slice summed afterwards; the gradient is the same to the bit (what was added to zeros
@@ -1201,8 +1187,8 @@ static void test_slice_gradients_accumulate_in_place(void)
         /* one zeroed buffer for qkv's gradient, not one per slice (and one for kv's, and
          * the loss's seed of ones): 6 fills when each slice zeroes a whole of its own */
         if (pass == 0)
-            CHECK_MSG(profile_calls(TS_OP_FILL, -1) <= 3, "%llu fills",
-                      (unsigned long long)profile_calls(TS_OP_FILL, -1));
+            CHECK_MSG(tap_profile_calls(TS_OP_FILL, -1, -1) <= 3, "%llu fills",
+                      (unsigned long long)tap_profile_calls(TS_OP_FILL, -1, -1));
         CHECK_OK(ts_tensor_clone(ts_tensor_grad(x), &r[pass]));
         for (int i = 0; i < 5; i++)
             ts_tensor_unref(part[i]);
