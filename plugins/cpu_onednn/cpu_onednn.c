@@ -176,13 +176,14 @@ static dn_entry *find_locked(dn_ctx *c, const dn_key *key, uint64_t h)
  * threads setting: oneDNN splits their sums (the weight gradient's over the images) by
  * thread. Matmuls adapt, and their bits follow the count on some CPUs (AVX2: the GPT's
  * 10-step checkpoints on 1 and 2 running threads differ; with AVX-512 they were equal),
- * which is why adapting is opt-in on this plugin. */
-static dn_key with_threads(const dn_ctx *c, const dn_key *key, int *threads)
+ * which is why adapting is opt-in on this plugin; a matmul cut into parts (matmul.c) makes
+ * them for one thread (forced), and its bits stay. */
+static dn_key with_threads(const dn_ctx *c, const dn_key *key, int forced, int *threads)
 {
     dn_key k = *key;
     int conv = key->n > 0 && (key->v[0] == TS_OP_CONV2D || key->v[0] == TS_OP_CONV2D_BWD_DATA ||
                               key->v[0] == TS_OP_CONV2D_BWD_WEIGHT);
-    int nt = conv ? c->hd.configured : hk_threads(&c->hd);
+    int nt = forced > 0 ? forced : conv ? c->hd.configured : hk_threads(&c->hd);
     dn_key_push(&k, nt);
     if (threads)
         *threads = nt > 0 ? nt : c->hd.configured;
@@ -191,7 +192,12 @@ static dn_key with_threads(const dn_ctx *c, const dn_key *key, int *threads)
 
 dn_entry *dn_cache_find(dn_ctx *c, const dn_key *key0)
 {
-    const dn_key tk = with_threads(c, key0, NULL), *key = &tk;
+    return dn_cache_find_nt(c, key0, 0);
+}
+
+dn_entry *dn_cache_find_nt(dn_ctx *c, const dn_key *key0, int threads)
+{
+    const dn_key tk = with_threads(c, key0, threads, NULL), *key = &tk;
     if (key->n < 0)
         return NULL;
     uint64_t h = key_hash(key);
@@ -275,8 +281,14 @@ static ts_status cache_create(dn_ctx *c, const dn_key *key, int threads, const d
 ts_status dn_cache_create(dn_ctx *c, const dn_key *key0, const dn_spec *spec, const char *name,
                           dn_entry **out)
 {
+    return dn_cache_create_nt(c, key0, 0, spec, name, out);
+}
+
+ts_status dn_cache_create_nt(dn_ctx *c, const dn_key *key0, int threads, const dn_spec *spec,
+                             const char *name, dn_entry **out)
+{
     int nt;
-    const dn_key key = with_threads(c, key0, &nt);
+    const dn_key key = with_threads(c, key0, threads, &nt);
 #ifdef _OPENMP
     int omp_before = omp_get_max_threads();
     omp_set_num_threads(nt);
@@ -532,6 +544,84 @@ done:
 #ifdef _OPENMP
     omp_set_num_threads(omp_before);
 #endif
+    return s;
+}
+
+ts_status dn_execute_parts(dn_ctx *c, int nparts, dn_entry *const *e,
+                           void *const (*handles)[DN_MAX_ARGS], const char *name)
+{
+    const ts_host *h = c->hd.host;
+    int direct = nparts <= DN_MAX_PARTS;
+    for (int p = 0; p < nparts && direct; p++)
+        for (int i = 0; i < e[p]->nargs; i++)
+            direct = direct && !e[p]->args[i].has_prim;
+    if (!direct) { /* reorders around a part: one part after the other */
+        for (int p = 0; p < nparts; p++) {
+            ts_status s = dn_execute(c, e[p], handles[p], name);
+            if (s)
+                return s;
+        }
+        return TS_OK;
+    }
+    struct {
+        dnnl_stream_t stream;
+        void *scratch;
+        dnnl_memory_t smem, mem[DN_MAX_ARGS];
+        dnnl_status_t st;
+    } r[DN_MAX_PARTS];
+    memset(r, 0, sizeof r[0] * (size_t)nparts);
+    ts_status s = TS_OK;
+    dnnl_status_t st = dnnl_success;
+    const char *what = "creating a memory object";
+    for (int p = 0; p < nparts; p++) {
+        what = "dnnl_stream_create";
+        if ((st = stream_get(c, &r[p].stream)))
+            goto dfail;
+        what = "creating a memory object";
+        if (e[p]->scratch_bytes) {
+            if ((s = h->scratch_alloc(h, e[p]->scratch_bytes, name, &r[p].scratch)))
+                goto done;
+            if ((st = make_memory(c, &r[p].smem, &e[p]->scratch_md, r[p].scratch)))
+                goto dfail;
+        }
+        for (int i = 0; i < e[p]->nargs; i++)
+            if ((st = make_memory(c, &r[p].mem[i], &e[p]->args[i].user_md, handles[p][i])))
+                goto dfail;
+    }
+    int nt = hk_threads(&c->hd);
+    nt = nt < nparts ? nt : nparts;
+    (void)nt;
+    /* Each part's primitive was made for one thread: run the parts side by side. */
+#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
+    for (int p = 0; p < nparts; p++) {
+        dnnl_exec_arg_t args[DN_MAX_ARGS + 1];
+        int nargs = 0;
+        for (int i = 0; i < e[p]->nargs; i++)
+            args[nargs++] = (dnnl_exec_arg_t){e[p]->args[i].arg, r[p].mem[i]};
+        if (r[p].smem)
+            args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, r[p].smem};
+        r[p].st = dnnl_primitive_execute(e[p]->prim, r[p].stream, nargs, args);
+        dnnl_status_t w = dnnl_stream_wait(r[p].stream);
+        if (r[p].st == dnnl_success)
+            r[p].st = w;
+    }
+    what = "dnnl_primitive_execute";
+    for (int p = 0; p < nparts && !st; p++)
+        st = r[p].st;
+    if (!st)
+        goto done;
+dfail:
+    s = dn_fail(c, st, name, what);
+done:
+    for (int p = 0; p < nparts; p++) {
+        for (int i = 0; i < DN_MAX_ARGS; i++)
+            if (r[p].mem[i])
+                dnnl_memory_destroy(r[p].mem[i]);
+        if (r[p].smem)
+            dnnl_memory_destroy(r[p].smem);
+        h->scratch_free(h, r[p].scratch);
+        stream_put(c, r[p].stream);
+    }
     return s;
 }
 

@@ -91,6 +91,8 @@ void dn_declined(dn_ctx *c, const dn_key *key);
 /* The cached entry for key, or NULL. Counts as a use. The caller holds a reference on the
  * entry (eviction by another thread does not free it) until dn_entry_release. */
 dn_entry *dn_cache_find(dn_ctx *c, const dn_key *key);
+/* The same for a primitive made for `threads` OpenMP threads (0: as dn_cache_find). */
+dn_entry *dn_cache_find_nt(dn_ctx *c, const dn_key *key, int threads);
 /* Drops the caller's reference from dn_cache_find or dn_cache_create; NULL is a no-op. */
 void dn_entry_release(dn_ctx *c, dn_entry *e);
 
@@ -127,11 +129,23 @@ typedef struct dn_spec {
 ts_status dn_cache_create(dn_ctx *c, const dn_key *key, const dn_spec *spec, const char *name,
                           dn_entry **out);
 
+/* dn_cache_create for a primitive made for `threads` OpenMP threads (0: as dn_cache_create:
+ * the plugin's threads now, or its setting for convolutions). */
+ts_status dn_cache_create_nt(dn_ctx *c, const dn_key *key, int threads, const dn_spec *spec,
+                             const char *name, dn_entry **out);
+
 /* Runs e on the user buffers handles[i] (pointers to the operands' first elements),
  * reordering through pool scratch where needed, and waits for it. Every execution has its own
  * memory objects, scratch buffers, scratchpad and stream: safe to call from several threads
  * at once, on the same entry too. */
 ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *name);
+
+/* Runs nparts independent parts of one operation side by side, part p being e[p] (made for
+ * one thread) on handles[p], on the plugin's threads now, and waits for all. Parts whose
+ * entries reorder run one after the other through dn_execute. */
+#define DN_MAX_PARTS 64
+ts_status dn_execute_parts(dn_ctx *c, int nparts, dn_entry *const *e,
+                           void *const (*handles)[DN_MAX_ARGS], const char *name);
 
 /* Fails through host->fail with the dnnl status. */
 ts_status dn_fail(dn_ctx *c, dnnl_status_t st, const char *name, const char *what);

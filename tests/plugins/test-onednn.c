@@ -294,6 +294,71 @@ static void test_matmul_in_place(void)
     kt_check_no_live_blocks(dn);
 }
 
+/* Products with enough work run in parts, one thread each: cut along the first batch dim
+ * that divides evenly enough, or else the rows, into one part per configured thread. Under
+ * threads = 3 (parts of 8, 8 and 9 matrices, or of 66, 67 and 67 rows, need two primitives
+ * where the whole product needs one; a small product is not cut), every layout and
+ * broadcast, and bfloat16 (each element the exact sum of small integers rounded once). */
+static void test_matmul_parts(void)
+{
+    tap_start();
+    if (!has_plugin("cpu_onednn"))
+        SKIP("cpu_onednn is not built");
+    ts_config *cfg;
+    CHECK_OK(ts_config_parse("[plugin.cpu_onednn]\nthreads = 3\nadaptive_threads = false\n",
+                             "t.ini", NULL, &cfg));
+    ts_device *dn;
+    CHECK_OK(ts_device_load(cfg, tap_plugin_under_test("cpu_onednn"), &dn));
+    count_fn count = primitive_counter(dn);
+    const int64_t b6[2] = {1, 6}, b25 = 25, b4 = 4;
+    for (int l = 0; l < KT_NLAYOUTS; l++) {
+        int l1 = (l + 1) % KT_NLAYOUTS, l2 = (l + 2) % KT_NLAYOUTS;
+        /* a batch of 6 in 3 parts: b broadcast (a linear layer), a broadcast, neither; a 4-D
+         * product whose first dim is 1 is cut along its second */
+        matmul_case(dn, NULL, 3, b6 + 1, 64, 128, 80, l, l1, l2, 1.0, 0.0, 0, 1);
+        matmul_case(dn, NULL, 3, b6 + 1, 64, 128, 80, l, l1, l2, -0.5, 2.0, 1, 0);
+        matmul_case(dn, NULL, 4, b6, 64, 128, 80, l2, l, l1, 1.0, 1.0, 0, 0);
+        unsigned long long c0 = count();
+        matmul_case(dn, NULL, 3, &b25, 32, 64, 64, l, l1, l2, 1.0, 0.0, 0, 0);
+        CHECK_MSG(count() - c0 == 2, "a batch of 25 in 3 parts made %llu primitives, not 2",
+                  count() - c0);
+        c0 = count();
+        matmul_case(dn, NULL, 2, NULL, 200, 150, 120, l, l1, l2, 1.5, -0.75, 0, 0);
+        CHECK_MSG(count() - c0 == 2, "200 rows in 3 parts made %llu primitives, not 2",
+                  count() - c0);
+        c0 = count();
+        matmul_case(dn, NULL, 3, &b4, 128, 64, 128, l, l1, l2, 1.0, 0.0, 0, 1);
+        CHECK_MSG(count() - c0 == 2, "a batch of 4 by rows in 3 parts made %llu primitives, "
+                  "not 2", count() - c0);
+        c0 = count();
+        matmul_case(dn, NULL, 3, &b25, 8, 8, 8, l, l1, l2, 1.0, 0.0, 0, 0);
+        CHECK_MSG(count() - c0 == 1, "a small product made %llu primitives, not 1",
+                  count() - c0);
+    }
+    kt_buf a = kt_make(dn, TS_BF16, 3, (int64_t[]){6, 64, 128}, KT_CONTIG, 1);
+    kt_buf b = kt_make(dn, TS_BF16, 3, (int64_t[]){6, 128, 80}, KT_TRANSPOSED, 2);
+    kt_buf c = kt_make(dn, TS_BF16, 3, (int64_t[]){6, 64, 80}, KT_STRIDED, 3);
+    ts_matmul_params mp = {1.0, 0.0};
+    CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){a.op, b.op}, 2, &c.op, 1, &mp, sizeof mp));
+    for (int64_t q = 0; q < 6; q++)
+        for (int64_t i = 0; i < 64; i++)
+            for (int64_t j = 0; j < 80; j++) {
+                double sum = 0;
+                for (int64_t k = 0; k < 128; k++)
+                    sum += kt_get(&a.op, (int64_t[]){q, i, k}) * kt_get(&b.op, (int64_t[]){q, k, j});
+                double want = ts_plugin_bf16_to_f32(ts_plugin_f64_to_bf16(sum));
+                double got = kt_get(&c.op, (int64_t[]){q, i, j});
+                CHECK_MSG(got == want, "bfloat16 matmul in parts (%lld, %lld, %lld): %.9g, not "
+                          "%.9g", (long long)q, (long long)i, (long long)j, got, want);
+            }
+    kt_check_gaps(&c);
+    kt_free(&a), kt_free(&b), kt_free(&c);
+    kt_check_no_live_blocks(dn);
+    ts_device_unload(dn);
+    ts_config_free(cfg);
+    tap_end();
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* conv2d, forward and backward                                                              */
 
@@ -1092,6 +1157,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_matmul_empty),
         TAP_TEST(test_matmul_in_place),
         TAP_TEST(test_matmul_half),
+        TAP_TEST(test_matmul_parts),
         TAP_TEST(test_conv_supports),
         TAP_TEST(test_conv),
         TAP_TEST(test_conv_bad_params),

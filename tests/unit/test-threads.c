@@ -238,12 +238,14 @@ static void pool_hammer(const char *name)
  * whatever its value. Even iterations use one shape shared by all threads (one cached
  * primitive executed by all of them at once); odd ones draw from MM_SHAPES shapes, more than
  * a primitive cache of 256 holds, so entries are created, looked up and evicted concurrently
- * while other threads run them. */
+ * while other threads run them. Every 64th is large enough for cpu_onednn to cut it into
+ * parts that its threads run side by side (while the other threads run theirs). */
 #define MM_THREADS 4
 #define MM_ITERS 5000
 #define MM_DIM 16
-#define MM_SHAPES 320 /* (M, N) in [1, 20] x [1, 16], K = 7 */
-#define MM_BUF 512    /* floats: the largest operand is 20 x 16 */
+#define MM_SHAPES 320  /* (M, N) in [1, 20] x [1, 16], K = 7 */
+#define MM_BIG 128     /* M = K = N every 64th iteration */
+#define MM_BUF (MM_BIG * MM_BIG)
 
 typedef struct mm_job {
     ts_device *dev;
@@ -266,6 +268,8 @@ static void *mm_run(void *arg)
             M = 1 + shape / 16;
             N = 1 + shape % 16;
             K = 7;
+        } else if (it % 64 == 2) {
+            M = K = N = MM_BIG;
         }
         for (int64_t i = 0; i < M * K; i++)
             a[i] = (float)((int)((r >> (i % 40)) % 9) - 4 + (int)j->id);
