@@ -359,6 +359,69 @@ static void test_matmul_parts(void)
     tap_end();
 }
 
+/* The parts' bits do not depend on how many threads run them: threads = 3 with 1 running
+ * (TESSERA_RUN_THREADS=1, as adaptive_threads would leave under load) and with 3, the same
+ * bits for products cut along a batch dim and along the rows (a weight gradient's long K),
+ * in float32 and bfloat16. (Run whole on oneDNN's threads, the float32 row case differs in
+ * 424 of 24000 elements under ONEDNN_MAX_CPU_ISA=AVX2; AVX-512's kernels happened to agree.) */
+static void test_matmul_parts_bits(void)
+{
+    tap_start();
+    if (!has_plugin("cpu_onednn"))
+        SKIP("cpu_onednn is not built");
+    static const struct {
+        int nd;
+        int64_t a[3], b[3];
+        kt_layout la, lb;
+    } cases[] = {
+        {3, {6, 64, 128}, {6, 128, 80}, KT_CONTIG, KT_TRANSPOSED},
+        {2, {200, 2048}, {2048, 120}, KT_TRANSPOSED, KT_CONTIG},
+    };
+    enum { NCASE = sizeof cases / sizeof cases[0] };
+    double *got[2][2][NCASE];
+    int64_t n[NCASE];
+    for (int run = 0; run < 2; run++) {
+        setenv("TESSERA_RUN_THREADS", run ? "3" : "1", 1);
+        ts_config *cfg;
+        CHECK_OK(ts_config_parse("[plugin.cpu_onednn]\nthreads = 3\nadaptive_threads = false\n",
+                                 "t.ini", NULL, &cfg));
+        ts_device *dn;
+        CHECK_OK(ts_device_load(cfg, tap_plugin_under_test("cpu_onednn"), &dn));
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < NCASE; i++) {
+                int nd = cases[i].nd;
+                int32_t dt = h ? TS_BF16 : TS_F32;
+                int64_t cs[3];
+                memcpy(cs, cases[i].a, sizeof cs);
+                cs[nd - 1] = cases[i].b[nd - 1];
+                kt_buf a = kt_make(dn, dt, nd, cases[i].a, cases[i].la, 1);
+                kt_buf b = kt_make(dn, dt, nd, cases[i].b, cases[i].lb, 2);
+                kt_buf c = kt_make(dn, dt, nd, cs, KT_CONTIG, 3);
+                ts_matmul_params mp = {1.0, 0.0};
+                CHECK_OK(kt_run(dn, TS_OP_MATMUL, (ts_operand[]){a.op, b.op}, 2, &c.op, 1, &mp,
+                                sizeof mp));
+                got[run][h][i] = snapshot(&c.op);
+                n[i] = kt_numel(&c.op);
+                kt_free(&a), kt_free(&b), kt_free(&c);
+            }
+        kt_check_no_live_blocks(dn);
+        ts_device_unload(dn);
+        ts_config_free(cfg);
+    }
+    setenv("TESSERA_RUN_THREADS", "4096", 1);
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < NCASE; i++) {
+            int64_t differ = 0;
+            for (int64_t e = 0; e < n[i]; e++)
+                differ += memcmp(&got[0][h][i][e], &got[1][h][i][e], sizeof(double)) != 0;
+            CHECK_MSG(differ == 0, "%s case %d: %lld of %lld elements differ between 1 and 3 "
+                      "running threads", h ? "bfloat16" : "float32", i, (long long)differ,
+                      (long long)n[i]);
+            free(got[0][h][i]), free(got[1][h][i]);
+        }
+    tap_end();
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* conv2d, forward and backward                                                              */
 
@@ -1158,6 +1221,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_matmul_in_place),
         TAP_TEST(test_matmul_half),
         TAP_TEST(test_matmul_parts),
+        TAP_TEST(test_matmul_parts_bits),
         TAP_TEST(test_conv_supports),
         TAP_TEST(test_conv),
         TAP_TEST(test_conv_bad_params),
