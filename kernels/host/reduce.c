@@ -247,8 +247,10 @@ static void rd_locate(const rd_plan *p, int64_t j, int64_t *in_off, int64_t *out
 /* A float sum or mean over the rows of a matrix whose kept dim is contiguous (a bias
  * gradient: (batch, features) summed over the batch). Walking each output's column would read
  * one float per cache line; this adds whole rows into a block of double accumulators
- * instead, in the same order (row 0 first) as the column walk, so the results are the same. */
-enum { RD_COLS = 256 }; /* accumulators per block, on the stack */
+ * instead, in the same order (row 0 first) as the column walk, so the results are the same.
+ * Blocks of 32 columns: their accumulators stay in registers (four 8-double vectors) across
+ * the rows, and a (rows, 128) gradient still has four blocks for the threads to share. */
+enum { RD_COLS = 32 };
 
 static int rd_by_rows(const rd_plan *p)
 {
@@ -257,6 +259,56 @@ static int rd_by_rows(const rd_plan *p)
            p->nkeep == 1 && p->keep_in[0] == 1 &&
            p->nred == 1 && p->nout >= 8;
 }
+
+/* 64-byte vectors (GCC's and clang's vector extension): lane by lane, so every clone adds
+ * the same doubles in the same order. */
+typedef double rd_v8d __attribute__((vector_size(64)));
+typedef float rd_v8f __attribute__((vector_size(32)));
+typedef uint32_t rd_v8u __attribute__((vector_size(32)));
+typedef uint16_t rd_v8h __attribute__((vector_size(16)));
+
+/* d = the 8 float32 or bfloat16 values at x, as doubles (exact); macros, as a function
+ * returning a 64-byte vector changes the ABI between the clones */
+#define RD_LOAD8_F32(d, x)                                                                         \
+    do {                                                                                           \
+        rd_v8f f_;                                                                                 \
+        memcpy(&f_, (x), sizeof f_);                                                               \
+        (d) = __builtin_convertvector(f_, rd_v8d);                                                 \
+    } while (0)
+
+#define RD_LOAD8_BF16(d, x)                                                                        \
+    do {                                                                                           \
+        rd_v8h h_;                                                                                 \
+        memcpy(&h_, (x), sizeof h_);                                                               \
+        rd_v8u u_ = __builtin_convertvector(h_, rd_v8u) << 16;                                     \
+        rd_v8f f_;                                                                                 \
+        memcpy(&f_, &u_, sizeof f_);                                                               \
+        (d) = __builtin_convertvector(f_, rd_v8d);                                                 \
+    } while (0)
+
+/* acc[0..32) = the column sums of a full block: rows of x (element size es) stride apart */
+#define RD_BLOCK32(name, LOAD, es)                                                                 \
+    HK_CLONES static void name(const char *x, int64_t stride, int64_t rows, double *acc)          \
+    {                                                                                              \
+        rd_v8d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, t;                                          \
+        for (int64_t i = 0; i < rows; i++, x += stride * (es)) {                                   \
+            LOAD(t, x);                                                                            \
+            a0 += t;                                                                               \
+            LOAD(t, x + 8 * (es));                                                                 \
+            a1 += t;                                                                               \
+            LOAD(t, x + 16 * (es));                                                                \
+            a2 += t;                                                                               \
+            LOAD(t, x + 24 * (es));                                                                \
+            a3 += t;                                                                               \
+        }                                                                                          \
+        memcpy(acc, &a0, sizeof a0);                                                               \
+        memcpy(acc + 8, &a1, sizeof a1);                                                           \
+        memcpy(acc + 16, &a2, sizeof a2);                                                          \
+        memcpy(acc + 24, &a3, sizeof a3);                                                          \
+    }
+
+RD_BLOCK32(rd_block32_f32, RD_LOAD8_F32, 4)
+RD_BLOCK32(rd_block32_bf16, RD_LOAD8_BF16, 2)
 
 #define RD_ROWS(T)                                                                                 \
     do {                                                                                           \
@@ -299,7 +351,11 @@ static void rd_execute_rows(const hk_dev *hd, const rd_plan *p, size_t out_es)
     for (int64_t b = 0; b < nblocks; b++) {
         int64_t j0 = b * RD_COLS, nj = p->nout - j0 < RD_COLS ? p->nout - j0 : RD_COLS;
         double acc[RD_COLS] = {0};
-        if (p->dtype == TS_F32)
+        if (nj == RD_COLS && p->dtype == TS_F32)
+            rd_block32_f32(p->in + j0 * 4, p->red_in[0], p->nslice, acc);
+        else if (nj == RD_COLS && p->dtype == TS_BF16)
+            rd_block32_bf16(p->in + j0 * 2, p->red_in[0], p->nslice, acc);
+        else if (p->dtype == TS_F32)
             RD_ROWS(float);
         else if (p->dtype == TS_BF16)
             RD_ROWS_HALF(rd_row_bf16);

@@ -412,6 +412,48 @@ static void test_sum_accuracy(void)
     }
 }
 
+/* A sum over the rows of a contiguous matrix (a bias gradient) adds each column in row order
+ * in double: the result is that sum rounded once, bit for bit, in float32 and bfloat16, for
+ * full blocks of columns and a ragged last one. Each column starts at 2^50 and ends at -2^50,
+ * so the small values between are rounded to 2^50's spacing as they are added: another order
+ * (pairwise, float32 partials, blocks of rows) gives other bits. */
+static void test_sum_rows_exact(void)
+{
+    static const int64_t shapes[][2] = {{2048, 200}, {300, 77}, {65, 32}};
+    FOR_EACH_PLUGIN(dev)
+    {
+        for (int h = 0; h < 2; h++)
+            for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+                int32_t dt = h ? TS_BF16 : TS_F32;
+                int64_t R = shapes[c][0], C = shapes[c][1], os[2] = {1, C};
+                kt_buf a = kt_make(dev, dt, 2, shapes[c], KT_CONTIG, 90 + c);
+                for (int64_t i = 0; i < R; i++)
+                    for (int64_t j = 0; j < C; j++) {
+                        double v = kt_get(&a.op, (int64_t[]){i, j});
+                        v *= ldexp(1.0, (int)((i * 7 + j) % 9) - 4);
+                        kt_set(&a.op, (int64_t[]){i, j}, i == 0 ? 0x1p50 : i == R - 1 ? -0x1p50 : v);
+                    }
+                kt_buf o = kt_make(dev, dt, 2, os, KT_CONTIG, 99);
+                ts_reduce_params p = {TS_REDUCE_SUM, 0};
+                CHECK_OK(kt_run(dev, TS_OP_REDUCE, &a.op, 1, &o.op, 1, &p, sizeof p));
+                for (int64_t j = 0; j < C; j++) {
+                    double sum = 0;
+                    for (int64_t i = 0; i < R; i++)
+                        sum += kt_get(&a.op, (int64_t[]){i, j});
+                    double want = h ? ts_plugin_bf16_to_f32(ts_plugin_f32_to_bf16((float)sum))
+                                    : (double)(float)sum;
+                    double got = kt_get(&o.op, (int64_t[]){0, j});
+                    CHECK_MSG(got == want, "%s %s (%lld, %lld) summed over rows: column %lld is "
+                              "%.9g, not %.9g (the row-order double sum rounded once)",
+                              ts_device_name(dev), ts_dtype_name(dt), (long long)R, (long long)C,
+                              (long long)j, got, want);
+                }
+                kt_free(&o);
+                kt_free(&a);
+            }
+    }
+}
+
 /* ---- softmax --------------------------------------------------------------------------- */
 
 /* Checks out = (log_)softmax(x) along dim against a float64 reference (from a snapshot x of
@@ -626,6 +668,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_argmax),           TAP_TEST(test_ties_and_nan),
         TAP_TEST(test_reduce_broadcast), TAP_TEST(test_reduce_empty_and_0d),
         TAP_TEST(test_reduce_large),     TAP_TEST(test_sum_accuracy),
+        TAP_TEST(test_sum_rows_exact),
         TAP_TEST(test_softmax),          TAP_TEST(test_softmax_hard_inputs),
         TAP_TEST(test_errors),
     };
