@@ -591,7 +591,14 @@ ts_status dn_execute_parts(dn_ctx *c, int nparts, dn_entry *const *e,
     int nt = hk_threads(&c->hd);
     nt = nt < nparts ? nt : nparts;
     (void)nt;
-    /* Each part's primitive was made for one thread: run the parts side by side. */
+    /* Each part's primitive was made for one thread: run the parts side by side, each on one
+     * thread. oneDNN's gemm-based kernels read the thread count when they run, not when they
+     * are made, so the count is 1 for the parts' execution too, also when they run one after
+     * the other on this thread (one thread running: no parallel region). */
+#ifdef _OPENMP
+    int omp_before = omp_get_max_threads();
+    omp_set_num_threads(1);
+#endif
 #pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
     for (int p = 0; p < nparts; p++) {
         dnnl_exec_arg_t args[DN_MAX_ARGS + 1];
@@ -605,6 +612,9 @@ ts_status dn_execute_parts(dn_ctx *c, int nparts, dn_entry *const *e,
         if (r[p].st == dnnl_success)
             r[p].st = w;
     }
+#ifdef _OPENMP
+    omp_set_num_threads(omp_before);
+#endif
     what = "dnnl_primitive_execute";
     for (int p = 0; p < nparts && !st; p++)
         st = r[p].st;

@@ -238,14 +238,15 @@ static void pool_hammer(const char *name)
  * whatever its value. Even iterations use one shape shared by all threads (one cached
  * primitive executed by all of them at once); odd ones draw from MM_SHAPES shapes, more than
  * a primitive cache of 256 holds, so entries are created, looked up and evicted concurrently
- * while other threads run them. Every 64th is large enough for cpu_onednn to cut it into
- * parts that its threads run side by side (while the other threads run theirs). */
+ * while other threads run them. Every 128th is large enough for cpu_onednn to cut it into
+ * parts (up to 4: one per configured thread) that its threads run side by side while the
+ * other threads run theirs. */
 #define MM_THREADS 4
 #define MM_ITERS 5000
 #define MM_DIM 16
-#define MM_SHAPES 320  /* (M, N) in [1, 20] x [1, 16], K = 7 */
-#define MM_BIG 128     /* M = K = N every 64th iteration */
-#define MM_BUF (MM_BIG * MM_BIG)
+#define MM_SHAPES 320 /* (M, N) in [1, 20] x [1, 16], K = 7 */
+#define MM_BIG 128    /* every 128th iteration: (2 MM_BIG, MM_BIG) @ (MM_BIG, MM_BIG) */
+#define MM_BUF (2 * MM_BIG * MM_BIG)
 
 typedef struct mm_job {
     ts_device *dev;
@@ -268,8 +269,9 @@ static void *mm_run(void *arg)
             M = 1 + shape / 16;
             N = 1 + shape % 16;
             K = 7;
-        } else if (it % 64 == 2) {
-            M = K = N = MM_BIG;
+        } else if (it % 128 == 2) {
+            M = 2 * MM_BIG;
+            K = N = MM_BIG;
         }
         for (int64_t i = 0; i < M * K; i++)
             a[i] = (float)((int)((r >> (i % 40)) % 9) - 4 + (int)j->id);
