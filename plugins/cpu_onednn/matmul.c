@@ -3,9 +3,9 @@
  * need no copy); a batch dim broadcast with stride 0 becomes a size-1 dim (oneDNN broadcasts
  * it), and a batch dim both inputs broadcast is looped over. alpha is the output scale, beta
  * a sum post-op. An output overlapping an input, or a matrix dim with stride 0, goes through
- * dense pool scratch. A product with enough work runs in parts, one per configured thread,
- * each on a one-thread primitive (split_dim). oneDNN's CPU matmul has no f64: supports()
- * says so for F64. */
+ * dense pool scratch. A product with enough work runs in parts, one per configured thread
+ * (up to 4), each on a one-thread primitive (split_dim). oneDNN's CPU matmul has no f64:
+ * supports() says so for F64. */
 #include "config.h"
 
 #include <string.h>
@@ -114,10 +114,15 @@ dfail:
     return dn_fail(c, st, "matmul", what);
 }
 
-/* Parts of a matmul run side by side, one thread each (see split_dim). */
+/* Parts of a matmul run side by side, one thread each (see split_dim): one per configured
+ * thread, for up to DN_SPLIT_THREADS of them. Measured at 2 threads; with many, every part of
+ * a row cut would read all of b, where oneDNN's own partitioning blocks both of the output's
+ * dims, so from there on the products run whole (1: no parts). */
+enum { DN_SPLIT_THREADS = 4 };
+
 static int parts_of(const dn_ctx *c)
 {
-    return c->hd.configured < DN_MAX_PARTS ? c->hd.configured : DN_MAX_PARTS;
+    return c->hd.configured <= DN_SPLIT_THREADS ? c->hd.configured : 1;
 }
 
 /* The dim to cut a matmul of output dims cd (oneDNN's: no dim both inputs broadcast) and

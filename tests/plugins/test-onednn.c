@@ -298,7 +298,8 @@ static void test_matmul_in_place(void)
  * that divides evenly enough, or else the rows, into one part per configured thread. Under
  * threads = 3 (parts of 8, 8 and 9 matrices, or of 66, 67 and 67 rows, need two primitives
  * where the whole product needs one; a small product is not cut), every layout and
- * broadcast, and bfloat16 (each element the exact sum of small integers rounded once). */
+ * broadcast, and bfloat16 (each element the exact sum of small integers rounded once); under
+ * threads = 8 the product runs whole. */
 static void test_matmul_parts(void)
 {
     tap_start();
@@ -353,6 +354,18 @@ static void test_matmul_parts(void)
             }
     kt_check_gaps(&c);
     kt_free(&a), kt_free(&b), kt_free(&c);
+    kt_check_no_live_blocks(dn);
+    ts_device_unload(dn);
+    ts_config_free(cfg);
+    /* With more than 4 threads configured the products run whole, on oneDNN's partitioning. */
+    CHECK_OK(ts_config_parse("[plugin.cpu_onednn]\nthreads = 8\nadaptive_threads = false\n",
+                             "t.ini", NULL, &cfg));
+    CHECK_OK(ts_device_load(cfg, tap_plugin_under_test("cpu_onednn"), &dn));
+    const int64_t b65 = 65; /* 8 parts of 8 or 9 matrices, were it cut: two primitives */
+    unsigned long long c0 = count();
+    matmul_case(dn, NULL, 3, &b65, 32, 64, 64, KT_CONTIG, KT_TRANSPOSED, KT_CONTIG, 1.0, 0.0, 0, 0);
+    CHECK_MSG(count() - c0 == 1, "threads = 8: a batch of 65 made %llu primitives, not 1 (whole)",
+              count() - c0);
     kt_check_no_live_blocks(dn);
     ts_device_unload(dn);
     ts_config_free(cfg);
