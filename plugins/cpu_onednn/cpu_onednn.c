@@ -466,172 +466,150 @@ static void stream_put(dn_ctx *c, dnnl_stream_t s)
         destroy_stream(s);
 }
 
-ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *name)
+/* One execution of an entry: its stream, scratchpad and memory objects, made on the calling
+ * thread (run_prepare), so that failures report there; run_exec may then run on any thread. */
+typedef struct dn_run {
+    dnnl_stream_t stream;
+    void *scratch, *bufs[DN_MAX_ARGS];
+    dnnl_memory_t smem, user[DN_MAX_ARGS], prim[DN_MAX_ARGS];
+    dnnl_status_t st; /* run_exec's */
+    const char *what; /* what failed */
+} dn_run;
+
+static ts_status run_prepare(dn_ctx *c, const dn_entry *e, void *const *handles,
+                             const char *name, dn_run *r)
 {
     const ts_host *h = c->hd.host;
-    void *bufs[DN_MAX_ARGS] = {NULL}, *scratch = NULL;
-    dnnl_memory_t user[DN_MAX_ARGS] = {NULL}, prim[DN_MAX_ARGS] = {NULL}, smem = NULL;
-    dnnl_stream_t stream = NULL;
-    ts_status s = TS_OK;
-    dnnl_status_t st = dnnl_success;
-    const char *what = "dnnl_stream_create";
-#ifdef _OPENMP
-    int omp_before = omp_get_max_threads();
-    if (e->threads > 0) /* the count the primitive was made for */
-        omp_set_num_threads(e->threads);
-#endif
-    if ((st = stream_get(c, &stream)))
-        goto dfail;
-    what = "creating a memory object";
+    ts_status s;
+    memset(r, 0, sizeof *r);
+    r->what = "dnnl_stream_create";
+    if ((r->st = stream_get(c, &r->stream)))
+        return dn_fail(c, r->st, name, r->what);
+    r->what = "creating a memory object";
     if (e->scratch_bytes) {
-        if ((s = h->scratch_alloc(h, e->scratch_bytes, name, &scratch)))
-            goto done;
-        if ((st = make_memory(c, &smem, &e->scratch_md, scratch)))
-            goto dfail;
+        if ((s = h->scratch_alloc(h, e->scratch_bytes, name, &r->scratch)))
+            return s;
+        if ((r->st = make_memory(c, &r->smem, &e->scratch_md, r->scratch)))
+            return dn_fail(c, r->st, name, r->what);
     }
+    for (int i = 0; i < e->nargs; i++) {
+        const dn_arg *a = &e->args[i];
+        if ((r->st = make_memory(c, &r->user[i], &a->user_md, handles[i])))
+            return dn_fail(c, r->st, name, r->what);
+        if (!a->has_prim)
+            continue;
+        if ((s = h->scratch_alloc(h, a->prim_bytes ? a->prim_bytes : 1, name, &r->bufs[i])))
+            return s;
+        if ((r->st = make_memory(c, &r->prim[i], &a->prim_md, r->bufs[i])))
+            return dn_fail(c, r->st, name, r->what);
+    }
+    return TS_OK;
+}
+
+/* Input reorders, the primitive, output reorders, and the wait: r->st, r->what on failure. */
+static void run_exec(const dn_entry *e, dn_run *r)
+{
     dnnl_exec_arg_t args[DN_MAX_ARGS + 1];
     int nargs = 0;
+    r->what = "reordering an input";
     for (int i = 0; i < e->nargs; i++) {
-        dn_arg *a = &e->args[i];
-        if ((st = make_memory(c, &user[i], &a->user_md, handles[i])))
-            goto dfail;
-        dnnl_memory_t m = user[i];
-        if (a->has_prim) {
-            if ((s = h->scratch_alloc(h, a->prim_bytes ? a->prim_bytes : 1, name, &bufs[i])))
-                goto done;
-            if ((st = make_memory(c, &prim[i], &a->prim_md, bufs[i])))
-                goto dfail;
-            m = prim[i];
-            what = "reordering an input";
-            if (!a->is_output && (st = run_reorder(stream, a->reorder, user[i], prim[i], smem)))
-                goto dfail;
-            what = "creating a memory object";
-        }
-        args[nargs++] = (dnnl_exec_arg_t){a->arg, m};
+        const dn_arg *a = &e->args[i];
+        if (a->has_prim && !a->is_output &&
+            (r->st = run_reorder(r->stream, a->reorder, r->user[i], r->prim[i], r->smem)))
+            goto fail;
+        args[nargs++] = (dnnl_exec_arg_t){a->arg, a->has_prim ? r->prim[i] : r->user[i]};
     }
-    if (smem)
-        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, smem};
-    what = "dnnl_primitive_execute";
-    if ((st = dnnl_primitive_execute(e->prim, stream, nargs, args)))
-        goto dfail;
-    what = "reordering an output";
+    if (r->smem)
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, r->smem};
+    r->what = "dnnl_primitive_execute";
+    if ((r->st = dnnl_primitive_execute(e->prim, r->stream, nargs, args)))
+        goto fail;
+    r->what = "reordering an output";
     for (int i = 0; i < e->nargs; i++) {
-        dn_arg *a = &e->args[i];
+        const dn_arg *a = &e->args[i];
         if (a->is_output && a->has_prim &&
-            (st = run_reorder(stream, a->reorder, prim[i], user[i], smem)))
-            goto dfail;
+            (r->st = run_reorder(r->stream, a->reorder, r->prim[i], r->user[i], r->smem)))
+            goto fail;
     }
-    what = "dnnl_stream_wait";
-    if ((st = dnnl_stream_wait(stream)))
-        goto dfail;
-    goto done;
-dfail:
-    if (stream)
-        dnnl_stream_wait(stream);
-    s = dn_fail(c, st, name, what);
-done:
+    r->what = "dnnl_stream_wait";
+    r->st = dnnl_stream_wait(r->stream);
+    return;
+fail:
+    dnnl_stream_wait(r->stream);
+}
+
+static void run_finish(dn_ctx *c, const dn_entry *e, dn_run *r)
+{
+    const ts_host *h = c->hd.host;
     for (int i = 0; i < e->nargs; i++) {
-        if (user[i])
-            dnnl_memory_destroy(user[i]);
-        if (prim[i])
-            dnnl_memory_destroy(prim[i]);
-        h->scratch_free(h, bufs[i]);
+        if (r->user[i])
+            dnnl_memory_destroy(r->user[i]);
+        if (r->prim[i])
+            dnnl_memory_destroy(r->prim[i]);
+        h->scratch_free(h, r->bufs[i]);
     }
-    if (smem)
-        dnnl_memory_destroy(smem);
-    h->scratch_free(h, scratch);
-    stream_put(c, stream);
+    if (r->smem)
+        dnnl_memory_destroy(r->smem);
+    h->scratch_free(h, r->scratch);
+    stream_put(c, r->stream);
+}
+
+ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *name)
+{
+    dn_run r;
+    ts_status s = run_prepare(c, e, handles, name, &r);
+    if (!s) {
 #ifdef _OPENMP
-    omp_set_num_threads(omp_before);
+        int omp_before = omp_get_max_threads();
+        if (e->threads > 0) /* the count the primitive was made for */
+            omp_set_num_threads(e->threads);
 #endif
+        run_exec(e, &r);
+#ifdef _OPENMP
+        omp_set_num_threads(omp_before);
+#endif
+        if (r.st)
+            s = dn_fail(c, r.st, name, r.what);
+    }
+    run_finish(c, e, &r);
     return s;
 }
 
 ts_status dn_execute_parts(dn_ctx *c, int nparts, dn_entry *const *e,
                            void *const (*handles)[DN_MAX_ARGS], const char *name)
 {
-    const ts_host *h = c->hd.host;
-    int direct = nparts <= DN_MAX_PARTS;
-    for (int p = 0; p < nparts && direct; p++)
-        for (int i = 0; i < e[p]->nargs; i++)
-            direct = direct && !e[p]->args[i].has_prim;
-    if (!direct) { /* reorders around a part: one part after the other */
-        for (int p = 0; p < nparts; p++) {
-            ts_status s = dn_execute(c, e[p], handles[p], name);
-            if (s)
-                return s;
-        }
-        return TS_OK;
-    }
-    struct {
-        dnnl_stream_t stream;
-        void *scratch;
-        dnnl_memory_t smem, mem[DN_MAX_ARGS];
-        dnnl_status_t st;
-    } r[DN_MAX_PARTS];
-    memset(r, 0, sizeof r[0] * (size_t)nparts);
+    dn_run r[DN_MAX_PARTS];
     ts_status s = TS_OK;
-    dnnl_status_t st = dnnl_success;
-    const char *what = "creating a memory object";
-    for (int p = 0; p < nparts; p++) {
-        what = "dnnl_stream_create";
-        if ((st = stream_get(c, &r[p].stream)))
-            goto dfail;
-        what = "creating a memory object";
-        if (e[p]->scratch_bytes) {
-            if ((s = h->scratch_alloc(h, e[p]->scratch_bytes, name, &r[p].scratch)))
-                goto done;
-            if ((st = make_memory(c, &r[p].smem, &e[p]->scratch_md, r[p].scratch)))
-                goto dfail;
-        }
-        for (int i = 0; i < e[p]->nargs; i++)
-            if ((st = make_memory(c, &r[p].mem[i], &e[p]->args[i].user_md, handles[p][i])))
-                goto dfail;
-    }
-    int nt = hk_threads(&c->hd);
-    nt = nt < nparts ? nt : nparts;
-    (void)nt;
-    /* Each part's primitive was made for one thread: run the parts side by side, each on one
-     * thread. oneDNN's gemm-based kernels read the thread count when they run, not when they
-     * are made, so the count is 1 for the parts' execution too, also when they run one after
-     * the other on this thread (one thread running: no parallel region). */
+    int made = 0;
+    if (nparts > DN_MAX_PARTS)
+        return c->hd.host->fail(c->hd.host, TS_EINVAL, "%s: %d parts (at most %d)", name,
+                                nparts, DN_MAX_PARTS);
+    while (made < nparts && !s)
+        s = run_prepare(c, e[made], handles[made], name, &r[made]), made++;
+    if (!s) {
+        int nt = hk_threads(&c->hd);
+        nt = nt < nparts ? nt : nparts;
+        (void)nt;
+        /* Each part's primitive was made for one thread: run the parts side by side, each on
+         * one thread. oneDNN's gemm-based kernels read the thread count when they run, not
+         * when they are made, so the count is 1 for the parts' execution too, also when they
+         * run one after the other on this thread (one thread running: no parallel region). */
 #ifdef _OPENMP
-    int omp_before = omp_get_max_threads();
-    omp_set_num_threads(1);
+        int omp_before = omp_get_max_threads();
+        omp_set_num_threads(1);
 #endif
 #pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
-    for (int p = 0; p < nparts; p++) {
-        dnnl_exec_arg_t args[DN_MAX_ARGS + 1];
-        int nargs = 0;
-        for (int i = 0; i < e[p]->nargs; i++)
-            args[nargs++] = (dnnl_exec_arg_t){e[p]->args[i].arg, r[p].mem[i]};
-        if (r[p].smem)
-            args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, r[p].smem};
-        r[p].st = dnnl_primitive_execute(e[p]->prim, r[p].stream, nargs, args);
-        dnnl_status_t w = dnnl_stream_wait(r[p].stream);
-        if (r[p].st == dnnl_success)
-            r[p].st = w;
-    }
+        for (int p = 0; p < nparts; p++)
+            run_exec(e[p], &r[p]);
 #ifdef _OPENMP
-    omp_set_num_threads(omp_before);
+        omp_set_num_threads(omp_before);
 #endif
-    what = "dnnl_primitive_execute";
-    for (int p = 0; p < nparts && !st; p++)
-        st = r[p].st;
-    if (!st)
-        goto done;
-dfail:
-    s = dn_fail(c, st, name, what);
-done:
-    for (int p = 0; p < nparts; p++) {
-        for (int i = 0; i < DN_MAX_ARGS; i++)
-            if (r[p].mem[i])
-                dnnl_memory_destroy(r[p].mem[i]);
-        if (r[p].smem)
-            dnnl_memory_destroy(r[p].smem);
-        h->scratch_free(h, r[p].scratch);
-        stream_put(c, r[p].stream);
+        for (int p = 0; p < nparts && !s; p++)
+            if (r[p].st)
+                s = dn_fail(c, r[p].st, name, r[p].what);
     }
+    for (int p = 0; p < made; p++)
+        run_finish(c, e[p], &r[p]);
     return s;
 }
 

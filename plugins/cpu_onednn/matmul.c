@@ -115,14 +115,12 @@ dfail:
 }
 
 /* Parts of a matmul run side by side, one thread each (see split_dim): one per configured
- * thread, for up to DN_SPLIT_THREADS of them. Measured at 2 threads; with many, every part of
- * a row cut would read all of b, where oneDNN's own partitioning blocks both of the output's
+ * thread, for up to DN_MAX_PARTS of them. Measured at 2 threads; with many, every part of a
+ * row cut would read all of b, where oneDNN's own partitioning blocks both of the output's
  * dims, so from there on the products run whole (1: no parts). */
-enum { DN_SPLIT_THREADS = 4 };
-
 static int parts_of(const dn_ctx *c)
 {
-    return c->hd.configured <= DN_SPLIT_THREADS ? c->hd.configured : 1;
+    return c->hd.configured <= DN_MAX_PARTS ? c->hd.configured : 1;
 }
 
 /* The dim to cut a matmul of output dims cd (oneDNN's: no dim both inputs broadcast) and

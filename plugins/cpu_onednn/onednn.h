@@ -140,10 +140,10 @@ ts_status dn_cache_create_nt(dn_ctx *c, const dn_key *key, int threads, const dn
  * at once, on the same entry too. */
 ts_status dn_execute(dn_ctx *c, dn_entry *e, void *const *handles, const char *name);
 
-/* Runs nparts independent parts of one operation side by side, part p being e[p] (made for
- * one thread) on handles[p], on the plugin's threads now, and waits for all. Parts whose
- * entries reorder run one after the other through dn_execute. */
-#define DN_MAX_PARTS 64
+/* Runs nparts (at most DN_MAX_PARTS) independent parts of one operation side by side, part p
+ * being e[p] (made for one thread) on handles[p], each as dn_execute runs an entry, on the
+ * plugin's threads now, and waits for all. */
+#define DN_MAX_PARTS 4
 ts_status dn_execute_parts(dn_ctx *c, int nparts, dn_entry *const *e,
                            void *const (*handles)[DN_MAX_ARGS], const char *name);
 
