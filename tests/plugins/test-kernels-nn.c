@@ -851,6 +851,65 @@ static void test_layer_norm(void)
     }
 }
 
+/* float32 affine gradients are sums over the rows in row order, in double, rounded once:
+ * columns that swing between +-2^40 and values with 24 significant bits make every other
+ * order (or float accumulation) give other bits. D = 70: two blocks of 32 columns and a ragged tail. */
+static void test_layer_norm_affine_exact(void)
+{
+    const char *const *names = kt_plugins();
+    if (!*names)
+        SKIP("no host plugin is built");
+    enum { R = 600, D = 70 }; /* over 32768 elements: the threaded path */
+    int64_t xs[2] = {R, D}, rs[1] = {R}, ws[1] = {D};
+    for (; *names; names++) {
+        ts_device *dev = kt_load(*names);
+        kt_buf gy = kt_make(dev, TS_F32, 2, xs, KT_CONTIG, 61), x = kt_make(dev, TS_F32, 2, xs, KT_CONTIG, 62);
+        kt_buf mean = kt_make(dev, TS_F32, 1, rs, KT_CONTIG, 63), rstd = kt_make(dev, TS_F32, 1, rs, KT_CONTIG, 64);
+        kt_buf w = kt_make(dev, TS_F32, 1, ws, KT_CONTIG, 65), gx = kt_make(dev, TS_F32, 2, xs, KT_CONTIG, 66);
+        kt_buf gw = kt_make(dev, TS_F32, 1, ws, KT_CONTIG, 67), gb = kt_make(dev, TS_F32, 1, ws, KT_CONTIG, 68);
+        int64_t idx[2];
+        for (int64_t r = 0; r < R; r++) {
+            idx[0] = r;
+            kt_set(&mean.op, idx, 0.25 * (double)(r % 7) - 0.5);
+            kt_set(&rstd.op, idx, 1.0 + 0.125 * (double)(r % 5));
+            for (int64_t j = 0; j < D; j++) {
+                idx[1] = j;
+                int64_t k = (r + j) % 3;
+                kt_set(&gy.op, idx, k == 0   ? ldexp(1.0, 40)
+                                    : k == 1 ? -ldexp(1.0, 40)
+                                             : 1.0 + (double)((r * 31 + j * 17) % 97) / 97.0);
+            }
+        }
+        ts_layer_norm_params p = {1e-5, 1};
+        ts_operand bin[5] = {gy.op, x.op, mean.op, rstd.op, w.op}, bout[3] = {gx.op, gw.op, gb.op};
+        ts_status st = kt_run(dev, TS_OP_LAYER_NORM_BWD, bin, 5, bout, 3, &p, sizeof p);
+        CHECK_MSG(st == TS_OK, "%s: layer norm backward failed: %s", *names, ts_last_error());
+        int bad = 0;
+        for (int64_t j = 0; !st && j < D && bad < 3; j++) {
+            double sw = 0, sb = 0;
+            for (int64_t r = 0; r < R; r++) {
+                int64_t i2[2] = {r, j}, i1[1] = {r};
+                double g = kt_get(&gy.op, i2), xv = kt_get(&x.op, i2);
+                sw += g * (xv - kt_get(&mean.op, i1)) * kt_get(&rstd.op, i1);
+                sb += g;
+            }
+            int64_t i1[1] = {j};
+            float want_w = (float)sw, want_b = (float)sb;
+            double got_w = kt_get(&gw.op, i1), got_b = kt_get(&gb.op, i1);
+            if (got_w != (double)want_w || got_b != (double)want_b) {
+                bad++;
+                CHECK_MSG(0, "%s: column %lld: gweight %.9g gbias %.9g, want %.9g and %.9g "
+                          "(row-order double sums rounded once)", *names, (long long)j, got_w,
+                          got_b, (double)want_w, (double)want_b);
+            }
+        }
+        CHECK_MSG(!bad, "%s: float32 layer norm affine gradients in row order", *names);
+        kt_free(&gy), kt_free(&x), kt_free(&mean), kt_free(&rstd), kt_free(&w);
+        kt_free(&gx), kt_free(&gw), kt_free(&gb);
+        kt_check_no_live_blocks(dev);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const tap_test tests[] = {
@@ -867,6 +926,7 @@ int main(int argc, char **argv)
         TAP_TEST(test_index_wide),
         TAP_TEST(test_index_errors),
         TAP_TEST(test_layer_norm),
+        TAP_TEST(test_layer_norm_affine_exact),
     };
     return tap_run(tests, sizeof tests / sizeof tests[0], argc, argv);
 }
