@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "hostkern.h"
+#include "vmath.h"
 
 int hk_norm_supports(int32_t op, int32_t dtype)
 {
@@ -104,23 +105,13 @@ static int64_t numel(const ts_operand *o)
     }
 
 /* float32's affine gradients over a block of 32 columns: the same sums in the same order as
- * ln_affine_cols, kept in eight 8-double vectors (GCC's and clang's vector extension) across
- * the rows instead of 128 doubles on the stack (a load and a store per element and sum), so
- * the same bits. Loads by a macro: a function returning a 64-byte vector changes the ABI
- * between the clones. */
-typedef double ln_v8d __attribute__((vector_size(64)));
-typedef float ln_v8f __attribute__((vector_size(32)));
-#define LN_LOAD8(d, p)                                                                      \
-    do {                                                                                    \
-        ln_v8f f_;                                                                          \
-        memcpy(&f_, (p), sizeof f_);                                                        \
-        (d) = __builtin_convertvector(f_, ln_v8d);                                          \
-    } while (0)
+ * ln_affine_cols, kept in eight 8-double vectors (vmath.h's hk_v8d) across the rows instead
+ * of 128 doubles on the stack (a load and a store per element and sum), so the same bits. */
 #define LN_ACC8(k)                                                                          \
     do {                                                                                    \
-        ln_v8d g_, x_;                                                                      \
-        LN_LOAD8(g_, gr + 8 * (k));                                                         \
-        LN_LOAD8(x_, xr + 8 * (k));                                                         \
+        hk_v8d g_, x_;                                                                      \
+        HK_LOAD8_F32(g_, gr + 8 * (k));                                                     \
+        HK_LOAD8_F32(x_, xr + 8 * (k));                                                     \
         sw[k] += g_ * (x_ - mu) * rs;                                                       \
         sb[k] += g_;                                                                        \
     } while (0)
@@ -129,7 +120,7 @@ HK_CLONES static void ln_affine_block32_f32(const float *gy, const float *x, con
                                             const float *rstd, int64_t rows, int64_t D,
                                             int64_t j0, float *gw, float *gb)
 {
-    ln_v8d sw[4] = {{0}}, sb[4] = {{0}};
+    hk_v8d sw[4] = {{0}}, sb[4] = {{0}};
     for (int64_t r = 0; r < rows; r++) {
         const float *gr = gy + r * D + j0, *xr = x + r * D + j0;
         const double mu = (double)mean[r], rs = (double)rstd[r];

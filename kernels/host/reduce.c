@@ -260,37 +260,25 @@ static int rd_by_rows(const rd_plan *p)
            p->nred == 1 && p->nout >= 8;
 }
 
-/* 64-byte vectors (GCC's and clang's vector extension): lane by lane, so every clone adds
- * the same doubles in the same order. */
-typedef double rd_v8d __attribute__((vector_size(64)));
-typedef float rd_v8f __attribute__((vector_size(32)));
 typedef uint32_t rd_v8u __attribute__((vector_size(32)));
 typedef uint16_t rd_v8h __attribute__((vector_size(16)));
 
-/* d = the 8 float32 or bfloat16 values at x, as doubles (exact); macros, as a function
- * returning a 64-byte vector changes the ABI between the clones */
-#define RD_LOAD8_F32(d, x)                                                                         \
-    do {                                                                                           \
-        rd_v8f f_;                                                                                 \
-        memcpy(&f_, (x), sizeof f_);                                                               \
-        (d) = __builtin_convertvector(f_, rd_v8d);                                                 \
-    } while (0)
-
+/* d = the 8 bfloat16 values at x, as doubles (exact); float32's: vmath.h's HK_LOAD8_F32 */
 #define RD_LOAD8_BF16(d, x)                                                                        \
     do {                                                                                           \
         rd_v8h h_;                                                                                 \
         memcpy(&h_, (x), sizeof h_);                                                               \
         rd_v8u u_ = __builtin_convertvector(h_, rd_v8u) << 16;                                     \
-        rd_v8f f_;                                                                                 \
+        hk_v8f f_;                                                                                 \
         memcpy(&f_, &u_, sizeof f_);                                                               \
-        (d) = __builtin_convertvector(f_, rd_v8d);                                                 \
+        (d) = __builtin_convertvector(f_, hk_v8d);                                                 \
     } while (0)
 
 /* acc[0..32) = the column sums of a full block: rows of x (element size es) stride apart */
 #define RD_BLOCK32(name, LOAD, es)                                                                 \
     HK_CLONES static void name(const char *x, int64_t stride, int64_t rows, double *acc)          \
     {                                                                                              \
-        rd_v8d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, t;                                          \
+        hk_v8d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, t;                                          \
         for (int64_t i = 0; i < rows; i++, x += stride * (es)) {                                   \
             LOAD(t, x);                                                                            \
             a0 += t;                                                                               \
@@ -307,7 +295,7 @@ typedef uint16_t rd_v8h __attribute__((vector_size(16)));
         memcpy(acc + 24, &a3, sizeof a3);                                                          \
     }
 
-RD_BLOCK32(rd_block32_f32, RD_LOAD8_F32, 4)
+RD_BLOCK32(rd_block32_f32, HK_LOAD8_F32, 4)
 RD_BLOCK32(rd_block32_bf16, RD_LOAD8_BF16, 2)
 
 #define RD_ROWS(T)                                                                                 \

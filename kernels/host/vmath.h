@@ -199,4 +199,17 @@ HK_VINLINE uint16_t hk_f32_to_bf16(float f)
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x0040u : r);
 }
 
+/* 64-byte vectors of doubles (GCC's and clang's vector extension) for sums kept in registers:
+ * lane by lane, so every clone adds the same doubles in the same order. d = the 8 float32
+ * values at x, as doubles (exact); a macro, as a function returning a 64-byte vector changes
+ * the ABI between the clones. */
+typedef double hk_v8d __attribute__((vector_size(64)));
+typedef float hk_v8f __attribute__((vector_size(32)));
+#define HK_LOAD8_F32(d, x)                                                                         \
+    do {                                                                                           \
+        hk_v8f f_;                                                                                 \
+        memcpy(&f_, (x), sizeof f_);                                                               \
+        (d) = __builtin_convertvector(f_, hk_v8d);                                                 \
+    } while (0)
+
 #endif /* TESSERA_KERNELS_HOST_VMATH_H */
