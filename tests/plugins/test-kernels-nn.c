@@ -852,32 +852,41 @@ static void test_layer_norm(void)
 }
 
 /* float32 affine gradients are sums over the rows in row order, in double, rounded once:
- * columns that swing between +-2^40 and values with 24 significant bits make every other
- * order (or float accumulation) give other bits. D = 70: two blocks of 32 columns and a ragged tail. */
+ * columns whose terms swing between +-2^40 and values with 24 significant bits make every
+ * other order (or float accumulation) give other bits, in gb and in gw (where x - mean is
+ * 1 / rstd on the large rows, powers of two, so that their products are exact and cancel).
+ * D = 70: two blocks of 32 columns and a ragged tail. */
 static void test_layer_norm_affine_exact(void)
 {
     const char *const *names = kt_plugins();
     if (!*names)
         SKIP("no host plugin is built");
-    enum { R = 600, D = 70 }; /* over 32768 elements: the threaded path */
+    enum { R = 600, D = 70 }; /* over 32768 elements: threaded where threads are free */
     int64_t xs[2] = {R, D}, rs[1] = {R}, ws[1] = {D};
     for (; *names; names++) {
         ts_device *dev = kt_load(*names);
-        kt_buf gy = kt_make(dev, TS_F32, 2, xs, KT_CONTIG, 61), x = kt_make(dev, TS_F32, 2, xs, KT_CONTIG, 62);
-        kt_buf mean = kt_make(dev, TS_F32, 1, rs, KT_CONTIG, 63), rstd = kt_make(dev, TS_F32, 1, rs, KT_CONTIG, 64);
-        kt_buf w = kt_make(dev, TS_F32, 1, ws, KT_CONTIG, 65), gx = kt_make(dev, TS_F32, 2, xs, KT_CONTIG, 66);
-        kt_buf gw = kt_make(dev, TS_F32, 1, ws, KT_CONTIG, 67), gb = kt_make(dev, TS_F32, 1, ws, KT_CONTIG, 68);
+        kt_buf gy = kt_make(dev, TS_F32, 2, xs, KT_CONTIG, 61);
+        kt_buf x = kt_make(dev, TS_F32, 2, xs, KT_CONTIG, 62);
+        kt_buf mean = kt_make(dev, TS_F32, 1, rs, KT_CONTIG, 63);
+        kt_buf rstd = kt_make(dev, TS_F32, 1, rs, KT_CONTIG, 64);
+        kt_buf w = kt_make(dev, TS_F32, 1, ws, KT_CONTIG, 65);
+        kt_buf gx = kt_make(dev, TS_F32, 2, xs, KT_CONTIG, 66);
+        kt_buf gw = kt_make(dev, TS_F32, 1, ws, KT_CONTIG, 67);
+        kt_buf gb = kt_make(dev, TS_F32, 1, ws, KT_CONTIG, 68);
         int64_t idx[2];
         for (int64_t r = 0; r < R; r++) {
             idx[0] = r;
-            kt_set(&mean.op, idx, 0.25 * (double)(r % 7) - 0.5);
-            kt_set(&rstd.op, idx, 1.0 + 0.125 * (double)(r % 5));
+            double mu = 0.25 * (double)(r % 7) - 0.5, rsd = ldexp(1.0, (int)(r % 3) - 1);
+            kt_set(&mean.op, idx, mu);
+            kt_set(&rstd.op, idx, rsd);
             for (int64_t j = 0; j < D; j++) {
                 idx[1] = j;
                 int64_t k = (r + j) % 3;
                 kt_set(&gy.op, idx, k == 0   ? ldexp(1.0, 40)
                                     : k == 1 ? -ldexp(1.0, 40)
                                              : 1.0 + (double)((r * 31 + j * 17) % 97) / 97.0);
+                if (k != 2)
+                    kt_set(&x.op, idx, mu + 1.0 / rsd);
             }
         }
         ts_layer_norm_params p = {1e-5, 1};
