@@ -40,7 +40,11 @@ static const char usage[] =
     "by everything, OpenBLAS and OpenMP included), threads created per step (by any library;\n"
     "a steady step creates none), and the floor: the step's GEMMs (im2col\n"
     "GEMMs for convolutions) through cblas_sgemm with the device's thread count, and the ratio\n"
-    "step / floor. --device all: every cpu_* plugin on the plugin search path. --profile: also\n"
+    "step / floor; then the device floor: the same GEMMs through the device's own matmul in\n"
+    "the dtype the precision's matmuls run in (float32; bfloat16 for bf16, float16 for fp16),\n"
+    "operands hot in the cache, the median of as many passes as steps: what the step's\n"
+    "matmuls alone cost there, and, between precisions, how far apart their matmuls are.\n"
+    "--device all: every cpu_* plugin on the plugin search path. --profile: also\n"
     "the time per step in each kernel (op, function, dtype), the most first, and the time\n"
     "outside kernels (the core's own work: autograd, shape checks, the pool).\n"
     "--graph: each batch is copied into fixed input tensors, and the forward and backward are\n"
@@ -226,10 +230,108 @@ static void floor_run(const floor_plan *f, int threads)
     }
 }
 
-/* ---- one device ---------------------------------------------------------------------- */
-
 enum { BLOCK = 20 };        /* timed steps, then as many timed floors, per block */
 #define SETTLE_S 0.25       /* untimed runs before each block, seconds */
+
+/* The device floor: the same GEMMs through the device's own matmul in the dtype a
+ * precision's matmuls run in (each shape's count as one batched product, a transposed
+ * operand as a transposed view), so that each precision's row can say what its matmuls
+ * alone cost there, hot in the cache, and two precisions' rows how far apart their matmuls
+ * are. */
+typedef struct dev_floor {
+    ts_tensor **t; /* a, b, c per GEMM; a and b may be transposed views */
+    int n;
+} dev_floor;
+
+static void dev_floor_free(dev_floor *d)
+{
+    for (int i = 0; d->t && i < 3 * d->n; i++)
+        ts_tensor_unref(d->t[i]);
+    free(d->t);
+    *d = (dev_floor){0};
+}
+
+/* A (count, rows, cols) operand (2-D when count is 1) of random values in dt, transposed as
+ * a view when tr (so that it reads as (cols, rows)). */
+static ts_status dev_operand(ts_device *dev, int32_t dt, int64_t count, int64_t rows,
+                             int64_t cols, int tr, ts_rng *rng, ts_tensor **out)
+{
+    int nd = count > 1 ? 3 : 2;
+    int64_t shape[3] = {count, tr ? cols : rows, tr ? rows : cols};
+    ts_tensor *f = NULL, *t = NULL;
+    ts_status s = ts_tensor_randn(dev, TS_F32, nd, shape + 3 - nd, 0, 1, rng, &f);
+    if (s == TS_OK && dt != TS_F32)
+        s = ts_cast(f, dt, &t);
+    else if (s == TS_OK)
+        t = ts_tensor_ref(f);
+    ts_tensor_unref(f);
+    if (s == TS_OK && tr) {
+        s = ts_tensor_transpose(t, nd - 2, nd - 1, out);
+        ts_tensor_unref(t);
+        return s;
+    }
+    *out = s == TS_OK ? t : NULL;
+    return s;
+}
+
+static ts_status dev_floor_make(const floor_plan *f, ts_device *dev, int32_t dt, dev_floor *d)
+{
+    *d = (dev_floor){0};
+    if (!(d->t = calloc((size_t)(3 * f->n), sizeof *d->t)))
+        return TS_ENOMEM;
+    d->n = f->n;
+    ts_rng rng;
+    ts_rng_init(&rng, 3);
+    ts_status s = TS_OK;
+    for (int i = 0; i < f->n && s == TS_OK; i++) {
+        const gemm *g = &f->g[i];
+        int nd = g->count > 1 ? 3 : 2;
+        int64_t cs[3] = {g->count, g->m, g->n};
+        if ((s = dev_operand(dev, dt, g->count, g->m, g->k, g->ta, &rng, &d->t[3 * i])) ||
+            (s = dev_operand(dev, dt, g->count, g->k, g->n, g->tb, &rng, &d->t[3 * i + 1])))
+            break;
+        s = ts_tensor_empty(dev, dt, nd, cs + 3 - nd, &d->t[3 * i + 2]);
+    }
+    if (s)
+        dev_floor_free(d);
+    return s;
+}
+
+static ts_status dev_floor_run(const dev_floor *d, ts_device *dev)
+{
+    ts_status s = TS_OK;
+    for (int i = 0; i < d->n && s == TS_OK; i++)
+        s = ts_matmul_out(d->t[3 * i], d->t[3 * i + 1], d->t[3 * i + 2]);
+    return s ? s : ts_device_synchronize(dev);
+}
+
+/* Median ms of n passes over the floor's GEMMs on dev in dt, after SETTLE_S of untimed ones,
+ * and the dtype their products were made in; times has room for n. */
+static ts_status dev_floor_time(const floor_plan *f, ts_device *dev, int32_t dt, double *times,
+                                int n, double *ms, int32_t *made)
+{
+    dev_floor d;
+    ts_status s = dev_floor_make(f, dev, dt, &d);
+    if (s == TS_OK)
+        *made = ts_tensor_dtype(d.t[2]);
+    double t0 = cli_now();
+    while (s == TS_OK && cli_now() - t0 < SETTLE_S)
+        s = dev_floor_run(&d, dev);
+    for (int i = 0; i < n && s == TS_OK; i++) {
+        double t = cli_now();
+        s = dev_floor_run(&d, dev);
+        times[i] = (cli_now() - t) * 1e3;
+    }
+    dev_floor_free(&d);
+    if (s)
+        return s;
+    qsort(times, (size_t)n, sizeof *times, cli_cmp_double);
+    *ms = times[n / 2];
+    return TS_OK;
+}
+
+/* ---- one device ---------------------------------------------------------------------- */
+
 
 typedef struct bench_opts {
     cli_model arch;
@@ -252,6 +354,8 @@ typedef struct result {
     int64_t params;
     double med, p10, p90, min, max; /* ms per step */
     double floor_ms, floor_min;
+    double dev_floor_ms;            /* the floor's GEMMs on the device in the matmuls' dtype */
+    int32_t dev_floor_dtype;        /* that dtype, as the products were made */
     double raw_allocs, pool_allocs; /* per step */
     double mallocs, all_mallocs;    /* per step; mallocs < 0: not counted */
     double threads_created;         /* per step (any library); < 0: not counted */
@@ -589,6 +693,13 @@ static ts_status bench_device(const bench_opts *o, const char *name, int32_t pre
     qsort(ftimes, (size_t)ns, sizeof *ftimes, cli_cmp_double);
     r->floor_ms = quantile(ftimes, ns, 0.5);
     r->floor_min = ftimes[0];
+    /* mixed precision runs its matmuls in the low dtype */
+    if ((s = dev_floor_time(fp, dev, precision, ftimes, ns, &r->dev_floor_ms,
+                            &r->dev_floor_dtype))) {
+        fprintf(stderr, "tessera: error: bench train: the device floor on '%s' in %s: %s\n",
+                name, ts_dtype_name(precision), ts_last_error());
+        goto out;
+    }
     if (o->contend > 0) /* the same steps again, beside busy processes */
         s = contended_steps(o, &ss, dev, &it, ftimes, &r->contended);
 out:
@@ -897,13 +1008,15 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                    "\"step_peak_pool_bytes\": %llu, \"ms_median\": %.4f, "
                    "\"ms_p10\": %.4f, \"ms_p90\": %.4f, \"ms_min\": %.4f, \"ms_max\": %.4f, "
                    "\"%s_per_s\": %.1f, \"floor_ms\": %.4f, \"floor_ms_min\": %.4f, "
-                   "\"step_over_floor\": %.3f, \"raw_allocs_per_step\": %.3f, "
+                   "\"step_over_floor\": %.3f, \"device_floor_ms\": %.4f, "
+                   "\"device_floor_dtype\": \"%s\", \"raw_allocs_per_step\": %.3f, "
                    "\"pool_allocs_per_step\": %.2f, ",
                    i ? "," : "", r->device, prec_name(r->precision), r->threads,
                    (long long)r->params, (unsigned long long)r->peak,
                    (unsigned long long)r->step_peak, r->med, r->p10,
                    r->p90, r->min, r->max, unit, items * 1e3 / r->med, r->floor_ms, r->floor_min,
-                   r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs, r->pool_allocs);
+                   r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->dev_floor_ms,
+                   ts_dtype_name(r->dev_floor_dtype), r->raw_allocs, r->pool_allocs);
             if (r->mallocs >= 0)
                 printf("\"tessera_mallocs_per_step\": %.3f, \"all_mallocs_per_step\": %.3f",
                        r->mallocs, r->all_mallocs);
@@ -969,11 +1082,19 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                 b = i;
                 continue;
             }
-            printf("  %s: %s against %s: %.2fx the %s/s, %.2fx the step's peak pool memory\n",
+            printf("  %s: %s against %s: %.2fx the %s/s (the device floor: %.2fx), %.2fx the "
+                   "step's peak pool memory\n",
                    res[i].device, prec_name(res[i].precision), prec_name(res[b].precision),
-                   res[b].med / res[i].med, unit,
+                   res[b].med / res[i].med, unit, res[b].dev_floor_ms / res[i].dev_floor_ms,
                    res[b].step_peak ? (double)res[i].step_peak / (double)res[b].step_peak : 0);
         }
+        printf("  device floor: the floor's GEMMs through the device's own matmul in each "
+               "precision's matmul dtype, operands hot in the cache:");
+        for (int i = 0; i < nres; i++)
+            printf("%s %s %s %.3f ms (step %.2fx)", i ? "," : "", res[i].device,
+                   prec_name(res[i].precision), res[i].dev_floor_ms,
+                   res[i].med / res[i].dev_floor_ms);
+        printf("\n");
         printf("  mallocs/step: calls from libtessera and the plugin (all: every library); "
                "threads/step: threads created (pthread_create, by any library; 0 when every "
                "kernel runs on the pools made at start-up); load average %.2f %.2f %.2f\n",

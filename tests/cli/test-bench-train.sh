@@ -8,7 +8,7 @@
 # its floor's GEMM count, tokens/s and the same zero counts; bench gpt's short run likewise.
 # make check: start 5 (the slowest first: tools/gen-lists.sh)
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 16
+plan 17
 # LeakSanitizer's exit-time tracer crashes once oneDNN's primitives have run their threads
 # (see tests/plugins/test-onednn.c); --device all runs cpu_onednn.
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
@@ -110,6 +110,19 @@ if echo "$out" | "$JSON_CHECK" model optimizer batch_size steps warmup data floo
     ok "--json: one object with the run, the floor and each device's figures"
 else
     fail "--json: one object with the run, the floor and each device's figures" "$out"
+fi
+
+# The device floor: the step's GEMMs through the device's own matmul, in each precision's
+# matmul dtype (a positive time; which dtype it ran in).
+out=$("$TESSERA" bench train --model mlp --hidden 64 $QUICK --device cpu_blas --precision fp32,bf16 2>&1)
+f=$(echo "$out" | "$JSON_CHECK" results.[0].device_floor_dtype results.[1].device_floor_dtype \
+    results.[0].device_floor_ms results.[1].device_floor_ms 2>&1)
+if echo "$f" | grep -q '^results.\[0\].device_floor_dtype="float32"$' &&
+        echo "$f" | grep -q '^results.\[1\].device_floor_dtype="bfloat16"$' &&
+        [ "$(echo "$f" | grep '_ms=' | sed 's/.*=//' | awk '$1 > 0 {n++} END {print n}')" = 2 ]; then
+    ok "--precision fp32,bf16: each row's device floor, in float32 and bfloat16: $(echo $f)"
+else
+    fail "--precision fp32,bf16: each row's device floor in its matmul dtype" "$out"
 fi
 
 # Zero allocations per steady-state step: a count, not a timing. Sanitizer builds are left
