@@ -42,8 +42,9 @@ static const char usage[] =
     "GEMMs for convolutions) through cblas_sgemm with the device's thread count, and the ratio\n"
     "step / floor; then the device floor: the same GEMMs through the device's own matmul in\n"
     "the dtype the precision's matmuls run in (float32; bfloat16 for bf16, float16 for fp16),\n"
-    "operands hot in the cache, the median of as many passes as steps: what the step's\n"
-    "matmuls alone cost there, and, between precisions, how far apart their matmuls are.\n"
+    "each GEMM once per pass as a step runs them, the median of as many passes as steps:\n"
+    "what the step's matmuls alone cost there, and, between precisions, how far apart their\n"
+    "matmuls are.\n"
     "--device all: every cpu_* plugin on the plugin search path. --profile: also\n"
     "the time per step in each kernel (op, function, dtype), the most first, and the time\n"
     "outside kernels (the core's own work: autograd, shape checks, the pool).\n"
@@ -236,8 +237,7 @@ enum { BLOCK = 20 };        /* timed steps, then as many timed floors, per block
 /* The device floor: the same GEMMs through the device's own matmul in the dtype a
  * precision's matmuls run in (each shape's count as one batched product, a transposed
  * operand as a transposed view), so that each precision's row can say what its matmuls
- * alone cost there, hot in the cache, and two precisions' rows how far apart their matmuls
- * are. */
+ * alone cost there, and two precisions' rows how far apart their matmuls are. */
 typedef struct dev_floor {
     ts_tensor **t; /* a, b, c per GEMM; a and b may be transposed views */
     int n;
@@ -1089,7 +1089,7 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                    res[b].step_peak ? (double)res[i].step_peak / (double)res[b].step_peak : 0);
         }
         printf("  device floor: the floor's GEMMs through the device's own matmul in each "
-               "precision's matmul dtype, operands hot in the cache:");
+               "precision's matmul dtype:");
         for (int i = 0; i < nres; i++)
             printf("%s %s %s %.3f ms (step %.2fx)", i ? "," : "", res[i].device,
                    prec_name(res[i].precision), res[i].dev_floor_ms,
