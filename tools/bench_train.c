@@ -43,8 +43,9 @@ static const char usage[] =
     "step / floor; then the device floor: the same GEMMs through the device's own matmul in\n"
     "the dtype the precision's matmuls run in (float32; bfloat16 for bf16, float16 for fp16),\n"
     "each GEMM once per pass as a step runs them, the median of as many passes as steps:\n"
-    "what the step's matmuls alone cost there, and, between precisions, how far apart their\n"
-    "matmuls are.\n"
+    "what the step's matmuls alone cost there (the composed attention's GEMMs included, as in\n"
+    "the floor), and, between precisions, how far apart their matmuls are; not measured, with\n"
+    "a warning, where its operands do not fit the device's pool.\n"
     "--device all: every cpu_* plugin on the plugin search path. --profile: also\n"
     "the time per step in each kernel (op, function, dtype), the most first, and the time\n"
     "outside kernels (the core's own work: autograd, shape checks, the pool).\n"
@@ -354,8 +355,10 @@ typedef struct result {
     int64_t params;
     double med, p10, p90, min, max; /* ms per step */
     double floor_ms, floor_min;
-    double dev_floor_ms;            /* the floor's GEMMs on the device in the matmuls' dtype */
-    int32_t dev_floor_dtype;        /* that dtype, as the products were made */
+    double dev_floor_ms;            /* the floor's GEMMs on the device in the matmuls' dtype;
+                                     * <= 0: not measured (dev_floor_why says why) */
+    int32_t dev_floor_dtype;        /* the dtype of the operands handed to the matmul */
+    char dev_floor_why[160];
     double raw_allocs, pool_allocs; /* per step */
     double mallocs, all_mallocs;    /* per step; mallocs < 0: not counted */
     double threads_created;         /* per step (any library); < 0: not counted */
@@ -694,11 +697,13 @@ static ts_status bench_device(const bench_opts *o, const char *name, int32_t pre
     r->floor_ms = quantile(ftimes, ns, 0.5);
     r->floor_min = ftimes[0];
     /* mixed precision runs its matmuls in the low dtype */
-    if ((s = dev_floor_time(fp, dev, precision, ftimes, ns, &r->dev_floor_ms,
-                            &r->dev_floor_dtype))) {
-        fprintf(stderr, "tessera: error: bench train: the device floor on '%s' in %s: %s\n",
-                name, ts_dtype_name(precision), ts_last_error());
-        goto out;
+    /* A device floor that cannot run (its operands, all made at once, may not fit where
+     * the step did) leaves the row as it is, without one. */
+    if (dev_floor_time(fp, dev, precision, ftimes, ns, &r->dev_floor_ms, &r->dev_floor_dtype)) {
+        r->dev_floor_ms = 0;
+        snprintf(r->dev_floor_why, sizeof r->dev_floor_why, "%s", ts_last_error());
+        fprintf(stderr, "tessera: warning: bench train: no device floor on '%s' in %s: %s\n",
+                name, ts_dtype_name(precision), r->dev_floor_why);
     }
     if (o->contend > 0) /* the same steps again, beside busy processes */
         s = contended_steps(o, &ss, dev, &it, ftimes, &r->contended);
@@ -1008,15 +1013,18 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                    "\"step_peak_pool_bytes\": %llu, \"ms_median\": %.4f, "
                    "\"ms_p10\": %.4f, \"ms_p90\": %.4f, \"ms_min\": %.4f, \"ms_max\": %.4f, "
                    "\"%s_per_s\": %.1f, \"floor_ms\": %.4f, \"floor_ms_min\": %.4f, "
-                   "\"step_over_floor\": %.3f, \"device_floor_ms\": %.4f, "
-                   "\"device_floor_dtype\": \"%s\", \"raw_allocs_per_step\": %.3f, "
+                   "\"step_over_floor\": %.3f, \"raw_allocs_per_step\": %.3f, "
                    "\"pool_allocs_per_step\": %.2f, ",
                    i ? "," : "", r->device, prec_name(r->precision), r->threads,
                    (long long)r->params, (unsigned long long)r->peak,
                    (unsigned long long)r->step_peak, r->med, r->p10,
                    r->p90, r->min, r->max, unit, items * 1e3 / r->med, r->floor_ms, r->floor_min,
-                   r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->dev_floor_ms,
-                   ts_dtype_name(r->dev_floor_dtype), r->raw_allocs, r->pool_allocs);
+                   r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs, r->pool_allocs);
+            if (r->dev_floor_ms > 0)
+                printf("\"device_floor_ms\": %.4f, \"device_floor_dtype\": \"%s\", ",
+                       r->dev_floor_ms, ts_dtype_name(r->dev_floor_dtype));
+            else
+                printf("\"device_floor_ms\": null, \"device_floor_dtype\": null, ");
             if (r->mallocs >= 0)
                 printf("\"tessera_mallocs_per_step\": %.3f, \"all_mallocs_per_step\": %.3f",
                        r->mallocs, r->all_mallocs);
@@ -1082,18 +1090,25 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                 b = i;
                 continue;
             }
-            printf("  %s: %s against %s: %.2fx the %s/s (the device floor: %.2fx), %.2fx the "
-                   "step's peak pool memory\n",
+            char df[48] = "";
+            if (res[b].dev_floor_ms > 0 && res[i].dev_floor_ms > 0)
+                snprintf(df, sizeof df, " (the device floor: %.2fx)",
+                         res[b].dev_floor_ms / res[i].dev_floor_ms);
+            printf("  %s: %s against %s: %.2fx the %s/s%s, %.2fx the step's peak pool memory\n",
                    res[i].device, prec_name(res[i].precision), prec_name(res[b].precision),
-                   res[b].med / res[i].med, unit, res[b].dev_floor_ms / res[i].dev_floor_ms,
+                   res[b].med / res[i].med, unit, df,
                    res[b].step_peak ? (double)res[i].step_peak / (double)res[b].step_peak : 0);
         }
         printf("  device floor: the floor's GEMMs through the device's own matmul in each "
                "precision's matmul dtype:");
         for (int i = 0; i < nres; i++)
-            printf("%s %s %s %.3f ms (step %.2fx)", i ? "," : "", res[i].device,
-                   prec_name(res[i].precision), res[i].dev_floor_ms,
-                   res[i].med / res[i].dev_floor_ms);
+            if (res[i].dev_floor_ms > 0)
+                printf("%s %s %s %.3f ms (step %.2fx)", i ? "," : "", res[i].device,
+                       prec_name(res[i].precision), res[i].dev_floor_ms,
+                       res[i].med / res[i].dev_floor_ms);
+            else
+                printf("%s %s %s not measured (%s)", i ? "," : "", res[i].device,
+                       prec_name(res[i].precision), res[i].dev_floor_why);
         printf("\n");
         printf("  mallocs/step: calls from libtessera and the plugin (all: every library); "
                "threads/step: threads created (pthread_create, by any library; 0 when every "

@@ -8,7 +8,7 @@
 # its floor's GEMM count, tokens/s and the same zero counts; bench gpt's short run likewise.
 # make check: start 5 (the slowest first: tools/gen-lists.sh)
 . "${TS_SRCDIR:-.}/tests/cli/lib.sh"
-plan 17
+plan 18
 # LeakSanitizer's exit-time tracer crashes once oneDNN's primitives have run their threads
 # (see tests/plugins/test-onednn.c); --device all runs cpu_onednn.
 if [ "${TS_SANITIZERS:-no}" = yes ]; then
@@ -123,6 +123,31 @@ if echo "$f" | grep -q '^results.\[0\].device_floor_dtype="float32"$' &&
     ok "--precision fp32,bf16: each row's device floor, in float32 and bfloat16: $(echo $f)"
 else
     fail "--precision fp32,bf16: each row's device floor in its matmul dtype" "$out"
+fi
+
+# A device floor whose operands (every GEMM's at once) do not fit the pool where the step
+# did (fused attention builds no T x T scores) leaves the row, with a warning and nulls.
+# A 64 MiB pool: the fraction of this machine's memory as `tessera info` reports it.
+total=$("$TESSERA" info 2>/dev/null | awk '/memory: .* total/ {
+    v = $2; if ($3 == "TiB") v *= 1048576; else if ($3 == "GiB") v *= 1024;
+    else if ($3 != "MiB") v = 0; print v; exit }')
+frac=$(awk -v t="${total:-0}" 'BEGIN { if (t > 128) printf "%.7f", 64 / t }')
+if [ -z "$frac" ]; then
+    skip "a device floor that does not fit the pool leaves the row" "no memory total: $total"
+else
+    sed "s/^memory_fraction *=.*/memory_fraction = $frac/" "$TESSERA_CONFIG" >"$TMP/small.ini"
+    out=$(TESSERA_CONFIG="$TMP/small.ini" "$TESSERA" bench train --model gpt --context 512 \
+        --batch-size 4 --layers 1 --heads 4 --embd 64 --attention fused --steps 3 --warmup 1 \
+        --device cpu_blas --json 2>"$TMP/err")
+    rc=$?
+    f=$(echo "$out" | "$JSON_CHECK" results.[0].ms_median results.[0].device_floor_ms 2>&1)
+    if [ $rc -eq 0 ] && echo "$f" | grep -q '^results.\[0\].device_floor_ms=null$' &&
+            grep -q "warning: bench train: no device floor on 'cpu_blas'" "$TMP/err"; then
+        ok "a device floor that does not fit the pool leaves the row: $(echo $f)"
+    else
+        fail "a device floor that does not fit the pool leaves the row" \
+            "memory_fraction $frac: rc=$rc $out $(cat "$TMP/err")"
+    fi
 fi
 
 # Zero allocations per steady-state step: a count, not a timing. Sanitizer builds are left
