@@ -306,15 +306,13 @@ static ts_status dev_floor_run(const dev_floor *d, ts_device *dev)
     return s ? s : ts_device_synchronize(dev);
 }
 
-/* Median ms of n passes over the floor's GEMMs on dev in dt, after SETTLE_S of untimed ones,
- * and the dtype their products were made in; times has room for n. */
+/* Median ms of n passes over the floor's GEMMs on dev in dt, after SETTLE_S of untimed ones;
+ * times has room for n. */
 static ts_status dev_floor_time(const floor_plan *f, ts_device *dev, int32_t dt, double *times,
-                                int n, double *ms, int32_t *made)
+                                int n, double *ms)
 {
     dev_floor d;
     ts_status s = dev_floor_make(f, dev, dt, &d);
-    if (s == TS_OK)
-        *made = ts_tensor_dtype(d.t[2]);
     double t0 = cli_now();
     while (s == TS_OK && cli_now() - t0 < SETTLE_S)
         s = dev_floor_run(&d, dev);
@@ -332,7 +330,6 @@ static ts_status dev_floor_time(const floor_plan *f, ts_device *dev, int32_t dt,
 }
 
 /* ---- one device ---------------------------------------------------------------------- */
-
 
 typedef struct bench_opts {
     cli_model arch;
@@ -355,9 +352,8 @@ typedef struct result {
     int64_t params;
     double med, p10, p90, min, max; /* ms per step */
     double floor_ms, floor_min;
-    double dev_floor_ms;            /* the floor's GEMMs on the device in the matmuls' dtype;
-                                     * <= 0: not measured (dev_floor_why says why) */
-    int32_t dev_floor_dtype;        /* the dtype of the operands handed to the matmul */
+    double dev_floor_ms;            /* the floor's GEMMs on the device in the matmuls' dtype
+                                     * (precision's); <= 0: not measured (dev_floor_why) */
     char dev_floor_why[160];
     double raw_allocs, pool_allocs; /* per step */
     double mallocs, all_mallocs;    /* per step; mallocs < 0: not counted */
@@ -696,10 +692,9 @@ static ts_status bench_device(const bench_opts *o, const char *name, int32_t pre
     qsort(ftimes, (size_t)ns, sizeof *ftimes, cli_cmp_double);
     r->floor_ms = quantile(ftimes, ns, 0.5);
     r->floor_min = ftimes[0];
-    /* mixed precision runs its matmuls in the low dtype */
-    /* A device floor that cannot run (its operands, all made at once, may not fit where
-     * the step did) leaves the row as it is, without one. */
-    if (dev_floor_time(fp, dev, precision, ftimes, ns, &r->dev_floor_ms, &r->dev_floor_dtype)) {
+    /* Mixed precision runs its matmuls in the low dtype. A device floor that cannot run (its
+     * operands, all made at once, may not fit where the step did) leaves the row without one. */
+    if (dev_floor_time(fp, dev, precision, ftimes, ns, &r->dev_floor_ms)) {
         r->dev_floor_ms = 0;
         snprintf(r->dev_floor_why, sizeof r->dev_floor_why, "%s", ts_last_error());
         fprintf(stderr, "tessera: warning: bench train: no device floor on '%s' in %s: %s\n",
@@ -1022,7 +1017,7 @@ int cli_bench_train(int argc, char **argv, const cli_common *common)
                    r->floor_ms > 0 ? r->med / r->floor_ms : 0, r->raw_allocs, r->pool_allocs);
             if (r->dev_floor_ms > 0)
                 printf("\"device_floor_ms\": %.4f, \"device_floor_dtype\": \"%s\", ",
-                       r->dev_floor_ms, ts_dtype_name(r->dev_floor_dtype));
+                       r->dev_floor_ms, ts_dtype_name(r->precision));
             else
                 printf("\"device_floor_ms\": null, \"device_floor_dtype\": null, ");
             if (r->mallocs >= 0)
